@@ -1,0 +1,495 @@
+/*
+ * idem.h — the whole public API of libidem, and its reference.
+ *
+ * Idem makes a write happen exactly once however often its request or message
+ * arrives. It layers three defences, each good at one kind of duplicate:
+ *
+ *   layer 1  tokens   one-time anti-duplicate tokens at the entry (double clicks)
+ *   layer 2  locks    a lock on the business key (the concurrent window)
+ *   layer 3  records  a unique record per business key with a state machine
+ *                     (late duplicates; the backstop that always holds)
+ *
+ * plus an inbox for message consumers. Every write path needs layer 3; money
+ * paths use all three.
+ *
+ * Conventions that hold for every function below:
+ *
+ *  - Functions return an idem_rc. IDEM_OK (0) means the call did its job and
+ *    its out-parameters are set; a negative value is an error from the table
+ *    IDEM_ERRNO_MAP and the out-parameters are unspecified. idem_strerror()
+ *    names an error; idem_errdetail() says, for the calling thread's last
+ *    failed call, what exactly was wrong ("key: 256 bytes, limit is 255").
+ *  - Business outcomes are not errors. NEW, DONE, BUSY, MISMATCH, ... come
+ *    back through an idem_outcome out-parameter of a call that returned IDEM_OK.
+ *  - Strings are NUL-terminated and borrowed for the duration of the call.
+ *    Keys, subjects, owners and message ids are 1..255 bytes with no control
+ *    characters (bytes < 0x20 and 0x7f); key spaces, scenes, groups and states
+ *    are 1..64 bytes of [A-Za-z0-9_.:-]. Violations return IDEM_EINVAL and
+ *    store nothing.
+ *  - Times are milliseconds. They are read from the clock given in
+ *    idem_options (default: the wall clock, because record leases are stored
+ *    and must mean the same after a restart).
+ *  - Thread safety: an idem handle may be shared by any number of threads;
+ *    every function that takes one is safe to call concurrently, except
+ *    idem_close(), which must be the last call on the handle.
+ *  - Callbacks are (fn, void *arg). If the call that registers a callback
+ *    returns an error, the callback never runs; the documentation of each
+ *    callback says when it runs.
+ *  - Memory that Idem hands to the caller (a record's result) comes from the
+ *    allocator set with idem_set_allocator() and is freed by the matching
+ *    *_clear() function.
+ */
+#ifndef IDEM_H
+#define IDEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(IDEM_STATIC)
+#define IDEM_EXTERN
+#elif defined(IDEM_BUILDING)
+#define IDEM_EXTERN __attribute__((visibility("default")))
+#else
+#define IDEM_EXTERN
+#endif
+
+/* ------------------------------------------------------------------------- */
+/* Errors: one table, append-only. A code, once published, is never renumbered
+ * or reused. */
+
+#define IDEM_ERRNO_MAP(XX)                                                     \
+    XX(0, OK, "success")                                                       \
+    XX(-1, EINVAL, "invalid argument")                                         \
+    XX(-2, ENOMEM, "out of memory")                                            \
+    XX(-3, ESTORE, "storage error")                                            \
+    XX(-4, ETIMEDOUT, "storage timed out")                                     \
+    XX(-5, ETOOBIG, "value exceeds its size limit")                            \
+    XX(-6, EFULL, "capacity limit reached")                                    \
+    XX(-7, ENOTSUP, "not supported by this store")                             \
+    XX(-8, ENOTX, "no transaction open on the caller's connection")            \
+    XX(-9, EUNAVAILABLE, "store unreachable")                                  \
+    XX(-10, ECLOSING, "handle is closing")
+
+typedef enum idem_rc {
+#define IDEM_RC_ENUM_(code, name, text) IDEM_##name = code,
+    IDEM_ERRNO_MAP(IDEM_RC_ENUM_)
+#undef IDEM_RC_ENUM_
+} idem_rc;
+
+/* The fixed text of an error code; "unknown error" for a code not in the
+ * table. Never NULL; static storage. */
+IDEM_EXTERN const char *idem_strerror(idem_rc rc);
+
+/* The symbolic name of an error code ("EINVAL"); static storage. */
+IDEM_EXTERN const char *idem_errname(idem_rc rc);
+
+/* What exactly went wrong in the calling thread's last call that returned an
+ * error: the argument and limit for IDEM_EINVAL, the store's message for
+ * IDEM_ESTORE. Thread-local; valid until the thread's next Idem call. Empty
+ * string when there is nothing to add. */
+IDEM_EXTERN const char *idem_errdetail(void);
+
+/* ------------------------------------------------------------------------- */
+/* Business outcomes. */
+
+#define IDEM_OUTCOME_MAP(XX)                                                   \
+    XX(NONE, "NONE")                       /* no outcome (call failed) */      \
+    XX(NEW, "NEW")                         /* record: caller executes */       \
+    XX(IN_PROGRESS, "IN_PROGRESS")         /* record: someone else is */       \
+    XX(DONE, "DONE")                       /* record: stored result */         \
+    XX(MISMATCH, "MISMATCH")               /* key reused, other payload */     \
+    XX(TAKEN_OVER, "TAKEN_OVER")           /* abandoned record re-claimed */   \
+    XX(COMPLETED, "COMPLETED")             /* record: complete/fail applied */ \
+    XX(CONFLICT, "CONFLICT")               /* conditional update lost */       \
+    XX(APPLIED, "APPLIED")                 /* transition made */               \
+    XX(ALREADY, "ALREADY")                 /* transition already made */       \
+    XX(NOT_FOUND, "NOT_FOUND")             /* no such record / message */      \
+    XX(FOUND, "FOUND")                     /* record read */                   \
+    XX(CONSUMED, "CONSUMED")               /* token: this call spent it */     \
+    XX(ALREADY_CONSUMED, "ALREADY_CONSUMED") /* token spent earlier */         \
+    XX(UNKNOWN, "UNKNOWN")                 /* token never issued/expired */    \
+    XX(RESTORED, "RESTORED")               /* token given back */              \
+    XX(ACQUIRED, "ACQUIRED")               /* lock: caller holds it */         \
+    XX(BUSY, "BUSY")                       /* lock: someone else holds it */   \
+    XX(RENEWED, "RENEWED")                 /* lock: lease extended */          \
+    XX(RELEASED, "RELEASED")               /* lock released / record freed */  \
+    XX(NOT_HELD, "NOT_HELD")               /* lock not held by this owner */   \
+    XX(CLAIMED, "CLAIMED")                 /* inbox: first delivery */         \
+    XX(DUPLICATE, "DUPLICATE")             /* inbox: seen before */            \
+    XX(PROCESS, "PROCESS")                 /* inbox: caller processes now */   \
+    XX(RETRY_LATER, "RETRY_LATER")         /* inbox: failed, will retry */     \
+    XX(DEAD, "DEAD")                       /* inbox: attempts exhausted */
+
+typedef enum idem_outcome {
+#define IDEM_OUTCOME_ENUM_(name, text) IDEM_##name,
+    IDEM_OUTCOME_MAP(IDEM_OUTCOME_ENUM_)
+#undef IDEM_OUTCOME_ENUM_
+        IDEM_OUTCOME_COUNT_
+} idem_outcome;
+
+/* "NEW", "DONE", ...; static storage; "?" for a value out of range. */
+IDEM_EXTERN const char *idem_outcome_name(idem_outcome o);
+
+/* ------------------------------------------------------------------------- */
+/* Limits. Every input has one; exceeding it is IDEM_EINVAL or IDEM_ETOOBIG. */
+
+#define IDEM_KEY_MAX 255     /* business keys, subjects, owners, msg ids */
+#define IDEM_NAME_MAX 64     /* key spaces, scenes, groups, states */
+#define IDEM_TOKEN_LEN 32    /* 192 random bits, base64url, no padding */
+#define IDEM_FINGERPRINT_LEN 32 /* SHA-256 */
+#define IDEM_RESULT_MAX_DEFAULT (1024 * 1024)
+
+/* ------------------------------------------------------------------------- */
+/* Library-wide settings. */
+
+/* Replace the allocator used for everything Idem allocates itself (the
+ * stores' own libraries keep theirs). Call before opening any handle; not
+ * thread-safe against concurrent Idem calls. realloc_fn may be NULL. Passing
+ * all NULL restores malloc/realloc/free. Used by tests to inject allocation
+ * failures. */
+IDEM_EXTERN void idem_set_allocator(void *(*malloc_fn)(size_t),
+                                    void *(*realloc_fn)(void *, size_t),
+                                    void (*free_fn)(void *));
+
+/* The version of the library linked in, IDEM_VERSION_STRING of its build. */
+IDEM_EXTERN const char *idem_version(void);
+
+/* SHA-256 of len bytes, for record fingerprints. Thread-safe. */
+IDEM_EXTERN idem_rc idem_fingerprint(const void *data, size_t len,
+                                     uint8_t out[IDEM_FINGERPRINT_LEN]);
+
+/* ------------------------------------------------------------------------- */
+/* Handles. */
+
+typedef struct idem idem;
+
+/* A clock: milliseconds since the Unix epoch. Must be thread-safe. */
+typedef int64_t (*idem_clock_fn)(void *arg);
+
+#define IDEM_OPTIONS_VERSION 1
+
+typedef struct idem_options {
+    unsigned version;         /* IDEM_OPTIONS_VERSION */
+    const char *store;        /* "embedded" (default when NULL) */
+    const char *path;         /* embedded: SQLite file, or ":memory:" */
+    size_t result_max;        /* stored result limit; 0: 1 MiB */
+    int64_t retention_ms;     /* default record retention; 0: 24 h */
+    unsigned tokens_per_scene;/* outstanding tokens per subject+scene; 0: 16.
+                                 Issuing one more evicts the oldest. */
+    size_t tokens_max;        /* tokens held in memory in all; 0: 1,000,000 */
+    size_t locks_max;         /* locks held in memory in all; 0: 1,000,000 */
+    unsigned commit_batch_max;/* group commit: writes per fsync; 0: 512 */
+    idem_clock_fn clock;      /* NULL: wall clock */
+    void *clock_arg;
+} idem_options;
+
+/* Fill *opts with the defaults above (store "embedded", path NULL). */
+IDEM_EXTERN void idem_options_init(idem_options *opts);
+
+/* Open a handle on the store described by opts. The embedded store keeps
+ * tokens and locks in this process's memory and records and inbox in the
+ * SQLite file opts->path (created if missing; WAL; synchronous=FULL; writes
+ * from concurrent callers share one fsync — group commit — and each call
+ * returns only after its own write is durable). On success *out is a handle
+ * to pass to idem_close(); on error *out is NULL. */
+IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out);
+
+/* Close a handle: stops its watchdog and writer, waits for calls in flight
+ * on the writer to finish, frees everything. idem_close(NULL) is a no-op. No
+ * other call on the handle may be running or start. */
+IDEM_EXTERN void idem_close(idem *h);
+
+/* The store's name: "embedded". Static storage. */
+IDEM_EXTERN const char *idem_store_name(const idem *h);
+
+/* ------------------------------------------------------------------------- */
+/* Layer 1: tokens.
+ *
+ * A token is issued to a (subject, scene): the page a user opened. It is spent
+ * once: of any number of concurrent consumers exactly one gets CONSUMED. A
+ * spent token remembers the business key it was spent on for the token's TTL
+ * from the moment it was spent, so a late retry carrying the same token and
+ * key can be told apart from a new submission and let through to layer 3. */
+
+/* Issue a token. subject may be "" (anonymous). ttl_ms in 1..7 days.
+ * token receives IDEM_TOKEN_LEN characters of [A-Za-z0-9_-] and a NUL.
+ * IDEM_EFULL when the handle holds tokens_max tokens. */
+IDEM_EXTERN idem_rc idem_token_issue(idem *h, const char *subject,
+                                     const char *scene, int64_t ttl_ms,
+                                     char token[IDEM_TOKEN_LEN + 1]);
+
+/* Spend a token on business key biz_key (may be NULL: none).
+ * *out: CONSUMED — this call spent it;
+ *       ALREADY_CONSUMED — it was spent before; spent_key (if not NULL,
+ *         IDEM_KEY_MAX + 1 bytes) receives the key it was spent on ("" if none);
+ *       UNKNOWN — never issued, expired, or issued to another subject/scene. */
+IDEM_EXTERN idem_rc idem_token_consume(idem *h, const char *subject,
+                                       const char *scene, const char *token,
+                                       const char *biz_key, idem_outcome *out,
+                                       char *spent_key);
+
+/* Give a spent token back when the request it was spent on failed in a way
+ * the user may retry: it becomes unspent again until its original expiry.
+ * Only a token spent on biz_key (NULL: none) is given back.
+ * *out: RESTORED, or UNKNOWN (not spent, or spent on another key, or gone). */
+IDEM_EXTERN idem_rc idem_token_give_back(idem *h, const char *subject,
+                                         const char *scene, const char *token,
+                                         const char *biz_key,
+                                         idem_outcome *out);
+
+/* ------------------------------------------------------------------------- */
+/* Layer 2: locks.
+ *
+ * A lock on (space, key) is held by one owner until it releases it or its TTL
+ * runs out. A lock only queues concurrent requests; it never decides whether
+ * the work should run — layer 3 does. Each acquisition gets a fencing token
+ * that is strictly greater than every fence handed out before in that space,
+ * so a downstream system can refuse writes from a holder whose lease ran out. */
+
+typedef struct idem_lock_info {
+    uint64_t fence;          /* ACQUIRED: the fencing token */
+    int64_t ttl_left_ms;     /* ACQUIRED: ttl; BUSY: holder's time left */
+    char holder[IDEM_KEY_MAX + 1]; /* BUSY: the holder's owner id */
+} idem_lock_info;
+
+/* Take the lock for ttl_ms (1 ms .. 1 day). *out: ACQUIRED (info->fence set)
+ * or BUSY (info->holder, info->ttl_left_ms). Acquiring a lock the same owner
+ * already holds is ACQUIRED with the same fence and a fresh TTL, so an acquire
+ * whose answer was lost can be retried. info may be NULL. IDEM_EFULL when the
+ * handle holds locks_max locks. */
+IDEM_EXTERN idem_rc idem_lock_acquire(idem *h, const char *space,
+                                      const char *key, const char *owner,
+                                      int64_t ttl_ms, idem_outcome *out,
+                                      idem_lock_info *info);
+
+/* Extend the owner's lock to ttl_ms from now. *out: RENEWED, or NOT_HELD
+ * (expired, or held by someone else — which is left untouched). */
+IDEM_EXTERN idem_rc idem_lock_renew(idem *h, const char *space,
+                                    const char *key, const char *owner,
+                                    int64_t ttl_ms, idem_outcome *out);
+
+/* Release the owner's lock. *out: RELEASED, or NOT_HELD (a lock held by
+ * anyone else is never deleted). */
+IDEM_EXTERN idem_rc idem_lock_release(idem *h, const char *space,
+                                      const char *key, const char *owner,
+                                      idem_outcome *out);
+
+/* The watchdog renews a held lock every ttl_ms / 3 while work runs, so a
+ * lock outlives slow work without a long TTL. */
+typedef struct idem_watch idem_watch;
+
+/* Called at most once, on the watchdog's thread, when the lease is lost:
+ * a renewal answered NOT_HELD, or renewals failed with store errors until the
+ * last good lease ran out. The work should stop: its lock is gone. */
+typedef void (*idem_lock_lost_fn)(void *arg, const char *space,
+                                  const char *key);
+
+/* Start renewing a lock that owner holds. On success *out is a watch to
+ * stop with idem_watchdog_stop(), before idem_close() of the handle; on_lost
+ * may be NULL. */
+IDEM_EXTERN idem_rc idem_watchdog_start(idem *h, const char *space,
+                                        const char *key, const char *owner,
+                                        int64_t ttl_ms, idem_lock_lost_fn on_lost,
+                                        void *arg, idem_watch **out);
+
+/* Stop renewing and free the watch. When it returns, on_lost is not running
+ * and never will. Does not release the lock. NULL is a no-op. Must not be
+ * called from on_lost of the same watch. */
+IDEM_EXTERN void idem_watchdog_stop(idem_watch *w);
+
+/* ------------------------------------------------------------------------- */
+/* Layer 3: records.
+ *
+ * One record per (space, key), created by the first idem_record_begin(); the
+ * store's unique constraint decides who is first, never a read. States:
+ *
+ *   PROCESSING  someone executes; owner and epoch say who; lease_until says
+ *               until when its claim is good
+ *   SUCCEEDED   done; result stored and replayed to every later begin
+ *   FAILED      done and failed for good; result replayed like SUCCEEDED
+ *   RELEASED    failed in a way that may be retried: the next begin executes
+ *   any other   a state of the user's own machine, reached by transition
+ *
+ * The full state machine is drawn in lib/record/record_state.c. */
+
+#define IDEM_STATE_PROCESSING "PROCESSING"
+#define IDEM_STATE_SUCCEEDED "SUCCEEDED"
+#define IDEM_STATE_FAILED "FAILED"
+#define IDEM_STATE_RELEASED "RELEASED"
+
+typedef struct idem_record {
+    char state[IDEM_NAME_MAX + 1];
+    uint64_t epoch;          /* claim number: 1 for the first, +1 per re-claim */
+    char owner[IDEM_KEY_MAX + 1]; /* who claimed it last */
+    int64_t lease_until_ms;  /* PROCESSING: claim good until */
+    int64_t created_ms, updated_ms;
+    int64_t expires_ms;      /* 0 while PROCESSING: never expires then */
+    int has_fingerprint;
+    uint8_t fingerprint[IDEM_FINGERPRINT_LEN];
+    void *result;            /* stored result bytes, or NULL; owned */
+    size_t result_len;
+} idem_record;
+
+/* Free what a record holds (its result) and zero it. NULL is a no-op. */
+IDEM_EXTERN void idem_record_clear(idem_record *rec);
+
+/* Claim (space, key) for execution.
+ * fingerprint: SHA-256 of the request's identifying content, or NULL to skip
+ * the payload check. lease_ms (1 ms .. 1 day): how long the claim holds
+ * without completion before another caller may take it over.
+ * *out:
+ *   NEW         the caller executes; rec->epoch is its claim (1, or the next
+ *               epoch when re-claiming a RELEASED record)
+ *   TAKEN_OVER  a PROCESSING record whose lease ran out was re-claimed for the
+ *               caller, epoch + 1; the caller executes; the old owner's
+ *               complete/fail will be refused
+ *   IN_PROGRESS someone else executes; rec has owner and lease_until_ms
+ *   DONE        rec holds the final state and the stored result
+ *   MISMATCH    the key exists with another fingerprint; nothing changed
+ * rec (may be NULL) receives the record as it stands after the call; release
+ * it with idem_record_clear(). */
+IDEM_EXTERN idem_rc idem_record_begin(idem *h, const char *space,
+                                      const char *key,
+                                      const uint8_t *fingerprint,
+                                      const char *owner, int64_t lease_ms,
+                                      idem_outcome *out, idem_record *rec);
+
+/* Finish the claim with the given epoch: PROCESSING -> SUCCEEDED, storing
+ * result (len bytes, at most the handle's result_max; NULL with len 0 for
+ * none). retention_ms: how long the record is kept (0: the handle default).
+ * *out: COMPLETED, or CONFLICT when the record is not PROCESSING with that
+ * epoch any more (taken over, or finished) — nothing is changed, and the
+ * conflict is counted in idem_stats. NOT_FOUND if there is no record. */
+IDEM_EXTERN idem_rc idem_record_complete(idem *h, const char *space,
+                                         const char *key, uint64_t epoch,
+                                         const void *result, size_t len,
+                                         int64_t retention_ms,
+                                         idem_outcome *out);
+
+typedef enum idem_fail_mode {
+    IDEM_FAIL_FINAL = 0,     /* -> FAILED: the result is replayed from now on */
+    IDEM_FAIL_RETRYABLE = 1, /* -> RELEASED: the next begin executes again */
+} idem_fail_mode;
+
+/* Finish the claim as failed; like idem_record_complete() otherwise. */
+IDEM_EXTERN idem_rc idem_record_fail(idem *h, const char *space,
+                                     const char *key, uint64_t epoch,
+                                     idem_fail_mode mode, const void *result,
+                                     size_t len, int64_t retention_ms,
+                                     idem_outcome *out);
+
+/* Move the record from state `from` to state `to` if it is in `from`
+ * (UPDATE ... WHERE state = from). *out: APPLIED; ALREADY when it is in `to`
+ * already (an idempotent success); CONFLICT when it is in another state,
+ * which current (if not NULL, IDEM_NAME_MAX + 1 bytes) receives — counted in
+ * idem_stats; NOT_FOUND. Moving into or out of PROCESSING is IDEM_EINVAL:
+ * claims are made by begin and finished by complete/fail, with their epoch. */
+IDEM_EXTERN idem_rc idem_record_transition(idem *h, const char *space,
+                                           const char *key, const char *from,
+                                           const char *to, idem_outcome *out,
+                                           char *current);
+
+/* Read a record. *out: FOUND (rec filled; clear it) or NOT_FOUND. */
+IDEM_EXTERN idem_rc idem_record_get(idem *h, const char *space,
+                                    const char *key, idem_outcome *out,
+                                    idem_record *rec);
+
+/* Delete up to limit records whose retention has run out; never a
+ * PROCESSING record. *purged receives how many went. */
+IDEM_EXTERN idem_rc idem_record_purge(idem *h, unsigned limit,
+                                      unsigned *purged);
+
+/* ------------------------------------------------------------------------- */
+/* The inbox: message consumers.
+ *
+ * Form 1, in the caller's own transaction. The consumer records the message id
+ * in the same SQLite transaction as the business effect: if the business
+ * rolls back, so does the claim, and a redelivery is processed again; once it
+ * commits, every redelivery is a DUPLICATE to be acked and skipped. The table
+ * idem_inbox_claim is created in the caller's database on first use. */
+
+struct sqlite3;
+
+/* db: the caller's connection, with a transaction open (BEGIN issued, not yet
+ * committed) — IDEM_ENOTX otherwise. group: the consumer group; biz_type: a
+ * label kept for operators (may be NULL). *out: CLAIMED or DUPLICATE. Safe to
+ * call from any thread that may use db. Does not need an idem handle. */
+IDEM_EXTERN idem_rc idem_inbox_claim_sqlite(struct sqlite3 *db,
+                                            const char *group,
+                                            const char *msg_id,
+                                            const char *biz_type,
+                                            idem_outcome *out);
+
+/* Form 2, with retries, in Idem's own store. A message moves
+ *
+ *   RECEIVED -> PROCESSING (lease) -> DONE
+ *                   |  ^          \-> FAILED -> PROCESSING ... -> DEAD
+ *                   \--/ lease ran out: re-claimed, attempt + 1
+ *
+ * and after max_attempts failed or abandoned attempts it is DEAD: the caller
+ * moves it to a dead-letter queue and acks it. */
+
+typedef struct idem_inbox_entry {
+    char state[IDEM_NAME_MAX + 1]; /* RECEIVED PROCESSING DONE FAILED DEAD */
+    unsigned attempts;       /* attempts started so far */
+    int64_t lease_until_ms;  /* PROCESSING: claim good until */
+    char biz_type[IDEM_NAME_MAX + 1];
+} idem_inbox_entry;
+
+/* Record that a message arrived. *out: CLAIMED (first time: RECEIVED) or
+ * DUPLICATE (entry shows its state). entry may be NULL. */
+IDEM_EXTERN idem_rc idem_inbox_receive(idem *h, const char *group,
+                                       const char *msg_id,
+                                       const char *biz_type,
+                                       idem_outcome *out,
+                                       idem_inbox_entry *entry);
+
+/* Claim a message for processing (recording it first if it was not
+ * received). *out:
+ *   PROCESS      the caller processes it now: attempt entry->attempts, lease
+ *                lease_ms; finish with idem_inbox_done() or _fail()
+ *   DUPLICATE    it is DONE: ack and skip
+ *   IN_PROGRESS  another consumer holds an unexpired lease on it
+ *   DEAD         attempts exhausted (max_attempts >= 1): dead-letter it
+ * entry may be NULL. */
+IDEM_EXTERN idem_rc idem_inbox_begin(idem *h, const char *group,
+                                     const char *msg_id, const char *biz_type,
+                                     int64_t lease_ms, unsigned max_attempts,
+                                     idem_outcome *out,
+                                     idem_inbox_entry *entry);
+
+/* PROCESSING with this attempt -> DONE. *out: COMPLETED, CONFLICT (not that
+ * attempt any more), or NOT_FOUND. */
+IDEM_EXTERN idem_rc idem_inbox_done(idem *h, const char *group,
+                                    const char *msg_id, unsigned attempt,
+                                    idem_outcome *out);
+
+/* PROCESSING with this attempt -> FAILED (*out RETRY_LATER) or, when it was
+ * attempt max_attempts, -> DEAD (*out DEAD). CONFLICT or NOT_FOUND as for
+ * done. */
+IDEM_EXTERN idem_rc idem_inbox_fail(idem *h, const char *group,
+                                    const char *msg_id, unsigned attempt,
+                                    unsigned max_attempts, idem_outcome *out);
+
+/* ------------------------------------------------------------------------- */
+/* Counters, for operators. Monotonic since idem_open(). */
+
+typedef struct idem_stats {
+    uint64_t conflicts;      /* complete/fail/transition/inbox refused: alerts */
+    uint64_t takeovers;      /* abandoned records re-claimed */
+    uint64_t commits;        /* durable transactions (fsyncs) */
+    uint64_t committed_ops;  /* writes carried by those transactions */
+} idem_stats;
+
+IDEM_EXTERN void idem_get_stats(idem *h, idem_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

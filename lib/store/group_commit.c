@@ -1,0 +1,170 @@
+/*
+ * group_commit.c — the writer thread behind the durable store (store layer).
+ *
+ * Why a writer thread and not a lock around the connection: with
+ * synchronous=FULL every commit waits for an fsync (milliseconds on real
+ * disks). With a lock, 64 callers wait for 64 fsyncs in a row. Here the writer
+ * drains the queue while the previous fsync runs, so the next batch holds
+ * everything that arrived meanwhile: under load a batch grows until one fsync
+ * carries it, and latency stays about two fsyncs.
+ *
+ * A job's failure must not cost the others their writes, so each job runs in
+ * a savepoint. A failed COMMIT fails every job of the batch: none of their
+ * writes happened, and each caller is told so.
+ */
+#include "group_commit.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+
+struct idem__gc {
+    pthread_mutex_t mu;
+    pthread_cond_t work;   /* writer waits for jobs */
+    pthread_cond_t done;   /* callers wait for their batch */
+    struct idem__gc_job *head, **tail;
+    int stopping;
+    pthread_t thread;
+    const struct idem__gc_driver *drv;
+    void *ctx;
+    unsigned batch_max;
+    uint64_t commits, ops;
+};
+
+static void keep_detail(struct idem__gc_job *j)
+{
+    snprintf(j->detail, sizeof j->detail, "%s", idem_errdetail());
+}
+
+static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
+{
+    const struct idem__gc_driver *d = gc->drv;
+    idem_rc rc = d->begin(gc->ctx);
+    unsigned n = 0;
+    if (rc == IDEM_OK) {
+        for (struct idem__gc_job *j = batch; j; j = j->next, n++) {
+            idem__clear_detail();
+            j->rc = d->savepoint(gc->ctx);
+            if (j->rc == IDEM_OK)
+                j->rc = j->run(j, gc->ctx);
+            if (j->rc == IDEM_OK)
+                j->rc = d->release(gc->ctx);
+            else
+                d->rollback_to(gc->ctx);
+            keep_detail(j);
+        }
+        idem__clear_detail();
+        rc = d->commit(gc->ctx);
+    }
+    if (rc != IDEM_OK) {
+        d->rollback(gc->ctx);
+        for (struct idem__gc_job *j = batch; j; j = j->next) {
+            j->rc = rc;
+            keep_detail(j);
+        }
+    }
+    pthread_mutex_lock(&gc->mu);
+    if (rc == IDEM_OK) {
+        gc->commits++;
+        gc->ops += n;
+    }
+    for (struct idem__gc_job *j = batch; j; j = j->next)
+        j->done = 1;
+    pthread_cond_broadcast(&gc->done);
+    pthread_mutex_unlock(&gc->mu);
+}
+
+static void *writer(void *arg)
+{
+    struct idem__gc *gc = arg;
+    pthread_mutex_lock(&gc->mu);
+    for (;;) {
+        while (!gc->head && !gc->stopping)
+            pthread_cond_wait(&gc->work, &gc->mu);
+        if (!gc->head)
+            break;
+        /* Take up to batch_max jobs off the queue. */
+        struct idem__gc_job *batch = gc->head, *last = batch;
+        for (unsigned n = 1; n < gc->batch_max && last->next; n++)
+            last = last->next;
+        gc->head = last->next;
+        if (!gc->head)
+            gc->tail = &gc->head;
+        last->next = NULL;
+        pthread_mutex_unlock(&gc->mu);
+        run_batch(gc, batch);
+        pthread_mutex_lock(&gc->mu);
+    }
+    pthread_mutex_unlock(&gc->mu);
+    return NULL;
+}
+
+idem_rc idem__gc_start(const struct idem__gc_driver *drv, void *ctx,
+                       unsigned batch_max, struct idem__gc **out)
+{
+    struct idem__gc *gc = idem__calloc(1, sizeof *gc);
+    if (!gc)
+        return idem__fail(IDEM_ENOMEM, "group commit: allocating");
+    pthread_mutex_init(&gc->mu, NULL);
+    pthread_cond_init(&gc->work, NULL);
+    pthread_cond_init(&gc->done, NULL);
+    gc->tail = &gc->head;
+    gc->drv = drv;
+    gc->ctx = ctx;
+    gc->batch_max = batch_max ? batch_max : 1;
+    if (pthread_create(&gc->thread, NULL, writer, gc) != 0) {
+        pthread_cond_destroy(&gc->done);
+        pthread_cond_destroy(&gc->work);
+        pthread_mutex_destroy(&gc->mu);
+        idem__free(gc);
+        return idem__fail(IDEM_ENOMEM, "group commit: cannot start the writer thread");
+    }
+    *out = gc;
+    return IDEM_OK;
+}
+
+idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job)
+{
+    job->next = NULL;
+    job->done = 0;
+    job->detail[0] = '\0';
+    pthread_mutex_lock(&gc->mu);
+    if (gc->stopping) {
+        pthread_mutex_unlock(&gc->mu);
+        return idem__fail(IDEM_ECLOSING, "the handle is closing");
+    }
+    *gc->tail = job;
+    gc->tail = &job->next;
+    pthread_cond_signal(&gc->work);
+    while (!job->done)
+        pthread_cond_wait(&gc->done, &gc->mu);
+    pthread_mutex_unlock(&gc->mu);
+    if (job->rc != IDEM_OK)
+        return idem__fail(job->rc, "%s", job->detail);
+    return IDEM_OK;
+}
+
+void idem__gc_stop(struct idem__gc *gc)
+{
+    if (!gc)
+        return;
+    pthread_mutex_lock(&gc->mu);
+    gc->stopping = 1;
+    pthread_cond_signal(&gc->work);
+    pthread_mutex_unlock(&gc->mu);
+    pthread_join(gc->thread, NULL);
+    pthread_cond_destroy(&gc->done);
+    pthread_cond_destroy(&gc->work);
+    pthread_mutex_destroy(&gc->mu);
+    idem__free(gc);
+}
+
+void idem__gc_stats(struct idem__gc *gc, uint64_t *commits, uint64_t *ops)
+{
+    pthread_mutex_lock(&gc->mu);
+    *commits = gc->commits;
+    *ops = gc->ops;
+    pthread_mutex_unlock(&gc->mu);
+}

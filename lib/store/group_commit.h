@@ -1,0 +1,48 @@
+/*
+ * group_commit.h — many callers, one transaction, one fsync.
+ *
+ * Callers submit jobs and block. One writer thread takes every job waiting
+ * (up to a batch limit), opens one transaction, runs each job inside its own
+ * savepoint (a job that fails rolls back alone), commits once, and only then
+ * wakes the batch's callers. A caller therefore returns after its write is
+ * durable, and N concurrent callers pay for about one fsync, not N.
+ */
+#ifndef IDEM_STORE_GROUP_COMMIT_H
+#define IDEM_STORE_GROUP_COMMIT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "idem.h"
+
+struct idem__gc_job {
+    struct idem__gc_job *next;
+    /* Runs on the writer thread inside the batch's transaction. */
+    idem_rc (*run)(struct idem__gc_job *job, void *ctx);
+    idem_rc rc;
+    int done;
+    char detail[160];    /* the error detail, carried back to the caller */
+};
+
+/* How the writer drives the database: each returns IDEM_OK or an error. */
+struct idem__gc_driver {
+    idem_rc (*begin)(void *ctx);     /* open the batch's transaction */
+    idem_rc (*commit)(void *ctx);    /* make it durable */
+    void (*rollback)(void *ctx);     /* abandon it */
+    idem_rc (*savepoint)(void *ctx); /* before each job */
+    idem_rc (*release)(void *ctx);   /* after a job that succeeded */
+    void (*rollback_to)(void *ctx);  /* after a job that failed */
+};
+
+struct idem__gc;
+
+idem_rc idem__gc_start(const struct idem__gc_driver *drv, void *ctx,
+                       unsigned batch_max, struct idem__gc **out);
+/* Run the job in the next batch and wait until that batch is durable (or
+ * failed). Returns job->rc and sets the caller's error detail from it. */
+idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job);
+/* Finish every submitted job, stop the writer, free. NULL is a no-op. */
+void idem__gc_stop(struct idem__gc *gc);
+void idem__gc_stats(struct idem__gc *gc, uint64_t *commits, uint64_t *ops);
+
+#endif

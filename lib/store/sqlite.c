@@ -1,0 +1,572 @@
+/*
+ * sqlite.c — the "sqlite" db backend: records and inbox in one SQLite file,
+ * the embedded store's layer 3.
+ *
+ * One connection, owned by the group-commit writer thread (group_commit.c):
+ * every operation, reads included, is a job on that thread, so the connection
+ * is never shared and all statements are prepared once. The file is in WAL
+ * mode with synchronous=FULL: a job's caller returns only after the batch
+ * that carried its write has been fsynced.
+ *
+ * The table's PRIMARY KEY (space, key) decides who creates a record:
+ * INSERT ... ON CONFLICT DO NOTHING, then changes() — never a read followed
+ * by an insert. Every later change is an UPDATE conditional on the state (and
+ * epoch, and lease) the caller last saw.
+ */
+#include <sqlite3.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/error.h"
+#include "group_commit.h"
+#include "store.h"
+
+#define SCHEMA_VERSION 1
+
+static const char schema[] =
+    "CREATE TABLE IF NOT EXISTS idem_record ("
+    " space TEXT NOT NULL,"
+    " key TEXT NOT NULL,"
+    " fingerprint BLOB,"
+    " state TEXT NOT NULL,"
+    " epoch INTEGER NOT NULL,"
+    " owner TEXT NOT NULL,"
+    " lease_until INTEGER NOT NULL,"
+    " result BLOB,"
+    " created_ms INTEGER NOT NULL,"
+    " updated_ms INTEGER NOT NULL,"
+    " expires_ms INTEGER,"
+    " PRIMARY KEY (space, key));"
+    "CREATE INDEX IF NOT EXISTS idem_record_expiry ON idem_record (expires_ms)"
+    " WHERE expires_ms IS NOT NULL;"
+    "CREATE TABLE IF NOT EXISTS idem_inbox ("
+    " grp TEXT NOT NULL,"
+    " msg_id TEXT NOT NULL,"
+    " biz_type TEXT NOT NULL,"
+    " state TEXT NOT NULL,"
+    " attempts INTEGER NOT NULL,"
+    " lease_until INTEGER NOT NULL,"
+    " created_ms INTEGER NOT NULL,"
+    " updated_ms INTEGER NOT NULL,"
+    " PRIMARY KEY (grp, msg_id));";
+
+enum {
+    ST_BEGIN, ST_COMMIT, ST_ROLLBACK, ST_SAVEPOINT, ST_RELEASE, ST_ROLLBACK_TO,
+    ST_REC_INSERT, ST_REC_GET, ST_REC_CAS, ST_REC_PURGE,
+    ST_INBOX_INSERT, ST_INBOX_GET, ST_INBOX_CAS,
+    ST_COUNT_
+};
+
+static const char *const sql[ST_COUNT_] = {
+    [ST_BEGIN] = "BEGIN IMMEDIATE",
+    [ST_COMMIT] = "COMMIT",
+    [ST_ROLLBACK] = "ROLLBACK",
+    [ST_SAVEPOINT] = "SAVEPOINT job",
+    [ST_RELEASE] = "RELEASE job",
+    [ST_ROLLBACK_TO] = "ROLLBACK TO job",
+    [ST_REC_INSERT] =
+        "INSERT INTO idem_record (space, key, fingerprint, state, epoch, owner,"
+        " lease_until, created_ms, updated_ms)"
+        " VALUES (?1, ?2, ?3, 'PROCESSING', 1, ?4, ?5, ?6, ?6)"
+        " ON CONFLICT (space, key) DO NOTHING",
+    [ST_REC_GET] =
+        "SELECT state, epoch, owner, lease_until, created_ms, updated_ms,"
+        " expires_ms, fingerprint, result FROM idem_record"
+        " WHERE space = ?1 AND key = ?2",
+    [ST_REC_CAS] =
+        "UPDATE idem_record SET state = ?3,"
+        " epoch = CASE WHEN ?4 = 0 THEN epoch ELSE ?4 END,"
+        " owner = COALESCE(?5, owner), lease_until = ?6,"
+        " result = CASE WHEN ?7 THEN ?8 ELSE result END,"
+        " expires_ms = CASE WHEN ?9 < 0 THEN expires_ms"
+        "   WHEN ?9 = 0 THEN NULL ELSE ?9 END,"
+        " updated_ms = ?10"
+        " WHERE space = ?1 AND key = ?2 AND state = ?11"
+        " AND (?12 = 0 OR epoch = ?12) AND (?13 = 0 OR lease_until <= ?13)",
+    [ST_REC_PURGE] =
+        "DELETE FROM idem_record WHERE rowid IN (SELECT rowid FROM idem_record"
+        " WHERE expires_ms <= ?1 AND state <> 'PROCESSING' LIMIT ?2)",
+    [ST_INBOX_INSERT] =
+        "INSERT INTO idem_inbox (grp, msg_id, biz_type, state, attempts,"
+        " lease_until, created_ms, updated_ms)"
+        " VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)"
+        " ON CONFLICT (grp, msg_id) DO NOTHING",
+    [ST_INBOX_GET] =
+        "SELECT state, attempts, lease_until, biz_type FROM idem_inbox"
+        " WHERE grp = ?1 AND msg_id = ?2",
+    [ST_INBOX_CAS] =
+        "UPDATE idem_inbox SET state = ?3, attempts = ?4, lease_until = ?5,"
+        " updated_ms = ?6"
+        " WHERE grp = ?1 AND msg_id = ?2 AND (?7 IS NULL OR state = ?7)"
+        " AND attempts = ?8 AND (?9 = 0 OR lease_until <= ?9)",
+};
+
+struct sqlite_db {
+    sqlite3 *conn;
+    sqlite3_stmt *st[ST_COUNT_];
+    struct idem__gc *gc;
+};
+
+static idem_rc db_error(sqlite3 *conn, const char *what)
+{
+    int code = sqlite3_extended_errcode(conn);
+    return idem__fail((code & 0xff) == SQLITE_NOMEM ? IDEM_ENOMEM : IDEM_ESTORE,
+                      "sqlite: %s: %s (%d)", what, sqlite3_errmsg(conn), code);
+}
+
+/* Run a statement that returns no rows. */
+static idem_rc exec_stmt(struct sqlite_db *d, int which)
+{
+    sqlite3_stmt *s = d->st[which];
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE)
+        return db_error(d->conn, sql[which]);
+    return IDEM_OK;
+}
+
+/* ---- the group-commit driver ---- */
+
+static idem_rc drv_begin(void *ctx) { return exec_stmt(ctx, ST_BEGIN); }
+static idem_rc drv_commit(void *ctx) { return exec_stmt(ctx, ST_COMMIT); }
+static idem_rc drv_savepoint(void *ctx) { return exec_stmt(ctx, ST_SAVEPOINT); }
+static idem_rc drv_release(void *ctx) { return exec_stmt(ctx, ST_RELEASE); }
+
+static void drv_rollback(void *ctx)
+{
+    struct sqlite_db *d = ctx;
+    if (!sqlite3_get_autocommit(d->conn))
+        (void)exec_stmt(d, ST_ROLLBACK);
+}
+
+static void drv_rollback_to(void *ctx)
+{
+    /* ROLLBACK TO keeps the savepoint open; RELEASE closes it. */
+    (void)exec_stmt(ctx, ST_ROLLBACK_TO);
+    (void)exec_stmt(ctx, ST_RELEASE);
+}
+
+static const struct idem__gc_driver driver = {
+    .begin = drv_begin,
+    .commit = drv_commit,
+    .rollback = drv_rollback,
+    .savepoint = drv_savepoint,
+    .release = drv_release,
+    .rollback_to = drv_rollback_to,
+};
+
+/* ---- binding and reading ---- */
+
+static void bind_text(sqlite3_stmt *s, int i, const char *v)
+{
+    if (v)
+        sqlite3_bind_text(s, i, v, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, i);
+}
+
+static void copy_text(char *dst, size_t cap, sqlite3_stmt *s, int col)
+{
+    const unsigned char *t = sqlite3_column_text(s, col);
+    size_t n = t ? (size_t)sqlite3_column_bytes(s, col) : 0;
+    if (n >= cap)
+        n = cap - 1;
+    if (n)
+        memcpy(dst, t, n);
+    dst[n] = '\0';
+}
+
+/* Read (space, key) into *cur. *found 0 when there is no such row. */
+static idem_rc read_record(struct sqlite_db *d, const char *space,
+                           const char *key, int *found, idem_record *cur)
+{
+    sqlite3_stmt *s = d->st[ST_REC_GET];
+    bind_text(s, 1, space);
+    bind_text(s, 2, key);
+    int rc = sqlite3_step(s);
+    idem_rc out = IDEM_OK;
+    *found = 0;
+    if (rc == SQLITE_ROW) {
+        *found = 1;
+        if (cur) {
+            memset(cur, 0, sizeof *cur);
+            copy_text(cur->state, sizeof cur->state, s, 0);
+            cur->epoch = (uint64_t)sqlite3_column_int64(s, 1);
+            copy_text(cur->owner, sizeof cur->owner, s, 2);
+            cur->lease_until_ms = sqlite3_column_int64(s, 3);
+            cur->created_ms = sqlite3_column_int64(s, 4);
+            cur->updated_ms = sqlite3_column_int64(s, 5);
+            cur->expires_ms = sqlite3_column_int64(s, 6);
+            if (sqlite3_column_bytes(s, 7) == IDEM_FINGERPRINT_LEN) {
+                cur->has_fingerprint = 1;
+                memcpy(cur->fingerprint, sqlite3_column_blob(s, 7),
+                       IDEM_FINGERPRINT_LEN);
+            }
+            size_t n = (size_t)sqlite3_column_bytes(s, 8);
+            if (n) {
+                cur->result = idem__malloc(n);
+                if (!cur->result)
+                    out = idem__fail(IDEM_ENOMEM, "records: reading a %zu-byte result", n);
+                else {
+                    memcpy(cur->result, sqlite3_column_blob(s, 8), n);
+                    cur->result_len = n;
+                }
+            }
+        }
+    } else if (rc != SQLITE_DONE) {
+        out = db_error(d->conn, "reading a record");
+    }
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    return out;
+}
+
+/* ---- records ---- */
+
+struct rec_job {
+    struct idem__gc_job job;
+    const struct idem__rec_new *n;
+    const struct idem__rec_cas *c;
+    const char *space, *key;
+    int *inserted, *changed, *found;
+    idem_record *cur;
+    int64_t now;
+    unsigned limit, *purged;
+};
+
+static idem_rc run_rec_insert(struct idem__gc_job *job, void *ctx)
+{
+    struct rec_job *j = (struct rec_job *)job;
+    struct sqlite_db *d = ctx;
+    sqlite3_stmt *s = d->st[ST_REC_INSERT];
+    const struct idem__rec_new *n = j->n;
+    bind_text(s, 1, n->space);
+    bind_text(s, 2, n->key);
+    if (n->fingerprint)
+        sqlite3_bind_blob(s, 3, n->fingerprint, IDEM_FINGERPRINT_LEN, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 3);
+    bind_text(s, 4, n->owner);
+    sqlite3_bind_int64(s, 5, n->lease_until);
+    sqlite3_bind_int64(s, 6, n->now);
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    if (rc != SQLITE_DONE)
+        return db_error(d->conn, "inserting a record");
+    *j->inserted = sqlite3_changes(d->conn) == 1;
+    if (*j->inserted)
+        return IDEM_OK;
+    int found;
+    idem_rc r = read_record(d, n->space, n->key, &found, j->cur);
+    if (r == IDEM_OK && !found)
+        r = idem__fail(IDEM_ESTORE, "records: row vanished inside a transaction");
+    return r;
+}
+
+static idem_rc run_rec_cas(struct idem__gc_job *job, void *ctx)
+{
+    struct rec_job *j = (struct rec_job *)job;
+    struct sqlite_db *d = ctx;
+    const struct idem__rec_cas *c = j->c;
+    sqlite3_stmt *s = d->st[ST_REC_CAS];
+    bind_text(s, 1, c->space);
+    bind_text(s, 2, c->key);
+    bind_text(s, 3, c->state);
+    sqlite3_bind_int64(s, 4, (sqlite3_int64)c->epoch);
+    bind_text(s, 5, c->owner);
+    sqlite3_bind_int64(s, 6, c->lease_until);
+    sqlite3_bind_int(s, 7, c->set_result);
+    if (c->set_result && c->result_len)
+        sqlite3_bind_blob64(s, 8, c->result, c->result_len, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 8);
+    sqlite3_bind_int64(s, 9, c->expires_ms);
+    sqlite3_bind_int64(s, 10, c->now);
+    bind_text(s, 11, c->expect_state);
+    sqlite3_bind_int64(s, 12, (sqlite3_int64)c->expect_epoch);
+    sqlite3_bind_int64(s, 13, c->lease_expired_at);
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    if (rc != SQLITE_DONE)
+        return db_error(d->conn, "updating a record");
+    *j->changed = sqlite3_changes(d->conn) == 1;
+    *j->found = 1;
+    if (*j->changed || !j->cur)
+        return IDEM_OK;
+    return read_record(d, c->space, c->key, j->found, j->cur);
+}
+
+static idem_rc run_rec_get(struct idem__gc_job *job, void *ctx)
+{
+    struct rec_job *j = (struct rec_job *)job;
+    return read_record(ctx, j->space, j->key, j->found, j->cur);
+}
+
+static idem_rc run_rec_purge(struct idem__gc_job *job, void *ctx)
+{
+    struct rec_job *j = (struct rec_job *)job;
+    struct sqlite_db *d = ctx;
+    sqlite3_stmt *s = d->st[ST_REC_PURGE];
+    sqlite3_bind_int64(s, 1, j->now);
+    sqlite3_bind_int64(s, 2, j->limit);
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    if (rc != SQLITE_DONE)
+        return db_error(d->conn, "purging records");
+    *j->purged = (unsigned)sqlite3_changes(d->conn);
+    return IDEM_OK;
+}
+
+/* A record job's result is freed if the batch that ran it did not commit. */
+static idem_rc submit_rec(struct sqlite_db *d, struct rec_job *j)
+{
+    idem_rc rc = idem__gc_submit(d->gc, &j->job);
+    if (rc != IDEM_OK && j->cur) {
+        idem__free(j->cur->result);
+        j->cur->result = NULL;
+        j->cur->result_len = 0;
+    }
+    return rc;
+}
+
+static idem_rc rec_insert(void *db, const struct idem__rec_new *n,
+                          int *inserted, idem_record *cur)
+{
+    struct rec_job j = {.job.run = run_rec_insert, .n = n, .inserted = inserted, .cur = cur};
+    if (cur)
+        memset(cur, 0, sizeof *cur);
+    return submit_rec(db, &j);
+}
+
+static idem_rc rec_cas(void *db, const struct idem__rec_cas *c, int *changed,
+                       int *found, idem_record *cur)
+{
+    struct rec_job j = {.job.run = run_rec_cas, .c = c, .changed = changed,
+                        .found = found, .cur = cur};
+    if (cur)
+        memset(cur, 0, sizeof *cur);
+    return submit_rec(db, &j);
+}
+
+static idem_rc rec_get(void *db, const char *space, const char *key,
+                       int *found, idem_record *cur)
+{
+    struct rec_job j = {.job.run = run_rec_get, .space = space, .key = key,
+                        .found = found, .cur = cur};
+    if (cur)
+        memset(cur, 0, sizeof *cur);
+    return submit_rec(db, &j);
+}
+
+static idem_rc rec_purge(void *db, int64_t now, unsigned limit, unsigned *purged)
+{
+    struct rec_job j = {.job.run = run_rec_purge, .now = now, .limit = limit,
+                        .purged = purged};
+    return submit_rec(db, &j);
+}
+
+/* ---- inbox ---- */
+
+struct inbox_job {
+    struct idem__gc_job job;
+    const char *group, *msg_id, *biz_type, *state;
+    unsigned attempts;
+    int64_t lease_until, now;
+    const struct idem__inbox_cas *c;
+    int *inserted, *changed, *found;
+    idem_inbox_entry *cur;
+};
+
+static idem_rc read_inbox(struct sqlite_db *d, const char *group,
+                          const char *msg_id, int *found, idem_inbox_entry *cur)
+{
+    sqlite3_stmt *s = d->st[ST_INBOX_GET];
+    bind_text(s, 1, group);
+    bind_text(s, 2, msg_id);
+    int rc = sqlite3_step(s);
+    idem_rc out = IDEM_OK;
+    *found = rc == SQLITE_ROW;
+    if (rc == SQLITE_ROW && cur) {
+        copy_text(cur->state, sizeof cur->state, s, 0);
+        cur->attempts = (unsigned)sqlite3_column_int64(s, 1);
+        cur->lease_until_ms = sqlite3_column_int64(s, 2);
+        copy_text(cur->biz_type, sizeof cur->biz_type, s, 3);
+    } else if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        out = db_error(d->conn, "reading an inbox entry");
+    }
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    return out;
+}
+
+static idem_rc run_inbox_insert(struct idem__gc_job *job, void *ctx)
+{
+    struct inbox_job *j = (struct inbox_job *)job;
+    struct sqlite_db *d = ctx;
+    sqlite3_stmt *s = d->st[ST_INBOX_INSERT];
+    bind_text(s, 1, j->group);
+    bind_text(s, 2, j->msg_id);
+    bind_text(s, 3, j->biz_type ? j->biz_type : "");
+    bind_text(s, 4, j->state);
+    sqlite3_bind_int64(s, 5, j->attempts);
+    sqlite3_bind_int64(s, 6, j->lease_until);
+    sqlite3_bind_int64(s, 7, j->now);
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    if (rc != SQLITE_DONE)
+        return db_error(d->conn, "inserting an inbox entry");
+    *j->inserted = sqlite3_changes(d->conn) == 1;
+    int found;
+    idem_rc r = read_inbox(d, j->group, j->msg_id, &found, j->cur);
+    if (r == IDEM_OK && !found)
+        r = idem__fail(IDEM_ESTORE, "inbox: row vanished inside a transaction");
+    return r;
+}
+
+static idem_rc run_inbox_cas(struct idem__gc_job *job, void *ctx)
+{
+    struct inbox_job *j = (struct inbox_job *)job;
+    struct sqlite_db *d = ctx;
+    const struct idem__inbox_cas *c = j->c;
+    sqlite3_stmt *s = d->st[ST_INBOX_CAS];
+    bind_text(s, 1, c->group);
+    bind_text(s, 2, c->msg_id);
+    bind_text(s, 3, c->state);
+    sqlite3_bind_int64(s, 4, c->attempts);
+    sqlite3_bind_int64(s, 5, c->lease_until);
+    sqlite3_bind_int64(s, 6, c->now);
+    bind_text(s, 7, c->expect_state);
+    sqlite3_bind_int64(s, 8, c->expect_attempts);
+    sqlite3_bind_int64(s, 9, c->lease_expired_at);
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    if (rc != SQLITE_DONE)
+        return db_error(d->conn, "updating an inbox entry");
+    *j->changed = sqlite3_changes(d->conn) == 1;
+    return read_inbox(d, c->group, c->msg_id, j->found, j->cur);
+}
+
+static idem_rc inbox_insert(void *db, const char *group, const char *msg_id,
+                            const char *biz_type, const char *state,
+                            unsigned attempts, int64_t lease_until, int64_t now,
+                            int *inserted, idem_inbox_entry *cur)
+{
+    struct sqlite_db *d = db;
+    struct inbox_job j = {.job.run = run_inbox_insert, .group = group,
+                          .msg_id = msg_id, .biz_type = biz_type, .state = state,
+                          .attempts = attempts, .lease_until = lease_until,
+                          .now = now, .inserted = inserted, .cur = cur};
+    return idem__gc_submit(d->gc, &j.job);
+}
+
+static idem_rc inbox_cas(void *db, const struct idem__inbox_cas *c, int *changed,
+                         int *found, idem_inbox_entry *cur)
+{
+    struct sqlite_db *d = db;
+    struct inbox_job j = {.job.run = run_inbox_cas, .c = c, .changed = changed,
+                          .found = found, .cur = cur};
+    return idem__gc_submit(d->gc, &j.job);
+}
+
+/* ---- open and close ---- */
+
+static void commit_stats(void *db, uint64_t *commits, uint64_t *ops)
+{
+    struct sqlite_db *d = db;
+    idem__gc_stats(d->gc, commits, ops);
+}
+
+static void sqlite_close(void *db)
+{
+    struct sqlite_db *d = db;
+    if (!d)
+        return;
+    idem__gc_stop(d->gc);
+    for (int i = 0; i < ST_COUNT_; i++)
+        sqlite3_finalize(d->st[i]);
+    sqlite3_close(d->conn);
+    idem__free(d);
+}
+
+static const struct idem__db_ops sqlite_ops = {
+    .version = IDEM_DB_OPS_VERSION,
+    .name = "sqlite",
+    .rec_insert = rec_insert,
+    .rec_cas = rec_cas,
+    .rec_get = rec_get,
+    .rec_purge = rec_purge,
+    .inbox_insert = inbox_insert,
+    .inbox_cas = inbox_cas,
+    .commit_stats = commit_stats,
+    .close = sqlite_close,
+};
+
+/* Set up the file: WAL, FULL sync, the schema, the schema version. */
+static idem_rc prepare_file(struct sqlite_db *d, const char *path)
+{
+    char *err = NULL;
+    int version = -1;
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(d->conn, "PRAGMA user_version", -1, &s, NULL) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW)
+        version = sqlite3_column_int(s, 0);
+    sqlite3_finalize(s);
+    if (version < 0)
+        return db_error(d->conn, path);
+    if (version > SCHEMA_VERSION)
+        return idem__fail(IDEM_ESTORE,
+                          "sqlite: %s has schema version %d; this Idem knows up to %d",
+                          path, version, SCHEMA_VERSION);
+    const char *setup = "PRAGMA journal_mode=WAL;"
+                        "PRAGMA synchronous=FULL;"
+                        "PRAGMA foreign_keys=ON;";
+    if (sqlite3_exec(d->conn, setup, NULL, NULL, &err) != SQLITE_OK ||
+        sqlite3_exec(d->conn, "BEGIN IMMEDIATE", NULL, NULL, &err) != SQLITE_OK ||
+        sqlite3_exec(d->conn, schema, NULL, NULL, &err) != SQLITE_OK ||
+        sqlite3_exec(d->conn, "PRAGMA user_version=1; COMMIT", NULL, NULL, &err) != SQLITE_OK) {
+        idem_rc rc = idem__fail(IDEM_ESTORE, "sqlite: setting up %s: %s", path,
+                                err ? err : sqlite3_errmsg(d->conn));
+        sqlite3_free(err);
+        if (!sqlite3_get_autocommit(d->conn))
+            sqlite3_exec(d->conn, "ROLLBACK", NULL, NULL, NULL);
+        return rc;
+    }
+    return IDEM_OK;
+}
+
+idem_rc idem__sqlite_open(const idem_options *o, const struct idem__db_ops **ops,
+                          void **out)
+{
+    struct sqlite_db *d = idem__calloc(1, sizeof *d);
+    idem_rc rc = IDEM_OK;
+    if (!d)
+        return idem__fail(IDEM_ENOMEM, "sqlite: allocating");
+    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
+    if (sqlite3_open_v2(o->path, &d->conn, flags, NULL) != SQLITE_OK) {
+        rc = d->conn ? db_error(d->conn, o->path)
+                     : idem__fail(IDEM_ENOMEM, "sqlite: opening %s", o->path);
+        goto fail;
+    }
+    sqlite3_extended_result_codes(d->conn, 1);
+    sqlite3_busy_timeout(d->conn, 5000);
+    if ((rc = prepare_file(d, o->path)) != IDEM_OK)
+        goto fail;
+    for (int i = 0; i < ST_COUNT_; i++)
+        if (sqlite3_prepare_v3(d->conn, sql[i], -1, SQLITE_PREPARE_PERSISTENT,
+                               &d->st[i], NULL) != SQLITE_OK) {
+            rc = db_error(d->conn, sql[i]);
+            goto fail;
+        }
+    if ((rc = idem__gc_start(&driver, d, o->commit_batch_max, &d->gc)) != IDEM_OK)
+        goto fail;
+    *ops = &sqlite_ops;
+    *out = d;
+    return IDEM_OK;
+fail:
+    sqlite_close(d);
+    return rc;
+}

@@ -1,0 +1,176 @@
+/*
+ * store.h — the storage interface, and the handle that holds an opened store.
+ *
+ * A store is two backends, each behind one versioned table of operations
+ * (like sqlite3_vfs):
+ *
+ *   kv  tokens and locks: short-lived, atomic compare-and-act on one key.
+ *       "memory" (embedded); Redis next.
+ *   db  records and inbox: durable rows, a unique key, conditional updates.
+ *       "sqlite" (embedded); PostgreSQL next.
+ *
+ * The operations are primitives, not policy: insert-if-absent and
+ * compare-and-set. The decisions (what a begin on an expired PROCESSING record
+ * means, when a message is dead) are made once, above this layer, in
+ * lib/record and lib/inbox, so every backend behaves alike. Every operation
+ * may fail with IDEM_ESTORE, IDEM_ETIMEDOUT or IDEM_EUNAVAILABLE, as a remote
+ * store does, and has set the thread's error detail when it does.
+ */
+#ifndef IDEM_STORE_H
+#define IDEM_STORE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "idem.h"
+
+#define IDEM_KV_OPS_VERSION 1
+#define IDEM_DB_OPS_VERSION 1
+
+struct idem__kv_ops {
+    unsigned version; /* IDEM_KV_OPS_VERSION */
+    const char *name;
+
+    /* Store a fresh token for (subject, scene) for ttl_ms. When the
+     * (subject, scene) already has per_scene unspent tokens, the oldest is
+     * dropped. IDEM_EFULL when the store is at capacity. */
+    idem_rc (*token_put)(void *kv, const char *subject, const char *scene,
+                         const char *token, int64_t ttl_ms, unsigned per_scene,
+                         int64_t now);
+    /* Atomic compare-and-spend; see idem_token_consume(). */
+    idem_rc (*token_consume)(void *kv, const char *subject, const char *scene,
+                             const char *token, const char *biz_key,
+                             int64_t now, idem_outcome *out, char *spent_key);
+    idem_rc (*token_give_back)(void *kv, const char *subject,
+                               const char *scene, const char *token,
+                               const char *biz_key, int64_t now,
+                               idem_outcome *out);
+
+    /* See idem_lock_acquire() and friends. fence is per space. */
+    idem_rc (*lock_acquire)(void *kv, const char *space, const char *key,
+                            const char *owner, int64_t ttl_ms, int64_t now,
+                            idem_outcome *out, idem_lock_info *info);
+    idem_rc (*lock_renew)(void *kv, const char *space, const char *key,
+                          const char *owner, int64_t ttl_ms, int64_t now,
+                          idem_outcome *out);
+    idem_rc (*lock_release)(void *kv, const char *space, const char *key,
+                            const char *owner, int64_t now, idem_outcome *out);
+
+    void (*close)(void *kv);
+};
+
+/* Compare-and-set on one record: the update happens only if the row is in
+ * state expect_state, and (when expect_epoch != 0) at that epoch, and (when
+ * lease_expired_at != 0) its lease_until <= lease_expired_at. */
+struct idem__rec_cas {
+    const char *space, *key;
+    const char *expect_state;
+    uint64_t expect_epoch;
+    int64_t lease_expired_at;
+
+    const char *state;     /* new state */
+    uint64_t epoch;        /* new epoch, or 0 to keep */
+    const char *owner;     /* new owner, or NULL to keep */
+    int64_t lease_until;   /* new lease (0 when not PROCESSING) */
+    int set_result;        /* replace result with (result, result_len) */
+    const void *result;
+    size_t result_len;
+    int64_t expires_ms;    /* -1 keep, 0 never, else the instant */
+    int64_t now;
+};
+
+struct idem__rec_new {
+    const char *space, *key;
+    const uint8_t *fingerprint; /* NULL: none */
+    const char *owner;
+    int64_t lease_until;
+    int64_t now;
+};
+
+struct idem__inbox_cas {
+    const char *group, *msg_id;
+    const char *expect_state;  /* NULL: any state */
+    unsigned expect_attempts;  /* compared always */
+    int64_t lease_expired_at;  /* 0: no lease condition */
+    const char *state;
+    unsigned attempts;
+    int64_t lease_until;
+    int64_t now;
+};
+
+struct idem__db_ops {
+    unsigned version; /* IDEM_DB_OPS_VERSION */
+    const char *name;
+
+    /* Rows come back as idem_record; their result is allocated with
+     * idem__malloc and handed to the caller.
+     *
+     * Insert a PROCESSING record with epoch 1 unless (space, key) exists.
+     * *inserted: 1 if this call created it. Otherwise *cur receives the
+     * existing row, read in the same atomic step. */
+    idem_rc (*rec_insert)(void *db, const struct idem__rec_new *n,
+                          int *inserted, idem_record *cur);
+    /* *changed: 1 if the update was made. When it was not and cur is not
+     * NULL, *cur receives the row as it stands (*found 0 when there is none),
+     * read in the same atomic step. */
+    idem_rc (*rec_cas)(void *db, const struct idem__rec_cas *c, int *changed,
+                       int *found, idem_record *cur);
+    idem_rc (*rec_get)(void *db, const char *space, const char *key,
+                       int *found, idem_record *cur);
+    idem_rc (*rec_purge)(void *db, int64_t now, unsigned limit,
+                         unsigned *purged);
+
+    /* Inbox rows: insert (group, msg_id) in state `state` with `attempts`
+     * unless it exists; *cur receives the row either way. */
+    idem_rc (*inbox_insert)(void *db, const char *group, const char *msg_id,
+                            const char *biz_type, const char *state,
+                            unsigned attempts, int64_t lease_until,
+                            int64_t now, int *inserted, idem_inbox_entry *cur);
+    idem_rc (*inbox_cas)(void *db, const struct idem__inbox_cas *c,
+                         int *changed, int *found, idem_inbox_entry *cur);
+
+    /* Durable commits so far, and the writes they carried. */
+    void (*commit_stats)(void *db, uint64_t *commits, uint64_t *ops);
+
+    void (*close)(void *db);
+};
+
+struct idem__watchdog;
+
+/* The handle: an opened store, its limits and clock, its counters. */
+struct idem {
+    const struct idem__kv_ops *kv_ops;
+    void *kv;
+    const struct idem__db_ops *db_ops;
+    void *db;
+    const char *store_name;
+
+    size_t result_max;
+    int64_t retention_ms;
+    unsigned tokens_per_scene;
+    idem_clock_fn clock;
+    void *clock_arg;
+
+    atomic_uint_fast64_t conflicts;
+    atomic_uint_fast64_t takeovers;
+
+    pthread_mutex_t watchdog_mu; /* guards starting the watchdog lazily */
+    struct idem__watchdog *watchdog;
+};
+
+static inline int64_t idem__now(const struct idem *h)
+{
+    return h->clock(h->clock_arg);
+}
+
+/* The backends. Each open returns IDEM_OK and sets *out, or an error. */
+idem_rc idem__memory_open(const idem_options *o, int64_t now,
+                          const struct idem__kv_ops **ops, void **out);
+idem_rc idem__sqlite_open(const idem_options *o,
+                          const struct idem__db_ops **ops, void **out);
+
+/* Wall-clock milliseconds since the Unix epoch, the default clock. */
+int64_t idem__wall_clock_ms(void *unused);
+
+#endif

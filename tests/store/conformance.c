@@ -1,0 +1,1063 @@
+/*
+ * conformance.c — the contract of ../shared/DESIGN.md §3, written once
+ * against the public API and run against every store:
+ *
+ *   conformance embedded :memory:     records in an in-memory SQLite
+ *   conformance embedded file         records in a SQLite file in a temp dir
+ *
+ * Each test opens a fresh handle with the test clock, so lease and TTL
+ * expiry are tested by moving the clock, not by sleeping.
+ */
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "testlib.h"
+
+static const char *store_kind;
+static const char *store_where; /* ":memory:" or "file" */
+static char *tmpdir;
+static int file_seq;
+
+static idem *open_store(void)
+{
+    char path[4200];
+    idem_options o;
+    idem_options_init(&o);
+    o.store = store_kind;
+    if (strcmp(store_where, "file") == 0) {
+        snprintf(path, sizeof path, "%s/t%d.db", tmpdir, ++file_seq);
+        o.path = path;
+    } else {
+        o.path = store_where;
+    }
+    o.clock = test_clock;
+    o.result_max = 4096;
+    idem *h = NULL;
+    assert_idem_ok(idem_open(&o, &h));
+    return h;
+}
+
+static int setup(void **state)
+{
+    test_clock_reset();
+    *state = open_store();
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    idem_close(*state);
+    return 0;
+}
+
+static void fp_of(const char *s, uint8_t fp[IDEM_FINGERPRINT_LEN])
+{
+    assert_idem_ok(idem_fingerprint(s, strlen(s), fp));
+}
+
+/* ---- records ---------------------------------------------------------- */
+
+struct storm {
+    idem *h;
+    const char *space, *key;
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    idem_outcome outcome[128];
+    idem_rc rc[128];
+    uint64_t epoch[128];
+};
+
+static const char storm_result[] = "{\"refund\":\"R-1\",\"status\":\"ok\"}";
+
+static void begin_and_complete(void *arg, int i)
+{
+    struct storm *s = arg;
+    char owner[32];
+    idem_record rec;
+    snprintf(owner, sizeof owner, "worker-%d", i);
+    s->rc[i] = idem_record_begin(s->h, s->space, s->key, s->fp, owner, 30000,
+                                 &s->outcome[i], &rec);
+    if (s->rc[i] == IDEM_OK && s->outcome[i] == IDEM_NEW) {
+        idem_outcome done;
+        s->rc[i] = idem_record_complete(s->h, s->space, s->key, rec.epoch, storm_result,
+                                        strlen(storm_result), 0, &done);
+        if (done != IDEM_COMPLETED)
+            s->rc[i] = IDEM_ESTORE;
+    }
+    idem_record_clear(&rec);
+}
+
+static void test_begin_storm_one_new(void **state)
+{
+    struct storm *s = calloc(1, sizeof *s);
+    s->h = *state;
+    s->space = "refund";
+    s->key = "R-2026-0001";
+    fp_of("POST /refunds {\"refund_no\":\"R-2026-0001\"}", s->fp);
+    test_run_threads(100, begin_and_complete, s);
+
+    int new_count = 0, other = 0;
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(s->rc[i], IDEM_OK);
+        if (s->outcome[i] == IDEM_NEW)
+            new_count++;
+        else if (s->outcome[i] == IDEM_IN_PROGRESS || s->outcome[i] == IDEM_DONE)
+            other++;
+    }
+    assert_int_equal(new_count, 1);
+    assert_int_equal(other, 99);
+
+    /* Every later begin replays the byte-identical result. */
+    for (int i = 0; i < 5; i++) {
+        idem_outcome o;
+        idem_record rec;
+        assert_idem_ok(idem_record_begin(s->h, s->space, s->key, s->fp, "late", 30000, &o, &rec));
+        assert_outcome(o, IDEM_DONE);
+        assert_string_equal(rec.state, IDEM_STATE_SUCCEEDED);
+        assert_int_equal(rec.result_len, strlen(storm_result));
+        assert_memory_equal(rec.result, storm_result, strlen(storm_result));
+        idem_record_clear(&rec);
+    }
+    free(s);
+}
+
+static void test_begin_fields(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_record rec;
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fp_of("body", fp);
+    assert_idem_ok(idem_record_begin(h, "pay", "k1", fp, "alice", 5000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    assert_string_equal(rec.state, "PROCESSING");
+    assert_int_equal(rec.epoch, 1);
+    assert_string_equal(rec.owner, "alice");
+    assert_true(rec.lease_until_ms > test_clock(NULL));
+    idem_record_clear(&rec);
+
+    assert_idem_ok(idem_record_begin(h, "pay", "k1", fp, "bob", 5000, &o, &rec));
+    assert_outcome(o, IDEM_IN_PROGRESS);
+    assert_string_equal(rec.owner, "alice");
+    assert_int_equal(rec.epoch, 1);
+    idem_record_clear(&rec);
+
+    /* Same key in another space is another record. */
+    assert_idem_ok(idem_record_begin(h, "refund", "k1", fp, "bob", 5000, &o, NULL));
+    assert_outcome(o, IDEM_NEW);
+
+    assert_idem_ok(idem_record_get(h, "pay", "k1", &o, &rec));
+    assert_outcome(o, IDEM_FOUND);
+    assert_int_equal(rec.has_fingerprint, 1);
+    assert_memory_equal(rec.fingerprint, fp, IDEM_FINGERPRINT_LEN);
+    assert_int_equal(rec.expires_ms, 0);
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_get(h, "pay", "nope", &o, &rec));
+    assert_outcome(o, IDEM_NOT_FOUND);
+}
+
+struct takeover {
+    idem *h;
+    idem_outcome out[3];
+    uint64_t epoch[3];
+    idem_rc rc[3];
+};
+
+static void race_takeover(void *arg, int i)
+{
+    struct takeover *t = arg;
+    char owner[16];
+    idem_record rec;
+    snprintf(owner, sizeof owner, "new-%d", i);
+    t->rc[i] = idem_record_begin(t->h, "pay", "T-1", NULL, owner, 60000, &t->out[i], &rec);
+    t->epoch[i] = rec.epoch;
+    idem_record_clear(&rec);
+}
+
+static void test_lease_takeover(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_record_begin(h, "pay", "T-1", NULL, "stale", 1000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    uint64_t stale_epoch = rec.epoch;
+    idem_record_clear(&rec);
+
+    /* Within the lease nobody takes over. */
+    assert_idem_ok(idem_record_begin(h, "pay", "T-1", NULL, "early", 1000, &o, NULL));
+    assert_outcome(o, IDEM_IN_PROGRESS);
+
+    test_clock_advance(1500);
+    struct takeover t = {.h = h};
+    test_run_threads(3, race_takeover, &t);
+    int taken = 0, winner = -1;
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(t.rc[i], IDEM_OK);
+        if (t.out[i] == IDEM_TAKEN_OVER) {
+            taken++;
+            winner = i;
+        } else {
+            assert_outcome(t.out[i], IDEM_IN_PROGRESS);
+        }
+    }
+    assert_int_equal(taken, 1);
+    assert_int_equal(t.epoch[winner], stale_epoch + 1);
+
+    /* The stale owner wakes up: its completion is refused, nothing changes. */
+    idem_stats before, after;
+    idem_get_stats(h, &before);
+    assert_idem_ok(idem_record_complete(h, "pay", "T-1", stale_epoch, "late", 4, 0, &o));
+    assert_outcome(o, IDEM_CONFLICT);
+    idem_get_stats(h, &after);
+    assert_int_equal(after.conflicts, before.conflicts + 1);
+    assert_true(after.takeovers >= 1);
+    assert_idem_ok(idem_record_get(h, "pay", "T-1", &o, &rec));
+    assert_string_equal(rec.state, "PROCESSING");
+    assert_int_equal(rec.epoch, stale_epoch + 1);
+    assert_null(rec.result);
+    idem_record_clear(&rec);
+
+    /* The new owner finishes. */
+    assert_idem_ok(idem_record_complete(h, "pay", "T-1", stale_epoch + 1, "ok", 2, 0, &o));
+    assert_outcome(o, IDEM_COMPLETED);
+    assert_idem_ok(idem_record_begin(h, "pay", "T-1", NULL, "again", 1000, &o, &rec));
+    assert_outcome(o, IDEM_DONE);
+    assert_int_equal(rec.result_len, 2);
+    assert_memory_equal(rec.result, "ok", 2);
+    idem_record_clear(&rec);
+}
+
+struct mismatch_storm {
+    idem *h;
+    uint8_t fp[2][IDEM_FINGERPRINT_LEN];
+    idem_outcome out[32];
+    idem_rc rc[32];
+};
+
+static void race_two_payloads(void *arg, int i)
+{
+    struct mismatch_storm *m = arg;
+    m->rc[i] = idem_record_begin(m->h, "pay", "M-fresh", m->fp[i % 2], "w", 30000,
+                                 &m->out[i], NULL);
+}
+
+static void test_mismatch_every_path(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_record rec;
+    uint8_t a[IDEM_FINGERPRINT_LEN], b[IDEM_FINGERPRINT_LEN];
+    fp_of("amount=100", a);
+    fp_of("amount=999", b);
+
+    /* Fresh key, two payloads racing: one NEW, the other payload MISMATCH. */
+    struct mismatch_storm m = {.h = h};
+    memcpy(m.fp[0], a, sizeof a);
+    memcpy(m.fp[1], b, sizeof b);
+    test_run_threads(32, race_two_payloads, &m);
+    int news = 0, winner_parity = -1;
+    for (int i = 0; i < 32; i++) {
+        assert_int_equal(m.rc[i], IDEM_OK);
+        if (m.out[i] == IDEM_NEW) {
+            news++;
+            winner_parity = i % 2;
+        }
+    }
+    assert_int_equal(news, 1);
+    for (int i = 0; i < 32; i++)
+        if (m.out[i] != IDEM_NEW)
+            assert_outcome(m.out[i], i % 2 == winner_parity ? IDEM_IN_PROGRESS : IDEM_MISMATCH);
+
+    /* IN_PROGRESS path. */
+    assert_idem_ok(idem_record_begin(h, "pay", "M-1", a, "first", 30000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    uint64_t epoch = rec.epoch;
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_begin(h, "pay", "M-1", b, "second", 30000, &o, NULL));
+    assert_outcome(o, IDEM_MISMATCH);
+
+    /* DONE path. */
+    assert_idem_ok(idem_record_complete(h, "pay", "M-1", epoch, "r", 1, 0, &o));
+    assert_outcome(o, IDEM_COMPLETED);
+    assert_idem_ok(idem_record_begin(h, "pay", "M-1", b, "third", 30000, &o, NULL));
+    assert_outcome(o, IDEM_MISMATCH);
+    /* The same payload still replays; no fingerprint skips the check. */
+    assert_idem_ok(idem_record_begin(h, "pay", "M-1", a, "fourth", 30000, &o, NULL));
+    assert_outcome(o, IDEM_DONE);
+    assert_idem_ok(idem_record_begin(h, "pay", "M-1", NULL, "fifth", 30000, &o, NULL));
+    assert_outcome(o, IDEM_DONE);
+
+    /* Expired-lease path: a mismatching payload never takes over. */
+    assert_idem_ok(idem_record_begin(h, "pay", "M-2", a, "first", 100, &o, NULL));
+    test_clock_advance(500);
+    assert_idem_ok(idem_record_begin(h, "pay", "M-2", b, "second", 100, &o, NULL));
+    assert_outcome(o, IDEM_MISMATCH);
+    assert_idem_ok(idem_record_get(h, "pay", "M-2", &o, &rec));
+    assert_int_equal(rec.epoch, 1);
+    assert_string_equal(rec.owner, "first");
+    idem_record_clear(&rec);
+}
+
+static void test_fail_modes(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_record rec;
+    /* Retryable: the next begin executes again, with a new epoch. */
+    assert_idem_ok(idem_record_begin(h, "pay", "F-1", NULL, "a", 30000, &o, &rec));
+    uint64_t e1 = rec.epoch;
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_fail(h, "pay", "F-1", e1, IDEM_FAIL_RETRYABLE, "502", 3, 0, &o));
+    assert_outcome(o, IDEM_COMPLETED);
+    assert_idem_ok(idem_record_begin(h, "pay", "F-1", NULL, "b", 30000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    assert_int_equal(rec.epoch, e1 + 1);
+    assert_null(rec.result);
+    idem_record_clear(&rec);
+    /* The released claim's epoch is dead. */
+    assert_idem_ok(idem_record_complete(h, "pay", "F-1", e1, "x", 1, 0, &o));
+    assert_outcome(o, IDEM_CONFLICT);
+
+    /* Final: the failure is replayed. */
+    assert_idem_ok(idem_record_fail(h, "pay", "F-1", e1 + 1, IDEM_FAIL_FINAL,
+                                    "insufficient funds", 18, 0, &o));
+    assert_outcome(o, IDEM_COMPLETED);
+    assert_idem_ok(idem_record_begin(h, "pay", "F-1", NULL, "c", 30000, &o, &rec));
+    assert_outcome(o, IDEM_DONE);
+    assert_string_equal(rec.state, "FAILED");
+    assert_int_equal(rec.result_len, 18);
+    assert_memory_equal(rec.result, "insufficient funds", 18);
+    assert_true(rec.expires_ms > test_clock(NULL));
+    idem_record_clear(&rec);
+
+    /* Finishing what does not exist. */
+    assert_idem_ok(idem_record_complete(h, "pay", "F-none", 1, NULL, 0, 0, &o));
+    assert_outcome(o, IDEM_NOT_FOUND);
+}
+
+struct transition_storm {
+    idem *h;
+    idem_outcome out[32];
+    idem_rc rc[32];
+};
+
+static void race_transition(void *arg, int i)
+{
+    struct transition_storm *t = arg;
+    t->rc[i] = idem_record_transition(t->h, "order", "O-1", "SUCCEEDED", "REFUNDED",
+                                      &t->out[i], NULL);
+}
+
+static void test_transition(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_record rec;
+    char current[IDEM_NAME_MAX + 1];
+    assert_idem_ok(idem_record_begin(h, "order", "O-1", NULL, "a", 30000, &o, &rec));
+    uint64_t epoch = rec.epoch;
+    idem_record_clear(&rec);
+
+    /* While PROCESSING, a user transition from SUCCEEDED conflicts. */
+    assert_idem_ok(idem_record_transition(h, "order", "O-1", "SUCCEEDED", "REFUNDED", &o, current));
+    assert_outcome(o, IDEM_CONFLICT);
+    assert_string_equal(current, "PROCESSING");
+    assert_idem_ok(idem_record_complete(h, "order", "O-1", epoch, "paid", 4, 0, &o));
+
+    struct transition_storm t = {.h = h};
+    test_run_threads(32, race_transition, &t);
+    int applied = 0, already = 0;
+    for (int i = 0; i < 32; i++) {
+        assert_int_equal(t.rc[i], IDEM_OK);
+        applied += t.out[i] == IDEM_APPLIED;
+        already += t.out[i] == IDEM_ALREADY;
+    }
+    assert_int_equal(applied, 1);
+    assert_int_equal(already, 31);
+
+    /* From another state than the record's: CONFLICT naming the current. */
+    assert_idem_ok(idem_record_transition(h, "order", "O-1", "SUCCEEDED", "CANCELLED", &o, current));
+    assert_outcome(o, IDEM_CONFLICT);
+    assert_string_equal(current, "REFUNDED");
+    /* The stored result survives user transitions; a begin replays it. */
+    assert_idem_ok(idem_record_begin(h, "order", "O-1", NULL, "b", 30000, &o, &rec));
+    assert_outcome(o, IDEM_DONE);
+    assert_string_equal(rec.state, "REFUNDED");
+    assert_memory_equal(rec.result, "paid", 4);
+    idem_record_clear(&rec);
+
+    assert_idem_ok(idem_record_transition(h, "order", "O-none", "A", "B", &o, current));
+    assert_outcome(o, IDEM_NOT_FOUND);
+    assert_int_equal(idem_record_transition(h, "order", "O-1", "REFUNDED", "PROCESSING", &o, NULL),
+                     IDEM_EINVAL);
+    /* An operator may release a finished record so that it runs again. */
+    assert_idem_ok(idem_record_transition(h, "order", "O-1", "REFUNDED", "RELEASED", &o, NULL));
+    assert_outcome(o, IDEM_APPLIED);
+    assert_idem_ok(idem_record_begin(h, "order", "O-1", NULL, "c", 30000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    assert_int_equal(rec.epoch, epoch + 1);
+    idem_record_clear(&rec);
+}
+
+static void test_purge(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_record rec;
+    unsigned purged;
+    assert_idem_ok(idem_record_begin(h, "pay", "P-done", NULL, "a", 1000, &o, &rec));
+    assert_idem_ok(idem_record_complete(h, "pay", "P-done", rec.epoch, "x", 1, 10000, &o));
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_begin(h, "pay", "P-open", NULL, "a", 1000, &o, NULL));
+
+    assert_idem_ok(idem_record_purge(h, 100, &purged));
+    assert_int_equal(purged, 0);
+    test_clock_advance(20000);
+    assert_idem_ok(idem_record_purge(h, 100, &purged));
+    assert_int_equal(purged, 1);
+    assert_idem_ok(idem_record_get(h, "pay", "P-done", &o, NULL));
+    assert_outcome(o, IDEM_NOT_FOUND);
+    /* PROCESSING is never purged, however old. */
+    test_clock_advance(1000LL * 3600 * 24 * 400);
+    assert_idem_ok(idem_record_purge(h, 100, &purged));
+    assert_int_equal(purged, 0);
+    assert_idem_ok(idem_record_get(h, "pay", "P-open", &o, NULL));
+    assert_outcome(o, IDEM_FOUND);
+}
+
+static void test_record_bad_input(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    char long_key[300];
+    memset(long_key, 'k', 256);
+    long_key[256] = '\0';
+    assert_int_equal(idem_record_begin(h, "pay", "", NULL, "o", 1000, &o, NULL), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "key"));
+    assert_int_equal(idem_record_begin(h, "pay", long_key, NULL, "o", 1000, &o, NULL), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "255"));
+    long_key[255] = '\0';
+    assert_idem_ok(idem_record_begin(h, "pay", long_key, NULL, "o", 1000, &o, NULL));
+    assert_outcome(o, IDEM_NEW);
+    assert_int_equal(idem_record_begin(h, "pay", "a\nb", NULL, "o", 1000, &o, NULL), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "control character"));
+    assert_int_equal(idem_record_begin(h, "pay", "a\x7f", NULL, "o", 1000, &o, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_record_begin(h, "pay", NULL, NULL, "o", 1000, &o, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_record_begin(h, NULL, "k", NULL, "o", 1000, &o, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_record_begin(h, "pa y", "k", NULL, "o", 1000, &o, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_record_begin(h, "pay", "k", NULL, NULL, 1000, &o, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_record_begin(h, "pay", "k", NULL, "o", 0, &o, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_record_begin(h, "pay", "k", NULL, "o", 1000, NULL, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_record_begin(NULL, "pay", "k", NULL, "o", 1000, &o, NULL), IDEM_EINVAL);
+    /* None of those stored anything. */
+    assert_idem_ok(idem_record_get(h, "pay", "k", &o, NULL));
+    assert_outcome(o, IDEM_NOT_FOUND);
+    assert_int_equal(idem_record_get(h, "pay", "", &o, NULL), IDEM_EINVAL);
+
+    /* A result over the limit is refused and the claim stays open. */
+    idem_record rec;
+    assert_idem_ok(idem_record_begin(h, "pay", "big", NULL, "o", 1000, &o, &rec));
+    char *big = calloc(1, 4097);
+    assert_int_equal(idem_record_complete(h, "pay", "big", rec.epoch, big, 4097, 0, &o), IDEM_ETOOBIG);
+    assert_non_null(strstr(idem_errdetail(), "4096"));
+    assert_idem_ok(idem_record_complete(h, "pay", "big", rec.epoch, big, 4096, 0, &o));
+    assert_outcome(o, IDEM_COMPLETED);
+    idem_record_clear(&rec);
+    free(big);
+    assert_int_equal(idem_record_complete(h, "pay", "big", 0, NULL, 0, 0, &o), IDEM_EINVAL);
+    assert_int_equal(idem_record_complete(h, "pay", "big", 1, NULL, 5, 0, &o), IDEM_EINVAL);
+    assert_int_equal(idem_record_fail(h, "pay", "big", 1, (idem_fail_mode)7, NULL, 0, 0, &o),
+                     IDEM_EINVAL);
+}
+
+struct group_commit_load {
+    idem *h;
+    idem_rc rc[64];
+};
+
+static void many_writes(void *arg, int i)
+{
+    struct group_commit_load *g = arg;
+    for (int n = 0; n < 20 && g->rc[i] == IDEM_OK; n++) {
+        char key[32];
+        idem_outcome o;
+        idem_record rec;
+        snprintf(key, sizeof key, "gc-%d-%d", i, n);
+        g->rc[i] = idem_record_begin(g->h, "pay", key, NULL, "w", 30000, &o, &rec);
+        if (g->rc[i] == IDEM_OK)
+            g->rc[i] = idem_record_complete(g->h, "pay", key, rec.epoch, key, strlen(key), 0, &o);
+        idem_record_clear(&rec);
+    }
+}
+
+static void test_group_commit_shares_commits(void **state)
+{
+    idem *h = *state;
+    idem_stats before, after;
+    idem_get_stats(h, &before);
+    struct group_commit_load g = {.h = h};
+    test_run_threads(64, many_writes, &g);
+    for (int i = 0; i < 64; i++)
+        assert_int_equal(g.rc[i], IDEM_OK);
+    idem_get_stats(h, &after);
+    uint64_t ops = after.committed_ops - before.committed_ops;
+    uint64_t commits = after.commits - before.commits;
+    assert_int_equal(ops, 64 * 20 * 2);
+    /* 64 callers at once: batches carry more than one write each. */
+    assert_true(commits < ops);
+    /* And every write is there. */
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_record_get(h, "pay", "gc-63-19", &o, &rec));
+    assert_outcome(o, IDEM_FOUND);
+    assert_string_equal(rec.state, "SUCCEEDED");
+    assert_memory_equal(rec.result, "gc-63-19", 8);
+    idem_record_clear(&rec);
+}
+
+/* ---- tokens ----------------------------------------------------------- */
+
+struct token_storm {
+    idem *h;
+    char token[IDEM_TOKEN_LEN + 1];
+    idem_outcome out[64];
+    idem_rc rc[64];
+    char spent[64][IDEM_KEY_MAX + 1];
+};
+
+static void race_consume(void *arg, int i)
+{
+    struct token_storm *t = arg;
+    t->rc[i] = idem_token_consume(t->h, "user-1", "refund-form", t->token, "R-77",
+                                  &t->out[i], t->spent[i]);
+}
+
+static void test_token_storm(void **state)
+{
+    struct token_storm *t = calloc(1, sizeof *t);
+    t->h = *state;
+    assert_idem_ok(idem_token_issue(t->h, "user-1", "refund-form", 300000, t->token));
+    assert_int_equal(strlen(t->token), IDEM_TOKEN_LEN);
+    assert_int_equal(strspn(t->token, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"),
+                     IDEM_TOKEN_LEN);
+    test_run_threads(64, race_consume, t);
+    int consumed = 0, already = 0;
+    for (int i = 0; i < 64; i++) {
+        assert_int_equal(t->rc[i], IDEM_OK);
+        consumed += t->out[i] == IDEM_CONSUMED;
+        if (t->out[i] == IDEM_ALREADY_CONSUMED) {
+            already++;
+            assert_string_equal(t->spent[i], "R-77");
+        }
+    }
+    assert_int_equal(consumed, 1);
+    assert_int_equal(already, 63);
+
+    idem_outcome o;
+    char spent[IDEM_KEY_MAX + 1];
+    /* A late retry with the same key learns which key the token went to. */
+    assert_idem_ok(idem_token_consume(t->h, "user-1", "refund-form", t->token, "R-77", &o, spent));
+    assert_outcome(o, IDEM_ALREADY_CONSUMED);
+    assert_string_equal(spent, "R-77");
+    /* Another subject or scene never sees the token. */
+    assert_idem_ok(idem_token_consume(t->h, "user-2", "refund-form", t->token, "R-77", &o, spent));
+    assert_outcome(o, IDEM_UNKNOWN);
+    assert_idem_ok(idem_token_consume(t->h, "user-1", "pay-form", t->token, "R-77", &o, spent));
+    assert_outcome(o, IDEM_UNKNOWN);
+    assert_idem_ok(idem_token_consume(t->h, "user-1", "refund-form", "not-a-token", "R-77", &o, spent));
+    assert_outcome(o, IDEM_UNKNOWN);
+    free(t);
+}
+
+static void test_token_give_back_and_expiry(void **state)
+{
+    idem *h = *state;
+    char tok[IDEM_TOKEN_LEN + 1], other[IDEM_TOKEN_LEN + 1];
+    idem_outcome o;
+    assert_idem_ok(idem_token_issue(h, "", "checkout", 10000, tok));
+    assert_idem_ok(idem_token_issue(h, "", "checkout", 10000, other));
+    assert_string_not_equal(tok, other);
+
+    assert_idem_ok(idem_token_consume(h, "", "checkout", tok, "O-1", &o, NULL));
+    assert_outcome(o, IDEM_CONSUMED);
+    /* Given back only for the key it was spent on. */
+    assert_idem_ok(idem_token_give_back(h, "", "checkout", tok, "O-2", &o));
+    assert_outcome(o, IDEM_UNKNOWN);
+    assert_idem_ok(idem_token_give_back(h, "", "checkout", tok, "O-1", &o));
+    assert_outcome(o, IDEM_RESTORED);
+    assert_idem_ok(idem_token_give_back(h, "", "checkout", tok, "O-1", &o));
+    assert_outcome(o, IDEM_UNKNOWN);
+    assert_idem_ok(idem_token_consume(h, "", "checkout", tok, "O-1", &o, NULL));
+    assert_outcome(o, IDEM_CONSUMED);
+
+    /* Expiry. t = 0 now; all three were issued for 10 s. */
+    char third[IDEM_TOKEN_LEN + 1];
+    assert_idem_ok(idem_token_issue(h, "", "checkout", 10000, third));
+    test_clock_advance(6000);
+    assert_idem_ok(idem_token_consume(h, "", "checkout", third, "O-9", &o, NULL));
+    assert_outcome(o, IDEM_CONSUMED);
+    assert_idem_ok(idem_token_consume(h, "", "checkout", tok, "O-1", &o, NULL));
+    assert_outcome(o, IDEM_ALREADY_CONSUMED);
+    test_clock_advance(4001); /* t = 10.001 s */
+    /* An unspent token is gone after its TTL... */
+    assert_idem_ok(idem_token_consume(h, "", "checkout", other, "O-3", &o, NULL));
+    assert_outcome(o, IDEM_UNKNOWN);
+    /* ...a spent one is remembered for a TTL from its spending: tok was
+     * spent at 0 and is gone, third at 6 s and is still known. */
+    assert_idem_ok(idem_token_consume(h, "", "checkout", tok, "O-1", &o, NULL));
+    assert_outcome(o, IDEM_UNKNOWN);
+    assert_idem_ok(idem_token_consume(h, "", "checkout", third, "O-9", &o, NULL));
+    assert_outcome(o, IDEM_ALREADY_CONSUMED);
+    /* Too late to give it back: its issued life is over. */
+    assert_idem_ok(idem_token_give_back(h, "", "checkout", third, "O-9", &o));
+    assert_outcome(o, IDEM_UNKNOWN);
+    test_clock_advance(6000);
+    assert_idem_ok(idem_token_consume(h, "", "checkout", third, "O-9", &o, NULL));
+    assert_outcome(o, IDEM_UNKNOWN);
+}
+
+static void test_token_cap_per_scene(void **state)
+{
+    idem *h = *state;
+    char tok[20][IDEM_TOKEN_LEN + 1];
+    idem_outcome o;
+    for (int i = 0; i < 20; i++)
+        assert_idem_ok(idem_token_issue(h, "u", "form", 60000, tok[i]));
+    /* The default cap is 16 outstanding per subject+scene: the 4 oldest went. */
+    for (int i = 0; i < 20; i++) {
+        assert_idem_ok(idem_token_consume(h, "u", "form", tok[i], "k", &o, NULL));
+        assert_outcome(o, i < 4 ? IDEM_UNKNOWN : IDEM_CONSUMED);
+    }
+    /* Spent tokens do not count against the cap. */
+    for (int i = 0; i < 16; i++)
+        assert_idem_ok(idem_token_issue(h, "u", "form", 60000, tok[i]));
+    assert_idem_ok(idem_token_consume(h, "u", "form", tok[0], "k", &o, NULL));
+    assert_outcome(o, IDEM_CONSUMED);
+}
+
+static void test_token_bad_input(void **state)
+{
+    idem *h = *state;
+    char tok[IDEM_TOKEN_LEN + 1];
+    idem_outcome o;
+    assert_int_equal(idem_token_issue(h, "u", "", 1000, tok), IDEM_EINVAL);
+    assert_int_equal(idem_token_issue(h, "u", "a/b", 1000, tok), IDEM_EINVAL);
+    assert_int_equal(idem_token_issue(h, "u\r", "form", 1000, tok), IDEM_EINVAL);
+    assert_int_equal(idem_token_issue(h, "u", "form", 0, tok), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "ttl_ms"));
+    assert_int_equal(idem_token_issue(h, "u", "form", 1000, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_token_issue(NULL, "u", "form", 1000, tok), IDEM_EINVAL);
+    assert_int_equal(idem_token_consume(h, "u", "form", NULL, "k", &o, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_token_consume(h, "u", "form", "t", "", &o, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_token_consume(h, "u", "form", "t", "k", NULL, NULL), IDEM_EINVAL);
+}
+
+/* ---- locks ------------------------------------------------------------ */
+
+struct counter_run {
+    idem *h;
+    long counter; /* deliberately not atomic: the lock must protect it */
+    uint64_t fences[16 * 1000];
+    int nfences;
+    idem_rc rc[16];
+};
+
+static void increment_under_lock(void *arg, int i)
+{
+    struct counter_run *c = arg;
+    char owner[16];
+    snprintf(owner, sizeof owner, "t%d", i);
+    for (int n = 0; n < 1000; n++) {
+        idem_outcome o;
+        idem_lock_info info;
+        do {
+            c->rc[i] = idem_lock_acquire(c->h, "acct", "A-1", owner, 10000, &o, &info);
+            if (c->rc[i] != IDEM_OK)
+                return;
+        } while (o != IDEM_ACQUIRED);
+        long v = c->counter;
+        c->fences[c->nfences++] = info.fence;
+        c->counter = v + 1;
+        c->rc[i] = idem_lock_release(c->h, "acct", "A-1", owner, &o);
+        if (c->rc[i] != IDEM_OK || o != IDEM_RELEASED) {
+            c->rc[i] = IDEM_ESTORE;
+            return;
+        }
+    }
+}
+
+static void test_lock_counter(void **state)
+{
+    struct counter_run *c = calloc(1, sizeof *c);
+    c->h = *state;
+    test_run_threads(16, increment_under_lock, c);
+    for (int i = 0; i < 16; i++)
+        assert_int_equal(c->rc[i], IDEM_OK);
+    assert_int_equal(c->counter, 16000);
+    assert_int_equal(c->nfences, 16000);
+    for (int i = 1; i < c->nfences; i++)
+        if (c->fences[i] <= c->fences[i - 1])
+            fail_msg("fence %d: %llu after %llu", i, (unsigned long long)c->fences[i],
+                     (unsigned long long)c->fences[i - 1]);
+    free(c);
+}
+
+static void test_lock_owner_rules(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_lock_info info, again;
+    assert_idem_ok(idem_lock_acquire(h, "acct", "L-1", "alice", 5000, &o, &info));
+    assert_outcome(o, IDEM_ACQUIRED);
+    assert_true(info.fence > 0);
+
+    assert_idem_ok(idem_lock_acquire(h, "acct", "L-1", "bob", 5000, &o, &again));
+    assert_outcome(o, IDEM_BUSY);
+    assert_string_equal(again.holder, "alice");
+    assert_true(again.ttl_left_ms > 0 && again.ttl_left_ms <= 5000);
+
+    /* Not the owner: release and renew change nothing and say so. */
+    assert_idem_ok(idem_lock_release(h, "acct", "L-1", "bob", &o));
+    assert_outcome(o, IDEM_NOT_HELD);
+    assert_idem_ok(idem_lock_renew(h, "acct", "L-1", "bob", 5000, &o));
+    assert_outcome(o, IDEM_NOT_HELD);
+    assert_idem_ok(idem_lock_acquire(h, "acct", "L-1", "bob", 5000, &o, NULL));
+    assert_outcome(o, IDEM_BUSY);
+
+    /* The owner again: same fence, fresh TTL. */
+    assert_idem_ok(idem_lock_acquire(h, "acct", "L-1", "alice", 5000, &o, &again));
+    assert_outcome(o, IDEM_ACQUIRED);
+    assert_int_equal(again.fence, info.fence);
+    assert_idem_ok(idem_lock_renew(h, "acct", "L-1", "alice", 5000, &o));
+    assert_outcome(o, IDEM_RENEWED);
+
+    /* Expiry: the lease runs out, someone else takes it, the old owner's
+     * release and renew cannot touch the new holder's lock. */
+    test_clock_advance(5001);
+    assert_idem_ok(idem_lock_acquire(h, "acct", "L-1", "bob", 5000, &o, &again));
+    assert_outcome(o, IDEM_ACQUIRED);
+    assert_true(again.fence > info.fence);
+    assert_idem_ok(idem_lock_renew(h, "acct", "L-1", "alice", 5000, &o));
+    assert_outcome(o, IDEM_NOT_HELD);
+    assert_idem_ok(idem_lock_release(h, "acct", "L-1", "alice", &o));
+    assert_outcome(o, IDEM_NOT_HELD);
+    assert_idem_ok(idem_lock_acquire(h, "acct", "L-1", "carol", 5000, &o, NULL));
+    assert_outcome(o, IDEM_BUSY);
+    assert_idem_ok(idem_lock_release(h, "acct", "L-1", "bob", &o));
+    assert_outcome(o, IDEM_RELEASED);
+    assert_idem_ok(idem_lock_release(h, "acct", "L-1", "bob", &o));
+    assert_outcome(o, IDEM_NOT_HELD);
+
+    /* Fences grow across spaces too (each space's sequence is increasing). */
+    idem_lock_info x, y;
+    assert_idem_ok(idem_lock_acquire(h, "other", "L-1", "a", 5000, &o, &x));
+    assert_idem_ok(idem_lock_acquire(h, "acct", "L-9", "a", 5000, &o, &y));
+    assert_true(y.fence > again.fence);
+
+    assert_int_equal(idem_lock_acquire(h, "acct", "k", "a", 0, &o, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_lock_acquire(h, "acct", "k", "", 10, &o, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_lock_acquire(h, "acct", "k", "a", 10, NULL, NULL), IDEM_EINVAL);
+}
+
+static atomic_int lost_calls;
+
+static void on_lost(void *arg, const char *space, const char *key)
+{
+    (void)arg;
+    if (strcmp(space, "acct") == 0 && strcmp(key, "W-1") == 0)
+        atomic_fetch_add(&lost_calls, 1);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void test_watchdog(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_watch *w = NULL;
+    atomic_store(&lost_calls, 0);
+    assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "worker", 150, &o, NULL));
+    assert_idem_ok(idem_watchdog_start(h, "acct", "W-1", "worker", 150, on_lost, NULL, &w));
+    /* Four TTLs of real time: without renewals the lock would be gone. */
+    for (int i = 0; i < 12; i++) {
+        sleep_ms(50);
+        assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "thief", 150, &o, NULL));
+        assert_outcome(o, IDEM_BUSY);
+    }
+    assert_int_equal(atomic_load(&lost_calls), 0);
+
+    /* The process stalls past its lease (the clock jumps) and the thief gets
+     * in: the next renewal finds the lock gone and calls back once. */
+    test_clock_advance(10000);
+    assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "thief", 60000, &o, NULL));
+    assert_outcome(o, IDEM_ACQUIRED);
+    for (int i = 0; i < 100 && atomic_load(&lost_calls) == 0; i++)
+        sleep_ms(20);
+    assert_int_equal(atomic_load(&lost_calls), 1);
+    sleep_ms(150);
+    assert_int_equal(atomic_load(&lost_calls), 1);
+    /* And it did not touch the thief's lock. */
+    assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "worker", 150, &o, NULL));
+    assert_outcome(o, IDEM_BUSY);
+    idem_watchdog_stop(w);
+    idem_watchdog_stop(NULL);
+
+    /* Stopping a healthy watch: renewals stop, the lock expires. */
+    assert_idem_ok(idem_lock_acquire(h, "acct", "W-2", "worker", 150, &o, NULL));
+    assert_idem_ok(idem_watchdog_start(h, "acct", "W-2", "worker", 150, NULL, NULL, &w));
+    sleep_ms(100);
+    idem_watchdog_stop(w);
+    sleep_ms(300);
+    assert_idem_ok(idem_lock_acquire(h, "acct", "W-2", "next", 150, &o, NULL));
+    assert_outcome(o, IDEM_ACQUIRED);
+}
+
+/* ---- inbox ------------------------------------------------------------ */
+
+static void exec_ok(sqlite3 *db, const char *sql)
+{
+    char *err = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &err) != SQLITE_OK)
+        fail_msg("%s: %s", sql, err);
+}
+
+static int count_rows(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *s;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
+    int n = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
+    sqlite3_finalize(s);
+    return n;
+}
+
+static void test_inbox_in_callers_transaction(void **state)
+{
+    (void)state;
+    sqlite3 *db;
+    idem_outcome o;
+    assert_int_equal(sqlite3_open(":memory:", &db), SQLITE_OK);
+    exec_ok(db, "CREATE TABLE ledger (msg TEXT, amount INTEGER)");
+
+    /* No transaction open: refused. */
+    assert_int_equal(idem_inbox_claim_sqlite(db, "billing", "m-1", "refund", &o), IDEM_ENOTX);
+
+    /* The business rolls back: the claim leaves no trace. */
+    exec_ok(db, "BEGIN");
+    assert_idem_ok(idem_inbox_claim_sqlite(db, "billing", "m-1", "refund", &o));
+    assert_outcome(o, IDEM_CLAIMED);
+    exec_ok(db, "INSERT INTO ledger VALUES ('m-1', 100)");
+    exec_ok(db, "ROLLBACK");
+    exec_ok(db, "BEGIN");
+    assert_idem_ok(idem_inbox_claim_sqlite(db, "billing", "m-1", "refund", &o));
+    assert_outcome(o, IDEM_CLAIMED);
+    exec_ok(db, "INSERT INTO ledger VALUES ('m-1', 100)");
+    exec_ok(db, "COMMIT");
+
+    /* Redelivery after commit: DUPLICATE; the consumer skips the effect. */
+    for (int i = 0; i < 3; i++) {
+        exec_ok(db, "BEGIN");
+        assert_idem_ok(idem_inbox_claim_sqlite(db, "billing", "m-1", "refund", &o));
+        assert_outcome(o, IDEM_DUPLICATE);
+        exec_ok(db, "COMMIT");
+    }
+    /* Another group consumes the same message independently. */
+    exec_ok(db, "BEGIN");
+    assert_idem_ok(idem_inbox_claim_sqlite(db, "audit", "m-1", NULL, &o));
+    assert_outcome(o, IDEM_CLAIMED);
+    exec_ok(db, "COMMIT");
+    assert_int_equal(count_rows(db, "SELECT count(*) FROM ledger"), 1);
+    assert_int_equal(count_rows(db, "SELECT count(*) FROM idem_inbox_claim"), 2);
+
+    exec_ok(db, "BEGIN");
+    assert_int_equal(idem_inbox_claim_sqlite(db, "billing", "", NULL, &o), IDEM_EINVAL);
+    assert_int_equal(idem_inbox_claim_sqlite(NULL, "billing", "m", NULL, &o), IDEM_EINVAL);
+    exec_ok(db, "ROLLBACK");
+    sqlite3_close(db);
+}
+
+static void test_inbox_retries(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_inbox_entry e;
+    assert_idem_ok(idem_inbox_receive(h, "billing", "m-1", "refund", &o, &e));
+    assert_outcome(o, IDEM_CLAIMED);
+    assert_string_equal(e.state, "RECEIVED");
+    assert_idem_ok(idem_inbox_receive(h, "billing", "m-1", "refund", &o, &e));
+    assert_outcome(o, IDEM_DUPLICATE);
+
+    assert_idem_ok(idem_inbox_begin(h, "billing", "m-1", "refund", 5000, 3, &o, &e));
+    assert_outcome(o, IDEM_PROCESS);
+    assert_int_equal(e.attempts, 1);
+    assert_string_equal(e.biz_type, "refund");
+    assert_idem_ok(idem_inbox_begin(h, "billing", "m-1", "refund", 5000, 3, &o, &e));
+    assert_outcome(o, IDEM_IN_PROGRESS);
+    assert_idem_ok(idem_inbox_fail(h, "billing", "m-1", 1, 3, &o));
+    assert_outcome(o, IDEM_RETRY_LATER);
+
+    assert_idem_ok(idem_inbox_begin(h, "billing", "m-1", "refund", 5000, 3, &o, &e));
+    assert_outcome(o, IDEM_PROCESS);
+    assert_int_equal(e.attempts, 2);
+    /* The consumer of attempt 2 stalls; attempt 3 takes over after the lease. */
+    test_clock_advance(6000);
+    assert_idem_ok(idem_inbox_begin(h, "billing", "m-1", "refund", 5000, 3, &o, &e));
+    assert_outcome(o, IDEM_PROCESS);
+    assert_int_equal(e.attempts, 3);
+    assert_idem_ok(idem_inbox_done(h, "billing", "m-1", 2, &o));
+    assert_outcome(o, IDEM_CONFLICT);
+    assert_idem_ok(idem_inbox_fail(h, "billing", "m-1", 3, 3, &o));
+    assert_outcome(o, IDEM_DEAD);
+    assert_idem_ok(idem_inbox_begin(h, "billing", "m-1", "refund", 5000, 3, &o, &e));
+    assert_outcome(o, IDEM_DEAD);
+    assert_string_equal(e.state, "DEAD");
+
+    /* The happy path: done, then every redelivery is a duplicate. */
+    assert_idem_ok(idem_inbox_begin(h, "billing", "m-2", NULL, 5000, 3, &o, &e));
+    assert_outcome(o, IDEM_PROCESS);
+    assert_int_equal(e.attempts, 1);
+    assert_idem_ok(idem_inbox_done(h, "billing", "m-2", 1, &o));
+    assert_outcome(o, IDEM_COMPLETED);
+    assert_idem_ok(idem_inbox_begin(h, "billing", "m-2", NULL, 5000, 3, &o, &e));
+    assert_outcome(o, IDEM_DUPLICATE);
+    assert_idem_ok(idem_inbox_done(h, "billing", "m-none", 1, &o));
+    assert_outcome(o, IDEM_NOT_FOUND);
+
+    /* An abandoned last attempt goes DEAD on the next delivery. */
+    assert_idem_ok(idem_inbox_begin(h, "billing", "m-3", NULL, 1000, 1, &o, &e));
+    assert_outcome(o, IDEM_PROCESS);
+    test_clock_advance(2000);
+    assert_idem_ok(idem_inbox_begin(h, "billing", "m-3", NULL, 1000, 1, &o, &e));
+    assert_outcome(o, IDEM_DEAD);
+
+    assert_int_equal(idem_inbox_begin(h, "billing", "m-4", NULL, 1000, 0, &o, &e), IDEM_EINVAL);
+    assert_int_equal(idem_inbox_begin(h, "bad group", "m-4", NULL, 1000, 1, &o, &e), IDEM_EINVAL);
+}
+
+struct inbox_storm {
+    idem *h;
+    idem_outcome out[32];
+    idem_rc rc[32];
+};
+
+static void race_inbox(void *arg, int i)
+{
+    struct inbox_storm *s = arg;
+    s->rc[i] = idem_inbox_begin(s->h, "billing", "storm", NULL, 30000, 5, &s->out[i], NULL);
+}
+
+static void test_inbox_storm(void **state)
+{
+    struct inbox_storm s = {.h = *state};
+    test_run_threads(32, race_inbox, &s);
+    int process = 0;
+    for (int i = 0; i < 32; i++) {
+        assert_int_equal(s.rc[i], IDEM_OK);
+        if (s.out[i] == IDEM_PROCESS)
+            process++;
+        else
+            assert_outcome(s.out[i], IDEM_IN_PROGRESS);
+    }
+    assert_int_equal(process, 1);
+}
+
+/* ---- handles ---------------------------------------------------------- */
+
+static void test_open_errors(void **state)
+{
+    (void)state;
+    idem_options o;
+    idem *h = (idem *)&o;
+    idem_options_init(&o);
+    assert_int_equal(idem_open(&o, &h), IDEM_EINVAL); /* no path */
+    assert_null(h);
+    o.path = ":memory:";
+    o.store = "cassandra";
+    assert_int_equal(idem_open(&o, &h), IDEM_ENOTSUP);
+    assert_non_null(strstr(idem_errdetail(), "cassandra"));
+    o.store = NULL;
+    o.version = 99;
+    assert_int_equal(idem_open(&o, &h), IDEM_EINVAL);
+    assert_int_equal(idem_open(NULL, &h), IDEM_EINVAL);
+    o.version = IDEM_OPTIONS_VERSION;
+    o.path = "/nonexistent-dir/x/y.db";
+    assert_int_equal(idem_open(&o, &h), IDEM_ESTORE);
+    assert_non_null(strstr(idem_errdetail(), "/nonexistent-dir/x/y.db"));
+    idem_close(NULL);
+    assert_string_equal(idem_strerror(IDEM_ETOOBIG), "value exceeds its size limit");
+    assert_string_equal(idem_errname(IDEM_ENOMEM), "ENOMEM");
+    assert_string_equal(idem_strerror((idem_rc)-999), "unknown error");
+    assert_string_equal(idem_outcome_name(IDEM_TAKEN_OVER), "TAKEN_OVER");
+    assert_string_equal(idem_version(), IDEM_VERSION_STRING);
+}
+
+static void test_reopen_keeps_records(void **state)
+{
+    idem *h = *state;
+    if (strcmp(store_where, "file") != 0)
+        skip();
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_record_begin(h, "pay", "keep", NULL, "a", 1000, &o, &rec));
+    assert_idem_ok(idem_record_complete(h, "pay", "keep", rec.epoch, "kept", 4, 0, &o));
+    idem_record_clear(&rec);
+    idem_close(h);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/t%d.db", tmpdir, file_seq);
+    idem_options opt;
+    idem_options_init(&opt);
+    opt.path = path;
+    assert_idem_ok(idem_open(&opt, &h));
+    *state = h;
+    assert_idem_ok(idem_record_begin(h, "pay", "keep", NULL, "b", 1000, &o, &rec));
+    assert_outcome(o, IDEM_DONE);
+    assert_memory_equal(rec.result, "kept", 4);
+    idem_record_clear(&rec);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3 || (strcmp(argv[2], ":memory:") && strcmp(argv[2], "file"))) {
+        fprintf(stderr, "usage: %s embedded :memory:|file\n", argv[0]);
+        return 2;
+    }
+    store_kind = argv[1];
+    store_where = argv[2];
+    tmpdir = test_mkdtemp();
+    const struct CMUnitTest tests[] = {
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+        T(test_begin_storm_one_new),
+        T(test_begin_fields),
+        T(test_lease_takeover),
+        T(test_mismatch_every_path),
+        T(test_fail_modes),
+        T(test_transition),
+        T(test_purge),
+        T(test_record_bad_input),
+        T(test_group_commit_shares_commits),
+        T(test_token_storm),
+        T(test_token_give_back_and_expiry),
+        T(test_token_cap_per_scene),
+        T(test_token_bad_input),
+        T(test_lock_counter),
+        T(test_lock_owner_rules),
+        T(test_watchdog),
+        T(test_inbox_in_callers_transaction),
+        T(test_inbox_retries),
+        T(test_inbox_storm),
+        T(test_open_errors),
+        T(test_reopen_keeps_records),
+#undef T
+    };
+    int failed = cmocka_run_group_tests_name(argv[2], tests, NULL, NULL);
+    test_rmdir(tmpdir);
+    return failed;
+}

@@ -1,0 +1,87 @@
+/* Shared pieces of Idem's tests. */
+#include "testlib.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static atomic_llong clock_offset;
+
+int64_t test_clock(void *arg)
+{
+    (void)arg;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + atomic_load(&clock_offset);
+}
+
+void test_clock_advance(int64_t ms)
+{
+    atomic_fetch_add(&clock_offset, ms);
+}
+
+void test_clock_reset(void)
+{
+    atomic_store(&clock_offset, 0);
+}
+
+char *test_mkdtemp(void)
+{
+    const char *base = getenv("TMPDIR");
+    char *path = malloc(4096);
+    assert_non_null(path);
+    snprintf(path, 4096, "%s/idem-test-XXXXXX", base && *base ? base : "/tmp");
+    assert_non_null(mkdtemp(path));
+    return path;
+}
+
+void test_rmdir(char *dir)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "warning: could not remove %s\n", dir);
+    free(dir);
+}
+
+struct gun {
+    pthread_barrier_t start;
+    void (*fn)(void *, int);
+    void *arg;
+};
+
+struct shooter {
+    struct gun *gun;
+    int i;
+};
+
+static void *shoot(void *p)
+{
+    struct shooter *s = p;
+    pthread_barrier_wait(&s->gun->start);
+    s->gun->fn(s->gun->arg, s->i);
+    return NULL;
+}
+
+void test_run_threads(int n, void (*fn)(void *arg, int i), void *arg)
+{
+    struct gun gun = {.fn = fn, .arg = arg};
+    pthread_t *t = calloc((size_t)n, sizeof *t);
+    struct shooter *s = calloc((size_t)n, sizeof *s);
+    assert_non_null(t);
+    assert_non_null(s);
+    pthread_barrier_init(&gun.start, NULL, (unsigned)n);
+    for (int i = 0; i < n; i++) {
+        s[i].gun = &gun;
+        s[i].i = i;
+        assert_int_equal(pthread_create(&t[i], NULL, shoot, &s[i]), 0);
+    }
+    for (int i = 0; i < n; i++)
+        pthread_join(t[i], NULL);
+    pthread_barrier_destroy(&gun.start);
+    free(t);
+    free(s);
+}
