@@ -785,12 +785,13 @@ static void test_watchdog(void **state)
     idem_outcome o;
     idem_watch *w = NULL;
     atomic_store(&lost_calls, 0);
-    assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "worker", 150, &o, NULL));
-    assert_idem_ok(idem_watchdog_start(h, "acct", "W-1", "worker", 150, on_lost, NULL, &w));
-    /* Four TTLs of real time: without renewals the lock would be gone. */
-    for (int i = 0; i < 12; i++) {
-        sleep_ms(50);
-        assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "thief", 150, &o, NULL));
+    assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "worker", 600, &o, NULL));
+    assert_idem_ok(idem_watchdog_start(h, "acct", "W-1", "worker", 600, on_lost, NULL, &w));
+    /* Four TTLs of real time: without renewals (every 200 ms) the lock would
+     * be gone; a renewal may be up to 400 ms late on a loaded machine. */
+    for (int i = 0; i < 24; i++) {
+        sleep_ms(100);
+        assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "thief", 600, &o, NULL));
         assert_outcome(o, IDEM_BUSY);
     }
     assert_int_equal(atomic_load(&lost_calls), 0);
@@ -800,24 +801,25 @@ static void test_watchdog(void **state)
     test_clock_advance(10000);
     assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "thief", 60000, &o, NULL));
     assert_outcome(o, IDEM_ACQUIRED);
-    for (int i = 0; i < 100 && atomic_load(&lost_calls) == 0; i++)
+    for (int i = 0; i < 250 && atomic_load(&lost_calls) == 0; i++)
         sleep_ms(20);
     assert_int_equal(atomic_load(&lost_calls), 1);
-    sleep_ms(150);
+    sleep_ms(500);
     assert_int_equal(atomic_load(&lost_calls), 1);
     /* And it did not touch the thief's lock. */
-    assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "worker", 150, &o, NULL));
+    assert_idem_ok(idem_lock_acquire(h, "acct", "W-1", "worker", 600, &o, NULL));
     assert_outcome(o, IDEM_BUSY);
     idem_watchdog_stop(w);
     idem_watchdog_stop(NULL);
 
-    /* Stopping a healthy watch: renewals stop, the lock expires. */
-    assert_idem_ok(idem_lock_acquire(h, "acct", "W-2", "worker", 150, &o, NULL));
-    assert_idem_ok(idem_watchdog_start(h, "acct", "W-2", "worker", 150, NULL, NULL, &w));
-    sleep_ms(100);
-    idem_watchdog_stop(w);
+    /* Stopping a healthy watch: renewals stop, and once the lease has run
+     * out the lock is free. */
+    assert_idem_ok(idem_lock_acquire(h, "acct", "W-2", "worker", 600, &o, NULL));
+    assert_idem_ok(idem_watchdog_start(h, "acct", "W-2", "worker", 600, NULL, NULL, &w));
     sleep_ms(300);
-    assert_idem_ok(idem_lock_acquire(h, "acct", "W-2", "next", 150, &o, NULL));
+    idem_watchdog_stop(w);
+    test_clock_advance(1000); /* past any renewal made before the stop */
+    assert_idem_ok(idem_lock_acquire(h, "acct", "W-2", "next", 600, &o, NULL));
     assert_outcome(o, IDEM_ACQUIRED);
 }
 

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install what Idem needs to build, test and benchmark, from Debian 12's
+# archive. Runs apt-get as root (directly, or through sudo).
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config      # toolchain
+  libsqlite3-dev sqlite3                # embedded store
+  libssl-dev                            # SHA-256, CSPRNG
+  libcmocka-dev                         # tests
+  redis-server redis-tools              # benchmark reference (redis-benchmark)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+as_root=()
+[ "$(id -u)" -eq 0 ] || as_root=(sudo)
+echo "installing: ${missing[*]}"
+"${as_root[@]}" apt-get update -qq
+DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq --no-install-recommends \
+  "${missing[@]}" >/dev/null
