@@ -172,6 +172,16 @@ typedef struct idem idem;
 /* A clock: milliseconds since the Unix epoch. Must be thread-safe. */
 typedef int64_t (*idem_clock_fn)(void *arg);
 
+typedef enum idem_log_level {
+    IDEM_LOG_INFO = 0,
+    IDEM_LOG_WARN = 1,  /* a recovery happened: an abandoned claim taken over */
+    IDEM_LOG_ALERT = 2, /* a conflict: a stale owner tried to finish a record */
+} idem_log_level;
+
+/* Receives one line, without a newline, on the thread that made the call.
+ * Must be thread-safe and must not call back into Idem. */
+typedef void (*idem_log_fn)(void *arg, idem_log_level level, const char *msg);
+
 #define IDEM_OPTIONS_VERSION 1
 
 typedef struct idem_options {
@@ -187,6 +197,8 @@ typedef struct idem_options {
     unsigned commit_batch_max;/* group commit: writes per fsync; 0: 512 */
     idem_clock_fn clock;      /* NULL: wall clock */
     void *clock_arg;
+    idem_log_fn log;          /* NULL: no log; idem_stats still counts */
+    void *log_arg;
 } idem_options;
 
 /* Fill *opts with the defaults above (store "embedded", path NULL). */

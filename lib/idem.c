@@ -3,6 +3,8 @@
  * backends named by the options, applies the defaults, and tears down in the
  * reverse order.
  */
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -18,6 +20,18 @@ int64_t idem__wall_clock_ms(void *unused)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void idem__log(const struct idem *h, idem_log_level level, const char *fmt, ...)
+{
+    if (!h->log)
+        return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    h->log(h->log_arg, level, line);
 }
 
 IDEM_EXTERN const char *idem_version(void)
@@ -82,6 +96,8 @@ IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out)
     h->tokens_per_scene = o.tokens_per_scene;
     h->clock = o.clock;
     h->clock_arg = o.clock_arg;
+    h->log = o.log;
+    h->log_arg = o.log_arg;
     pthread_mutex_init(&h->watchdog_mu, NULL);
     idem_rc rc = idem__memory_open(&o, idem__now(h), &h->kv_ops, &h->kv);
     if (rc == IDEM_OK)

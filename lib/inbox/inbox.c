@@ -140,6 +140,7 @@ static idem_rc finish(idem *h, const char *group, const char *msg_id,
 {
     int changed = 0, found = 0;
     idem_inbox_entry cur;
+    memset(&cur, 0, sizeof cur);
     struct idem__inbox_cas c = {
         .group = group, .msg_id = msg_id, .expect_state = "PROCESSING",
         .expect_attempts = attempt, .state = state, .attempts = attempt,
@@ -149,8 +150,12 @@ static idem_rc finish(idem *h, const char *group, const char *msg_id,
     if (rc != IDEM_OK)
         return rc;
     *out = changed ? done_as : found ? IDEM_CONFLICT : IDEM_NOT_FOUND;
-    if (*out == IDEM_CONFLICT)
+    if (*out == IDEM_CONFLICT) {
         atomic_fetch_add(&h->conflicts, 1);
+        idem__log(h, IDEM_LOG_ALERT,
+                  "inbox %s/%s: finishing attempt %u refused: it is %s at attempt %u",
+                  group, msg_id, attempt, cur.state, cur.attempts);
+    }
     return IDEM_OK;
 }
 

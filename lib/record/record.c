@@ -39,6 +39,20 @@ static idem_rc check_target(idem *h, const char *space, const char *key)
     return idem__check_key(key, "key", 0);
 }
 
+static void log_conflict(idem *h, const struct idem__rec_event_args *ev,
+                         const idem_record *cur)
+{
+    if (ev->kind == IDEM__EV_TRANSITION)
+        idem__log(h, IDEM_LOG_ALERT, "record %s/%s: transition %s -> %s refused: it is %s",
+                  ev->space, ev->key, ev->from, ev->to, cur->state);
+    else
+        idem__log(h, IDEM_LOG_ALERT,
+                  "record %s/%s: finishing epoch %llu refused: it is %s at epoch %llu "
+                  "(owner %s); the caller's claim was taken over or already finished",
+                  ev->space, ev->key, (unsigned long long)ev->epoch, cur->state,
+                  (unsigned long long)cur->epoch, cur->owner);
+}
+
 /* Drive one event to its answer. rec, when not NULL, receives the row the
  * answer was based on (begin) and owns its result. */
 static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
@@ -56,8 +70,10 @@ static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
 
         if (d.action == IDEM__ACT_ANSWER) {
             *out = d.outcome;
-            if (d.outcome == IDEM_CONFLICT)
+            if (d.outcome == IDEM_CONFLICT) {
                 atomic_fetch_add(&h->conflicts, 1);
+                log_conflict(h, ev, &cur);
+            }
             if (current)
                 strcpy(current, found ? cur.state : "");
             goto answer;
@@ -100,8 +116,14 @@ static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
             goto out;
         if (changed) {
             *out = d.outcome;
-            if (d.outcome == IDEM_TAKEN_OVER)
+            if (d.outcome == IDEM_TAKEN_OVER) {
                 atomic_fetch_add(&h->takeovers, 1);
+                idem__log(h, IDEM_LOG_WARN,
+                          "record %s/%s taken over by %s from %s at epoch %llu: "
+                          "its lease ran out",
+                          ev->space, ev->key, ev->owner, cur.owner,
+                          (unsigned long long)cur.epoch);
+            }
             if (ev->kind == IDEM__EV_BEGIN) {
                 /* The claim as made: cur with the new claim's fields. */
                 cur.epoch = d.cas.epoch;

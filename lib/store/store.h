@@ -151,6 +151,8 @@ struct idem {
     unsigned tokens_per_scene;
     idem_clock_fn clock;
     void *clock_arg;
+    idem_log_fn log;
+    void *log_arg;
 
     atomic_uint_fast64_t conflicts;
     atomic_uint_fast64_t takeovers;
@@ -163,6 +165,10 @@ static inline int64_t idem__now(const struct idem *h)
 {
     return h->clock(h->clock_arg);
 }
+
+/* Log a line through the handle's log callback, if it has one. */
+void idem__log(const struct idem *h, idem_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* The backends. Each open returns IDEM_OK and sets *out, or an error. */
 idem_rc idem__memory_open(const idem_options *o, int64_t now,

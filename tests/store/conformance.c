@@ -973,6 +973,52 @@ static void test_inbox_storm(void **state)
 
 /* ---- handles ---------------------------------------------------------- */
 
+struct log_capture {
+    int warns, alerts;
+    char last_alert[512];
+};
+
+static void capture_log(void *arg, idem_log_level level, const char *msg)
+{
+    struct log_capture *c = arg;
+    if (level == IDEM_LOG_WARN)
+        c->warns++;
+    if (level == IDEM_LOG_ALERT) {
+        c->alerts++;
+        snprintf(c->last_alert, sizeof c->last_alert, "%s", msg);
+    }
+}
+
+static void test_conflicts_are_logged(void **state)
+{
+    (void)state;
+    struct log_capture cap = {0};
+    idem_options opt;
+    idem_options_init(&opt);
+    opt.path = ":memory:";
+    opt.clock = test_clock;
+    opt.log = capture_log;
+    opt.log_arg = &cap;
+    idem *h;
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_open(&opt, &h));
+    assert_idem_ok(idem_record_begin(h, "pay", "C-1", NULL, "slow", 100, &o, &rec));
+    idem_record_clear(&rec);
+    test_clock_advance(200);
+    assert_idem_ok(idem_record_begin(h, "pay", "C-1", NULL, "fast", 100, &o, &rec));
+    assert_outcome(o, IDEM_TAKEN_OVER);
+    idem_record_clear(&rec);
+    assert_int_equal(cap.warns, 1);
+    assert_int_equal(cap.alerts, 0);
+    assert_idem_ok(idem_record_complete(h, "pay", "C-1", 1, NULL, 0, 0, &o));
+    assert_outcome(o, IDEM_CONFLICT);
+    assert_int_equal(cap.alerts, 1);
+    assert_non_null(strstr(cap.last_alert, "pay/C-1"));
+    assert_non_null(strstr(cap.last_alert, "epoch 2"));
+    idem_close(h);
+}
+
 static void test_open_errors(void **state)
 {
     (void)state;
@@ -1056,6 +1102,7 @@ int main(int argc, char **argv)
         T(test_inbox_retries),
         T(test_inbox_storm),
         T(test_open_errors),
+        T(test_conflicts_are_logged),
         T(test_reopen_keeps_records),
 #undef T
     };
