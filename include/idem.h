@@ -384,6 +384,15 @@ IDEM_EXTERN idem_rc idem_record_complete(idem *h, const char *space,
                                          int64_t retention_ms,
                                          idem_outcome *out);
 
+/* Extend the claim with the given epoch: lease_until becomes now + lease_ms,
+ * so a long execution is not taken over while it is alive (the gateway calls
+ * this every lease/3 while its upstream call runs). *out: RENEWED, CONFLICT
+ * (not PROCESSING at that epoch: taken over or finished — counted and
+ * logged), or NOT_FOUND. */
+IDEM_EXTERN idem_rc idem_record_extend(idem *h, const char *space,
+                                       const char *key, uint64_t epoch,
+                                       int64_t lease_ms, idem_outcome *out);
+
 typedef enum idem_fail_mode {
     IDEM_FAIL_FINAL = 0,     /* -> FAILED: the result is replayed from now on */
     IDEM_FAIL_RETRYABLE = 1, /* -> RELEASED: the next begin executes again */

@@ -42,7 +42,13 @@ static idem_rc check_target(idem *h, const char *space, const char *key)
 static void log_conflict(idem *h, const struct idem__rec_event_args *ev,
                          const idem_record *cur)
 {
-    if (ev->kind == IDEM__EV_TRANSITION)
+    if (ev->kind == IDEM__EV_EXTEND)
+        idem__log(h, IDEM_LOG_ALERT,
+                  "record %s/%s: extending epoch %llu refused: it is %s at epoch %llu "
+                  "(owner %s)",
+                  ev->space, ev->key, (unsigned long long)ev->epoch, cur->state,
+                  (unsigned long long)cur->epoch, cur->owner);
+    else if (ev->kind == IDEM__EV_TRANSITION)
         idem__log(h, IDEM_LOG_ALERT, "record %s/%s: transition %s -> %s refused: it is %s",
                   ev->space, ev->key, ev->from, ev->to, cur->state);
     else
@@ -229,6 +235,26 @@ IDEM_EXTERN idem_rc idem_record_fail(idem *h, const char *space,
     return finish(h, mode == IDEM_FAIL_FINAL ? IDEM__EV_FAIL_FINAL
                                              : IDEM__EV_FAIL_RETRYABLE,
                   space, key, epoch, result, len, retention_ms, out);
+}
+
+IDEM_EXTERN idem_rc idem_record_extend(idem *h, const char *space,
+                                       const char *key, uint64_t epoch,
+                                       int64_t lease_ms, idem_outcome *out)
+{
+    idem_rc rc;
+    idem__clear_detail();
+    if ((rc = check_target(h, space, key)) != IDEM_OK ||
+        (rc = idem__check_ms(lease_ms, 1, IDEM_DAY_MS, "lease_ms")) != IDEM_OK ||
+        (rc = idem__check_out(out, "out")) != IDEM_OK)
+        return rc;
+    *out = IDEM_NONE;
+    if (epoch == 0)
+        return idem__fail(IDEM_EINVAL, "epoch: 0 is never a claim's epoch");
+    struct idem__rec_event_args ev = {
+        .kind = IDEM__EV_EXTEND, .space = space, .key = key, .now = idem__now(h),
+        .epoch = epoch, .lease_ms = lease_ms,
+    };
+    return drive(h, &ev, out, NULL, NULL);
 }
 
 IDEM_EXTERN idem_rc idem_record_transition(idem *h, const char *space,

@@ -25,12 +25,16 @@
  *                └── purge ───────────┘  once expires_ms has passed; never
  *                                        PROCESSING, which has no expiry
  *
+ *   PROCESSING(e) ─extend(e)─► PROCESSING(e) with a later lease_until: the
+ *   claimant is alive and still working.
+ *
  * Answers that change nothing:
  *   begin      PROCESSING with a live lease → IN_PROGRESS; SUCCEEDED, FAILED or
  *              a user state → DONE (the stored result); a fingerprint other
  *              than the stored one, in any state → MISMATCH
  *   complete,  the record is not PROCESSING at epoch e (taken over, finished)
- *   fail       → CONFLICT, counted as an alert
+ *   fail,      → CONFLICT, counted as an alert
+ *   extend
  *   transition the record is in `to` → ALREADY; in another state → CONFLICT
  *
  * Invariants:
@@ -121,6 +125,24 @@ static void decide_finish(const struct idem__rec_event_args *ev,
     d->cas.expires_ms = ev->now + ev->retention_ms;
 }
 
+static void decide_extend(const struct idem__rec_event_args *ev,
+                          const idem_record *cur, int found,
+                          struct idem__rec_decision *d)
+{
+    if (cur) {
+        d->outcome = found ? IDEM_CONFLICT : IDEM_NOT_FOUND;
+        return;
+    }
+    d->action = IDEM__ACT_CAS;
+    d->outcome = IDEM_RENEWED;
+    d->cas.expect_state = IDEM_STATE_PROCESSING;
+    d->cas.expect_epoch = ev->epoch;
+    d->cas.state = IDEM_STATE_PROCESSING;
+    d->cas.epoch = ev->epoch;
+    d->cas.lease_until = ev->now + ev->lease_ms;
+    d->cas.expires_ms = 0;
+}
+
 static void decide_transition(const struct idem__rec_event_args *ev,
                               const idem_record *cur, int found,
                               struct idem__rec_decision *d)
@@ -158,6 +180,9 @@ void idem__record_decide(const struct idem__rec_event_args *ev,
         break;
     case IDEM__EV_TRANSITION:
         decide_transition(ev, cur, found, d);
+        break;
+    case IDEM__EV_EXTEND:
+        decide_extend(ev, cur, found, d);
         break;
     }
 }

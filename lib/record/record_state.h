@@ -11,6 +11,7 @@ enum idem__rec_event {
     IDEM__EV_FAIL_FINAL,
     IDEM__EV_FAIL_RETRYABLE,
     IDEM__EV_TRANSITION,
+    IDEM__EV_EXTEND,
 };
 
 struct idem__rec_event_args {
@@ -21,7 +22,7 @@ struct idem__rec_event_args {
     const uint8_t *fingerprint;
     const char *owner;
     int64_t lease_ms;
-    /* complete, fail */
+    /* complete, fail, extend (with lease_ms) */
     uint64_t epoch;
     const void *result;
     size_t result_len;

@@ -188,9 +188,18 @@ static void test_lease_takeover(void **state)
     uint64_t stale_epoch = rec.epoch;
     idem_record_clear(&rec);
 
-    /* Within the lease nobody takes over. */
+    /* Within the lease nobody takes over; a live owner extends its lease. */
     assert_idem_ok(idem_record_begin(h, "pay", "T-1", NULL, "early", 1000, &o, NULL));
     assert_outcome(o, IDEM_IN_PROGRESS);
+    test_clock_advance(800);
+    assert_idem_ok(idem_record_extend(h, "pay", "T-1", stale_epoch, 1000, &o));
+    assert_outcome(o, IDEM_RENEWED);
+    test_clock_advance(800); /* past the first lease, within the extended one */
+    assert_idem_ok(idem_record_begin(h, "pay", "T-1", NULL, "early", 1000, &o, NULL));
+    assert_outcome(o, IDEM_IN_PROGRESS);
+    assert_int_equal(idem_record_extend(h, "pay", "T-1", 0, 1000, &o), IDEM_EINVAL);
+    assert_idem_ok(idem_record_extend(h, "pay", "T-none", 1, 1000, &o));
+    assert_outcome(o, IDEM_NOT_FOUND);
 
     test_clock_advance(1500);
     struct takeover t = {.h = h};
@@ -208,7 +217,10 @@ static void test_lease_takeover(void **state)
     assert_int_equal(taken, 1);
     assert_int_equal(t.epoch[winner], stale_epoch + 1);
 
-    /* The stale owner wakes up: its completion is refused, nothing changes. */
+    /* The stale owner wakes up: its extension and its completion are
+     * refused, nothing changes. */
+    assert_idem_ok(idem_record_extend(h, "pay", "T-1", stale_epoch, 1000, &o));
+    assert_outcome(o, IDEM_CONFLICT);
     idem_stats before, after;
     idem_get_stats(h, &before);
     assert_idem_ok(idem_record_complete(h, "pay", "T-1", stale_epoch, "late", 4, 0, &o));
