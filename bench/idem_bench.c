@@ -1,0 +1,523 @@
+/*
+ * idem_bench.c — throughput of Idem's three layers on the embedded store, and
+ * the SQLite rate they are compared with (bench/run.sh adds Redis).
+ *
+ * Each workload runs at each thread count for a fixed time: the threads start
+ * together, loop until a stop flag is set after --seconds, and count the
+ * operations they finished inside that window; ops/s is that count over the
+ * window. One operation is
+ *
+ *   token            idem_token_issue + idem_token_consume (CONSUMED); each
+ *                    thread has its own subject and spends every token it is
+ *                    issued on a fresh business key. Spent tokens stay in
+ *                    memory for their TTL (30 s), so the handle is opened with
+ *                    room for 16M of them (--tokens-max)
+ *   lock             idem_lock_acquire (ACQUIRED) + idem_lock_release
+ *                    (RELEASED) on a key of its own (thread, iteration); one
+ *                    owner per thread
+ *   record           idem_record_begin (NEW) + idem_record_complete
+ *                    (COMPLETED) on a unique key, with a SHA-256 fingerprint
+ *                    and a small result: two durable writes in the SQLite
+ *                    file DIR/bench.db (WAL, synchronous=FULL, group commit)
+ *   sqlite-baseline  one autocommit INSERT into a table with a unique key, in
+ *                    DIR/baseline.db (WAL, synchronous=FULL): the plain
+ *                    "one transaction per insert" rate; one connection per
+ *                    thread, busy_timeout for the write lock
+ *
+ * All threads share one idem handle. Every call must return IDEM_OK (or
+ * SQLITE_DONE) with the expected outcome; anything else stops the benchmark
+ * with the error and exit status 1. Each (workload, threads) pair gets a fresh
+ * handle and fresh files, removed afterwards. Latency per operation (p50,
+ * p99) is taken from a log-linear histogram, on every operation of the
+ * durable workloads and every 16th of the in-memory ones so the clock reads
+ * stay out of the throughput figure.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "idem.h"
+
+enum workload { W_TOKEN, W_LOCK, W_RECORD, W_SQLITE, W_COUNT_ };
+
+static const char *const workload_name[W_COUNT_] = {
+    [W_TOKEN] = "token", [W_LOCK] = "lock", [W_RECORD] = "record",
+    [W_SQLITE] = "sqlite-baseline",
+};
+
+#define THREADS_MAX 1024
+#define LEASE_MS 30000
+#define SPACE "bench"
+#define SCENE "checkout"
+#define RESULT "{\"status\":\"ok\"}"
+/* Spent tokens are remembered for their TTL, so a run keeps every token it
+ * issued: 30 s, the TTL of redis-benchmark's SET ... PX 30000, and room for
+ * a few seconds at a few million tokens a second (~200 bytes each). */
+#define TOKEN_TTL_MS 30000
+#define TOKENS_MAX 16000000
+
+struct config {
+    unsigned threads[16];
+    size_t nthreads;
+    double seconds;
+    const char *dir;
+    int json;
+    int workloads[W_COUNT_]; /* 1: run it */
+    int64_t token_ttl_ms;
+    size_t tokens_max;
+};
+
+/* ---- latency histogram: 16 buckets per power of two, in nanoseconds ---- */
+
+#define SUB_BITS 4
+#define SUBS (1u << SUB_BITS)
+#define BUCKETS ((64 - SUB_BITS + 1) * SUBS)
+
+struct hist {
+    uint64_t n[BUCKETS];
+};
+
+static unsigned bucket_of(uint64_t ns)
+{
+    if (ns < SUBS)
+        return (unsigned)ns;
+    unsigned k = 63u - (unsigned)__builtin_clzll(ns); /* k >= SUB_BITS */
+    unsigned sub = (unsigned)(ns >> (k - SUB_BITS)) & (SUBS - 1);
+    return (k - SUB_BITS + 1) * SUBS + sub;
+}
+
+/* The middle of bucket b, in nanoseconds. */
+static double bucket_mid(unsigned b)
+{
+    if (b < SUBS)
+        return b;
+    unsigned octave = b / SUBS, sub = b % SUBS;
+    double width = (double)(1ull << (octave - 1));
+    return (double)(SUBS + sub) * width + width / 2;
+}
+
+static double hist_percentile(const struct hist *h, double p)
+{
+    uint64_t total = 0, seen = 0;
+    for (unsigned b = 0; b < BUCKETS; b++)
+        total += h->n[b];
+    if (!total)
+        return 0;
+    uint64_t rank = (uint64_t)(p * (double)total);
+    if (rank >= total)
+        rank = total - 1;
+    for (unsigned b = 0; b < BUCKETS; b++) {
+        seen += h->n[b];
+        if (seen > rank)
+            return bucket_mid(b);
+    }
+    return 0;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- one measurement ---- */
+
+struct run {
+    enum workload w;
+    const struct config *cfg;
+    idem *h;
+    char db_path[4096];
+    atomic_int stop;
+    pthread_barrier_t start;
+};
+
+struct worker {
+    _Alignas(64) struct run *run;
+    pthread_t thread;
+    unsigned id;
+    char name[32];    /* subject / owner: "user-7" */
+    uint64_t fence;   /* lock: the last fence this thread was handed */
+    sqlite3 *db;      /* sqlite-baseline: this thread's connection */
+    sqlite3_stmt *insert;
+    uint64_t ops;
+    int failed;
+    char err[512];
+    struct hist lat;
+};
+
+__attribute__((format(printf, 2, 3))) static int failf(struct worker *w, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(w->err, sizeof w->err, fmt, ap);
+    va_end(ap);
+    w->failed = 1;
+    return -1;
+}
+
+/* 0 if call returned IDEM_OK with outcome want; else -1 and the error. */
+static int check(struct worker *w, const char *call, idem_rc rc, idem_outcome got,
+                 idem_outcome want)
+{
+    if (rc != IDEM_OK)
+        return failf(w, "%s returned IDEM_%s (%s): %s", call, idem_errname(rc),
+                     idem_strerror(rc), idem_errdetail());
+    if (got != want)
+        return failf(w, "%s: outcome %s, expected %s", call, idem_outcome_name(got),
+                     idem_outcome_name(want));
+    return 0;
+}
+
+static int op_token(struct worker *w, uint64_t i)
+{
+    char token[IDEM_TOKEN_LEN + 1], key[64];
+    idem_outcome out = IDEM_NONE;
+    idem_rc rc = idem_token_issue(w->run->h, w->name, SCENE, w->run->cfg->token_ttl_ms, token);
+    if (rc != IDEM_OK)
+        return check(w, "idem_token_issue", rc, out, out);
+    snprintf(key, sizeof key, "order-%u-%" PRIu64, w->id, i);
+    rc = idem_token_consume(w->run->h, w->name, SCENE, token, key, &out, NULL);
+    return check(w, "idem_token_consume", rc, out, IDEM_CONSUMED);
+}
+
+static int op_lock(struct worker *w, uint64_t i)
+{
+    char key[64];
+    idem_outcome out = IDEM_NONE;
+    idem_lock_info info;
+    snprintf(key, sizeof key, "order-%u-%" PRIu64, w->id, i);
+    idem_rc rc = idem_lock_acquire(w->run->h, SPACE, key, w->name, LEASE_MS, &out, &info);
+    if (check(w, "idem_lock_acquire", rc, out, IDEM_ACQUIRED) != 0)
+        return -1;
+    if (info.fence <= w->fence)
+        return failf(w, "idem_lock_acquire: fence %" PRIu64 " after %" PRIu64, info.fence,
+                     w->fence);
+    w->fence = info.fence;
+    rc = idem_lock_release(w->run->h, SPACE, key, w->name, &out);
+    return check(w, "idem_lock_release", rc, out, IDEM_RELEASED);
+}
+
+static int op_record(struct worker *w, uint64_t i)
+{
+    char key[64];
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    idem_outcome out = IDEM_NONE;
+    idem_record rec;
+    int n = snprintf(key, sizeof key, "order-%u-%" PRIu64, w->id, i);
+    idem_rc rc = idem_fingerprint(key, (size_t)n, fp);
+    if (rc != IDEM_OK)
+        return check(w, "idem_fingerprint", rc, out, out);
+    rc = idem_record_begin(w->run->h, SPACE, key, fp, w->name, LEASE_MS, &out, &rec);
+    if (check(w, "idem_record_begin", rc, out, IDEM_NEW) != 0)
+        return -1;
+    uint64_t epoch = rec.epoch;
+    idem_record_clear(&rec);
+    if (epoch != 1)
+        return failf(w, "idem_record_begin: NEW with epoch %" PRIu64, epoch);
+    rc = idem_record_complete(w->run->h, SPACE, key, epoch, RESULT, sizeof RESULT - 1, 0,
+                              &out);
+    return check(w, "idem_record_complete", rc, out, IDEM_COMPLETED);
+}
+
+static int op_sqlite(struct worker *w, uint64_t i)
+{
+    char key[64];
+    int n = snprintf(key, sizeof key, "order-%u-%" PRIu64, w->id, i);
+    sqlite3_bind_text(w->insert, 1, key, n, SQLITE_STATIC);
+    int rc = sqlite3_step(w->insert);
+    sqlite3_reset(w->insert);
+    if (rc != SQLITE_DONE)
+        return failf(w, "INSERT: %s (%d)", sqlite3_errmsg(w->db),
+                     sqlite3_extended_errcode(w->db));
+    return 0;
+}
+
+static int (*const op_of[W_COUNT_])(struct worker *, uint64_t) = {
+    [W_TOKEN] = op_token, [W_LOCK] = op_lock, [W_RECORD] = op_record,
+    [W_SQLITE] = op_sqlite,
+};
+
+/* Open one baseline connection: WAL, synchronous=FULL, a busy timeout long
+ * enough that contention for the write lock never fails an insert. */
+static int sqlite_connect(struct worker *w, const char *path)
+{
+    static const char setup[] =
+        "PRAGMA journal_mode=WAL;"
+        "PRAGMA synchronous=FULL;"
+        "CREATE TABLE IF NOT EXISTS bench (k TEXT PRIMARY KEY, v TEXT NOT NULL);";
+    if (sqlite3_open(path, &w->db) != SQLITE_OK)
+        return failf(w, "opening %s: %s", path, w->db ? sqlite3_errmsg(w->db) : "no memory");
+    sqlite3_busy_timeout(w->db, 60000);
+    if (sqlite3_exec(w->db, setup, NULL, NULL, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(w->db, "INSERT INTO bench (k, v) VALUES (?1, '" RESULT "')", -1,
+                           &w->insert, NULL) != SQLITE_OK)
+        return failf(w, "setting up %s: %s", path, sqlite3_errmsg(w->db));
+    return 0;
+}
+
+static void *work(void *arg)
+{
+    struct worker *w = arg;
+    struct run *r = w->run;
+    int (*op)(struct worker *, uint64_t) = op_of[r->w];
+    /* Every 16th in-memory op is timed; every durable one. */
+    uint64_t mask = (r->w == W_TOKEN || r->w == W_LOCK) ? 15 : 0;
+
+    if (r->w == W_SQLITE && sqlite_connect(w, r->db_path) != 0)
+        atomic_store(&r->stop, 1);
+    pthread_barrier_wait(&r->start);
+    for (uint64_t i = 0; !w->failed && !atomic_load_explicit(&r->stop, memory_order_relaxed);
+         i++) {
+        int timed = (i & mask) == 0;
+        uint64_t t0 = timed ? now_ns() : 0;
+        if (op(w, i) != 0) {
+            atomic_store(&r->stop, 1);
+            break;
+        }
+        if (timed)
+            w->lat.n[bucket_of(now_ns() - t0)]++;
+        /* Count what finished inside the window: an op that straddles the
+         * stop (a baseline INSERT asleep in its busy handler) is left out. */
+        if (!atomic_load_explicit(&r->stop, memory_order_relaxed))
+            w->ops++;
+    }
+    sqlite3_finalize(w->insert);
+    sqlite3_close(w->db);
+    return NULL;
+}
+
+static void remove_files(const char *path)
+{
+    static const char *const suffix[] = {"", "-wal", "-shm", "-journal"};
+    char p[4200];
+    for (size_t i = 0; i < sizeof suffix / sizeof *suffix; i++) {
+        snprintf(p, sizeof p, "%s%s", path, suffix[i]);
+        if (unlink(p) != 0 && errno != ENOENT)
+            fprintf(stderr, "idem-bench: warning: removing %s: %s\n", p, strerror(errno));
+    }
+}
+
+__attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt, ...)
+{
+    va_list ap;
+    fputs("idem-bench: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(1);
+}
+
+/* Run one workload at one thread count on fresh files; print its line. */
+static void measure(const struct config *cfg, enum workload wl, unsigned nthreads, int first)
+{
+    struct run *r = calloc(1, sizeof *r);
+    struct worker *ws = aligned_alloc(64, nthreads * sizeof *ws);
+    struct hist *all = calloc(1, sizeof *all);
+    if (!r || !ws || !all)
+        die("out of memory");
+    memset(ws, 0, nthreads * sizeof *ws);
+    r->w = wl;
+    r->cfg = cfg;
+    snprintf(r->db_path, sizeof r->db_path, "%s/%s", cfg->dir,
+             wl == W_SQLITE ? "baseline.db" : "bench.db");
+    remove_files(r->db_path);
+    if (wl == W_SQLITE) {
+        /* Create the file and its table once, before the threads race. */
+        struct worker setup = {0};
+        if (sqlite_connect(&setup, r->db_path) != 0)
+            die("sqlite-baseline: %s", setup.err);
+        sqlite3_finalize(setup.insert);
+        sqlite3_close(setup.db);
+    } else {
+        idem_options o;
+        idem_options_init(&o);
+        o.path = r->db_path;
+        o.tokens_max = cfg->tokens_max;
+        idem_rc rc = idem_open(&o, &r->h);
+        if (rc != IDEM_OK)
+            die("idem_open(%s): IDEM_%s: %s", r->db_path, idem_errname(rc), idem_errdetail());
+    }
+
+    if (pthread_barrier_init(&r->start, NULL, nthreads + 1) != 0)
+        die("pthread_barrier_init failed");
+    for (unsigned i = 0; i < nthreads; i++) {
+        ws[i].run = r;
+        ws[i].id = i;
+        snprintf(ws[i].name, sizeof ws[i].name, "user-%u", i);
+        int e = pthread_create(&ws[i].thread, NULL, work, &ws[i]);
+        if (e != 0)
+            die("pthread_create: thread %u of %u: %s", i, nthreads, strerror(e));
+    }
+    pthread_barrier_wait(&r->start);
+    uint64_t t0 = now_ns(), end = t0 + (uint64_t)(cfg->seconds * 1e9);
+    /* Wake now and then: a thread that failed stops the run early. */
+    for (uint64_t t = t0; t < end && !atomic_load(&r->stop); t = now_ns()) {
+        struct timespec nap = {0, (long)(end - t < 50000000u ? end - t : 50000000u)};
+        nanosleep(&nap, NULL);
+    }
+    atomic_store(&r->stop, 1);
+    double elapsed = (double)(now_ns() - t0) / 1e9;
+    uint64_t ops = 0;
+    const char *err = NULL;
+    for (unsigned i = 0; i < nthreads; i++) {
+        pthread_join(ws[i].thread, NULL);
+        ops += ws[i].ops;
+        for (unsigned b = 0; b < BUCKETS; b++)
+            all->n[b] += ws[i].lat.n[b];
+        if (ws[i].failed && !err)
+            err = ws[i].err;
+    }
+    double batch = 0; /* record: writes per group commit (fsync) */
+    if (r->h) {
+        idem_stats st;
+        idem_get_stats(r->h, &st);
+        if (wl == W_RECORD && st.commits)
+            batch = (double)st.committed_ops / (double)st.commits;
+        idem_close(r->h);
+    }
+    pthread_barrier_destroy(&r->start);
+    remove_files(r->db_path);
+    if (err)
+        die("%s, %u threads: %s", workload_name[wl], nthreads, err);
+
+    double rate = (double)ops / elapsed, p50 = hist_percentile(all, 0.50) / 1e3,
+           p99 = hist_percentile(all, 0.99) / 1e3;
+    FILE *human = cfg->json ? stderr : stdout;
+    fprintf(human, "%-16s threads=%-3u %12.0f ops/s   p50 %9.2f us   p99 %9.2f us",
+            workload_name[wl], nthreads, rate, p50, p99);
+    if (batch > 0)
+        fprintf(human, "   %.1f writes/fsync", batch);
+    fputc('\n', human);
+    fflush(human);
+    if (cfg->json) {
+        printf("%s{\"workload\":\"%s\",\"threads\":%u,\"ops\":%" PRIu64 ",\"elapsed_s\":%.3f,"
+               "\"ops_per_s\":%.1f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"writes_per_commit\":%.2f}",
+               first ? "" : ",\n", workload_name[wl], nthreads, ops, elapsed, rate, p50, p99,
+               batch);
+        fflush(stdout);
+    }
+    free(all);
+    free(ws);
+    free(r);
+}
+
+/* ---- command line ---- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: idem-bench [--threads 1,8,64] [--seconds 3] [--dir DIR] [--json]\n"
+            "                  [--workloads token,lock,record,sqlite-baseline]\n"
+            "                  [--token-ttl-ms 30000] [--tokens-max 16000000]\n"
+            "Measures ops/s of Idem's token, lock and durable record layers and of\n"
+            "plain SQLite one-transaction-per-insert. SQLite files go to DIR\n"
+            "(default: .): put it on the disk you want measured, not on tmpfs.\n");
+}
+
+static unsigned long parse_ulong(const char *s, const char *what, unsigned long max)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || end == s || *end || v == 0 || v > max || *s == '-')
+        die("%s: \"%s\" is not a number in 1..%lu", what, s, max);
+    return v;
+}
+
+static void parse_list(struct config *cfg, const char *arg, int threads)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", arg);
+    if (!threads)
+        memset(cfg->workloads, 0, sizeof cfg->workloads);
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (threads) {
+            if (cfg->nthreads == sizeof cfg->threads / sizeof *cfg->threads)
+                die("--threads: at most %zu counts", cfg->nthreads);
+            cfg->threads[cfg->nthreads++] =
+                (unsigned)parse_ulong(tok, "--threads", THREADS_MAX);
+            continue;
+        }
+        int found = 0;
+        for (int w = 0; w < W_COUNT_; w++)
+            if (strcmp(tok, workload_name[w]) == 0)
+                cfg->workloads[w] = found = 1;
+        if (!found)
+            die("--workloads: unknown workload \"%s\"", tok);
+    }
+}
+
+static void parse_args(struct config *cfg, int argc, char **argv)
+{
+    int threads_given = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--json") == 0) {
+            cfg->json = 1;
+            continue;
+        }
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            exit(0);
+        }
+        if (!v) {
+            usage(stderr);
+            die("%s: missing value or unknown option", a);
+        }
+        i++;
+        if (strcmp(a, "--threads") == 0) {
+            if (!threads_given)
+                cfg->nthreads = 0;
+            threads_given = 1;
+            parse_list(cfg, v, 1);
+        } else if (strcmp(a, "--workloads") == 0) {
+            parse_list(cfg, v, 0);
+        } else if (strcmp(a, "--seconds") == 0) {
+            char *end;
+            cfg->seconds = strtod(v, &end);
+            if (end == v || *end || !(cfg->seconds > 0 && cfg->seconds <= 3600))
+                die("--seconds: \"%s\" is not a duration in (0, 3600]", v);
+        } else if (strcmp(a, "--dir") == 0) {
+            cfg->dir = v;
+        } else if (strcmp(a, "--token-ttl-ms") == 0) {
+            cfg->token_ttl_ms = (int64_t)parse_ulong(v, a, 7ul * 24 * 3600 * 1000);
+        } else if (strcmp(a, "--tokens-max") == 0) {
+            cfg->tokens_max = parse_ulong(v, a, 1ul << 32);
+        } else {
+            usage(stderr);
+            die("unknown option %s", a);
+        }
+    }
+}
+
+int main(int argc, char **argv)
+{
+    struct config cfg = {
+        .threads = {1, 8, 64}, .nthreads = 3, .seconds = 3, .dir = ".",
+        .workloads = {1, 1, 1, 1}, .token_ttl_ms = TOKEN_TTL_MS,
+        .tokens_max = TOKENS_MAX,
+    };
+    parse_args(&cfg, argc, argv);
+    if (cfg.json)
+        printf("{\"bench\":\"idem-bench\",\"idem_version\":\"%s\",\"sqlite_version\":\"%s\","
+               "\"seconds\":%g,\"results\":[\n",
+               idem_version(), sqlite3_libversion(), cfg.seconds);
+    int first = 1;
+    for (int wl = 0; wl < W_COUNT_; wl++)
+        for (size_t t = 0; cfg.workloads[wl] && t < cfg.nthreads; t++, first = 0)
+            measure(&cfg, (enum workload)wl, cfg.threads[t], first);
+    if (cfg.json)
+        printf("\n]}\n");
+    return 0;
+}
