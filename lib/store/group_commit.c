@@ -23,7 +23,6 @@
 struct idem__gc {
     pthread_mutex_t mu;
     pthread_cond_t work;   /* writer waits for jobs */
-    pthread_cond_t done;   /* callers wait for their batch */
     struct idem__gc_job *head, **tail;
     int stopping;
     pthread_t thread;
@@ -70,9 +69,13 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
         gc->commits++;
         gc->ops += n;
     }
-    for (struct idem__gc_job *j = batch; j; j = j->next)
+    /* Wake each caller on its own condition: a broadcast would wake every
+     * waiting caller, most of them only to sleep again. */
+    for (struct idem__gc_job *j = batch, *next; j; j = next) {
+        next = j->next; /* j may be gone once its caller runs */
         j->done = 1;
-    pthread_cond_broadcast(&gc->done);
+        pthread_cond_signal(&j->done_cv);
+    }
     pthread_mutex_unlock(&gc->mu);
 }
 
@@ -109,13 +112,11 @@ idem_rc idem__gc_start(const struct idem__gc_driver *drv, void *ctx,
         return idem__fail(IDEM_ENOMEM, "group commit: allocating");
     pthread_mutex_init(&gc->mu, NULL);
     pthread_cond_init(&gc->work, NULL);
-    pthread_cond_init(&gc->done, NULL);
     gc->tail = &gc->head;
     gc->drv = drv;
     gc->ctx = ctx;
     gc->batch_max = batch_max ? batch_max : 1;
     if (pthread_create(&gc->thread, NULL, writer, gc) != 0) {
-        pthread_cond_destroy(&gc->done);
         pthread_cond_destroy(&gc->work);
         pthread_mutex_destroy(&gc->mu);
         idem__free(gc);
@@ -135,12 +136,14 @@ idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job)
         pthread_mutex_unlock(&gc->mu);
         return idem__fail(IDEM_ECLOSING, "the handle is closing");
     }
+    pthread_cond_init(&job->done_cv, NULL);
     *gc->tail = job;
     gc->tail = &job->next;
     pthread_cond_signal(&gc->work);
     while (!job->done)
-        pthread_cond_wait(&gc->done, &gc->mu);
+        pthread_cond_wait(&job->done_cv, &gc->mu);
     pthread_mutex_unlock(&gc->mu);
+    pthread_cond_destroy(&job->done_cv);
     if (job->rc != IDEM_OK)
         return idem__fail(job->rc, "%s", job->detail);
     return IDEM_OK;
@@ -155,7 +158,6 @@ void idem__gc_stop(struct idem__gc *gc)
     pthread_cond_signal(&gc->work);
     pthread_mutex_unlock(&gc->mu);
     pthread_join(gc->thread, NULL);
-    pthread_cond_destroy(&gc->done);
     pthread_cond_destroy(&gc->work);
     pthread_mutex_destroy(&gc->mu);
     idem__free(gc);

@@ -21,6 +21,7 @@ struct idem__gc_job {
     idem_rc (*run)(struct idem__gc_job *job, void *ctx);
     idem_rc rc;
     int done;
+    pthread_cond_t done_cv;  /* its caller waits here, alone */
     char detail[160];    /* the error detail, carried back to the caller */
 };
 
