@@ -1,12 +1,70 @@
 #!/usr/bin/env bash
-# Idem on the embedded default, from a fresh Debian 12 machine: installs the
-# dependencies, builds, and runs the refund storm example — 100 concurrent
-# duplicates of one refund against a SQLite file, then a late retry.
+# Idem's main job on the embedded default, from a fresh Debian 12 machine:
+# installs the dependencies, builds, starts the example refund service on
+# 127.0.0.1:9000 and `idem serve` in front of it on 127.0.0.1:8080 (records
+# in a SQLite file), then prints what to try with curl. Ctrl-C stops both.
+#
+#   ./run.sh              serve until Ctrl-C
+#   ./run.sh --demo       serve, send a few requests to show a replay, stop
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/install-deps.sh
+jobs=$(nproc 2>/dev/null || echo 2)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build -j"$(nproc 2>/dev/null || echo 2)" --target refund_storm >/dev/null
-db=${1:-${TMPDIR:-/tmp}/idem-refund-storm.db}
-rm -f "$db" "$db-wal" "$db-shm"
-./build/refund_storm "$db"
+cmake --build build -j"$jobs" --target idem_cli refund_service >/dev/null
+
+state=${IDEM_DEMO_DIR:-${TMPDIR:-/tmp}/idem-demo}
+mkdir -p "$state"
+pids=()
+stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap stop EXIT
+trap 'exit 0' INT TERM
+
+wait_ready() { # file
+  for _ in $(seq 100); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  echo "run.sh: $1 never said it was listening" >&2; cat "$1" "${1%.out}.err" >&2; exit 1
+}
+
+./build/refund_service --listen 127.0.0.1:9000 --db "$state/refunds.db" \
+  >"$state/refund_service.out" 2>"$state/refund_service.err" &
+pids+=($!)
+wait_ready "$state/refund_service.out"
+./build/idem serve -c examples/idem.yaml --db "$state/idem.db" \
+  >"$state/idem.out" 2>"$state/idem.err" &
+pids+=($!)
+wait_ready "$state/idem.out"
+cat "$state/idem.out"
+
+no="R-$(date +%s)"
+cat <<MSG
+
+Idem is in front of the refund service. Try it:
+
+  # a refund; run it twice: the second answer is replayed, not executed
+  curl -si -X POST localhost:8080/refunds -H 'X-Subject: alice' \\
+       -H "Idem-Token: \$(curl -s -X POST localhost:8080/_idem/v1/tokens -H 'X-Subject: alice' \\
+            -d '{\"scene\":\"refund\"}' | sed 's/.*\"token\":\"\\([^\"]*\\)\".*/\\1/')" \\
+       -d '{"refund_no":"$no","amount":"100.00"}'
+
+  # the payment routes share one key space: a callback and a re-push execute once
+  curl -si -X POST localhost:8080/callbacks/payment -d '{"serial_no":"CH-1","amount":"42.00"}'
+  curl -si -X POST localhost:8080/admin/payments/repush -d '{"serial_no":"CH-1","amount":"42.00"}'
+
+  curl -s localhost:9000/stats          # how often the service really executed
+  curl -s localhost:8080/_idem/v1/health
+
+Logs and data: $state
+MSG
+
+if [ "${1:-}" = "--demo" ]; then
+  for i in 1 2; do
+    echo "--- POST /callbacks/payment, attempt $i"
+    curl -si -X POST localhost:8080/callbacks/payment -d "{\"serial_no\":\"CH-$no\",\"amount\":\"42.00\"}"
+    echo
+  done
+  echo "--- the service's own count:"
+  curl -s localhost:9000/stats; echo
+  exit 0
+fi
+echo "Ctrl-C to stop."
+wait

@@ -7,7 +7,9 @@ packages=(
   build-essential cmake pkg-config      # toolchain
   libsqlite3-dev sqlite3                # embedded store
   libssl-dev                            # SHA-256, CSPRNG
+  libevent-dev libjansson-dev libyaml-dev  # idem serve: event loop, JSON, YAML
   libcmocka-dev                         # tests
+  curl                                  # system tests
   redis-server redis-tools              # benchmark reference (redis-benchmark)
 )
 

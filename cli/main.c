@@ -1,0 +1,48 @@
+/*
+ * main.c — the `idem` command: one executable, a subcommand per job.
+ * Each subcommand is a client of libidem's public API (and of the daemon's
+ * pieces in server/), the way curl's tool is a client of libcurl.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "idem.h"
+#include "serve.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: idem <command> [options]\n"
+            "\n"
+            "Idem makes write operations happen exactly once, however often a request\n"
+            "or message arrives.\n"
+            "\n"
+            "commands:\n"
+            "  serve      run the daemon: the idempotency gateway and the JSON API\n"
+            "  version    print the version\n"
+            "  help       this text\n"
+            "\n"
+            "'idem <command> --help' describes a command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "serve") == 0)
+        return serve_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("idem %s\n", idem_version());
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "idem: '%s' is not a command\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,467 @@
+/*
+ * refund_service.c — an example upstream for Idem: the refund service that the
+ * README's quick start and the system tests put behind `idem serve`.
+ *
+ * Its tables carry a UNIQUE business key, the service's own last line of
+ * defence, and it counts every *execution* (business work started for a
+ * well-formed request, whether or not the row then goes in), so a test can tell
+ * "the gateway let one request through" from "the database threw the rest away".
+ * --naive breaks refunds on purpose (check, delay, insert into a table with no
+ * UNIQUE constraint) to give `idem verify` something to catch. Test hooks: the
+ * X-Fail and X-Delay-Ms request headers. examples/README.md lists the endpoints.
+ *
+ *   refund_service [--listen 127.0.0.1:9000] [--db ./refunds.db | :memory:]
+ *                  [--delay-ms N] [--naive]
+ *   curl -d '{"refund_no":"R-1","amount":"100.00"}' http://127.0.0.1:9000/refunds
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <jansson.h>
+#include <sqlite3.h>
+
+#define MAX_BODY     (64 * 1024)
+#define MAX_HEADERS  (16 * 1024)
+#define MAX_KEY      256
+#define MAX_DELAY_MS 600000L
+
+/* One kind of business operation: a table whose key column is UNIQUE. */
+struct kind {
+    const char *key;          /* JSON field and column: refund_no, serial_no */
+    const char *table;
+    const char *naive_table;  /* used under --naive; NULL: always the real table */
+    const char *duplicate;    /* the 409 message */
+    atomic_long executions;
+};
+
+static struct kind refunds = {"refund_no", "refunds", "refunds_naive", "duplicate refund_no", 0};
+static struct kind payments = {"serial_no", "payments", NULL, "duplicate serial_no", 0};
+
+/* A request that has been checked and counted, waiting out its delay. */
+struct pending {
+    LIST_ENTRY(pending) link;
+    struct evhttp_request *req;
+    struct event *timer;
+    struct kind *kind;
+    char *key, *amount, *subject;   /* subject may be NULL */
+    long delay_ms;
+    long execution;                 /* this kind's execution count, this one included */
+    int fail;                       /* injected 5xx status, or 0 */
+};
+
+static struct event_base *base;
+static sqlite3 *db;
+static long delay_ms;
+static bool naive;
+static LIST_HEAD(, pending) waiting = LIST_HEAD_INITIALIZER(waiting);
+
+#define COLUMNS " subject TEXT, amount TEXT NOT NULL," \
+                " created_at TEXT DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
+static const char schema[] =
+    "PRAGMA journal_mode=WAL;"
+    "CREATE TABLE IF NOT EXISTS refunds(id INTEGER PRIMARY KEY,"
+    " refund_no TEXT NOT NULL UNIQUE," COLUMNS ";"
+    "CREATE TABLE IF NOT EXISTS refunds_naive(id INTEGER PRIMARY KEY,"
+    " refund_no TEXT NOT NULL," COLUMNS ";"          /* no UNIQUE: that is the bug */
+    "CREATE TABLE IF NOT EXISTS payments(id INTEGER PRIMARY KEY,"
+    " serial_no TEXT NOT NULL UNIQUE," COLUMNS ";";
+
+static const char *table_of(const struct kind *k)
+{
+    return naive && k->naive_table ? k->naive_table : k->table;
+}
+
+/* A reply with a one-line body; a NULL reason asks libevent for the phrase. */
+static void reply(struct evhttp_request *req, int code, const char *type, const char *text)
+{
+    struct evbuffer *out = evbuffer_new();
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", type);
+    if (out && text)
+        evbuffer_add_printf(out, "%s\n", text);
+    evhttp_send_reply(req, code, NULL, out);
+    if (out)
+        evbuffer_free(out);
+}
+
+/* Sends obj as JSON and drops the reference. */
+static void reply_json(struct evhttp_request *req, int code, json_t *obj)
+{
+    char *text = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+    reply(req, code, "application/json", text);
+    free(text);
+    json_decref(obj);
+}
+
+static void reply_error(struct evhttp_request *req, int code, const char *msg)
+{
+    reply_json(req, code, json_pack("{s:s}", "error", msg));
+}
+
+/* Table and column names are ours, never the client's, so %s is safe here. */
+static sqlite3_stmt *prepare(const char *fmt, ...)
+{
+    sqlite3_stmt *st = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    char *sql = sqlite3_vmprintf(fmt, ap);
+    va_end(ap);
+    if (sql && sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK)
+        fprintf(stderr, "refund_service: %s\n", sqlite3_errmsg(db));
+    sqlite3_free(sql);
+    return st;
+}
+
+static long long count_rows(const char *table)
+{
+    sqlite3_stmt *st = prepare("SELECT count(*) FROM %s", table);
+    long long n = st && sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : -1;
+    sqlite3_finalize(st);
+    return n;
+}
+
+/* SQLITE_ROW if table has a row with this key, SQLITE_DONE if not, else an error. */
+static int find_key(const struct kind *k, const char *table, const char *key)
+{
+    sqlite3_stmt *st = prepare("SELECT 1 FROM %s WHERE %s = ?1", table, k->key);
+    int rc = st ? sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC) : SQLITE_ERROR;
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* After the delay: the INSERT, and the UNIQUE constraint decides. */
+static void insert_and_reply(struct pending *p)
+{
+    const struct kind *k = p->kind;
+    sqlite3_stmt *st = prepare("INSERT INTO %s(%s, subject, amount) VALUES(?1, ?2, ?3)",
+                               table_of(k), k->key);
+    int rc = st ? SQLITE_OK : SQLITE_ERROR;
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_text(st, 1, p->key, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, p->subject, -1, SQLITE_STATIC);  /* NULL binds NULL */
+        sqlite3_bind_text(st, 3, p->amount, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+    }
+    if (rc == SQLITE_DONE) {
+        long long id = sqlite3_last_insert_rowid(db);
+        if (k == &refunds) {
+            char location[64];
+            snprintf(location, sizeof location, "/refunds/%lld", id);
+            evhttp_add_header(evhttp_request_get_output_headers(p->req), "Location", location);
+        }
+        reply_json(p->req, 201, json_pack("{s:s, s:I, s:s, s:I}", k->key, p->key,
+                                          "id", (json_int_t)id, "amount", p->amount,
+                                          "execution", (json_int_t)p->execution));
+    } else if ((rc & 0xff) == SQLITE_CONSTRAINT) {
+        reply_error(p->req, 409, k->duplicate);
+    } else {
+        fprintf(stderr, "refund_service: insert: %s\n", sqlite3_errmsg(db));
+        reply_error(p->req, 500, "database error");
+    }
+    sqlite3_finalize(st);
+}
+
+static void pending_free(struct pending *p)
+{
+    if (p->timer)
+        event_free(p->timer);
+    free(p->key);
+    free(p->amount);
+    free(p->subject);
+    free(p);
+}
+
+static void on_delay_done(evutil_socket_t fd, short what, void *arg)
+{
+    struct pending *p = arg;
+    (void)fd, (void)what;
+    LIST_REMOVE(p, link);
+    if (p->fail)
+        reply_error(p->req, p->fail, "injected");
+    else
+        insert_and_reply(p);
+    pending_free(p);
+}
+
+/* A whole decimal number in [lo, hi], or -1. */
+static long parse_long(const char *s, long lo, long hi)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    return errno || end == s || *end || v < lo || v > hi ? -1 : v;
+}
+
+/* Fills p from the request, or returns the message for a 400. */
+static const char *parse_write(struct evhttp_request *req, struct pending *p)
+{
+    struct evkeyvalq *headers = evhttp_request_get_input_headers(req);
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t len = evbuffer_get_length(in);
+    const char *hdr, *key, *amount, *why = NULL;
+
+    p->delay_ms = delay_ms;
+
+    if ((hdr = evhttp_find_header(headers, "X-Fail")) &&
+        (p->fail = (int)parse_long(hdr, 500, 599)) < 0)
+        return "X-Fail must be a 5xx status";
+    if ((hdr = evhttp_find_header(headers, "X-Delay-Ms")) &&
+        (p->delay_ms = parse_long(hdr, 0, MAX_DELAY_MS)) < 0)
+        return "X-Delay-Ms must be a number of milliseconds";
+    if ((hdr = evhttp_find_header(headers, "X-Subject")) && !(p->subject = strdup(hdr)))
+        return "out of memory";
+
+    json_t *body = json_loadb((const char *)evbuffer_pullup(in, -1), len, 0, NULL);
+    if (!json_is_object(body))
+        why = "body must be a JSON object";
+    else if (!(key = json_string_value(json_object_get(body, p->kind->key))) || !*key ||
+             strlen(key) > MAX_KEY)
+        why = p->kind == &refunds ? "refund_no must be a string of 1 to 256 characters"
+                                  : "serial_no must be a string of 1 to 256 characters";
+    else if (!(amount = json_string_value(json_object_get(body, "amount"))) || !*amount ||
+             amount[strspn(amount, "0123456789.")] || strlen(amount) > 32)
+        why = "amount must be a decimal string like \"100.00\"";
+    else if (!(p->key = strdup(key)) || !(p->amount = strdup(amount)))
+        why = "out of memory";
+    json_decref(body);
+    return why;
+}
+
+/* POST of a refund or a payment: check, count, then wait out the delay. */
+static void on_write(struct evhttp_request *req, struct kind *k)
+{
+    struct pending *p = calloc(1, sizeof *p);
+    const char *why;
+    if (!p) {
+        reply_error(req, 500, "out of memory");
+        return;
+    }
+    p->req = req;
+    p->kind = k;
+    if ((why = parse_write(req, p))) {
+        reply_error(req, 400, why);
+        goto fail;
+    }
+    p->execution = atomic_fetch_add(&k->executions, 1) + 1;
+
+    if (naive && k->naive_table && !p->fail) {
+        /* The broken check-then-insert: nothing stops two requests that both
+         * pass this check from both inserting after the delay. */
+        int rc = find_key(k, k->naive_table, p->key);
+        if (rc != SQLITE_DONE) {
+            if (rc == SQLITE_ROW)
+                reply_error(req, 409, k->duplicate);
+            else
+                reply_error(req, 500, "database error");
+            goto fail;
+        }
+    }
+    struct timeval tv = {p->delay_ms / 1000, (p->delay_ms % 1000) * 1000};
+    if (!(p->timer = evtimer_new(base, on_delay_done, p)) || evtimer_add(p->timer, &tv) != 0) {
+        reply_error(req, 500, "cannot arm timer");
+        goto fail;
+    }
+    LIST_INSERT_HEAD(&waiting, p, link);
+    return;
+fail:
+    pending_free(p);
+}
+
+static void on_get_refund(struct evhttp_request *req, const char *encoded)
+{
+    char *key = evhttp_uridecode(encoded, 0, NULL);
+    sqlite3_stmt *st = prepare("SELECT id, refund_no, subject, amount, created_at FROM %s"
+                               " WHERE refund_no = ?1 OR id = ?1"
+                               " ORDER BY refund_no = ?1 DESC, id LIMIT 1", table_of(&refunds));
+    int rc = key && st ? sqlite3_bind_text(st, 1, key, -1, SQLITE_STATIC) : SQLITE_ERROR;
+    if (rc == SQLITE_OK)
+        rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        reply_json(req, 200, json_pack("{s:I, s:s, s:s?, s:s, s:s?}",
+                   "id", (json_int_t)sqlite3_column_int64(st, 0),
+                   "refund_no", (const char *)sqlite3_column_text(st, 1),
+                   "subject", (const char *)sqlite3_column_text(st, 2),
+                   "amount", (const char *)sqlite3_column_text(st, 3),
+                   "created_at", (const char *)sqlite3_column_text(st, 4)));
+    else if (rc == SQLITE_DONE)
+        reply_error(req, 404, "no such refund");
+    else
+        reply_error(req, 500, "database error");
+    sqlite3_finalize(st);
+    free(key);
+}
+
+static void on_stats(struct evhttp_request *req)
+{
+    reply_json(req, 200, json_pack("{s:I, s:I, s:I, s:I, s:I}",
+               "executions", (json_int_t)atomic_load(&refunds.executions),
+               "refunds", (json_int_t)count_rows("refunds"),
+               "naive_rows", (json_int_t)count_rows("refunds_naive"),
+               "payments", (json_int_t)count_rows("payments"),
+               "payment_executions", (json_int_t)atomic_load(&payments.executions)));
+}
+
+static void on_count(struct evhttp_request *req)
+{
+    char text[32];
+    snprintf(text, sizeof text, "%ld",
+             atomic_load(&refunds.executions) + atomic_load(&payments.executions));
+    reply(req, 200, "text/plain", text);
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static void on_request(struct evhttp_request *req, void *arg)
+{
+    const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
+    bool post = evhttp_request_get_command(req) == EVHTTP_REQ_POST;
+    bool get = evhttp_request_get_command(req) == EVHTTP_REQ_GET;
+    (void)arg;
+    if (!path)
+        path = "/";
+
+    if (strcmp(path, "/refunds") == 0 || ends_with(path, "/payments") ||
+        ends_with(path, "/callbacks/payment") || ends_with(path, "/admin/payments/repush")) {
+        if (post)
+            on_write(req, strcmp(path, "/refunds") == 0 ? &refunds : &payments);
+        else
+            reply_error(req, 405, "use POST");
+    } else if (strncmp(path, "/refunds/", 9) == 0 && path[9]) {
+        if (get)
+            on_get_refund(req, path + 9);
+        else
+            reply_error(req, 405, "use GET");
+    } else if (get && strcmp(path, "/stats") == 0) {
+        on_stats(req);
+    } else if (get && strcmp(path, "/count") == 0) {
+        on_count(req);
+    } else {
+        reply_error(req, 404, "not found");
+    }
+}
+
+static void on_signal(evutil_socket_t sig, short what, void *arg)
+{
+    (void)sig, (void)what, (void)arg;
+    event_base_loopexit(base, NULL);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: refund_service [--listen HOST:PORT] [--db PATH] [--delay-ms N] [--naive]\n"
+               "  --listen HOST:PORT  default 127.0.0.1:9000 (port 0: any free port)\n"
+               "  --db PATH           SQLite file, default ./refunds.db; \":memory:\" works\n"
+               "  --delay-ms N        wait N ms between check and insert, default 0\n"
+               "  --naive             broken check-then-insert, for idem verify to catch\n");
+}
+
+int main(int argc, char **argv)
+{
+    char addr[300] = "127.0.0.1:9000";
+    const char *db_path = "./refunds.db";
+    struct evhttp *http = NULL;
+    struct event *signals[2] = {NULL, NULL};
+    int status = 1;
+
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *val = argv[i + 1];   /* argv[argc] is NULL */
+        bool ok = true;
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(arg, "--naive") == 0) {
+            naive = true;
+        } else if (val && strcmp(arg, "--listen") == 0) {
+            ok = snprintf(addr, sizeof addr, "%s", argv[++i]) < (int)sizeof addr;
+        } else if (val && strcmp(arg, "--db") == 0) {
+            db_path = argv[++i];
+        } else if (val && strcmp(arg, "--delay-ms") == 0) {
+            ok = (delay_ms = parse_long(argv[++i], 0, MAX_DELAY_MS)) >= 0;
+        } else {
+            ok = false;
+        }
+        if (!ok) {
+            usage(stderr);
+            return 2;
+        }
+    }
+
+    char *colon = strrchr(addr, ':'), *host = addr;
+    long port = colon ? parse_long(colon + 1, 0, 65535) : -1;
+    if (port < 0) {
+        fprintf(stderr, "refund_service: --listen wants HOST:PORT, got %s\n", addr);
+        return 2;
+    }
+    *colon = '\0';
+
+    signal(SIGPIPE, SIG_IGN);
+    if (sqlite3_open(db_path, &db) != SQLITE_OK ||
+        sqlite3_busy_timeout(db, 5000) != SQLITE_OK ||
+        sqlite3_exec(db, schema, NULL, NULL, NULL) != SQLITE_OK) {
+        fprintf(stderr, "refund_service: %s: %s\n", db_path, sqlite3_errmsg(db));
+        goto out;
+    }
+    struct evhttp_bound_socket *bound = NULL;
+    if (!(base = event_base_new()) || !(http = evhttp_new(base)) ||
+        !(bound = evhttp_bind_socket_with_handle(http, host, (unsigned short)port))) {
+        fprintf(stderr, "refund_service: cannot listen on %s:%ld\n", host, port);
+        goto out;
+    }
+    evhttp_set_max_body_size(http, MAX_BODY);
+    evhttp_set_max_headers_size(http, MAX_HEADERS);
+    evhttp_set_gencb(http, on_request, NULL);
+    for (int i = 0; i < 2; i++) {
+        signals[i] = evsignal_new(base, i ? SIGINT : SIGTERM, on_signal, NULL);
+        if (!signals[i] || evsignal_add(signals[i], NULL) != 0) {
+            fprintf(stderr, "refund_service: cannot catch signals\n");
+            goto out;
+        }
+    }
+
+    struct sockaddr_storage sa;
+    socklen_t salen = sizeof sa;
+    if (getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&sa, &salen) == 0)
+        port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
+                                              : ((struct sockaddr_in *)&sa)->sin_port);
+    printf("refund_service: listening on %s:%ld\n", host, port);
+    fflush(stdout);
+
+    status = event_base_dispatch(base) < 0;
+
+    /* Requests still waiting out their delay get a 503, which one last
+     * non-blocking pass of the loop writes out. */
+    struct pending *p;
+    while ((p = LIST_FIRST(&waiting))) {
+        LIST_REMOVE(p, link);
+        reply_error(p->req, 503, "shutting down");
+        pending_free(p);
+    }
+    event_base_loop(base, EVLOOP_NONBLOCK);
+out:
+    for (int i = 0; i < 2; i++)
+        if (signals[i])
+            event_free(signals[i]);
+    if (http)
+        evhttp_free(http);
+    if (base)
+        event_base_free(base);
+    sqlite3_close(db);
+    libevent_global_shutdown();
+    return status;
+}

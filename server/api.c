@@ -1,0 +1,395 @@
+/*
+ * api.c — the JSON API under /_idem/v1/: every libidem primitive over HTTP,
+ * for services that want the layers without the gateway (daemon).
+ *
+ * Business outcomes are 200 with {"outcome": "..."}; a malformed body is 400
+ * problem+json naming the field; store trouble is 503. docs/http-api.md is
+ * the normative reference.
+ */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "request_key.h"
+
+#define PREFIX "/_idem/v1"
+
+static struct http_response *json_response(int status, json_t *j)
+{
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    struct http_response *r = text ? response_new(status) : NULL;
+    if (!r || response_add_header(r, "Content-Type", "application/json") ||
+        response_set_body(r, text, strlen(text))) {
+        response_free(r);
+        r = NULL;
+    }
+    free(text);
+    return r;
+}
+
+static struct http_response *outcome(idem_outcome o, json_t *extra)
+{
+    json_t *j = extra ? extra : json_object();
+    if (j)
+        json_object_set_new(j, "outcome", json_string(idem_outcome_name(o)));
+    return json_response(200, j);
+}
+
+/* Field accessors: each returns 0, or 1 with *err set to a 400 problem. */
+struct args {
+    json_t *body;
+    struct http_response *err;
+};
+
+static const char *str_field(struct args *a, const char *name, int required)
+{
+    json_t *v = json_object_get(a->body, name);
+    if (!v || json_is_null(v)) {
+        if (required && !a->err)
+            a->err = problem(400, "invalid_field", "field %s: required (a string)", name);
+        return NULL;
+    }
+    if (!json_is_string(v)) {
+        if (!a->err)
+            a->err = problem(400, "invalid_field", "field %s: must be a string", name);
+        return NULL;
+    }
+    return json_string_value(v);
+}
+
+static int64_t int_field(struct args *a, const char *name, int required, int64_t dflt)
+{
+    json_t *v = json_object_get(a->body, name);
+    if (!v || json_is_null(v)) {
+        if (required && !a->err)
+            a->err = problem(400, "invalid_field", "field %s: required (an integer)", name);
+        return dflt;
+    }
+    if (!json_is_integer(v)) {
+        if (!a->err)
+            a->err = problem(400, "invalid_field", "field %s: must be an integer", name);
+        return dflt;
+    }
+    return json_integer_value(v);
+}
+
+static int hex_fingerprint(struct args *a, uint8_t fp[IDEM_FINGERPRINT_LEN])
+{
+    const char *hex = str_field(a, "fingerprint", 0);
+    if (!hex)
+        return 0;
+    if (strlen(hex) != 2 * IDEM_FINGERPRINT_LEN) {
+        a->err = problem(400, "invalid_field", "field fingerprint: 64 hex digits (SHA-256)");
+        return 0;
+    }
+    for (int i = 0; i < IDEM_FINGERPRINT_LEN; i++) {
+        unsigned v;
+        if (sscanf(hex + 2 * i, "%2x", &v) != 1) {
+            a->err = problem(400, "invalid_field", "field fingerprint: not hexadecimal");
+            return 0;
+        }
+        fp[i] = (uint8_t)v;
+    }
+    return 1;
+}
+
+/* A stored result as JSON: "result" when it is UTF-8 text without NULs,
+ * else "result_base64". */
+static void put_result(json_t *j, const void *data, size_t len)
+{
+    if (!data)
+        return;
+    json_t *s = memchr(data, 0, len) ? NULL : json_stringn(data, len);
+    if (s) {
+        json_object_set_new(j, "result", s);
+        return;
+    }
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const unsigned char *p = data;
+    char *out = malloc((len + 2) / 3 * 4 + 1), *o = out;
+    if (!out)
+        return;
+    for (size_t i = 0; i < len; i += 3) {
+        unsigned v = (unsigned)p[i] << 16 | (i + 1 < len ? (unsigned)p[i + 1] << 8 : 0) |
+                     (i + 2 < len ? p[i + 2] : 0);
+        *o++ = b64[v >> 18 & 63];
+        *o++ = b64[v >> 12 & 63];
+        *o++ = i + 1 < len ? b64[v >> 6 & 63] : '=';
+        *o++ = i + 2 < len ? b64[v & 63] : '=';
+    }
+    *o = '\0';
+    json_object_set_new(j, "result_base64", json_string(out));
+    free(out);
+}
+
+/* The result to store from "result" (text) or "result_base64". malloc'd. */
+static unsigned char *get_result(struct args *a, size_t *len)
+{
+    *len = 0;
+    json_t *t = json_object_get(a->body, "result");
+    json_t *b = json_object_get(a->body, "result_base64");
+    if (t && json_is_string(t)) {
+        *len = json_string_length(t);
+        unsigned char *copy = malloc(*len + 1);
+        if (copy)
+            memcpy(copy, json_string_value(t), *len);
+        return copy;
+    }
+    if (b && json_is_string(b)) {
+        const char *s = json_string_value(b);
+        size_t n = json_string_length(b);
+        unsigned char *out = malloc(n / 4 * 3 + 3);
+        unsigned acc = 0;
+        int bits = 0;
+        for (size_t i = 0; out && i < n && s[i] != '='; i++) {
+            const char *pos = strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                     "0123456789+/",
+                                     s[i]);
+            if (!pos || !s[i]) {
+                free(out);
+                a->err = problem(400, "invalid_field", "field result_base64: not base64");
+                return NULL;
+            }
+            acc = acc << 6 | (unsigned)(pos - "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                              "0123456789+/");
+            bits += 6;
+            if (bits >= 8) {
+                bits -= 8;
+                out[(*len)++] = (unsigned char)(acc >> bits);
+            }
+        }
+        return out;
+    }
+    if ((t && !json_is_null(t)) || (b && !json_is_null(b)))
+        a->err = problem(400, "invalid_field", "field result: must be a string");
+    return NULL;
+}
+
+static json_t *record_json(const idem_record *r)
+{
+    json_t *j = json_pack("{s:s, s:I, s:s, s:I, s:I, s:I}", "state", r->state, "epoch",
+                          (json_int_t)r->epoch, "owner", r->owner, "lease_until_ms",
+                          (json_int_t)r->lease_until_ms, "created_ms", (json_int_t)r->created_ms,
+                          "updated_ms", (json_int_t)r->updated_ms);
+    if (j && r->expires_ms)
+        json_object_set_new(j, "expires_ms", json_integer(r->expires_ms));
+    if (j)
+        put_result(j, r->result, r->result_len);
+    return j;
+}
+
+static struct http_response *health(struct daemon *d)
+{
+    idem_stats st;
+    idem_outcome o;
+    /* Touch the store: a health check that cannot reach it says so. */
+    idem_rc rc = idem_record_get(d->h, "idem.health", "probe", &o, NULL);
+    idem_get_stats(d->h, &st);
+    json_t *j = json_pack(
+        "{s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
+        "status", rc == IDEM_OK ? "ok" : "store_unavailable", "store", idem_store_name(d->h),
+        "version", idem_version(), "store_stats", "conflicts", (json_int_t)st.conflicts,
+        "takeovers", (json_int_t)st.takeovers, "commits", (json_int_t)st.commits,
+        "committed_ops", (json_int_t)st.committed_ops, "gateway", "requests",
+        (json_int_t)atomic_load(&d->n.requests), "executions",
+        (json_int_t)atomic_load(&d->n.executions), "replays",
+        (json_int_t)atomic_load(&d->n.replays), "in_flight_409",
+        (json_int_t)atomic_load(&d->n.in_flight_409), "mismatches",
+        (json_int_t)atomic_load(&d->n.mismatches), "store_errors",
+        (json_int_t)atomic_load(&d->n.store_errors), "upstream_unknown",
+        (json_int_t)atomic_load(&d->n.upstream_unknown), "passthrough",
+        (json_int_t)atomic_load(&d->n.passthrough));
+    return json_response(rc == IDEM_OK ? 200 : 503, j);
+}
+
+static int pct_decode_segment(const char *s, size_t n, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int c = (unsigned char)s[i];
+        if (c == '%') {
+            unsigned v;
+            if (i + 2 >= n + 1 || sscanf(s + i + 1, "%2x", &v) != 1)
+                return -1;
+            c = (int)v;
+            i += 2;
+        }
+        if (o + 1 >= cap)
+            return -1;
+        out[o++] = (char)c;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+/* GET /_idem/v1/records/{space}/{key} */
+static struct http_response *get_record(struct daemon *d, const char *rest)
+{
+    const char *slash = strchr(rest, '/');
+    char space[IDEM_NAME_MAX * 3 + 1], key[IDEM_KEY_MAX * 3 + 1];
+    if (!slash || pct_decode_segment(rest, (size_t)(slash - rest), space, sizeof space) ||
+        pct_decode_segment(slash + 1, strlen(slash + 1), key, sizeof key))
+        return problem(400, "invalid_path",
+                       "expected /_idem/v1/records/{space}/{key}, each percent-encoded");
+    idem_outcome o;
+    idem_record rec;
+    idem_rc rc = idem_record_get(d->h, space, key, &o, &rec);
+    if (rc != IDEM_OK)
+        return problem_from_idem(rc, "reading the record");
+    if (o == IDEM_NOT_FOUND)
+        return problem(404, "record_not_found", "no record %s in space %s", key, space);
+    json_t *j = json_object();
+    json_object_set_new(j, "record", record_json(&rec));
+    idem_record_clear(&rec);
+    return outcome(o, j);
+}
+
+static struct http_response *post(struct daemon *d, const struct server_config *cfg,
+                                  const char *op, const struct http_msg *m)
+{
+    json_error_t jerr;
+    struct args a = {.body = json_loadb(m->body, m->body_len, 0, &jerr)};
+    struct http_response *r = NULL;
+    idem_outcome o = IDEM_NONE;
+    idem_rc rc = IDEM_OK;
+    if (!a.body || !json_is_object(a.body)) {
+        json_decref(a.body);
+        return problem(400, "invalid_json", "the body must be a JSON object%s%s",
+                       a.body ? "" : ": ", a.body ? "" : jerr.text);
+    }
+    const char *subject = http_msg_header(m, cfg->subject_header);
+    if (!subject)
+        subject = "";
+
+    if (strcmp(op, "tokens") == 0) {
+        const char *scene = str_field(&a, "scene", 1);
+        int64_t ttl = int_field(&a, "ttl_ms", 0, 300000);
+        char token[IDEM_TOKEN_LEN + 1];
+        if (!a.err && (rc = idem_token_issue(d->h, subject, scene, ttl, token)) == IDEM_OK)
+            r = json_response(201, json_pack("{s:s, s:I}", "token", token, "expires_in_ms",
+                                             (json_int_t)ttl));
+    } else if (strcmp(op, "tokens/consume") == 0) {
+        const char *scene = str_field(&a, "scene", 1), *token = str_field(&a, "token", 1),
+                   *key = str_field(&a, "key", 0);
+        char spent[IDEM_KEY_MAX + 1];
+        if (!a.err && (rc = idem_token_consume(d->h, subject, scene, token, key, &o, spent)) ==
+                          IDEM_OK)
+            r = outcome(o, o == IDEM_ALREADY_CONSUMED ? json_pack("{s:s}", "spent_key", spent)
+                                                      : NULL);
+    } else if (strcmp(op, "tokens/give_back") == 0) {
+        const char *scene = str_field(&a, "scene", 1), *token = str_field(&a, "token", 1),
+                   *key = str_field(&a, "key", 0);
+        if (!a.err && (rc = idem_token_give_back(d->h, subject, scene, token, key, &o)) == IDEM_OK)
+            r = outcome(o, NULL);
+    } else if (strncmp(op, "locks/", 6) == 0) {
+        const char *space = str_field(&a, "space", 1), *key = str_field(&a, "key", 1),
+                   *owner = str_field(&a, "owner", 1);
+        int64_t ttl = int_field(&a, "ttl_ms", 0, 30000);
+        if (a.err) {
+        } else if (strcmp(op + 6, "acquire") == 0) {
+            idem_lock_info info;
+            if ((rc = idem_lock_acquire(d->h, space, key, owner, ttl, &o, &info)) == IDEM_OK)
+                r = outcome(o, o == IDEM_ACQUIRED
+                                   ? json_pack("{s:I, s:I}", "fence", (json_int_t)info.fence,
+                                               "ttl_left_ms", (json_int_t)info.ttl_left_ms)
+                                   : json_pack("{s:s, s:I}", "holder", info.holder,
+                                               "ttl_left_ms", (json_int_t)info.ttl_left_ms));
+        } else if (strcmp(op + 6, "renew") == 0) {
+            if ((rc = idem_lock_renew(d->h, space, key, owner, ttl, &o)) == IDEM_OK)
+                r = outcome(o, NULL);
+        } else if (strcmp(op + 6, "release") == 0) {
+            if ((rc = idem_lock_release(d->h, space, key, owner, &o)) == IDEM_OK)
+                r = outcome(o, NULL);
+        } else {
+            r = problem(404, "no_such_endpoint", "POST %s/%s is not an endpoint", PREFIX, op);
+        }
+    } else if (strncmp(op, "records/", 8) == 0) {
+        const char *space = str_field(&a, "space", 1), *key = str_field(&a, "key", 1);
+        const char *what = op + 8;
+        if (a.err) {
+        } else if (strcmp(what, "begin") == 0) {
+            const char *owner = str_field(&a, "owner", 1);
+            int64_t lease = int_field(&a, "lease_ms", 0, 30000);
+            uint8_t fp[IDEM_FINGERPRINT_LEN];
+            int has = hex_fingerprint(&a, fp);
+            idem_record rec;
+            if (!a.err && (rc = idem_record_begin(d->h, space, key, has ? fp : NULL, owner, lease,
+                                                  &o, &rec)) == IDEM_OK) {
+                json_t *j = json_object();
+                json_object_set_new(j, "record", record_json(&rec));
+                idem_record_clear(&rec);
+                r = outcome(o, j);
+            }
+        } else if (strcmp(what, "complete") == 0 || strcmp(what, "fail") == 0) {
+            int64_t epoch = int_field(&a, "epoch", 1, 0);
+            int64_t retention = int_field(&a, "retention_ms", 0, 0);
+            json_t *retry = json_object_get(a.body, "retryable");
+            size_t len;
+            unsigned char *result = a.err ? NULL : get_result(&a, &len);
+            if (!a.err && epoch <= 0)
+                a.err = problem(400, "invalid_field", "field epoch: a claim's epoch (>= 1)");
+            if (!a.err) {
+                rc = strcmp(what, "complete") == 0
+                         ? idem_record_complete(d->h, space, key, (uint64_t)epoch, result, len,
+                                                retention, &o)
+                         : idem_record_fail(d->h, space, key, (uint64_t)epoch,
+                                            json_is_true(retry) ? IDEM_FAIL_RETRYABLE
+                                                                : IDEM_FAIL_FINAL,
+                                            result, len, retention, &o);
+                if (rc == IDEM_OK)
+                    r = outcome(o, NULL);
+            }
+            free(result);
+        } else if (strcmp(what, "transition") == 0) {
+            const char *from = str_field(&a, "from", 1), *to = str_field(&a, "to", 1);
+            char current[IDEM_NAME_MAX + 1];
+            if (!a.err && (rc = idem_record_transition(d->h, space, key, from, to, &o,
+                                                       current)) == IDEM_OK)
+                r = outcome(o, o == IDEM_CONFLICT ? json_pack("{s:s}", "current", current)
+                                                  : NULL);
+        } else {
+            r = problem(404, "no_such_endpoint", "POST %s/%s is not an endpoint", PREFIX, op);
+        }
+    } else {
+        r = problem(404, "no_such_endpoint", "POST %s/%s is not an endpoint", PREFIX, op);
+    }
+    json_decref(a.body);
+    if (a.err) {
+        response_free(r);
+        return a.err;
+    }
+    if (rc != IDEM_OK)
+        return problem_from_idem(rc, op);
+    return r;
+}
+
+void api_handle(struct daemon *d, const struct server_config *cfg, struct front_request *req)
+{
+    const struct http_msg *m = req->msg;
+    char path[8192];
+    request_path(m->target, path, sizeof path);
+    const char *rest = path + strlen(PREFIX);
+    if (*rest == '/')
+        rest++;
+    if (strcmp(m->method, "GET") == 0 || strcmp(m->method, "HEAD") == 0) {
+        if (strcmp(rest, "health") == 0)
+            req->resp = health(d);
+        else if (strncmp(rest, "records/", 8) == 0)
+            req->resp = get_record(d, rest + 8);
+        else
+            req->resp = problem(404, "no_such_endpoint", "GET %s is not an endpoint", path);
+        return;
+    }
+    if (strcmp(m->method, "POST") != 0) {
+        req->resp = problem(405, "method_not_allowed", "%s %s: the API takes GET and POST",
+                            m->method, path);
+        if (req->resp)
+            response_add_header(req->resp, "Allow", "GET, POST");
+        return;
+    }
+    req->resp = post(d, cfg, rest, m);
+}

@@ -1,0 +1,1565 @@
+/*
+ * config.c — reads idem serve's YAML file into struct server_config
+ * (config.h). libyaml loads the text into a document tree; this file walks
+ * that tree along a fixed schema, so each field is checked once, here: its
+ * type, its syntax (durations, sizes, addresses, URLs) and its range. The
+ * daemon calls config_load() at start and on reload and never sees YAML.
+ * Anything wrong is refused with one line naming the file, the line and the
+ * field, and saying what would have been accepted.
+ *
+ * The input is bounded (1 MiB, 1000 routes, small lists), and a first pass
+ * over libyaml's events (prescan) refuses what would make loading or walking
+ * the document expensive before the document is built: deep nesting, too
+ * many values, and aliases, which a configuration has no need for.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <yaml.h>
+
+#define FILE_MAX (1024 * 1024)
+#define ROUTES_MAX 1000
+#define KEY_PARTS_MAX 8
+#define LIST_MAX 64        /* replay_headers, fingerprint fields */
+#define NAME_MAX_LEN 64    /* route names, spaces, scenes: Idem's names */
+#define FIELD_MAX_LEN 255  /* header names, JSON fields, query parameters */
+#define URL_PATH_MAX 2048  /* match.path, an upstream's base path */
+#define FS_PATH_MAX 4096   /* storage.path */
+#define MSG_MAX 512
+#define DEPTH_MAX 32       /* the schema nests 5 deep: root, routes, route, key, part */
+#define VALUES_MAX 200000  /* scalars, lists and mappings in the document */
+
+#define MS_SEC 1000LL
+#define MS_MIN (60 * MS_SEC)
+#define MS_HOUR (60 * MS_MIN)
+#define MS_DAY (24 * MS_HOUR)
+#define KIB ((size_t)1024)
+#define MIB (1024 * KIB)
+#define GIB (1024 * MIB)
+
+/* ------------------------------------------------------------------------- */
+/* Durations and sizes. */
+
+static int is_digit(int ch)
+{
+    return ch >= '0' && ch <= '9';
+}
+
+static int lower(int ch)
+{
+    return ch >= 'A' && ch <= 'Z' ? ch + ('a' - 'A') : ch;
+}
+
+/* Leading decimal digits of s into *v; returns the end, or NULL when there are
+ * none or the value passes max. */
+static const char *digits(const char *s, uint64_t max, uint64_t *v)
+{
+    uint64_t n = 0;
+    if (!is_digit((unsigned char)*s))
+        return NULL;
+    for (; is_digit((unsigned char)*s); s++) {
+        unsigned d = (unsigned)(*s - '0');
+        if (n > (max - d) / 10)
+            return NULL;
+        n = n * 10 + d;
+    }
+    *v = n;
+    return s;
+}
+
+static const char *skip_blanks(const char *s)
+{
+    while (*s == ' ' || *s == '\t')
+        s++;
+    return s;
+}
+
+int config_parse_duration(const char *s, int64_t *ms)
+{
+    static const struct { const char *unit; int64_t ms; } units[] = {
+        {"", 1}, {"ms", 1}, {"s", MS_SEC}, {"m", MS_MIN}, {"h", MS_HOUR},
+        {"d", MS_DAY},
+    };
+    uint64_t n;
+    const char *end;
+    if (!s || !(end = digits(s, (uint64_t)INT64_MAX, &n)))
+        return -1;
+    end = skip_blanks(end);
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].unit) != 0)
+            continue;
+        if (n > (uint64_t)(INT64_MAX / units[i].ms))
+            return -1;
+        *ms = (int64_t)n * units[i].ms;
+        return 0;
+    }
+    return -1;
+}
+
+int config_parse_size(const char *s, size_t *bytes)
+{
+    static const struct { const char *unit; size_t mult; } units[] = {
+        {"", 1},      {"b", 1},      {"k", KIB},    {"kb", KIB},
+        {"kib", KIB}, {"m", MIB},    {"mb", MIB},   {"mib", MIB},
+        {"g", GIB},   {"gb", GIB},   {"gib", GIB},
+    };
+    uint64_t n;
+    const char *end;
+    char unit[4];
+    size_t len = 0;
+    if (!s || !(end = digits(s, SIZE_MAX, &n)))
+        return -1;
+    end = skip_blanks(end);
+    for (; end[len]; len++) {
+        if (len == sizeof unit - 1)
+            return -1;
+        unit[len] = (char)lower((unsigned char)end[len]);
+    }
+    unit[len] = '\0';
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(unit, units[i].unit) != 0)
+            continue;
+        if (n > SIZE_MAX / units[i].mult)
+            return -1;
+        *bytes = (size_t)n * units[i].mult;
+        return 0;
+    }
+    return -1;
+}
+
+/* "24h", "10m", "1500ms": the largest unit that divides evenly. */
+static const char *fmt_duration(int64_t ms, char *buf, size_t size)
+{
+    static const struct { const char *unit; int64_t ms; } units[] = {
+        {"d", MS_DAY}, {"h", MS_HOUR}, {"m", MS_MIN}, {"s", MS_SEC},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (ms != 0 && ms % units[i].ms == 0) {
+            snprintf(buf, size, "%lld%s", (long long)(ms / units[i].ms), units[i].unit);
+            return buf;
+        }
+    snprintf(buf, size, "%lldms", (long long)ms);
+    return buf;
+}
+
+static const char *fmt_size(size_t n, char *buf, size_t size)
+{
+    static const struct { const char *unit; size_t mult; } units[] = {
+        {"GiB", GIB}, {"MiB", MIB}, {"KiB", KIB},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (n != 0 && n % units[i].mult == 0) {
+            snprintf(buf, size, "%zu%s", n / units[i].mult, units[i].unit);
+            return buf;
+        }
+    snprintf(buf, size, "%zuB", n);
+    return buf;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Freeing and defaults. */
+
+static void free_list(char **list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(list[i]);
+    free(list);
+}
+
+static void route_free(struct route *r)
+{
+    free(r->name);
+    free(r->method);
+    free(r->path);
+    free(r->upstream.host);
+    free(r->upstream.base_path);
+    for (size_t i = 0; i < r->key_parts; i++)
+        free(r->key[i].name);
+    free(r->key);
+    free(r->space);
+    free(r->token_scene);
+    free_list(r->replay_headers, r->replay_header_count);
+    free_list(r->fingerprint_fields, r->fingerprint_field_count);
+}
+
+void config_free(struct server_config *c)
+{
+    if (!c)
+        return;
+    free(c->path);
+    free(c->listen_host);
+    free(c->storage_kind);
+    free(c->storage_path);
+    free(c->subject_header);
+    for (size_t i = 0; i < c->route_count; i++)
+        route_free(&c->routes[i]);
+    free(c->routes);
+    free(c);
+}
+
+struct server_config *config_default(void)
+{
+    struct server_config *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->listen_host = strdup("127.0.0.1");
+    c->listen_port = 8080;
+    c->storage_kind = strdup("embedded");
+    c->storage_path = strdup("./idem.db");
+    c->subject_header = strdup("X-Subject");
+    c->workers = 64;
+    c->limits = (struct server_limits){
+        .request_line_max = 8 * KIB,
+        .header_count_max = 100,
+        .header_bytes_max = 32 * KIB,
+        .body_max = MIB,
+        .response_max = MIB,
+        .connections_max = 10000,
+        .requests_per_connection = 10000,
+        .idle_timeout_ms = 60 * MS_SEC,
+        .header_timeout_ms = 10 * MS_SEC,
+        .body_timeout_ms = 30 * MS_SEC,
+        .in_flight_max = 1024,
+        .shutdown_timeout_ms = 30 * MS_SEC,
+    };
+    if (!c->listen_host || !c->storage_kind || !c->storage_path ||
+        !c->subject_header) {
+        config_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* A route's defaults, before its fields are read. Strings that default to the
+ * name are filled in after. */
+static int route_defaults(struct route *r)
+{
+    r->wait_timeout_ms = 5 * MS_SEC;
+    r->lease_ms = 30 * MS_SEC;
+    r->retention_ms = MS_DAY;
+    r->upstream_timeout_ms = 30 * MS_SEC;
+    r->fingerprint = FINGERPRINT_BODY;
+    r->replay_headers = calloc(1, sizeof *r->replay_headers);
+    if (!r->replay_headers || !(r->replay_headers[0] = strdup("content-type")))
+        return -1;
+    r->replay_header_count = 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Walking the document: errors, node access, field tables. */
+
+struct ctx {
+    yaml_document_t doc;
+    const char *name;     /* the file, for messages */
+    const char *input;    /* the text, to place reader errors */
+    size_t input_len;
+    char *err;
+    size_t errlen;
+    char quoted[112];     /* the one user value a message quotes */
+};
+
+#if defined(__GNUC__)
+#define PRINTF_LIKE(f, a) __attribute__((format(printf, f, a)))
+#else
+#define PRINTF_LIKE(f, a)
+#endif
+
+static int vfail(struct ctx *c, unsigned long line, const char *path,
+                 const char *fmt, va_list ap)
+{
+    char msg[MSG_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (!c->err || c->errlen == 0)
+        return -1;
+    const char *sep = path && *path ? ": " : "";
+    if (line)
+        snprintf(c->err, c->errlen, "%s:%lu: %s%s%s", c->name, line,
+                 path ? path : "", sep, msg);
+    else
+        snprintf(c->err, c->errlen, "%s: %s%s%s", c->name, path ? path : "", sep,
+                 msg);
+    return -1;
+}
+
+/* "name:line: path: message", the line being n's (none when n is NULL).
+ * Always returns -1. */
+PRINTF_LIKE(4, 5)
+static int fail(struct ctx *c, const yaml_node_t *n, const char *path,
+                const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(c, n ? (unsigned long)n->start_mark.line + 1 : 0, path, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+PRINTF_LIKE(3, 4)
+static int fail_at(struct ctx *c, const yaml_mark_t *mark, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(c, (unsigned long)mark->line + 1, NULL, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+/* s in double quotes, escaped, cut short if long: safe to print whatever the
+ * file held. Valid until the next call. */
+static const char *quote(struct ctx *c, const char *s)
+{
+    char *o = c->quoted;
+    size_t n = 0, cap = sizeof c->quoted;
+    o[n++] = '"';
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (n + 10 >= cap) {
+            memcpy(o + n, "...", 3);
+            n += 3;
+            break;
+        }
+        if (*p == '"' || *p == '\\') {
+            o[n++] = '\\';
+            o[n++] = (char)*p;
+        } else if (*p < 0x20 || *p >= 0x7f) {
+            n += (size_t)snprintf(o + n, cap - n, "\\x%02x", *p);
+        } else {
+            o[n++] = (char)*p;
+        }
+    }
+    o[n++] = '"';
+    o[n] = '\0';
+    return o;
+}
+
+/* A field's path for messages ("routes[0].key[1].json"). A long one is cut
+ * short, which is harmless: the line number is there too. */
+PRINTF_LIKE(3, 4)
+static void pathf(char *buf, size_t size, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, size, fmt, ap);
+    va_end(ap);
+}
+
+static void join(char *buf, size_t size, const char *path, const char *field)
+{
+    if (*path)
+        pathf(buf, size, "%s.%s", path, field);
+    else
+        pathf(buf, size, "%s", field);
+}
+
+static yaml_node_t *node(struct ctx *c, int id)
+{
+    return yaml_document_get_node(&c->doc, id);
+}
+
+static const char *scalar_value(const yaml_node_t *n)
+{
+    return (const char *)n->data.scalar.value;
+}
+
+/* A plain empty, "~" or "null" scalar: YAML's way of writing nothing. */
+static int is_null(const yaml_node_t *n)
+{
+    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
+        return 0;
+    const char *v = scalar_value(n);
+    return !strcmp(v, "") || !strcmp(v, "~") || !strcmp(v, "null") ||
+           !strcmp(v, "Null") || !strcmp(v, "NULL");
+}
+
+static const char *kind_name(const yaml_node_t *n)
+{
+    switch (n->type) {
+    case YAML_MAPPING_NODE:
+        return "a mapping";
+    case YAML_SEQUENCE_NODE:
+        return "a list";
+    default:
+        return "a single value";
+    }
+}
+
+/* n as a string: a scalar, not null, without NUL bytes ("\0" in a double-
+ * quoted scalar would otherwise cut the value short unseen). */
+static int scalar(struct ctx *c, const yaml_node_t *n, const char *path,
+                  const char *expected, const char **out)
+{
+    if (n->type != YAML_SCALAR_NODE)
+        return fail(c, n, path, "expected %s, got %s", expected, kind_name(n));
+    if (is_null(n))
+        return fail(c, n, path, "no value (expected %s)", expected);
+    if (strlen(scalar_value(n)) != n->data.scalar.length)
+        return fail(c, n, path, "contains a NUL byte");
+    *out = scalar_value(n);
+    return 0;
+}
+
+/* Edit distance, for "did you mean". Both strings are at most 64 bytes. */
+static size_t distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), row[65];
+    if (la > 64 || lb > 64)
+        return SIZE_MAX;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (lower((unsigned char)a[i - 1]) !=
+                                  lower((unsigned char)b[j - 1]));
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+/* A field name a message can show: printable, cut short. */
+static void safe_name(char *buf, size_t size, const char *s)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && n + 1 < size; p++)
+        buf[n++] = *p > 0x20 && *p < 0x7f ? (char)*p : '?';
+    buf[n] = '\0';
+}
+
+/* Checks that map is a mapping (or nothing) whose keys are plain strings, each
+ * one of known[] and none given twice. */
+static int check_fields(struct ctx *c, const yaml_node_t *map, const char *path,
+                        const char *const *known, size_t nknown)
+{
+    uint64_t seen = 0;
+    if (is_null(map))
+        return 0;
+    if (map->type != YAML_MAPPING_NODE)
+        return fail(c, map, path, "expected a mapping (field: value), got %s",
+                    kind_name(map));
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
+         p < map->data.mapping.pairs.top; p++) {
+        const yaml_node_t *k = node(c, p->key);
+        char name[72], fpath[160];
+        if (!k || k->type != YAML_SCALAR_NODE ||
+            strlen(scalar_value(k)) != k->data.scalar.length)
+            return fail(c, k ? k : map, path, "field names must be plain strings");
+        safe_name(name, sizeof name, scalar_value(k));
+        join(fpath, sizeof fpath, path, name);
+        size_t i = 0;
+        while (i < nknown && strcmp(scalar_value(k), known[i]) != 0)
+            i++;
+        if (i < nknown) {
+            if (seen & ((uint64_t)1 << i))
+                return fail(c, k, fpath, "given twice");
+            seen |= (uint64_t)1 << i;
+            continue;
+        }
+        size_t best = SIZE_MAX, at = 0;
+        for (size_t j = 0; j < nknown; j++) {
+            size_t d = distance(scalar_value(k), known[j]);
+            if (d < best) {
+                best = d;
+                at = j;
+            }
+        }
+        if (best <= 2 && best < strlen(known[at]))
+            return fail(c, k, fpath, "unknown field (did you mean %s?)", known[at]);
+        char list[MSG_MAX / 2];
+        size_t n = 0;
+        list[0] = '\0';
+        for (size_t j = 0; j < nknown && n < sizeof list; j++)
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", j ? ", " : "",
+                                  known[j]);
+        return fail(c, k, fpath, "unknown field (known here: %s)", list);
+    }
+    return 0;
+}
+
+/* The value of field name in map (already checked), or NULL. */
+static yaml_node_t *field(struct ctx *c, const yaml_node_t *map, const char *name)
+{
+    if (map->type != YAML_MAPPING_NODE)
+        return NULL;
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
+         p < map->data.mapping.pairs.top; p++) {
+        const yaml_node_t *k = node(c, p->key);
+        if (k && k->type == YAML_SCALAR_NODE && !strcmp(scalar_value(k), name))
+            return node(c, p->value);
+    }
+    return NULL;
+}
+
+/* The items of a list field, or none for a null. */
+static int list_items(struct ctx *c, const yaml_node_t *n, const char *path,
+                      const char *expected, yaml_node_item_t **start, size_t *count)
+{
+    if (is_null(n)) {
+        *start = NULL;
+        *count = 0;
+        return 0;
+    }
+    if (n->type != YAML_SEQUENCE_NODE)
+        return fail(c, n, path, "expected %s, got %s", expected, kind_name(n));
+    *start = n->data.sequence.items.start;
+    *count = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Typed values. */
+
+static int set_string(char **dst, const char *s)
+{
+    char *copy = strdup(s);
+    if (!copy)
+        return -1;
+    free(*dst);
+    *dst = copy;
+    return 0;
+}
+
+static int oom(struct ctx *c)
+{
+    return fail(c, NULL, NULL, "out of memory");
+}
+
+static int get_duration(struct ctx *c, const yaml_node_t *n, const char *path,
+                        int64_t min, int64_t max, int64_t *out)
+{
+    const char *s;
+    int64_t ms;
+    char a[32], b[32];
+    if (scalar(c, n, path, "a duration like 500ms, 30s, 5m, 24h", &s))
+        return -1;
+    if (*s == '-')
+        return fail(c, n, path, "%s: negative durations are not allowed (must be "
+                    "%s to %s)", quote(c, s), fmt_duration(min, a, sizeof a),
+                    fmt_duration(max, b, sizeof b));
+    if (config_parse_duration(s, &ms))
+        return fail(c, n, path, "%s is not a duration (use a whole number with "
+                    "ms, s, m, h or d, e.g. 500ms, 30s, 5m, 24h; a bare number "
+                    "is milliseconds)", quote(c, s));
+    if (ms < min || ms > max)
+        return fail(c, n, path, "%s is out of range (must be %s to %s)",
+                    quote(c, s), fmt_duration(min, a, sizeof a),
+                    fmt_duration(max, b, sizeof b));
+    *out = ms;
+    return 0;
+}
+
+static int get_size(struct ctx *c, const yaml_node_t *n, const char *path,
+                    size_t min, size_t max, size_t *out)
+{
+    const char *s;
+    size_t v;
+    char a[32], b[32];
+    if (scalar(c, n, path, "a size like 64KiB or 1MiB", &s))
+        return -1;
+    if (config_parse_size(s, &v))
+        return fail(c, n, path, "%s is not a size (use a whole number of bytes "
+                    "with an optional unit B, KiB, MiB, GiB; k/KB, m/MB, g/GB "
+                    "are accepted and also mean multiples of 1024)", quote(c, s));
+    if (v < min || v > max)
+        return fail(c, n, path, "%s is out of range (must be %s to %s)",
+                    quote(c, s), fmt_size(min, a, sizeof a), fmt_size(max, b, sizeof b));
+    *out = v;
+    return 0;
+}
+
+static int get_count(struct ctx *c, const yaml_node_t *n, const char *path,
+                     uint64_t min, uint64_t max, uint64_t *out)
+{
+    const char *s, *end;
+    uint64_t v;
+    if (scalar(c, n, path, "a whole number", &s))
+        return -1;
+    end = digits(s, UINT64_MAX, &v);
+    if (!end || *end)
+        return fail(c, n, path, "%s is not a whole number (must be %llu to %llu)",
+                    quote(c, s), (unsigned long long)min, (unsigned long long)max);
+    if (v < min || v > max)
+        return fail(c, n, path, "%s is out of range (must be %llu to %llu)",
+                    quote(c, s), (unsigned long long)min, (unsigned long long)max);
+    *out = v;
+    return 0;
+}
+
+/* One of two words: *out = 0 for a, 1 for b. */
+static int get_choice(struct ctx *c, const yaml_node_t *n, const char *path,
+                      const char *a, const char *b, int *out)
+{
+    const char *s;
+    char expected[64];
+    snprintf(expected, sizeof expected, "%s or %s", a, b);
+    if (scalar(c, n, path, expected, &s))
+        return -1;
+    if (!strcmp(s, a) || !strcmp(s, b)) {
+        *out = !strcmp(s, b);
+        return 0;
+    }
+    return fail(c, n, path, "%s is not %s", quote(c, s), expected);
+}
+
+/* Idem's names: key spaces, scenes, and so route names. */
+static int is_name(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        unsigned char ch = (unsigned char)s[n];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || is_digit(ch) ||
+              ch == '_' || ch == '.' || ch == ':' || ch == '-'))
+            return 0;
+    }
+    return n >= 1 && n <= NAME_MAX_LEN;
+}
+
+static int get_name(struct ctx *c, const yaml_node_t *n, const char *path, char **dst)
+{
+    const char *s;
+    if (scalar(c, n, path, "a name of 1 to 64 of A-Z a-z 0-9 _ . : -", &s))
+        return -1;
+    if (!is_name(s))
+        return fail(c, n, path, "%s is not a valid name (1 to 64 of A-Z a-z 0-9 "
+                    "_ . : -)", quote(c, s));
+    return set_string(dst, s) ? oom(c) : 0;
+}
+
+/* An HTTP field name (RFC 9110 token). */
+static int is_token(const char *s, size_t max)
+{
+    size_t n = 0;
+    for (; s[n]; n++) {
+        unsigned char ch = (unsigned char)s[n];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || is_digit(ch) ||
+              (ch && strchr("!#$%&'*+-.^_`|~", ch))))
+            return 0;
+    }
+    return n >= 1 && n <= max;
+}
+
+static int get_header_name(struct ctx *c, const yaml_node_t *n, const char *path,
+                           const char **out)
+{
+    if (scalar(c, n, path, "a header name", out))
+        return -1;
+    if (!is_token(*out, FIELD_MAX_LEN))
+        return fail(c, n, path, "%s is not a header name (1 to 255 of A-Z a-z "
+                    "0-9 and !#$%%&'*+-.^_`|~)", quote(c, *out));
+    return 0;
+}
+
+/* "refund_no" or "order.id": dot-separated JSON object fields. */
+static int get_json_field(struct ctx *c, const yaml_node_t *n, const char *path,
+                          const char **out)
+{
+    const char *s;
+    if (scalar(c, n, path, "a JSON field name", &s))
+        return -1;
+    size_t len = strlen(s);
+    int bad = len > FIELD_MAX_LEN || s[0] == '.' || s[len - 1] == '.' ||
+              strstr(s, "..") != NULL;
+    for (const unsigned char *p = (const unsigned char *)s; *p && !bad; p++)
+        bad = *p < 0x20 || *p == 0x7f;
+    if (bad)
+        return fail(c, n, path, "%s is not a JSON field (a name, or names joined "
+                    "by dots for nested objects, 1 to 255 bytes, no control "
+                    "characters)", quote(c, s));
+    *out = s;
+    return 0;
+}
+
+static char *lower_dup(const char *s)
+{
+    char *d = strdup(s);
+    if (d)
+        for (char *p = d; *p; p++)
+            *p = (char)lower((unsigned char)*p);
+    return d;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Addresses. */
+
+static int is_hostname(const char *s, size_t len)
+{
+    if (len == 0 || len > 253)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || is_digit(ch) ||
+              ch == '.' || ch == '-' || ch == '_'))
+            return 0;
+    }
+    return 1;
+}
+
+static int is_ipv6(const char *s, size_t len)
+{
+    int colons = 0;
+    if (len < 2 || len > 45)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch == ':')
+            colons++;
+        else if (!(is_digit(ch) || (lower(ch) >= 'a' && lower(ch) <= 'f') || ch == '.'))
+            return 0;
+    }
+    return colons >= 2;
+}
+
+static int parse_port(const char *s, int *port)
+{
+    uint64_t v;
+    const char *end = digits(s, 65535, &v);
+    if (!end || *end || v == 0)
+        return -1;
+    *port = (int)v;
+    return 0;
+}
+
+/* "host:port", "[v6]:port", ":port" or "port". On failure says why. */
+static const char *parse_hostport(const char *s, int need_port, char **host, int *port)
+{
+    const char *h = s, *colon;
+    size_t hlen;
+    if (*s == '[') {
+        const char *close = strchr(s, ']');
+        if (!close)
+            return "a '[' without its ']'";
+        h = s + 1;
+        hlen = (size_t)(close - h);
+        if (!is_ipv6(h, hlen))
+            return "not an IPv6 address between [ and ]";
+        colon = close[1] == ':' ? close + 1 : NULL;
+        if (close[1] && !colon)
+            return "unexpected text after ]";
+    } else {
+        colon = strchr(s, ':');
+        if (colon && strchr(colon + 1, ':'))
+            return "an IPv6 address goes in brackets, as in [::1]:8080";
+        hlen = colon ? (size_t)(colon - s) : strlen(s);
+        if (hlen && !is_hostname(h, hlen))
+            return "not a host name or IPv4 address";
+    }
+    if (colon) {
+        if (parse_port(colon + 1, port))
+            return "the port must be a number from 1 to 65535";
+    } else if (need_port) {
+        return "no port";
+    }
+    if (hlen) {
+        char *copy = strndup(h, hlen);
+        if (!copy)
+            return "out of memory";
+        free(*host);
+        *host = copy;
+    }
+    return NULL;
+}
+
+static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path,
+                      struct server_config *cfg)
+{
+    const char *s, *why;
+    if (scalar(c, n, path, "an address like 127.0.0.1:8080", &s))
+        return -1;
+    if (s[strspn(s, "0123456789")] == '\0') {
+        /* Just a port: loopback, the safe choice for a gateway. */
+        if (parse_port(s, &cfg->listen_port))
+            return fail(c, n, path, "%s: the port must be a number from 1 to 65535",
+                        quote(c, s));
+        return set_string(&cfg->listen_host, "127.0.0.1") ? oom(c) : 0;
+    }
+    if (*s == ':' && !strchr(s + 1, ':')) {
+        if (parse_port(s + 1, &cfg->listen_port))
+            return fail(c, n, path, "%s: the port must be a number from 1 to 65535",
+                        quote(c, s));
+        return set_string(&cfg->listen_host, "127.0.0.1") ? oom(c) : 0;
+    }
+    why = parse_hostport(s, 1, &cfg->listen_host, &cfg->listen_port);
+    if (why)
+        return fail(c, n, path, "%s: %s (use host:port, [::1]:port, :port or "
+                    "port)", quote(c, s), why);
+    return 0;
+}
+
+static int has_prefix_nocase(const char *s, const char *prefix)
+{
+    for (; *prefix; s++, prefix++)
+        if (lower((unsigned char)*s) != *prefix)
+            return 0;
+    return 1;
+}
+
+/* The part of a URL path both match.path and a base path allow. */
+static int url_path_char(unsigned char ch)
+{
+    return ch > 0x20 && ch < 0x7f && ch != '?' && ch != '#';
+}
+
+static int get_upstream(struct ctx *c, const yaml_node_t *n, const char *path,
+                        struct upstream_url *u)
+{
+    const char *url, *s, *why = NULL, *rest;
+    char *authority = NULL;
+    if (scalar(c, n, path, "a URL like http://127.0.0.1:9000", &url))
+        return -1;
+    s = url;
+    if (has_prefix_nocase(s, "https://"))
+        return fail(c, n, path, "%s: https is not supported: Idem forwards plain "
+                    "HTTP, so run the upstream on a trusted network and give its "
+                    "http:// address", quote(c, s));
+    if (!has_prefix_nocase(s, "http://"))
+        return fail(c, n, path, "%s is not an upstream URL (use http://host[:port]"
+                    "[/base])", quote(c, s));
+    s += 7;
+    rest = s + strcspn(s, "/?#");
+    if (strpbrk(s, "?#"))
+        why = "a query or fragment is not allowed (use http://host[:port][/base])";
+    else if (memchr(s, '@', (size_t)(rest - s)))
+        why = "user:password@ is not allowed in an upstream URL";
+    else if (rest == s || *s == ':')
+        why = "no host (use http://host[:port][/base])";
+    if (!why && !(authority = strndup(s, (size_t)(rest - s))))
+        return oom(c);
+    if (!why) {
+        u->port = 80;
+        why = parse_hostport(authority, 0, &u->host, &u->port);
+        free(authority);
+    }
+    if (!why) {
+        size_t len = strlen(rest);
+        while (len > 0 && rest[len - 1] == '/')
+            len--;
+        if (len > URL_PATH_MAX)
+            why = "the base path is longer than 2048 bytes";
+        for (size_t i = 0; i < len && !why; i++)
+            if (!url_path_char((unsigned char)rest[i]))
+                why = "the base path holds a space or control character";
+        if (!why) {
+            char *base = strndup(rest, len);
+            if (!base)
+                return oom(c);
+            free(u->base_path);
+            u->base_path = base;
+        }
+    }
+    if (why)
+        return fail(c, n, path, "%s: %s", quote(c, url), why);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* A route's parts. */
+
+static int get_match(struct ctx *c, const yaml_node_t *n, const char *path,
+                     struct route *r)
+{
+    static const char *const known[] = {"method", "path"};
+    char fpath[64];
+    const yaml_node_t *v;
+    const char *s;
+    if (check_fields(c, n, path, known, 2))
+        return -1;
+    if ((v = field(c, n, "method"))) {
+        join(fpath, sizeof fpath, path, "method");
+        if (scalar(c, v, fpath, "an HTTP method like POST", &s))
+            return -1;
+        if (!is_token(s, 32))
+            return fail(c, v, fpath, "%s is not an HTTP method", quote(c, s));
+        char *m = strdup(s);
+        if (!m)
+            return oom(c);
+        for (char *p = m; *p; p++)
+            if (*p >= 'a' && *p <= 'z')
+                *p = (char)(*p - 'a' + 'A');
+        r->method = m;
+    }
+    if (!(v = field(c, n, "path")))
+        return fail(c, n, path, "path is required (e.g. path: /refunds, or "
+                    "/refunds/* for a prefix)");
+    join(fpath, sizeof fpath, path, "path");
+    if (scalar(c, v, fpath, "a path like /refunds", &s))
+        return -1;
+    size_t len = strlen(s);
+    if (s[0] != '/')
+        return fail(c, v, fpath, "%s must start with /", quote(c, s));
+    if (len > URL_PATH_MAX)
+        return fail(c, v, fpath, "longer than 2048 bytes");
+    for (size_t i = 0; i < len; i++)
+        if (!url_path_char((unsigned char)s[i]))
+            return fail(c, v, fpath, "%s: a path has no spaces, control "
+                        "characters, query (?) or fragment (#)", quote(c, s));
+    r->prefix = len >= 2 && s[len - 2] == '/' && s[len - 1] == '*';
+    if (r->prefix)
+        len--;
+    if (memchr(s, '*', len))
+        return fail(c, v, fpath, "%s: '*' is only allowed as a final /* (a "
+                    "prefix match)", quote(c, s));
+    if (!(r->path = strndup(s, len)))
+        return oom(c);
+    return 0;
+}
+
+static int get_key_part(struct ctx *c, const yaml_node_t *n, const char *path,
+                        struct key_part *k)
+{
+    /* In the order of enum key_source. */
+    static const char *const known[] = {"header", "json", "query", "path_segment"};
+    const yaml_node_t *v = NULL;
+    const char *s = NULL;
+    char fpath[96];
+    size_t given = 0;
+    if (n->type != YAML_MAPPING_NODE)
+        return fail(c, n, path, "expected a mapping like { header: Idempotency-Key }"
+                    ", got %s", kind_name(n));
+    if (check_fields(c, n, path, known, 4))
+        return -1;
+    for (size_t i = 0; i < 4; i++) {
+        const yaml_node_t *x = field(c, n, known[i]);
+        if (x) {
+            given++;
+            v = x;
+            k->source = (enum key_source)i;
+        }
+    }
+    if (given != 1)
+        return fail(c, n, path, "give exactly one of header, json, query, "
+                    "path_segment (a list of such mappings makes a composite key)");
+    join(fpath, sizeof fpath, path, known[k->source]);
+    switch (k->source) {
+    case KEY_HEADER:
+        if (get_header_name(c, v, fpath, &s))
+            return -1;
+        break;
+    case KEY_JSON:
+        if (get_json_field(c, v, fpath, &s))
+            return -1;
+        break;
+    case KEY_QUERY:
+        if (scalar(c, v, fpath, "a query parameter name", &s))
+            return -1;
+        if (strlen(s) > FIELD_MAX_LEN || strcspn(s, "&=# \t") != strlen(s))
+            return fail(c, v, fpath, "%s is not a query parameter name (1 to 255 "
+                        "bytes, without & = # or blanks)", quote(c, s));
+        for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+            if (*p < 0x20 || *p == 0x7f)
+                return fail(c, v, fpath, "%s holds a control character", quote(c, s));
+        break;
+    case KEY_PATH_SEGMENT: {
+        uint64_t seg;
+        if (get_count(c, v, fpath, 1, 64, &seg))
+            return -1;
+        k->segment = (int)seg;
+        return 0;
+    }
+    }
+    return (k->name = strdup(s)) ? 0 : oom(c);
+}
+
+static int get_key(struct ctx *c, const yaml_node_t *n, const char *path,
+                   struct route *r)
+{
+    char ipath[64];
+    if (n->type == YAML_MAPPING_NODE) {
+        if (!(r->key = calloc(1, sizeof *r->key)))
+            return oom(c);
+        r->key_parts = 1;
+        return get_key_part(c, n, path, &r->key[0]);
+    }
+    if (n->type != YAML_SEQUENCE_NODE)
+        return fail(c, n, path, "expected a mapping like { json: refund_no } or a "
+                    "list of them, got %s", kind_name(n));
+    yaml_node_item_t *it = n->data.sequence.items.start;
+    size_t count = (size_t)(n->data.sequence.items.top - it);
+    if (count == 0 || count > KEY_PARTS_MAX)
+        return fail(c, n, path, "a composite key has 1 to %d parts, not %zu",
+                    KEY_PARTS_MAX, count);
+    if (!(r->key = calloc(count, sizeof *r->key)))
+        return oom(c);
+    r->key_parts = count;
+    for (size_t i = 0; i < count; i++) {
+        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (get_key_part(c, node(c, it[i]), ipath, &r->key[i]))
+            return -1;
+    }
+    return 0;
+}
+
+static int get_layers(struct ctx *c, const yaml_node_t *n, const char *path,
+                      struct route *r)
+{
+    yaml_node_item_t *it;
+    size_t count;
+    int record = 0;
+    if (list_items(c, n, path, "a list like [token, lock, record]", &it, &count))
+        return -1;
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *v = node(c, it[i]);
+        const char *s;
+        int *flag;
+        char ipath[112];
+        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (scalar(c, v, ipath, "token, lock or record", &s))
+            return -1;
+        if (!strcmp(s, "token"))
+            flag = &r->layer_token;
+        else if (!strcmp(s, "lock"))
+            flag = &r->layer_lock;
+        else if (!strcmp(s, "record"))
+            flag = &record;
+        else
+            return fail(c, v, ipath, "%s is not a layer (use token, lock, record)",
+                        quote(c, s));
+        if (*flag)
+            return fail(c, v, ipath, "%s is listed twice", s);
+        *flag = 1;
+    }
+    if (!record)
+        return fail(c, n, path, "record is always on: list it (e.g. [record], "
+                    "[lock, record] or [token, lock, record])");
+    return 0;
+}
+
+static const char *const hop_by_hop[] = {
+    "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
+    "proxy-authenticate", "proxy-authorization",
+};
+
+static int get_replay_headers(struct ctx *c, const yaml_node_t *n, const char *path,
+                              struct route *r)
+{
+    yaml_node_item_t *it;
+    size_t count;
+    if (list_items(c, n, path, "a list of header names", &it, &count))
+        return -1;
+    if (count > LIST_MAX)
+        return fail(c, n, path, "%zu headers; at most %d", count, LIST_MAX);
+    free_list(r->replay_headers, r->replay_header_count);
+    r->replay_header_count = 0;
+    if (!(r->replay_headers = calloc(count ? count : 1, sizeof *r->replay_headers)))
+        return oom(c);
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *v = node(c, it[i]);
+        const char *s;
+        char *h, ipath[112];
+        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (get_header_name(c, v, ipath, &s))
+            return -1;
+        if (!(h = lower_dup(s)))
+            return oom(c);
+        r->replay_headers[r->replay_header_count++] = h;
+        for (size_t j = 0; j < sizeof hop_by_hop / sizeof hop_by_hop[0]; j++)
+            if (!strcmp(h, hop_by_hop[j]))
+                return fail(c, v, ipath, "%s is a hop-by-hop header: it is never "
+                            "stored, so it cannot be replayed", h);
+        if (!strcmp(h, "content-length"))
+            return fail(c, v, ipath, "content-length is computed for each reply; "
+                        "leave it out");
+        for (size_t j = 0; j + 1 < r->replay_header_count; j++)
+            if (!strcmp(h, r->replay_headers[j]))
+                return fail(c, v, ipath, "%s is listed twice", h);
+    }
+    return 0;
+}
+
+static int get_fingerprint(struct ctx *c, const yaml_node_t *n, const char *path,
+                           struct route *r)
+{
+    if (n->type == YAML_SCALAR_NODE) {
+        const char *s;
+        if (scalar(c, n, path, "body, none or a list of JSON fields", &s))
+            return -1;
+        if (!strcmp(s, "body"))
+            r->fingerprint = FINGERPRINT_BODY;
+        else if (!strcmp(s, "none"))
+            r->fingerprint = FINGERPRINT_NONE;
+        else
+            return fail(c, n, path, "%s is not body, none or a list of JSON fields",
+                        quote(c, s));
+        return 0;
+    }
+    if (n->type != YAML_SEQUENCE_NODE)
+        return fail(c, n, path, "expected body, none or a list of JSON fields, got %s",
+                    kind_name(n));
+    yaml_node_item_t *it = n->data.sequence.items.start;
+    size_t count = (size_t)(n->data.sequence.items.top - it);
+    if (count == 0)
+        return fail(c, n, path, "an empty list: to fingerprint nothing, say none");
+    if (count > LIST_MAX)
+        return fail(c, n, path, "%zu fields; at most %d", count, LIST_MAX);
+    if (!(r->fingerprint_fields = calloc(count, sizeof *r->fingerprint_fields)))
+        return oom(c);
+    r->fingerprint = FINGERPRINT_FIELDS;
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *v = node(c, it[i]);
+        const char *s;
+        char ipath[112];
+        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (get_json_field(c, v, ipath, &s))
+            return -1;
+        for (size_t j = 0; j < r->fingerprint_field_count; j++)
+            if (!strcmp(s, r->fingerprint_fields[j]))
+                return fail(c, v, ipath, "%s is listed twice", quote(c, s));
+        if (!(r->fingerprint_fields[r->fingerprint_field_count] = strdup(s)))
+            return oom(c);
+        r->fingerprint_field_count++;
+    }
+    return 0;
+}
+
+static const char *const route_fields[] = {
+    "name",         "match",     "upstream",     "key",
+    "space",        "scope",     "layers",       "token_scene",
+    "in_flight",    "wait_timeout", "lease",     "retention",
+    "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
+};
+
+/* routes[i] from n; the routes before it are read already, and their names
+ * are checked against this one's before the rest is read. */
+static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
+                     struct server_config *cfg, const yaml_node_item_t *items, size_t i)
+{
+    struct route *r = &cfg->routes[i];
+    char fpath[96];
+    const yaml_node_t *v;
+    if (route_defaults(r))
+        return oom(c);
+    if (n->type != YAML_MAPPING_NODE)
+        return fail(c, n, path, "expected a mapping (a route: name, match, "
+                    "upstream, key, ...), got %s", kind_name(n));
+    if (check_fields(c, n, path, route_fields,
+                     sizeof route_fields / sizeof route_fields[0]))
+        return -1;
+
+#define FIELD(fname) (join(fpath, sizeof fpath, path, fname), field(c, n, fname))
+    if (!(v = FIELD("name")))
+        return fail(c, n, path, "name is required");
+    if (get_name(c, v, fpath, &r->name))
+        return -1;
+    for (size_t j = 0; j < i; j++)
+        if (!strcmp(r->name, cfg->routes[j].name))
+            return fail(c, v, fpath, "%s is already the name of routes[%zu] (line "
+                        "%lu); names must be unique", quote(c, r->name), j,
+                        (unsigned long)node(c, items[j])->start_mark.line + 1);
+    if (!(v = FIELD("match")))
+        return fail(c, n, path, "match is required (e.g. match: { method: POST, "
+                    "path: /refunds })");
+    if (get_match(c, v, fpath, r))
+        return -1;
+    if (!(v = FIELD("upstream")))
+        return fail(c, n, path, "upstream is required (e.g. upstream: "
+                    "http://127.0.0.1:9000)");
+    if (get_upstream(c, v, fpath, &r->upstream))
+        return -1;
+    if (!(v = FIELD("key")))
+        return fail(c, n, path, "key is required (e.g. key: { header: "
+                    "Idempotency-Key })");
+    if (get_key(c, v, fpath, r))
+        return -1;
+    if ((v = FIELD("space")) && get_name(c, v, fpath, &r->space))
+        return -1;
+    if (!r->space && set_string(&r->space, r->name))
+        return oom(c);
+    if ((v = FIELD("scope")) && get_choice(c, v, fpath, "global", "subject",
+                                           &r->scope_subject))
+        return -1;
+    if ((v = FIELD("layers")) && get_layers(c, v, fpath, r))
+        return -1;
+    if ((v = FIELD("token_scene")) && get_name(c, v, fpath, &r->token_scene))
+        return -1;
+    if (!r->token_scene && set_string(&r->token_scene, r->name))
+        return oom(c);
+    if ((v = FIELD("in_flight")) && get_choice(c, v, fpath, "reject", "wait",
+                                               &r->in_flight_wait))
+        return -1;
+    if ((v = FIELD("wait_timeout")) &&
+        get_duration(c, v, fpath, 1, 10 * MS_MIN, &r->wait_timeout_ms))
+        return -1;
+    if ((v = FIELD("lease")) && get_duration(c, v, fpath, 1, MS_DAY, &r->lease_ms))
+        return -1;
+    if ((v = FIELD("retention")) &&
+        get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->retention_ms))
+        return -1;
+    if ((v = FIELD("upstream_timeout")) &&
+        get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))
+        return -1;
+    if ((v = FIELD("replay_headers")) && get_replay_headers(c, v, fpath, r))
+        return -1;
+    if ((v = FIELD("fingerprint")) && get_fingerprint(c, v, fpath, r))
+        return -1;
+    if ((v = FIELD("on_upstream_5xx")) && get_choice(c, v, fpath, "release", "store",
+                                                     &r->on_5xx_store))
+        return -1;
+#undef FIELD
+    return 0;
+}
+
+static int same_match(const struct route *a, const struct route *b)
+{
+    int methods = (!a->method && !b->method) ||
+                  (a->method && b->method && !strcmp(a->method, b->method));
+    return methods && a->prefix == b->prefix && !strcmp(a->path, b->path);
+}
+
+static int get_routes(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+{
+    yaml_node_item_t *it;
+    size_t count;
+    char path[32];
+    if (list_items(c, n, "routes", "a list of routes", &it, &count))
+        return -1;
+    if (count > ROUTES_MAX)
+        return fail(c, n, "routes", "%zu routes; at most %d", count, ROUTES_MAX);
+    if (count == 0)
+        return 0;
+    if (!(cfg->routes = calloc(count, sizeof *cfg->routes)))
+        return oom(c);
+    cfg->route_count = count;
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *rn = node(c, it[i]);
+        pathf(path, sizeof path, "routes[%zu]", i);
+        if (get_route(c, rn, path, cfg, it, i))
+            return -1;
+        for (size_t j = 0; j < i; j++) {
+            char fpath[48];
+            if (!same_match(&cfg->routes[i], &cfg->routes[j]))
+                continue;
+            join(fpath, sizeof fpath, path, "match");
+            return fail(c, field(c, rn, "match"), fpath, "the same method and path "
+                        "as routes[%zu] (line %lu): this route would never be used",
+                        j, (unsigned long)node(c, it[j])->start_mark.line + 1);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* The top level. */
+
+struct limit_field {
+    const char *name;
+    char kind;   /* 's' size, 'n' count, 't' duration */
+    size_t offset;
+    int64_t min, max;
+};
+
+#define LIMIT(name, member, kind, min, max) \
+    {name, kind, offsetof(struct server_limits, member), min, max}
+static const struct limit_field limit_fields[] = {
+    LIMIT("request_line_max", request_line_max, 's', 256, (int64_t)MIB),
+    LIMIT("header_count_max", header_count_max, 'n', 1, 10000),
+    LIMIT("header_bytes_max", header_bytes_max, 's', (int64_t)KIB, 16 * (int64_t)MIB),
+    LIMIT("body_max", body_max, 's', 1, (int64_t)GIB),
+    LIMIT("response_max", response_max, 's', 1, (int64_t)GIB),
+    LIMIT("connections_max", connections_max, 'n', 1, 1000000),
+    LIMIT("requests_per_connection", requests_per_connection, 'n', 1, 1000000000),
+    LIMIT("idle_timeout", idle_timeout_ms, 't', 1, MS_DAY),
+    LIMIT("header_timeout", header_timeout_ms, 't', 1, MS_HOUR),
+    LIMIT("body_timeout", body_timeout_ms, 't', 1, MS_HOUR),
+    LIMIT("in_flight_max", in_flight_max, 'n', 1, 1000000),
+    LIMIT("shutdown_timeout", shutdown_timeout_ms, 't', 0, MS_HOUR),
+};
+#undef LIMIT
+#define N_LIMITS (sizeof limit_fields / sizeof limit_fields[0])
+
+static int get_limits(struct ctx *c, const yaml_node_t *n, struct server_limits *l)
+{
+    const char *known[N_LIMITS];
+    char fpath[64];
+    for (size_t i = 0; i < N_LIMITS; i++)
+        known[i] = limit_fields[i].name;
+    if (check_fields(c, n, "limits", known, N_LIMITS))
+        return -1;
+    for (size_t i = 0; i < N_LIMITS; i++) {
+        const struct limit_field *f = &limit_fields[i];
+        const yaml_node_t *v = field(c, n, f->name);
+        char *at = (char *)l + f->offset;
+        uint64_t count;
+        if (!v)
+            continue;
+        join(fpath, sizeof fpath, "limits", f->name);
+        if (f->kind == 's') {
+            if (get_size(c, v, fpath, (size_t)f->min, (size_t)f->max, (size_t *)(void *)at))
+                return -1;
+        } else if (f->kind == 'n') {
+            if (get_count(c, v, fpath, (uint64_t)f->min, (uint64_t)f->max, &count))
+                return -1;
+            *(size_t *)(void *)at = (size_t)count;
+        } else {
+            if (get_duration(c, v, fpath, f->min, f->max, (int64_t *)(void *)at))
+                return -1;
+        }
+    }
+    return 0;
+}
+
+static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+{
+    static const char *const known[] = {"kind", "path"};
+    const yaml_node_t *v;
+    const char *s;
+    if (check_fields(c, n, "storage", known, 2))
+        return -1;
+    if ((v = field(c, n, "kind"))) {
+        if (scalar(c, v, "storage.kind", "embedded", &s))
+            return -1;
+        if (strcmp(s, "embedded") != 0)
+            return fail(c, v, "storage.kind", "%s is not a storage kind this build "
+                        "has (use embedded)", quote(c, s));
+        if (set_string(&cfg->storage_kind, s))
+            return oom(c);
+    }
+    if ((v = field(c, n, "path"))) {
+        if (scalar(c, v, "storage.path", "a file path", &s))
+            return -1;
+        if (!*s)
+            return fail(c, v, "storage.path", "empty (give a file path, or "
+                        ":memory: for a store that does not survive a restart)");
+        if (strlen(s) > FS_PATH_MAX)
+            return fail(c, v, "storage.path", "longer than %d bytes", FS_PATH_MAX);
+        for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+            if (*p < 0x20 || *p == 0x7f)
+                return fail(c, v, "storage.path", "%s holds a control character",
+                            quote(c, s));
+        if (set_string(&cfg->storage_path, s))
+            return oom(c);
+    }
+    return 0;
+}
+
+static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config *cfg)
+{
+    static const char *const known[] = {"listen", "storage", "subject_header",
+                                        "workers", "limits", "routes"};
+    const yaml_node_t *v;
+    const char *s;
+    uint64_t workers;
+    if (root->type != YAML_MAPPING_NODE && !is_null(root))
+        return fail(c, root, NULL, "the top level must be a mapping (listen: ..., "
+                    "routes: ...), not %s", kind_name(root));
+    if (check_fields(c, root, "", known, sizeof known / sizeof known[0]))
+        return -1;
+    if ((v = field(c, root, "listen")) && get_listen(c, v, "listen", cfg))
+        return -1;
+    if ((v = field(c, root, "storage")) && get_storage(c, v, cfg))
+        return -1;
+    if ((v = field(c, root, "subject_header"))) {
+        if (get_header_name(c, v, "subject_header", &s))
+            return -1;
+        if (set_string(&cfg->subject_header, s))
+            return oom(c);
+    }
+    if ((v = field(c, root, "workers"))) {
+        if (get_count(c, v, "workers", 1, 4096, &workers))
+            return -1;
+        cfg->workers = (int)workers;
+    }
+    if ((v = field(c, root, "limits")) && get_limits(c, v, &cfg->limits))
+        return -1;
+    if ((v = field(c, root, "routes")) && get_routes(c, v, cfg))
+        return -1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Entry points. */
+
+static void syntax_error(struct ctx *c, const yaml_parser_t *p)
+{
+    if (!c->err || c->errlen == 0)
+        return;
+    if (p->error == YAML_MEMORY_ERROR) {
+        snprintf(c->err, c->errlen, "%s: out of memory reading YAML", c->name);
+        return;
+    }
+    unsigned long line = (unsigned long)p->problem_mark.line + 1;
+    unsigned long col = (unsigned long)p->problem_mark.column + 1;
+    if (p->error == YAML_READER_ERROR) {
+        /* The reader only knows the byte offset: count the lines to it. */
+        size_t end = p->problem_offset < c->input_len ? p->problem_offset : c->input_len;
+        line = 1;
+        col = 1;
+        for (size_t i = 0; i < end; i++, col++)
+            if (c->input[i] == '\n') {
+                line++;
+                col = 0;
+            }
+    }
+    const char *problem = p->problem ? p->problem : "malformed";
+    if (p->context)
+        snprintf(c->err, c->errlen,
+                 "%s:%lu:%lu: YAML syntax: %s %s (which started at line %lu)",
+                 c->name, line, col, problem, p->context,
+                 (unsigned long)p->context_mark.line + 1);
+    else
+        snprintf(c->err, c->errlen, "%s:%lu:%lu: YAML syntax: %s", c->name, line,
+                 col, problem);
+}
+
+/* A first pass over the parser's events, before libyaml builds the document.
+ * It bounds what the document may cost: libyaml's scanner takes time
+ * quadratic in the nesting depth (a file of a million "[" would run for
+ * hours), its loader memory linear in the number of values, and a walk over
+ * a document with aliases time exponential in their depth ("billion laughs":
+ * the loader makes an alias a second reference to the anchored node). So
+ * nesting and values are capped, aliases and second documents refused. An
+ * anchor alone is harmless and allowed. */
+static int prescan(struct ctx *c)
+{
+    yaml_parser_t p;
+    yaml_event_t ev;
+    int depth = 0, documents = 0, rc = 0, done = 0;
+    size_t values = 0;
+    if (!yaml_parser_initialize(&p))
+        return oom(c);
+    yaml_parser_set_input_string(&p, (const unsigned char *)c->input, c->input_len);
+    while (!done && rc == 0) {
+        if (!yaml_parser_parse(&p, &ev)) {
+            syntax_error(c, &p);
+            rc = -1;
+            break;
+        }
+        switch (ev.type) {
+        case YAML_STREAM_END_EVENT:
+            done = 1;
+            break;
+        case YAML_DOCUMENT_START_EVENT:
+            if (++documents > 1)
+                rc = fail_at(c, &ev.start_mark, "a second YAML document (after "
+                             "---); the configuration is one document");
+            break;
+        case YAML_ALIAS_EVENT:
+            rc = fail_at(c, &ev.start_mark, "*%s: anchors and aliases are not "
+                         "supported; write the value out",
+                         (const char *)ev.data.alias.anchor);
+            break;
+        case YAML_SEQUENCE_START_EVENT:
+        case YAML_MAPPING_START_EVENT:
+            if (++depth > DEPTH_MAX)
+                rc = fail_at(c, &ev.start_mark, "nested more than %d levels deep; "
+                             "a configuration needs at most 5", DEPTH_MAX);
+            /* fall through */
+        case YAML_SCALAR_EVENT:
+            if (rc == 0 && ++values > VALUES_MAX)
+                rc = fail_at(c, &ev.start_mark, "more than %d values; a "
+                             "configuration has far fewer", VALUES_MAX);
+            break;
+        case YAML_SEQUENCE_END_EVENT:
+        case YAML_MAPPING_END_EVENT:
+            depth--;
+            break;
+        default:
+            break;
+        }
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&p);
+    return rc;
+}
+
+int config_parse(const char *yaml, size_t len, const char *name,
+                 struct server_config **out, char *err, size_t errlen)
+{
+    struct ctx c = {
+        .name = name ? name : "config",
+        .input = yaml ? yaml : "",
+        .input_len = yaml ? len : 0,
+        .err = err,
+        .errlen = errlen,
+    };
+    struct server_config *cfg = NULL;
+    yaml_parser_t parser;
+    int parser_ready = 0, have_doc = 0, rc = -1;
+    if (err && errlen)
+        err[0] = '\0';
+    *out = NULL;
+    if (c.input_len > FILE_MAX) {
+        fail(&c, NULL, NULL, "%zu bytes; a configuration is at most 1 MiB", len);
+        goto out;
+    }
+    if (prescan(&c))
+        goto out;
+    if (!(cfg = config_default()) || !yaml_parser_initialize(&parser)) {
+        oom(&c);
+        goto out;
+    }
+    parser_ready = 1;
+    yaml_parser_set_input_string(&parser, (const unsigned char *)c.input, c.input_len);
+    if (!yaml_parser_load(&parser, &c.doc)) {
+        syntax_error(&c, &parser);
+        goto out;
+    }
+    have_doc = 1;
+    const yaml_node_t *root = yaml_document_get_root_node(&c.doc);
+    if (root && get_root(&c, root, cfg))
+        goto out;
+    *out = cfg;
+    cfg = NULL;
+    rc = 0;
+out:
+    if (have_doc)
+        yaml_document_delete(&c.doc);
+    if (parser_ready)
+        yaml_parser_delete(&parser);
+    config_free(cfg);
+    return rc;
+}
+
+int config_load(const char *path, struct server_config **out, char *err, size_t errlen)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    int rc = -1;
+    FILE *f;
+    *out = NULL;
+    if (!(f = fopen(path, "rb"))) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    /* One byte past the limit tells a file that is too big. */
+    if (!(buf = malloc(FILE_MAX + 1))) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s: out of memory", path);
+        goto out;
+    }
+    len = fread(buf, 1, FILE_MAX + 1, f);
+    if (ferror(f)) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s: cannot read: %s", path, strerror(errno));
+        goto out;
+    }
+    if (len > FILE_MAX) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s: larger than 1 MiB; a configuration is at "
+                     "most that", path);
+        goto out;
+    }
+    if ((rc = config_parse(buf, len, path, out, err, errlen)) == 0 &&
+        !((*out)->path = strdup(path))) {
+        config_free(*out);
+        *out = NULL;
+        if (err && errlen)
+            snprintf(err, errlen, "%s: out of memory", path);
+        rc = -1;
+    }
+out:
+    free(buf);
+    fclose(f);
+    return rc;
+}

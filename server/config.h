@@ -1,0 +1,113 @@
+/*
+ * config.h — idem serve's configuration: the YAML file, parsed and checked
+ * into plain structs. Every value the daemon uses comes from here, with its
+ * default; a file that does not parse, or names an unknown field, or gives a
+ * value out of range, is refused with the file, line and field named.
+ */
+#ifndef IDEM_SERVER_CONFIG_H
+#define IDEM_SERVER_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum key_source {
+    KEY_HEADER,       /* { header: Idempotency-Key } */
+    KEY_JSON,         /* { json: refund_no }  (a top-level field; "a.b" for nested) */
+    KEY_QUERY,        /* { query: id } */
+    KEY_PATH_SEGMENT, /* { path_segment: 2 }  (1-based: /refunds/R-1 -> 2 is R-1) */
+};
+
+struct key_part {
+    enum key_source source;
+    char *name;  /* header, JSON field or query parameter */
+    int segment; /* KEY_PATH_SEGMENT */
+};
+
+enum fingerprint_kind {
+    FINGERPRINT_BODY,   /* method, path and the whole body (default) */
+    FINGERPRINT_FIELDS, /* method, path and the listed JSON fields */
+    FINGERPRINT_NONE,
+};
+
+struct upstream_url {
+    char *host;       /* "127.0.0.1" */
+    int port;         /* 80 when not given */
+    char *base_path;  /* "" or "/api" (no trailing slash): prefixed to the path */
+};
+
+struct route {
+    char *name;              /* required; unique */
+    char *method;            /* match.method, upper case; NULL: any */
+    char *path;              /* match.path without the trailing "*" */
+    int prefix;              /* match.path ended in slash-star: a prefix match */
+    struct upstream_url upstream;   /* required */
+    struct key_part *key;    /* one part, or several for a composite key */
+    size_t key_parts;        /* >= 1; required */
+    char *space;             /* default: the route's name */
+    int scope_subject;       /* scope: subject (1) or global (0, default) */
+    int layer_token;         /* layers: [token, lock, record]; record always on */
+    int layer_lock;
+    char *token_scene;       /* default: the route's name */
+    int in_flight_wait;      /* in_flight: wait (1) or reject (0, default) */
+    int64_t wait_timeout_ms; /* default 5 s */
+    int64_t lease_ms;        /* default 30 s */
+    int64_t retention_ms;    /* default 24 h */
+    int64_t upstream_timeout_ms; /* default 30 s */
+    char **replay_headers;   /* lower-cased; default: content-type */
+    size_t replay_header_count;
+    enum fingerprint_kind fingerprint;
+    char **fingerprint_fields; /* FINGERPRINT_FIELDS */
+    size_t fingerprint_field_count;
+    int on_5xx_store;        /* on_upstream_5xx: store (1) or release (0, default) */
+};
+
+struct server_limits {
+    size_t request_line_max;    /* default 8 KiB */
+    size_t header_count_max;    /* default 100 */
+    size_t header_bytes_max;    /* default 32 KiB */
+    size_t body_max;            /* default 1 MiB */
+    size_t response_max;        /* stored/forwarded upstream response body; default 1 MiB */
+    size_t connections_max;     /* default 10000 */
+    size_t requests_per_connection; /* default 10000 */
+    int64_t idle_timeout_ms;    /* keep-alive connection idle; default 60 s */
+    int64_t header_timeout_ms;  /* a request's head must arrive within; default 10 s */
+    int64_t body_timeout_ms;    /* its body within; default 30 s */
+    size_t in_flight_max;       /* requests being handled at once; default 1024 */
+    int64_t shutdown_timeout_ms; /* SIGTERM: how long in-flight requests may finish; default 30 s */
+};
+
+struct server_config {
+    char *path;               /* the file it came from (for reload), or NULL */
+    char *listen_host;        /* default 127.0.0.1 */
+    int listen_port;          /* default 8080 */
+    char *storage_kind;       /* "embedded" (default) */
+    char *storage_path;       /* default ./idem.db */
+    char *subject_header;     /* default X-Subject */
+    struct upstream_url upstream; /* where requests no route matches go */
+    int has_upstream;         /* 0: those get 404 no_route */
+    int workers;              /* threads running handlers; default 64 */
+    struct server_limits limits;
+    struct route *routes;
+    size_t route_count;
+};
+
+/* Parse and check the YAML file at path. On success returns 0 and *out; on
+ * failure returns -1 and writes one line to err: "idem.yaml:12: routes[0].lease:
+ * \"abc\" is not a duration (use 500ms, 30s, 5m, 24h)". */
+int config_load(const char *path, struct server_config **out, char *err, size_t errlen);
+
+/* The same, from a string (tests, fuzzing); name is used in messages. */
+int config_parse(const char *yaml, size_t len, const char *name,
+                 struct server_config **out, char *err, size_t errlen);
+
+/* The configuration with every default and no routes (no file given). */
+struct server_config *config_default(void);
+
+void config_free(struct server_config *c);
+
+/* "500ms", "30s", "5m", "24h", "2d" or a bare number of milliseconds. */
+int config_parse_duration(const char *s, int64_t *ms);
+/* "1048576", "64KiB"/"64k", "1MiB"/"1m"/"1MB" ... */
+int config_parse_size(const char *s, size_t *bytes);
+
+#endif

@@ -1,0 +1,535 @@
+/*
+ * front.c — the HTTP front end of idem serve (daemon).
+ *
+ * One libevent loop owns every client connection. It parses requests with
+ * the strict parser (http_parser.c) under the configured limits and hands
+ * each complete request to the worker pool; the worker's answer comes back
+ * through a completion queue and an event the loop is woken by. A connection
+ * serves one request at a time (pipelined requests wait in its input buffer),
+ * so responses go out in order.
+ *
+ * A connection's lifecycle — every change goes through set_state():
+ *
+ *      accept
+ *        │            idle timer (idle_timeout) while no byte has arrived;
+ *        ▼            request timer (header_timeout + body_timeout) from
+ *    ┌─ READING ◄──────────────────────────────┐     the first byte
+ *    │    │ a whole request                     │
+ *    │    ▼                                     │ written, keep-alive
+ *    │  HANDLING ── (reads paused; in a worker) │
+ *    │    │ the worker's answer                 │
+ *    │    ▼                                     │
+ *    │  WRITING ────────────────────────────────┘
+ *    │    │ written, close (Connection: close, HTTP/1.0, limit reached,
+ *    │    ▼                 or the request was malformed)
+ *    └─► CLOSED ◄── timeout, peer gone, write error
+ *
+ * A peer that goes away while its request is HANDLING does not stop the
+ * work: the record is finished by the worker regardless, and the connection
+ * is freed when the answer comes back (ORPHANED). Malformed requests are
+ * answered with the parser's status and the connection is closed, because
+ * after a framing error nothing that follows on it can be trusted.
+ */
+#include "front.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/listener.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+enum conn_state { READING, HANDLING, WRITING, ORPHANED };
+
+struct conn {
+    struct front *f;
+    struct bufferevent *bev;
+    struct event *timer;
+    struct http_parser parser;
+    enum conn_state state;
+    int timer_is_request; /* the timer is a request deadline, not idle */
+    int close_after_write;
+    int head_request;
+    unsigned requests;
+    char peer[64];
+    struct front_request req;
+    struct conn *prev, *next; /* all connections */
+};
+
+struct front {
+    struct event_base *base;
+    struct evconnlistener *listener;
+    struct event *done_ev;
+    struct event *drain_ev;
+    const struct server_limits *limits;
+    struct http_limits parse_limits;
+    struct workers *workers;
+    front_handler_fn handler;
+    void *handler_arg;
+    int port;
+    int draining;
+
+    pthread_mutex_t mu;             /* guards done_head and in_flight */
+    struct front_request *done_head;
+    size_t in_flight;
+
+    size_t nconns;
+    struct conn *conns;
+};
+
+static void conn_free(struct conn *c);
+static void process_input(struct conn *c);
+
+static const char fixed_503[] =
+    "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\n"
+    "Content-Length: 97\r\nConnection: close\r\n\r\n"
+    "{\"type\":\"urn:idem:overloaded\",\"title\":\"Service Unavailable\",\"status\":503,"
+    "\"detail\":\"try later\"}";
+
+static void arm_timer(struct conn *c, int64_t ms, int is_request)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    c->timer_is_request = is_request;
+    evtimer_add(c->timer, &tv);
+}
+
+static void set_state(struct conn *c, enum conn_state s)
+{
+    c->state = s;
+    switch (s) {
+    case READING:
+        arm_timer(c, c->f->limits->idle_timeout_ms, 0);
+        bufferevent_enable(c->bev, EV_READ);
+        break;
+    case HANDLING:
+        evtimer_del(c->timer);
+        bufferevent_disable(c->bev, EV_READ);
+        break;
+    case WRITING:
+        evtimer_del(c->timer);
+        break;
+    case ORPHANED:
+        evtimer_del(c->timer);
+        bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+        break;
+    }
+}
+
+/* Queue a response and go to WRITING; the write callback finishes. */
+static void send_response(struct conn *c, struct http_response *r)
+{
+    size_t len = 0;
+    char *bytes = NULL;
+    if (r) {
+        c->requests++;
+        if (c->requests >= c->f->limits->requests_per_connection || c->f->draining)
+            c->close_after_write = 1;
+        r->close = r->close || c->close_after_write;
+        c->close_after_write = r->close;
+        bytes = response_serialize(r, c->head_request, &len);
+    }
+    if (!bytes) {
+        c->close_after_write = 1;
+        bufferevent_write(c->bev, fixed_503, sizeof fixed_503 - 1);
+    } else {
+        bufferevent_write(c->bev, bytes, len);
+        free(bytes);
+    }
+    set_state(c, WRITING);
+    bufferevent_enable(c->bev, EV_WRITE);
+}
+
+static void send_problem_and_close(struct conn *c, int status, const char *type,
+                                   const char *detail)
+{
+    struct http_response *r = problem(status, type, "%s", detail);
+    if (r)
+        r->close = 1;
+    c->close_after_write = 1;
+    send_response(c, r);
+    response_free(r);
+}
+
+/* ---- workers' side ---- */
+
+static void run_request(struct work *w)
+{
+    struct front_request *req = (struct front_request *)w;
+    struct front *f = req->front;
+    req->resp = NULL;
+    f->handler(f->handler_arg, req);
+    pthread_mutex_lock(&f->mu);
+    req->work.next = (struct work *)f->done_head;
+    f->done_head = req;
+    pthread_mutex_unlock(&f->mu);
+    event_active(f->done_ev, EV_READ, 0);
+}
+
+/* ---- the loop's side ---- */
+
+static void finish_request(struct conn *c)
+{
+    struct front_request *req = &c->req;
+    http_msg_free(req->msg);
+    req->msg = NULL;
+    if (c->state == ORPHANED) {
+        response_free(req->resp);
+        req->resp = NULL;
+        conn_free(c);
+        return;
+    }
+    send_response(c, req->resp);
+    response_free(req->resp);
+    req->resp = NULL;
+}
+
+static void on_done(evutil_socket_t fd, short what, void *arg)
+{
+    struct front *f = arg;
+    (void)fd;
+    (void)what;
+    pthread_mutex_lock(&f->mu);
+    struct front_request *list = f->done_head;
+    f->done_head = NULL;
+    pthread_mutex_unlock(&f->mu);
+    while (list) {
+        struct front_request *req = list;
+        list = (struct front_request *)req->work.next;
+        pthread_mutex_lock(&f->mu);
+        f->in_flight--;
+        pthread_mutex_unlock(&f->mu);
+        finish_request(req->conn);
+    }
+}
+
+static void dispatch(struct conn *c, struct http_msg *msg)
+{
+    struct front *f = c->f;
+    c->head_request = strcmp(msg->method, "HEAD") == 0;
+    if (!msg->keep_alive)
+        c->close_after_write = 1;
+    set_state(c, HANDLING);
+
+    pthread_mutex_lock(&f->mu);
+    int full = f->in_flight >= f->limits->in_flight_max;
+    if (!full)
+        f->in_flight++;
+    pthread_mutex_unlock(&f->mu);
+    if (full) {
+        http_msg_free(msg);
+        struct http_response *r =
+            problem(503, "overloaded", "%zu requests are being handled, the in_flight_max limit",
+                    f->limits->in_flight_max);
+        if (r)
+            response_add_header(r, "Retry-After", "1");
+        send_response(c, r);
+        response_free(r);
+        return;
+    }
+    memset(&c->req, 0, sizeof c->req);
+    c->req.msg = msg;
+    c->req.conn = c;
+    c->req.front = f;
+    c->req.work.run = run_request;
+    snprintf(c->req.peer, sizeof c->req.peer, "%s", c->peer);
+    if (workers_submit(f->workers, &c->req.work) != 0) {
+        pthread_mutex_lock(&f->mu);
+        f->in_flight--;
+        pthread_mutex_unlock(&f->mu);
+        c->req.msg = NULL;
+        http_msg_free(msg);
+        send_problem_and_close(c, 503, "shutting_down", "the server is shutting down");
+    }
+}
+
+static void process_input(struct conn *c)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    while (c->state == READING && evbuffer_get_length(in) > 0) {
+        int was_in_message = http_parser_in_message(&c->parser);
+        /* Feed contiguous chunks without copying. */
+        struct evbuffer_iovec v[8];
+        int n = evbuffer_peek(in, -1, NULL, v, 8);
+        if (n > 8)
+            n = 8;
+        size_t total = 0;
+        enum http_parse_status st = HTTP_NEED_MORE;
+        for (int i = 0; i < n && st == HTTP_NEED_MORE; i++) {
+            size_t used = 0;
+            st = http_parser_feed(&c->parser, v[i].iov_base, v[i].iov_len, &used);
+            total += used;
+        }
+        evbuffer_drain(in, total);
+        if (st == HTTP_ERROR) {
+            send_problem_and_close(c, c->parser.error_status,
+                                   c->parser.error_status == 413   ? "body_too_large"
+                                   : c->parser.error_status == 431 ? "headers_too_large"
+                                   : c->parser.error_status == 414 ? "request_line_too_long"
+                                                                   : "malformed_request",
+                                   c->parser.error_detail);
+            return;
+        }
+        if (st == HTTP_DONE) {
+            struct http_msg *msg = http_parser_take(&c->parser);
+            http_parser_reset(&c->parser);
+            if (!msg) {
+                send_problem_and_close(c, 503, "overloaded", "out of memory");
+                return;
+            }
+            dispatch(c, msg);
+            return;
+        }
+        if (!was_in_message && http_parser_in_message(&c->parser))
+            arm_timer(c, c->f->limits->header_timeout_ms + c->f->limits->body_timeout_ms, 1);
+    }
+}
+
+static void on_read(struct bufferevent *bev, void *arg)
+{
+    (void)bev;
+    process_input(arg);
+}
+
+static void on_write(struct bufferevent *bev, void *arg)
+{
+    struct conn *c = arg;
+    (void)bev;
+    if (c->state != WRITING)
+        return;
+    if (c->close_after_write) {
+        conn_free(c);
+        return;
+    }
+    set_state(c, READING);
+    process_input(c); /* a pipelined request may be waiting */
+}
+
+static void on_event(struct bufferevent *bev, short what, void *arg)
+{
+    struct conn *c = arg;
+    (void)bev;
+    (void)what; /* EOF or error: either way the peer is gone */
+    if (c->state == HANDLING) {
+        set_state(c, ORPHANED); /* freed when the worker answers */
+        return;
+    }
+    conn_free(c);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    (void)fd;
+    (void)what;
+    if (c->state == READING && c->timer_is_request) {
+        send_problem_and_close(c, 408, "request_timeout",
+                               "the request did not arrive within header_timeout + body_timeout");
+        return;
+    }
+    conn_free(c);
+}
+
+static void conn_free(struct conn *c)
+{
+    struct front *f = c->f;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        f->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    f->nconns--;
+    if (c->timer)
+        event_free(c->timer);
+    if (c->bev)
+        bufferevent_free(c->bev);
+    http_parser_free(&c->parser);
+    http_msg_free(c->req.msg);
+    response_free(c->req.resp);
+    free(c);
+    if (f->draining && f->in_flight == 0 && !f->done_head)
+        event_active(f->drain_ev, EV_TIMEOUT, 0);
+}
+
+static void format_peer(const struct sockaddr *sa, char *out, size_t cap)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (sa->sa_family == AF_INET) {
+        const struct sockaddr_in *s = (const struct sockaddr_in *)(const void *)sa;
+        inet_ntop(AF_INET, &s->sin_addr, host, sizeof host);
+        port = ntohs(s->sin_port);
+    } else if (sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)(const void *)sa;
+        inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
+        port = ntohs(s->sin6_port);
+    }
+    snprintf(out, cap, "%s:%d", host, port);
+}
+
+static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
+                      int salen, void *arg)
+{
+    struct front *f = arg;
+    (void)l;
+    (void)salen;
+    if (f->nconns >= f->limits->connections_max || f->draining) {
+        /* Best effort: the socket is fresh, the short answer fits. */
+        ssize_t n = send(fd, fixed_503, sizeof fixed_503 - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)n;
+        evutil_closesocket(fd);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        evutil_closesocket(fd);
+        return;
+    }
+    c->f = f;
+    c->bev = bufferevent_socket_new(f->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    c->timer = evtimer_new(f->base, on_timer, c);
+    http_parser_init(&c->parser, HTTP_PARSE_REQUEST, &f->parse_limits);
+    format_peer(sa, c->peer, sizeof c->peer);
+    c->next = f->conns;
+    if (f->conns)
+        f->conns->prev = c;
+    f->conns = c;
+    f->nconns++;
+    if (!c->bev || !c->timer) {
+        if (!c->bev)
+            evutil_closesocket(fd);
+        conn_free(c);
+        return;
+    }
+    bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    set_state(c, READING);
+}
+
+static void on_drain(evutil_socket_t fd, short what, void *arg)
+{
+    struct front *f = arg;
+    (void)fd;
+    (void)what;
+    /* Called on the drain deadline, or when the last request finished. */
+    event_base_loopexit(f->base, NULL);
+}
+
+struct front *front_new(struct event_base *base, const struct server_limits *limits,
+                        struct workers *ws, front_handler_fn fn, void *arg)
+{
+    struct front *f = calloc(1, sizeof *f);
+    if (!f)
+        return NULL;
+    f->base = base;
+    f->limits = limits;
+    f->workers = ws;
+    f->handler = fn;
+    f->handler_arg = arg;
+    f->parse_limits.request_line_max = limits->request_line_max;
+    f->parse_limits.header_count_max = limits->header_count_max;
+    f->parse_limits.header_bytes_max = limits->header_bytes_max;
+    f->parse_limits.body_max = limits->body_max;
+    pthread_mutex_init(&f->mu, NULL);
+    f->done_ev = event_new(base, -1, 0, on_done, f);
+    f->drain_ev = event_new(base, -1, 0, on_drain, f);
+    if (!f->done_ev || !f->drain_ev) {
+        front_free(f);
+        return NULL;
+    }
+    return f;
+}
+
+int front_listen(struct front *f, const char *host, int port, char *err, size_t errlen)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *ai = NULL;
+    char ports[16];
+    snprintf(ports, sizeof ports, "%d", port);
+    int gai = getaddrinfo(host, ports, &hints, &ai);
+    if (gai != 0) {
+        snprintf(err, errlen, "%s:%d: %s", host, port, gai_strerror(gai));
+        return -1;
+    }
+    f->listener = evconnlistener_new_bind(f->base, on_accept, f,
+                                          LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
+                                              LEV_OPT_CLOSE_ON_EXEC,
+                                          1024, ai->ai_addr, (int)ai->ai_addrlen);
+    freeaddrinfo(ai);
+    if (!f->listener) {
+        snprintf(err, errlen, "%s:%d: %s", host, port, strerror(errno));
+        return -1;
+    }
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    getsockname(evconnlistener_get_fd(f->listener), (struct sockaddr *)&bound, &blen);
+    f->port = bound.ss_family == AF_INET6
+                  ? ntohs(((struct sockaddr_in6 *)(void *)&bound)->sin6_port)
+                  : ntohs(((struct sockaddr_in *)(void *)&bound)->sin_port);
+    return 0;
+}
+
+int front_port(const struct front *f)
+{
+    return f->port;
+}
+
+size_t front_in_flight(struct front *f)
+{
+    pthread_mutex_lock(&f->mu);
+    size_t n = f->in_flight;
+    pthread_mutex_unlock(&f->mu);
+    return n;
+}
+
+void front_drain(struct front *f, int64_t timeout_ms)
+{
+    f->draining = 1;
+    if (f->listener)
+        evconnlistener_disable(f->listener);
+    /* Idle connections go now; busy ones close after their answer. */
+    for (struct conn *c = f->conns, *next; c; c = next) {
+        next = c->next;
+        if (c->state == READING && !http_parser_in_message(&c->parser))
+            conn_free(c);
+        else
+            c->close_after_write = 1;
+    }
+    struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
+    if (front_in_flight(f) == 0)
+        event_active(f->drain_ev, EV_TIMEOUT, 0);
+    else
+        event_add(f->drain_ev, &tv);
+}
+
+void front_free(struct front *f)
+{
+    if (!f)
+        return;
+    /* Answers that came back after the loop stopped. */
+    if (f->done_ev)
+        on_done(-1, 0, f);
+    while (f->conns) {
+        if (f->conns->state == HANDLING) /* a worker still has it: cannot happen */
+            f->conns->state = ORPHANED;  /* after workers_stop */
+        conn_free(f->conns);
+    }
+    if (f->listener)
+        evconnlistener_free(f->listener);
+    if (f->done_ev)
+        event_free(f->done_ev);
+    if (f->drain_ev)
+        event_free(f->drain_ev);
+    pthread_mutex_destroy(&f->mu);
+    free(f);
+}

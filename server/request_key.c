@@ -1,0 +1,311 @@
+/*
+ * request_key.c — business keys and fingerprints of gateway requests
+ * (daemon).
+ *
+ * The key must come from the business, not the channel: the same payment
+ * reaching two routes (a channel callback, an operator's re-push) must give
+ * the same key. So a key is built only from the values it names, each part
+ * escaped ('%' and '/' percent-encoded) and joined with '/', prefixed by the
+ * escaped subject when the route is scoped per subject — "alice/R-1" can
+ * never be produced by another subject, and no two part lists give the same
+ * key.
+ */
+#include "request_key.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void request_path(const char *target, char *out, size_t cap)
+{
+    size_t n = strcspn(target, "?#");
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(out, target, n);
+    out[n] = '\0';
+}
+
+static int hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decode s[0..n) into out (cap bytes). -1 if it does not fit or a
+ * %-escape is broken. */
+static int pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_is_space)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int c = (unsigned char)s[i];
+        if (c == '%') {
+            int hi = i + 1 < n ? hexval(s[i + 1]) : -1, lo = i + 2 < n ? hexval(s[i + 2]) : -1;
+            if (hi < 0 || lo < 0)
+                return -1;
+            c = hi * 16 + lo;
+            i += 2;
+        } else if (c == '+' && plus_is_space) {
+            c = ' ';
+        }
+        if (o + 1 >= cap)
+            return -1;
+        out[o++] = (char)c;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+/* The value of query parameter name in target, decoded. 1 found, 0 not,
+ * -1 malformed. */
+static int query_param(const char *target, const char *name, char *out, size_t cap)
+{
+    const char *q = strchr(target, '?');
+    if (!q)
+        return 0;
+    size_t nlen = strlen(name);
+    for (const char *p = q + 1; *p;) {
+        const char *end = p + strcspn(p, "&#");
+        const char *eq = memchr(p, '=', (size_t)(end - p));
+        const char *kend = eq ? eq : end;
+        char k[256];
+        if (pct_decode(p, (size_t)(kend - p), k, sizeof k, 1) == 0 && strlen(k) == nlen &&
+            memcmp(k, name, nlen) == 0)
+            return pct_decode(eq ? eq + 1 : end, eq ? (size_t)(end - eq - 1) : 0, out, cap, 1) ==
+                           0
+                       ? 1
+                       : -1;
+        if (*end != '&')
+            break;
+        p = end + 1;
+    }
+    return 0;
+}
+
+/* Segment n (1-based) of the path, decoded. 1 found, 0 not, -1 malformed. */
+static int path_segment(const char *target, int n, char *out, size_t cap)
+{
+    char path[8192];
+    request_path(target, path, sizeof path);
+    const char *p = path;
+    for (int i = 1; *p; i++) {
+        if (*p == '/')
+            p++;
+        size_t len = strcspn(p, "/");
+        if (i == n)
+            return len == 0 ? 0 : pct_decode(p, len, out, cap, 0) == 0 ? 1 : -1;
+        p += len;
+    }
+    return 0;
+}
+
+/* A JSON field (dotted path) as text: strings as they are, integers and
+ * reals as JSON writes them. 1 found, 0 not, -1 not a scalar. */
+static int json_field(json_t *root, const char *name, char *out, size_t cap)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s", name);
+    json_t *v = root;
+    for (char *save = NULL, *part = strtok_r(path, ".", &save); part && v;
+         part = strtok_r(NULL, ".", &save))
+        v = json_is_object(v) ? json_object_get(v, part) : NULL;
+    if (!v || json_is_null(v))
+        return 0;
+    if (json_is_string(v)) {
+        if (json_string_length(v) >= cap)
+            return -1;
+        memcpy(out, json_string_value(v), json_string_length(v) + 1);
+        return 1;
+    }
+    if (json_is_integer(v)) {
+        snprintf(out, cap, "%lld", (long long)json_integer_value(v));
+        return 1;
+    }
+    return -1;
+}
+
+static const char *source_name(enum key_source s)
+{
+    switch (s) {
+    case KEY_HEADER: return "header";
+    case KEY_JSON: return "JSON field";
+    case KEY_QUERY: return "query parameter";
+    case KEY_PATH_SEGMENT: return "path segment";
+    }
+    return "?";
+}
+
+/* Append s escaped to key at *len; -1 when over IDEM_KEY_MAX. */
+static int append_escaped(char *key, size_t *len, const char *s)
+{
+    for (; *s; s++) {
+        const char *esc = *s == '%' ? "%25" : *s == '/' ? "%2F" : NULL;
+        size_t n = esc ? 3 : 1;
+        if (*len + n > IDEM_KEY_MAX)
+            return -1;
+        memcpy(key + *len, esc ? esc : s, n);
+        *len += n;
+    }
+    key[*len] = '\0';
+    return 0;
+}
+
+__attribute__((format(printf, 5, 6))) static int bad(const char **type, const char *t,
+                                                     char *detail, size_t dlen,
+                                                     const char *fmt, ...)
+{
+    va_list ap;
+    *type = t;
+    va_start(ap, fmt);
+    vsnprintf(detail, dlen, fmt, ap);
+    va_end(ap);
+    return 400;
+}
+
+int request_key(const struct route *rt, const struct http_msg *m, const char *subject, char *key,
+                const char **type, char *detail, size_t dlen)
+{
+    size_t len = 0;
+    json_t *body = NULL;
+    int status = 0;
+    key[0] = '\0';
+    if (rt->scope_subject) {
+        if (!subject || !*subject) {
+            status = bad(type, "subject_missing", detail, dlen,
+                         "route %s is scoped per subject, and the request has no subject",
+                         rt->name);
+            goto out;
+        }
+        if (append_escaped(key, &len, subject) || len + 1 > IDEM_KEY_MAX) {
+            status = bad(type, "key_invalid", detail, dlen, "the subject is too long");
+            goto out;
+        }
+        key[len++] = '/';
+        key[len] = '\0';
+    }
+    for (size_t i = 0; i < rt->key_parts; i++) {
+        const struct key_part *kp = &rt->key[i];
+        char value[IDEM_KEY_MAX * 3 + 1];
+        int found = 0;
+        switch (kp->source) {
+        case KEY_HEADER: {
+            const char *v = http_msg_header(m, kp->name);
+            found = v && *v;
+            if (found)
+                found = strlen(v) < sizeof value ? (strcpy(value, v), 1) : -1;
+            break;
+        }
+        case KEY_JSON:
+            if (!body) {
+                json_error_t err;
+                body = json_loadb(m->body, m->body_len, 0, &err);
+                if (!body) {
+                    status = bad(type, "key_missing", detail, dlen,
+                                 "the key is the JSON field %s, and the body is not JSON: %s",
+                                 kp->name, err.text);
+                    goto out;
+                }
+            }
+            found = json_field(body, kp->name, value, sizeof value);
+            break;
+        case KEY_QUERY:
+            found = query_param(m->target, kp->name, value, sizeof value);
+            break;
+        case KEY_PATH_SEGMENT:
+            found = path_segment(m->target, kp->segment, value, sizeof value);
+            break;
+        }
+        char name[300];
+        if (kp->source == KEY_PATH_SEGMENT)
+            snprintf(name, sizeof name, "%d", kp->segment);
+        else
+            snprintf(name, sizeof name, "%s", kp->name);
+        if (found == 0) {
+            status = bad(type, "key_missing", detail, dlen,
+                         "the idempotency key is missing: expected the %s %s", source_name(kp->source),
+                         name);
+            goto out;
+        }
+        if (found < 0 || !*value) {
+            status = bad(type, "key_invalid", detail, dlen,
+                         "the %s %s is not a usable key (a non-empty string or integer)",
+                         source_name(kp->source), name);
+            goto out;
+        }
+        for (const unsigned char *c = (const unsigned char *)value; *c; c++)
+            if (*c < 0x20 || *c == 0x7f) {
+                status = bad(type, "key_invalid", detail, dlen,
+                             "the %s %s contains a control character", source_name(kp->source), name);
+                goto out;
+            }
+        if (i > 0) {
+            if (len + 1 > IDEM_KEY_MAX)
+                goto too_long;
+            key[len++] = '/';
+            key[len] = '\0';
+        }
+        if (append_escaped(key, &len, value))
+            goto too_long;
+    }
+    goto out;
+too_long:
+    status = bad(type, "key_invalid", detail, dlen, "the idempotency key is longer than %d bytes",
+                 IDEM_KEY_MAX);
+out:
+    json_decref(body);
+    return status;
+}
+
+int request_fingerprint(const struct route *rt, const struct http_msg *m,
+                        uint8_t fp[IDEM_FINGERPRINT_LEN], int *has, char *detail, size_t dlen)
+{
+    *has = 0;
+    if (rt->fingerprint == FINGERPRINT_NONE)
+        return 0;
+    if (rt->fingerprint == FINGERPRINT_BODY) {
+        char path[8192];
+        request_path(m->target, path, sizeof path);
+        size_t hlen = strlen(m->method) + strlen(path) + 2;
+        char *buf = malloc(hlen + m->body_len + 1);
+        if (!buf) {
+            snprintf(detail, dlen, "out of memory");
+            return 503;
+        }
+        int n = sprintf(buf, "%s\n%s\n", m->method, path);
+        memcpy(buf + n, m->body, m->body_len);
+        idem_fingerprint(buf, (size_t)n + m->body_len, fp);
+        free(buf);
+        *has = 1;
+        return 0;
+    }
+    /* FINGERPRINT_FIELDS: the listed fields' canonical JSON, in order. */
+    json_error_t err;
+    json_t *body = json_loadb(m->body, m->body_len, 0, &err);
+    if (!body) {
+        snprintf(detail, dlen, "the fingerprint uses JSON fields, and the body is not JSON: %s",
+                 err.text);
+        return 400;
+    }
+    json_t *canon = json_array();
+    for (size_t i = 0; canon && i < rt->fingerprint_field_count; i++) {
+        json_t *v = json_object_get(body, rt->fingerprint_fields[i]);
+        json_array_append(canon, v ? v : json_null());
+    }
+    char *text = canon ? json_dumps(canon, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY) : NULL;
+    json_decref(canon);
+    json_decref(body);
+    if (!text) {
+        snprintf(detail, dlen, "out of memory");
+        return 503;
+    }
+    idem_fingerprint(text, strlen(text), fp);
+    free(text);
+    *has = 1;
+    return 0;
+}

@@ -1,0 +1,32 @@
+/*
+ * request_key.h — what identifies a request to the gateway: its business key
+ * (taken from a header, a JSON field, a query parameter or a path segment,
+ * or several of them), scoped to its subject or not, and its fingerprint.
+ */
+#ifndef IDEM_SERVER_REQUEST_KEY_H
+#define IDEM_SERVER_REQUEST_KEY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "http_parser.h"
+#include "idem.h"
+
+/* Build the record key for route rt from request m. subject is the value of
+ * the subject header (NULL if absent). Returns 0 and fills key (IDEM_KEY_MAX
+ * + 1 bytes), or returns the HTTP status to answer (400) with type and detail
+ * filled: "key_missing", "key_invalid", "subject_missing". */
+int request_key(const struct route *rt, const struct http_msg *m, const char *subject,
+                char *key, const char **type, char *detail, size_t detail_len);
+
+/* The fingerprint per the route's setting. Returns 0 and sets *has (0 for
+ * fingerprint: none), or 400 with detail (body is not JSON, for fields). */
+int request_fingerprint(const struct route *rt, const struct http_msg *m,
+                        uint8_t fp[IDEM_FINGERPRINT_LEN], int *has, char *detail,
+                        size_t detail_len);
+
+/* The path part of a request target (before '?'), copied into out. */
+void request_path(const char *target, char *out, size_t cap);
+
+#endif

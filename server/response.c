@@ -1,0 +1,164 @@
+/*
+ * response.c — building, serialising and failing responses (daemon).
+ *
+ * Every error the daemon answers goes through problem(): one shape
+ * (application/problem+json), a stable type a client can switch on, and a
+ * detail a person can act on.
+ */
+#include "response.h"
+
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+struct http_response *response_new(int status)
+{
+    struct http_response *r = calloc(1, sizeof *r);
+    if (r)
+        r->status = status;
+    return r;
+}
+
+void response_free(struct http_response *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->header_count; i++) {
+        free(r->headers[i].name);
+        free(r->headers[i].value);
+    }
+    free(r->headers);
+    free(r->body);
+    free(r);
+}
+
+int response_add_header(struct http_response *r, const char *name, const char *value)
+{
+    if (r->header_count == r->header_cap) {
+        size_t cap = r->header_cap ? r->header_cap * 2 : 8;
+        struct http_header *h = realloc(r->headers, cap * sizeof *h);
+        if (!h)
+            return -1;
+        r->headers = h;
+        r->header_cap = cap;
+    }
+    char *n = strdup(name), *v = strdup(value);
+    if (!n || !v) {
+        free(n);
+        free(v);
+        return -1;
+    }
+    r->headers[r->header_count].name = n;
+    r->headers[r->header_count].value = v;
+    r->header_count++;
+    return 0;
+}
+
+int response_set_body(struct http_response *r, const void *body, size_t len)
+{
+    char *b = malloc(len + 1);
+    if (!b)
+        return -1;
+    if (len)
+        memcpy(b, body, len);
+    b[len] = '\0';
+    free(r->body);
+    r->body = b;
+    r->body_len = len;
+    return 0;
+}
+
+const char *response_header(const struct http_response *r, const char *name)
+{
+    for (size_t i = 0; i < r->header_count; i++)
+        if (strcasecmp(r->headers[i].name, name) == 0)
+            return r->headers[i].value;
+    return NULL;
+}
+
+const char *http_reason(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Content Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Content";
+    case 428: return "Precondition Required";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    }
+    return "";
+}
+
+char *response_serialize(const struct http_response *r, int head_request, size_t *len)
+{
+    size_t cap = 128 + r->body_len;
+    for (size_t i = 0; i < r->header_count; i++)
+        cap += strlen(r->headers[i].name) + strlen(r->headers[i].value) + 4;
+    char *out = malloc(cap), *p = out;
+    if (!out)
+        return NULL;
+    p += sprintf(p, "HTTP/1.1 %d %s\r\n", r->status, http_reason(r->status));
+    for (size_t i = 0; i < r->header_count; i++)
+        p += sprintf(p, "%s: %s\r\n", r->headers[i].name, r->headers[i].value);
+    /* 1xx, 204 and 304 carry no body and no Content-Length. */
+    int bodiless = r->status < 200 || r->status == 204 || r->status == 304;
+    if (!bodiless)
+        p += sprintf(p, "Content-Length: %zu\r\n", r->body_len);
+    if (r->close)
+        p += sprintf(p, "Connection: close\r\n");
+    p += sprintf(p, "\r\n");
+    if (!head_request && !bodiless && r->body_len) {
+        memcpy(p, r->body, r->body_len);
+        p += r->body_len;
+    }
+    *len = (size_t)(p - out);
+    return out;
+}
+
+struct http_response *problem(int status, const char *type, const char *fmt, ...)
+{
+    char detail[512], urn[96];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof detail, fmt, ap);
+    va_end(ap);
+    snprintf(urn, sizeof urn, "urn:idem:%s", type);
+
+    struct http_response *r = response_new(status);
+    json_t *j = json_pack("{s:s, s:s, s:i, s:s}", "type", urn, "title", http_reason(status),
+                          "status", status, "detail", detail);
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!r || !body || response_add_header(r, "Content-Type", "application/problem+json") ||
+        response_set_body(r, body, strlen(body))) {
+        free(body);
+        response_free(r);
+        return NULL; /* the front end answers its fixed 503 */
+    }
+    free(body);
+    return r;
+}

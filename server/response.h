@@ -1,0 +1,46 @@
+/*
+ * response.h — a response the daemon builds (from a handler, a replay or an
+ * upstream) before the front end writes it, and the problem+json errors of
+ * draft-ietf-httpapi-idempotency-key-header.
+ */
+#ifndef IDEM_SERVER_RESPONSE_H
+#define IDEM_SERVER_RESPONSE_H
+
+#include <stddef.h>
+
+#include "http_parser.h"
+
+struct http_response {
+    int status;
+    struct http_header *headers; /* owned copies */
+    size_t header_count, header_cap;
+    char *body;                  /* owned */
+    size_t body_len;
+    int close;                   /* send Connection: close and close after */
+};
+
+/* A new response with this status and no headers or body; NULL on OOM. */
+struct http_response *response_new(int status);
+void response_free(struct http_response *r);
+/* 0, or -1 on OOM. */
+int response_add_header(struct http_response *r, const char *name, const char *value);
+/* Replace the body with a copy of len bytes. 0, or -1 on OOM. */
+int response_set_body(struct http_response *r, const void *body, size_t len);
+/* The first header with this name (case-insensitive), or NULL. */
+const char *response_header(const struct http_response *r, const char *name);
+
+/* The bytes to send: status line, headers, Content-Length, Connection, body
+ * (none for a HEAD request). malloc'd; NULL on OOM. */
+char *response_serialize(const struct http_response *r, int head_request, size_t *len);
+
+/* An application/problem+json response: {"type": "urn:idem:<type>", "title",
+ * "status", "detail"}. type is the stable machine-readable name
+ * ("key_missing"); detail says what exactly was wrong. Never NULL: on OOM a
+ * static fallback is built. */
+struct http_response *problem(int status, const char *type, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The reason phrase for a status ("Conflict"), "" when unknown. */
+const char *http_reason(int status);
+
+#endif

@@ -1,0 +1,343 @@
+/*
+ * serve.c — `idem serve`: configuration, the Idem handle, the loop, signals
+ * (daemon).
+ *
+ * The main thread runs the libevent loop (front.c); workers run handlers.
+ * SIGTERM or SIGINT drains: no new connections, requests in flight finish
+ * (up to shutdown_timeout), then the handle closes, which waits for the last
+ * group commit — no record is left half-written. SIGHUP reloads the routes
+ * from the same file; a file that does not load leaves the running routes in
+ * place and says why.
+ */
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <getopt.h>
+#include <openssl/rand.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon.h"
+#include "request_key.h"
+#include "serve.h"
+#include "upstream.h"
+
+struct live_config *daemon_config_get(struct daemon *d)
+{
+    pthread_mutex_lock(&d->cfg_mu);
+    struct live_config *lc = d->live;
+    atomic_fetch_add(&lc->refs, 1);
+    pthread_mutex_unlock(&d->cfg_mu);
+    return lc;
+}
+
+void daemon_config_put(struct live_config *lc)
+{
+    if (lc && atomic_fetch_sub(&lc->refs, 1) == 1) {
+        config_free(lc->c);
+        free(lc);
+    }
+}
+
+static const struct route *match_route(const struct server_config *cfg, const struct http_msg *m,
+                                       const char *path)
+{
+    for (size_t i = 0; i < cfg->route_count; i++) {
+        const struct route *rt = &cfg->routes[i];
+        if (rt->method && strcmp(rt->method, m->method) != 0)
+            continue;
+        if (rt->prefix ? strncmp(path, rt->path, strlen(rt->path)) == 0
+                       : strcmp(path, rt->path) == 0)
+            return rt;
+    }
+    return NULL;
+}
+
+void daemon_handle(void *arg, struct front_request *req)
+{
+    struct daemon *d = arg;
+    struct live_config *lc = daemon_config_get(d);
+    const struct server_config *cfg = lc->c;
+    char path[8192];
+    request_path(req->msg->target, path, sizeof path);
+    if (strcmp(path, "/_idem/v1") == 0 || strncmp(path, "/_idem/v1/", 10) == 0) {
+        api_handle(d, cfg, req);
+    } else {
+        const struct route *rt = match_route(cfg, req->msg, path);
+        if (rt)
+            gateway_handle(d, cfg, rt, req);
+        else
+            passthrough_handle(d, cfg, req);
+    }
+    daemon_config_put(lc);
+}
+
+/* ---- signals, reload, purge ---- */
+
+struct serve {
+    struct daemon d;
+    struct server_limits limits; /* fixed for the life of the process */
+    struct event_base *base;
+    struct workers *workers;
+    struct event *sig_term, *sig_int, *sig_hup, *purge_timer;
+    int64_t shutdown_timeout_ms;
+    struct work purge_work;
+    int purge_running;
+};
+
+static void on_stop(evutil_socket_t sig, short what, void *arg)
+{
+    struct serve *s = arg;
+    (void)what;
+    fprintf(stderr, "idem: %s: draining (%zu requests in flight, up to %lld ms)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", front_in_flight(s->d.front),
+            (long long)s->shutdown_timeout_ms);
+    event_del(s->purge_timer);
+    front_drain(s->d.front, s->shutdown_timeout_ms);
+}
+
+static void on_reload(evutil_socket_t sig, short what, void *arg)
+{
+    struct serve *s = arg;
+    (void)sig;
+    (void)what;
+    struct live_config *cur = daemon_config_get(&s->d);
+    const char *path = cur->c->path;
+    if (!path) {
+        fprintf(stderr, "idem: SIGHUP: no configuration file to reload\n");
+        daemon_config_put(cur);
+        return;
+    }
+    char err[512];
+    struct server_config *next = NULL;
+    if (config_load(path, &next, err, sizeof err) != 0) {
+        fprintf(stderr, "idem: SIGHUP: %s; the running routes stay\n", err);
+        daemon_config_put(cur);
+        return;
+    }
+    struct live_config *lc = calloc(1, sizeof *lc);
+    if (!lc) {
+        config_free(next);
+        daemon_config_put(cur);
+        return;
+    }
+    /* Where it listens and stores cannot change under a running process. */
+    if (strcmp(next->listen_host, cur->c->listen_host) || next->listen_port != cur->c->listen_port ||
+        strcmp(next->storage_path, cur->c->storage_path))
+        fprintf(stderr, "idem: SIGHUP: listen and storage changes take effect on restart\n");
+    lc->c = next;
+    atomic_init(&lc->refs, 1);
+    pthread_mutex_lock(&s->d.cfg_mu);
+    struct live_config *old = s->d.live;
+    s->d.live = lc;
+    pthread_mutex_unlock(&s->d.cfg_mu);
+    daemon_config_put(old);
+    fprintf(stderr, "idem: SIGHUP: reloaded %s: %zu routes\n", path, next->route_count);
+    daemon_config_put(cur);
+}
+
+static void run_purge(struct work *w)
+{
+    struct serve *s = (struct serve *)((char *)w - offsetof(struct serve, purge_work));
+    unsigned n = 0;
+    idem_rc rc = idem_record_purge(s->d.h, 10000, &n);
+    if (rc != IDEM_OK)
+        fprintf(stderr, "idem: purging expired records: %s: %s\n", idem_strerror(rc),
+                idem_errdetail());
+    __atomic_store_n(&s->purge_running, 0, __ATOMIC_RELEASE);
+}
+
+static void on_purge(evutil_socket_t fd, short what, void *arg)
+{
+    struct serve *s = arg;
+    (void)fd;
+    (void)what;
+    if (__atomic_exchange_n(&s->purge_running, 1, __ATOMIC_ACQ_REL))
+        return;
+    s->purge_work.run = run_purge;
+    if (workers_submit(s->workers, &s->purge_work) != 0)
+        __atomic_store_n(&s->purge_running, 0, __ATOMIC_RELEASE);
+}
+
+static void on_idem_log(void *arg, idem_log_level level, const char *msg)
+{
+    (void)arg;
+    fprintf(stderr, "idem: %s%s\n", level == IDEM_LOG_ALERT ? "ALERT " : "", msg);
+}
+
+static void usage(FILE *out)
+{
+    fputs("usage: idem serve [-c FILE] [--listen HOST:PORT] [--db PATH]\n"
+          "\n"
+          "Run the Idem daemon: the idempotency gateway for the routes in FILE, and\n"
+          "the JSON API under /_idem/v1/. Without -c it runs with every default:\n"
+          "listening on 127.0.0.1:8080, records in ./idem.db, no routes.\n"
+          "\n"
+          "  -c, --config FILE    the YAML configuration (docs/configuration.md)\n"
+          "  -l, --listen H:P     listen here instead of the file's listen\n"
+          "      --db PATH        the embedded store's SQLite file instead of the file's\n"
+          "  -h, --help           this text\n"
+          "\n"
+          "Signals: SIGTERM/SIGINT drain and stop; SIGHUP reloads the routes.\n",
+          out);
+}
+
+static int parse_listen(const char *s, struct server_config *cfg)
+{
+    const char *colon = strrchr(s, ':');
+    char *end;
+    long port = strtol(colon ? colon + 1 : s, &end, 10);
+    if (*end || port < 0 || port > 65535)
+        return -1;
+    if (colon && colon != s) {
+        char *host = strndup(s, (size_t)(colon - s));
+        if (!host)
+            return -1;
+        if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+            memmove(host, host + 1, strlen(host));
+            host[strlen(host) - 1] = '\0';
+        }
+        free(cfg->listen_host);
+        cfg->listen_host = host;
+    }
+    cfg->listen_port = (int)port;
+    return 0;
+}
+
+int serve_main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"config", required_argument, NULL, 'c'},
+        {"listen", required_argument, NULL, 'l'},
+        {"db", required_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *config_path = NULL, *listen = NULL, *db = NULL;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "c:l:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'c': config_path = optarg; break;
+        case 'l': listen = optarg; break;
+        case 'd': db = optarg; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "idem serve: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+
+    char err[512];
+    struct server_config *cfg = NULL;
+    if (config_path) {
+        if (config_load(config_path, &cfg, err, sizeof err) != 0) {
+            fprintf(stderr, "idem serve: %s\n", err);
+            return 2;
+        }
+    } else if (!(cfg = config_default())) {
+        fprintf(stderr, "idem serve: out of memory\n");
+        return 1;
+    }
+    if (listen && parse_listen(listen, cfg) != 0) {
+        fprintf(stderr, "idem serve: --listen %s: expected HOST:PORT\n", listen);
+        config_free(cfg);
+        return 2;
+    }
+    if (db) {
+        char *copy = strdup(db);
+        if (!copy) {
+            config_free(cfg);
+            return 1;
+        }
+        free(cfg->storage_path);
+        cfg->storage_path = copy;
+    }
+
+    struct serve *s = calloc(1, sizeof *s);
+    struct live_config *lc = calloc(1, sizeof *lc);
+    int rc = 1;
+    if (!s || !lc) {
+        free(lc);
+        config_free(cfg);
+        free(s);
+        return 1;
+    }
+    lc->c = cfg;
+    atomic_init(&lc->refs, 1);
+    s->d.live = lc;
+    pthread_mutex_init(&s->d.cfg_mu, NULL);
+    s->limits = cfg->limits;
+    s->shutdown_timeout_ms = cfg->limits.shutdown_timeout_ms;
+    unsigned char raw[6];
+    RAND_bytes(raw, sizeof raw);
+    snprintf(s->d.instance, sizeof s->d.instance, "idem-%02x%02x%02x%02x%02x%02x", raw[0], raw[1],
+             raw[2], raw[3], raw[4], raw[5]);
+
+    idem_options o;
+    idem_options_init(&o);
+    o.store = cfg->storage_kind;
+    o.path = cfg->storage_path;
+    o.result_max = cfg->limits.response_max + 65536; /* status and headers around the body */
+    o.log = on_idem_log;
+    if (idem_open(&o, &s->d.h) != IDEM_OK) {
+        fprintf(stderr, "idem serve: opening the %s store at %s: %s\n", cfg->storage_kind,
+                cfg->storage_path, idem_errdetail());
+        goto out;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    evthread_use_pthreads();
+    s->base = event_base_new();
+    s->workers = workers_start(cfg->workers);
+    if (!s->base || !s->workers) {
+        fprintf(stderr, "idem serve: cannot start the event loop or %d workers\n", cfg->workers);
+        goto out;
+    }
+    s->d.front = front_new(s->base, &s->limits, s->workers, daemon_handle, &s->d);
+    if (!s->d.front ||
+        front_listen(s->d.front, cfg->listen_host, cfg->listen_port, err, sizeof err) != 0) {
+        fprintf(stderr, "idem serve: listen: %s\n", s->d.front ? err : "out of memory");
+        goto out;
+    }
+    s->sig_term = evsignal_new(s->base, SIGTERM, on_stop, s);
+    s->sig_int = evsignal_new(s->base, SIGINT, on_stop, s);
+    s->sig_hup = evsignal_new(s->base, SIGHUP, on_reload, s);
+    s->purge_timer = event_new(s->base, -1, EV_PERSIST, on_purge, s);
+    struct timeval minute = {60, 0};
+    event_add(s->sig_term, NULL);
+    event_add(s->sig_int, NULL);
+    event_add(s->sig_hup, NULL);
+    event_add(s->purge_timer, &minute);
+
+    printf("idem: listening on %s:%d, %s store at %s, %zu routes\n", cfg->listen_host,
+           front_port(s->d.front), idem_store_name(s->d.h), cfg->storage_path, cfg->route_count);
+    fflush(stdout);
+    event_base_dispatch(s->base);
+    rc = 0;
+    fprintf(stderr, "idem: stopped (%zu requests were still in flight)\n",
+            front_in_flight(s->d.front));
+
+out:
+    workers_stop(s->workers); /* handlers still running finish first */
+    front_free(s->d.front);
+    if (s->sig_term)
+        event_free(s->sig_term);
+    if (s->sig_int)
+        event_free(s->sig_int);
+    if (s->sig_hup)
+        event_free(s->sig_hup);
+    if (s->purge_timer)
+        event_free(s->purge_timer);
+    if (s->base)
+        event_base_free(s->base);
+    idem_close(s->d.h); /* the last group commit completes here */
+    upstream_pools_free();
+    daemon_config_put(s->d.live);
+    pthread_mutex_destroy(&s->d.cfg_mu);
+    free(s);
+    return rc;
+}

@@ -1,0 +1,8 @@
+/* serve.h — `idem serve`, called by the command line (cli/main.c). */
+#ifndef IDEM_SERVER_SERVE_H
+#define IDEM_SERVER_SERVE_H
+
+/* Run the daemon until it is told to stop; the exit status. */
+int serve_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,935 @@
+/* Tests of server/config.c: the YAML file idem serve reads. Every field with
+ * its default and its value, and every way a file is refused, asserting that
+ * the message names the line and the field. */
+#include "testlib.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+
+static struct server_config *parse_ok(const char *yaml)
+{
+    struct server_config *c = NULL;
+    char err[512];
+    if (config_parse(yaml, strlen(yaml), "idem.yaml", &c, err, sizeof err) != 0)
+        fail_msg("refused: %s\n--- input ---\n%s", err, yaml);
+    assert_non_null(c);
+    return c;
+}
+
+/* Refused, and the message holds each of the given substrings. */
+static void parse_bad_len(const char *yaml, size_t len, const char *want1,
+                          const char *want2)
+{
+    struct server_config *c = (struct server_config *)1;
+    char err[512] = "";
+    if (config_parse(yaml, len, "idem.yaml", &c, err, sizeof err) == 0)
+        fail_msg("accepted\n--- input ---\n%.*s", (int)(len < 400 ? len : 400), yaml);
+    assert_null(c);
+    if (want1 && !strstr(err, want1))
+        fail_msg("message \"%s\" lacks \"%s\"\n--- input ---\n%.*s", err, want1,
+                 (int)(len < 400 ? len : 400), yaml);
+    if (want2 && !strstr(err, want2))
+        fail_msg("message \"%s\" lacks \"%s\"\n--- input ---\n%.*s", err, want2,
+                 (int)(len < 400 ? len : 400), yaml);
+}
+
+static void parse_bad(const char *yaml, const char *want1, const char *want2)
+{
+    parse_bad_len(yaml, strlen(yaml), want1, want2);
+}
+
+/* A minimal valid route; tests append lines from line 6 on. */
+#define ROUTE                                                                    \
+    "routes:\n"                                                                  \
+    "  - name: r\n"                                                              \
+    "    match: { path: /x }\n"                                                  \
+    "    upstream: http://127.0.0.1:9000\n"                                      \
+    "    key: { header: Idempotency-Key }\n"
+
+static const char full_example[] =
+    "listen: 127.0.0.1:8080\n"
+    "storage: { kind: embedded, path: ./idem.db }\n"
+    "subject_header: X-Subject          # set by the caller's auth layer\n"
+    "workers: 64\n"
+    "limits:\n"
+    "  request_line_max: 8KiB\n"
+    "  header_count_max: 100\n"
+    "  header_bytes_max: 32KiB\n"
+    "  body_max: 1MiB\n"
+    "  response_max: 1MiB\n"
+    "  connections_max: 10000\n"
+    "  requests_per_connection: 10000\n"
+    "  idle_timeout: 60s\n"
+    "  header_timeout: 10s\n"
+    "  body_timeout: 30s\n"
+    "  in_flight_max: 1024\n"
+    "  shutdown_timeout: 30s\n"
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: http://127.0.0.1:9000\n"
+    "    key: { json: refund_no }\n"
+    "    space: refund\n"
+    "    scope: subject\n"
+    "    layers: [token, lock, record]\n"
+    "    token_scene: refund\n"
+    "    in_flight: wait\n"
+    "    wait_timeout: 5s\n"
+    "    lease: 30s\n"
+    "    retention: 24h\n"
+    "    upstream_timeout: 30s\n"
+    "    replay_headers: [content-type, location]\n"
+    "    fingerprint: body\n"
+    "    on_upstream_5xx: release\n";
+
+static void test_full_example(void **state)
+{
+    struct server_config *c = parse_ok(full_example);
+    assert_null(c->path);
+    assert_string_equal(c->listen_host, "127.0.0.1");
+    assert_int_equal(c->listen_port, 8080);
+    assert_string_equal(c->storage_kind, "embedded");
+    assert_string_equal(c->storage_path, "./idem.db");
+    assert_string_equal(c->subject_header, "X-Subject");
+    assert_int_equal(c->workers, 64);
+    assert_int_equal(c->limits.request_line_max, 8192);
+    assert_int_equal(c->limits.header_count_max, 100);
+    assert_int_equal(c->limits.header_bytes_max, 32768);
+    assert_int_equal(c->limits.body_max, 1048576);
+    assert_int_equal(c->limits.response_max, 1048576);
+    assert_int_equal(c->limits.connections_max, 10000);
+    assert_int_equal(c->limits.requests_per_connection, 10000);
+    assert_int_equal(c->limits.idle_timeout_ms, 60000);
+    assert_int_equal(c->limits.header_timeout_ms, 10000);
+    assert_int_equal(c->limits.body_timeout_ms, 30000);
+    assert_int_equal(c->limits.in_flight_max, 1024);
+    assert_int_equal(c->limits.shutdown_timeout_ms, 30000);
+
+    assert_int_equal(c->route_count, 1);
+    const struct route *r = &c->routes[0];
+    assert_string_equal(r->name, "refund");
+    assert_string_equal(r->method, "POST");
+    assert_string_equal(r->path, "/refunds");
+    assert_int_equal(r->prefix, 0);
+    assert_string_equal(r->upstream.host, "127.0.0.1");
+    assert_int_equal(r->upstream.port, 9000);
+    assert_string_equal(r->upstream.base_path, "");
+    assert_int_equal(r->key_parts, 1);
+    assert_int_equal(r->key[0].source, KEY_JSON);
+    assert_string_equal(r->key[0].name, "refund_no");
+    assert_string_equal(r->space, "refund");
+    assert_int_equal(r->scope_subject, 1);
+    assert_int_equal(r->layer_token, 1);
+    assert_int_equal(r->layer_lock, 1);
+    assert_string_equal(r->token_scene, "refund");
+    assert_int_equal(r->in_flight_wait, 1);
+    assert_int_equal(r->wait_timeout_ms, 5000);
+    assert_int_equal(r->lease_ms, 30000);
+    assert_int_equal(r->retention_ms, 24LL * 3600 * 1000);
+    assert_int_equal(r->upstream_timeout_ms, 30000);
+    assert_int_equal(r->replay_header_count, 2);
+    assert_string_equal(r->replay_headers[0], "content-type");
+    assert_string_equal(r->replay_headers[1], "location");
+    assert_int_equal(r->fingerprint, FINGERPRINT_BODY);
+    assert_int_equal(r->fingerprint_field_count, 0);
+    assert_int_equal(r->on_5xx_store, 0);
+    config_free(c);
+}
+
+static void check_default_limits(const struct server_config *c)
+{
+    assert_string_equal(c->listen_host, "127.0.0.1");
+    assert_int_equal(c->listen_port, 8080);
+    assert_string_equal(c->storage_kind, "embedded");
+    assert_string_equal(c->storage_path, "./idem.db");
+    assert_string_equal(c->subject_header, "X-Subject");
+    assert_int_equal(c->workers, 64);
+    assert_int_equal(c->limits.request_line_max, 8 * 1024);
+    assert_int_equal(c->limits.header_count_max, 100);
+    assert_int_equal(c->limits.header_bytes_max, 32 * 1024);
+    assert_int_equal(c->limits.body_max, 1024 * 1024);
+    assert_int_equal(c->limits.response_max, 1024 * 1024);
+    assert_int_equal(c->limits.connections_max, 10000);
+    assert_int_equal(c->limits.requests_per_connection, 10000);
+    assert_int_equal(c->limits.idle_timeout_ms, 60000);
+    assert_int_equal(c->limits.header_timeout_ms, 10000);
+    assert_int_equal(c->limits.body_timeout_ms, 30000);
+    assert_int_equal(c->limits.in_flight_max, 1024);
+    assert_int_equal(c->limits.shutdown_timeout_ms, 30000);
+}
+
+static void test_defaults(void **state)
+{
+    static const char *const empties[] = {
+        "", "# nothing\n", "{}", "---\n", "~\n", "routes:\n", "routes: []\nlimits:\n",
+        "storage: {}\nlimits: {}\n",
+    };
+    for (size_t i = 0; i < sizeof empties / sizeof empties[0]; i++) {
+        struct server_config *c = parse_ok(empties[i]);
+        check_default_limits(c);
+        assert_int_equal(c->route_count, 0);
+        assert_null(c->routes);
+        config_free(c);
+    }
+
+    struct server_config *d = config_default();
+    assert_non_null(d);
+    check_default_limits(d);
+    assert_int_equal(d->route_count, 0);
+    assert_null(d->path);
+    config_free(d);
+    config_free(NULL);
+}
+
+static void test_route_defaults(void **state)
+{
+    struct server_config *c = parse_ok(ROUTE);
+    const struct route *r = &c->routes[0];
+    assert_string_equal(r->name, "r");
+    assert_null(r->method);
+    assert_string_equal(r->path, "/x");
+    assert_int_equal(r->prefix, 0);
+    assert_int_equal(r->upstream.port, 9000);
+    assert_int_equal(r->key[0].source, KEY_HEADER);
+    assert_string_equal(r->key[0].name, "Idempotency-Key");
+    assert_string_equal(r->space, "r");
+    assert_string_equal(r->token_scene, "r");
+    assert_int_equal(r->scope_subject, 0);
+    assert_int_equal(r->layer_token, 0);
+    assert_int_equal(r->layer_lock, 0);
+    assert_int_equal(r->in_flight_wait, 0);
+    assert_int_equal(r->wait_timeout_ms, 5000);
+    assert_int_equal(r->lease_ms, 30000);
+    assert_int_equal(r->retention_ms, 86400000);
+    assert_int_equal(r->upstream_timeout_ms, 30000);
+    assert_int_equal(r->replay_header_count, 1);
+    assert_string_equal(r->replay_headers[0], "content-type");
+    assert_int_equal(r->fingerprint, FINGERPRINT_BODY);
+    assert_int_equal(r->on_5xx_store, 0);
+    config_free(c);
+}
+
+static void test_route_values(void **state)
+{
+    struct server_config *c = parse_ok(
+        "routes:\n"
+        "  - name: cb\n"
+        "    match: { method: post, path: /callbacks/* }\n"
+        "    upstream: HTTP://pay.internal:81/api/v1/\n"
+        "    key: [{ header: X-Merchant }, { query: id }, { path_segment: 2 },\n"
+        "          { json: order.serial }]\n"
+        "    space: payment\n"
+        "    scope: global\n"
+        "    layers: [lock, record]\n"
+        "    token_scene: pay.scene:1\n"
+        "    in_flight: reject\n"
+        "    wait_timeout: 10m\n"
+        "    lease: 1500\n"
+        "    retention: 7d\n"
+        "    upstream_timeout: 1h\n"
+        "    replay_headers: [Content-Type, X-Request-Id, Location]\n"
+        "    fingerprint: [amount, order.currency]\n"
+        "    on_upstream_5xx: store\n"
+        "  - name: any\n"
+        "    match: { path: /* }\n"
+        "    upstream: http://[::1]:9000\n"
+        "    key: { header: Idempotency-Key }\n"
+        "    fingerprint: none\n"
+        "    replay_headers: []\n");
+    assert_int_equal(c->route_count, 2);
+    const struct route *r = &c->routes[0];
+    assert_string_equal(r->method, "POST");
+    assert_string_equal(r->path, "/callbacks/");
+    assert_int_equal(r->prefix, 1);
+    assert_string_equal(r->upstream.host, "pay.internal");
+    assert_int_equal(r->upstream.port, 81);
+    assert_string_equal(r->upstream.base_path, "/api/v1");
+    assert_int_equal(r->key_parts, 4);
+    assert_int_equal(r->key[0].source, KEY_HEADER);
+    assert_string_equal(r->key[0].name, "X-Merchant");
+    assert_int_equal(r->key[1].source, KEY_QUERY);
+    assert_string_equal(r->key[1].name, "id");
+    assert_int_equal(r->key[2].source, KEY_PATH_SEGMENT);
+    assert_null(r->key[2].name);
+    assert_int_equal(r->key[2].segment, 2);
+    assert_int_equal(r->key[3].source, KEY_JSON);
+    assert_string_equal(r->key[3].name, "order.serial");
+    assert_string_equal(r->space, "payment");
+    assert_int_equal(r->scope_subject, 0);
+    assert_int_equal(r->layer_token, 0);
+    assert_int_equal(r->layer_lock, 1);
+    assert_string_equal(r->token_scene, "pay.scene:1");
+    assert_int_equal(r->in_flight_wait, 0);
+    assert_int_equal(r->wait_timeout_ms, 600000);
+    assert_int_equal(r->lease_ms, 1500);
+    assert_int_equal(r->retention_ms, 7LL * 86400000);
+    assert_int_equal(r->upstream_timeout_ms, 3600000);
+    assert_int_equal(r->replay_header_count, 3);
+    assert_string_equal(r->replay_headers[0], "content-type");
+    assert_string_equal(r->replay_headers[1], "x-request-id");
+    assert_string_equal(r->replay_headers[2], "location");
+    assert_int_equal(r->fingerprint, FINGERPRINT_FIELDS);
+    assert_int_equal(r->fingerprint_field_count, 2);
+    assert_string_equal(r->fingerprint_fields[0], "amount");
+    assert_string_equal(r->fingerprint_fields[1], "order.currency");
+    assert_int_equal(r->on_5xx_store, 1);
+
+    r = &c->routes[1];
+    assert_null(r->method);
+    assert_string_equal(r->path, "/");
+    assert_int_equal(r->prefix, 1);
+    assert_string_equal(r->upstream.host, "::1");
+    assert_int_equal(r->upstream.port, 9000);
+    assert_int_equal(r->fingerprint, FINGERPRINT_NONE);
+    assert_int_equal(r->replay_header_count, 0);
+    config_free(c);
+}
+
+/* Two routes may share a key space: a callback and an admin re-push. */
+static void test_shared_space(void **state)
+{
+    struct server_config *c = parse_ok(
+        "routes:\n"
+        "  - name: payment-callback\n"
+        "    match: { method: POST, path: /callbacks/payment }\n"
+        "    upstream: http://127.0.0.1:9000\n"
+        "    key: { json: serial_no }\n"
+        "    space: payment\n"
+        "  - name: payment-repush\n"
+        "    match: { method: POST, path: /admin/payments/repush }\n"
+        "    upstream: http://127.0.0.1:9000\n"
+        "    key: { json: serial_no }\n"
+        "    space: payment\n");
+    assert_int_equal(c->route_count, 2);
+    assert_string_equal(c->routes[0].space, "payment");
+    assert_string_equal(c->routes[1].space, "payment");
+    assert_string_equal(c->routes[1].token_scene, "payment-repush");
+    config_free(c);
+}
+
+static void test_durations(void **state)
+{
+    static const struct { const char *s; int64_t ms; } good[] = {
+        {"0", 0},          {"250", 250},       {"500ms", 500},    {"30s", 30000},
+        {"5m", 300000},    {"24h", 86400000},  {"2d", 172800000}, {"1 s", 1000},
+        {"9223372036854775807", INT64_MAX},    {"106751991167d", 106751991167LL * 86400000},
+    };
+    static const char *const bad[] = {
+        "",   "s",    "-1",   "-5s",  "1.5s", "5 m s", "5min", "5S",  "5sec",
+        "1w", "0x10", "+5s",  "5s ",  " 5s",  "9223372036854775808",
+        "106751991168d", "99999999999999999999h",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        int64_t ms = -1;
+        if (config_parse_duration(good[i].s, &ms) != 0)
+            fail_msg("\"%s\" refused", good[i].s);
+        assert_int_equal(ms, good[i].ms);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int64_t ms = 42;
+        if (config_parse_duration(bad[i], &ms) == 0)
+            fail_msg("\"%s\" accepted as %lld", bad[i], (long long)ms);
+        assert_int_equal(ms, 42);
+    }
+    assert_int_equal(config_parse_duration(NULL, &(int64_t){0}), -1);
+}
+
+static void test_sizes(void **state)
+{
+    static const struct { const char *s; size_t n; } good[] = {
+        {"0", 0},           {"1048576", 1048576}, {"100B", 100},   {"100b", 100},
+        {"64k", 65536},     {"64K", 65536},       {"64KB", 65536}, {"64KiB", 65536},
+        {"64kib", 65536},   {"1m", 1048576},      {"1MB", 1048576}, {"1MiB", 1048576},
+        {"2g", 2147483648u}, {"2GB", 2147483648u}, {"2GiB", 2147483648u},
+        {"8 KiB", 8192},
+    };
+    static const char *const bad[] = {
+        "", "k", "-1", "1.5MiB", "1TB", "1KiBs", "1 K i B", "ten", "0x100",
+        "99999999999999999999", "18446744073709551615g",
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        size_t n = 7;
+        if (config_parse_size(good[i].s, &n) != 0)
+            fail_msg("\"%s\" refused", good[i].s);
+        assert_int_equal(n, good[i].n);
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t n = 7;
+        if (config_parse_size(bad[i], &n) == 0)
+            fail_msg("\"%s\" accepted as %zu", bad[i], n);
+        assert_int_equal(n, 7);
+    }
+}
+
+static void test_listen(void **state)
+{
+    static const struct { const char *s, *host; int port; } good[] = {
+        {"127.0.0.1:8080", "127.0.0.1", 8080}, {"0.0.0.0:80", "0.0.0.0", 80},
+        {":9090", "127.0.0.1", 9090},          {"9091", "127.0.0.1", 9091},
+        {"\"[::1]:8081\"", "::1", 8081},       {"localhost:65535", "localhost", 65535},
+        {"idem-gw.internal:1", "idem-gw.internal", 1},
+    };
+    char yaml[128];
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(yaml, sizeof yaml, "listen: %s\n", good[i].s);
+        struct server_config *c = parse_ok(yaml);
+        assert_string_equal(c->listen_host, good[i].host);
+        assert_int_equal(c->listen_port, good[i].port);
+        config_free(c);
+    }
+    parse_bad("listen: 0\n", "idem.yaml:1: listen:", "1 to 65535");
+    parse_bad("listen: 127.0.0.1:0\n", "idem.yaml:1: listen:", "1 to 65535");
+    parse_bad("listen: 127.0.0.1:65536\n", "idem.yaml:1: listen:", "1 to 65535");
+    parse_bad("listen: :99999999999999999999999\n", "idem.yaml:1: listen:", "1 to 65535");
+    parse_bad("listen: 127.0.0.1\n", "idem.yaml:1: listen:", "no port");
+    parse_bad("listen: \"::1:8080\"\n", "idem.yaml:1: listen:", "brackets");
+    parse_bad("listen: \"[::1\"\n", "idem.yaml:1: listen:", "]");
+    parse_bad("listen: \"[zz]:80\"\n", "idem.yaml:1: listen:", "IPv6");
+    parse_bad("listen: bad host:80\n", "idem.yaml:1: listen:", "host name");
+    parse_bad("listen: [a, b]\n", "idem.yaml:1: listen:", "got a list");
+    parse_bad("listen:\n", "idem.yaml:1: listen:", "no value");
+}
+
+static void test_upstream(void **state)
+{
+    static const struct { const char *s, *host; int port; const char *base; } good[] = {
+        {"http://127.0.0.1:9000", "127.0.0.1", 9000, ""},
+        {"http://svc", "svc", 80, ""},
+        {"http://svc/", "svc", 80, ""},
+        {"http://svc:8000/api/", "svc", 8000, "/api"},
+        {"http://svc:8000/a/b//", "svc", 8000, "/a/b"},
+        {"Http://[::1]:9000/x", "::1", 9000, "/x"},
+    };
+    char yaml[256];
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        snprintf(yaml, sizeof yaml,
+                 "routes:\n  - name: r\n    match: { path: /x }\n"
+                 "    upstream: \"%s\"\n    key: { header: K }\n", good[i].s);
+        struct server_config *c = parse_ok(yaml);
+        assert_string_equal(c->routes[0].upstream.host, good[i].host);
+        assert_int_equal(c->routes[0].upstream.port, good[i].port);
+        assert_string_equal(c->routes[0].upstream.base_path, good[i].base);
+        config_free(c);
+    }
+    static const struct { const char *s, *want; } bad[] = {
+        {"https://svc", "https is not supported"},
+        {"ftp://svc", "http://host[:port][/base]"},
+        {"svc:9000", "http://host[:port][/base]"},
+        {"http://svc/x?a=1", "query"},
+        {"http://svc/x#f", "fragment"},
+        {"http://user:pw@svc", "user:password@"},
+        {"http://", "no host"},
+        {"http:///x", "no host"},
+        {"http://:9000", "no host"},
+        {"http://svc:0", "1 to 65535"},
+        {"http://svc:70000", "1 to 65535"},
+        {"http://svc:", "1 to 65535"},
+        {"http://s v c", "host name"},
+        {"http://svc/a b", "space"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(yaml, sizeof yaml,
+                 "routes:\n  - name: r\n    match: { path: /x }\n"
+                 "    upstream: \"%s\"\n    key: { header: K }\n", bad[i].s);
+        parse_bad(yaml, "idem.yaml:4: routes[0].upstream:", bad[i].want);
+    }
+}
+
+static void test_match(void **state)
+{
+    parse_bad(ROUTE "    lease: 1s\n"
+              "  - name: s\n    match: { method: GET, path: refunds }\n"
+              "    upstream: http://h\n    key: { query: id }\n",
+              "idem.yaml:8: routes[1].match.path:", "must start with /");
+    parse_bad("routes:\n  - name: r\n    match: { path: /a*b }\n"
+              "    upstream: http://h\n    key: { query: id }\n",
+              "idem.yaml:3: routes[0].match.path:", "final /*");
+    parse_bad("routes:\n  - name: r\n    match: { path: /a/*/b }\n"
+              "    upstream: http://h\n    key: { query: id }\n",
+              "idem.yaml:3: routes[0].match.path:", "final /*");
+    parse_bad("routes:\n  - name: r\n    match: { path: \"/a?b=1\" }\n"
+              "    upstream: http://h\n    key: { query: id }\n",
+              "idem.yaml:3: routes[0].match.path:", "query");
+    parse_bad("routes:\n  - name: r\n    match: { method: POST }\n"
+              "    upstream: http://h\n    key: { query: id }\n",
+              "idem.yaml:3: routes[0].match:", "path is required");
+    parse_bad("routes:\n  - name: r\n    match:\n"
+              "    upstream: http://h\n    key: { query: id }\n",
+              "idem.yaml:3: routes[0].match:", "path is required");
+    parse_bad("routes:\n  - name: r\n    match: { method: \"PO ST\", path: /x }\n"
+              "    upstream: http://h\n    key: { query: id }\n",
+              "idem.yaml:3: routes[0].match.method:", "not an HTTP method");
+    parse_bad("routes:\n  - name: r\n    match: /x\n"
+              "    upstream: http://h\n    key: { query: id }\n",
+              "idem.yaml:3: routes[0].match:", "expected a mapping");
+    /* The same match twice: the second route could never be chosen. */
+    parse_bad(ROUTE "  - name: s\n    match: { path: /x }\n"
+              "    upstream: http://h\n    key: { query: id }\n",
+              "idem.yaml:7: routes[1].match:", "routes[0] (line 2)");
+    struct server_config *c = parse_ok(
+        ROUTE "  - name: s\n    match: { path: /x/* }\n"
+        "    upstream: http://h\n    key: { query: id }\n"
+        "  - name: t\n    match: { method: GET, path: /x }\n"
+        "    upstream: http://h\n    key: { query: id }\n");
+    assert_int_equal(c->route_count, 3);
+    config_free(c);
+}
+
+static void test_keys(void **state)
+{
+    parse_bad(ROUTE "  - name: s\n    match: { path: /y }\n    upstream: http://h\n",
+              "idem.yaml:6: routes[1]:", "key is required");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key: {}\n",
+              "idem.yaml:5: routes[0].key:", "exactly one of");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key: { header: K, json: k }\n",
+              "idem.yaml:5: routes[0].key:", "exactly one of");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key: []\n",
+              "idem.yaml:5: routes[0].key:", "1 to 8 parts");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key: [{query: a}, {query: b}, {query: c}, {query: d}, {query: e},\n"
+              "          {query: f}, {query: g}, {query: h}, {query: i}]\n",
+              "idem.yaml:5: routes[0].key:", "not 9");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key:\n      - { header: K }\n      - { path_segment: 0 }\n",
+              "idem.yaml:7: routes[0].key[1].path_segment:", "out of range");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key:\n      - { header: K }\n      - query\n",
+              "idem.yaml:7: routes[0].key[1]:", "expected a mapping");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key: Idempotency-Key\n",
+              "idem.yaml:5: routes[0].key:", "expected a mapping");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key: { header: \"Idem Key\" }\n",
+              "idem.yaml:5: routes[0].key.header:", "not a header name");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key: { json: a..b }\n",
+              "idem.yaml:5: routes[0].key.json:", "not a JSON field");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key: { query: \"a=b\" }\n",
+              "idem.yaml:5: routes[0].key.query:", "query parameter");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key: { heder: K }\n",
+              "idem.yaml:5: routes[0].key.heder:", "did you mean header?");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://h\n"
+              "    key: { path_segment: two }\n",
+              "idem.yaml:5: routes[0].key.path_segment:", "whole number");
+}
+
+static void test_layers(void **state)
+{
+    parse_bad(ROUTE "    layers: [token, lock]\n", "idem.yaml:6: routes[0].layers:",
+              "record is always on: list it");
+    parse_bad(ROUTE "    layers: []\n", "idem.yaml:6: routes[0].layers:",
+              "record is always on");
+    parse_bad(ROUTE "    layers: [record, cache]\n", "idem.yaml:6: routes[0].layers[1]:",
+              "not a layer");
+    parse_bad(ROUTE "    layers: [lock, record, lock]\n",
+              "idem.yaml:6: routes[0].layers[2]:", "listed twice");
+    parse_bad(ROUTE "    layers: record\n", "idem.yaml:6: routes[0].layers:",
+              "expected a list");
+    parse_bad(ROUTE "    layers: [[record]]\n", "idem.yaml:6: routes[0].layers[0]:",
+              "got a list");
+    struct server_config *c = parse_ok(ROUTE "    layers: [record, token]\n");
+    assert_int_equal(c->routes[0].layer_token, 1);
+    assert_int_equal(c->routes[0].layer_lock, 0);
+    config_free(c);
+}
+
+static void test_replay_headers(void **state)
+{
+    static const char *const refused[] = {
+        "connection", "Keep-Alive", "transfer-encoding", "TE", "trailer", "upgrade",
+        "proxy-authenticate", "proxy-authorization",
+    };
+    char yaml[512];
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        snprintf(yaml, sizeof yaml, ROUTE "    replay_headers: [location, %s]\n",
+                 refused[i]);
+        parse_bad(yaml, "idem.yaml:6: routes[0].replay_headers[1]:", "hop-by-hop");
+    }
+    parse_bad(ROUTE "    replay_headers:\n      - Content-Length\n",
+              "idem.yaml:7: routes[0].replay_headers[0]:", "content-length");
+    parse_bad(ROUTE "    replay_headers: [location, Location]\n",
+              "idem.yaml:6: routes[0].replay_headers[1]:", "listed twice");
+    parse_bad(ROUTE "    replay_headers: [\"x y\"]\n",
+              "idem.yaml:6: routes[0].replay_headers[0]:", "not a header name");
+    parse_bad(ROUTE "    replay_headers: location\n",
+              "idem.yaml:6: routes[0].replay_headers:", "expected a list");
+    struct server_config *c = parse_ok(ROUTE "    replay_headers:\n");
+    assert_int_equal(c->routes[0].replay_header_count, 0);
+    config_free(c);
+}
+
+static void test_fingerprint(void **state)
+{
+    parse_bad(ROUTE "    fingerprint: headers\n", "idem.yaml:6: routes[0].fingerprint:",
+              "not body, none or a list");
+    parse_bad(ROUTE "    fingerprint: []\n", "idem.yaml:6: routes[0].fingerprint:",
+              "say none");
+    parse_bad(ROUTE "    fingerprint: [a, b, a]\n",
+              "idem.yaml:6: routes[0].fingerprint[2]:", "listed twice");
+    parse_bad(ROUTE "    fingerprint: [a, .b]\n",
+              "idem.yaml:6: routes[0].fingerprint[1]:", "not a JSON field");
+    parse_bad(ROUTE "    fingerprint: { body: 1 }\n",
+              "idem.yaml:6: routes[0].fingerprint:", "got a mapping");
+}
+
+static void test_names(void **state)
+{
+    char yaml[512];
+    char name64[65];
+    memset(name64, 'n', 64);
+    name64[64] = '\0';
+    snprintf(yaml, sizeof yaml, ROUTE "    space: %s\n    token_scene: A.b:c-d_9\n",
+             name64);
+    struct server_config *c = parse_ok(yaml);
+    assert_string_equal(c->routes[0].space, name64);
+    assert_string_equal(c->routes[0].token_scene, "A.b:c-d_9");
+    config_free(c);
+
+    snprintf(yaml, sizeof yaml, ROUTE "    space: %sn\n", name64);
+    parse_bad(yaml, "idem.yaml:6: routes[0].space:", "1 to 64");
+    parse_bad(ROUTE "    token_scene: refund/v2\n", "idem.yaml:6: routes[0].token_scene:",
+              "not a valid name");
+    parse_bad(ROUTE "    space: \"\"\n", "idem.yaml:6: routes[0].space:",
+              "not a valid name");
+    parse_bad("routes:\n  - name: \"refund route\"\n", "idem.yaml:2: routes[0].name:",
+              "not a valid name");
+    parse_bad("routes:\n  - match: { path: /x }\n", "idem.yaml:2: routes[0]:",
+              "name is required");
+    parse_bad("routes:\n  - name: r\n    upstream: http://h\n", "idem.yaml:2: routes[0]:",
+              "match is required");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n", "idem.yaml:2: routes[0]:",
+              "upstream is required");
+    /* Duplicate names. */
+    parse_bad(ROUTE "  - name: r\n    match: { path: /y }\n",
+              "idem.yaml:6: routes[1].name:", "already the name of routes[0] (line 2)");
+}
+
+static void test_unknown_fields(void **state)
+{
+    parse_bad(ROUTE "    lese: 30s\n", "idem.yaml:6: routes[0].lese: unknown field",
+              "did you mean lease?");
+    parse_bad("listen: :80\nworker: 4\n", "idem.yaml:2: worker: unknown field",
+              "did you mean workers?");
+    parse_bad("limits:\n  body_max: 1MiB\n  bodymax: 2MiB\n",
+              "idem.yaml:3: limits.bodymax: unknown field", "did you mean body_max?");
+    parse_bad("storage: { kind: embedded, dir: /tmp }\n",
+              "idem.yaml:1: storage.dir: unknown field", "kind, path");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x, host: a }\n",
+              "idem.yaml:3: routes[0].match.host: unknown field", NULL);
+    parse_bad("tls: on\n", "idem.yaml:1: tls: unknown field",
+              "known here: listen, storage, subject_header, workers, limits, routes");
+    parse_bad("? [a, b]\n: 1\n", "idem.yaml:1:", "plain strings");
+    /* Given twice. */
+    parse_bad(ROUTE "    lease: 1s\n    lease: 2s\n", "idem.yaml:7: routes[0].lease:",
+              "given twice");
+    /* A name full of bytes a terminal should not see comes out escaped. */
+    char err[512];
+    struct server_config *c;
+    const char bad[] = "\"\\e[31mred\": 1\n";
+    assert_int_equal(config_parse(bad, strlen(bad), "idem.yaml", &c, err, sizeof err), -1);
+    assert_null(strchr(err, '\x1b'));
+    assert_non_null(strstr(err, "unknown field"));
+}
+
+static void test_wrong_types_and_ranges(void **state)
+{
+    parse_bad("routes: { name: r }\n", "idem.yaml:1: routes:", "expected a list");
+    parse_bad("routes: [r]\n", "idem.yaml:1: routes[0]:", "expected a mapping");
+    parse_bad("limits: [1, 2]\n", "idem.yaml:1: limits:", "expected a mapping");
+    parse_bad("storage: ./idem.db\n", "idem.yaml:1: storage:", "expected a mapping");
+    parse_bad("storage: { kind: redis }\n", "idem.yaml:1: storage.kind:", "embedded");
+    parse_bad("storage: { path: \"\" }\n", "idem.yaml:1: storage.path:", "empty");
+    parse_bad("[1, 2]\n", "idem.yaml:1:", "top level must be a mapping");
+    parse_bad("hello\n", "idem.yaml:1:", "top level must be a mapping");
+    parse_bad("workers: 0\n", "idem.yaml:1: workers:", "1 to 4096");
+    parse_bad("workers: 4097\n", "idem.yaml:1: workers:", "1 to 4096");
+    parse_bad("workers: -3\n", "idem.yaml:1: workers:", "not a whole number");
+    parse_bad("workers: 8.5\n", "idem.yaml:1: workers:", "not a whole number");
+    parse_bad("workers: [8]\n", "idem.yaml:1: workers:", "got a list");
+    parse_bad("subject_header: \"X Subject\"\n", "idem.yaml:1: subject_header:",
+              "not a header name");
+    parse_bad(ROUTE "    lease: 0\n", "idem.yaml:6: routes[0].lease:",
+              "out of range (must be 1ms to 1d)");
+    parse_bad(ROUTE "    lease: 25h\n", "idem.yaml:6: routes[0].lease:", "out of range");
+    parse_bad(ROUTE "    lease: abc\n", "idem.yaml:6: routes[0].lease:",
+              "\"abc\" is not a duration (use");
+    parse_bad(ROUTE "    lease: -5s\n", "idem.yaml:6: routes[0].lease:", "negative");
+    parse_bad(ROUTE "    lease:\n", "idem.yaml:6: routes[0].lease:", "no value");
+    parse_bad(ROUTE "    lease: [30s]\n", "idem.yaml:6: routes[0].lease:", "got a list");
+    parse_bad(ROUTE "    wait_timeout: 11m\n", "idem.yaml:6: routes[0].wait_timeout:",
+              "must be 1ms to 10m");
+    parse_bad(ROUTE "    retention: 3651d\n", "idem.yaml:6: routes[0].retention:",
+              "out of range");
+    parse_bad(ROUTE "    upstream_timeout: 2h\n",
+              "idem.yaml:6: routes[0].upstream_timeout:", "out of range");
+    parse_bad(ROUTE "    scope: tenant\n", "idem.yaml:6: routes[0].scope:",
+              "not global or subject");
+    parse_bad(ROUTE "    in_flight: queue\n", "idem.yaml:6: routes[0].in_flight:",
+              "not reject or wait");
+    parse_bad(ROUTE "    on_upstream_5xx: retry\n",
+              "idem.yaml:6: routes[0].on_upstream_5xx:", "not release or store");
+    parse_bad("limits:\n  body_max: lots\n", "idem.yaml:2: limits.body_max:",
+              "not a size");
+    parse_bad("limits:\n  body_max: 2GiB\n", "idem.yaml:2: limits.body_max:",
+              "must be 1B to 1GiB");
+    parse_bad("limits:\n  request_line_max: 100\n",
+              "idem.yaml:2: limits.request_line_max:", "256B to 1MiB");
+    parse_bad("limits:\n  header_count_max: 1k\n",
+              "idem.yaml:2: limits.header_count_max:", "not a whole number");
+    parse_bad("limits:\n  idle_timeout: 0\n", "idem.yaml:2: limits.idle_timeout:",
+              "out of range");
+    parse_bad("limits:\n  shutdown_timeout: -1s\n",
+              "idem.yaml:2: limits.shutdown_timeout:", "negative");
+    parse_bad("limits:\n  in_flight_max: 0\n", "idem.yaml:2: limits.in_flight_max:",
+              "1 to 1000000");
+    struct server_config *c = parse_ok("limits:\n  shutdown_timeout: 0\n");
+    assert_int_equal(c->limits.shutdown_timeout_ms, 0);
+    config_free(c);
+}
+
+static void test_syntax_errors(void **state)
+{
+    parse_bad("listen: :80\nroutes:\n  - name: r\n   match: x\n",
+              "idem.yaml:4:", "YAML syntax:");
+    parse_bad("limits: { body_max: 1MiB\n", "idem.yaml:2:", "YAML syntax:");
+    parse_bad("listen: \"unterminated\n", "YAML syntax:", "quoted scalar");
+    parse_bad("a: b: c\n", "idem.yaml:1:", "YAML syntax:");
+    parse_bad("\tlisten: :80\n", "idem.yaml:1:", "YAML syntax:");
+    parse_bad("listen: :80\n---\nworkers: 4\n", "idem.yaml:2:", "second YAML document");
+    parse_bad("---\n---\n", "idem.yaml:2:", "second YAML document");
+    parse_bad("listen: :80\n...\n]\n", "idem.yaml:3:", "YAML syntax:");
+    parse_bad("x: *nowhere\n", "idem.yaml:1: *nowhere:", "aliases");
+    /* Invalid UTF-8 is the reader's error; it still gets a line. */
+    parse_bad("listen: :80\nworkers: \xff\n", "idem.yaml:2:", "YAML syntax:");
+    /* A NUL byte, raw or escaped. */
+    parse_bad_len("listen: :80\n\0workers: 1\n", 24, "idem.yaml:2:", "YAML syntax");
+    parse_bad("storage: { path: \"a\\0b\" }\n", "idem.yaml:1: storage.path:", "NUL");
+}
+
+static void test_aliases(void **state)
+{
+    parse_bad("x: &a 1\n", "idem.yaml:1: x:", "unknown field");
+    parse_bad("limits: &l { body_max: 1MiB }\nroutes:\n  - name: r\n    match: *l\n",
+              "idem.yaml:4: *l:", "aliases are not supported");
+    parse_bad(ROUTE "    layers: &l [record]\n  - name: s\n    layers: *l\n",
+              "idem.yaml:8: *l:", "aliases are not supported");
+    /* An anchor that refers to itself would make a cycle. */
+    parse_bad("routes: &r [*r]\n", "idem.yaml:1: *r:", "aliases");
+    parse_bad("&m {a: *m}\n", "idem.yaml:1: *m:", "aliases");
+    /* An anchor alone is harmless. */
+    struct server_config *c = parse_ok("listen: &l :8081\n");
+    assert_int_equal(c->listen_port, 8081);
+    config_free(c);
+
+    /* Billion laughs: 9^30 references in 1.5 KB, refused at the first alias. */
+    char bomb[2048];
+    size_t n = (size_t)snprintf(bomb, sizeof bomb, "a0: &a0 [lol]\n");
+    for (int i = 1; i <= 30; i++) {
+        n += (size_t)snprintf(bomb + n, sizeof bomb - n, "a%d: &a%d [", i, i);
+        for (int j = 0; j < 9; j++)
+            n += (size_t)snprintf(bomb + n, sizeof bomb - n, "%s*a%d", j ? "," : "",
+                                  i - 1);
+        n += (size_t)snprintf(bomb + n, sizeof bomb - n, "]\n");
+    }
+    assert_true(n < sizeof bomb);
+    parse_bad(bomb, "idem.yaml:2: *a0:", "aliases");
+}
+
+static void test_bounds(void **state)
+{
+    /* 1001 routes. */
+    size_t cap = 1001 * 16 + 64, n = 0;
+    char *y = malloc(cap);
+    assert_non_null(y);
+    n += (size_t)snprintf(y + n, cap - n, "routes:\n");
+    for (int i = 0; i < 1001; i++)
+        n += (size_t)snprintf(y + n, cap - n, "  - {}\n");
+    parse_bad(y, "idem.yaml:2: routes:", "at most 1000");
+    free(y);
+
+    /* 1000 routes are fine. */
+    cap = 1000 * 128 + 64;
+    n = 0;
+    y = malloc(cap);
+    assert_non_null(y);
+    n += (size_t)snprintf(y + n, cap - n, "routes:\n");
+    for (int i = 0; i < 1000; i++)
+        n += (size_t)snprintf(y + n, cap - n,
+                              "  - {name: r%d, match: {path: /r%d}, upstream: "
+                              "\"http://h\", key: {query: id}}\n", i, i);
+    struct server_config *c = parse_ok(y);
+    assert_int_equal(c->route_count, 1000);
+    assert_string_equal(c->routes[999].path, "/r999");
+    config_free(c);
+    free(y);
+
+    /* More than 1 MiB of input, even of comments. */
+    size_t big = 1024 * 1024 + 1;
+    y = malloc(big + 1);
+    assert_non_null(y);
+    memset(y, '#', big);
+    y[big] = '\0';
+    parse_bad(y, "idem.yaml:", "at most 1 MiB");
+    free(y);
+
+    /* Deep nesting: libyaml's scanner is quadratic in the depth, so a MiB of
+     * "[" must be cut short, not scanned. */
+    cap = 1024 * 1024;
+    y = malloc(cap + 1);
+    assert_non_null(y);
+    n = (size_t)snprintf(y, 16, "routes: ");
+    while (n < cap)
+        y[n++] = '[';
+    y[n] = '\0';
+    parse_bad(y, "idem.yaml:1:", "nested more than 32 levels");
+    free(y);
+    parse_bad("a:\n b:\n  c:\n   d:\n    e:\n     f:\n      g:\n       h:\n"
+              "        i:\n         j:\n          k:\n           l:\n"
+              "            m:\n             n:\n              o:\n"
+              "               p:\n                q:\n                 r:\n"
+              "                  s:\n                   t:\n"
+              "                    u:\n                     v:\n"
+              "                      w:\n                       x:\n"
+              "                        y:\n                         z:\n"
+              "                          A:\n                           B:\n"
+              "                            C:\n                             D:\n"
+              "                              E:\n                               F:\n"
+              "                                G: 1\n",
+              "idem.yaml:33:", "nested more than 32");
+
+    /* Too many values, each cheap to write. */
+    cap = 200001 * 2 + 16;
+    y = malloc(cap);
+    assert_non_null(y);
+    n = (size_t)snprintf(y, 16, "a: [");
+    for (int i = 0; i < 200001; i++) {
+        y[n++] = 'x';
+        y[n++] = ',';
+    }
+    y[n - 1] = ']';
+    y[n] = '\0';
+    parse_bad(y, "idem.yaml:1:", "more than 200000 values");
+    free(y);
+}
+
+static void test_error_buffer(void **state)
+{
+    struct server_config *c = (struct server_config *)1;
+    char small[8];
+    const char *yaml = ROUTE "    lese: 1s\n";
+    assert_int_equal(config_parse(yaml, strlen(yaml), "idem.yaml", &c, small, sizeof small), -1);
+    assert_null(c);
+    assert_string_equal(small, "idem.ya");
+    assert_int_equal(config_parse(yaml, strlen(yaml), NULL, &c, NULL, 0), -1);
+    char err[256];
+    assert_int_equal(config_parse("workers: 0", 10, NULL, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "config:1: workers:"));
+    assert_int_equal(config_parse(NULL, 0, NULL, &c, err, sizeof err), 0);
+    assert_non_null(c);
+    config_free(c);
+}
+
+static void test_load(void **state)
+{
+    struct server_config *c = (struct server_config *)1;
+    char err[512];
+    char *dir = test_mkdtemp();
+    char path[4096];
+
+    snprintf(path, sizeof path, "%s/missing.yaml", dir);
+    assert_int_equal(config_load(path, &c, err, sizeof err), -1);
+    assert_null(c);
+    assert_non_null(strstr(err, path));
+    assert_non_null(strstr(err, "No such file"));
+
+    snprintf(path, sizeof path, "%s/idem.yaml", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(full_example, f);
+    fclose(f);
+    assert_int_equal(config_load(path, &c, err, sizeof err), 0);
+    assert_string_equal(c->path, path);
+    assert_int_equal(c->route_count, 1);
+    config_free(c);
+
+    f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(ROUTE "    lease: 0s\n", f);
+    fclose(f);
+    assert_int_equal(config_load(path, &c, err, sizeof err), -1);
+    char want[4200];
+    snprintf(want, sizeof want, "%s:6: routes[0].lease:", path);
+    if (!strstr(err, want))
+        fail_msg("\"%s\" lacks \"%s\"", err, want);
+
+    f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 1100; i++)
+        fprintf(f, "# %1020d\n", i);
+    fclose(f);
+    assert_int_equal(config_load(path, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, "larger than 1 MiB"));
+
+    assert_int_equal(config_load(dir, &c, err, sizeof err), -1);
+    assert_non_null(strstr(err, dir));
+    test_rmdir(dir);
+}
+
+/* The example shipped in examples/ parses. The source tree is found from this
+ * file's own path. */
+static void test_shipped_example(void **state)
+{
+    struct server_config *c = NULL;
+    char err[512], path[4096];
+    const char *file = __FILE__, *at = strstr(file, "tests/server/");
+    if (!at)
+        skip();
+    snprintf(path, sizeof path, "%.*sexamples/idem.yaml", (int)(at - file), file);
+    if (config_load(path, &c, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    assert_int_equal(c->route_count, 3);
+    assert_string_equal(c->routes[0].space, "refund");
+    assert_int_equal(c->routes[0].scope_subject, 1);
+    assert_int_equal(c->routes[0].in_flight_wait, 1);
+    assert_string_equal(c->routes[1].space, "payment");
+    assert_string_equal(c->routes[2].space, "payment");
+    config_free(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full_example),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_route_defaults),
+        cmocka_unit_test(test_route_values),
+        cmocka_unit_test(test_shared_space),
+        cmocka_unit_test(test_durations),
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_listen),
+        cmocka_unit_test(test_upstream),
+        cmocka_unit_test(test_match),
+        cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_layers),
+        cmocka_unit_test(test_replay_headers),
+        cmocka_unit_test(test_fingerprint),
+        cmocka_unit_test(test_names),
+        cmocka_unit_test(test_unknown_fields),
+        cmocka_unit_test(test_wrong_types_and_ranges),
+        cmocka_unit_test(test_syntax_errors),
+        cmocka_unit_test(test_aliases),
+        cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_error_buffer),
+        cmocka_unit_test(test_load),
+        cmocka_unit_test(test_shipped_example),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

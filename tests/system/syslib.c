@@ -1,0 +1,260 @@
+/* syslib.c — processes and HTTP for the system tests. */
+#include "syslib.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testlib.h"
+
+static long long mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int sys_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+void sys_start(struct proc *p, char *const argv[], const char *log_path)
+{
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    memset(p, 0, sizeof *p);
+    snprintf(p->log, sizeof p->log, "%s", log_path);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        dup2(pipefd[1], 1);
+        int log = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (log >= 0)
+            dup2(log, 2);
+        close(pipefd[0]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    p->pid = pid;
+    p->out = pipefd[0];
+    char buf[4096];
+    size_t len = 0;
+    long long deadline = mono_ms() + 10000;
+    while (mono_ms() < deadline && len < sizeof buf - 1) {
+        struct pollfd pfd = {.fd = p->out, .events = POLLIN};
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        ssize_t n = read(p->out, buf + len, sizeof buf - 1 - len);
+        if (n <= 0)
+            break;
+        len += (size_t)n;
+        buf[len] = '\0';
+        const char *l = strstr(buf, "listening on ");
+        const char *nl = l ? strchr(l, '\n') : NULL;
+        if (nl) {
+            const char *colon = l;
+            for (const char *c = l; c < nl; c++)
+                if (*c == ':' && c[1] >= '0' && c[1] <= '9')
+                    colon = c;
+            p->port = atoi(colon + 1);
+            return;
+        }
+    }
+    int status;
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    fail_msg("%s did not say it was listening (stdout: %.*s; stderr in %s)", argv[0], (int)len,
+             buf, log_path);
+}
+
+int sys_run_fail(char *const argv[], char *err, size_t errlen)
+{
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pipefd[1], 2);
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        close(pipefd[0]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    size_t len = 0;
+    ssize_t n;
+    long long deadline = mono_ms() + 10000;
+    while (len < errlen - 1 && mono_ms() < deadline) {
+        struct pollfd pfd = {.fd = pipefd[0], .events = POLLIN};
+        if (poll(&pfd, 1, 100) <= 0) {
+            if (waitpid(pid, NULL, WNOHANG) == pid)
+                fail_msg("process exited but its stderr stayed open");
+            continue;
+        }
+        if ((n = read(pipefd[0], err + len, errlen - 1 - len)) <= 0)
+            break;
+        len += (size_t)n;
+    }
+    err[len] = '\0';
+    close(pipefd[0]);
+    int status;
+    if (mono_ms() >= deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("%s kept running; expected it to refuse and exit", argv[0]);
+    }
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int sys_stop(struct proc *p, int sig)
+{
+    int status;
+    if (p->pid <= 0)
+        return -1;
+    kill(p->pid, sig);
+    waitpid(p->pid, &status, 0);
+    close(p->out);
+    p->pid = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int connect_local(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
+void sys_http_raw(int port, const char *bytes, size_t len, int timeout_ms, struct sys_resp *r)
+{
+    memset(r, 0, sizeof *r);
+    int fd = connect_local(port);
+    if (fd < 0)
+        return;
+    size_t off = 0;
+    while (off < len) {
+        ssize_t n = send(fd, bytes + off, len - off, MSG_NOSIGNAL);
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+    }
+    struct http_limits lim = {65536, 1000, 1 << 20, 64 << 20};
+    struct http_parser p;
+    http_parser_init(&p, HTTP_PARSE_RESPONSE, &lim);
+    long long deadline = mono_ms() + timeout_ms;
+    char buf[65536];
+    for (;;) {
+        long long left = deadline - mono_ms();
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
+            break;
+        ssize_t n = recv(fd, buf, sizeof buf, 0);
+        enum http_parse_status st;
+        size_t used;
+        if (n <= 0) {
+            r->closed = 1;
+            st = http_parser_eof(&p);
+        } else {
+            st = http_parser_feed(&p, buf, (size_t)n, &used);
+        }
+        if (st == HTTP_DONE) {
+            r->m = http_parser_take(&p);
+            r->status = r->m ? r->m->status : 0;
+            /* Did the server close after the answer? */
+            if (!r->closed) {
+                struct pollfd q = {.fd = fd, .events = POLLIN};
+                if (poll(&q, 1, 200) == 1 && recv(fd, buf, sizeof buf, 0) == 0)
+                    r->closed = 1;
+            }
+            break;
+        }
+        if (st == HTTP_ERROR || n <= 0)
+            break;
+    }
+    http_parser_free(&p);
+    close(fd);
+}
+
+void sys_http(int port, const char *method, const char *target, const char *const *headers,
+              const char *body, int timeout_ms, struct sys_resp *r)
+{
+    size_t blen = body ? strlen(body) : 0, cap = 512 + blen + strlen(target);
+    for (const char *const *h = headers; h && *h; h++)
+        cap += strlen(*h) + 2;
+    char *req = malloc(cap), *o = req;
+    o += sprintf(o, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n", method, target);
+    for (const char *const *h = headers; h && *h; h++)
+        o += sprintf(o, "%s\r\n", *h);
+    if (body)
+        o += sprintf(o, "Content-Type: application/json\r\nContent-Length: %zu\r\n", blen);
+    o += sprintf(o, "Connection: close\r\n\r\n");
+    if (body) {
+        memcpy(o, body, blen);
+        o += blen;
+    }
+    sys_http_raw(port, req, (size_t)(o - req), timeout_ms, r);
+    free(req);
+}
+
+void sys_resp_free(struct sys_resp *r)
+{
+    http_msg_free(r->m);
+    r->m = NULL;
+}
+
+const char *sys_header(const struct sys_resp *r, const char *name)
+{
+    return r->m ? http_msg_header(r->m, name) : NULL;
+}
+
+long sys_stat(int upstream_port, const char *field)
+{
+    struct sys_resp r;
+    sys_http(upstream_port, "GET", "/stats", NULL, NULL, 5000, &r);
+    if (r.status != 200)
+        fail_msg("GET /stats on the upstream: %d", r.status);
+    json_t *j = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    json_t *v = j ? json_object_get(j, field) : NULL;
+    if (!json_is_integer(v))
+        fail_msg("GET /stats has no integer %s: %s", field, r.m->body);
+    long n = (long)json_integer_value(v);
+    json_decref(j);
+    sys_resp_free(&r);
+    return n;
+}
+
+void sys_write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}

@@ -1,0 +1,62 @@
+/*
+ * syslib.h — the pieces of a system test: start real processes (idem serve,
+ * the example refund service) on loopback, talk HTTP to them, stop or kill
+ * them, all inside a temp dir that is removed afterwards.
+ */
+#ifndef IDEM_TESTS_SYSLIB_H
+#define IDEM_TESTS_SYSLIB_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "http_parser.h"
+
+struct proc {
+    pid_t pid;
+    int out;       /* its stdout, read until the ready line */
+    int port;      /* the port it said it listens on */
+    char log[256]; /* where its stderr goes */
+};
+
+/* A free TCP port on 127.0.0.1 (bound and released: a small race, fine for
+ * tests). */
+int sys_free_port(void);
+
+/* Start argv (NULL-terminated), stderr to log_path, and wait up to 10 s for
+ * a stdout line containing "listening on HOST:PORT"; the port is parsed from
+ * it. Fails the test if the process exits or says nothing. */
+void sys_start(struct proc *p, char *const argv[], const char *log_path);
+
+/* Start, expecting the process to exit with a non-zero status; returns its
+ * exit status and fills err (its stderr) for assertions. */
+int sys_run_fail(char *const argv[], char *err, size_t errlen);
+
+/* Send sig and wait for the exit; returns the exit status (or 128+signal). */
+int sys_stop(struct proc *p, int sig);
+
+struct sys_resp {
+    int status;        /* 0 when the connection failed or closed without an answer */
+    struct http_msg *m;
+    int closed;        /* the server closed the connection after answering */
+};
+
+/* One request on a fresh connection. headers: NULL-terminated "Name: value"
+ * strings; body may be NULL. timeout_ms bounds the whole exchange. */
+void sys_http(int port, const char *method, const char *target, const char *const *headers,
+              const char *body, int timeout_ms, struct sys_resp *r);
+
+/* Raw bytes on a fresh connection; reads one answer (or the close). */
+void sys_http_raw(int port, const char *bytes, size_t len, int timeout_ms, struct sys_resp *r);
+
+void sys_resp_free(struct sys_resp *r);
+
+/* A header of the response, or NULL. */
+const char *sys_header(const struct sys_resp *r, const char *name);
+
+/* The refund service's GET /stats field (executions, refunds, payments...). */
+long sys_stat(int upstream_port, const char *field);
+
+/* Write text to path. */
+void sys_write_file(const char *path, const char *text);
+
+#endif

@@ -1,0 +1,728 @@
+/*
+ * test_gateway.c — idem serve in front of the real example refund service,
+ * on loopback, in a temp dir:
+ *
+ *   test_gateway IDEM_BINARY REFUND_SERVICE_BINARY
+ *
+ * Each test starts the idem instance its configuration needs; the refund
+ * service (with its own UNIQUE constraint and an execution counter) runs for
+ * the whole group. Executions are read from the service's /stats before and
+ * after, so tests do not depend on each other.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "syslib.h"
+#include "testlib.h"
+
+static const char *idem_bin, *service_bin;
+static char *dir;
+static struct proc service;
+static int config_seq;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Start idem serve with this YAML (routes and limits); "@UP@" in it becomes
+ * the refund service's address and "@DIR@" the temp dir. */
+static void start_idem(struct proc *p, const char *yaml_routes, const char *db_name)
+{
+    char path[4200], db[4200], log[4200], text[16384];
+    snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, ++config_seq);
+    snprintf(db, sizeof db, "%s/%s", dir, db_name);
+    snprintf(log, sizeof log, "%s/idem-%d.log", dir, config_seq);
+    char up[64];
+    snprintf(up, sizeof up, "http://127.0.0.1:%d", service.port);
+    /* Substitute @UP@. */
+    const char *s = yaml_routes;
+    char *o = text;
+    o += sprintf(o, "subject_header: X-Subject\n");
+    while (*s) {
+        if (strncmp(s, "@UP@", 4) == 0) {
+            o += sprintf(o, "%s", up);
+            s += 4;
+        } else {
+            *o++ = *s++;
+        }
+    }
+    *o = '\0';
+    sys_write_file(path, text);
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, "--listen", "127.0.0.1:0", NULL};
+    sys_start(p, argv, log);
+}
+
+static const char wait_routes[] =
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n"
+    "    space: refund\n"
+    "    layers: [lock, record]\n"
+    "    in_flight: wait\n"
+    "    wait_timeout: 10s\n"
+    "    lease: 10s\n"
+    "    upstream_timeout: 2s\n"
+    "    replay_headers: [content-type, location]\n"
+    "  - name: payment-callback\n"
+    "    match: { method: POST, path: /callbacks/payment }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: serial_no }\n"
+    "    space: payment\n"
+    "    fingerprint: [serial_no, amount]\n"
+    "  - name: payment-repush\n"
+    "    match: { method: POST, path: /admin/payments/repush }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: serial_no }\n"
+    "    space: payment\n"
+    "    fingerprint: [serial_no, amount]\n";
+
+static const char reject_routes[] =
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n"
+    "    in_flight: reject\n"
+    "    lease: 3s\n"
+    "    upstream_timeout: 1s\n";
+
+static const char token_routes[] =
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n"
+    "    scope: subject\n"
+    "    layers: [token, lock, record]\n"
+    "    in_flight: wait\n"
+    "    wait_timeout: 5s\n";
+
+/* ---- concurrency ---- */
+
+struct storm {
+    int port;
+    const char *body;
+    const char *const *headers;
+    struct sys_resp resp[100];
+};
+
+static void one_post(void *arg, int i)
+{
+    struct storm *s = arg;
+    sys_http(s->port, "POST", "/refunds", s->headers, s->body, 20000, &s->resp[i]);
+}
+
+static void test_storm_wait_one_execution(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, wait_routes, "wait.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const hdrs[] = {"X-Delay-Ms: 200", NULL};
+    struct storm *s = calloc(1, sizeof *s);
+    s->port = gw.port;
+    s->headers = hdrs;
+    s->body = "{\"refund_no\":\"R-storm-wait\",\"amount\":\"10.00\"}";
+    test_run_threads(100, one_post, s);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    /* Every client got the first answer, byte for byte. */
+    assert_int_equal(s->resp[0].status, 201);
+    int replayed = 0;
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(s->resp[i].status, 201);
+        assert_int_equal(s->resp[i].m->body_len, s->resp[0].m->body_len);
+        assert_memory_equal(s->resp[i].m->body, s->resp[0].m->body, s->resp[0].m->body_len);
+        const char *rp = sys_header(&s->resp[i], "Idempotent-Replayed");
+        replayed += rp && strcmp(rp, "true") == 0;
+    }
+    assert_int_equal(replayed, 99);
+    for (int i = 0; i < 100; i++)
+        sys_resp_free(&s->resp[i]);
+    free(s);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static void test_storm_reject(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "reject.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const hdrs[] = {"X-Delay-Ms: 200", NULL};
+    struct storm *s = calloc(1, sizeof *s);
+    s->port = gw.port;
+    s->headers = hdrs;
+    s->body = "{\"refund_no\":\"R-storm-reject\",\"amount\":\"10.00\"}";
+    test_run_threads(100, one_post, s);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    int created = 0, conflict = 0, replayed = 0;
+    for (int i = 0; i < 100; i++) {
+        if (s->resp[i].status == 201) {
+            const char *rp = sys_header(&s->resp[i], "Idempotent-Replayed");
+            if (rp)
+                replayed++;
+            else
+                created++;
+        } else {
+            assert_int_equal(s->resp[i].status, 409);
+            assert_string_equal(sys_header(&s->resp[i], "Content-Type"), "application/problem+json");
+            assert_non_null(sys_header(&s->resp[i], "Retry-After"));
+            assert_non_null(strstr(s->resp[i].m->body, "urn:idem:request_in_flight"));
+            conflict++;
+        }
+        sys_resp_free(&s->resp[i]);
+    }
+    assert_int_equal(created, 1);
+    assert_int_equal(created + conflict + replayed, 100);
+    assert_true(conflict >= 1);
+    free(s);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+/* ---- sequential semantics ---- */
+
+static void test_replay_mismatch_missing_key(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct sys_resp a, b, c, d;
+    start_idem(&gw, reject_routes, "seq.db");
+    long before = sys_stat(service.port, "executions");
+    const char *body = "{\"refund_no\":\"R-seq\",\"amount\":\"5.00\"}";
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &a);
+    assert_int_equal(a.status, 201);
+    assert_null(sys_header(&a, "Idempotent-Replayed"));
+    assert_non_null(sys_header(&a, "Location"));
+    for (int i = 0; i < 3; i++) {
+        sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &b);
+        assert_int_equal(b.status, 201);
+        assert_string_equal(sys_header(&b, "Idempotent-Replayed"), "true");
+        assert_int_equal(b.m->body_len, a.m->body_len);
+        assert_memory_equal(b.m->body, a.m->body, a.m->body_len);
+        sys_resp_free(&b);
+    }
+    /* The same key with another payload: refused, never executed. */
+    sys_http(gw.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-seq\",\"amount\":\"999.00\"}",
+             5000, &c);
+    assert_int_equal(c.status, 422);
+    assert_non_null(strstr(c.m->body, "urn:idem:key_reused"));
+    /* No key: 400 naming what was expected. */
+    sys_http(gw.port, "POST", "/refunds", NULL, "{\"amount\":\"1.00\"}", 5000, &d);
+    assert_int_equal(d.status, 400);
+    assert_non_null(strstr(d.m->body, "refund_no"));
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    sys_resp_free(&a);
+    sys_resp_free(&c);
+    sys_resp_free(&d);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static void test_shared_space_two_routes(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct sys_resp a, b, c;
+    start_idem(&gw, wait_routes, "shared.db");
+    long before = sys_stat(service.port, "payment_executions");
+    sys_http(gw.port, "POST", "/callbacks/payment", NULL,
+             "{\"serial_no\":\"CH-778\",\"amount\":\"42.00\",\"channel\":\"alipay\"}", 5000, &a);
+    assert_int_equal(a.status / 100, 2);
+    /* The operator re-pushes the same payment through another route. */
+    sys_http(gw.port, "POST", "/admin/payments/repush", NULL,
+             "{\"serial_no\":\"CH-778\",\"amount\":\"42.00\",\"operator\":\"zhang\"}", 5000, &b);
+    assert_int_equal(b.status, a.status);
+    assert_string_equal(sys_header(&b, "Idempotent-Replayed"), "true");
+    /* And the channel calls back again. */
+    sys_http(gw.port, "POST", "/callbacks/payment", NULL,
+             "{\"serial_no\":\"CH-778\",\"amount\":\"42.00\",\"channel\":\"alipay\"}", 5000, &c);
+    assert_string_equal(sys_header(&c, "Idempotent-Replayed"), "true");
+    assert_int_equal(sys_stat(service.port, "payment_executions") - before, 1);
+    sys_resp_free(&a);
+    sys_resp_free(&b);
+    sys_resp_free(&c);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static void test_subject_scope(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, token_routes, "subject.db");
+    long before = sys_stat(service.port, "executions");
+    struct sys_resp tok, r1, r2, r1b, r2b;
+    const char *body = "{\"refund_no\":\"R-subj\",\"amount\":\"7.00\"}";
+    char t1[128], t2[128];
+    /* Each subject gets its own token. */
+    static const char *const alice[] = {"X-Subject: alice", NULL};
+    static const char *const bob[] = {"X-Subject: bob", NULL};
+    sys_http(gw.port, "POST", "/_idem/v1/tokens", alice, "{\"scene\":\"refund\"}", 5000, &tok);
+    assert_int_equal(tok.status, 201);
+    snprintf(t1, sizeof t1, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&tok);
+    sys_http(gw.port, "POST", "/_idem/v1/tokens", bob, "{\"scene\":\"refund\"}", 5000, &tok);
+    snprintf(t2, sizeof t2, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&tok);
+    const char *h1[] = {"X-Subject: alice", t1, NULL}, *h2[] = {"X-Subject: bob", t2, NULL};
+    sys_http(gw.port, "POST", "/refunds", h1, body, 5000, &r1);
+    sys_http(gw.port, "POST", "/refunds", h2, body, 5000, &r2);
+    /* Two subjects, one key: two executions. */
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(r1.status, 201);
+    /* The service's own constraint refused bob's duplicate refund_no: that is
+     * bob's answer, and only bob's. */
+    assert_int_equal(r2.status, 409);
+    sys_http(gw.port, "POST", "/refunds", h1, body, 5000, &r1b);
+    sys_http(gw.port, "POST", "/refunds", h2, body, 5000, &r2b);
+    assert_int_equal(r1b.status, 201);
+    assert_memory_equal(r1b.m->body, r1.m->body, r1.m->body_len);
+    assert_int_equal(r2b.status, 409);
+    assert_memory_equal(r2b.m->body, r2.m->body, r2.m->body_len);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    sys_resp_free(&r1);
+    sys_resp_free(&r2);
+    sys_resp_free(&r1b);
+    sys_resp_free(&r2b);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static void test_token_flow(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, token_routes, "token.db");
+    long before = sys_stat(service.port, "executions");
+    struct sys_resp tok, r;
+    static const char *const carol[] = {"X-Subject: carol", NULL};
+    sys_http(gw.port, "POST", "/_idem/v1/tokens", carol, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
+             5000, &tok);
+    assert_int_equal(tok.status, 201);
+    char th[128];
+    snprintf(th, sizeof th, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&tok);
+    const char *h[] = {"X-Subject: carol", th, "X-Delay-Ms: 200", NULL};
+    /* A double submit with one token: one execution. */
+    struct storm *s = calloc(1, sizeof *s);
+    s->port = gw.port;
+    s->headers = h;
+    s->body = "{\"refund_no\":\"R-token\",\"amount\":\"3.00\"}";
+    test_run_threads(2, one_post, s);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(s->resp[i].status, 201);
+        sys_resp_free(&s->resp[i]);
+    }
+    free(s);
+    /* A late retry with the spent token and the same key: the first answer. */
+    sys_http(gw.port, "POST", "/refunds", h, "{\"refund_no\":\"R-token\",\"amount\":\"3.00\"}", 5000,
+             &r);
+    assert_int_equal(r.status, 201);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    sys_resp_free(&r);
+    /* The spent token on another key: refused, "refresh and retry". */
+    sys_http(gw.port, "POST", "/refunds", h, "{\"refund_no\":\"R-token-2\",\"amount\":\"3.00\"}",
+             5000, &r);
+    assert_int_equal(r.status, 409);
+    assert_non_null(strstr(r.m->body, "urn:idem:token_spent"));
+    sys_resp_free(&r);
+    /* No token at all. */
+    static const char *const none[] = {"X-Subject: carol", NULL};
+    sys_http(gw.port, "POST", "/refunds", none, "{\"refund_no\":\"R-token-3\",\"amount\":\"3.00\"}",
+             5000, &r);
+    assert_int_equal(r.status, 428);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+/* ---- failures ---- */
+
+static void test_upstream_5xx_release(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct sys_resp r;
+    start_idem(&gw, reject_routes, "5xx.db");
+    long before = sys_stat(service.port, "executions");
+    const char *body = "{\"refund_no\":\"R-5xx\",\"amount\":\"1.00\"}";
+    static const char *const fail[] = {"X-Fail: 503", NULL};
+    sys_http(gw.port, "POST", "/refunds", fail, body, 5000, &r);
+    assert_int_equal(r.status, 503);
+    sys_resp_free(&r);
+    /* Released: the retry executes, and succeeds. */
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 201);
+    assert_null(sys_header(&r, "Idempotent-Replayed"));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(sys_stat(service.port, "refunds") >= 1, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static void test_upstream_unreachable(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct sys_resp r;
+    char routes[1024];
+    int dead = sys_free_port();
+    snprintf(routes, sizeof routes,
+             "routes:\n"
+             "  - name: refund\n"
+             "    match: { method: POST, path: /refunds }\n"
+             "    upstream: http://127.0.0.1:%d\n"
+             "    key: { json: refund_no }\n",
+             dead);
+    start_idem(&gw, routes, "unreachable.db");
+    const char *body = "{\"refund_no\":\"R-down\",\"amount\":\"1.00\"}";
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 502);
+    assert_non_null(strstr(r.m->body, "urn:idem:upstream_unreachable"));
+    sys_resp_free(&r);
+    /* Released, not stuck: the retry is tried again (and fails again). */
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 502);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+struct bg_post {
+    int port;
+    const char *body;
+    const char *const *headers;
+    struct sys_resp resp;
+    pthread_t t;
+};
+
+static void *bg_post_main(void *arg)
+{
+    struct bg_post *b = arg;
+    sys_http(b->port, "POST", "/refunds", b->headers, b->body, 15000, &b->resp);
+    return NULL;
+}
+
+static void test_upstream_killed_mid_request(void **state)
+{
+    (void)state;
+    struct proc gw, svc;
+    char db[4200], log[4200], listen[64], routes[1024];
+    int port = sys_free_port();
+    snprintf(db, sizeof db, "%s/killed-svc.db", dir);
+    snprintf(log, sizeof log, "%s/killed-svc.log", dir);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    char *argv[] = {(char *)service_bin, "--listen", listen, "--db", db, NULL};
+    sys_start(&svc, argv, log);
+    snprintf(routes, sizeof routes,
+             "routes:\n"
+             "  - name: refund\n"
+             "    match: { method: POST, path: /refunds }\n"
+             "    upstream: http://127.0.0.1:%d\n"
+             "    key: { json: refund_no }\n"
+             "    lease: 30s\n",
+             port);
+    start_idem(&gw, routes, "killed.db");
+    static const char *const slow[] = {"X-Delay-Ms: 3000", NULL};
+    struct bg_post b = {.port = gw.port, .headers = slow,
+                        .body = "{\"refund_no\":\"R-killed\",\"amount\":\"1.00\"}"};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(500); /* the request is in the service's hands */
+    sys_stop(&svc, SIGKILL);
+    pthread_join(b.t, NULL);
+    /* Sent, no answer: the outcome is unknown, and Idem says so. */
+    assert_int_equal(b.resp.status, 504);
+    assert_non_null(strstr(b.resp.m->body, "urn:idem:outcome_unknown"));
+    sys_resp_free(&b.resp);
+    /* The record stays PROCESSING: a retry is not executed. */
+    sys_start(&svc, argv, log);
+    long before = sys_stat(port, "executions");
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
+    assert_int_equal(r.status, 409);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(port, "executions") - before, 0);
+    sys_http(gw.port, "GET", "/_idem/v1/records/refund/R-killed", NULL, NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"state\":\"PROCESSING\""));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    sys_stop(&svc, SIGTERM);
+}
+
+static void test_daemon_killed_mid_request(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "sigkill.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 1500", NULL};
+    struct bg_post b = {.port = gw.port, .headers = slow,
+                        .body = "{\"refund_no\":\"R-sigkill\",\"amount\":\"1.00\"}"};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(400);
+    sys_stop(&gw, SIGKILL);
+    pthread_join(b.t, NULL);
+    assert_int_equal(b.resp.status, 0); /* the client lost its connection */
+    /* Restarted on the same file: the claim survived the kill. */
+    start_idem(&gw, reject_routes, "sigkill.db");
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
+    assert_int_equal(r.status, 409);
+    sys_resp_free(&r);
+    sleep_ms(1500); /* the service finishes the first request */
+    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
+    assert_int_equal(r.status, 409); /* still PROCESSING: the lease (3 s) holds */
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static void test_sigterm_drains(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "drain.db");
+    static const char *const slow[] = {"X-Delay-Ms: 800", NULL};
+    struct bg_post b = {.port = gw.port, .headers = slow,
+                        .body = "{\"refund_no\":\"R-drain\",\"amount\":\"1.00\"}"};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(300);
+    kill(gw.pid, SIGTERM);
+    pthread_join(b.t, NULL);
+    assert_int_equal(b.resp.status, 201); /* finished and answered */
+    sys_resp_free(&b.resp);
+    assert_int_equal(sys_stop(&gw, 0), 0);
+    /* And recorded: a new instance replays it. */
+    start_idem(&gw, reject_routes, "drain.db");
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
+    assert_int_equal(r.status, 201);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+/* ---- limits and malformed requests ---- */
+
+static const char limit_routes[] =
+    "limits:\n"
+    "  body_max: 1KiB\n"
+    "  header_count_max: 20\n"
+    "  request_line_max: 512\n"
+    "  header_timeout: 600ms\n"
+    "  body_timeout: 600ms\n"
+    "  connections_max: 40\n"
+    "  requests_per_connection: 2\n"
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n";
+
+static void expect_raw(int port, const char *bytes, int status, int closed)
+{
+    struct sys_resp r;
+    sys_http_raw(port, bytes, strlen(bytes), 3000, &r);
+    if (r.status != status)
+        fail_msg("%d for %s (expected %d)", r.status, bytes, status);
+    if (closed)
+        assert_true(r.closed);
+    if (status >= 400)
+        assert_string_equal(sys_header(&r, "Content-Type"), "application/problem+json");
+    sys_resp_free(&r);
+}
+
+static void test_limits_and_malformed(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, limit_routes, "limits.db");
+    long before = sys_stat(service.port, "executions");
+    char big[4096];
+    snprintf(big, sizeof big,
+             "POST /refunds HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n%2000d", 7);
+    expect_raw(gw.port, big, 413, 1);
+    expect_raw(gw.port,
+               "POST /refunds HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+               "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+               400, 1);
+    expect_raw(gw.port,
+               "POST /refunds HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400,
+               1);
+    expect_raw(gw.port, "GET / HTTP/1.1\r\nHost: x\r\nX-A: a\rb\r\n\r\n", 400, 1);
+    expect_raw(gw.port, "GET / HTTP/1.1\r\nHost: x\nX-A: b\r\n\r\n", 400, 1);
+    static const char nul_req[] = "GET / HTTP/1.1\r\nHost: x\r\nX-A: a\0b\r\n\r\n";
+    struct sys_resp r;
+    sys_http_raw(gw.port, nul_req, sizeof nul_req - 1, 3000, &r);
+    assert_int_equal(r.status, 400);
+    sys_resp_free(&r);
+    char many[4096], *o = many;
+    o += sprintf(o, "GET / HTTP/1.1\r\n");
+    for (int i = 0; i < 30; i++)
+        o += sprintf(o, "X-H%d: v\r\n", i);
+    sprintf(o, "\r\n");
+    expect_raw(gw.port, many, 431, 1);
+    char longline[2048];
+    snprintf(longline, sizeof longline, "GET /%01000d HTTP/1.1\r\nHost: x\r\n\r\n", 0);
+    expect_raw(gw.port, longline, 414, 1);
+    /* The key with a control character, through JSON's escapes. */
+    struct sys_resp k;
+    sys_http(gw.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R\\n1\",\"amount\":\"1\"}", 3000,
+             &k);
+    assert_int_equal(k.status, 400);
+    assert_non_null(strstr(k.m->body, "urn:idem:key_invalid"));
+    sys_resp_free(&k);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 0);
+
+    /* requests_per_connection: 2 — the second answer closes. */
+    const char two[] = "GET /_idem/v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+                       "GET /_idem/v1/health HTTP/1.1\r\nHost: x\r\n\r\n";
+    sys_http_raw(gw.port, two, sizeof two - 1, 3000, &r);
+    assert_int_equal(r.status, 200);
+    sys_resp_free(&r);
+
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+struct slow_client {
+    int port;
+    struct sys_resp resp;
+};
+
+static void test_slow_client_cut_off(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, limit_routes, "slow.db");
+    /* A client that sends half a request and stalls is answered 408 and
+     * closed after header_timeout + body_timeout... */
+    struct sys_resp r;
+    const char half[] = "POST /refunds HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{\"ref";
+    long long t0 = time(NULL);
+    sys_http_raw(gw.port, half, sizeof half - 1, 5000, &r);
+    assert_int_equal(r.status, 408);
+    assert_true(r.closed);
+    assert_true(time(NULL) - t0 <= 3);
+    sys_resp_free(&r);
+    /* ...while everyone else is served. */
+    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 3000, &r);
+    assert_int_equal(r.status, 200);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static void test_bad_config_refused(void **state)
+{
+    (void)state;
+    char path[4200], err[4096];
+    snprintf(path, sizeof path, "%s/bad.yaml", dir);
+    sys_write_file(path, "listen: 127.0.0.1:0\n"
+                         "routes:\n"
+                         "  - name: refund\n"
+                         "    match: { method: POST, path: /refunds }\n"
+                         "    upstream: http://127.0.0.1:1\n"
+                         "    key: { json: refund_no }\n"
+                         "    lease: soon\n");
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, NULL};
+    int status = sys_run_fail(argv, err, sizeof err);
+    assert_int_equal(status, 2);
+    assert_non_null(strstr(err, "bad.yaml:7"));
+    assert_non_null(strstr(err, "lease"));
+}
+
+static void test_sighup_reloads_routes(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "hup.db");
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/callbacks/payment", NULL,
+             "{\"serial_no\":\"CH-hup\",\"amount\":\"1.00\"}", 5000, &r);
+    assert_null(sys_header(&r, "Idempotent-Replayed"));
+    sys_resp_free(&r);
+    /* Rewrite the same file with the payment routes, and reload. */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, config_seq);
+    char text[8192], up[64], *o = text;
+    snprintf(up, sizeof up, "http://127.0.0.1:%d", service.port);
+    o += sprintf(o, "subject_header: X-Subject\n");
+    for (const char *s = wait_routes; *s;)
+        if (strncmp(s, "@UP@", 4) == 0) {
+            o += sprintf(o, "%s", up);
+            s += 4;
+        } else {
+            *o++ = *s++;
+        }
+    *o = '\0';
+    sys_write_file(path, text);
+    kill(gw.pid, SIGHUP);
+    sleep_ms(300);
+    for (int i = 0; i < 2; i++) {
+        sys_http(gw.port, "POST", "/callbacks/payment", NULL,
+                 "{\"serial_no\":\"CH-hup2\",\"amount\":\"1.00\"}", 5000, &r);
+        if (i == 1)
+            assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+        sys_resp_free(&r);
+    }
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    dir = test_mkdtemp();
+    char db[4200], log[4200], listen[64];
+    snprintf(db, sizeof db, "%s/refunds.db", dir);
+    snprintf(log, sizeof log, "%s/refund_service.log", dir);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", sys_free_port());
+    char *argv[] = {(char *)service_bin, "--listen", listen, "--db", db, NULL};
+    sys_start(&service, argv, log);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    sys_stop(&service, SIGTERM);
+    if (getenv("IDEM_KEEP_TEST_DIR"))
+        fprintf(stderr, "test dir kept: %s\n", dir);
+    else
+        test_rmdir(dir);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3) {
+        fprintf(stderr, "usage: %s IDEM_BINARY REFUND_SERVICE_BINARY\n", argv[0]);
+        return 2;
+    }
+    idem_bin = argv[1];
+    service_bin = argv[2];
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_storm_wait_one_execution),
+        cmocka_unit_test(test_storm_reject),
+        cmocka_unit_test(test_replay_mismatch_missing_key),
+        cmocka_unit_test(test_shared_space_two_routes),
+        cmocka_unit_test(test_subject_scope),
+        cmocka_unit_test(test_token_flow),
+        cmocka_unit_test(test_upstream_5xx_release),
+        cmocka_unit_test(test_upstream_unreachable),
+        cmocka_unit_test(test_upstream_killed_mid_request),
+        cmocka_unit_test(test_daemon_killed_mid_request),
+        cmocka_unit_test(test_sigterm_drains),
+        cmocka_unit_test(test_limits_and_malformed),
+        cmocka_unit_test(test_slow_client_cut_off),
+        cmocka_unit_test(test_bad_config_refused),
+        cmocka_unit_test(test_sighup_reloads_routes),
+    };
+    return cmocka_run_group_tests_name("gateway", tests, group_setup, group_teardown);
+}
