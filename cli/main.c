@@ -8,6 +8,7 @@
 
 #include "idem.h"
 #include "serve.h"
+#include "verify.h"
 
 static void usage(FILE *out)
 {
@@ -19,6 +20,7 @@ static void usage(FILE *out)
             "\n"
             "commands:\n"
             "  serve      run the daemon: the idempotency gateway and the JSON API\n"
+            "  verify     prove an HTTP write endpoint is idempotent: duplicate storms\n"
             "  version    print the version\n"
             "  help       this text\n"
             "\n"
@@ -34,6 +36,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "serve") == 0)
         return serve_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "verify") == 0)
+        return verify_main(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("idem %s\n", idem_version());
         return 0;
