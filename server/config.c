@@ -196,6 +196,8 @@ void config_free(struct server_config *c)
     free(c->storage_kind);
     free(c->storage_path);
     free(c->subject_header);
+    free(c->upstream.host);
+    free(c->upstream.base_path);
     for (size_t i = 0; i < c->route_count; i++)
         route_free(&c->routes[i]);
     free(c->routes);
@@ -270,6 +272,7 @@ struct ctx {
 #define PRINTF_LIKE(f, a)
 #endif
 
+PRINTF_LIKE(4, 0)
 static int vfail(struct ctx *c, unsigned long line, const char *path,
                  const char *fmt, va_list ap)
 {
@@ -721,18 +724,21 @@ static int is_ipv6(const char *s, size_t len)
     return colons >= 2;
 }
 
-static int parse_port(const char *s, int *port)
+/* A port; 0 only where allow_zero (listen: the system picks a free port,
+ * which is what tests want). */
+static int parse_port(const char *s, int *port, int allow_zero)
 {
     uint64_t v;
     const char *end = digits(s, 65535, &v);
-    if (!end || *end || v == 0)
+    if (!end || *end || (v == 0 && !allow_zero))
         return -1;
     *port = (int)v;
     return 0;
 }
 
 /* "host:port", "[v6]:port", ":port" or "port". On failure says why. */
-static const char *parse_hostport(const char *s, int need_port, char **host, int *port)
+static const char *parse_hostport(const char *s, int need_port, int allow_zero, char **host,
+                                  int *port)
 {
     const char *h = s, *colon;
     size_t hlen;
@@ -756,8 +762,9 @@ static const char *parse_hostport(const char *s, int need_port, char **host, int
             return "not a host name or IPv4 address";
     }
     if (colon) {
-        if (parse_port(colon + 1, port))
-            return "the port must be a number from 1 to 65535";
+        if (parse_port(colon + 1, port, allow_zero))
+            return allow_zero ? "the port must be a number from 0 to 65535"
+                              : "the port must be a number from 1 to 65535";
     } else if (need_port) {
         return "no port";
     }
@@ -779,18 +786,18 @@ static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path,
         return -1;
     if (s[strspn(s, "0123456789")] == '\0') {
         /* Just a port: loopback, the safe choice for a gateway. */
-        if (parse_port(s, &cfg->listen_port))
-            return fail(c, n, path, "%s: the port must be a number from 1 to 65535",
+        if (parse_port(s, &cfg->listen_port, 1))
+            return fail(c, n, path, "%s: the port must be a number from 0 to 65535",
                         quote(c, s));
         return set_string(&cfg->listen_host, "127.0.0.1") ? oom(c) : 0;
     }
     if (*s == ':' && !strchr(s + 1, ':')) {
-        if (parse_port(s + 1, &cfg->listen_port))
-            return fail(c, n, path, "%s: the port must be a number from 1 to 65535",
+        if (parse_port(s + 1, &cfg->listen_port, 1))
+            return fail(c, n, path, "%s: the port must be a number from 0 to 65535",
                         quote(c, s));
         return set_string(&cfg->listen_host, "127.0.0.1") ? oom(c) : 0;
     }
-    why = parse_hostport(s, 1, &cfg->listen_host, &cfg->listen_port);
+    why = parse_hostport(s, 1, 1, &cfg->listen_host, &cfg->listen_port);
     if (why)
         return fail(c, n, path, "%s: %s (use host:port, [::1]:port, :port or "
                     "port)", quote(c, s), why);
@@ -838,7 +845,7 @@ static int get_upstream(struct ctx *c, const yaml_node_t *n, const char *path,
         return oom(c);
     if (!why) {
         u->port = 80;
-        why = parse_hostport(authority, 0, &u->host, &u->port);
+        why = parse_hostport(authority, 0, 0, &u->host, &u->port);
         free(authority);
     }
     if (!why) {
@@ -1344,7 +1351,7 @@ static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config
 
 static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config *cfg)
 {
-    static const char *const known[] = {"listen", "storage", "subject_header",
+    static const char *const known[] = {"listen", "storage", "subject_header", "upstream",
                                         "workers", "limits", "routes"};
     const yaml_node_t *v;
     const char *s;
@@ -1363,6 +1370,11 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
             return -1;
         if (set_string(&cfg->subject_header, s))
             return oom(c);
+    }
+    if ((v = field(c, root, "upstream"))) {
+        if (get_upstream(c, v, "upstream", &cfg->upstream))
+            return -1;
+        cfg->has_upstream = 1;
     }
     if ((v = field(c, root, "workers"))) {
         if (get_count(c, v, "workers", 1, 4096, &workers))

@@ -25,7 +25,7 @@ struct key_part {
 
 enum fingerprint_kind {
     FINGERPRINT_BODY,   /* method, path and the whole body (default) */
-    FINGERPRINT_FIELDS, /* method, path and the listed JSON fields */
+    FINGERPRINT_FIELDS, /* the listed JSON fields only: routes sharing a space agree */
     FINGERPRINT_NONE,
 };
 

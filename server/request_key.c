@@ -105,9 +105,8 @@ static int path_segment(const char *target, int n, char *out, size_t cap)
     return 0;
 }
 
-/* A JSON field (dotted path) as text: strings as they are, integers and
- * reals as JSON writes them. 1 found, 0 not, -1 not a scalar. */
-static int json_field(json_t *root, const char *name, char *out, size_t cap)
+/* The value at a dotted path ("payer.account"), or NULL. */
+static json_t *json_path(json_t *root, const char *name)
 {
     char path[256];
     snprintf(path, sizeof path, "%s", name);
@@ -115,6 +114,14 @@ static int json_field(json_t *root, const char *name, char *out, size_t cap)
     for (char *save = NULL, *part = strtok_r(path, ".", &save); part && v;
          part = strtok_r(NULL, ".", &save))
         v = json_is_object(v) ? json_object_get(v, part) : NULL;
+    return v;
+}
+
+/* A JSON field (dotted path) as text: strings as they are, integers as JSON
+ * writes them. 1 found, 0 not, -1 not a string or integer. */
+static int json_field(json_t *root, const char *name, char *out, size_t cap)
+{
+    json_t *v = json_path(root, name);
     if (!v || json_is_null(v))
         return 0;
     if (json_is_string(v)) {
@@ -284,7 +291,8 @@ int request_fingerprint(const struct route *rt, const struct http_msg *m,
         *has = 1;
         return 0;
     }
-    /* FINGERPRINT_FIELDS: the listed fields' canonical JSON, in order. */
+    /* FINGERPRINT_FIELDS: the listed fields' canonical JSON, in order, and
+     * nothing else: routes that share a space reach us on other paths. */
     json_error_t err;
     json_t *body = json_loadb(m->body, m->body_len, 0, &err);
     if (!body) {
@@ -294,7 +302,7 @@ int request_fingerprint(const struct route *rt, const struct http_msg *m,
     }
     json_t *canon = json_array();
     for (size_t i = 0; canon && i < rt->fingerprint_field_count; i++) {
-        json_t *v = json_object_get(body, rt->fingerprint_fields[i]);
+        json_t *v = json_path(body, rt->fingerprint_fields[i]);
         json_array_append(canon, v ? v : json_null());
     }
     char *text = canon ? json_dumps(canon, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY) : NULL;

@@ -371,6 +371,8 @@ static void test_listen(void **state)
         {":9090", "127.0.0.1", 9090},          {"9091", "127.0.0.1", 9091},
         {"\"[::1]:8081\"", "::1", 8081},       {"localhost:65535", "localhost", 65535},
         {"idem-gw.internal:1", "idem-gw.internal", 1},
+        {"127.0.0.1:0", "127.0.0.1", 0}, /* the system picks the port */
+        {"0", "127.0.0.1", 0},
     };
     char yaml[128];
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
@@ -380,10 +382,8 @@ static void test_listen(void **state)
         assert_int_equal(c->listen_port, good[i].port);
         config_free(c);
     }
-    parse_bad("listen: 0\n", "idem.yaml:1: listen:", "1 to 65535");
-    parse_bad("listen: 127.0.0.1:0\n", "idem.yaml:1: listen:", "1 to 65535");
-    parse_bad("listen: 127.0.0.1:65536\n", "idem.yaml:1: listen:", "1 to 65535");
-    parse_bad("listen: :99999999999999999999999\n", "idem.yaml:1: listen:", "1 to 65535");
+    parse_bad("listen: 127.0.0.1:65536\n", "idem.yaml:1: listen:", "0 to 65535");
+    parse_bad("listen: :99999999999999999999999\n", "idem.yaml:1: listen:", "0 to 65535");
     parse_bad("listen: 127.0.0.1\n", "idem.yaml:1: listen:", "no port");
     parse_bad("listen: \"::1:8080\"\n", "idem.yaml:1: listen:", "brackets");
     parse_bad("listen: \"[::1\"\n", "idem.yaml:1: listen:", "]");
@@ -391,6 +391,22 @@ static void test_listen(void **state)
     parse_bad("listen: bad host:80\n", "idem.yaml:1: listen:", "host name");
     parse_bad("listen: [a, b]\n", "idem.yaml:1: listen:", "got a list");
     parse_bad("listen:\n", "idem.yaml:1: listen:", "no value");
+}
+
+static void test_default_upstream(void **state)
+{
+    (void)state;
+    struct server_config *c = parse_ok("listen: 8080\n");
+    assert_int_equal(c->has_upstream, 0);
+    config_free(c);
+    c = parse_ok("upstream: http://127.0.0.1:9000/api/\n");
+    assert_int_equal(c->has_upstream, 1);
+    assert_string_equal(c->upstream.host, "127.0.0.1");
+    assert_int_equal(c->upstream.port, 9000);
+    assert_string_equal(c->upstream.base_path, "/api");
+    config_free(c);
+    parse_bad("upstream: https://pay\n", "idem.yaml:1: upstream:", "https is not supported");
+    parse_bad("upstream: http://svc:0\n", "idem.yaml:1: upstream:", "1 to 65535");
 }
 
 static void test_upstream(void **state)
@@ -625,7 +641,7 @@ static void test_unknown_fields(void **state)
     parse_bad("routes:\n  - name: r\n    match: { path: /x, host: a }\n",
               "idem.yaml:3: routes[0].match.host: unknown field", NULL);
     parse_bad("tls: on\n", "idem.yaml:1: tls: unknown field",
-              "known here: listen, storage, subject_header, workers, limits, routes");
+              "known here: listen, storage, subject_header, upstream, workers, limits, routes");
     parse_bad("? [a, b]\n: 1\n", "idem.yaml:1:", "plain strings");
     /* Given twice. */
     parse_bad(ROUTE "    lease: 1s\n    lease: 2s\n", "idem.yaml:7: routes[0].lease:",
@@ -916,6 +932,7 @@ int main(void)
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_listen),
         cmocka_unit_test(test_upstream),
+        cmocka_unit_test(test_default_upstream),
         cmocka_unit_test(test_match),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_layers),

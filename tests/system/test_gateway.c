@@ -44,7 +44,7 @@ static void start_idem(struct proc *p, const char *yaml_routes, const char *db_n
     /* Substitute @UP@. */
     const char *s = yaml_routes;
     char *o = text;
-    o += sprintf(o, "subject_header: X-Subject\n");
+    o += sprintf(o, "subject_header: X-Subject\nupstream: %s\n", up);
     while (*s) {
         if (strncmp(s, "@UP@", 4) == 0) {
             o += sprintf(o, "%s", up);
@@ -220,6 +220,13 @@ static void test_replay_mismatch_missing_key(void **state)
     assert_int_equal(d.status, 400);
     assert_non_null(strstr(d.m->body, "refund_no"));
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    /* A request no route matches is proxied untouched. */
+    struct sys_resp e;
+    sys_http(gw.port, "GET", "/refunds/R-seq", NULL, NULL, 5000, &e);
+    assert_int_equal(e.status, 200);
+    assert_non_null(strstr(e.m->body, "R-seq"));
+    assert_null(sys_header(&e, "Idempotent-Replayed"));
+    sys_resp_free(&e);
     sys_resp_free(&a);
     sys_resp_free(&c);
     sys_resp_free(&d);
@@ -652,7 +659,7 @@ static void test_sighup_reloads_routes(void **state)
     snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, config_seq);
     char text[8192], up[64], *o = text;
     snprintf(up, sizeof up, "http://127.0.0.1:%d", service.port);
-    o += sprintf(o, "subject_header: X-Subject\n");
+    o += sprintf(o, "subject_header: X-Subject\nupstream: %s\n", up);
     for (const char *s = wait_routes; *s;)
         if (strncmp(s, "@UP@", 4) == 0) {
             o += sprintf(o, "%s", up);
