@@ -36,15 +36,16 @@ wait_ready "$state/idem.out"
 cat "$state/idem.out"
 
 no="R-$(date +%s)"
-cat <<MSG
+sed -e "s|@NO@|$no|g" -e "s|@STATE@|$state|g" <<'MSG'
 
 Idem is in front of the refund service. Try it:
 
-  # a refund; run it twice: the second answer is replayed, not executed
-  curl -si -X POST localhost:8080/refunds -H 'X-Subject: alice' \\
-       -H "Idem-Token: \$(curl -s -X POST localhost:8080/_idem/v1/tokens -H 'X-Subject: alice' \\
-            -d '{\"scene\":\"refund\"}' | sed 's/.*\"token\":\"\\([^\"]*\\)\".*/\\1/')" \\
-       -d '{"refund_no":"$no","amount":"100.00"}'
+  # a refund needs a one-time token (layer 1), then runs once however often it is sent
+  token=$(curl -s -X POST localhost:8080/_idem/v1/tokens -H 'X-Subject: alice' \
+          -d '{"scene":"refund"}' | sed -E 's/.*"token":"([^"]+)".*/\1/')
+  curl -si -X POST localhost:8080/refunds -H 'X-Subject: alice' -H "Idem-Token: $token" \
+       -d '{"refund_no":"@NO@","amount":"100.00"}'
+  # ...send that again: Idempotent-Replayed: true, the same body
 
   # the payment routes share one key space: a callback and a re-push execute once
   curl -si -X POST localhost:8080/callbacks/payment -d '{"serial_no":"CH-1","amount":"42.00"}'
@@ -53,7 +54,7 @@ Idem is in front of the refund service. Try it:
   curl -s localhost:9000/stats          # how often the service really executed
   curl -s localhost:8080/_idem/v1/health
 
-Logs and data: $state
+Logs and data: @STATE@
 MSG
 
 if [ "${1:-}" = "--demo" ]; then

@@ -26,6 +26,36 @@ static long long mono_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Every process started and not yet stopped, so that a failed test leaves
+ * none running. */
+static pid_t running[64];
+
+static void track(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof running / sizeof running[0]; i++)
+        if (!running[i]) {
+            running[i] = pid;
+            return;
+        }
+}
+
+static void untrack(pid_t pid)
+{
+    for (size_t i = 0; i < sizeof running / sizeof running[0]; i++)
+        if (running[i] == pid)
+            running[i] = 0;
+}
+
+void sys_kill_all(void)
+{
+    for (size_t i = 0; i < sizeof running / sizeof running[0]; i++)
+        if (running[i]) {
+            kill(running[i], SIGKILL);
+            waitpid(running[i], NULL, 0);
+            running[i] = 0;
+        }
+}
+
 int sys_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -57,6 +87,7 @@ void sys_start(struct proc *p, char *const argv[], const char *log_path)
     close(pipefd[1]);
     p->pid = pid;
     p->out = pipefd[0];
+    track(pid);
     char buf[4096];
     size_t len = 0;
     long long deadline = mono_ms() + 10000;
@@ -83,6 +114,7 @@ void sys_start(struct proc *p, char *const argv[], const char *log_path)
     int status;
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
+    untrack(pid);
     fail_msg("%s did not say it was listening (stdout: %.*s; stderr in %s)", argv[0], (int)len,
              buf, log_path);
 }
@@ -134,6 +166,7 @@ int sys_stop(struct proc *p, int sig)
         return -1;
     kill(p->pid, sig);
     waitpid(p->pid, &status, 0);
+    untrack(p->pid);
     close(p->out);
     p->pid = 0;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

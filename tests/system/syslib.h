@@ -31,6 +31,9 @@ void sys_start(struct proc *p, char *const argv[], const char *log_path);
  * exit status and fills err (its stderr) for assertions. */
 int sys_run_fail(char *const argv[], char *err, size_t errlen);
 
+/* SIGKILL every process started and not stopped (call from teardown). */
+void sys_kill_all(void);
+
 /* Send sig and wait for the exit; returns the exit status (or 128+signal). */
 int sys_stop(struct proc *p, int sig);
 

@@ -698,6 +698,7 @@ static int group_teardown(void **state)
 {
     (void)state;
     sys_stop(&service, SIGTERM);
+    sys_kill_all();
     if (getenv("IDEM_KEEP_TEST_DIR"))
         fprintf(stderr, "test dir kept: %s\n", dir);
     else
