@@ -22,6 +22,9 @@
  *    │  WRITING ────────────────────────────────┘
  *    │    │ written, close (Connection: close, HTTP/1.0, limit reached,
  *    │    ▼                 or the request was malformed)
+ *    │  LINGERING ── our side shut; what the peer still sends is read and
+ *    │    │          dropped (up to LINGER_MS), so that closing with unread
+ *    │    ▼          input cannot reset the connection and lose our answer
  *    └─► CLOSED ◄── timeout, peer gone, write error
  *
  * A peer that goes away while its request is HANDLING does not stop the
@@ -47,7 +50,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-enum conn_state { READING, HANDLING, WRITING, ORPHANED };
+enum conn_state { READING, HANDLING, WRITING, ORPHANED, LINGERING };
+
+#define LINGER_MS 2000
+#define OVER_LIMIT_GRACE 1024 /* connections answered 503 while over the limit */
 
 struct conn {
     struct front *f;
@@ -88,11 +94,15 @@ struct front {
 static void conn_free(struct conn *c);
 static void process_input(struct conn *c);
 
+/* The answer that needs no allocation: over the connection limit, or out of
+ * memory. */
+#define OVERLOADED_BODY                                                             \
+    "{\"type\":\"urn:idem:overloaded\",\"title\":\"Service Unavailable\",\"status\":503," \
+    "\"detail\":\"try later\"}"
+_Static_assert(sizeof OVERLOADED_BODY - 1 == 94, "fix Content-Length below");
 static const char fixed_503[] =
     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/problem+json\r\n"
-    "Content-Length: 97\r\nConnection: close\r\n\r\n"
-    "{\"type\":\"urn:idem:overloaded\",\"title\":\"Service Unavailable\",\"status\":503,"
-    "\"detail\":\"try later\"}";
+    "Content-Length: 94\r\nConnection: close\r\n\r\n" OVERLOADED_BODY;
 
 static void arm_timer(struct conn *c, int64_t ms, int is_request)
 {
@@ -119,6 +129,11 @@ static void set_state(struct conn *c, enum conn_state s)
     case ORPHANED:
         evtimer_del(c->timer);
         bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+        break;
+    case LINGERING:
+        shutdown(bufferevent_getfd(c->bev), SHUT_WR);
+        arm_timer(c, LINGER_MS, 0);
+        bufferevent_enable(c->bev, EV_READ);
         break;
     }
 }
@@ -294,8 +309,13 @@ static void process_input(struct conn *c)
 
 static void on_read(struct bufferevent *bev, void *arg)
 {
-    (void)bev;
-    process_input(arg);
+    struct conn *c = arg;
+    if (c->state == LINGERING) {
+        struct evbuffer *in = bufferevent_get_input(bev);
+        evbuffer_drain(in, evbuffer_get_length(in));
+        return;
+    }
+    process_input(c);
 }
 
 static void on_write(struct bufferevent *bev, void *arg)
@@ -305,7 +325,7 @@ static void on_write(struct bufferevent *bev, void *arg)
     if (c->state != WRITING)
         return;
     if (c->close_after_write) {
-        conn_free(c);
+        set_state(c, LINGERING);
         return;
     }
     set_state(c, READING);
@@ -329,6 +349,10 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     struct conn *c = arg;
     (void)fd;
     (void)what;
+    if (c->state == LINGERING) {
+        conn_free(c);
+        return;
+    }
     if (c->state == READING && c->timer_is_request) {
         send_problem_and_close(c, 408, "request_timeout",
                                "the request did not arrive within header_timeout + body_timeout");
@@ -381,11 +405,9 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     struct front *f = arg;
     (void)l;
     (void)salen;
-    if (f->nconns >= f->limits->connections_max || f->draining) {
-        /* Best effort: the socket is fresh, the short answer fits. */
-        ssize_t n = send(fd, fixed_503, sizeof fixed_503 - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-        (void)n;
-        evutil_closesocket(fd);
+    int over = f->nconns >= f->limits->connections_max || f->draining;
+    if (over && f->nconns >= f->limits->connections_max + OVER_LIMIT_GRACE) {
+        evutil_closesocket(fd); /* a flood: not even an answer */
         return;
     }
     int one = 1;
@@ -412,6 +434,14 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         return;
     }
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    if (over) {
+        /* Answered and closed, without reading a request. */
+        c->close_after_write = 1;
+        bufferevent_write(c->bev, fixed_503, sizeof fixed_503 - 1);
+        set_state(c, WRITING);
+        bufferevent_enable(c->bev, EV_WRITE);
+        return;
+    }
     set_state(c, READING);
 }
 

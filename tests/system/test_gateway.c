@@ -9,7 +9,11 @@
  * the whole group. Executions are read from the service's /stats before and
  * after, so tests do not depend on each other.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -681,6 +685,155 @@ static void test_sighup_reloads_routes(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+
+/* ---- the JSON API ---- */
+
+static struct sys_resp api(int port, const char *path, const char *body)
+{
+    struct sys_resp r;
+    sys_http(port, body ? "POST" : "GET", path, NULL, body, 5000, &r);
+    return r;
+}
+
+static void api_expect(int port, const char *path, const char *body, int status,
+                       const char *substr)
+{
+    struct sys_resp r = api(port, path, body);
+    if (r.status != status || !r.m || !strstr(r.m->body, substr))
+        fail_msg("%s %s -> %d %s (expected %d with %s)", path, body ? body : "", r.status,
+                 r.m ? r.m->body : "", status, substr);
+    sys_resp_free(&r);
+}
+
+static void test_json_api(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "api.db");
+    int p = gw.port;
+    /* Locks. */
+    api_expect(p, "/_idem/v1/locks/acquire",
+               "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w1\",\"ttl_ms\":30000}", 200,
+               "\"outcome\":\"ACQUIRED\"");
+    api_expect(p, "/_idem/v1/locks/acquire", "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w2\"}",
+               200, "\"holder\":\"w1\"");
+    api_expect(p, "/_idem/v1/locks/release", "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w2\"}",
+               200, "\"outcome\":\"NOT_HELD\"");
+    api_expect(p, "/_idem/v1/locks/renew", "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w1\"}",
+               200, "\"outcome\":\"RENEWED\"");
+    api_expect(p, "/_idem/v1/locks/release", "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w1\"}",
+               200, "\"outcome\":\"RELEASED\"");
+    /* Records: begin, in progress, complete, replay, transition. */
+    api_expect(p, "/_idem/v1/records/begin",
+               "{\"space\":\"pay\",\"key\":\"P-1\",\"owner\":\"w1\",\"lease_ms\":30000,"
+               "\"fingerprint\":\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}",
+               200, "\"outcome\":\"NEW\"");
+    api_expect(p, "/_idem/v1/records/begin", "{\"space\":\"pay\",\"key\":\"P-1\",\"owner\":\"w2\"}",
+               200, "\"outcome\":\"IN_PROGRESS\"");
+    api_expect(p, "/_idem/v1/records/complete", "{\"space\":\"pay\",\"key\":\"P-1\",\"epoch\":2}",
+               200, "\"outcome\":\"CONFLICT\"");
+    api_expect(p, "/_idem/v1/records/complete",
+               "{\"space\":\"pay\",\"key\":\"P-1\",\"epoch\":1,\"result\":\"paid\"}", 200,
+               "\"outcome\":\"COMPLETED\"");
+    api_expect(p, "/_idem/v1/records/begin", "{\"space\":\"pay\",\"key\":\"P-1\",\"owner\":\"w3\"}",
+               200, "\"result\":\"paid\"");
+    api_expect(p, "/_idem/v1/records/begin",
+               "{\"space\":\"pay\",\"key\":\"P-1\",\"owner\":\"w3\","
+               "\"fingerprint\":\"ff112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}",
+               200, "\"outcome\":\"MISMATCH\"");
+    api_expect(p, "/_idem/v1/records/transition",
+               "{\"space\":\"pay\",\"key\":\"P-1\",\"from\":\"SUCCEEDED\",\"to\":\"REFUNDED\"}", 200,
+               "\"outcome\":\"APPLIED\"");
+    api_expect(p, "/_idem/v1/records/transition",
+               "{\"space\":\"pay\",\"key\":\"P-1\",\"from\":\"SUCCEEDED\",\"to\":\"REFUNDED\"}", 200,
+               "\"outcome\":\"ALREADY\"");
+    api_expect(p, "/_idem/v1/records/transition",
+               "{\"space\":\"pay\",\"key\":\"P-1\",\"from\":\"SUCCEEDED\",\"to\":\"VOID\"}", 200,
+               "\"current\":\"REFUNDED\"");
+    api_expect(p, "/_idem/v1/records/pay/P-1", NULL, 200, "\"state\":\"REFUNDED\"");
+    api_expect(p, "/_idem/v1/records/pay/P-none", NULL, 404, "urn:idem:record_not_found");
+    /* fail, retryable: the next begin executes again. */
+    api_expect(p, "/_idem/v1/records/begin", "{\"space\":\"pay\",\"key\":\"P-2\",\"owner\":\"w1\"}",
+               200, "\"outcome\":\"NEW\"");
+    api_expect(p, "/_idem/v1/records/fail",
+               "{\"space\":\"pay\",\"key\":\"P-2\",\"epoch\":1,\"retryable\":true,"
+               "\"result_base64\":\"AAEC\"}",
+               200, "\"outcome\":\"COMPLETED\"");
+    api_expect(p, "/_idem/v1/records/begin", "{\"space\":\"pay\",\"key\":\"P-2\",\"owner\":\"w2\"}",
+               200, "\"epoch\":2");
+    /* Tokens. */
+    struct sys_resp t = api(p, "/_idem/v1/tokens", "{\"scene\":\"checkout\",\"ttl_ms\":60000}");
+    assert_int_equal(t.status, 201);
+    char body[256];
+    snprintf(body, sizeof body, "{\"scene\":\"checkout\",\"token\":\"%.32s\",\"key\":\"O-1\"}",
+             strstr(t.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&t);
+    api_expect(p, "/_idem/v1/tokens/consume", body, 200, "\"outcome\":\"CONSUMED\"");
+    api_expect(p, "/_idem/v1/tokens/consume", body, 200, "\"spent_key\":\"O-1\"");
+    api_expect(p, "/_idem/v1/tokens/give_back", body, 200, "\"outcome\":\"RESTORED\"");
+    api_expect(p, "/_idem/v1/tokens/consume", body, 200, "\"outcome\":\"CONSUMED\"");
+    /* Malformed input: 400 naming the field. */
+    api_expect(p, "/_idem/v1/locks/acquire", "{\"space\":\"acct\",\"owner\":\"w1\"}", 400,
+               "field key");
+    api_expect(p, "/_idem/v1/locks/acquire", "{\"space\":\"acct\",\"key\":7,\"owner\":\"w1\"}", 400,
+               "field key: must be a string");
+    api_expect(p, "/_idem/v1/records/begin", "not json", 400, "urn:idem:invalid_json");
+    api_expect(p, "/_idem/v1/records/begin",
+               "{\"space\":\"bad space\",\"key\":\"k\",\"owner\":\"o\"}", 400, "space");
+    api_expect(p, "/_idem/v1/records/complete", "{\"space\":\"pay\",\"key\":\"P-1\",\"epoch\":0}",
+               400, "epoch");
+    api_expect(p, "/_idem/v1/records/begin",
+               "{\"space\":\"pay\",\"key\":\"k\",\"owner\":\"o\",\"fingerprint\":\"xyz\"}", 400,
+               "fingerprint");
+    api_expect(p, "/_idem/v1/nope", "{}", 404, "urn:idem:no_such_endpoint");
+    api_expect(p, "/_idem/v1/health", NULL, 200, "\"status\":\"ok\"");
+    struct sys_resp d;
+    sys_http(p, "DELETE", "/_idem/v1/health", NULL, NULL, 5000, &d);
+    assert_int_equal(d.status, 405);
+    assert_non_null(sys_header(&d, "Allow"));
+    sys_resp_free(&d);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static const char conn_limit_routes[] =
+    "limits:\n"
+    "  connections_max: 4\n"
+    "  idle_timeout: 500ms\n"
+    "routes: []\n";
+
+static void test_connection_limits(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, conn_limit_routes, "conns.db");
+    /* Four idle connections are the limit: the fifth is told so. */
+    int fds[4];
+    for (int i = 0; i < 4; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)gw.port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0);
+    }
+    sleep_ms(100);
+    struct sys_resp r;
+    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 3000, &r);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.m->body, "urn:idem:overloaded"));
+    sys_resp_free(&r);
+    /* idle_timeout closes them; then there is room again. */
+    char b;
+    for (int i = 0; i < 4; i++) {
+        struct timeval tv = {3, 0};
+        setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        assert_int_equal(recv(fds[i], &b, 1, 0), 0); /* closed by the server */
+        close(fds[i]);
+    }
+    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 3000, &r);
+    assert_int_equal(r.status, 200);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -731,6 +884,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_slow_client_cut_off),
         cmocka_unit_test(test_bad_config_refused),
         cmocka_unit_test(test_sighup_reloads_routes),
+        cmocka_unit_test(test_json_api),
+        cmocka_unit_test(test_connection_limits),
     };
     return cmocka_run_group_tests_name("gateway", tests, group_setup, group_teardown);
 }
