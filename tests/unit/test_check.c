@@ -1,6 +1,8 @@
 /* Unit tests of the core layer: input validation, the error table, the
  * token text and fingerprints. */
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/check.h"
 #include "core/crypto.h"
@@ -90,6 +92,30 @@ static void test_tokens_and_fingerprints(void **state)
     assert_int_equal(idem_fingerprint(NULL, 0, fp), IDEM_OK);
 }
 
+static void test_tokens_after_fork(void **state)
+{
+    (void)state;
+    /* The parent has drawn a pool of random bytes; a child must not hand
+     * out the same ones. */
+    char parent[IDEM_TOKEN_LEN + 1], child[IDEM_TOKEN_LEN + 1] = {0};
+    assert_int_equal(idem__random_token(parent), IDEM_OK);
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char t[IDEM_TOKEN_LEN + 1];
+        idem__random_token(t);
+        _exit(write(p[1], t, IDEM_TOKEN_LEN) == IDEM_TOKEN_LEN ? 0 : 1);
+    }
+    close(p[1]);
+    assert_int_equal(read(p[0], child, IDEM_TOKEN_LEN), IDEM_TOKEN_LEN);
+    close(p[0]);
+    waitpid(pid, NULL, 0);
+    assert_int_equal(idem__random_token(parent), IDEM_OK);
+    assert_string_not_equal(parent, child);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -97,6 +123,7 @@ int main(void)
         cmocka_unit_test(test_names),
         cmocka_unit_test(test_error_table),
         cmocka_unit_test(test_tokens_and_fingerprints),
+        cmocka_unit_test(test_tokens_after_fork),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
