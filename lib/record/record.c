@@ -69,6 +69,21 @@ static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
     idem_rc rc = IDEM_OK;
     memset(&cur, 0, sizeof cur);
 
+    /* A finished record stays finished: a read that finds one may answer a
+     * begin (DONE, or MISMATCH) without writing. Anything else — no record,
+     * PROCESSING, RELEASED — is decided by the store's constraint and
+     * conditions below, never by this read. */
+    if (ev->kind == IDEM__EV_BEGIN && h->db_ops->rec_peek) {
+        rc = h->db_ops->rec_peek(h->db, ev->space, ev->key, &found, &cur);
+        if (rc != IDEM_OK)
+            goto out;
+        if (found && strcmp(cur.state, IDEM_STATE_PROCESSING) != 0 &&
+            strcmp(cur.state, IDEM_STATE_RELEASED) != 0)
+            have = 1;
+        else
+            idem_record_clear(&cur), found = 0;
+    }
+
     for (int round = 0; round < ROUNDS_MAX; round++) {
         struct idem__rec_decision d;
         char expect[IDEM_NAME_MAX + 1];

@@ -13,6 +13,7 @@
  * by an insert. Every later change is an UPDATE conditional on the state (and
  * epoch, and lease) the caller last saw.
  */
+#include <pthread.h>
 #include <sqlite3.h>
 #include <string.h>
 
@@ -101,10 +102,20 @@ static const char *const sql[ST_COUNT_] = {
         " AND attempts = ?8 AND (?9 = 0 OR lease_until <= ?9)",
 };
 
+/* A read-only connection for reads outside the writer's queue. */
+struct reader {
+    struct reader *next;
+    sqlite3 *conn;
+    sqlite3_stmt *get;
+};
+
 struct sqlite_db {
     sqlite3 *conn;
     sqlite3_stmt *st[ST_COUNT_];
     struct idem__gc *gc;
+    char *path;                  /* NULL for ":memory:": no readers then */
+    pthread_mutex_t readers_mu;
+    struct reader *idle_readers; /* opened on demand, kept for reuse */
 };
 
 static idem_rc db_error(sqlite3 *conn, const char *what)
@@ -176,11 +187,11 @@ static void copy_text(char *dst, size_t cap, sqlite3_stmt *s, int col)
     dst[n] = '\0';
 }
 
-/* Read (space, key) into *cur. *found 0 when there is no such row. */
-static idem_rc read_record(struct sqlite_db *d, const char *space,
-                           const char *key, int *found, idem_record *cur)
+/* Read (space, key) with statement s (ST_REC_GET's SQL) on conn into *cur.
+ * *found 0 when there is no such row. */
+static idem_rc read_record_on(sqlite3 *conn, sqlite3_stmt *s, const char *space,
+                              const char *key, int *found, idem_record *cur)
 {
-    sqlite3_stmt *s = d->st[ST_REC_GET];
     bind_text(s, 1, space);
     bind_text(s, 2, key);
     int rc = sqlite3_step(s);
@@ -214,11 +225,17 @@ static idem_rc read_record(struct sqlite_db *d, const char *space,
             }
         }
     } else if (rc != SQLITE_DONE) {
-        out = db_error(d->conn, "reading a record");
+        out = db_error(conn, "reading a record");
     }
     sqlite3_reset(s);
     sqlite3_clear_bindings(s);
     return out;
+}
+
+static idem_rc read_record(struct sqlite_db *d, const char *space, const char *key,
+                           int *found, idem_record *cur)
+{
+    return read_record_on(d->conn, d->st[ST_REC_GET], space, key, found, cur);
 }
 
 /* ---- records ---- */
@@ -350,14 +367,96 @@ static idem_rc rec_cas(void *db, const struct idem__rec_cas *c, int *changed,
     return submit_rec(db, &j);
 }
 
+static void reader_free(struct reader *r)
+{
+    if (!r)
+        return;
+    sqlite3_finalize(r->get);
+    sqlite3_close(r->conn);
+    idem__free(r);
+}
+
+/* A reader from the pool, or a new one. */
+static idem_rc reader_take(struct sqlite_db *d, struct reader **out)
+{
+    pthread_mutex_lock(&d->readers_mu);
+    struct reader *r = d->idle_readers;
+    if (r)
+        d->idle_readers = r->next;
+    pthread_mutex_unlock(&d->readers_mu);
+    if (r) {
+        *out = r;
+        return IDEM_OK;
+    }
+    r = idem__calloc(1, sizeof *r);
+    if (!r)
+        return idem__fail(IDEM_ENOMEM, "sqlite: allocating a reader");
+    idem_rc rc = IDEM_OK;
+    if (sqlite3_open_v2(d->path, &r->conn, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX,
+                        NULL) != SQLITE_OK ||
+        sqlite3_busy_timeout(r->conn, 5000) != SQLITE_OK ||
+        sqlite3_prepare_v3(r->conn, sql[ST_REC_GET], -1, SQLITE_PREPARE_PERSISTENT, &r->get,
+                           NULL) != SQLITE_OK)
+        rc = r->conn ? db_error(r->conn, "opening a reader")
+                     : idem__fail(IDEM_ENOMEM, "sqlite: opening a reader");
+    if (rc != IDEM_OK) {
+        reader_free(r);
+        return rc;
+    }
+    *out = r;
+    return IDEM_OK;
+}
+
+static void reader_give_back(struct sqlite_db *d, struct reader *r)
+{
+    pthread_mutex_lock(&d->readers_mu);
+    r->next = d->idle_readers;
+    d->idle_readers = r;
+    pthread_mutex_unlock(&d->readers_mu);
+}
+
+/* A read outside the writer's queue: WAL lets readers see the last commit
+ * without waiting for the writer. Only committed (and so, with
+ * synchronous=FULL, durable) rows are visible. An in-memory database has one
+ * connection, so there it goes through the writer. */
 static idem_rc rec_get(void *db, const char *space, const char *key,
                        int *found, idem_record *cur)
 {
-    struct rec_job j = {.job.run = run_rec_get, .space = space, .key = key,
-                        .found = found, .cur = cur};
+    struct sqlite_db *d = db;
     if (cur)
         memset(cur, 0, sizeof *cur);
-    return submit_rec(db, &j);
+    if (!d->path) {
+        struct rec_job j = {.job.run = run_rec_get, .space = space, .key = key,
+                            .found = found, .cur = cur};
+        return submit_rec(db, &j);
+    }
+    struct reader *r = NULL;
+    idem_rc rc = reader_take(d, &r);
+    if (rc != IDEM_OK)
+        return rc;
+    rc = read_record_on(r->conn, r->get, space, key, found, cur);
+    reader_give_back(d, r);
+    if (rc != IDEM_OK && cur) {
+        idem__free(cur->result);
+        cur->result = NULL;
+        cur->result_len = 0;
+    }
+    return rc;
+}
+
+/* The hint for begin: from a reader; an in-memory database, whose only
+ * connection is the writer's, offers none. */
+static idem_rc rec_peek(void *db, const char *space, const char *key, int *found,
+                        idem_record *cur)
+{
+    struct sqlite_db *d = db;
+    if (!d->path) {
+        *found = 0;
+        if (cur)
+            memset(cur, 0, sizeof *cur);
+        return IDEM_OK;
+    }
+    return rec_get(db, space, key, found, cur);
 }
 
 static idem_rc rec_purge(void *db, int64_t now, unsigned limit, unsigned *purged)
@@ -486,6 +585,13 @@ static void sqlite_close(void *db)
     if (!d)
         return;
     idem__gc_stop(d->gc);
+    while (d->idle_readers) {
+        struct reader *r = d->idle_readers;
+        d->idle_readers = r->next;
+        reader_free(r);
+    }
+    pthread_mutex_destroy(&d->readers_mu);
+    idem__free(d->path);
     for (int i = 0; i < ST_COUNT_; i++)
         sqlite3_finalize(d->st[i]);
     sqlite3_close(d->conn);
@@ -498,6 +604,7 @@ static const struct idem__db_ops sqlite_ops = {
     .rec_insert = rec_insert,
     .rec_cas = rec_cas,
     .rec_get = rec_get,
+    .rec_peek = rec_peek,
     .rec_purge = rec_purge,
     .inbox_insert = inbox_insert,
     .inbox_cas = inbox_cas,
@@ -545,6 +652,12 @@ idem_rc idem__sqlite_open(const idem_options *o, const struct idem__db_ops **ops
     idem_rc rc = IDEM_OK;
     if (!d)
         return idem__fail(IDEM_ENOMEM, "sqlite: allocating");
+    pthread_mutex_init(&d->readers_mu, NULL);
+    if (strcmp(o->path, ":memory:") != 0 && strncmp(o->path, "file:", 5) != 0 &&
+        !(d->path = idem__strndup(o->path, strlen(o->path)))) {
+        sqlite_close(d);
+        return idem__fail(IDEM_ENOMEM, "sqlite: allocating");
+    }
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
     if (sqlite3_open_v2(o->path, &d->conn, flags, NULL) != SQLITE_OK) {
         rc = d->conn ? db_error(d->conn, o->path)

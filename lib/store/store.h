@@ -118,6 +118,11 @@ struct idem__db_ops {
                        int *found, idem_record *cur);
     idem_rc (*rec_get)(void *db, const char *space, const char *key,
                        int *found, idem_record *cur);
+    /* A quick read that may trail concurrent writes (a hint, never a
+     * decision to write): begin uses it to answer DONE for finished records
+     * without queueing behind writes. NULL: not offered. */
+    idem_rc (*rec_peek)(void *db, const char *space, const char *key,
+                        int *found, idem_record *cur);
     idem_rc (*rec_purge)(void *db, int64_t now, unsigned limit,
                          unsigned *purged);
 
