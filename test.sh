@@ -24,6 +24,8 @@ run_suite build -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 if [ "${1:-}" != "--quick" ]; then
   echo "== build and test under AddressSanitizer + UndefinedBehaviorSanitizer"
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  # A leak exits 23, never 1: idem verify exits 1 for a failed scenario.
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 LSAN_OPTIONS=exitcode=23 \
+    UBSAN_OPTIONS=print_stacktrace=1 \
     run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DIDEM_SANITIZE=ON
 fi
