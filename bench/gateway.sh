@@ -1,0 +1,561 @@
+#!/usr/bin/env bash
+# bench/gateway.sh — the gateway benchmark: `bash bench/gateway.sh`.
+#
+# Measures, side by side in one run, everything on 127.0.0.1:
+#   direct          wrk → a trivial nginx upstream (return 201 '{"ok":true}')
+#   nginx proxy     wrk → nginx proxy_pass (keep-alive pool) → the upstream
+#   idem record     wrk → idem serve, route layers [record] → the upstream
+#   idem lock+rec   wrk → idem serve, route layers [lock, record] → the upstream
+# idem with unique keys, with a duplicate-heavy mix (FRESH_PCT% fresh keys, the
+# rest replays of keys executed before the run) and with replays only. Then it
+# prints a markdown table with the ratios to nginx and the targets, and writes
+# it to bench/results/gateway-latest.md.
+#
+# Every request is the same POST /refunds {"refund_no":"<key>","amount":"1.00"}
+# from the same wrk script (bench/wrk/gateway.lua) for every target.
+#
+# Environment (defaults in brackets):
+#   IDEM_GW_SECONDS [10]         duration of each measurement
+#   IDEM_GW_CONNECTIONS [64]     wrk connections (-c)
+#   IDEM_GW_THREADS [2]          wrk threads (-t)
+#   IDEM_GW_NGINX_WORKERS [1]    worker_processes of each nginx (a number or auto)
+#   IDEM_GW_IDEM_WORKERS [64]    idem serve's `workers:`
+#   IDEM_GW_SEED_KEYS [1000]     keys executed before the mix and replay runs
+#   IDEM_GW_FRESH_PCT [10]       fresh keys in the mix run, percent
+#   IDEM_GW_RUNS [all]           comma-separated subset of: direct, proxy,
+#                                record-unique, record-mix, record-replay,
+#                                lock-unique, lock-mix
+#   TMPDIR [/tmp]                where the temp dir (and idem's SQLite file) go:
+#                                must be a real disk, not tmpfs
+# Needs wrk, nginx, curl and the build dependencies. Takes about 1.5 minutes.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+seconds=${IDEM_GW_SECONDS:-10}
+conns=${IDEM_GW_CONNECTIONS:-64}
+wthreads=${IDEM_GW_THREADS:-2}
+nginx_workers=${IDEM_GW_NGINX_WORKERS:-1}
+idem_workers=${IDEM_GW_IDEM_WORKERS:-64}
+seed_keys=${IDEM_GW_SEED_KEYS:-1000}
+fresh_pct=${IDEM_GW_FRESH_PCT:-10}
+runs=${IDEM_GW_RUNS:-all}
+all_runs="direct proxy record-unique record-mix record-replay lock-unique lock-mix"
+[[ $runs == all ]] && runs=$all_runs
+runs=${runs//,/ }
+
+die() { echo "bench/gateway.sh: $*" >&2; exit 1; }
+for v in seconds conns wthreads idem_workers seed_keys fresh_pct; do
+    [[ ${!v} =~ ^[0-9]+$ && ${!v} -gt 0 ]] || die "$v must be a positive integer (got '${!v}')"
+done
+((seed_keys >= 100)) || die "IDEM_GW_SEED_KEYS must be at least 100"
+((fresh_pct <= 100)) || die "IDEM_GW_FRESH_PCT must be 1..100"
+[[ $nginx_workers == auto || $nginx_workers =~ ^[1-9][0-9]*$ ]] ||
+    die "IDEM_GW_NGINX_WORKERS must be a number or auto"
+for r in $runs; do
+    [[ " $all_runs " == *" $r "* ]] || die "unknown run '$r' in IDEM_GW_RUNS (known: $all_runs)"
+done
+
+missing=() pkgs=()
+for pair in wrk:wrk nginx:nginx-light curl:curl cmake:cmake; do
+    if ! command -v "${pair%%:*}" >/dev/null 2>&1 &&
+        ! [[ ${pair%%:*} == nginx && -x /usr/sbin/nginx ]]; then
+        missing+=("${pair%%:*}")
+        pkgs+=("${pair#*:}")
+    fi
+done
+if ((${#missing[@]})); then
+    echo "bench/gateway.sh: missing: ${missing[*]}" >&2
+    echo "install with: sudo apt-get install -y ${pkgs[*]}" >&2
+    exit 1
+fi
+nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/idem-gw.XXXXXX")
+pgids=() # process groups we started (each server is a session leader)
+stop_group() { # pgid: TERM, wait up to 10 s, then KILL
+    local g=$1 i
+    kill -TERM -- "-$g" 2>/dev/null || return 0
+    for ((i = 0; i < 100; i++)); do
+        kill -0 -- "-$g" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    echo "bench/gateway.sh: process group $g did not stop in 10 s; killing it" >&2
+    kill -KILL -- "-$g" 2>/dev/null || true
+}
+cleanup() {
+    local g
+    for g in "${pgids[@]}"; do stop_group "$g"; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---- build -------------------------------------------------------------------
+echo "== building idem (Release, build-bench/)" >&2
+if ! { cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF &&
+       cmake --build build-bench -j"$(nproc)" --target idem_cli; } >"$work/build.log" 2>&1; then
+    cat "$work/build.log" >&2
+    die "build failed"
+fi
+idem_bin=$PWD/build-bench/idem
+
+fstype=$(df --output=fstype "$work" 2>/dev/null | tail -n 1 || stat -f -c %T "$work")
+if [[ $fstype == tmpfs || $fstype == ramfs ]]; then
+    echo "bench/gateway.sh: warning: $work is on $fstype: fsync costs nothing there, so" \
+         "the idem figures mean little; set TMPDIR to a directory on a disk" >&2
+fi
+
+# ---- helpers -----------------------------------------------------------------
+# Ports to listen on: below the kernel's ephemeral range when there is room
+# (an outgoing connection may hold any port in it), else anywhere.
+read -r eph_lo _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || eph_lo=32768
+if ((eph_lo > 12000)); then port_lo=10000 port_n=$((eph_lo - 10000)); else port_lo=20000 port_n=40000; fi
+port_free() { ! (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+pick_port() { # sets picked_port
+    local p tries
+    for ((tries = 0; tries < 50; tries++)); do
+        p=$((port_lo + RANDOM % port_n))
+        if port_free "$p" && [[ " $used_ports " != *" $p "* ]]; then
+            used_ports+=" $p"
+            picked_port=$p
+            return 0
+        fi
+    done
+    die "no free port found"
+}
+used_ports=""
+
+# Start "$@" in its own session (so its whole process group can be stopped);
+# sets started_pid.
+start_bg() {
+    local log=$1
+    shift
+    setsid "$@" </dev/null >"$log" 2>&1 &
+    started_pid=$!
+    pgids+=("$started_pid")
+}
+
+# run_wait OUT TIMES cmd...: run cmd in its own session (so that a signal to
+# this script stops it at once: bash runs traps only between foreground
+# commands, but during `wait`), output to OUT, its user and system CPU seconds
+# to TIMES; returns its status.
+run_wait() {
+    local out=$1 times=$2 pid rc=0
+    shift 2
+    setsid bash -c 'TIMEFORMAT="%U %S"; time "$@" 2>&1' run_wait "$@" </dev/null >"$out" \
+        2>"$times" &
+    pid=$!
+    pgids+=("$pid")
+    wait "$pid" || rc=$?
+    forget_group "$pid"
+    return "$rc"
+}
+
+# wait_http URL METHOD LOG PID: until URL answers 2xx (10 s). Returns 1 if
+# the server exited (lost its port to someone else, say): the caller retries.
+wait_http() {
+    local url=$1 method=$2 log=$3 pid=$4 i code
+    for ((i = 0; i < 100; i++)); do
+        code=$(curl -s -o /dev/null -w '%{http_code}' -X "$method" --max-time 2 "$url" || true)
+        [[ $code == 2* ]] && return 0
+        if ! kill -0 "$pid" 2>/dev/null || [[ $(ps -o stat= -p "$pid" 2>/dev/null) == Z* ]]; then
+            wait "$pid" 2>/dev/null || true
+            forget_group "$pid"
+            return 1
+        fi
+        sleep 0.1
+    done
+    cat "$log" >&2 || true
+    die "$url did not answer in 10 s (last status $code)"
+}
+
+forget_group() { # pgid: no longer ours to stop
+    local g keep=()
+    for g in "${pgids[@]}"; do [[ $g == "$1" ]] || keep+=("$g"); done
+    pgids=("${keep[@]}")
+}
+
+# Sum of utime + stime, in clock ticks, of every process in group $1.
+group_ticks() {
+    local g=$1 f line rest t=0
+    for f in /proc/[0-9]*/stat; do
+        line=$(<"$f") 2>/dev/null || continue
+        rest=${line##*) } # fields from 3 (state) on
+        read -r -a a <<<"$rest"
+        # a[0]=state(3) a[1]=ppid(4) a[2]=pgrp(5) ... a[11]=utime(14) a[12]=stime(15)
+        [[ ${a[2]} == "$g" ]] && t=$((t + a[11] + a[12]))
+    done 2>/dev/null
+    echo "$t"
+}
+clk_tck=$(getconf CLK_TCK)
+
+# Busy (non-idle, non-iowait) ticks of the whole machine, all CPUs.
+machine_ticks() {
+    awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
+}
+
+# Context switches (voluntary + involuntary) of every thread of process $1.
+proc_ctxsw() {
+    cat /proc/"$1"/task/*/status 2>/dev/null |
+        awk '/^(voluntary|nonvoluntary)_ctxt_switches:/ { t += $2 } END { print t + 0 }'
+}
+
+nginx_temp_paths() { # the temp paths of the modules this nginx has, in dir $1
+    local d=$1 v
+    v=$("$nginx_bin" -V 2>&1)
+    echo "    client_body_temp_path $d/client_body;"
+    [[ $v == *--without-http_proxy_module* ]] || echo "    proxy_temp_path $d/proxy;"
+    [[ $v == *--without-http_fastcgi_module* ]] || echo "    fastcgi_temp_path $d/fastcgi;"
+    [[ $v == *--without-http_uwsgi_module* ]] || echo "    uwsgi_temp_path $d/uwsgi;"
+    [[ $v == *--without-http_scgi_module* ]] || echo "    scgi_temp_path $d/scgi;"
+}
+
+# start_nginx NAME TEMPLATE [UPSTREAM_PORT]: sets started_pid and
+# started_port; a few tries, each on a new port.
+start_nginx() {
+    local tries
+    for ((tries = 0; tries < 5; tries++)); do
+        pick_port
+        started_port=$picked_port
+        start_nginx_on "$1" "$2" "$started_port" "${3:-}" && return 0
+        echo "bench/gateway.sh: nginx ($1) could not start on port $started_port; another" >&2
+    done
+    cat "$work/$1/error.log" >&2 || true
+    die "nginx ($1) did not start; its log is above"
+}
+start_nginx_on() {
+    local name=$1 tpl=$2 port=$3 uport=${4:-} d=$work/$1 user_line=
+    mkdir -p "$d"
+    : >"$d/error.log"
+    # As root, nginx's workers would switch to `nobody`, who cannot enter
+    # the private temp dir: keep them as the current user.
+    ((EUID == 0)) && user_line="user $(id -un) $(id -gn);"
+    local temp
+    temp=$(nginx_temp_paths "$d")
+    awk -v user="$user_line" -v workers="$nginx_workers" -v dir="$d" -v port="$port" \
+        -v uport="$uport" -v temp="$temp" '
+        { gsub(/@USER@/, user); gsub(/@WORKERS@/, workers); gsub(/@DIR@/, dir)
+          gsub(/@UPSTREAM_PORT@/, uport); gsub(/@PORT@/, port); gsub(/@TEMP_PATHS@/, temp)
+          print }' "$tpl" >"$d/nginx.conf"
+    "$nginx_bin" -t -q -p "$d" -e "$d/error.log" -c "$d/nginx.conf" 2>"$d/test.log" || {
+        cat "$d/test.log" "$d/error.log" >&2 2>/dev/null || true
+        die "nginx ($name) rejected its configuration $d/nginx.conf"
+    }
+    start_bg "$d/stderr.log" "$nginx_bin" -p "$d" -e "$d/error.log" -c "$d/nginx.conf"
+    wait_http "http://127.0.0.1:$port/refunds" POST "$d/error.log" "$started_pid"
+}
+
+# start_idem DIR LAYERS: sets started_pid and idem_port; a few tries, each
+# on a new port and with a new SQLite file.
+start_idem() {
+    local d=$1 layers=$2 tries
+    mkdir -p "$d"
+    for ((tries = 0; tries < 5; tries++)); do
+        pick_port
+        idem_port=$picked_port
+        rm -f "$d"/idem.db*
+        sed -e "s|@PORT@|$idem_port|" -e "s|@DB@|$d/idem.db|" -e "s|@WORKERS@|$idem_workers|" \
+            -e "s|@UPSTREAM_PORT@|$upstream_port|" -e "s|@LAYERS@|$layers|" \
+            bench/gateway/idem.yaml.in >"$d/idem.yaml"
+        start_bg "$d/idem.log" "$idem_bin" serve -c "$d/idem.yaml"
+        wait_http "http://127.0.0.1:$idem_port/_idem/v1/health" GET "$d/idem.log" \
+            "$started_pid" && return 0
+        echo "bench/gateway.sh: idem serve could not start on port $idem_port:" \
+             "$(tail -n 1 "$d/idem.log")" >&2
+    done
+    cat "$d/idem.log" >&2 || true
+    die "idem serve did not start; its log is above"
+}
+
+stop_idem() { # pid: SIGTERM (drains), and the exit status must be 0
+    local pid=$1 rc=0
+    stop_group "$pid"
+    wait "$pid" 2>/dev/null || rc=$?
+    forget_group "$pid"
+    return "$rc"
+}
+
+# health PORT: the counters as "name=value ..." lines.
+health() {
+    local j
+    j=$(curl -s --max-time 10 "http://127.0.0.1:$1/_idem/v1/health") || die "health on :$1 failed"
+    [[ $j == *'"status":"ok"'* ]] || die "health on :$1 is not ok: $j"
+    grep -o '"[a-z_0-9]*":[0-9][0-9]*' <<<"$j" | tr -d '"' | tr ':' '='
+}
+hget() { # hget "health output" name
+    sed -n "s/^$2=//p" <<<"$1" | head -n 1
+}
+
+# wrk_run NAME URL MODE [extra args...]: runs wrk with the script; leaves the
+# GWRESULT fields in res_<field>, the wrk output in $work/NAME.wrk, and the
+# CPU seconds wrk used in wrk_cpu.
+wrk_run() {
+    local name=$1 url=$2 mode=$3 out=$work/$1.wrk t
+    shift 3
+    local prefix="$name-$$-$RANDOM$RANDOM"
+    run_wait "$out" "$work/$name.time" timeout --foreground $((seconds + 60)) wrk -t "$wthreads" -c "$conns" \
+        -d "${seconds}s" --latency --timeout 5s -s bench/wrk/gateway.lua "$url" -- "$mode" \
+        "$prefix" "$seed_keys" "$fresh_pct" || { cat "$out" >&2; die "wrk failed for $name"; }
+    t=$(<"$work/$name.time")
+    wrk_cpu=$(awk '{ printf "%.2f", $1 + $2 }' <<<"$t")
+    local line
+    line=$(grep '^GWRESULT' "$out") || { cat "$out" >&2; die "no result from wrk for $name"; }
+    for kv in ${line#GWRESULT }; do
+        printf -v "res_${kv%%=*}" '%s' "${kv#*=}"
+    done
+    res_sample=$(sed -n 's/^GWSAMPLE //p' "$out" | head -n 1)
+}
+
+# seed PORT: execute seed-0..seed-(SEED_KEYS-1) once each. The wrk script
+# stops its thread once done, but wrk itself runs for all of -d.
+seed() {
+    local port=$1 out=$work/seed-$1.wrk
+    run_wait "$out" /dev/null timeout --foreground 120 wrk -t 1 -c 8 -d "$((2 + seed_keys / 1000))s" \
+        --timeout 10s -s bench/wrk/gateway.lua "http://127.0.0.1:$port/refunds" -- seed unused \
+        "$seed_keys" 0 || { cat "$out" >&2; die "seeding failed"; }
+    local h
+    h=$(health "$port")
+    [[ $(hget "$h" executions) == "$seed_keys" && $(hget "$h" in_flight_409) == 0 ]] ||
+        die "seeding: $(hget "$h" executions) executions and $(hget "$h" in_flight_409)" \
+            "409s, expected $seed_keys and 0; wrk said: $(cat "$out")"
+}
+
+# ---- results -----------------------------------------------------------------
+declare -A R # R[run.field]
+record_result() { # run, then the res_* and the extras
+    local run=$1 f
+    for f in requests rps p50_us p99_us max_us replayed errors_connect errors_read \
+        errors_write errors_timeout; do
+        local v="res_$f"
+        R[$run.$f]=${!v:-0}
+    done
+    local s=""
+    for v in ${!res_status_*}; do s+="${v#res_status_}:${!v} "; done
+    R[$run.statuses]=${s% }
+    R[$run.sample]=${res_sample:-}
+    R[$run.wrk_cpu]=$wrk_cpu
+    unset "${!res_@}"
+}
+
+cpu_pct() { # ticks → percent of one core over the run
+    awk -v t="$1" -v hz="$clk_tck" -v s="$seconds" 'BEGIN { printf "%.0f", t / hz / s * 100 }'
+}
+
+# ---- the servers -------------------------------------------------------------
+start_nginx upstream bench/nginx/upstream.conf.in
+upstream_pgid=$started_pid upstream_port=$started_port
+start_nginx proxy bench/nginx/proxy.conf.in "$upstream_port"
+proxy_pgid=$started_pid proxy_port=$started_port
+nginx_version=$("$nginx_bin" -v 2>&1 | sed 's|.*nginx/||')
+wrk_version=$( (wrk -v 2>&1 || true) | sed -n '1s/^wrk \([^ ]*\).*/\1/p')
+idem_version=$("$idem_bin" --version 2>/dev/null | awk '{print $NF}' || true)
+echo "== nginx $nginx_version upstream :$upstream_port, proxy :$proxy_port" \
+     "(worker_processes $nginx_workers); wrk $wrk_version -t$wthreads -c$conns" \
+     "-d${seconds}s; temp dir $work ($fstype)" >&2
+
+problems=() # anything unexpected, for the report
+notes=()    # expected by the configuration, but worth saying
+
+run_one() {
+    local run=$1 url mode layers="" port pid d u0 u1 p0 p1 i0 i1 h0 h1 f kv
+    case $run in
+    direct) url="http://127.0.0.1:$upstream_port/refunds" mode=unique ;;
+    proxy) url="http://127.0.0.1:$proxy_port/refunds" mode=unique ;;
+    record-*) layers="[record]" mode=${run#record-} ;;
+    lock-*) layers="[lock, record]" mode=${run#lock-} ;;
+    esac
+    if [[ -n $layers ]]; then
+        d=$work/$run
+        start_idem "$d" "$layers"
+        pid=$started_pid port=$idem_port
+        url="http://127.0.0.1:$port/refunds"
+        [[ $mode == unique ]] || seed "$port"
+        h0=$(health "$port")
+    fi
+    echo "-- $run: wrk $mode → $url" >&2
+    u0=$(group_ticks "$upstream_pgid") p0=$(group_ticks "$proxy_pgid") i0=0
+    local x0=0 x1=0 m0 m1
+    [[ -n $layers ]] && i0=$(group_ticks "$pid") x0=$(proc_ctxsw "$pid")
+    m0=$(machine_ticks)
+    wrk_run "$run" "$url" "$mode"
+    m1=$(machine_ticks)
+    u1=$(group_ticks "$upstream_pgid") p1=$(group_ticks "$proxy_pgid") i1=0
+    [[ -n $layers ]] && i1=$(group_ticks "$pid") x1=$(proc_ctxsw "$pid")
+    R[$run.idem_cpu_us]=0 R[$run.ctxsw]=0
+    record_result "$run"
+    R[$run.cpu_upstream]=$(cpu_pct $((u1 - u0)))
+    R[$run.cpu_proxy]=$(cpu_pct $((p1 - p0)))
+    R[$run.cpu_idem]=$(cpu_pct $((i1 - i0)))
+    R[$run.cpu_wrk]=$(awk -v c="${R[$run.wrk_cpu]}" -v s="$seconds" 'BEGIN { printf "%.0f", c / s * 100 }')
+    # The rest of the machine: kernel threads (loopback softirqs, the disk)
+    # and anything else running. Much of it means a noisy measurement.
+    R[$run.cpu_other]=$(($(cpu_pct $((m1 - m0))) - R[$run.cpu_wrk] - R[$run.cpu_upstream] - \
+        R[$run.cpu_proxy] - R[$run.cpu_idem]))
+    ((R[$run.cpu_other] >= 0)) || R[$run.cpu_other]=0
+    if ((R[$run.cpu_other] > 30)); then
+        notes+=("$run: $((R[$run.cpu_other]))% of a core went to other processes or kernel threads during the measurement: its figures may be low")
+    fi
+    if [[ -n $layers ]]; then
+        h1=$(health "$port")
+        for f in requests executions replays in_flight_409 mismatches store_errors \
+            upstream_unknown commits committed_ops conflicts takeovers; do
+            R[$run.h_$f]=$(($(hget "$h1" "$f") - $(hget "$h0" "$f")))
+        done
+        # Per request idem handled: CPU time, and thread context switches.
+        R[$run.idem_cpu_us]=$(awk -v t=$((i1 - i0)) -v hz="$clk_tck" -v n="${R[$run.h_requests]}" \
+            'BEGIN { printf "%.0f", (n > 0 ? t / hz * 1e6 / n : 0) }')
+        R[$run.ctxsw]=$(awk -v x=$((x1 - x0)) -v n="${R[$run.h_requests]}" \
+            'BEGIN { printf "%.1f", (n > 0 ? x / n : 0) }')
+        if ! stop_idem "$pid"; then
+            problems+=("$run: idem serve did not exit 0 on SIGTERM")
+        fi
+        if grep -v -e '^idem: .*draining' -e '^idem: stopped (0 requests' -e 'listening' \
+            "$d/idem.log" | grep -q .; then
+            problems+=("$run: idem serve logged: $(head -c 600 "$d/idem.log" | tr '\n' '|')")
+        fi
+        cp "$d/idem.log" "$work/$run.idem.log"
+    fi
+    # Every answer must be 201, nothing else; no socket errors. One exception,
+    # a note rather than a problem: with the lock layer, a duplicate that
+    # arrives while another request holds its key's lock is answered 409
+    # (in_flight: reject) even when the key's record is already DONE.
+    local st=${R[$run.statuses]} bad="" n409=0
+    for kv in $st; do
+        case ${kv%%:*} in
+        201) ;;
+        409) n409=${kv#*:} ;;
+        *) bad+="$kv " ;;
+        esac
+    done
+    if ((n409)); then
+        if [[ $run == lock-* && $mode != unique ]]; then
+            notes+=("$run: $n409 answers 409 to duplicates of keys already DONE: the lock is taken before the record is read, and a concurrent duplicate holds it. First one: ${R[$run.sample]}")
+        else
+            bad+="409:$n409 "
+        fi
+    fi
+    [[ -z $bad ]] || problems+=("$run: unexpected answers (status:count) $bad; first: ${R[$run.sample]}")
+    for f in connect read write timeout; do
+        [[ ${R[$run.errors_$f]} == 0 ]] || problems+=("$run: wrk $f errors: ${R[$run.errors_$f]}")
+    done
+    if [[ -n $layers ]]; then
+        local ex=${R[$run.h_executions]} rp=${R[$run.h_replays]} rq=${R[$run.requests]}
+        local hr=${R[$run.h_requests]} c409=${R[$run.h_in_flight_409]} mm=${R[$run.h_mismatches]}
+        case $mode in
+        unique) ((rp == 0)) || problems+=("$run: $rp replays with unique keys") ;;
+        replay) ((ex == 0)) || problems+=("$run: $ex executions in a replay-only run") ;;
+        esac
+        # idem saw every answer wrk counted, plus at most one per connection
+        # cut off at the end; each was an execution, a replay or a 409.
+        ((hr >= rq && hr <= rq + conns)) ||
+            problems+=("$run: idem counted $hr gateway requests, wrk $rq answers")
+        ((ex + rp + c409 + mm == hr)) ||
+            problems+=("$run: executions $ex + replays $rp + 409s $c409 + mismatches $mm != requests $hr")
+        ((${R[$run.replayed]} <= rp)) || problems+=("$run: wrk saw ${R[$run.replayed]} replays, idem counted $rp")
+        ((c409 >= n409)) || problems+=("$run: wrk saw $n409 409s, idem counted $c409")
+        for f in store_errors upstream_unknown conflicts takeovers; do
+            ((${R[$run.h_$f]} == 0)) || problems+=("$run: health $f = ${R[$run.h_$f]}")
+        done
+    fi
+    printf '   %s req/s  p50 %s µs  p99 %s µs  statuses %s\n' "${R[$run.rps]}" \
+        "${R[$run.p50_us]}" "${R[$run.p99_us]}" "${R[$run.statuses]}" >&2
+}
+
+for run in $runs; do run_one "$run"; done
+for n in upstream proxy; do
+    if [[ -s $work/$n/error.log ]]; then
+        problems+=("nginx $n logged: $(head -c 600 "$work/$n/error.log" | tr '\n' '|')")
+    fi
+done
+
+# ---- the table -----------------------------------------------------------------
+ms() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1000 }'; }
+commas() { awk -v x="$1" 'BEGIN { s = sprintf("%.0f", x); while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]([,]|$)/, ",&", s); print s }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f×", a / b; else printf "n/a" }'; }
+have() { [[ -n ${R[$1.rps]:-} ]]; }
+
+describe() {
+    case $1 in
+    direct) echo "direct: wrk → nginx upstream" ;;
+    proxy) echo "nginx proxy_pass (keepalive 64) → upstream" ;;
+    record-unique) echo "idem [record], unique keys" ;;
+    record-mix) echo "idem [record], $((100 - fresh_pct))% replays / $fresh_pct% fresh" ;;
+    record-replay) echo "idem [record], replays only" ;;
+    lock-unique) echo "idem [lock, record], unique keys" ;;
+    lock-mix) echo "idem [lock, record], $((100 - fresh_pct))% replays / $fresh_pct% fresh" ;;
+    esac
+}
+
+mkdir -p bench/results
+out=bench/results/gateway-latest.md
+{
+    printf '# Idem gateway benchmark\n\n'
+    printf '%s · %s · %d cores · Linux %s · idem %s · nginx %s (worker_processes %s) · wrk %s `-t%s -c%s -d%ss --latency` · idem workers %s · SQLite file on %s\n\n' \
+        "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -n)" "$(nproc)" "$(uname -r)" \
+        "${idem_version:-?}" "$nginx_version" "$nginx_workers" "$wrk_version" "$wthreads" \
+        "$conns" "$seconds" "$idem_workers" "$fstype"
+    printf 'Everything on 127.0.0.1, load generator included: the servers and wrk share the %d cores.\n' "$(nproc)"
+    printf 'Every request: `POST /refunds {"refund_no":"<key>","amount":"1.00"}`; the upstream answers `201 {"ok":true}`.\n\n'
+    printf '| run | req/s | × nginx proxy | p50 ms | p99 ms | max ms | idem executions | idem replays | statuses | CPU %% of a core (wrk / upstream / proxy / idem / rest) | idem CPU µs / req | idem context switches / req |\n'
+    printf '|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|\n'
+    for run in $all_runs; do
+        have "$run" || continue
+        ex="–" rp="–" cu="–" cx="–"
+        if [[ $run != direct && $run != proxy ]]; then
+            ex=$(commas "${R[$run.h_executions]}") rp=$(commas "${R[$run.h_replays]}")
+            cu=${R[$run.idem_cpu_us]} cx=${R[$run.ctxsw]}
+        fi
+        px="–"
+        have proxy && px=$(ratio "${R[$run.rps]}" "${R[proxy.rps]}")
+        printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s / %s / %s | %s | %s |\n' \
+            "$(describe "$run")" "$(commas "${R[$run.rps]}")" "$px" "$(ms "${R[$run.p50_us]}")" \
+            "$(ms "${R[$run.p99_us]}")" "$(ms "${R[$run.max_us]}")" "$ex" "$rp" \
+            "${R[$run.statuses]// /, }" "${R[$run.cpu_wrk]}" "${R[$run.cpu_upstream]}" \
+            "${R[$run.cpu_proxy]}" "${R[$run.cpu_idem]}" "${R[$run.cpu_other]}" "$cu" "$cx"
+    done
+    printf '\n## Targets\n\n| figure | value | target | met |\n|---|---:|---:|:---:|\n'
+    met() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { ok = op == ">=" ? v >= t : v <= t; print ok ? "yes" : "**no**" }'; }
+    if have record-unique && have proxy; then
+        v=$(awk -v a="${R[record-unique.rps]}" -v b="${R[proxy.rps]}" 'BEGIN { printf "%.2f", a / b }')
+        printf '| idem [record] unique keys / nginx proxy, req/s | %s× | ≥ 0.5× | %s |\n' "$v" "$(met "$v" 0.5 ">=")"
+    fi
+    if have record-mix && have proxy; then
+        v=$(awk -v a="${R[record-mix.rps]}" -v b="${R[proxy.rps]}" 'BEGIN { printf "%.2f", a / b }')
+        printf '| idem [record] %d%% replays / nginx proxy, req/s | %s× | ≥ 1.0× | %s |\n' "$((100 - fresh_pct))" "$v" "$(met "$v" 1.0 ">=")"
+    fi
+    if have record-unique && have direct; then
+        v=$(awk -v a="${R[record-unique.p99_us]}" -v b="${R[direct.p99_us]}" 'BEGIN { printf "%.2f", (a - b) / 1000 }')
+        printf '| idem [record] unique keys: p99 added over direct, %d connections | %s ms | ≤ 2 ms | %s |\n' "$conns" "$v" "$(met "$v" 2 "<=")"
+    fi
+    printf '\nFor reference, not targets:\n\n| figure | value |\n|---|---:|\n'
+    for run in proxy record-mix record-replay lock-unique lock-mix; do
+        have "$run" && have direct || continue
+        printf '| %s: p99 added over direct | %s ms |\n' "$(describe "$run")" \
+            "$(awk -v a="${R[$run.p99_us]}" -v b="${R[direct.p99_us]}" 'BEGIN { printf "%.2f", (a - b) / 1000 }')"
+    done
+    for run in record-unique record-mix lock-unique lock-mix; do
+        have "$run" || continue
+        printf '| %s: store operations per SQLite commit (`committed_ops / commits`) | %s |\n' "$(describe "$run")" \
+            "$(awk -v o="${R[$run.h_committed_ops]}" -v c="${R[$run.h_commits]}" 'BEGIN { if (c > 0) printf "%.1f", o / c; else printf "n/a" }')"
+    done
+    printf '\nidem executions / replays: deltas of `GET /_idem/v1/health` `gateway` counters over the\n'
+    printf 'measurement (a fresh idem serve and SQLite file per run; the mix and replay runs first execute\n'
+    printf '%d seed keys, not counted). The token layer is not measured here (each request would need a\n' "$seed_keys"
+    printf 'fresh token from the JSON API): `bash bench/run.sh` measures it. See bench/README.md.\n'
+    if ((${#notes[@]})); then
+        printf '\n## Notes\n\n'
+        for p in "${notes[@]}"; do printf -- '- %s\n' "$p"; done
+    fi
+    if ((${#problems[@]})); then
+        printf '\n## Problems seen in this run\n\n'
+        for p in "${problems[@]}"; do printf -- '- %s\n' "$p"; done
+    fi
+} >"$out"
+
+echo >&2
+cat "$out"
+echo >&2
+echo "written to $out" >&2
+if ((${#problems[@]})); then
+    echo "bench/gateway.sh: ${#problems[@]} problem(s) seen; see the end of the table" >&2
+fi
