@@ -111,6 +111,27 @@ static struct http_response *replay(struct daemon *d, const idem_record *rec)
     return r;
 }
 
+/* The stored answer if (space, key) is finished — and its payload matches —
+ * else NULL. A finished record never changes its answer, so this read needs
+ * no lock. */
+static struct http_response *replay_if_finished(struct daemon *d, const struct route *rt,
+                                                const char *key, const uint8_t *fp)
+{
+    idem_outcome o;
+    idem_record rec;
+    if (idem_record_get(d->h, rt->space, key, &o, &rec) != IDEM_OK || o != IDEM_FOUND)
+        return NULL;
+    struct http_response *r = NULL;
+    int finished = strcmp(rec.state, IDEM_STATE_PROCESSING) != 0 &&
+                   strcmp(rec.state, IDEM_STATE_RELEASED) != 0;
+    int same = !fp || !rec.has_fingerprint ||
+               memcmp(fp, rec.fingerprint, IDEM_FINGERPRINT_LEN) == 0;
+    if (finished && same)
+        r = replay(d, &rec);
+    idem_record_clear(&rec);
+    return r;
+}
+
 /* A response to the client from an upstream answer (hop-by-hop removed). */
 static struct http_response *from_upstream(const struct http_msg *m)
 {
@@ -313,6 +334,10 @@ void gateway_handle(struct daemon *d, const struct server_config *cfg, const str
             }
             if (o == IDEM_ACQUIRED)
                 break;
+            /* The holder may be a duplicate of a request that is finished:
+             * its answer needs no lock. */
+            if ((out = replay_if_finished(d, rt, key, has_fp ? fp : NULL)) != NULL)
+                goto done;
             if (!rt->in_flight_wait || mono_ms() >= deadline) {
                 atomic_fetch_add(&d->n.in_flight_409, 1);
                 out = in_flight(rt, "its lock is held");

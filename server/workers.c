@@ -66,8 +66,10 @@ int workers_submit(struct workers *ws, struct work *w)
     }
     *ws->tail = w;
     ws->tail = &w->next;
-    pthread_cond_signal(&ws->cv);
     pthread_mutex_unlock(&ws->mu);
+    /* After the unlock: a worker woken while we still held the mutex would
+     * only block on it again. */
+    pthread_cond_signal(&ws->cv);
     return 0;
 }
 

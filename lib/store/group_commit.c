@@ -69,14 +69,14 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
         gc->commits++;
         gc->ops += n;
     }
-    /* Wake each caller on its own condition: a broadcast would wake every
-     * waiting caller, most of them only to sleep again. */
-    for (struct idem__gc_job *j = batch, *next; j; j = next) {
-        next = j->next; /* j may be gone once its caller runs */
-        j->done = 1;
-        pthread_cond_signal(&j->done_cv);
-    }
     pthread_mutex_unlock(&gc->mu);
+    /* Wake each caller alone, with no mutex held: a broadcast would wake
+     * every waiting caller, and a wake under the mutex would have the caller
+     * block on it at once. j may be gone once its caller runs. */
+    for (struct idem__gc_job *j = batch, *next; j; j = next) {
+        next = j->next;
+        sem_post(&j->done);
+    }
 }
 
 static void *writer(void *arg)
@@ -129,21 +129,21 @@ idem_rc idem__gc_start(const struct idem__gc_driver *drv, void *ctx,
 idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job)
 {
     job->next = NULL;
-    job->done = 0;
     job->detail[0] = '\0';
+    sem_init(&job->done, 0, 0);
     pthread_mutex_lock(&gc->mu);
     if (gc->stopping) {
         pthread_mutex_unlock(&gc->mu);
+        sem_destroy(&job->done);
         return idem__fail(IDEM_ECLOSING, "the handle is closing");
     }
-    pthread_cond_init(&job->done_cv, NULL);
     *gc->tail = job;
     gc->tail = &job->next;
-    pthread_cond_signal(&gc->work);
-    while (!job->done)
-        pthread_cond_wait(&job->done_cv, &gc->mu);
     pthread_mutex_unlock(&gc->mu);
-    pthread_cond_destroy(&job->done_cv);
+    pthread_cond_signal(&gc->work);
+    while (sem_wait(&job->done) != 0)
+        ; /* EINTR */
+    sem_destroy(&job->done);
     if (job->rc != IDEM_OK)
         return idem__fail(job->rc, "%s", job->detail);
     return IDEM_OK;

@@ -11,6 +11,7 @@
 #define IDEM_STORE_GROUP_COMMIT_H
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdint.h>
 
 #include "idem.h"
@@ -20,8 +21,7 @@ struct idem__gc_job {
     /* Runs on the writer thread inside the batch's transaction. */
     idem_rc (*run)(struct idem__gc_job *job, void *ctx);
     idem_rc rc;
-    int done;
-    pthread_cond_t done_cv;  /* its caller waits here, alone */
+    sem_t done;          /* posted once the job's batch is durable or failed */
     char detail[160];    /* the error detail, carried back to the caller */
 };
 
