@@ -206,33 +206,13 @@ static struct http_response *health(struct daemon *d)
     return json_response(rc == IDEM_OK ? 200 : 503, j);
 }
 
-static int pct_decode_segment(const char *s, size_t n, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int c = (unsigned char)s[i];
-        if (c == '%') {
-            unsigned v;
-            if (i + 2 >= n + 1 || sscanf(s + i + 1, "%2x", &v) != 1)
-                return -1;
-            c = (int)v;
-            i += 2;
-        }
-        if (o + 1 >= cap)
-            return -1;
-        out[o++] = (char)c;
-    }
-    out[o] = '\0';
-    return 0;
-}
-
 /* GET /_idem/v1/records/{space}/{key} */
 static struct http_response *get_record(struct daemon *d, const char *rest)
 {
     const char *slash = strchr(rest, '/');
     char space[IDEM_NAME_MAX * 3 + 1], key[IDEM_KEY_MAX * 3 + 1];
-    if (!slash || pct_decode_segment(rest, (size_t)(slash - rest), space, sizeof space) ||
-        pct_decode_segment(slash + 1, strlen(slash + 1), key, sizeof key))
+    if (!slash || request_pct_decode(rest, (size_t)(slash - rest), space, sizeof space, 0) ||
+        request_pct_decode(slash + 1, strlen(slash + 1), key, sizeof key, 0))
         return problem(400, "invalid_path",
                        "expected /_idem/v1/records/{space}/{key}, each percent-encoded");
     idem_outcome o;

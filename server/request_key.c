@@ -38,9 +38,7 @@ static int hexval(int c)
     return -1;
 }
 
-/* Percent-decode s[0..n) into out (cap bytes). -1 if it does not fit or a
- * %-escape is broken. */
-static int pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_is_space)
+int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_is_space)
 {
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
@@ -75,9 +73,9 @@ static int query_param(const char *target, const char *name, char *out, size_t c
         const char *eq = memchr(p, '=', (size_t)(end - p));
         const char *kend = eq ? eq : end;
         char k[256];
-        if (pct_decode(p, (size_t)(kend - p), k, sizeof k, 1) == 0 && strlen(k) == nlen &&
+        if (request_pct_decode(p, (size_t)(kend - p), k, sizeof k, 1) == 0 && strlen(k) == nlen &&
             memcmp(k, name, nlen) == 0)
-            return pct_decode(eq ? eq + 1 : end, eq ? (size_t)(end - eq - 1) : 0, out, cap, 1) ==
+            return request_pct_decode(eq ? eq + 1 : end, eq ? (size_t)(end - eq - 1) : 0, out, cap, 1) ==
                            0
                        ? 1
                        : -1;
@@ -99,7 +97,7 @@ static int path_segment(const char *target, int n, char *out, size_t cap)
             p++;
         size_t len = strcspn(p, "/");
         if (i == n)
-            return len == 0 ? 0 : pct_decode(p, len, out, cap, 0) == 0 ? 1 : -1;
+            return len == 0 ? 0 : request_pct_decode(p, len, out, cap, 0) == 0 ? 1 : -1;
         p += len;
     }
     return 0;

@@ -26,6 +26,11 @@ int request_fingerprint(const struct route *rt, const struct http_msg *m,
                         uint8_t fp[IDEM_FINGERPRINT_LEN], int *has, char *detail,
                         size_t detail_len);
 
+/* Percent-decode s[0..n) into out (cap bytes, NUL-terminated); '+' is a
+ * space when plus_is_space (query strings). 0, or -1 if it does not fit or
+ * a %-escape is broken. */
+int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_is_space);
+
 /* The path part of a request target (before '?'), copied into out. */
 void request_path(const char *target, char *out, size_t cap);
 
