@@ -187,6 +187,12 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
                          rt->name);
             goto out;
         }
+        for (const unsigned char *c = (const unsigned char *)subject; *c; c++)
+            if (*c < 0x20 || *c == 0x7f) {
+                status = bad(type, "subject_invalid", detail, dlen,
+                             "the subject header holds a control character");
+                goto out;
+            }
         if (append_escaped(key, &len, subject) || len + 1 > IDEM_KEY_MAX) {
             status = bad(type, "key_invalid", detail, dlen, "the subject is too long");
             goto out;

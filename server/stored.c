@@ -69,8 +69,13 @@ struct http_response *stored_decode(const void *bytes, size_t len)
     head[nl - p] = '\0';
     int status, used = 0;
     unsigned long nh, body_len;
+    char canon[72];
     if (sscanf(head, "IDEM1 %d %lu %lu%n", &status, &nh, &body_len, &used) != 3 ||
         used != nl - p || status < 100 || status > 599 || nh > 1000)
+        return NULL;
+    /* One spelling only: what stored_encode writes. */
+    snprintf(canon, sizeof canon, "IDEM1 %d %lu %lu", status, nh, body_len);
+    if (strcmp(canon, head) != 0)
         return NULL;
     struct http_response *r = response_new(status);
     if (!r)
@@ -81,6 +86,11 @@ struct http_response *stored_decode(const void *bytes, size_t len)
         const char *colon = nl ? memchr(p, ':', (size_t)(nl - p)) : NULL;
         if (!colon || colon == p || colon + 1 >= nl || colon[1] != ' ')
             goto bad;
+        /* No control byte may reach a header we send: a CR would let
+         * whoever wrote the record inject headers into every replay. */
+        for (const char *c = p; c < nl; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                goto bad;
         char *name = strndup(p, (size_t)(colon - p));
         char *value = strndup(colon + 2, (size_t)(nl - colon - 2));
         int rc = name && value ? response_add_header(r, name, value) : -1;

@@ -787,6 +787,22 @@ static void test_json_api(void **state)
                "fingerprint");
     api_expect(p, "/_idem/v1/nope", "{}", 404, "urn:idem:no_such_endpoint");
     api_expect(p, "/_idem/v1/health", NULL, 200, "\"status\":\"ok\"");
+    /* A record written through the API with a CR in a stored header must not
+     * inject headers into the gateway's replay. */
+    api_expect(p, "/_idem/v1/records/begin",
+               "{\"space\":\"refund\",\"key\":\"R-inject\",\"owner\":\"w1\"}", 200,
+               "\"outcome\":\"NEW\"");
+    api_expect(p, "/_idem/v1/records/complete",
+               "{\"space\":\"refund\",\"key\":\"R-inject\",\"epoch\":1,"
+               "\"result\":\"IDEM1 200 1 0\\nX-A: a\\rSet-Cookie: s=1\\n\"}",
+               200, "\"outcome\":\"COMPLETED\"");
+    struct sys_resp inj;
+    sys_http(p, "POST", "/refunds", NULL, "{\"refund_no\":\"R-inject\",\"amount\":\"1\"}", 5000,
+             &inj);
+    assert_int_equal(inj.status, 500);
+    assert_null(sys_header(&inj, "Set-Cookie"));
+    assert_non_null(strstr(inj.m->body, "urn:idem:stored_result_unreadable"));
+    sys_resp_free(&inj);
     struct sys_resp d;
     sys_http(p, "DELETE", "/_idem/v1/health", NULL, NULL, 5000, &d);
     assert_int_equal(d.status, 405);
