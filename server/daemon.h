@@ -35,6 +35,7 @@ struct daemon {
     pthread_mutex_t cfg_mu;
     struct live_config *live;
     char instance[24];         /* random, names this process in record owners */
+    int reads_dont_block;      /* a file store: record reads bypass the writer */
     atomic_ulong seq;
     struct daemon_counters n;
     struct front *front;
@@ -49,6 +50,11 @@ void daemon_handle(void *arg, struct front_request *req);
 /* Gateway and API, in gateway.c and api.c. */
 void gateway_handle(struct daemon *d, const struct server_config *cfg, const struct route *rt,
                     struct front_request *req);
+/* On the loop thread: a replay of a finished record, when one can be
+ * answered without blocking (see front_fast_fn). */
+int gateway_fast(struct daemon *d, const struct server_config *cfg, const struct route *rt,
+                 struct front_request *req);
+int daemon_fast(void *arg, struct front_request *req);
 void passthrough_handle(struct daemon *d, const struct server_config *cfg,
                         struct front_request *req);
 void api_handle(struct daemon *d, const struct server_config *cfg, struct front_request *req);

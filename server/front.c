@@ -79,6 +79,7 @@ struct front {
     struct http_limits parse_limits;
     struct workers *workers;
     front_handler_fn handler;
+    front_fast_fn fast;
     void *handler_arg;
     int port;
     int draining;
@@ -255,6 +256,14 @@ static void dispatch(struct conn *c, struct http_msg *msg)
     c->req.front = f;
     c->req.work.run = run_request;
     snprintf(c->req.peer, sizeof c->req.peer, "%s", c->peer);
+    if (f->fast && f->fast(f->handler_arg, &c->req)) {
+        /* Answered on the loop: no worker, no thread switch. */
+        pthread_mutex_lock(&f->mu);
+        f->in_flight--;
+        pthread_mutex_unlock(&f->mu);
+        finish_request(c);
+        return;
+    }
     if (workers_submit(f->workers, &c->req.work) != 0) {
         pthread_mutex_lock(&f->mu);
         f->in_flight--;
@@ -507,6 +516,11 @@ int front_listen(struct front *f, const char *host, int port, char *err, size_t 
                   ? ntohs(((struct sockaddr_in6 *)(void *)&bound)->sin6_port)
                   : ntohs(((struct sockaddr_in *)(void *)&bound)->sin_port);
     return 0;
+}
+
+void front_set_fast_path(struct front *f, front_fast_fn fn)
+{
+    f->fast = fn;
 }
 
 int front_port(const struct front *f)

@@ -29,10 +29,18 @@ struct front_request {
 /* Runs on a worker thread; must set req->resp. */
 typedef void (*front_handler_fn)(void *arg, struct front_request *req);
 
+/* Runs on the loop thread first, and must not block: returns 1 with
+ * req->resp set when it could answer at once (a replay), else 0 and the
+ * request goes to a worker. */
+typedef int (*front_fast_fn)(void *arg, struct front_request *req);
+
 struct front;
 
 struct front *front_new(struct event_base *base, const struct server_limits *limits,
                         struct workers *ws, front_handler_fn fn, void *arg);
+
+/* Install the loop thread's fast path (optional). */
+void front_set_fast_path(struct front *f, front_fast_fn fn);
 
 /* Listen on host:port. 0, or -1 with err filled ("127.0.0.1:8080: Address
  * already in use"). */

@@ -73,6 +73,25 @@ void daemon_handle(void *arg, struct front_request *req)
     daemon_config_put(lc);
 }
 
+int daemon_fast(void *arg, struct front_request *req)
+{
+    struct daemon *d = arg;
+    if (!d->reads_dont_block)
+        return 0;
+    struct live_config *lc = daemon_config_get(d);
+    const struct server_config *cfg = lc->c;
+    char path[8192];
+    int answered = 0;
+    request_path(req->msg->target, path, sizeof path);
+    if (strncmp(path, "/_idem/", 7) != 0) {
+        const struct route *rt = match_route(cfg, req->msg, path);
+        if (rt)
+            answered = gateway_fast(d, cfg, rt, req);
+    }
+    daemon_config_put(lc);
+    return answered;
+}
+
 /* ---- signals, reload, purge ---- */
 
 struct serve {
@@ -298,6 +317,12 @@ int serve_main(int argc, char **argv)
         goto out;
     }
     s->d.front = front_new(s->base, &s->limits, s->workers, daemon_handle, &s->d);
+    /* Reads of a file store go to read-only connections, never waiting for
+     * the writer: finished records can be replayed on the loop thread. */
+    s->d.reads_dont_block = strcmp(cfg->storage_path, ":memory:") != 0 &&
+                            strncmp(cfg->storage_path, "file:", 5) != 0;
+    if (s->d.front)
+        front_set_fast_path(s->d.front, daemon_fast);
     if (!s->d.front ||
         front_listen(s->d.front, cfg->listen_host, cfg->listen_port, err, sizeof err) != 0) {
         fprintf(stderr, "idem serve: listen: %s\n", s->d.front ? err : "out of memory");
