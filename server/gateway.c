@@ -184,8 +184,13 @@ static struct http_response *execute(struct daemon *d, const struct server_confi
 {
     const struct http_msg *m = req->msg;
     struct upstream_pool *pool = upstream_pool_get(rt->upstream.host, rt->upstream.port);
-    if (!pool)
+    if (!pool) {
+        /* Nothing was sent: free the claim for a retry. */
+        idem_outcome released;
+        idem_record_fail(d->h, rt->space, key, epoch, IDEM_FAIL_RETRYABLE, NULL, 0, 0, &released);
+        *give_token_back = 1;
         return NULL;
+    }
     char target[16384], epoch_hdr[64], key_hdr[IDEM_KEY_MAX * 3 + 32];
     const char *suffix = m->target;
     snprintf(target, sizeof target, "%s%s", rt->upstream.base_path, suffix);
