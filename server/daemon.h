@@ -38,7 +38,6 @@ struct daemon {
     int reads_dont_block;      /* a file store: record reads bypass the writer */
     atomic_ulong seq;
     struct daemon_counters n;
-    struct front *front;
 };
 
 struct live_config *daemon_config_get(struct daemon *d);

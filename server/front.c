@@ -44,6 +44,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,7 +89,9 @@ struct front {
     struct front_request *done_head;
     size_t in_flight;
 
-    size_t nconns;
+    size_t nconns;            /* this loop's connections */
+    atomic_size_t own_total;
+    atomic_size_t *total;     /* all loops' connections: the limit's count */
     struct conn *conns;
 };
 
@@ -380,6 +383,7 @@ static void conn_free(struct conn *c)
     if (c->next)
         c->next->prev = c->prev;
     f->nconns--;
+    atomic_fetch_sub(f->total, 1);
     if (c->timer)
         event_free(c->timer);
     if (c->bev)
@@ -414,8 +418,9 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     struct front *f = arg;
     (void)l;
     (void)salen;
-    int over = f->nconns >= f->limits->connections_max || f->draining;
-    if (over && f->nconns >= f->limits->connections_max + OVER_LIMIT_GRACE) {
+    size_t open = atomic_load(f->total);
+    int over = open >= f->limits->connections_max || f->draining;
+    if (over && open >= f->limits->connections_max + OVER_LIMIT_GRACE) {
         evutil_closesocket(fd); /* a flood: not even an answer */
         return;
     }
@@ -436,6 +441,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         f->conns->prev = c;
     f->conns = c;
     f->nconns++;
+    atomic_fetch_add(f->total, 1);
     if (!c->bev || !c->timer) {
         if (!c->bev)
             evutil_closesocket(fd);
@@ -479,6 +485,8 @@ struct front *front_new(struct event_base *base, const struct server_limits *lim
     f->parse_limits.header_bytes_max = limits->header_bytes_max;
     f->parse_limits.body_max = limits->body_max;
     pthread_mutex_init(&f->mu, NULL);
+    atomic_init(&f->own_total, 0);
+    f->total = &f->own_total;
     f->done_ev = event_new(base, -1, 0, on_done, f);
     f->drain_ev = event_new(base, -1, 0, on_drain, f);
     if (!f->done_ev || !f->drain_ev) {
@@ -502,7 +510,7 @@ int front_listen(struct front *f, const char *host, int port, char *err, size_t 
     }
     f->listener = evconnlistener_new_bind(f->base, on_accept, f,
                                           LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
-                                              LEV_OPT_CLOSE_ON_EXEC,
+                                              LEV_OPT_REUSEABLE_PORT | LEV_OPT_CLOSE_ON_EXEC,
                                           1024, ai->ai_addr, (int)ai->ai_addrlen);
     freeaddrinfo(ai);
     if (!f->listener) {
@@ -521,6 +529,11 @@ int front_listen(struct front *f, const char *host, int port, char *err, size_t 
 void front_set_fast_path(struct front *f, front_fast_fn fn)
 {
     f->fast = fn;
+}
+
+void front_share_connection_count(struct front *f, atomic_size_t *total)
+{
+    f->total = total;
 }
 
 int front_port(const struct front *f)

@@ -7,6 +7,7 @@
 #define IDEM_SERVER_FRONT_H
 
 #include <event2/event.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -42,8 +43,13 @@ struct front *front_new(struct event_base *base, const struct server_limits *lim
 /* Install the loop thread's fast path (optional). */
 void front_set_fast_path(struct front *f, front_fast_fn fn);
 
-/* Listen on host:port. 0, or -1 with err filled ("127.0.0.1:8080: Address
- * already in use"). */
+/* Several loops, one limit: count connections in *total (shared by the
+ * fronts of all loops) against connections_max. */
+void front_share_connection_count(struct front *f, atomic_size_t *total);
+
+/* Listen on host:port (SO_REUSEPORT: every loop listens on the same port
+ * and the kernel spreads connections). 0, or -1 with err filled
+ * ("127.0.0.1:8080: Address already in use"). */
 int front_listen(struct front *f, const char *host, int port, char *err, size_t errlen);
 
 /* The port actually bound (for port 0). */

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "daemon.h"
 #include "request_key.h"
@@ -94,10 +95,24 @@ int daemon_fast(void *arg, struct front_request *req)
 
 /* ---- signals, reload, purge ---- */
 
+#define LOOPS_MAX 4
+
+/* One event loop: its base, its front end, its thread (loop 0 runs on the
+ * main thread, with the signals and the purge timer). */
+struct loop {
+    struct event_base *base;
+    struct front *front;
+    pthread_t thread;
+    int running;
+};
+
 struct serve {
     struct daemon d;
     struct server_limits limits; /* fixed for the life of the process */
-    struct event_base *base;
+    struct loop loops[LOOPS_MAX];
+    int nloops;
+    atomic_size_t connections;   /* all loops' connections */
+    struct event_base *base;     /* loops[0].base */
     struct workers *workers;
     struct event *sig_term, *sig_int, *sig_hup, *purge_timer;
     int64_t shutdown_timeout_ms;
@@ -105,15 +120,66 @@ struct serve {
     int purge_running;
 };
 
+static size_t in_flight(struct serve *s)
+{
+    size_t n = 0;
+    for (int i = 0; i < s->nloops; i++)
+        if (s->loops[i].front)
+            n += front_in_flight(s->loops[i].front);
+    return n;
+}
+
+struct drain_order {
+    struct front *front;
+    int64_t timeout_ms;
+};
+
+/* Runs on the loop whose front it drains: fronts are not shared. */
+static void on_drain_order(evutil_socket_t fd, short what, void *arg)
+{
+    struct drain_order *o = arg;
+    (void)fd;
+    (void)what;
+    front_drain(o->front, o->timeout_ms);
+    free(o);
+}
+
 static void on_stop(evutil_socket_t sig, short what, void *arg)
 {
     struct serve *s = arg;
     (void)what;
     fprintf(stderr, "idem: %s: draining (%zu requests in flight, up to %lld ms)\n",
-            sig == SIGINT ? "SIGINT" : "SIGTERM", front_in_flight(s->d.front),
+            sig == SIGINT ? "SIGINT" : "SIGTERM", in_flight(s),
             (long long)s->shutdown_timeout_ms);
     event_del(s->purge_timer);
-    front_drain(s->d.front, s->shutdown_timeout_ms);
+    for (int i = 1; i < s->nloops; i++) {
+        struct drain_order *o = malloc(sizeof *o);
+        if (!o) {
+            event_base_loopexit(s->loops[i].base, NULL);
+            continue;
+        }
+        o->front = s->loops[i].front;
+        o->timeout_ms = s->shutdown_timeout_ms;
+        if (event_base_once(s->loops[i].base, -1, EV_TIMEOUT, on_drain_order, o, NULL) != 0) {
+            free(o);
+            event_base_loopexit(s->loops[i].base, NULL);
+        }
+    }
+    front_drain(s->loops[0].front, s->shutdown_timeout_ms);
+}
+
+static void *loop_main(void *arg)
+{
+    struct loop *l = arg;
+    event_base_dispatch(l->base);
+    return NULL;
+}
+
+/* How many event loops: one per processor, at most LOOPS_MAX. */
+static int loop_count(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > LOOPS_MAX ? LOOPS_MAX : (int)n;
 }
 
 static void on_reload(evutil_socket_t sig, short what, void *arg)
@@ -310,24 +376,37 @@ int serve_main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
-    s->base = event_base_new();
     s->workers = workers_start(cfg->workers);
-    if (!s->base || !s->workers) {
-        fprintf(stderr, "idem serve: cannot start the event loop or %d workers\n", cfg->workers);
+    if (!s->workers) {
+        fprintf(stderr, "idem serve: cannot start %d workers\n", cfg->workers);
         goto out;
     }
-    s->d.front = front_new(s->base, &s->limits, s->workers, daemon_handle, &s->d);
     /* Reads of a file store go to read-only connections, never waiting for
      * the writer: finished records can be replayed on the loop thread. */
     s->d.reads_dont_block = strcmp(cfg->storage_path, ":memory:") != 0 &&
                             strncmp(cfg->storage_path, "file:", 5) != 0;
-    if (s->d.front)
-        front_set_fast_path(s->d.front, daemon_fast);
-    if (!s->d.front ||
-        front_listen(s->d.front, cfg->listen_host, cfg->listen_port, err, sizeof err) != 0) {
-        fprintf(stderr, "idem serve: listen: %s\n", s->d.front ? err : "out of memory");
-        goto out;
+    atomic_init(&s->connections, 0);
+    s->nloops = loop_count();
+    int port = cfg->listen_port;
+    for (int i = 0; i < s->nloops; i++) {
+        struct loop *l = &s->loops[i];
+        l->base = event_base_new();
+        l->front = l->base ? front_new(l->base, &s->limits, s->workers, daemon_handle, &s->d)
+                           : NULL;
+        if (!l->front) {
+            fprintf(stderr, "idem serve: cannot start event loop %d\n", i);
+            goto out;
+        }
+        front_set_fast_path(l->front, daemon_fast);
+        front_share_connection_count(l->front, &s->connections);
+        /* Every loop listens on the port the first one got (port 0). */
+        if (front_listen(l->front, cfg->listen_host, port, err, sizeof err) != 0) {
+            fprintf(stderr, "idem serve: listen: %s\n", err);
+            goto out;
+        }
+        port = front_port(l->front);
     }
+    s->base = s->loops[0].base;
     s->sig_term = evsignal_new(s->base, SIGTERM, on_stop, s);
     s->sig_int = evsignal_new(s->base, SIGINT, on_stop, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_reload, s);
@@ -337,18 +416,34 @@ int serve_main(int argc, char **argv)
     event_add(s->sig_int, NULL);
     event_add(s->sig_hup, NULL);
     event_add(s->purge_timer, &minute);
+    for (int i = 1; i < s->nloops; i++) {
+        if (pthread_create(&s->loops[i].thread, NULL, loop_main, &s->loops[i]) != 0) {
+            fprintf(stderr, "idem serve: cannot start the thread of event loop %d\n", i);
+            goto out;
+        }
+        s->loops[i].running = 1;
+    }
 
-    printf("idem: listening on %s:%d, %s store at %s, %zu routes\n", cfg->listen_host,
-           front_port(s->d.front), idem_store_name(s->d.h), cfg->storage_path, cfg->route_count);
+    printf("idem: listening on %s:%d, %s store at %s, %zu routes, %d event loops\n",
+           cfg->listen_host, port, idem_store_name(s->d.h), cfg->storage_path, cfg->route_count,
+           s->nloops);
     fflush(stdout);
     event_base_dispatch(s->base);
     rc = 0;
-    fprintf(stderr, "idem: stopped (%zu requests were still in flight)\n",
-            front_in_flight(s->d.front));
 
 out:
+    /* Loop 0 has drained (or never ran): stop the others, then the workers. */
+    for (int i = 1; i < s->nloops; i++)
+        if (s->loops[i].running) {
+            if (rc != 0)
+                event_base_loopexit(s->loops[i].base, NULL);
+            pthread_join(s->loops[i].thread, NULL);
+        }
+    if (rc == 0)
+        fprintf(stderr, "idem: stopped (%zu requests were still in flight)\n", in_flight(s));
     workers_stop(s->workers); /* handlers still running finish first */
-    front_free(s->d.front);
+    for (int i = 0; i < s->nloops; i++)
+        front_free(s->loops[i].front);
     if (s->sig_term)
         event_free(s->sig_term);
     if (s->sig_int)
@@ -357,8 +452,9 @@ out:
         event_free(s->sig_hup);
     if (s->purge_timer)
         event_free(s->purge_timer);
-    if (s->base)
-        event_base_free(s->base);
+    for (int i = 0; i < s->nloops; i++)
+        if (s->loops[i].base)
+            event_base_free(s->loops[i].base);
     idem_close(s->d.h); /* the last group commit completes here */
     upstream_pools_free();
     daemon_config_put(s->d.live);
