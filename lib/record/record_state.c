@@ -103,19 +103,28 @@ static void decide_begin(const struct idem__rec_event_args *ev,
     }
 }
 
-static void decide_finish(const struct idem__rec_event_args *ev,
-                          const idem_record *cur, int found,
-                          struct idem__rec_decision *d)
+/* complete, fail and extend: a step of the claim at ev->epoch, which only
+ * its holder can take while the record is PROCESSING at that epoch. */
+static void decide_claim_step(const struct idem__rec_event_args *ev,
+                              const idem_record *cur, int found,
+                              struct idem__rec_decision *d)
 {
     if (cur) {
         d->outcome = found ? IDEM_CONFLICT : IDEM_NOT_FOUND;
         return;
     }
     d->action = IDEM__ACT_CAS;
-    d->outcome = IDEM_COMPLETED;
     d->cas.expect_state = IDEM_STATE_PROCESSING;
     d->cas.expect_epoch = ev->epoch;
     d->cas.epoch = ev->epoch;
+    if (ev->kind == IDEM__EV_EXTEND) {
+        d->outcome = IDEM_RENEWED;
+        d->cas.state = IDEM_STATE_PROCESSING;
+        d->cas.lease_until = ev->now + ev->lease_ms;
+        d->cas.expires_ms = 0;
+        return;
+    }
+    d->outcome = IDEM_COMPLETED;
     d->cas.state = ev->kind == IDEM__EV_COMPLETE      ? IDEM_STATE_SUCCEEDED
                    : ev->kind == IDEM__EV_FAIL_FINAL ? IDEM_STATE_FAILED
                                                       : IDEM_STATE_RELEASED;
@@ -123,24 +132,6 @@ static void decide_finish(const struct idem__rec_event_args *ev,
     d->cas.result = ev->result;
     d->cas.result_len = ev->result_len;
     d->cas.expires_ms = ev->now + ev->retention_ms;
-}
-
-static void decide_extend(const struct idem__rec_event_args *ev,
-                          const idem_record *cur, int found,
-                          struct idem__rec_decision *d)
-{
-    if (cur) {
-        d->outcome = found ? IDEM_CONFLICT : IDEM_NOT_FOUND;
-        return;
-    }
-    d->action = IDEM__ACT_CAS;
-    d->outcome = IDEM_RENEWED;
-    d->cas.expect_state = IDEM_STATE_PROCESSING;
-    d->cas.expect_epoch = ev->epoch;
-    d->cas.state = IDEM_STATE_PROCESSING;
-    d->cas.epoch = ev->epoch;
-    d->cas.lease_until = ev->now + ev->lease_ms;
-    d->cas.expires_ms = 0;
 }
 
 static void decide_transition(const struct idem__rec_event_args *ev,
@@ -176,13 +167,11 @@ void idem__record_decide(const struct idem__rec_event_args *ev,
     case IDEM__EV_COMPLETE:
     case IDEM__EV_FAIL_FINAL:
     case IDEM__EV_FAIL_RETRYABLE:
-        decide_finish(ev, cur, found, d);
+    case IDEM__EV_EXTEND:
+        decide_claim_step(ev, cur, found, d);
         break;
     case IDEM__EV_TRANSITION:
         decide_transition(ev, cur, found, d);
-        break;
-    case IDEM__EV_EXTEND:
-        decide_extend(ev, cur, found, d);
         break;
     }
 }
