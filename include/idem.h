@@ -337,7 +337,9 @@ IDEM_EXTERN void idem_watchdog_stop(idem_watch *w);
 
 typedef struct idem_record {
     char state[IDEM_NAME_MAX + 1];
-    uint64_t epoch;          /* claim number: 1 for the first, +1 per re-claim */
+    uint64_t epoch;          /* claim number: the first claim's is the clock at
+                                creation (ms), +1 per re-claim; so it never
+                                repeats for a key, even after a purge */
     char owner[IDEM_KEY_MAX + 1]; /* who claimed it last */
     int64_t lease_until_ms;  /* PROCESSING: claim good until */
     int64_t created_ms, updated_ms;
@@ -356,8 +358,8 @@ IDEM_EXTERN void idem_record_clear(idem_record *rec);
  * the payload check. lease_ms (1 ms .. 1 day): how long the claim holds
  * without completion before another caller may take it over.
  * *out:
- *   NEW         the caller executes; rec->epoch is its claim (1, or the next
- *               epoch when re-claiming a RELEASED record)
+ *   NEW         the caller executes; rec->epoch is its claim (a new record's
+ *               first epoch, or the next epoch when re-claiming RELEASED)
  *   TAKEN_OVER  a PROCESSING record whose lease ran out was re-claimed for the
  *               caller, epoch + 1; the caller executes; the old owner's
  *               complete/fail will be refused

@@ -110,7 +110,7 @@ static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
                 /* The row as inserted, without another read. */
                 idem_record_clear(&cur);
                 strcpy(cur.state, IDEM_STATE_PROCESSING);
-                cur.epoch = 1;
+                cur.epoch = d.insert.epoch;
                 snprintf(cur.owner, sizeof cur.owner, "%s", ev->owner);
                 cur.lease_until_ms = d.insert.lease_until;
                 cur.created_ms = cur.updated_ms = ev->now;

@@ -5,7 +5,7 @@
  * and nowhere else; the backends only carry out the insert or conditional
  * update it asks for, atomically. The states and every transition:
  *
- *                         begin: insert wins (NEW, epoch 1)
+ *                         begin: insert wins (NEW, epoch = now in ms)
  *            (absent) ───────────────────────────────┐
  *                ▲                                   ▼
  *                │                        ┌───► PROCESSING(e) ───┐ begin after the lease
@@ -83,6 +83,11 @@ static void decide_begin(const struct idem__rec_event_args *ev,
         d->insert.key = ev->key;
         d->insert.fingerprint = ev->fingerprint;
         d->insert.owner = ev->owner;
+        /* A new record's first epoch is the clock, not 1: a record purged
+         * after its retention and created again must never hand out an
+         * epoch a claimant of the old one (stalled for longer than the
+         * retention) still holds. */
+        d->insert.epoch = ev->now > 0 ? (uint64_t)ev->now : 1;
         d->insert.lease_until = ev->now + ev->lease_ms;
         d->insert.now = ev->now;
         return;

@@ -68,7 +68,7 @@ static const char *const sql[ST_COUNT_] = {
     [ST_REC_INSERT] =
         "INSERT INTO idem_record (space, key, fingerprint, state, epoch, owner,"
         " lease_until, created_ms, updated_ms)"
-        " VALUES (?1, ?2, ?3, 'PROCESSING', 1, ?4, ?5, ?6, ?6)"
+        " VALUES (?1, ?2, ?3, 'PROCESSING', ?7, ?4, ?5, ?6, ?6)"
         " ON CONFLICT (space, key) DO NOTHING",
     [ST_REC_GET] =
         "SELECT state, epoch, owner, lease_until, created_ms, updated_ms,"
@@ -266,6 +266,7 @@ static idem_rc run_rec_insert(struct idem__gc_job *job, void *ctx)
     bind_text(s, 4, n->owner);
     sqlite3_bind_int64(s, 5, n->lease_until);
     sqlite3_bind_int64(s, 6, n->now);
+    sqlite3_bind_int64(s, 7, (sqlite3_int64)n->epoch);
     int rc = sqlite3_step(s);
     sqlite3_reset(s);
     sqlite3_clear_bindings(s);

@@ -84,6 +84,7 @@ struct idem__rec_new {
     const char *space, *key;
     const uint8_t *fingerprint; /* NULL: none */
     const char *owner;
+    uint64_t epoch;             /* the first claim's epoch */
     int64_t lease_until;
     int64_t now;
 };
@@ -106,7 +107,7 @@ struct idem__db_ops {
     /* Rows come back as idem_record; their result is allocated with
      * idem__malloc and handed to the caller.
      *
-     * Insert a PROCESSING record with epoch 1 unless (space, key) exists.
+     * Insert a PROCESSING record at n->epoch unless (space, key) exists.
      * *inserted: 1 if this call created it. Otherwise *cur receives the
      * existing row, read in the same atomic step. */
     idem_rc (*rec_insert)(void *db, const struct idem__rec_new *n,

@@ -135,7 +135,9 @@ static void test_begin_fields(void **state)
     assert_idem_ok(idem_record_begin(h, "pay", "k1", fp, "alice", 5000, &o, &rec));
     assert_outcome(o, IDEM_NEW);
     assert_string_equal(rec.state, "PROCESSING");
-    assert_int_equal(rec.epoch, 1);
+    /* A new record's first epoch is the clock at its creation. */
+    uint64_t first_epoch = rec.epoch;
+    assert_int_equal(first_epoch, (uint64_t)rec.created_ms);
     assert_string_equal(rec.owner, "alice");
     assert_true(rec.lease_until_ms > test_clock(NULL));
     idem_record_clear(&rec);
@@ -143,7 +145,7 @@ static void test_begin_fields(void **state)
     assert_idem_ok(idem_record_begin(h, "pay", "k1", fp, "bob", 5000, &o, &rec));
     assert_outcome(o, IDEM_IN_PROGRESS);
     assert_string_equal(rec.owner, "alice");
-    assert_int_equal(rec.epoch, 1);
+    assert_int_equal(rec.epoch, first_epoch);
     idem_record_clear(&rec);
 
     /* Same key in another space is another record. */
@@ -305,12 +307,14 @@ static void test_mismatch_every_path(void **state)
     assert_outcome(o, IDEM_DONE);
 
     /* Expired-lease path: a mismatching payload never takes over. */
-    assert_idem_ok(idem_record_begin(h, "pay", "M-2", a, "first", 100, &o, NULL));
+    assert_idem_ok(idem_record_begin(h, "pay", "M-2", a, "first", 100, &o, &rec));
+    uint64_t m2_epoch = rec.epoch;
+    idem_record_clear(&rec);
     test_clock_advance(500);
     assert_idem_ok(idem_record_begin(h, "pay", "M-2", b, "second", 100, &o, NULL));
     assert_outcome(o, IDEM_MISMATCH);
     assert_idem_ok(idem_record_get(h, "pay", "M-2", &o, &rec));
-    assert_int_equal(rec.epoch, 1);
+    assert_int_equal(rec.epoch, m2_epoch);
     assert_string_equal(rec.owner, "first");
     idem_record_clear(&rec);
 }
@@ -434,6 +438,28 @@ static void test_purge(void **state)
     assert_int_equal(purged, 1);
     assert_idem_ok(idem_record_get(h, "pay", "P-done", &o, NULL));
     assert_outcome(o, IDEM_NOT_FOUND);
+    /* Created again after the purge: its epoch is none the old record ever
+     * handed out, so a claimant of the old one stalled all this time cannot
+     * finish the new one. */
+    assert_idem_ok(idem_record_begin(h, "pay", "P-stale", NULL, "stale", 1000, &o, &rec));
+    uint64_t old_epoch = rec.epoch;
+    idem_record_clear(&rec);
+    test_clock_advance(1500); /* the stale claimant stalls; its lease runs out */
+    assert_idem_ok(idem_record_begin(h, "pay", "P-stale", NULL, "next", 1000, &o, &rec));
+    assert_outcome(o, IDEM_TAKEN_OVER);
+    assert_idem_ok(idem_record_complete(h, "pay", "P-stale", rec.epoch, "x", 1, 1000, &o));
+    idem_record_clear(&rec);
+    test_clock_advance(2000);
+    assert_idem_ok(idem_record_purge(h, 100, &purged));
+    assert_int_equal(purged, 1);
+    assert_idem_ok(idem_record_begin(h, "pay", "P-stale", NULL, "fresh", 1000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    assert_true(rec.epoch > old_epoch + 1);
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_complete(h, "pay", "P-stale", old_epoch, "stale", 5, 0, &o));
+    assert_outcome(o, IDEM_CONFLICT);
+    assert_idem_ok(idem_record_complete(h, "pay", "P-stale", old_epoch + 1, "stale", 5, 0, &o));
+    assert_outcome(o, IDEM_CONFLICT);
     /* PROCESSING is never purged, however old. */
     test_clock_advance(1000LL * 3600 * 24 * 400);
     assert_idem_ok(idem_record_purge(h, 100, &purged));
@@ -1016,6 +1042,7 @@ static void test_conflicts_are_logged(void **state)
     idem_record rec;
     assert_idem_ok(idem_open(&opt, &h));
     assert_idem_ok(idem_record_begin(h, "pay", "C-1", NULL, "slow", 100, &o, &rec));
+    uint64_t slow = rec.epoch;
     idem_record_clear(&rec);
     test_clock_advance(200);
     assert_idem_ok(idem_record_begin(h, "pay", "C-1", NULL, "fast", 100, &o, &rec));
@@ -1023,11 +1050,13 @@ static void test_conflicts_are_logged(void **state)
     idem_record_clear(&rec);
     assert_int_equal(cap.warns, 1);
     assert_int_equal(cap.alerts, 0);
-    assert_idem_ok(idem_record_complete(h, "pay", "C-1", 1, NULL, 0, 0, &o));
+    assert_idem_ok(idem_record_complete(h, "pay", "C-1", slow, NULL, 0, 0, &o));
     assert_outcome(o, IDEM_CONFLICT);
     assert_int_equal(cap.alerts, 1);
     assert_non_null(strstr(cap.last_alert, "pay/C-1"));
-    assert_non_null(strstr(cap.last_alert, "epoch 2"));
+    char now_at[64];
+    snprintf(now_at, sizeof now_at, "epoch %llu", (unsigned long long)slow + 1);
+    assert_non_null(strstr(cap.last_alert, now_at));
     idem_close(h);
 }
 

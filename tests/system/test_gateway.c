@@ -724,17 +724,23 @@ static void test_json_api(void **state)
     api_expect(p, "/_idem/v1/locks/release", "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w1\"}",
                200, "\"outcome\":\"RELEASED\"");
     /* Records: begin, in progress, complete, replay, transition. */
-    api_expect(p, "/_idem/v1/records/begin",
-               "{\"space\":\"pay\",\"key\":\"P-1\",\"owner\":\"w1\",\"lease_ms\":30000,"
-               "\"fingerprint\":\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}",
-               200, "\"outcome\":\"NEW\"");
+    struct sys_resp b = api(p, "/_idem/v1/records/begin",
+                            "{\"space\":\"pay\",\"key\":\"P-1\",\"owner\":\"w1\","
+                            "\"lease_ms\":30000,\"fingerprint\":"
+                            "\"00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\"}");
+    assert_int_equal(b.status, 200);
+    assert_non_null(strstr(b.m->body, "\"outcome\":\"NEW\""));
+    long long epoch = atoll(strstr(b.m->body, "\"epoch\":") + 8);
+    assert_true(epoch > 0);
+    sys_resp_free(&b);
+    char body[512];
     api_expect(p, "/_idem/v1/records/begin", "{\"space\":\"pay\",\"key\":\"P-1\",\"owner\":\"w2\"}",
                200, "\"outcome\":\"IN_PROGRESS\"");
-    api_expect(p, "/_idem/v1/records/complete", "{\"space\":\"pay\",\"key\":\"P-1\",\"epoch\":2}",
-               200, "\"outcome\":\"CONFLICT\"");
-    api_expect(p, "/_idem/v1/records/complete",
-               "{\"space\":\"pay\",\"key\":\"P-1\",\"epoch\":1,\"result\":\"paid\"}", 200,
-               "\"outcome\":\"COMPLETED\"");
+    snprintf(body, sizeof body, "{\"space\":\"pay\",\"key\":\"P-1\",\"epoch\":%lld}", epoch + 1);
+    api_expect(p, "/_idem/v1/records/complete", body, 200, "\"outcome\":\"CONFLICT\"");
+    snprintf(body, sizeof body,
+             "{\"space\":\"pay\",\"key\":\"P-1\",\"epoch\":%lld,\"result\":\"paid\"}", epoch);
+    api_expect(p, "/_idem/v1/records/complete", body, 200, "\"outcome\":\"COMPLETED\"");
     api_expect(p, "/_idem/v1/records/begin", "{\"space\":\"pay\",\"key\":\"P-1\",\"owner\":\"w3\"}",
                200, "\"result\":\"paid\"");
     api_expect(p, "/_idem/v1/records/begin",
@@ -752,19 +758,23 @@ static void test_json_api(void **state)
                "\"current\":\"REFUNDED\"");
     api_expect(p, "/_idem/v1/records/pay/P-1", NULL, 200, "\"state\":\"REFUNDED\"");
     api_expect(p, "/_idem/v1/records/pay/P-none", NULL, 404, "urn:idem:record_not_found");
-    /* fail, retryable: the next begin executes again. */
-    api_expect(p, "/_idem/v1/records/begin", "{\"space\":\"pay\",\"key\":\"P-2\",\"owner\":\"w1\"}",
-               200, "\"outcome\":\"NEW\"");
-    api_expect(p, "/_idem/v1/records/fail",
-               "{\"space\":\"pay\",\"key\":\"P-2\",\"epoch\":1,\"retryable\":true,"
-               "\"result_base64\":\"AAEC\"}",
-               200, "\"outcome\":\"COMPLETED\"");
+    /* fail, retryable: the next begin executes again, at the next epoch. */
+    b = api(p, "/_idem/v1/records/begin", "{\"space\":\"pay\",\"key\":\"P-2\",\"owner\":\"w1\"}");
+    assert_non_null(strstr(b.m->body, "\"outcome\":\"NEW\""));
+    epoch = atoll(strstr(b.m->body, "\"epoch\":") + 8);
+    sys_resp_free(&b);
+    snprintf(body, sizeof body,
+             "{\"space\":\"pay\",\"key\":\"P-2\",\"epoch\":%lld,\"retryable\":true,"
+             "\"result_base64\":\"AAEC\"}",
+             epoch);
+    api_expect(p, "/_idem/v1/records/fail", body, 200, "\"outcome\":\"COMPLETED\"");
+    char next[64];
+    snprintf(next, sizeof next, "\"epoch\":%lld", epoch + 1);
     api_expect(p, "/_idem/v1/records/begin", "{\"space\":\"pay\",\"key\":\"P-2\",\"owner\":\"w2\"}",
-               200, "\"epoch\":2");
+               200, next);
     /* Tokens. */
     struct sys_resp t = api(p, "/_idem/v1/tokens", "{\"scene\":\"checkout\",\"ttl_ms\":60000}");
     assert_int_equal(t.status, 201);
-    char body[256];
     snprintf(body, sizeof body, "{\"scene\":\"checkout\",\"token\":\"%.32s\",\"key\":\"O-1\"}",
              strstr(t.m->body, "\"token\":\"") + 9);
     sys_resp_free(&t);
@@ -789,13 +799,16 @@ static void test_json_api(void **state)
     api_expect(p, "/_idem/v1/health", NULL, 200, "\"status\":\"ok\"");
     /* A record written through the API with a CR in a stored header must not
      * inject headers into the gateway's replay. */
-    api_expect(p, "/_idem/v1/records/begin",
-               "{\"space\":\"refund\",\"key\":\"R-inject\",\"owner\":\"w1\"}", 200,
-               "\"outcome\":\"NEW\"");
-    api_expect(p, "/_idem/v1/records/complete",
-               "{\"space\":\"refund\",\"key\":\"R-inject\",\"epoch\":1,"
-               "\"result\":\"IDEM1 200 1 0\\nX-A: a\\rSet-Cookie: s=1\\n\"}",
-               200, "\"outcome\":\"COMPLETED\"");
+    b = api(p, "/_idem/v1/records/begin",
+            "{\"space\":\"refund\",\"key\":\"R-inject\",\"owner\":\"w1\"}");
+    assert_non_null(strstr(b.m->body, "\"outcome\":\"NEW\""));
+    epoch = atoll(strstr(b.m->body, "\"epoch\":") + 8);
+    sys_resp_free(&b);
+    snprintf(body, sizeof body,
+             "{\"space\":\"refund\",\"key\":\"R-inject\",\"epoch\":%lld,"
+             "\"result\":\"IDEM1 200 1 0\\nX-A: a\\rSet-Cookie: s=1\\n\"}",
+             epoch);
+    api_expect(p, "/_idem/v1/records/complete", body, 200, "\"outcome\":\"COMPLETED\"");
     struct sys_resp inj;
     sys_http(p, "POST", "/refunds", NULL, "{\"refund_no\":\"R-inject\",\"amount\":\"1\"}", 5000,
              &inj);

@@ -32,6 +32,7 @@ static void test_begin(void **state)
     idem__record_decide(&ev, NULL, 0, &d); /* first: insert, never read */
     assert_int_equal(d.action, IDEM__ACT_INSERT);
     assert_int_equal(d.insert.lease_until, 1500);
+    assert_int_equal(d.insert.epoch, 1000); /* the clock: never reused */
 
     idem_record r = row("PROCESSING", 3, 1001);
     idem__record_decide(&ev, &r, 1, &d);
