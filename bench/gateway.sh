@@ -409,7 +409,7 @@ run_one() {
         if ! stop_idem "$pid"; then
             problems+=("$run: idem serve did not exit 0 on SIGTERM")
         fi
-        if grep -v -e '^idem: .*draining' -e '^idem: stopped (0 requests' -e 'listening' \
+        if grep -v -e 'idem: .*draining' -e 'idem: stopped (0 requests' -e 'listening' \
             "$d/idem.log" | grep -q .; then
             problems+=("$run: idem serve logged: $(head -c 600 "$d/idem.log" | tr '\n' '|')")
         fi

@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "daemon.h"
+#include "log.h"
 #include "request_key.h"
 #include "stored.h"
 #include "upstream.h"
@@ -94,7 +95,7 @@ static void on_tick(void *arg)
     idem_outcome o;
     idem_rc rc = idem_record_extend(c->d->h, c->rt->space, c->key, c->epoch, c->rt->lease_ms, &o);
     if (rc != IDEM_OK || o != IDEM_RENEWED)
-        fprintf(stderr, "idem: %s/%s: extending the lease failed: %s %s\n", c->rt->space, c->key,
+        daemon_log("%s/%s: extending the lease failed: %s %s", c->rt->space, c->key,
                 rc != IDEM_OK ? idem_strerror(rc) : idem_outcome_name(o),
                 rc != IDEM_OK ? idem_errdetail() : "");
 }
@@ -280,10 +281,10 @@ static struct http_response *execute(struct daemon *d, const struct server_confi
     }
     }
     if (rc != IDEM_OK)
-        fprintf(stderr, "idem: %s/%s: finishing the record failed: %s: %s\n", rt->space, key,
+        daemon_log("%s/%s: finishing the record failed: %s: %s", rt->space, key,
                 idem_strerror(rc), idem_errdetail());
     else if (o == IDEM_CONFLICT)
-        fprintf(stderr, "idem: ALERT %s/%s: epoch %" PRIu64 " was taken over while it ran\n",
+        daemon_log("ALERT %s/%s: epoch %" PRIu64 " was taken over while it ran",
                 rt->space, key, epoch);
     http_msg_free(resp);
     return out;

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "daemon.h"
+#include "log.h"
 #include "request_key.h"
 #include "serve.h"
 #include "upstream.h"
@@ -148,7 +149,7 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
 {
     struct serve *s = arg;
     (void)what;
-    fprintf(stderr, "idem: %s: draining (%zu requests in flight, up to %lld ms)\n",
+    daemon_log("%s: draining (%zu requests in flight, up to %lld ms)",
             sig == SIGINT ? "SIGINT" : "SIGTERM", in_flight(s),
             (long long)s->shutdown_timeout_ms);
     event_del(s->purge_timer);
@@ -190,14 +191,14 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     struct live_config *cur = daemon_config_get(&s->d);
     const char *path = cur->c->path;
     if (!path) {
-        fprintf(stderr, "idem: SIGHUP: no configuration file to reload\n");
+        daemon_log("SIGHUP: no configuration file to reload");
         daemon_config_put(cur);
         return;
     }
     char err[512];
     struct server_config *next = NULL;
     if (config_load(path, &next, err, sizeof err) != 0) {
-        fprintf(stderr, "idem: SIGHUP: %s; the running routes stay\n", err);
+        daemon_log("SIGHUP: %s; the running routes stay", err);
         daemon_config_put(cur);
         return;
     }
@@ -210,7 +211,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     /* Where it listens and stores cannot change under a running process. */
     if (strcmp(next->listen_host, cur->c->listen_host) || next->listen_port != cur->c->listen_port ||
         strcmp(next->storage_path, cur->c->storage_path))
-        fprintf(stderr, "idem: SIGHUP: listen and storage changes take effect on restart\n");
+        daemon_log("SIGHUP: listen and storage changes take effect on restart");
     lc->c = next;
     atomic_init(&lc->refs, 1);
     pthread_mutex_lock(&s->d.cfg_mu);
@@ -218,7 +219,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     s->d.live = lc;
     pthread_mutex_unlock(&s->d.cfg_mu);
     daemon_config_put(old);
-    fprintf(stderr, "idem: SIGHUP: reloaded %s: %zu routes\n", path, next->route_count);
+    daemon_log("SIGHUP: reloaded %s: %zu routes", path, next->route_count);
     daemon_config_put(cur);
 }
 
@@ -228,7 +229,7 @@ static void run_purge(struct work *w)
     unsigned n = 0;
     idem_rc rc = idem_record_purge(s->d.h, 10000, &n);
     if (rc != IDEM_OK)
-        fprintf(stderr, "idem: purging expired records: %s: %s\n", idem_strerror(rc),
+        daemon_log("purging expired records: %s: %s", idem_strerror(rc),
                 idem_errdetail());
     __atomic_store_n(&s->purge_running, 0, __ATOMIC_RELEASE);
 }
@@ -248,7 +249,7 @@ static void on_purge(evutil_socket_t fd, short what, void *arg)
 static void on_idem_log(void *arg, idem_log_level level, const char *msg)
 {
     (void)arg;
-    fprintf(stderr, "idem: %s%s\n", level == IDEM_LOG_ALERT ? "ALERT " : "", msg);
+    daemon_log("%s%s", level == IDEM_LOG_ALERT ? "ALERT " : "", msg);
 }
 
 static void usage(FILE *out)
@@ -440,7 +441,7 @@ out:
             pthread_join(s->loops[i].thread, NULL);
         }
     if (rc == 0)
-        fprintf(stderr, "idem: stopped (%zu requests were still in flight)\n", in_flight(s));
+        daemon_log("stopped (%zu requests were still in flight)", in_flight(s));
     workers_stop(s->workers); /* handlers still running finish first */
     for (int i = 0; i < s->nloops; i++)
         front_free(s->loops[i].front);
