@@ -99,7 +99,7 @@ IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out)
     h->log = o.log;
     h->log_arg = o.log_arg;
     pthread_mutex_init(&h->watchdog_mu, NULL);
-    idem_rc rc = idem__memory_open(&o, idem__now(h), &h->kv_ops, &h->kv);
+    idem_rc rc = idem__memory_open(&o, &h->kv_ops, &h->kv);
     if (rc == IDEM_OK)
         rc = idem__sqlite_open(&o, &h->db_ops, &h->db);
     if (rc != IDEM_OK) {

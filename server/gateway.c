@@ -69,13 +69,12 @@ static int64_t backoff(int64_t *step)
     return s;
 }
 
-static struct http_response *in_flight(const struct route *rt, const char *what)
+static struct http_response *in_flight(const char *what)
 {
     struct http_response *r =
         problem(409, "request_in_flight",
                 "a request with this idempotency key is being processed (%s); retry later",
                 what);
-    (void)rt;
     if (r)
         response_add_header(r, "Retry-After", "1");
     return r;
@@ -369,7 +368,7 @@ void gateway_handle(struct daemon *d, const struct server_config *cfg, const str
                 goto done;
             if (!rt->in_flight_wait || mono_ms() >= deadline) {
                 atomic_fetch_add(&d->n.in_flight_409, 1);
-                out = in_flight(rt, "its lock is held");
+                out = in_flight("its lock is held");
                 give_token_back = 1;
                 goto done;
             }
@@ -413,7 +412,7 @@ void gateway_handle(struct daemon *d, const struct server_config *cfg, const str
         /* IN_PROGRESS */
         if (!rt->in_flight_wait || mono_ms() >= deadline) {
             atomic_fetch_add(&d->n.in_flight_409, 1);
-            out = in_flight(rt, "its record is PROCESSING");
+            out = in_flight("its record is PROCESSING");
             goto done;
         }
         sleep_ms(backoff(&step));

@@ -235,7 +235,7 @@ static int is_ws(char c)
     return c == ' ' || c == '\t';
 }
 
-static int hex_value(unsigned char c)
+int http_hex_value(unsigned char c)
 {
     if (c >= '0' && c <= '9')
         return c - '0';
@@ -686,7 +686,7 @@ static enum http_parse_status on_chunk_size_line(struct http_parser *p)
     uint64_t size = 0;
     size_t k = 0;
     int d;
-    while (k < n && (d = hex_value((unsigned char)s[k])) >= 0) {
+    while (k < n && (d = http_hex_value((unsigned char)s[k])) >= 0) {
         if (k == CHUNK_DIGITS_MAX)
             return fail(p, 400, "a chunk size has more than %d hex digits", CHUNK_DIGITS_MAX);
         size = size << 4 | (uint64_t)d;

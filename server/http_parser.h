@@ -126,6 +126,9 @@ const char *http_msg_header(const struct http_msg *m, const char *name);
 /* How many headers have this name. */
 size_t http_msg_header_count(const struct http_msg *m, const char *name);
 
+/* The value of a hexadecimal digit, or -1 (chunk sizes, %-escapes). */
+int http_hex_value(unsigned char c);
+
 /* Hop-by-hop headers (RFC 9110 §7.6.1, plus the names listed in the
  * message's own Connection header): never forwarded, never stored. */
 int http_is_hop_by_hop(const struct http_msg *m, const char *name);

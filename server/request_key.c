@@ -27,24 +27,14 @@ void request_path(const char *target, char *out, size_t cap)
     out[n] = '\0';
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_is_space)
 {
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         int c = (unsigned char)s[i];
         if (c == '%') {
-            int hi = i + 1 < n ? hexval(s[i + 1]) : -1, lo = i + 2 < n ? hexval(s[i + 2]) : -1;
+            int hi = i + 1 < n ? http_hex_value((unsigned char)s[i + 1]) : -1;
+            int lo = i + 2 < n ? http_hex_value((unsigned char)s[i + 2]) : -1;
             if (hi < 0 || lo < 0)
                 return -1;
             c = hi * 16 + lo;

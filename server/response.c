@@ -71,14 +71,6 @@ int response_set_body(struct http_response *r, const void *body, size_t len)
     return 0;
 }
 
-const char *response_header(const struct http_response *r, const char *name)
-{
-    for (size_t i = 0; i < r->header_count; i++)
-        if (strcasecmp(r->headers[i].name, name) == 0)
-            return r->headers[i].value;
-    return NULL;
-}
-
 const char *http_reason(int status)
 {
     switch (status) {

@@ -26,8 +26,6 @@ void response_free(struct http_response *r);
 int response_add_header(struct http_response *r, const char *name, const char *value);
 /* Replace the body with a copy of len bytes. 0, or -1 on OOM. */
 int response_set_body(struct http_response *r, const void *body, size_t len);
-/* The first header with this name (case-insensitive), or NULL. */
-const char *response_header(const struct http_response *r, const char *name);
 
 /* The bytes to send: status line, headers, Content-Length, Connection, body
  * (none for a HEAD request). malloc'd; NULL on OOM. */

@@ -98,18 +98,6 @@ void upstream_pools_free(void)
     pthread_mutex_unlock(&pools_mu);
 }
 
-const char *upstream_result_name(enum upstream_result r)
-{
-    switch (r) {
-    case UPSTREAM_OK: return "ok";
-    case UPSTREAM_NOT_SENT: return "not_sent";
-    case UPSTREAM_UNKNOWN: return "unknown";
-    case UPSTREAM_TIMEOUT: return "timeout";
-    case UPSTREAM_TOO_BIG: return "too_big";
-    }
-    return "?";
-}
-
 /* An idle connection that is still open, or -1. */
 static int take_idle(struct upstream_pool *p)
 {

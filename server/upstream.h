@@ -53,6 +53,4 @@ enum upstream_result upstream_exchange(struct upstream_pool *pool,
                                        struct http_msg **resp, char *detail,
                                        size_t detail_len);
 
-const char *upstream_result_name(enum upstream_result r);
-
 #endif

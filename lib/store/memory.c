@@ -540,10 +540,8 @@ static const struct idem__kv_ops memory_ops = {
     .close = memory_close,
 };
 
-idem_rc idem__memory_open(const idem_options *o, int64_t now,
-                          const struct idem__kv_ops **ops, void **out)
+idem_rc idem__memory_open(const idem_options *o, const struct idem__kv_ops **ops, void **out)
 {
-    (void)now;
     struct memory *m = idem__calloc(1, sizeof *m);
     if (!m)
         return idem__fail(IDEM_ENOMEM, "memory store: allocating");

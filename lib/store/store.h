@@ -177,8 +177,7 @@ void idem__log(const struct idem *h, idem_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* The backends. Each open returns IDEM_OK and sets *out, or an error. */
-idem_rc idem__memory_open(const idem_options *o, int64_t now,
-                          const struct idem__kv_ops **ops, void **out);
+idem_rc idem__memory_open(const idem_options *o, const struct idem__kv_ops **ops, void **out);
 idem_rc idem__sqlite_open(const idem_options *o,
                           const struct idem__db_ops **ops, void **out);
 
