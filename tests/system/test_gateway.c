@@ -592,12 +592,33 @@ static void test_limits_and_malformed(void **state)
     sys_resp_free(&k);
     assert_int_equal(sys_stat(service.port, "executions") - before, 0);
 
-    /* requests_per_connection: 2 — the second answer closes. */
-    const char two[] = "GET /_idem/v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
-                       "GET /_idem/v1/health HTTP/1.1\r\nHost: x\r\n\r\n";
-    sys_http_raw(gw.port, two, sizeof two - 1, 3000, &r);
-    assert_int_equal(r.status, 200);
-    sys_resp_free(&r);
+    /* requests_per_connection: 2 — three pipelined requests get two
+     * answers, the second saying Connection: close, then the close. */
+    const char three[] = "GET /_idem/v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+                         "GET /_idem/v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+                         "GET /_idem/v1/health HTTP/1.1\r\nHost: x\r\n\r\n";
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)gw.port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(send(fd, three, sizeof three - 1, 0), (ssize_t)(sizeof three - 1));
+    struct timeval tv = {3, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char got[16384];
+    size_t len = 0;
+    ssize_t n;
+    while (len < sizeof got - 1 && (n = recv(fd, got + len, sizeof got - 1 - len, 0)) > 0)
+        len += (size_t)n;
+    assert_int_equal(n, 0); /* closed by the server, not timed out */
+    close(fd);
+    got[len] = '\0';
+    int answers = 0;
+    for (const char *g = got; (g = strstr(g, "HTTP/1.1 200")) != NULL; g++)
+        answers++;
+    assert_int_equal(answers, 2);
+    const char *second = strstr(strstr(got, "HTTP/1.1 200") + 1, "HTTP/1.1 200");
+    assert_non_null(strstr(second, "Connection: close"));
+    assert_true(strstr(got, "Connection: close") > second); /* not on the first */
 
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
@@ -863,6 +884,54 @@ static void test_connection_limits(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+static const char in_flight_routes[] =
+    "limits:\n"
+    "  in_flight_max: 2\n"
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n";
+
+struct distinct_storm {
+    int port;
+    struct sys_resp resp[6];
+};
+
+static void one_distinct_post(void *arg, int i)
+{
+    struct distinct_storm *s = arg;
+    static const char *const slow[] = {"X-Delay-Ms: 800", NULL};
+    char body[128];
+    snprintf(body, sizeof body, "{\"refund_no\":\"R-busy-%d\",\"amount\":\"1.00\"}", i);
+    sys_http(s->port, "POST", "/refunds", slow, body, 10000, &s->resp[i]);
+}
+
+static void test_in_flight_limit(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, in_flight_routes, "inflight.db");
+    long before = sys_stat(service.port, "executions");
+    /* Six different refunds at once, each held 800 ms upstream, with room
+     * for two: the others are told 503, and are not executed. */
+    struct distinct_storm s = {.port = gw.port};
+    test_run_threads(6, one_distinct_post, &s);
+    int created = 0, overloaded = 0;
+    for (int i = 0; i < 6; i++) {
+        if (s.resp[i].status == 201)
+            created++;
+        else if (s.resp[i].status == 503 && strstr(s.resp[i].m->body, "urn:idem:overloaded"))
+            overloaded++;
+        sys_resp_free(&s.resp[i]);
+    }
+    assert_int_equal(created + overloaded, 6);
+    assert_true(created >= 2);
+    assert_true(overloaded >= 1);
+    assert_int_equal(sys_stat(service.port, "executions") - before, created);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -915,6 +984,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sighup_reloads_routes),
         cmocka_unit_test(test_json_api),
         cmocka_unit_test(test_connection_limits),
+        cmocka_unit_test(test_in_flight_limit),
     };
     return cmocka_run_group_tests_name("gateway", tests, group_setup, group_teardown);
 }
