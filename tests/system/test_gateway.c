@@ -932,6 +932,143 @@ static void test_in_flight_limit(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* An upstream played by the test itself: it accepts one connection,
+ * records the request bytes, and answers (or, with answer NULL, stays
+ * silent until told to stop). */
+struct raw_upstream {
+    int listen_fd, port;
+    const char *answer;
+    char got[8192];
+    size_t got_len;
+    pthread_t t;
+};
+
+static void *raw_upstream_main(void *arg)
+{
+    struct raw_upstream *u = arg;
+    int fd = accept(u->listen_fd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ssize_t n;
+    while (u->got_len < sizeof u->got - 1 &&
+           (n = recv(fd, u->got + u->got_len, sizeof u->got - 1 - u->got_len, 0)) > 0) {
+        u->got_len += (size_t)n;
+        u->got[u->got_len] = '\0';
+        const char *end = strstr(u->got, "\r\n\r\n");
+        const char *cl = strstr(u->got, "Content-Length: ");
+        if (end && cl && u->got_len >= (size_t)(end + 4 - u->got) + (size_t)atoi(cl + 16))
+            break;
+    }
+    if (u->answer)
+        send(fd, u->answer, strlen(u->answer), MSG_NOSIGNAL);
+    else
+        sleep_ms(1500); /* past the gateway's upstream_timeout */
+    close(fd);
+    return NULL;
+}
+
+static void raw_upstream_start(struct raw_upstream *u, const char *answer)
+{
+    memset(u, 0, sizeof *u);
+    u->answer = answer;
+    u->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(u->listen_fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(u->listen_fd, 4), 0);
+    getsockname(u->listen_fd, (struct sockaddr *)&a, &len);
+    u->port = ntohs(a.sin_port);
+    pthread_create(&u->t, NULL, raw_upstream_main, u);
+}
+
+static void raw_upstream_stop(struct raw_upstream *u)
+{
+    pthread_join(u->t, NULL);
+    close(u->listen_fd);
+}
+
+static void start_idem_on(struct proc *gw, int upstream_port, const char *extra, const char *db)
+{
+    char routes[1024];
+    snprintf(routes, sizeof routes,
+             "routes:\n"
+             "  - name: refund\n"
+             "    match: { method: POST, path: /refunds }\n"
+             "    upstream: http://127.0.0.1:%d\n"
+             "    key: { header: Idempotency-Key }\n"
+             "    replay_headers: [content-type, x-kept]\n"
+             "%s",
+             upstream_port, extra);
+    start_idem(gw, routes, db);
+}
+
+static void test_hop_by_hop_never_forwarded_nor_stored(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct raw_upstream u;
+    raw_upstream_start(&u, "HTTP/1.1 201 Created\r\nContent-Type: text/plain\r\n"
+                           "X-Kept: yes\r\nX-Dropped: not-listed\r\n"
+                           "Connection: X-Private\r\nX-Private: hop\r\n"
+                           "Content-Length: 2\r\n\r\nok");
+    start_idem_on(&gw, u.port, "", "hop.db");
+    static const char *const hdrs[] = {
+        "Idempotency-Key: H-1", "Connection: keep-alive, X-Client-Hop", "X-Client-Hop: secret",
+        "Keep-Alive: timeout=5", "TE: trailers", "Upgrade: websocket", "X-End-To-End: kept",
+        NULL};
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
+    raw_upstream_stop(&u);
+    assert_int_equal(r.status, 201);
+    /* What reached the upstream: end-to-end headers and Idem's own, never
+     * a hop-by-hop one. */
+    assert_non_null(strstr(u.got, "X-End-To-End: kept"));
+    assert_non_null(strstr(u.got, "Idem-Key: refund/H-1"));
+    assert_non_null(strstr(u.got, "Idem-Epoch: "));
+    assert_null(strstr(u.got, "X-Client-Hop"));
+    assert_null(strstr(u.got, "Keep-Alive"));
+    assert_null(strstr(u.got, "TE: "));
+    assert_null(strstr(u.got, "Upgrade"));
+    /* What the first client got: no hop-by-hop header of the upstream's. */
+    assert_null(sys_header(&r, "X-Private"));
+    assert_string_equal(sys_header(&r, "X-Kept"), "yes");
+    sys_resp_free(&r);
+    /* What is replayed: the listed headers only. */
+    sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
+    assert_int_equal(r.status, 201);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    assert_string_equal(sys_header(&r, "X-Kept"), "yes");
+    assert_null(sys_header(&r, "X-Dropped"));
+    assert_null(sys_header(&r, "X-Private"));
+    assert_memory_equal(r.m->body, "ok", 2);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static void test_upstream_timeout_after_send(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct raw_upstream u;
+    raw_upstream_start(&u, NULL); /* reads the request, never answers */
+    start_idem_on(&gw, u.port, "    upstream_timeout: 400ms\n    lease: 30s\n", "timeout.db");
+    static const char *const hdrs[] = {"Idempotency-Key: T-1", NULL};
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
+    assert_int_equal(r.status, 504);
+    assert_non_null(strstr(r.m->body, "urn:idem:outcome_unknown"));
+    sys_resp_free(&r);
+    raw_upstream_stop(&u);
+    /* It may have executed: the record stays PROCESSING, a retry is not
+     * forwarded (nothing listens any more; a forward would be a 502). */
+    sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
+    assert_int_equal(r.status, 409);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -985,6 +1122,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_json_api),
         cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_in_flight_limit),
+        cmocka_unit_test(test_hop_by_hop_never_forwarded_nor_stored),
+        cmocka_unit_test(test_upstream_timeout_after_send),
     };
     return cmocka_run_group_tests_name("gateway", tests, group_setup, group_teardown);
 }
