@@ -68,7 +68,6 @@ struct storm {
     uint8_t fp[IDEM_FINGERPRINT_LEN];
     idem_outcome outcome[128];
     idem_rc rc[128];
-    uint64_t epoch[128];
 };
 
 static const char storm_result[] = "{\"refund\":\"R-1\",\"status\":\"ok\"}";
