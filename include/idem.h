@@ -182,11 +182,13 @@ typedef enum idem_log_level {
  * Must be thread-safe and must not call back into Idem. */
 typedef void (*idem_log_fn)(void *arg, idem_log_level level, const char *msg);
 
-#define IDEM_OPTIONS_VERSION 1
+#define IDEM_OPTIONS_VERSION 2
 
 typedef struct idem_options {
-    unsigned version;         /* IDEM_OPTIONS_VERSION */
-    const char *store;        /* "embedded" (default when NULL) */
+    unsigned version;         /* IDEM_OPTIONS_VERSION (1 is still accepted:
+                                 it ends before redis_url) */
+    const char *store;        /* "embedded" (default when NULL) or
+                                 "distributed" */
     const char *path;         /* embedded: SQLite file, or ":memory:" */
     size_t result_max;        /* stored result limit; 0: 1 MiB */
     int64_t retention_ms;     /* default record retention; 0: 24 h */
@@ -199,17 +201,36 @@ typedef struct idem_options {
     void *clock_arg;
     idem_log_fn log;          /* NULL: no log; idem_stats still counts */
     void *log_arg;
+
+    /* Version 2: the distributed store. */
+    const char *redis_url;    /* redis://[:password@]host[:port][/db] */
+    const char *postgres_url; /* a libpq connection URI or key=value string */
+    unsigned pool_size;       /* PostgreSQL connections; 0: 8 */
+    int64_t timeout_ms;       /* connect and per-command timeout; 0: 2000 */
 } idem_options;
 
 /* Fill *opts with the defaults above (store "embedded", path NULL). */
 IDEM_EXTERN void idem_options_init(idem_options *opts);
 
-/* Open a handle on the store described by opts. The embedded store keeps
- * tokens and locks in this process's memory and records and inbox in the
- * SQLite file opts->path (created if missing; WAL; synchronous=FULL; writes
- * from concurrent callers share one fsync — group commit — and each call
- * returns only after its own write is durable). On success *out is a handle
- * to pass to idem_close(); on error *out is NULL. */
+/* Open a handle on the store described by opts. On success *out is a handle
+ * to pass to idem_close(); on error *out is NULL.
+ *
+ * "embedded" keeps tokens and locks in this process's memory and records and
+ * inbox in the SQLite file opts->path (created if missing; WAL;
+ * synchronous=FULL; writes from concurrent callers share one fsync — group
+ * commit — and each call returns only after its own write is durable).
+ *
+ * "distributed" keeps tokens and locks in Redis (opts->redis_url) and records
+ * and inbox in PostgreSQL (opts->postgres_url), so that any number of
+ * processes on any number of machines share them. idem_open() connects to
+ * both and creates or migrates the PostgreSQL schema (never destructively);
+ * IDEM_EUNAVAILABLE if either cannot be reached. Afterwards a call whose
+ * server is down fails with IDEM_EUNAVAILABLE or IDEM_ETIMEDOUT (bounded by
+ * timeout_ms) and the handle reconnects by itself, with backoff, once the
+ * server is back. Concurrent calls share round-trips: Redis commands are
+ * pipelined and PostgreSQL statements batched. Expiry of tokens, locks and
+ * leases is judged by the handle's clock, as for the embedded store, so the
+ * machines sharing a store must keep their clocks in step (NTP). */
 IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out);
 
 /* Close a handle: stops its watchdog and writer, waits for calls in flight
@@ -217,7 +238,7 @@ IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out);
  * other call on the handle may be running or start. */
 IDEM_EXTERN void idem_close(idem *h);
 
-/* The store's name: "embedded". Static storage. */
+/* The store's name: "embedded" or "distributed". Static storage. */
 IDEM_EXTERN const char *idem_store_name(const idem *h);
 
 /* ------------------------------------------------------------------------- */
@@ -448,6 +469,18 @@ IDEM_EXTERN idem_rc idem_inbox_claim_sqlite(struct sqlite3 *db,
                                             const char *msg_id,
                                             const char *biz_type,
                                             idem_outcome *out);
+
+/* The same in the caller's PostgreSQL transaction, on the caller's own
+ * connection (a PGconn from libpq): conn must be idle inside a transaction
+ * block (PQtransactionStatus() == PQTRANS_INTRANS) — IDEM_ENOTX otherwise.
+ * The table idem_inbox_claim is created in the caller's database on first
+ * use. IDEM_ESTORE with the server's message if a statement fails (the
+ * caller's transaction is then aborted, as PostgreSQL does). */
+struct pg_conn;
+IDEM_EXTERN idem_rc idem_inbox_claim_pg(struct pg_conn *conn,
+                                        const char *group, const char *msg_id,
+                                        const char *biz_type,
+                                        idem_outcome *out);
 
 /* Form 2, with retries, in Idem's own store. A message moves
  *

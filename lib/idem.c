@@ -4,6 +4,7 @@
  * reverse order.
  */
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -48,7 +49,12 @@ IDEM_EXTERN void idem_options_init(idem_options *o)
     o->store = "embedded";
 }
 
-IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out)
+/* The two halves of a store, by name. */
+static int is_kv(const char *n) { return !strcmp(n, "memory") || !strcmp(n, "redis"); }
+static int is_db(const char *n) { return !strcmp(n, "sqlite") || !strcmp(n, "postgres"); }
+
+idem_rc idem__open_parts(const idem_options *opts, const char *kv, const char *db,
+                         idem **out)
 {
     idem__clear_detail();
     if (!out)
@@ -56,18 +62,38 @@ IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out)
     *out = NULL;
     if (!opts)
         return idem__fail(IDEM_EINVAL, "options: NULL");
-    if (opts->version != IDEM_OPTIONS_VERSION)
-        return idem__fail(IDEM_EINVAL, "options: version %u, this library speaks %u",
+    if (!is_kv(kv) || !is_db(db))
+        return idem__fail(IDEM_ENOTSUP, "store: no backend pair %s+%s", kv, db);
+    /* Version 1 ended where version 2's fields begin: take only its part. */
+    idem_options o;
+    if (opts->version == 1) {
+        idem_options_init(&o);
+        memcpy(&o, opts, offsetof(idem_options, redis_url));
+    } else if (opts->version == IDEM_OPTIONS_VERSION) {
+        o = *opts;
+    } else {
+        return idem__fail(IDEM_EINVAL, "options: version %u, this library speaks 1..%u",
                           opts->version, IDEM_OPTIONS_VERSION);
-    idem_options o = *opts;
-    if (!o.store)
-        o.store = "embedded";
-    if (strcmp(o.store, "embedded") != 0)
-        return idem__fail(IDEM_ENOTSUP, "store: \"%s\" is not built in (embedded is)",
-                          o.store);
-    if (!o.path || !*o.path)
+    }
+    int redis = !strcmp(kv, "redis"), postgres = !strcmp(db, "postgres");
+    if (redis && (!o.redis_url || !*o.redis_url))
+        return idem__fail(IDEM_EINVAL, "redis_url: the distributed store needs "
+                                       "a Redis URL (redis://host:port/db)");
+    if (postgres && (!o.postgres_url || !*o.postgres_url))
+        return idem__fail(IDEM_EINVAL, "postgres_url: the distributed store "
+                                       "needs a PostgreSQL connection URL");
+    if (!postgres && (!o.path || !*o.path))
         return idem__fail(IDEM_EINVAL, "path: the embedded store needs a SQLite "
                                        "file path (or \":memory:\")");
+    if (!o.pool_size)
+        o.pool_size = 8;
+    if (o.pool_size > 256)
+        return idem__fail(IDEM_EINVAL, "pool_size: %u, at most 256", o.pool_size);
+    if (!o.timeout_ms)
+        o.timeout_ms = 2000;
+    if (o.timeout_ms < 0 || o.timeout_ms > 600000)
+        return idem__fail(IDEM_EINVAL, "timeout_ms: %lld, must be 1..600000",
+                          (long long)o.timeout_ms);
     if (!o.result_max)
         o.result_max = IDEM_RESULT_MAX_DEFAULT;
     if (o.result_max > 64 * 1024 * 1024)
@@ -90,7 +116,8 @@ IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out)
     struct idem *h = idem__calloc(1, sizeof *h);
     if (!h)
         return idem__fail(IDEM_ENOMEM, "allocating the handle");
-    h->store_name = "embedded";
+    h->store_name = redis && postgres ? "distributed"
+                    : !redis && !postgres ? "embedded" : "mixed";
     h->result_max = o.result_max;
     h->retention_ms = o.retention_ms;
     h->tokens_per_scene = o.tokens_per_scene;
@@ -99,15 +126,31 @@ IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out)
     h->log = o.log;
     h->log_arg = o.log_arg;
     pthread_mutex_init(&h->watchdog_mu, NULL);
-    idem_rc rc = idem__memory_open(&o, &h->kv_ops, &h->kv);
+    idem_rc rc = redis ? idem__redis_open(&o, &h->kv_ops, &h->kv)
+                       : idem__memory_open(&o, &h->kv_ops, &h->kv);
     if (rc == IDEM_OK)
-        rc = idem__sqlite_open(&o, &h->db_ops, &h->db);
+        rc = postgres ? idem__postgres_open(&o, &h->db_ops, &h->db)
+                      : idem__sqlite_open(&o, &h->db_ops, &h->db);
     if (rc != IDEM_OK) {
         idem_close(h);
         return rc;
     }
     *out = h;
     return IDEM_OK;
+}
+
+IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out)
+{
+    const char *store = opts && opts->store ? opts->store : "embedded";
+    if (!strcmp(store, "embedded"))
+        return idem__open_parts(opts, "memory", "sqlite", out);
+    if (!strcmp(store, "distributed"))
+        return idem__open_parts(opts, "redis", "postgres", out);
+    idem__clear_detail();
+    if (out)
+        *out = NULL;
+    return idem__fail(IDEM_ENOTSUP, "store: \"%s\" is not built in "
+                                    "(embedded and distributed are)", store);
 }
 
 IDEM_EXTERN void idem_close(idem *h)

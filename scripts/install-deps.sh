@@ -6,11 +6,13 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config      # toolchain
   libsqlite3-dev sqlite3                # embedded store
+  libhiredis-dev libpq-dev              # distributed store: Redis, PostgreSQL
+  postgresql                            # distributed tests (server, pgbench)
   libssl-dev                            # SHA-256, CSPRNG
   libevent-dev libjansson-dev libyaml-dev  # idem serve: event loop, JSON, YAML
   libcmocka-dev                         # tests
   curl                                  # system tests
-  redis-server redis-tools              # benchmark reference (redis-benchmark)
+  redis-server redis-tools              # distributed tests, redis-benchmark
 )
 
 missing=()

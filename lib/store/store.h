@@ -5,9 +5,9 @@
  * (like sqlite3_vfs):
  *
  *   kv  tokens and locks: short-lived, atomic compare-and-act on one key.
- *       "memory" (embedded); Redis next.
+ *       "memory" (embedded), "redis" (distributed).
  *   db  records and inbox: durable rows, a unique key, conditional updates.
- *       "sqlite" (embedded); PostgreSQL next.
+ *       "sqlite" (embedded), "postgres" (distributed).
  *
  * The operations are primitives, not policy: insert-if-absent and
  * compare-and-set. The decisions (what a begin on an expired PROCESSING record
@@ -180,6 +180,18 @@ void idem__log(const struct idem *h, idem_log_level level, const char *fmt, ...)
 idem_rc idem__memory_open(const idem_options *o, const struct idem__kv_ops **ops, void **out);
 idem_rc idem__sqlite_open(const idem_options *o,
                           const struct idem__db_ops **ops, void **out);
+/* The distributed store: Redis for kv, PostgreSQL for db. */
+idem_rc idem__redis_open(const idem_options *o, const struct idem__kv_ops **ops,
+                         void **out);
+idem_rc idem__postgres_open(const idem_options *o,
+                            const struct idem__db_ops **ops, void **out);
+
+/* idem_open() with the two halves named: kv "memory" or "redis", db
+ * "sqlite" or "postgres". The public stores are memory+sqlite ("embedded")
+ * and redis+postgres ("distributed"); tests use the others to exercise one
+ * backend at a time. */
+idem_rc idem__open_parts(const idem_options *opts, const char *kv, const char *db,
+                         idem **out);
 
 /* Wall-clock milliseconds since the Unix epoch, the default clock. */
 int64_t idem__wall_clock_ms(void *unused);

@@ -4,10 +4,19 @@
  *
  *   conformance embedded :memory:     records in an in-memory SQLite
  *   conformance embedded file         records in a SQLite file in a temp dir
+ *   conformance distributed REDIS_URL POSTGRES_URL
+ *                                     Redis and PostgreSQL, both wiped before
+ *                                     each test (use servers of the tests' own:
+ *                                     scripts/services.sh starts them)
+ *
+ * and, to work on one distributed backend at a time, with the other half
+ * embedded: redis+sqlite REDIS_URL, memory+postgres POSTGRES_URL.
  *
  * Each test opens a fresh handle with the test clock, so lease and TTL
  * expiry are tested by moving the clock, not by sleeping.
  */
+#include <hiredis/hiredis.h>
+#include <libpq-fe.h>
 #include <pthread.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
@@ -16,35 +25,84 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "store/store.h"
 #include "testlib.h"
 
-static const char *store_kind;
-static const char *store_where; /* ":memory:" or "file" */
+static const char *kv_kind = "memory", *db_kind = "sqlite";
+static const char *store_where = ":memory:"; /* sqlite: ":memory:" or "file" */
+static const char *redis_url, *postgres_url;
 static char *tmpdir;
 static int file_seq;
+static char db_path[4200];
+
+static int is_postgres(void) { return strcmp(db_kind, "postgres") == 0; }
+static int is_redis(void) { return strcmp(kv_kind, "redis") == 0; }
+
+/* Empty the servers: each test starts from nothing, as on a fresh file. */
+static void wipe_servers(void)
+{
+    if (is_redis()) {
+        char host[256] = "127.0.0.1";
+        int port = 6379, dbno = 0;
+        sscanf(redis_url, "redis://%255[^:/]:%d/%d", host, &port, &dbno);
+        redisContext *c = redisConnect(host, port);
+        assert_true(c && !c->err);
+        redisReply *r = redisCommand(c, "SELECT %d", dbno);
+        assert_non_null(r);
+        freeReplyObject(r);
+        r = redisCommand(c, "FLUSHDB");
+        assert_true(r && r->type == REDIS_REPLY_STATUS);
+        freeReplyObject(r);
+        redisFree(c);
+    }
+    if (is_postgres()) {
+        PGconn *c = PQconnectdb(postgres_url);
+        assert_int_equal(PQstatus(c), CONNECTION_OK);
+        PGresult *r = PQexec(c, "SET client_min_messages = warning;"
+                                "DROP SCHEMA public CASCADE; CREATE SCHEMA public");
+        if (PQresultStatus(r) != PGRES_COMMAND_OK)
+            fail_msg("wiping PostgreSQL: %s", PQerrorMessage(c));
+        PQclear(r);
+        PQfinish(c);
+    }
+}
+
+/* Fill o's store fields for the store under test. fresh: a new SQLite file
+ * (the servers are wiped by setup, not here). */
+static void store_options(idem_options *o, int fresh)
+{
+    o->redis_url = redis_url;
+    o->postgres_url = postgres_url;
+    if (strcmp(store_where, "file") == 0) {
+        if (fresh)
+            snprintf(db_path, sizeof db_path, "%s/t%d.db", tmpdir, ++file_seq);
+        o->path = db_path;
+    } else {
+        o->path = store_where;
+    }
+}
+
+static idem *open_with(const idem_options *o)
+{
+    idem *h = NULL;
+    assert_idem_ok(idem__open_parts(o, kv_kind, db_kind, &h));
+    return h;
+}
 
 static idem *open_store(void)
 {
-    char path[4200];
     idem_options o;
     idem_options_init(&o);
-    o.store = store_kind;
-    if (strcmp(store_where, "file") == 0) {
-        snprintf(path, sizeof path, "%s/t%d.db", tmpdir, ++file_seq);
-        o.path = path;
-    } else {
-        o.path = store_where;
-    }
+    store_options(&o, 1);
     o.clock = test_clock;
     o.result_max = 4096;
-    idem *h = NULL;
-    assert_idem_ok(idem_open(&o, &h));
-    return h;
+    return open_with(&o);
 }
 
 static int setup(void **state)
 {
     test_clock_reset();
+    wipe_servers();
     *state = open_store();
     return 0;
 }
@@ -923,6 +981,121 @@ static void test_inbox_in_callers_transaction(void **state)
     sqlite3_close(db);
 }
 
+static void pg_ok(PGconn *c, const char *sql)
+{
+    PGresult *r = PQexec(c, sql);
+    ExecStatusType st = PQresultStatus(r);
+    if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK)
+        fail_msg("%s: %s", sql, PQerrorMessage(c));
+    PQclear(r);
+}
+
+static long pg_count(PGconn *c, const char *sql)
+{
+    PGresult *r = PQexec(c, sql);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        fail_msg("%s: %s", sql, PQerrorMessage(c));
+    long n = atol(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return n;
+}
+
+/* The same promise on PostgreSQL, on the caller's own connection. */
+static void test_inbox_in_callers_pg_transaction(void **state)
+{
+    (void)state;
+    if (!is_postgres())
+        skip();
+    idem_outcome o;
+    PGconn *c = PQconnectdb(postgres_url);
+    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    pg_ok(c, "CREATE TABLE ledger (msg TEXT, amount INTEGER)");
+
+    assert_int_equal(idem_inbox_claim_pg(c, "billing", "m-1", "refund", &o), IDEM_ENOTX);
+
+    /* The business rolls back: the claim leaves no trace. */
+    pg_ok(c, "BEGIN");
+    assert_idem_ok(idem_inbox_claim_pg(c, "billing", "m-1", "refund", &o));
+    assert_outcome(o, IDEM_CLAIMED);
+    pg_ok(c, "INSERT INTO ledger VALUES ('m-1', 100)");
+    pg_ok(c, "ROLLBACK");
+    pg_ok(c, "BEGIN");
+    assert_idem_ok(idem_inbox_claim_pg(c, "billing", "m-1", "refund", &o));
+    assert_outcome(o, IDEM_CLAIMED);
+    pg_ok(c, "INSERT INTO ledger VALUES ('m-1', 100)");
+    pg_ok(c, "COMMIT");
+
+    /* Redeliveries after the commit, on another connection too. */
+    PGconn *c2 = PQconnectdb(postgres_url);
+    assert_int_equal(PQstatus(c2), CONNECTION_OK);
+    for (int i = 0; i < 3; i++) {
+        PGconn *on = i % 2 ? c2 : c;
+        pg_ok(on, "BEGIN");
+        assert_idem_ok(idem_inbox_claim_pg(on, "billing", "m-1", "refund", &o));
+        assert_outcome(o, IDEM_DUPLICATE);
+        pg_ok(on, "COMMIT");
+    }
+    /* Two transactions race for one message: the second waits for the first
+     * and, once it commits, sees a DUPLICATE. */
+    pg_ok(c, "BEGIN");
+    assert_idem_ok(idem_inbox_claim_pg(c, "audit", "m-1", NULL, &o));
+    assert_outcome(o, IDEM_CLAIMED);
+    pg_ok(c2, "BEGIN");
+    assert_int_equal(PQsendQuery(c2, "SELECT 1"), 1); /* c2 stays usable below */
+    PGresult *r;
+    while ((r = PQgetResult(c2)))
+        PQclear(r);
+    pg_ok(c, "COMMIT");
+    assert_idem_ok(idem_inbox_claim_pg(c2, "audit", "m-1", NULL, &o));
+    assert_outcome(o, IDEM_DUPLICATE);
+    pg_ok(c2, "COMMIT");
+
+    assert_int_equal(pg_count(c, "SELECT count(*) FROM ledger"), 1);
+    assert_int_equal(pg_count(c, "SELECT count(*) FROM idem_inbox_claim"), 2);
+
+    pg_ok(c, "BEGIN");
+    assert_int_equal(idem_inbox_claim_pg(c, "billing", "", NULL, &o), IDEM_EINVAL);
+    assert_int_equal(idem_inbox_claim_pg(NULL, "billing", "m", NULL, &o), IDEM_EINVAL);
+    pg_ok(c, "ROLLBACK");
+    PQfinish(c2);
+    PQfinish(c);
+}
+
+/* Servers that cannot be reached are named, and a password never is. */
+static void test_distributed_open_errors(void **state)
+{
+    (void)state;
+    if (!is_redis() && !is_postgres())
+        skip();
+    idem_options o;
+    idem_options_init(&o);
+    store_options(&o, 1);
+    o.timeout_ms = 500;
+    idem *h = (idem *)&o;
+    if (is_redis()) {
+        o.redis_url = "redis://:s3cret-pw@127.0.0.1:1/0";
+        assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_EUNAVAILABLE);
+        assert_null(h);
+        assert_non_null(strstr(idem_errdetail(), "127.0.0.1:1"));
+        assert_null(strstr(idem_errdetail(), "s3cret-pw"));
+        o.redis_url = "http://127.0.0.1:6379";
+        assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_EINVAL);
+        assert_non_null(strstr(idem_errdetail(), "redis_url"));
+        o.redis_url = redis_url;
+    }
+    if (is_postgres()) {
+        o.postgres_url = "postgresql://idem:s3cret-pw@127.0.0.1:1/idem";
+        assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_EUNAVAILABLE);
+        assert_null(h);
+        assert_null(strstr(idem_errdetail(), "s3cret-pw"));
+        o.postgres_url = postgres_url;
+    }
+    o.store = "distributed";
+    o.redis_url = NULL;
+    assert_int_equal(idem_open(&o, &h), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "redis_url"));
+}
+
 static void test_inbox_retries(void **state)
 {
     idem *h = *state;
@@ -1032,14 +1205,13 @@ static void test_conflicts_are_logged(void **state)
     struct log_capture cap = {0};
     idem_options opt;
     idem_options_init(&opt);
-    opt.path = ":memory:";
+    store_options(&opt, 1);
     opt.clock = test_clock;
     opt.log = capture_log;
     opt.log_arg = &cap;
-    idem *h;
     idem_outcome o;
     idem_record rec;
-    assert_idem_ok(idem_open(&opt, &h));
+    idem *h = open_with(&opt);
     assert_idem_ok(idem_record_begin(h, "pay", "C-1", NULL, "slow", 100, &o, &rec));
     uint64_t slow = rec.epoch;
     idem_record_clear(&rec);
@@ -1090,7 +1262,7 @@ static void test_open_errors(void **state)
 static void test_reopen_keeps_records(void **state)
 {
     idem *h = *state;
-    if (strcmp(store_where, "file") != 0)
+    if (!is_postgres() && strcmp(store_where, "file") != 0)
         skip();
     idem_outcome o;
     idem_record rec;
@@ -1098,12 +1270,10 @@ static void test_reopen_keeps_records(void **state)
     assert_idem_ok(idem_record_complete(h, "pay", "keep", rec.epoch, "kept", 4, 0, &o));
     idem_record_clear(&rec);
     idem_close(h);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/t%d.db", tmpdir, file_seq);
     idem_options opt;
     idem_options_init(&opt);
-    opt.path = path;
-    assert_idem_ok(idem_open(&opt, &h));
+    store_options(&opt, 0);
+    h = open_with(&opt);
     *state = h;
     assert_idem_ok(idem_record_begin(h, "pay", "keep", NULL, "b", 1000, &o, &rec));
     assert_outcome(o, IDEM_DONE);
@@ -1111,14 +1281,33 @@ static void test_reopen_keeps_records(void **state)
     idem_record_clear(&rec);
 }
 
+static int usage(const char *argv0)
+{
+    fprintf(stderr, "usage: %s embedded :memory:|file\n"
+                    "       %s distributed REDIS_URL POSTGRES_URL\n"
+                    "       %s redis+sqlite REDIS_URL\n"
+                    "       %s memory+postgres POSTGRES_URL\n",
+            argv0, argv0, argv0, argv0);
+    return 2;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 3 || (strcmp(argv[2], ":memory:") && strcmp(argv[2], "file"))) {
-        fprintf(stderr, "usage: %s embedded :memory:|file\n", argv[0]);
-        return 2;
+    const char *name = argc > 2 ? argv[2] : "";
+    if (argc == 3 && !strcmp(argv[1], "embedded") &&
+        (!strcmp(argv[2], ":memory:") || !strcmp(argv[2], "file"))) {
+        store_where = argv[2];
+    } else if (argc == 4 && !strcmp(argv[1], "distributed")) {
+        kv_kind = "redis", db_kind = "postgres";
+        redis_url = argv[2], postgres_url = argv[3];
+        name = "distributed";
+    } else if (argc == 3 && !strcmp(argv[1], "redis+sqlite")) {
+        kv_kind = "redis", redis_url = argv[2], name = argv[1];
+    } else if (argc == 3 && !strcmp(argv[1], "memory+postgres")) {
+        db_kind = "postgres", postgres_url = argv[2], name = argv[1];
+    } else {
+        return usage(argv[0]);
     }
-    store_kind = argv[1];
-    store_where = argv[2];
     tmpdir = test_mkdtemp();
     const struct CMUnitTest tests[] = {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1139,14 +1328,16 @@ int main(int argc, char **argv)
         T(test_lock_owner_rules),
         T(test_watchdog),
         T(test_inbox_in_callers_transaction),
+        T(test_inbox_in_callers_pg_transaction),
         T(test_inbox_retries),
         T(test_inbox_storm),
         T(test_open_errors),
+        T(test_distributed_open_errors),
         T(test_conflicts_are_logged),
         T(test_reopen_keeps_records),
 #undef T
     };
-    int failed = cmocka_run_group_tests_name(argv[2], tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name(name, tests, NULL, NULL);
     test_rmdir(tmpdir);
     return failed;
 }

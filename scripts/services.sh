@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Start and stop the Redis and PostgreSQL servers that Idem's distributed
+# store is tested and benchmarked against: on 127.0.0.1 only, data in a temp
+# dir, on ports of our own, so nothing of the machine's is touched.
+#
+#   scripts/services.sh start STATE_DIR [REDIS_PORT] [PG_PORT]
+#   scripts/services.sh stop  STATE_DIR
+#   scripts/services.sh redis-stop|redis-start STATE_DIR   (fault tests)
+#   scripts/services.sh pg-stop|pg-start STATE_DIR
+#
+# start writes STATE_DIR/env with IDEM_TEST_REDIS and IDEM_TEST_PG, the two
+# URLs, and prints them. Defaults: Redis 26379, PostgreSQL 25432. PostgreSQL
+# refuses to run as root, so as root its cluster belongs to the "postgres"
+# user that Debian's package creates.
+set -euo pipefail
+
+cmd=${1:?usage: services.sh start|stop|redis-stop|redis-start|pg-stop|pg-start STATE_DIR [REDIS_PORT PG_PORT]}
+state=${2:?services.sh: missing STATE_DIR}
+pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+
+as_pg() {
+  if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+redis_start() {
+  local port; port=$(cat "$state/redis.port")
+  redis-server --port "$port" --bind 127.0.0.1 --dir "$state/redis" \
+    --save "" --appendonly no --daemonize yes --pidfile "$state/redis/redis.pid" \
+    --logfile "$state/redis/redis.log" >/dev/null
+  for _ in $(seq 100); do
+    redis-cli -p "$port" ping 2>/dev/null | grep -q PONG && return 0
+    sleep 0.05
+  done
+  echo "services.sh: redis-server did not answer on port $port" >&2
+  cat "$state/redis/redis.log" >&2
+  return 1
+}
+
+redis_stop() {
+  local pidf="$state/redis/redis.pid"
+  [ -f "$pidf" ] || return 0
+  local pid; pid=$(cat "$pidf")
+  kill -9 "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  rm -f "$pidf"
+}
+
+pg_start() {
+  local port; port=$(cat "$state/pg.port")
+  as_pg "$pgbin/pg_ctl" -D "$state/pg/data" -l "$state/pg/pg.log" -w -t 60 \
+    -o "-p $port -k $state/pg -c listen_addresses=127.0.0.1" start >/dev/null
+}
+
+pg_stop() {
+  [ -f "$state/pg/data/postmaster.pid" ] || return 0
+  as_pg "$pgbin/pg_ctl" -D "$state/pg/data" -m fast -w -t 60 stop >/dev/null || true
+}
+
+case "$cmd" in
+start)
+  redis_port=${3:-26379}
+  pg_port=${4:-25432}
+  [ -n "$pgbin" ] || { echo "services.sh: PostgreSQL is not installed" >&2; exit 1; }
+  command -v redis-server >/dev/null || { echo "services.sh: redis-server is not installed" >&2; exit 1; }
+  # A previous run that was killed may have left its servers behind.
+  [ -d "$state" ] && "$0" stop "$state"
+  rm -rf "$state"
+  mkdir -p "$state/redis" "$state/pg"
+  chmod 755 "$state" "$state/pg"
+  echo "$redis_port" >"$state/redis.port"
+  echo "$pg_port" >"$state/pg.port"
+  [ "$(id -u)" -eq 0 ] && chown postgres "$state/pg"
+  redis_start
+  as_pg "$pgbin/initdb" -D "$state/pg/data" -U idem -A trust --no-sync -E UTF8 >/dev/null
+  pg_start
+  "$pgbin/createdb" -h 127.0.0.1 -p "$pg_port" -U idem idem
+  {
+    echo "IDEM_TEST_REDIS=redis://127.0.0.1:$redis_port/0"
+    echo "IDEM_TEST_PG=postgresql://idem@127.0.0.1:$pg_port/idem"
+  } >"$state/env"
+  cat "$state/env"
+  ;;
+stop)
+  [ -d "$state" ] || exit 0
+  redis_stop
+  pg_stop
+  ;;
+redis-stop) redis_stop ;;
+redis-start) redis_start ;;
+pg-stop) pg_stop ;;
+pg-start) pg_start ;;
+*) echo "services.sh: unknown command $cmd" >&2; exit 2 ;;
+esac
