@@ -186,12 +186,19 @@ static struct http_response *health(struct daemon *d)
 {
     idem_stats st;
     idem_outcome o;
-    /* Touch the store: a health check that cannot reach it says so. */
+    /* Touch both halves of the store: a health check that cannot reach one
+     * says so. Records down: 503, nothing can be served. Tokens and locks
+     * down (Redis): "degraded", routes follow their on_redis_down. */
     idem_rc rc = idem_record_get(d->h, "idem.health", "probe", &o, NULL);
+    idem_rc kv = idem_lock_release(d->h, "idem.health", "probe", "probe", &o);
     idem_get_stats(d->h, &st);
     json_t *j = json_pack(
-        "{s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
-        "status", rc == IDEM_OK ? "ok" : "store_unavailable", "store", idem_store_name(d->h),
+        "{s:s, s:s, s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I}, "
+        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
+        "status", rc != IDEM_OK ? "store_unavailable" : kv != IDEM_OK ? "degraded" : "ok",
+        "records", rc == IDEM_OK ? "ok" : idem_errname(rc),
+        "tokens_and_locks", kv == IDEM_OK ? "ok" : idem_errname(kv),
+        "store", idem_store_name(d->h),
         "version", idem_version(), "store_stats", "conflicts", (json_int_t)st.conflicts,
         "takeovers", (json_int_t)st.takeovers, "commits", (json_int_t)st.commits,
         "committed_ops", (json_int_t)st.committed_ops, "gateway", "requests",
@@ -202,7 +209,8 @@ static struct http_response *health(struct daemon *d)
         (json_int_t)atomic_load(&d->n.mismatches), "store_errors",
         (json_int_t)atomic_load(&d->n.store_errors), "upstream_unknown",
         (json_int_t)atomic_load(&d->n.upstream_unknown), "passthrough",
-        (json_int_t)atomic_load(&d->n.passthrough));
+        (json_int_t)atomic_load(&d->n.passthrough), "redis_down_skips",
+        (json_int_t)atomic_load(&d->n.redis_down_skips));
     return json_response(rc == IDEM_OK ? 200 : 503, j);
 }
 

@@ -15,10 +15,13 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <yaml.h>
 
@@ -195,6 +198,8 @@ void config_free(struct server_config *c)
     free(c->listen_host);
     free(c->storage_kind);
     free(c->storage_path);
+    free(c->redis_url);
+    free(c->postgres_url);
     free(c->subject_header);
     free(c->upstream.host);
     free(c->upstream.base_path);
@@ -213,6 +218,8 @@ struct server_config *config_default(void)
     c->listen_port = 8080;
     c->storage_kind = strdup("embedded");
     c->storage_path = strdup("./idem.db");
+    c->storage_pool = 8;
+    c->storage_timeout_ms = 2 * MS_SEC;
     c->subject_header = strdup("X-Subject");
     c->workers = 64;
     c->limits = (struct server_limits){
@@ -1134,6 +1141,7 @@ static const char *const route_fields[] = {
     "space",        "scope",     "layers",       "token_scene",
     "in_flight",    "wait_timeout", "lease",     "retention",
     "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
+    "on_redis_down",
 };
 
 /* routes[i] from n; the routes before it are read already, and their names
@@ -1211,6 +1219,9 @@ static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
         return -1;
     if ((v = FIELD("on_upstream_5xx")) && get_choice(c, v, fpath, "release", "store",
                                                      &r->on_5xx_store))
+        return -1;
+    if ((v = FIELD("on_redis_down")) && get_choice(c, v, fpath, "skip", "reject",
+                                                   &r->on_redis_down_reject))
         return -1;
 #undef FIELD
     return 0;
@@ -1315,21 +1326,180 @@ static int get_limits(struct ctx *c, const yaml_node_t *n, struct server_limits 
     return 0;
 }
 
+int config_url_has_password(const char *url)
+{
+    const char *scheme = strstr(url, "://");
+    if (scheme) {
+        const char *auth = scheme + 3;
+        size_t end = strcspn(auth, "/?#");
+        const char *at = memchr(auth, '@', end);
+        return at && memchr(auth, ':', (size_t)(at - auth)) != NULL;
+    }
+    /* key=value form: a password keyword anywhere. */
+    for (const char *p = url; (p = strstr(p, "password")) != NULL; p += 8) {
+        const char *q = p + 8;
+        while (*q == ' ')
+            q++;
+        if ((p == url || p[-1] == ' ') && *q == '=')
+            return 1;
+    }
+    return 0;
+}
+
+/* url without its user and password: "redis://host:6379/0". */
+static void url_without_userinfo(const char *url, char *buf, size_t size)
+{
+    const char *scheme = strstr(url, "://");
+    if (!scheme) {
+        snprintf(buf, size, "%s", config_url_has_password(url)
+                                      ? "(a connection string with a password)" : url);
+        return;
+    }
+    const char *auth = scheme + 3;
+    size_t end = strcspn(auth, "/?#");
+    const char *at = memchr(auth, '@', end);
+    const char *host = at ? at + 1 : auth;
+    const char *query = strchr(host, '?');
+    int n = query ? (int)(query - host) : (int)strlen(host);
+    snprintf(buf, size, "%.*s%.*s", (int)(auth - url), url, n, host);
+}
+
+void config_storage_where(const struct server_config *c, char *buf, size_t size)
+{
+    if (strcmp(c->storage_kind, "distributed") != 0) {
+        snprintf(buf, size, "%s", c->storage_path);
+        return;
+    }
+    char r[512], p[512];
+    url_without_userinfo(c->redis_url ? c->redis_url : "", r, sizeof r);
+    url_without_userinfo(c->postgres_url ? c->postgres_url : "", p, sizeof p);
+    snprintf(buf, size, "%s + %s", r, p);
+}
+
+#define SECRET_MAX 4096
+
+/* storage.redis / storage.postgres: a URL written out, or { env: NAME } or
+ * { file: PATH } for one that holds a password, which is then read from the
+ * environment or the file (its first line) and never printed. */
+static int get_server_url(struct ctx *c, const yaml_node_t *n, const char *path,
+                          const char *example, char **dst)
+{
+    static const char *const known[] = {"env", "file"};
+    const char *s;
+    char buf[SECRET_MAX + 2], fpath[64];
+    if (n->type == YAML_MAPPING_NODE) {
+        const yaml_node_t *env, *file;
+        if (check_fields(c, n, path, known, 2))
+            return -1;
+        env = field(c, n, "env");
+        file = field(c, n, "file");
+        if (!env == !file)
+            return fail(c, n, path, "give exactly one of env: NAME or file: PATH");
+        pathf(fpath, sizeof fpath, "%s.%s", path, env ? "env" : "file");
+        if (scalar(c, env ? env : file, fpath, env ? "a variable name" : "a file path", &s))
+            return -1;
+        if (env) {
+            const char *val = getenv(s);
+            if (!val || !*val)
+                return fail(c, env, fpath, "the environment variable %s is not set",
+                            quote(c, s));
+            if (strlen(val) > SECRET_MAX)
+                return fail(c, env, fpath, "the value of %s is longer than %d bytes",
+                            quote(c, s), SECRET_MAX);
+            snprintf(buf, sizeof buf, "%s", val);
+        } else {
+            /* A regular file only: a FIFO or a device could block. */
+            int fd = open(s, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+            struct stat st;
+            if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+                int e = fd < 0 ? errno : 0;
+                if (fd >= 0)
+                    close(fd);
+                return fail(c, file, fpath, "cannot read %s: %s", quote(c, s),
+                            e ? strerror(e) : "not a regular file");
+            }
+            ssize_t r = read(fd, buf, sizeof buf - 1);
+            close(fd);
+            size_t got = r > 0 ? (size_t)r : 0;
+            buf[got] = '\0';
+            buf[strcspn(buf, "\r\n")] = '\0';
+            if (got > SECRET_MAX)
+                return fail(c, file, fpath, "%s is longer than %d bytes", quote(c, s),
+                            SECRET_MAX);
+            if (!*buf)
+                return fail(c, file, fpath, "%s is empty", quote(c, s));
+        }
+        for (const unsigned char *p = (const unsigned char *)buf; *p; p++)
+            if (*p < 0x20 || *p == 0x7f)
+                return fail(c, n, fpath, "the URL holds a control character");
+        return set_string(dst, buf) ? oom(c) : 0;
+    }
+    if (scalar(c, n, path, example, &s))
+        return -1;
+    if (!*s)
+        return fail(c, n, path, "empty (expected %s)", example);
+    if (strlen(s) > SECRET_MAX)
+        return fail(c, n, path, "longer than %d bytes", SECRET_MAX);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return fail(c, n, path, "holds a control character");
+    if (config_url_has_password(s))
+        return fail(c, n, path, "the URL holds a password: keep it out of this file "
+                    "with { env: NAME } or { file: PATH }");
+    return set_string(dst, s) ? oom(c) : 0;
+}
+
 static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
 {
-    static const char *const known[] = {"kind", "path"};
+    static const char *const known[] = {"kind", "path", "redis", "postgres", "pool",
+                                        "timeout"};
     const yaml_node_t *v;
     const char *s;
-    if (check_fields(c, n, "storage", known, 2))
+    if (check_fields(c, n, "storage", known, sizeof known / sizeof known[0]))
         return -1;
     if ((v = field(c, n, "kind"))) {
-        if (scalar(c, v, "storage.kind", "embedded", &s))
+        if (scalar(c, v, "storage.kind", "embedded or distributed", &s))
             return -1;
-        if (strcmp(s, "embedded") != 0)
-            return fail(c, v, "storage.kind", "%s is not a storage kind this build "
-                        "has (use embedded)", quote(c, s));
+        if (strcmp(s, "embedded") != 0 && strcmp(s, "distributed") != 0)
+            return fail(c, v, "storage.kind", "%s is not a storage kind (use embedded, "
+                        "or distributed for Redis and PostgreSQL)", quote(c, s));
         if (set_string(&cfg->storage_kind, s))
             return oom(c);
+    }
+    int distributed = strcmp(cfg->storage_kind, "distributed") == 0;
+    static const char *const only_distributed[] = {"redis", "postgres", "pool", "timeout"};
+    for (size_t i = 0; i < 4; i++)
+        if (!distributed && (v = field(c, n, only_distributed[i]))) {
+            char fp[32];
+            pathf(fp, sizeof fp, "storage.%s", only_distributed[i]);
+            return fail(c, v, fp, "only for kind: distributed");
+        }
+    if (distributed) {
+        if ((v = field(c, n, "path")))
+            return fail(c, v, "storage.path", "only for kind: embedded (the distributed "
+                        "store is in Redis and PostgreSQL)");
+        if (!(v = field(c, n, "redis")))
+            return fail(c, n, "storage.redis", "missing (kind: distributed needs "
+                        "redis: redis://host:port/db)");
+        if (get_server_url(c, v, "storage.redis", "a URL like redis://127.0.0.1:6379/0",
+                           &cfg->redis_url))
+            return -1;
+        if (!(v = field(c, n, "postgres")))
+            return fail(c, n, "storage.postgres", "missing (kind: distributed needs "
+                        "postgres: postgresql://user@host/db)");
+        if (get_server_url(c, v, "storage.postgres",
+                           "a URL like postgresql://idem@127.0.0.1/idem", &cfg->postgres_url))
+            return -1;
+        uint64_t pool;
+        if ((v = field(c, n, "pool"))) {
+            if (get_count(c, v, "storage.pool", 1, 256, &pool))
+                return -1;
+            cfg->storage_pool = (unsigned)pool;
+        }
+        if ((v = field(c, n, "timeout")) &&
+            get_duration(c, v, "storage.timeout", 1, 10 * 60 * MS_SEC, &cfg->storage_timeout_ms))
+            return -1;
+        return 0;
     }
     if ((v = field(c, n, "path"))) {
         if (scalar(c, v, "storage.path", "a file path", &s))

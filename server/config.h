@@ -59,6 +59,8 @@ struct route {
     char **fingerprint_fields; /* FINGERPRINT_FIELDS */
     size_t fingerprint_field_count;
     int on_5xx_store;        /* on_upstream_5xx: store (1) or release (0, default) */
+    int on_redis_down_reject; /* on_redis_down: reject (1: 503) or skip (0, default:
+                                 layers 1-2 are skipped, the record still holds) */
 };
 
 struct server_limits {
@@ -80,8 +82,12 @@ struct server_config {
     char *path;               /* the file it came from (for reload), or NULL */
     char *listen_host;        /* default 127.0.0.1 */
     int listen_port;          /* default 8080 */
-    char *storage_kind;       /* "embedded" (default) */
-    char *storage_path;       /* default ./idem.db */
+    char *storage_kind;       /* "embedded" (default) or "distributed" */
+    char *storage_path;       /* embedded: default ./idem.db */
+    char *redis_url;          /* distributed: secret when it holds a password */
+    char *postgres_url;       /* distributed: likewise; never logged */
+    unsigned storage_pool;    /* distributed: PostgreSQL connections; default 8 */
+    int64_t storage_timeout_ms; /* distributed: connect and command timeout; 2 s */
     char *subject_header;     /* default X-Subject */
     struct upstream_url upstream; /* where requests no route matches go */
     int has_upstream;         /* 0: those get 404 no_route */
@@ -104,6 +110,14 @@ int config_parse(const char *yaml, size_t len, const char *name,
 struct server_config *config_default(void);
 
 void config_free(struct server_config *c);
+
+/* Where the store is, fit for a log line: the SQLite path, or the two
+ * servers' URLs with any user and password left out. */
+void config_storage_where(const struct server_config *c, char *buf, size_t size);
+
+/* 1 if a Redis or PostgreSQL URL (or key=value connection string) carries a
+ * password. */
+int config_url_has_password(const char *url);
 
 /* "500ms", "30s", "5m", "24h", "2d" or a bare number of milliseconds. */
 int config_parse_duration(const char *s, int64_t *ms);

@@ -28,6 +28,7 @@ struct daemon_counters {
     atomic_ulong store_errors;
     atomic_ulong upstream_unknown; /* sent, outcome unknown: left PROCESSING */
     atomic_ulong passthrough;  /* no route: proxied untouched */
+    atomic_ulong redis_down_skips; /* token or lock layer skipped: Redis down */
 };
 
 struct daemon {

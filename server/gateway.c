@@ -7,6 +7,8 @@
  *   key, subject, fingerprint ── missing/invalid ─────────────► 400
  *        │
  *   [token]  consume Idem-Token ── unknown, or spent on another key ► 409 token_spent
+ *        │   Redis down (layers 1 and 2): on_redis_down skip ── the layer is
+ *        │   skipped, logged, counted; reject ── 503
  *        │   (spent on this same key: a late retry, go on)
  *   [lock]   acquire ── busy: reject ─────────────────────────► 409 + Retry-After
  *        │        └──── busy: wait, until wait_timeout, then ───► 409
@@ -67,6 +69,21 @@ static int64_t backoff(int64_t *step)
     int64_t s = *step;
     *step = s * 2 > 50 ? 50 : s * 2;
     return s;
+}
+
+/* Redis (layers 1 and 2) cannot be reached. With on_redis_down: skip the
+ * layer is passed over, which is safe: the record (layer 3, PostgreSQL) alone
+ * still lets one request execute. Returns 1 to skip, 0 to answer 503. */
+static int skip_kv_layer(struct daemon *d, const struct route *rt, idem_rc rc, const char *layer)
+{
+    if (rt->on_redis_down_reject || (rc != IDEM_EUNAVAILABLE && rc != IDEM_ETIMEDOUT))
+        return 0;
+    unsigned long n = atomic_fetch_add(&d->n.redis_down_skips, 1) + 1;
+    /* Every skip is counted; the log says so for the 1st, 2nd, 4th, 8th... */
+    if ((n & (n - 1)) == 0)
+        daemon_log("route %s: %s skipped, the store is down (%s: %s); %lu skipped so far",
+                   rt->name, layer, idem_strerror(rc), idem_errdetail(), n);
+    return 1;
 }
 
 static struct http_response *in_flight(const char *what)
@@ -334,12 +351,13 @@ void gateway_handle(struct daemon *d, const struct server_config *cfg, const str
                                                     "refresh the page and retry");
             return;
         }
-        if (rc != IDEM_OK) {
+        if (rc != IDEM_OK && skip_kv_layer(d, rt, rc, "the token layer")) {
+            o = IDEM_NONE;
+        } else if (rc != IDEM_OK) {
             atomic_fetch_add(&d->n.store_errors, 1);
             req->resp = problem_from_idem(rc, "consuming the token");
             return;
-        }
-        if (o == IDEM_CONSUMED) {
+        } else if (o == IDEM_CONSUMED) {
             token_spent = 1;
         } else if (!(o == IDEM_ALREADY_CONSUMED && strcmp(spent, key) == 0)) {
             req->resp = problem(409, "token_spent",
@@ -354,6 +372,8 @@ void gateway_handle(struct daemon *d, const struct server_config *cfg, const str
         idem_lock_info info;
         for (;;) {
             rc = idem_lock_acquire(d->h, rt->space, key, owner, rt->lease_ms, &o, &info);
+            if (rc != IDEM_OK && skip_kv_layer(d, rt, rc, "the lock layer"))
+                break;
             if (rc != IDEM_OK) {
                 atomic_fetch_add(&d->n.store_errors, 1);
                 out = problem_from_idem(rc, "taking the business-key lock");
@@ -374,8 +394,10 @@ void gateway_handle(struct daemon *d, const struct server_config *cfg, const str
             }
             sleep_ms(backoff(&step));
         }
-        locked = 1;
-        idem_watchdog_start(d->h, rt->space, key, owner, rt->lease_ms, NULL, NULL, &watch);
+        if (rc == IDEM_OK) {
+            locked = 1;
+            idem_watchdog_start(d->h, rt->space, key, owner, rt->lease_ms, NULL, NULL, &watch);
+        }
     }
 
     /* Layer 3. */

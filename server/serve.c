@@ -209,8 +209,11 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
         return;
     }
     /* Where it listens and stores cannot change under a running process. */
+    char was[1100], now[1100];
+    config_storage_where(cur->c, was, sizeof was);
+    config_storage_where(next, now, sizeof now);
     if (strcmp(next->listen_host, cur->c->listen_host) || next->listen_port != cur->c->listen_port ||
-        strcmp(next->storage_path, cur->c->storage_path))
+        strcmp(next->storage_kind, cur->c->storage_kind) || strcmp(was, now))
         daemon_log("SIGHUP: listen and storage changes take effect on restart");
     lc->c = next;
     atomic_init(&lc->refs, 1);
@@ -334,6 +337,12 @@ int serve_main(int argc, char **argv)
         config_free(cfg);
         return 2;
     }
+    if (db && strcmp(cfg->storage_kind, "embedded") != 0) {
+        fprintf(stderr, "idem serve: --db is for the embedded store; %s keeps storage.kind: %s\n",
+                config_path, cfg->storage_kind);
+        config_free(cfg);
+        return 2;
+    }
     if (db) {
         char *copy = strdup(db);
         if (!copy) {
@@ -368,11 +377,17 @@ int serve_main(int argc, char **argv)
     idem_options_init(&o);
     o.store = cfg->storage_kind;
     o.path = cfg->storage_path;
+    o.redis_url = cfg->redis_url;
+    o.postgres_url = cfg->postgres_url;
+    o.pool_size = cfg->storage_pool;
+    o.timeout_ms = cfg->storage_timeout_ms;
+    char where[1100];
+    config_storage_where(cfg, where, sizeof where);
     o.result_max = cfg->limits.response_max + 65536; /* status and headers around the body */
     o.log = on_idem_log;
     if (idem_open(&o, &s->d.h) != IDEM_OK) {
         fprintf(stderr, "idem serve: opening the %s store at %s: %s\n", cfg->storage_kind,
-                cfg->storage_path, idem_errdetail());
+                where, idem_errdetail());
         goto out;
     }
     signal(SIGPIPE, SIG_IGN);
@@ -384,7 +399,8 @@ int serve_main(int argc, char **argv)
     }
     /* Reads of a file store go to read-only connections, never waiting for
      * the writer: finished records can be replayed on the loop thread. */
-    s->d.reads_dont_block = strcmp(cfg->storage_path, ":memory:") != 0 &&
+    s->d.reads_dont_block = strcmp(cfg->storage_kind, "embedded") == 0 &&
+                            strcmp(cfg->storage_path, ":memory:") != 0 &&
                             strncmp(cfg->storage_path, "file:", 5) != 0;
     atomic_init(&s->connections, 0);
     s->nloops = loop_count();
@@ -426,7 +442,7 @@ int serve_main(int argc, char **argv)
     }
 
     printf("idem: listening on %s:%d, %s store at %s, %zu routes, %d event loops\n",
-           cfg->listen_host, port, idem_store_name(s->d.h), cfg->storage_path, cfg->route_count,
+           cfg->listen_host, port, idem_store_name(s->d.h), where, cfg->route_count,
            s->nloops);
     fflush(stdout);
     event_base_dispatch(s->base);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 
@@ -901,6 +902,99 @@ static void test_load(void **state)
 
 /* The example shipped in examples/ parses. The source tree is found from this
  * file's own path. */
+/* The distributed store: URLs, secrets from the environment or a file, and
+ * the URL in log lines without its password. */
+static void test_distributed_storage(void **state)
+{
+    (void)state;
+    struct server_config *c = parse_ok(
+        "storage:\n"
+        "  kind: distributed\n"
+        "  redis: redis://10.0.0.5:6380/2\n"
+        "  postgres: postgresql://idem@10.0.0.6/idem?sslmode=require\n"
+        "  pool: 16\n"
+        "  timeout: 500ms\n" ROUTE "    on_redis_down: reject\n");
+    assert_string_equal(c->storage_kind, "distributed");
+    assert_string_equal(c->redis_url, "redis://10.0.0.5:6380/2");
+    assert_string_equal(c->postgres_url, "postgresql://idem@10.0.0.6/idem?sslmode=require");
+    assert_int_equal(c->storage_pool, 16);
+    assert_int_equal(c->storage_timeout_ms, 500);
+    assert_int_equal(c->routes[0].on_redis_down_reject, 1);
+    char where[1100];
+    config_storage_where(c, where, sizeof where);
+    assert_string_equal(where, "redis://10.0.0.5:6380/2 + postgresql://10.0.0.6/idem");
+    config_free(c);
+
+    /* Defaults: skip, pool 8, timeout 2 s. */
+    c = parse_ok("storage: { kind: distributed, redis: redis://r, postgres: postgresql://p/db }\n"
+                 ROUTE);
+    assert_int_equal(c->routes[0].on_redis_down_reject, 0);
+    assert_int_equal(c->storage_pool, 8);
+    assert_int_equal(c->storage_timeout_ms, 2000);
+    config_free(c);
+
+    /* A password never sits in the file; from the environment it is taken
+     * whole, and kept out of log lines. */
+    parse_bad("storage:\n  kind: distributed\n  redis: redis://:hunter2@r:6379/0\n"
+              "  postgres: postgresql://p/db\n",
+              "idem.yaml:3: storage.redis", "{ env: NAME }");
+    parse_bad("storage:\n  kind: distributed\n  redis: redis://r\n"
+              "  postgres: host=p password=hunter2 dbname=idem\n",
+              "idem.yaml:4: storage.postgres", "password");
+    setenv("IDEM_TEST_PG_URL", "postgresql://idem:hunter2@db.internal:5433/idem", 1);
+    c = parse_ok("storage:\n  kind: distributed\n  redis: redis://r\n"
+                 "  postgres: { env: IDEM_TEST_PG_URL }\n");
+    assert_string_equal(c->postgres_url, "postgresql://idem:hunter2@db.internal:5433/idem");
+    config_storage_where(c, where, sizeof where);
+    assert_null(strstr(where, "hunter2"));
+    assert_non_null(strstr(where, "postgresql://db.internal:5433/idem"));
+    config_free(c);
+    unsetenv("IDEM_TEST_PG_URL");
+    parse_bad("storage:\n  kind: distributed\n  redis: redis://r\n"
+              "  postgres: { env: IDEM_TEST_PG_URL }\n",
+              "idem.yaml:4: storage.postgres.env", "IDEM_TEST_PG_URL");
+
+    /* From a file: its first line. */
+    char *dir = test_mkdtemp(), path[4200], yaml[5000];
+    snprintf(path, sizeof path, "%s/redis-url", dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("redis://:hunter2@cache:6379/1\n", f);
+    fclose(f);
+    snprintf(yaml, sizeof yaml, "storage:\n  kind: distributed\n  redis: { file: %s }\n"
+             "  postgres: postgresql://p/db\n", path);
+    c = parse_ok(yaml);
+    assert_string_equal(c->redis_url, "redis://:hunter2@cache:6379/1");
+    config_storage_where(c, where, sizeof where);
+    assert_null(strstr(where, "hunter2"));
+    config_free(c);
+    snprintf(yaml, sizeof yaml, "storage:\n  kind: distributed\n  redis: { file: %s }\n"
+             "  postgres: postgresql://p/db\n", dir);
+    parse_bad(yaml, "storage.redis.file", "not a regular file");
+    unlink(path);
+    snprintf(yaml, sizeof yaml, "storage:\n  kind: distributed\n  redis: { file: %s }\n"
+             "  postgres: postgresql://p/db\n", path);
+    parse_bad(yaml, "storage.redis.file", "No such file");
+    test_rmdir(dir);
+
+    /* What belongs to one kind is refused in the other. */
+    parse_bad("storage: { kind: embedded, redis: redis://r }\n", "storage.redis",
+              "only for kind: distributed");
+    parse_bad("storage: { kind: distributed, path: ./x.db, redis: redis://r, "
+              "postgres: postgresql://p/db }\n", "storage.path", "only for kind: embedded");
+    parse_bad("storage: { kind: distributed, postgres: postgresql://p/db }\n",
+              "storage.redis", "missing");
+    parse_bad("storage: { kind: distributed, redis: redis://r }\n", "storage.postgres",
+              "missing");
+    parse_bad("storage: { kind: cluster }\n", "storage.kind", "distributed");
+    parse_bad("storage:\n  kind: distributed\n  redis: { env: A, file: B }\n"
+              "  postgres: postgresql://p/db\n", "storage.redis", "exactly one");
+    parse_bad("storage: { kind: distributed, redis: redis://r, postgres: postgresql://p/db, "
+              "pool: 0 }\n", "storage.pool", NULL);
+    parse_bad(ROUTE "    on_redis_down: ignore\n", "idem.yaml:6: routes[0].on_redis_down",
+              "skip or reject");
+}
+
 static void test_shipped_example(void **state)
 {
     struct server_config *c = NULL;
@@ -947,6 +1041,7 @@ int main(void)
         cmocka_unit_test(test_error_buffer),
         cmocka_unit_test(test_load),
         cmocka_unit_test(test_shipped_example),
+        cmocka_unit_test(test_distributed_storage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
