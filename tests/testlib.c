@@ -1,6 +1,8 @@
 /* Shared pieces of Idem's tests. */
 #include "testlib.h"
 
+#include <hiredis/hiredis.h>
+#include <libpq-fe.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -84,4 +86,34 @@ void test_run_threads(int n, void (*fn)(void *arg, int i), void *arg)
     pthread_barrier_destroy(&gun.start);
     free(t);
     free(s);
+}
+
+void test_wipe_servers(const char *redis_url, const char *postgres_url)
+{
+    if (redis_url) {
+        char host[256] = "127.0.0.1";
+        int port = 6379, dbno = 0;
+        sscanf(redis_url, "redis://%255[^:/]:%d/%d", host, &port, &dbno);
+        redisContext *c = redisConnect(host, port);
+        if (!c || c->err)
+            fail_msg("wiping Redis at %s:%d: %s", host, port, c ? c->errstr : "no memory");
+        redisReply *r = redisCommand(c, "SELECT %d", dbno);
+        assert_non_null(r);
+        freeReplyObject(r);
+        r = redisCommand(c, "FLUSHDB");
+        assert_true(r && r->type == REDIS_REPLY_STATUS);
+        freeReplyObject(r);
+        redisFree(c);
+    }
+    if (postgres_url) {
+        PGconn *c = PQconnectdb(postgres_url);
+        if (PQstatus(c) != CONNECTION_OK)
+            fail_msg("wiping PostgreSQL: %s", PQerrorMessage(c));
+        PGresult *r = PQexec(c, "SET client_min_messages = warning;"
+                                "DROP SCHEMA public CASCADE; CREATE SCHEMA public");
+        if (PQresultStatus(r) != PGRES_COMMAND_OK)
+            fail_msg("wiping PostgreSQL: %s", PQerrorMessage(c));
+        PQclear(r);
+        PQfinish(c);
+    }
 }

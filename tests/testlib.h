@@ -25,6 +25,11 @@ void test_rmdir(char *dir);
  * all have finished. */
 void test_run_threads(int n, void (*fn)(void *arg, int i), void *arg);
 
+/* Empty the distributed store's servers (either may be NULL): FLUSHDB on
+ * the Redis URL's database, and schema public dropped and made anew in the
+ * PostgreSQL database. Only for servers the tests started themselves. */
+void test_wipe_servers(const char *redis_url, const char *postgres_url);
+
 /* Assert an idem call succeeded, printing the error and its detail if not. */
 #define assert_idem_ok(call)                                                     \
     do {                                                                         \

@@ -15,7 +15,6 @@
  * Each test opens a fresh handle with the test clock, so lease and TTL
  * expiry are tested by moving the clock, not by sleeping.
  */
-#include <hiredis/hiredis.h>
 #include <libpq-fe.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -41,30 +40,7 @@ static int is_redis(void) { return strcmp(kv_kind, "redis") == 0; }
 /* Empty the servers: each test starts from nothing, as on a fresh file. */
 static void wipe_servers(void)
 {
-    if (is_redis()) {
-        char host[256] = "127.0.0.1";
-        int port = 6379, dbno = 0;
-        sscanf(redis_url, "redis://%255[^:/]:%d/%d", host, &port, &dbno);
-        redisContext *c = redisConnect(host, port);
-        assert_true(c && !c->err);
-        redisReply *r = redisCommand(c, "SELECT %d", dbno);
-        assert_non_null(r);
-        freeReplyObject(r);
-        r = redisCommand(c, "FLUSHDB");
-        assert_true(r && r->type == REDIS_REPLY_STATUS);
-        freeReplyObject(r);
-        redisFree(c);
-    }
-    if (is_postgres()) {
-        PGconn *c = PQconnectdb(postgres_url);
-        assert_int_equal(PQstatus(c), CONNECTION_OK);
-        PGresult *r = PQexec(c, "SET client_min_messages = warning;"
-                                "DROP SCHEMA public CASCADE; CREATE SCHEMA public");
-        if (PQresultStatus(r) != PGRES_COMMAND_OK)
-            fail_msg("wiping PostgreSQL: %s", PQerrorMessage(c));
-        PQclear(r);
-        PQfinish(c);
-    }
+    test_wipe_servers(is_redis() ? redis_url : NULL, is_postgres() ? postgres_url : NULL);
 }
 
 /* Fill o's store fields for the store under test. fresh: a new SQLite file

@@ -1,0 +1,463 @@
+/*
+ * test_distributed.c — several idem serve instances sharing one Redis and one
+ * PostgreSQL, in front of the real example refund service, with the servers
+ * stopped, killed and restarted under them:
+ *
+ *   test_distributed IDEM_BINARY REFUND_SERVICE_BINARY SERVICES_SH STATE_DIR
+ *                    REDIS_URL POSTGRES_URL
+ *
+ * The servers are the tests' own, started by scripts/services.sh in STATE_DIR
+ * (the ctest fixture does it); the same script stops and starts them here.
+ * Both are wiped before each test.
+ */
+#include <jansson.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "syslib.h"
+#include "testlib.h"
+
+static const char *idem_bin, *service_bin, *services_sh, *state_dir, *redis_url, *pg_url;
+static char *dir;
+static struct proc service;
+static int config_seq;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* scripts/services.sh redis-stop|redis-start|pg-stop|pg-start */
+static void services(const char *what)
+{
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' %s '%s'", services_sh, what, state_dir);
+    if (system(cmd) != 0)
+        fail_msg("%s failed", cmd);
+}
+
+/* Start idem serve on the distributed store with these routes; "@UP@"
+ * becomes the refund service's address. */
+static void start_idem(struct proc *p, const char *routes)
+{
+    char path[4200], log[4200], text[16384], up[64];
+    snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, ++config_seq);
+    snprintf(log, sizeof log, "%s/idem-%d.log", dir, config_seq);
+    snprintf(up, sizeof up, "http://127.0.0.1:%d", service.port);
+    char *o = text;
+    o += sprintf(o, "storage:\n  kind: distributed\n  redis: %s\n  postgres: %s\n"
+                    "  timeout: 1s\n",
+                 redis_url, pg_url);
+    for (const char *s = routes; *s;) {
+        if (strncmp(s, "@UP@", 4) == 0) {
+            o += sprintf(o, "%s", up);
+            s += 4;
+        } else {
+            *o++ = *s++;
+        }
+    }
+    *o = '\0';
+    sys_write_file(path, text);
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--listen", "127.0.0.1:0", NULL};
+    sys_start(p, argv, log);
+}
+
+/* A number in idem's GET /_idem/v1/health: section.field, or field. */
+static long health_stat(int port, const char *section, const char *field, int *status)
+{
+    struct sys_resp r;
+    sys_http(port, "GET", "/_idem/v1/health", NULL, NULL, 5000, &r);
+    if (status)
+        *status = r.status;
+    json_t *j = r.m ? json_loadb(r.m->body, r.m->body_len, 0, NULL) : NULL;
+    json_t *v = j && section ? json_object_get(j, section) : j;
+    v = v ? json_object_get(v, field) : NULL;
+    if (!json_is_integer(v))
+        fail_msg("health has no %s.%s (status %d)", section ? section : "", field, r.status);
+    long n = (long)json_integer_value(v);
+    json_decref(j);
+    sys_resp_free(&r);
+    return n;
+}
+
+static const char wait_routes[] =
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n"
+    "    layers: [lock, record]\n"
+    "    in_flight: wait\n"
+    "    wait_timeout: 15s\n"
+    "    lease: 10s\n"
+    "    upstream_timeout: 5s\n";
+
+static const char reject_routes[] =
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n"
+    "    layers: [lock, record]\n"
+    "    in_flight: reject\n"
+    "    on_redis_down: reject\n";
+
+struct storm {
+    int port[2];
+    const char *body;
+    const char *const *headers;
+    struct sys_resp resp[100];
+};
+
+static void one_post(void *arg, int i)
+{
+    struct storm *s = arg;
+    sys_http(s->port[i % 2], "POST", "/refunds", s->headers, s->body, 30000, &s->resp[i]);
+}
+
+/* Every client got the same status and body; returns how many were replays. */
+static int same_answers(struct storm *s, int status)
+{
+    int replayed = 0;
+    for (int i = 0; i < 100; i++) {
+        if (s->resp[i].status != status)
+            fail_msg("client %d got %d, expected %d: %.*s", i, s->resp[i].status, status,
+                     s->resp[i].m ? (int)s->resp[i].m->body_len : 0,
+                     s->resp[i].m ? s->resp[i].m->body : "");
+        assert_int_equal(s->resp[i].m->body_len, s->resp[0].m->body_len);
+        assert_memory_equal(s->resp[i].m->body, s->resp[0].m->body, s->resp[0].m->body_len);
+        const char *rp = sys_header(&s->resp[i], "Idempotent-Replayed");
+        replayed += rp && strcmp(rp, "true") == 0;
+    }
+    return replayed;
+}
+
+static void storm_free(struct storm *s)
+{
+    for (int i = 0; i < 100; i++)
+        sys_resp_free(&s->resp[i]);
+    free(s);
+}
+
+/* 100 duplicates split across two instances: one execution; both replay. */
+static void test_two_instances_one_execution(void **state)
+{
+    (void)state;
+    struct proc a, b;
+    start_idem(&a, wait_routes);
+    start_idem(&b, wait_routes);
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 200", NULL};
+    struct storm *s = calloc(1, sizeof *s);
+    s->port[0] = a.port, s->port[1] = b.port;
+    s->headers = slow;
+    s->body = "{\"refund_no\":\"R-two\",\"amount\":\"10.00\"}";
+    test_run_threads(100, one_post, s);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(same_answers(s, 201), 99);
+    /* Later retries, on either instance, are replays of that one answer. */
+    for (int i = 0; i < 2; i++) {
+        struct sys_resp r;
+        sys_http(i ? b.port : a.port, "POST", "/refunds", NULL, s->body, 5000, &r);
+        assert_int_equal(r.status, 201);
+        assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+        assert_memory_equal(r.m->body, s->resp[0].m->body, s->resp[0].m->body_len);
+        sys_resp_free(&r);
+    }
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    storm_free(s);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+    assert_int_equal(sys_stop(&b, SIGTERM), 0);
+}
+
+struct bg_storm {
+    pthread_t t;
+    struct storm *s;
+};
+
+static void *bg_storm_main(void *arg)
+{
+    struct bg_storm *b = arg;
+    test_run_threads(100, one_post, b->s);
+    return NULL;
+}
+
+/* Redis is killed while 100 duplicates are in flight: with on_redis_down:
+ * skip the lock layer is passed over and the PostgreSQL record alone keeps
+ * it to one execution. Redis restarted: locks work again, no idem restart. */
+static void test_redis_killed_mid_storm_skip(void **state)
+{
+    (void)state;
+    struct proc a, b;
+    start_idem(&a, wait_routes);
+    start_idem(&b, wait_routes);
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 600", NULL};
+    struct bg_storm bg = {.s = calloc(1, sizeof *bg.s)};
+    bg.s->port[0] = a.port, bg.s->port[1] = b.port;
+    bg.s->headers = slow;
+    bg.s->body = "{\"refund_no\":\"R-redis-killed\",\"amount\":\"10.00\"}";
+    pthread_create(&bg.t, NULL, bg_storm_main, &bg);
+    sleep_ms(200);
+    services("redis-stop");
+    pthread_join(bg.t, NULL);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(same_answers(bg.s, 201), 99);
+    storm_free(bg.s);
+
+    /* New keys while Redis is down: served, each once, the skips counted. */
+    const char *body = "{\"refund_no\":\"R-while-down\",\"amount\":\"1.00\"}";
+    struct sys_resp r;
+    for (int i = 0; i < 3; i++) {
+        sys_http(i % 2 ? b.port : a.port, "POST", "/refunds", NULL, body, 10000, &r);
+        assert_int_equal(r.status, 201);
+        sys_resp_free(&r);
+    }
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_true(health_stat(a.port, "gateway", "redis_down_skips", NULL) +
+                    health_stat(b.port, "gateway", "redis_down_skips", NULL) >= 3);
+
+    /* Redis back: the lock layer works again in the same processes. */
+    services("redis-start");
+    const char *lock = "{\"space\":\"refund\",\"key\":\"probe\",\"owner\":\"t\",\"ttl_ms\":5000}";
+    int ok = 0;
+    for (int i = 0; i < 50 && !ok; i++) {
+        sys_http(a.port, "POST", "/_idem/v1/locks/acquire", NULL, lock, 5000, &r);
+        ok = r.status == 200 && strstr(r.m->body, "\"ACQUIRED\"") != NULL;
+        sys_resp_free(&r);
+        if (!ok)
+            sleep_ms(100);
+    }
+    assert_true(ok);
+    /* ...and the lock is real, shared: the other instance sees it held. */
+    const char *other = "{\"space\":\"refund\",\"key\":\"probe\",\"owner\":\"u\",\"ttl_ms\":5000}";
+    sys_http(b.port, "POST", "/_idem/v1/locks/acquire", NULL, other, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"BUSY\""));
+    sys_resp_free(&r);
+    long skips = health_stat(a.port, "gateway", "redis_down_skips", NULL);
+    sys_http(a.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-after\",\"amount\":\"1\"}",
+             5000, &r);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
+    assert_int_equal(health_stat(a.port, "gateway", "redis_down_skips", NULL), skips);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+    assert_int_equal(sys_stop(&b, SIGTERM), 0);
+}
+
+/* on_redis_down: reject — 503 and nothing forwarded; back when Redis is. */
+static void test_redis_down_reject(void **state)
+{
+    (void)state;
+    struct proc a;
+    start_idem(&a, reject_routes);
+    long before = sys_stat(service.port, "executions");
+    services("redis-stop");
+    const char *body = "{\"refund_no\":\"R-reject\",\"amount\":\"1.00\"}";
+    struct sys_resp r;
+    for (int i = 0; i < 5; i++) {
+        sys_http(a.port, "POST", "/refunds", NULL, body, 10000, &r);
+        assert_int_equal(r.status, 503);
+        assert_string_equal(sys_header(&r, "Content-Type"), "application/problem+json");
+        sys_resp_free(&r);
+    }
+    assert_int_equal(sys_stat(service.port, "executions") - before, 0);
+    int status;
+    health_stat(a.port, "gateway", "requests", &status);
+    assert_int_equal(status, 200); /* degraded, not down: records are served */
+    services("redis-start");
+    int got = 0;
+    for (int i = 0; i < 50 && got != 201; i++) {
+        sys_http(a.port, "POST", "/refunds", NULL, body, 10000, &r);
+        got = r.status;
+        sys_resp_free(&r);
+        if (got != 201)
+            sleep_ms(100);
+    }
+    assert_int_equal(got, 201);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+}
+
+/* PostgreSQL stopped: 503 and zero forwarded requests, whatever the Redis
+ * side says; restarted: served again by the same process. */
+static void test_postgres_stopped(void **state)
+{
+    (void)state;
+    struct proc a;
+    start_idem(&a, wait_routes);
+    long before = sys_stat(service.port, "executions");
+    services("pg-stop");
+    struct sys_resp r;
+    for (int i = 0; i < 5; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"refund_no\":\"R-pg-down-%d\",\"amount\":\"1\"}", i);
+        sys_http(a.port, "POST", "/refunds", NULL, body, 10000, &r);
+        assert_int_equal(r.status, 503);
+        sys_resp_free(&r);
+    }
+    int status;
+    health_stat(a.port, "gateway", "requests", &status);
+    assert_int_equal(status, 503);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 0);
+    services("pg-start");
+    int got = 0;
+    for (int i = 0; i < 100 && got != 201; i++) {
+        sys_http(a.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-pg-down-0\",\"amount\":\"1\"}",
+                 10000, &r);
+        got = r.status;
+        sys_resp_free(&r);
+        if (got != 201)
+            sleep_ms(100);
+    }
+    assert_int_equal(got, 201);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+}
+
+struct bg_post {
+    pthread_t t;
+    int port;
+    const char *body;
+    const char *const *headers;
+    struct sys_resp resp;
+};
+
+static void *bg_post_main(void *arg)
+{
+    struct bg_post *b = arg;
+    sys_http(b->port, "POST", "/refunds", b->headers, b->body, 30000, &b->resp);
+    return NULL;
+}
+
+/* Fencing: instance A is paused (SIGSTOP) past its lease while its upstream
+ * call runs; B takes the abandoned claim over and finishes it. A, resumed,
+ * cannot complete: its epoch is stale, the record keeps B's answer. */
+static void test_paused_holder_is_fenced(void **state)
+{
+    (void)state;
+    static const char short_lease[] =
+        "routes:\n"
+        "  - name: refund\n"
+        "    match: { method: POST, path: /refunds }\n"
+        "    upstream: @UP@\n"
+        "    key: { json: refund_no }\n"
+        "    layers: [lock, record]\n"
+        "    in_flight: reject\n"
+        "    lease: 1s\n"
+        "    upstream_timeout: 10s\n";
+    struct proc a, b;
+    start_idem(&a, short_lease);
+    start_idem(&b, short_lease);
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 2500", NULL};
+    struct bg_post pa = {.port = a.port, .headers = slow,
+                         .body = "{\"refund_no\":\"R-fenced\",\"amount\":\"5.00\"}"};
+    pthread_create(&pa.t, NULL, bg_post_main, &pa);
+    sleep_ms(300); /* A has claimed the record and called the service */
+    assert_int_equal(kill(a.pid, SIGSTOP), 0);
+    sleep_ms(1600); /* A's lock and lease run out: nothing renews them */
+
+    struct sys_resp r;
+    sys_http(b.port, "POST", "/refunds", NULL, pa.body, 10000, &r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    int b_status = r.status;
+    char b_body[4096];
+    snprintf(b_body, sizeof b_body, "%.*s", (int)r.m->body_len, r.m->body);
+    sys_resp_free(&r);
+    assert_true(b_status < 500);
+    assert_int_equal(health_stat(b.port, "store_stats", "takeovers", NULL), 1);
+
+    assert_int_equal(kill(a.pid, SIGCONT), 0);
+    pthread_join(pa.t, NULL); /* A's service call returns; its complete is refused */
+    assert_int_equal(health_stat(a.port, "store_stats", "conflicts", NULL), 1);
+    sys_resp_free(&pa.resp);
+
+    /* The record holds B's answer; every later retry replays it. */
+    sys_http(a.port, "POST", "/refunds", NULL, pa.body, 10000, &r);
+    assert_int_equal(r.status, b_status);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    assert_int_equal(r.m->body_len, strlen(b_body));
+    assert_memory_equal(r.m->body, b_body, strlen(b_body));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+    assert_int_equal(sys_stop(&b, SIGTERM), 0);
+}
+
+/* A URL with a password never reaches a log or an error message. */
+static void test_password_never_logged(void **state)
+{
+    (void)state;
+    char path[4200], text[4096], err[8192];
+    snprintf(path, sizeof path, "%s/secret.yaml", dir);
+    snprintf(text, sizeof text,
+             "storage:\n  kind: distributed\n  redis: { env: IDEM_TEST_REDIS_SECRET }\n"
+             "  postgres: %s\n  timeout: 300ms\n", pg_url);
+    sys_write_file(path, text);
+    setenv("IDEM_TEST_REDIS_SECRET", "redis://:hunter2-secret@127.0.0.1:1/0", 1);
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--listen", "127.0.0.1:0", NULL};
+    assert_int_not_equal(sys_run_fail(argv, err, sizeof err), 0);
+    unsetenv("IDEM_TEST_REDIS_SECRET");
+    assert_non_null(strstr(err, "127.0.0.1:1"));
+    assert_null(strstr(err, "hunter2"));
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    test_wipe_servers(redis_url, pg_url);
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    dir = test_mkdtemp();
+    char db[4200], log[4200], listen[64];
+    snprintf(db, sizeof db, "%s/refunds.db", dir);
+    snprintf(log, sizeof log, "%s/refund_service.log", dir);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", sys_free_port());
+    char *argv[] = {(char *)service_bin, "--listen", listen, "--db", db, NULL};
+    sys_start(&service, argv, log);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    sys_stop(&service, SIGTERM);
+    sys_kill_all();
+    if (getenv("IDEM_KEEP_TEST_DIR"))
+        fprintf(stderr, "test dir kept: %s\n", dir);
+    else
+        test_rmdir(dir);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 7) {
+        fprintf(stderr, "usage: %s IDEM_BINARY REFUND_SERVICE_BINARY SERVICES_SH STATE_DIR "
+                        "REDIS_URL POSTGRES_URL\n", argv[0]);
+        return 2;
+    }
+    idem_bin = argv[1], service_bin = argv[2], services_sh = argv[3];
+    state_dir = argv[4], redis_url = argv[5], pg_url = argv[6];
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_two_instances_one_execution, setup),
+        cmocka_unit_test_setup(test_redis_killed_mid_storm_skip, setup),
+        cmocka_unit_test_setup(test_redis_down_reject, setup),
+        cmocka_unit_test_setup(test_postgres_stopped, setup),
+        cmocka_unit_test_setup(test_paused_holder_is_fenced, setup),
+        cmocka_unit_test_setup(test_password_never_logged, setup),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
