@@ -45,15 +45,20 @@ redis_stop() {
   rm -f "$pidf"
 }
 
+# The cluster lives in a dir of its own under $TMPDIR (named in
+# STATE_DIR/pg.dir): as root it belongs to "postgres", who may not be allowed
+# into STATE_DIR's parents.
 pg_start() {
-  local port; port=$(cat "$state/pg.port")
-  as_pg "$pgbin/pg_ctl" -D "$state/pg/data" -l "$state/pg/pg.log" -w -t 60 \
-    -o "-p $port -k $state/pg -c listen_addresses=127.0.0.1" start >/dev/null
+  local port pg; port=$(cat "$state/pg.port"); pg=$(cat "$state/pg.dir")
+  as_pg "$pgbin/pg_ctl" -D "$pg/data" -l "$pg/pg.log" -w -t 60 \
+    -o "-p $port -k $pg -c listen_addresses=127.0.0.1" start >/dev/null
 }
 
 pg_stop() {
-  [ -f "$state/pg/data/postmaster.pid" ] || return 0
-  as_pg "$pgbin/pg_ctl" -D "$state/pg/data" -m fast -w -t 60 stop >/dev/null || true
+  [ -f "$state/pg.dir" ] || return 0
+  local pg; pg=$(cat "$state/pg.dir")
+  [ -f "$pg/data/postmaster.pid" ] || return 0
+  as_pg "$pgbin/pg_ctl" -D "$pg/data" -m fast -w -t 60 stop >/dev/null || true
 }
 
 case "$cmd" in
@@ -64,14 +69,17 @@ start)
   command -v redis-server >/dev/null || { echo "services.sh: redis-server is not installed" >&2; exit 1; }
   # A previous run that was killed may have left its servers behind.
   [ -d "$state" ] && "$0" stop "$state"
+  [ -f "$state/pg.dir" ] && rm -rf "$(cat "$state/pg.dir")"
   rm -rf "$state"
-  mkdir -p "$state/redis" "$state/pg"
-  chmod 755 "$state" "$state/pg"
+  mkdir -p "$state/redis"
+  pg=$(mktemp -d "${TMPDIR:-/tmp}/idem-pg.XXXXXX")
+  chmod 755 "$pg"
+  echo "$pg" >"$state/pg.dir"
   echo "$redis_port" >"$state/redis.port"
   echo "$pg_port" >"$state/pg.port"
-  [ "$(id -u)" -eq 0 ] && chown postgres "$state/pg"
+  if [ "$(id -u)" -eq 0 ]; then chown postgres "$pg"; fi
   redis_start
-  as_pg "$pgbin/initdb" -D "$state/pg/data" -U idem -A trust --no-sync -E UTF8 >/dev/null
+  as_pg "$pgbin/initdb" -D "$pg/data" -U idem -A trust --no-sync -E UTF8 >/dev/null
   pg_start
   "$pgbin/createdb" -h 127.0.0.1 -p "$pg_port" -U idem idem
   {
@@ -84,6 +92,7 @@ stop)
   [ -d "$state" ] || exit 0
   redis_stop
   pg_stop
+  if [ -f "$state/pg.dir" ]; then rm -rf "$(cat "$state/pg.dir")"; rm -f "$state/pg.dir"; fi
   ;;
 redis-stop) redis_stop ;;
 redis-start) redis_start ;;
