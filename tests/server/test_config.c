@@ -1012,6 +1012,18 @@ static void test_shipped_example(void **state)
     assert_string_equal(c->routes[1].space, "payment");
     assert_string_equal(c->routes[2].space, "payment");
     config_free(c);
+
+    snprintf(path, sizeof path, "%.*sexamples/idem-distributed.yaml", (int)(at - file), file);
+    setenv("IDEM_POSTGRES_URL", "postgresql://idem:pw@db.internal/idem", 1);
+    if (config_load(path, &c, err, sizeof err) != 0)
+        fail_msg("%s", err);
+    unsetenv("IDEM_POSTGRES_URL");
+    assert_string_equal(c->storage_kind, "distributed");
+    assert_string_equal(c->postgres_url, "postgresql://idem:pw@db.internal/idem");
+    assert_int_equal(c->route_count, 3);
+    assert_int_equal(c->routes[0].on_redis_down_reject, 1);
+    assert_int_equal(c->routes[1].on_redis_down_reject, 0);
+    config_free(c);
 }
 
 int main(void)
