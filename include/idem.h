@@ -194,8 +194,8 @@ typedef struct idem_options {
     int64_t retention_ms;     /* default record retention; 0: 24 h */
     unsigned tokens_per_scene;/* outstanding tokens per subject+scene; 0: 16.
                                  Issuing one more evicts the oldest. */
-    size_t tokens_max;        /* tokens held in memory in all; 0: 1,000,000 */
-    size_t locks_max;         /* locks held in memory in all; 0: 1,000,000 */
+    size_t tokens_max;        /* embedded: tokens held in memory in all; 0: 1,000,000 */
+    size_t locks_max;         /* embedded: locks held in memory in all; 0: 1,000,000 */
     unsigned commit_batch_max;/* group commit: writes per fsync; 0: 512 */
     idem_clock_fn clock;      /* NULL: wall clock */
     void *clock_arg;
@@ -203,7 +203,7 @@ typedef struct idem_options {
     void *log_arg;
 
     /* Version 2: the distributed store. */
-    const char *redis_url;    /* redis://[:password@]host[:port][/db] */
+    const char *redis_url;    /* redis://[[user]:password@]host[:port][/db] */
     const char *postgres_url; /* a libpq connection URI or key=value string */
     unsigned pool_size;       /* PostgreSQL connections; 0: 8 */
     int64_t timeout_ms;       /* connect and per-command timeout; 0: 2000 */
@@ -227,7 +227,11 @@ IDEM_EXTERN void idem_options_init(idem_options *opts);
  * IDEM_EUNAVAILABLE if either cannot be reached. Afterwards a call whose
  * server is down fails with IDEM_EUNAVAILABLE or IDEM_ETIMEDOUT (bounded by
  * timeout_ms) and the handle reconnects by itself, with backoff, once the
- * server is back. Concurrent calls share round-trips: Redis commands are
+ * server is back. IDEM_ETIMEDOUT means the command was sent and may still
+ * have run: a lock acquire that timed out may be held, so retry it with the
+ * same owner (which answers ACQUIRED with the same fence) or let its TTL end.
+ * tokens_max and locks_max do not apply: Redis's own memory limit does, and
+ * its out-of-memory answer is IDEM_EFULL. Concurrent calls share round-trips: Redis commands are
  * pipelined and PostgreSQL statements batched. Expiry of tokens, locks and
  * leases is judged by the handle's clock, as for the embedded store, so the
  * machines sharing a store must keep their clocks in step (NTP). */

@@ -1,9 +1,1311 @@
-/* redis.c — the "redis" kv backend (being written). */
+/*
+ * redis.c — the "redis" kv backend: tokens and locks in Redis, the
+ * distributed store's layers 1 and 2, shared by every process that opens
+ * the same server. Its semantics are memory.c's, operation for operation.
+ *
+ * Keys. Each carries its scope in a hash tag, so that every key one
+ * operation touches hashes to one slot should the server become a Redis
+ * Cluster:
+ *
+ *   idem:{<space>}:lock:<key>    "<expiry> <fence> <owner>"
+ *   idem:{<space>}:fence         the space's fence counter (never expires)
+ *   idem:{<scene>}:tok:<token>   "<expiry> <issued expiry> <ttl> <subject>",
+ *                                and "\n<key>" once spent on key; expiry is
+ *                                the issued one while unspent, then the
+ *                                instant it is remembered until
+ *   idem:{<scene>}:tq:<subject>  zset: the subject's unspent tokens in the
+ *                                order memory.c keeps them (score: a sequence)
+ *   idem:{<scene>}:te:<subject>  zset: the same tokens by issued expiry, so
+ *                                the expired ones are found without a scan
+ *
+ * A token evicted by the per-(subject, scene) cap leaves the queue only:
+ * deleting its own key would touch a key the script was not given. An
+ * unspent token that is not in its queue is no token (consume answers
+ * UNKNOWN and deletes it), and the key goes by itself at its PEXPIRE.
+ *
+ * Why scripts. Every operation is a check and an act on the same keys (spend
+ * if unspent, delete if the owner matches, extend if the owner matches). Each
+ * is one Lua script, which Redis runs with no other command in between, so
+ * the pair is atomic without WATCH/MULTI round trips. The scripts are loaded
+ * on every connect (SCRIPT LOAD) and run by EVALSHA; a NOSCRIPT answer (the
+ * cache was flushed) loads the script again and retries once.
+ *
+ * Time. Expiry is judged by the handle's clock, as in memory.c: each value
+ * holds its expiry instant and every script compares it with the caller's
+ * `now`. Keys also get a PEXPIRE of the time they have left, so Redis drops
+ * dead keys by itself; as long as the handle's clock runs no slower than
+ * Redis's, a key Redis drops is dead by the handle's clock too.
+ *
+ * Fences come from the space's counter, which never runs behind the wall
+ * clock in microseconds (passed from C): a counter lost (FLUSHDB, a restart
+ * without persistence) or set back (an older snapshot, a failover to a
+ * lagging replica) starts again above every fence handed out before, as
+ * memory.c's do across a process restart. See lock_acquire_lua.
+ *
+ * Pipelining. Callers never touch a connection. A call is a job on one
+ * queue, and its caller sleeps on the job's semaphore. NIO I/O threads each
+ * own a connection; a thread takes everything queued (up to BATCH_MAX),
+ * appends the commands, writes them in one go and reads the replies in
+ * order, waking each caller as its reply arrives. While one thread waits
+ * for its replies the next batch gathers and the other thread sends it, so
+ * concurrent callers share round trips.
+ *
+ * Faults. A failed write, a read that times out (timeout_ms) or a lost
+ * connection drops the connection and fails every job of the round trip:
+ * ETIMEDOUT when the command was sent and may have run, EUNAVAILABLE when it
+ * was not. A thread without a connection connects again before it takes
+ * jobs; when that fails it backs off (BACKOFF_MIN_MS doubling to
+ * BACKOFF_MAX_MS), and while no thread is connected, queued jobs fail at
+ * once with the last cause. A caller whose job has not been sent after
+ * timeout_ms takes it back off the queue (EUNAVAILABLE). So a call answers
+ * within about timeout_ms while Redis is down, and the handle recovers by
+ * itself once it is back. An idle connection is checked (poll) before each
+ * batch, so a server restarted in between costs no failed call.
+ *
+ * Locking: redis.mu guards the queue, the jobs' state and the shared
+ * connection state (nconnected, backoff). A connection is touched only by
+ * the thread that owns it, without the mutex.
+ */
+#include <assert.h>
+#include <errno.h>
+#include <hiredis/hiredis.h>
+#include <hiredis/sds.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/alloc.h"
 #include "core/error.h"
 #include "store.h"
 
+#define NIO 2              /* I/O threads, each with its own connection */
+#define BATCH_MAX 256      /* commands per round trip */
+#define ARGV_MAX 12        /* EVALSHA sha numkeys, 3 keys, up to 6 args */
+#define BACKOFF_MIN_MS 50
+#define BACKOFF_MAX_MS 1000
+#define DETAIL_MAX 256     /* as error.c's detail */
+#define KEY_BUF 512        /* "idem:{" name "}:tok:" key: 6 + 64 + 6 + 255 */
+
+/* ---- the scripts ---- */
+
+/* Values are strings, read with one GET and written with one SET ... PX (a
+ * script's cost is mostly its redis.call()s). Subjects, owners and keys
+ * hold no control characters (lib/core/check.c), so '\n' can end a field:
+ *
+ *   token  "<expiry> <issued expiry> <ttl> <subject>", and once spent
+ *          "\n<the key it was spent on>" after it
+ *   lock   "<expiry> <fence> <owner>"
+ *
+ * Instants and TTLs are passed as decimal strings and written back as they
+ * came; a number a script computes is written with %.0f. Lua numbers are
+ * doubles, exact for these (milliseconds since 1970 are far below 2^53). */
+
+/* The token's fields, or nil if it does not exist or is another subject's
+ * (a token of another scene is another key). */
+#define LUA_TOKEN                                                              \
+    "local function token(subject)\n"                                          \
+    "  local v = redis.call('GET', KEYS[1])\n"                                 \
+    "  if not v then return nil end\n"                                         \
+    "  local x, i, t, s, nl, k =\n"                                            \
+    "    string.match(v, '^(%d+) (%d+) (%d+) ([^\\n]*)(\\n?)(.*)$')\n"         \
+    "  if not x or s ~= subject then return nil end\n"                         \
+    "  return {x = tonumber(x), i = i, t = t, s = s, spent = nl ~= '', k = k}\n" \
+    "end\n"
+
+/* A token that has run out by `now`: delete it, and take it off its queue
+ * when it was unspent (memory.c drops it the same way when touched). */
+#define LUA_DROP                                                               \
+    "local function drop(v, token)\n"                                          \
+    "  redis.call('DEL', KEYS[1])\n"                                           \
+    "  if not v.spent then\n"                                                  \
+    "    redis.call('ZREM', KEYS[2], token)\n"                                 \
+    "    redis.call('ZREM', KEYS[3], token)\n"                                 \
+    "  end\n"                                                                  \
+    "end\n"
+
+/* Append a token to the (subject, scene) queue, KEYS[2] and KEYS[3], and
+ * keep both alive at least `left` ms (their members come and go together,
+ * so they always carry the same TTL). */
+#define LUA_PUSH                                                               \
+    "local function push(token, expires, left)\n"                              \
+    "  local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')\n"     \
+    "  local seq = last[2] and tonumber(last[2]) + 1 or 1\n"                   \
+    "  redis.call('ZADD', KEYS[2], seq, token)\n"                              \
+    "  redis.call('ZADD', KEYS[3], expires, token)\n"                          \
+    "  if redis.call('PTTL', KEYS[2]) < left then\n"                           \
+    "    redis.call('PEXPIRE', KEYS[2], left)\n"                               \
+    "    redis.call('PEXPIRE', KEYS[3], left)\n"                               \
+    "  end\n"                                                                  \
+    "end\n"
+
+/* KEYS: token, queue, expiries. ARGV: subject, token, ttl, cap, now,
+ * expiry (now + ttl). */
+static const char token_put_lua[] =
+    LUA_PUSH
+    "local cap, now = tonumber(ARGV[4]), tonumber(ARGV[5])\n"
+    "local function zrem(key, list)\n"
+    "  for i = 1, #list, 256 do\n"
+    "    redis.call('ZREM', key, unpack(list, i, math.min(i + 255, #list)))\n"
+    "  end\n"
+    "end\n"
+    /* The queue's expired tokens first, then the oldest over the cap. */
+    "local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)\n"
+    "if #gone > 0 then\n"
+    "  zrem(KEYS[2], gone)\n"
+    "  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)\n"
+    "end\n"
+    "local n = redis.call('ZCARD', KEYS[2])\n"
+    "if n >= cap then\n"
+    "  local old = redis.call('ZRANGE', KEYS[2], 0, n - cap)\n"
+    "  zrem(KEYS[2], old)\n"
+    "  zrem(KEYS[3], old)\n"
+    "end\n"
+    "redis.call('SET', KEYS[1], ARGV[6] .. ' ' .. ARGV[6] .. ' ' .. ARGV[3] .. ' ' .. ARGV[1],\n"
+    "           'PX', ARGV[3])\n"
+    "push(ARGV[2], ARGV[6], tonumber(ARGV[3]))\n"
+    "return 1\n";
+
+/* KEYS: token, queue, expiries. ARGV: subject, token, biz key, now.
+ * {0} unknown, {1} consumed, {2, key} spent before, on key. */
+static const char token_consume_lua[] =
+    LUA_TOKEN LUA_DROP
+    "local now = tonumber(ARGV[4])\n"
+    "local v = token(ARGV[1])\n"
+    "if not v then return {0} end\n"
+    "if v.x <= now then drop(v, ARGV[2]) return {0} end\n"
+    "if v.spent then return {2, v.k} end\n"
+    /* Unspent but off its queue: evicted by the cap. */
+    "if redis.call('ZREM', KEYS[2], ARGV[2]) == 0 then\n"
+    "  redis.call('DEL', KEYS[1])\n"
+    "  return {0}\n"
+    "end\n"
+    "redis.call('ZREM', KEYS[3], ARGV[2])\n"
+    "redis.call('SET', KEYS[1], string.format('%.0f', now + tonumber(v.t)) .. ' ' ..\n"
+    "           v.i .. ' ' .. v.t .. ' ' .. v.s .. '\\n' .. ARGV[3], 'PX', v.t)\n"
+    "return {1}\n";
+
+/* KEYS: token, queue, expiries. ARGV: subject, token, biz key, now.
+ * 1 restored, 0 unknown. */
+static const char token_give_back_lua[] =
+    LUA_TOKEN LUA_DROP LUA_PUSH
+    "local now = tonumber(ARGV[4])\n"
+    "local v = token(ARGV[1])\n"
+    "if not v then return 0 end\n"
+    "if v.x <= now then drop(v, ARGV[2]) return 0 end\n"
+    "local left = tonumber(v.i) - now\n"
+    "if not v.spent or v.k ~= ARGV[3] or left <= 0 then return 0 end\n"
+    "redis.call('SET', KEYS[1], v.i .. ' ' .. v.i .. ' ' .. v.t .. ' ' .. v.s, 'PX', left)\n"
+    "push(ARGV[2], v.i, left)\n"
+    "return 1\n";
+
+/* The lock's fields if it is alive by `now`; an expired lock is deleted on
+ * the way, as memory.c drops it. */
+#define LUA_LOCK                                                               \
+    "local function lock(now)\n"                                               \
+    "  local v = redis.call('GET', KEYS[1])\n"                                 \
+    "  if not v then return nil end\n"                                         \
+    "  local x, f, o = string.match(v, '^(%d+) (%d+) (.*)$')\n"                \
+    "  if not x or tonumber(x) <= now then\n"                                  \
+    "    redis.call('DEL', KEYS[1])\n"                                         \
+    "    return nil\n"                                                         \
+    "  end\n"                                                                  \
+    "  return {x = tonumber(x), f = f, o = o}\n"                               \
+    "end\n"
+
+/* The fence: one more than the space's counter, or the wall clock (µs,
+ * ARGV[4]) if that is more. A missing counter (a fresh server, FLUSHDB, a
+ * restart without persistence) and a stale one (a restart from an older
+ * snapshot, a failover to a replica that lagged) both restart from the
+ * clock, above every fence handed out before (that was at most the clock
+ * then, unless acquisitions outran a microsecond each). The comparison runs
+ * on doubles, exact below 2^53 µs (the year 2255); past that the counter
+ * alone counts, in Redis's exact 64-bit INCR. */
+
+/* KEYS: lock, fence counter. ARGV: owner, ttl, now, wall clock µs, expiry
+ * (now + ttl). {1, fence} acquired, {2, holder, ms left} busy. */
+static const char lock_acquire_lua[] =
+    LUA_LOCK
+    "local now = tonumber(ARGV[3])\n"
+    "local v = lock(now)\n"
+    "if v then\n"
+    "  if v.o ~= ARGV[1] then return {2, v.o, v.x - now} end\n"
+    "  redis.call('SET', KEYS[1], ARGV[5] .. ' ' .. v.f .. ' ' .. v.o, 'PX', ARGV[2])\n"
+    "  return {1, v.f}\n"
+    "end\n"
+    "local exact = 9007199254740992\n"
+    "local c = tonumber(redis.call('GET', KEYS[2]) or '0') or 0\n"
+    "local f\n"
+    "if c < exact and c < tonumber(ARGV[4]) then\n"
+    "  f = ARGV[4]\n"
+    "  redis.call('SET', KEYS[2], f)\n"
+    "else\n"
+    "  f = redis.call('INCR', KEYS[2])\n"
+    "  f = f < exact and string.format('%.0f', f) or redis.call('GET', KEYS[2])\n"
+    "end\n"
+    "redis.call('SET', KEYS[1], ARGV[5] .. ' ' .. f .. ' ' .. ARGV[1], 'PX', ARGV[2])\n"
+    "return {1, f}\n";
+
+/* Compare-and-extend. KEYS: lock. ARGV: owner, ttl, now, expiry.
+ * 1 renewed, 0 not held. */
+static const char lock_renew_lua[] =
+    LUA_LOCK
+    "local v = lock(tonumber(ARGV[3]))\n"
+    "if not v or v.o ~= ARGV[1] then return 0 end\n"
+    "redis.call('SET', KEYS[1], ARGV[4] .. ' ' .. v.f .. ' ' .. v.o, 'PX', ARGV[2])\n"
+    "return 1\n";
+
+/* Compare-and-delete. KEYS: lock. ARGV: owner, now. 1 released. */
+static const char lock_release_lua[] =
+    LUA_LOCK
+    "local v = lock(tonumber(ARGV[2]))\n"
+    "if not v or v.o ~= ARGV[1] then return 0 end\n"
+    "redis.call('DEL', KEYS[1])\n"
+    "return 1\n";
+
+enum script {
+    TOKEN_PUT,
+    TOKEN_CONSUME,
+    TOKEN_GIVE_BACK,
+    LOCK_ACQUIRE,
+    LOCK_RENEW,
+    LOCK_RELEASE,
+    NSCRIPTS
+};
+
+static const char *const script_text[NSCRIPTS] = {
+    token_put_lua,    token_consume_lua, token_give_back_lua,
+    lock_acquire_lua, lock_renew_lua,    lock_release_lua,
+};
+
+static const char *const script_name[NSCRIPTS] = {
+    "token_put", "token_consume", "token_give_back",
+    "lock_acquire", "lock_renew", "lock_release",
+};
+
+/* ---- the handle ---- */
+
+enum job_state { QUEUED, TAKEN, DONE };
+
+/* One command and its caller. Lives on the caller's stack; the caller
+ * sleeps on done until an I/O thread has set reply or rc. */
+struct job {
+    struct job *next;
+    enum job_state state; /* changed under redis.mu only */
+    int argc;
+    const char *argv[ARGV_MAX];
+    size_t len[ARGV_MAX];
+    redisReply *reply;    /* rc == IDEM_OK: the reply, the caller's to free */
+    idem_rc rc;
+    char detail[DETAIL_MAX];
+    sem_t done;
+};
+
+struct io {
+    struct redis *r;
+    pthread_t thread;
+    int started;
+    redisContext *c;          /* NULL while disconnected; owned by thread */
+    struct job *batch[BATCH_MAX];
+    size_t end[BATCH_MAX];    /* where each command ends in the output */
+};
+
+struct redis {
+    /* From the URL; read-only once open. */
+    char host[256];
+    int port;
+    int db;
+    char user[256];
+    char password[512];
+    char where[300];          /* host:port, for messages */
+    int64_t timeout_ms;
+    char sha[NSCRIPTS][41];   /* set by the first connect, before threads */
+
+    pthread_mutex_t mu;
+    pthread_cond_t work;      /* I/O threads wait for jobs (monotonic) */
+    struct job *head, **tail;
+    int idle;                 /* threads waiting on work */
+    int stopping;
+    int nconnected;           /* threads holding a connection */
+    int64_t retry_at;         /* monotonic ms: no connect before */
+    int64_t backoff_ms;
+    char down[DETAIL_MAX];    /* why the last connect failed */
+
+    struct io io[NIO];
+};
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct timespec mono_after(int64_t ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+static struct timeval timeval_of(int64_t ms)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    return tv;
+}
+
+/* A write to a socket the server has closed raises SIGPIPE, whose default
+ * is to end the process. Writes happen with it blocked; one it left pending
+ * is taken, so it is never delivered later. Blocked signals raised by a
+ * write are directed at the writing thread, so only our own are taken. */
+static void sigpipe_block(sigset_t *old)
+{
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, old);
+}
+
+static void sigpipe_drain(void)
+{
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigpending(&pending);
+    if (sigismember(&pending, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&pipe, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+}
+
+static void sigpipe_restore(const sigset_t *old)
+{
+    if (!sigismember(old, SIGPIPE))
+        sigpipe_drain();
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+/* Messages are cut to DETAIL_MAX, as error.c cuts them: through vsnprintf,
+ * which the compiler does not second-guess about truncation. */
+static void say(char *buf, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static void say(char *buf, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+}
+
+/* An error reply's code: OOM is a full store, anything else a store error. */
+static idem_rc error_rc(const char *msg)
+{
+    if (strncmp(msg, "OOM", 3) == 0 || strstr(msg, "OOM command not allowed"))
+        return IDEM_EFULL;
+    return IDEM_ESTORE;
+}
+
+/* ---- connections ---- */
+
+/* Connect, authenticate, select the database and load the scripts, the last
+ * three in one round trip. first: the open's connect, which records the
+ * scripts' SHA1s (the threads have not started). On failure *why names
+ * host:port and the cause, never the password. */
+static idem_rc conn_open(struct redis *r, redisContext **out, int first,
+                         char *why, size_t whylen)
+{
+    idem_rc rc = IDEM_OK;
+    *out = NULL;
+    redisContext *c = redisConnectWithTimeout(r->host, r->port, timeval_of(r->timeout_ms));
+    if (!c) {
+        say(why, whylen, "redis %s: out of memory connecting", r->where);
+        return IDEM_ENOMEM;
+    }
+    if (c->err) {
+        say(why, whylen, "redis %s: connecting: %s", r->where, c->errstr);
+        redisFree(c);
+        return IDEM_EUNAVAILABLE;
+    }
+    if (redisSetTimeout(c, timeval_of(r->timeout_ms)) != REDIS_OK) {
+        say(why, whylen, "redis %s: setting the timeout: %s", r->where, c->errstr);
+        redisFree(c);
+        return IDEM_EUNAVAILABLE;
+    }
+
+    const char *what[2 + NSCRIPTS];
+    int n = 0, ok = 1;
+    char dbtext[16];
+    if (r->password[0]) {
+        const char *argv[3] = {"AUTH", r->user, r->password};
+        ok &= r->user[0] ? redisAppendCommandArgv(c, 3, argv, NULL) == REDIS_OK
+                         : redisAppendCommand(c, "AUTH %s", r->password) == REDIS_OK;
+        what[n++] = "AUTH";
+    }
+    /* A new connection is on db 0; not selecting it keeps a Redis Cluster,
+     * which refuses SELECT, usable. */
+    if (r->db) {
+        snprintf(dbtext, sizeof dbtext, "%d", r->db);
+        ok &= redisAppendCommand(c, "SELECT %s", dbtext) == REDIS_OK;
+        what[n++] = "SELECT";
+    }
+    for (int s = 0; s < NSCRIPTS; s++) {
+        ok &= redisAppendCommand(c, "SCRIPT LOAD %s", script_text[s]) == REDIS_OK;
+        what[n++] = "SCRIPT LOAD";
+    }
+    if (!ok) {
+        say(why, whylen, "redis %s: out of memory connecting", r->where);
+        redisFree(c);
+        return IDEM_ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        void *v = NULL;
+        if (redisGetReply(c, &v) != REDIS_OK) {
+            int timed_out = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK);
+            if (timed_out)
+                say(why, whylen, "redis %s: %s: no reply within %lld ms", r->where,
+                         what[i], (long long)r->timeout_ms);
+            else
+                say(why, whylen, "redis %s: %s: %s", r->where, what[i], c->errstr);
+            rc = IDEM_EUNAVAILABLE;
+            break;
+        }
+        redisReply *rep = v;
+        if (rep->type == REDIS_REPLY_ERROR) {
+            say(why, whylen, "redis %s: %s: %s", r->where, what[i], rep->str);
+            rc = error_rc(rep->str);
+        } else if (!strcmp(what[i], "SCRIPT LOAD")) {
+            int s = i - (n - NSCRIPTS);
+            if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
+                say(why, whylen, "redis %s: SCRIPT LOAD: unexpected reply", r->where);
+                rc = IDEM_ESTORE;
+            } else if (first) {
+                memcpy(r->sha[s], rep->str, 40);
+                r->sha[s][40] = '\0';
+            }
+        }
+        freeReplyObject(rep);
+        if (rc != IDEM_OK)
+            break;
+    }
+    if (rc != IDEM_OK) {
+        redisFree(c);
+        return rc;
+    }
+    *out = c;
+    return IDEM_OK;
+}
+
+/* Whether an idle connection is still usable: no reply is owed on it, so
+ * anything to read (an EOF, a reset) means the server has gone. */
+static int conn_alive(redisContext *c)
+{
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    int n;
+    while ((n = poll(&p, 1, 0)) < 0 && errno == EINTR)
+        ;
+    return n == 0;
+}
+
+/* ---- the I/O threads ---- */
+
+static void finish(struct job *j, idem_rc rc, const char *detail)
+{
+    j->rc = rc;
+    say(j->detail, sizeof j->detail, "%s", detail);
+    sem_post(&j->done);
+}
+
+/* Fail every queued job. With r->mu held. */
+static void fail_queue(struct redis *r, idem_rc rc, const char *detail)
+{
+    struct job *j = r->head, *next;
+    r->head = NULL;
+    r->tail = &r->head;
+    for (; j; j = next) {
+        next = j->next;
+        j->state = DONE;
+        finish(j, rc, detail);
+    }
+}
+
+/* Send the thread's batch and read its replies, waking each job as its
+ * reply arrives. 0 when the connection was lost (and freed). */
+static int round_trip(struct redis *r, struct io *io, int n)
+{
+    redisContext *c = io->c;
+    char why[DETAIL_MAX];
+    int i = 0;
+
+    for (; i < n; i++) {
+        struct job *j = io->batch[i];
+        if (redisAppendCommandArgv(c, j->argc, j->argv, j->len) != REDIS_OK) {
+            say(why, sizeof why, "redis %s: out of memory queueing a command", r->where);
+            for (i = 0; i < n; i++)
+                finish(io->batch[i], IDEM_ENOMEM, why);
+            goto lost;
+        }
+        io->end[i] = sdslen(c->obuf);
+    }
+
+    int done = 0;
+    while (!done) {
+        if (redisBufferWrite(c, &done) == REDIS_OK)
+            continue;
+        int e = errno;
+        /* What was written may have run; what was not cannot have. */
+        size_t sent = io->end[n - 1] - sdslen(c->obuf);
+        if (c->err == REDIS_ERR_IO && (e == EAGAIN || e == EWOULDBLOCK))
+            say(why, sizeof why, "redis %s: sending: stalled for %lld ms", r->where,
+                     (long long)r->timeout_ms);
+        else
+            say(why, sizeof why, "redis %s: sending: %s", r->where, c->errstr);
+        for (i = 0; i < n; i++)
+            finish(io->batch[i], io->end[i] <= sent ? IDEM_ETIMEDOUT : IDEM_EUNAVAILABLE, why);
+        goto lost;
+    }
+
+    for (i = 0; i < n; i++) {
+        void *v = NULL;
+        if (redisGetReply(c, &v) != REDIS_OK) {
+            int e = errno;
+            if (c->err == REDIS_ERR_IO && (e == EAGAIN || e == EWOULDBLOCK))
+                say(why, sizeof why, "redis %s: no reply within %lld ms "
+                         "(the command may have run)", r->where, (long long)r->timeout_ms);
+            else
+                say(why, sizeof why, "redis %s: connection lost: %s "
+                         "(the command may have run)", r->where, c->errstr);
+            for (; i < n; i++)
+                finish(io->batch[i], IDEM_ETIMEDOUT, why);
+            goto lost;
+        }
+        struct job *j = io->batch[i];
+        j->reply = v;
+        j->rc = IDEM_OK;
+        sem_post(&j->done); /* j may be gone from here on */
+    }
+    return 1;
+lost:
+    redisFree(c);
+    io->c = NULL;
+    sigpipe_drain();
+    return 0;
+}
+
+/* Put a taken batch back at the head of the queue, in order. With r->mu. */
+static void requeue(struct redis *r, struct io *io, int n)
+{
+    for (int i = n - 1; i >= 0; i--) {
+        struct job *j = io->batch[i];
+        j->state = QUEUED;
+        j->next = r->head;
+        if (!r->head)
+            r->tail = &j->next;
+        r->head = j;
+    }
+}
+
+/* Connect a thread that has none, or back off. With r->mu held; drops it
+ * while connecting. */
+static void reconnect(struct redis *r, struct io *io)
+{
+    char why[DETAIL_MAX];
+    int64_t now = mono_ms();
+    if (now < r->retry_at) {
+        if (r->nconnected == 0) {
+            say(why, sizeof why, "%s (next attempt in %lld ms)", r->down,
+                     (long long)(r->retry_at - now));
+            fail_queue(r, IDEM_EUNAVAILABLE, why);
+        } else {
+            /* Another thread is connected and serves the queue meanwhile. */
+            struct timespec until = mono_after(r->retry_at - now);
+            pthread_cond_timedwait(&r->work, &r->mu, &until);
+        }
+        return;
+    }
+    pthread_mutex_unlock(&r->mu);
+    redisContext *c;
+    idem_rc rc = conn_open(r, &c, 0, why, sizeof why);
+    sigpipe_drain();
+    pthread_mutex_lock(&r->mu);
+    if (rc == IDEM_OK) {
+        io->c = c;
+        r->nconnected++;
+        r->backoff_ms = 0;
+        r->retry_at = 0;
+        return;
+    }
+    r->backoff_ms = r->backoff_ms ? r->backoff_ms * 2 : BACKOFF_MIN_MS;
+    if (r->backoff_ms > BACKOFF_MAX_MS)
+        r->backoff_ms = BACKOFF_MAX_MS;
+    r->retry_at = mono_ms() + r->backoff_ms;
+    say(r->down, sizeof r->down, "%s", why);
+    if (r->nconnected == 0)
+        fail_queue(r, rc == IDEM_ENOMEM ? IDEM_ENOMEM : IDEM_EUNAVAILABLE, why);
+}
+
+static void *io_main(void *arg)
+{
+    struct io *io = arg;
+    struct redis *r = io->r;
+    sigset_t old;
+    sigpipe_block(&old); /* for the thread's life: every write here may raise it */
+
+    pthread_mutex_lock(&r->mu);
+    for (;;) {
+        while (!r->head && !r->stopping) {
+            r->idle++;
+            pthread_cond_wait(&r->work, &r->mu);
+            r->idle--;
+        }
+        if (r->stopping)
+            break;
+        if (!io->c) {
+            reconnect(r, io);
+            continue;
+        }
+        int n = 0;
+        while (r->head && n < BATCH_MAX) {
+            struct job *j = r->head;
+            r->head = j->next;
+            j->state = TAKEN;
+            io->batch[n++] = j;
+        }
+        if (!r->head)
+            r->tail = &r->head;
+        pthread_mutex_unlock(&r->mu);
+
+        int alive = conn_alive(io->c);
+        if (alive)
+            alive = round_trip(r, io, n);
+        pthread_mutex_lock(&r->mu);
+        if (!alive) {
+            if (io->c) { /* found dead before sending: the jobs wait */
+                redisFree(io->c);
+                io->c = NULL;
+                requeue(r, io, n);
+            }
+            r->nconnected--;
+        }
+    }
+    /* Stopping: no caller may be waiting (close is the last call), but a
+     * job must never be left unanswered. */
+    fail_queue(r, IDEM_ECLOSING, "the handle is closing");
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* ---- calls ---- */
+
+static void unlink_job(struct redis *r, struct job *j)
+{
+    struct job **link = &r->head, *prev = NULL;
+    while (*link && *link != j) {
+        prev = *link;
+        link = &(*link)->next;
+    }
+    if (!*link)
+        return;
+    *link = j->next;
+    if (r->tail == &j->next)
+        r->tail = prev ? &prev->next : &r->head;
+}
+
+/* Queue the job and wait for its reply. A job still queued after
+ * timeout_ms is taken back: it was never sent. */
+static idem_rc submit(struct redis *r, struct job *j)
+{
+    j->next = NULL;
+    j->state = QUEUED;
+    j->reply = NULL;
+    j->rc = IDEM_OK;
+    j->detail[0] = '\0';
+    sem_init(&j->done, 0, 0);
+    struct timespec deadline = mono_after(r->timeout_ms);
+
+    pthread_mutex_lock(&r->mu);
+    if (r->stopping) {
+        pthread_mutex_unlock(&r->mu);
+        sem_destroy(&j->done);
+        return idem__fail(IDEM_ECLOSING, "the handle is closing");
+    }
+    *r->tail = j;
+    r->tail = &j->next;
+    int wake = r->idle > 0;
+    pthread_mutex_unlock(&r->mu);
+    /* Broadcast: a thread backing off waits on the same condition and must
+     * not swallow the wake-up meant for a connected one. */
+    if (wake)
+        pthread_cond_broadcast(&r->work);
+
+    while (sem_clockwait(&j->done, CLOCK_MONOTONIC, &deadline) != 0) {
+        if (errno == EINTR)
+            continue;
+        pthread_mutex_lock(&r->mu);
+        int queued = j->state == QUEUED;
+        if (queued)
+            unlink_job(r, j);
+        pthread_mutex_unlock(&r->mu);
+        if (queued) {
+            sem_destroy(&j->done);
+            return idem__fail(IDEM_EUNAVAILABLE, "redis %s: not sent within %lld ms "
+                              "(connecting or overloaded)", r->where,
+                              (long long)r->timeout_ms);
+        }
+        /* In a round trip, which its own timeouts bound. */
+        deadline = mono_after(r->timeout_ms);
+    }
+    sem_destroy(&j->done);
+    if (j->rc != IDEM_OK)
+        return idem__fail(j->rc, "%s", j->detail);
+    return IDEM_OK;
+}
+
+static void arg(struct job *j, const char *s)
+{
+    assert(j->argc < ARGV_MAX);
+    j->argv[j->argc] = s;
+    j->len[j->argc++] = strlen(s);
+}
+
+/* Load a script again after NOSCRIPT (the server's cache was flushed). */
+static idem_rc load_script(struct redis *r, enum script s)
+{
+    struct job j = {.argc = 0};
+    arg(&j, "SCRIPT");
+    arg(&j, "LOAD");
+    arg(&j, script_text[s]);
+    idem_rc rc = submit(r, &j);
+    if (rc != IDEM_OK)
+        return rc;
+    redisReply *rep = j.reply;
+    if (rep->type == REDIS_REPLY_ERROR)
+        rc = idem__fail(error_rc(rep->str), "redis %s: SCRIPT LOAD: %s", r->where, rep->str);
+    else if (rep->type != REDIS_REPLY_STRING || strcmp(rep->str, r->sha[s]) != 0)
+        rc = idem__fail(IDEM_ESTORE, "redis %s: SCRIPT LOAD %s: unexpected reply",
+                        r->where, script_name[s]);
+    freeReplyObject(rep);
+    return rc;
+}
+
+/* Start an EVALSHA of script s with nkeys keys; keys and arguments follow. */
+static void eval_init(struct job *j, const struct redis *r, enum script s, const char *nkeys)
+{
+    j->argc = 0;
+    arg(j, "EVALSHA");
+    arg(j, r->sha[s]);
+    arg(j, nkeys);
+}
+
+/* Run the EVALSHA in j; *out receives its reply, which is not an error. */
+static idem_rc eval(struct redis *r, struct job *j, enum script s, redisReply **out)
+{
+    for (int attempt = 0;; attempt++) {
+        idem_rc rc = submit(r, j);
+        if (rc != IDEM_OK)
+            return rc;
+        redisReply *rep = j->reply;
+        if (rep->type != REDIS_REPLY_ERROR) {
+            *out = rep;
+            return IDEM_OK;
+        }
+        if (attempt == 0 && strncmp(rep->str, "NOSCRIPT", 8) == 0) {
+            freeReplyObject(rep);
+            if ((rc = load_script(r, s)) != IDEM_OK)
+                return rc;
+            continue;
+        }
+        rc = idem__fail(error_rc(rep->str), "redis %s: %s: %s", r->where,
+                        script_name[s], rep->str);
+        freeReplyObject(rep);
+        return rc;
+    }
+}
+
+static idem_rc unexpected(const struct redis *r, enum script s, redisReply *rep)
+{
+    freeReplyObject(rep);
+    return idem__fail(IDEM_ESTORE, "redis %s: %s: unexpected reply", r->where, script_name[s]);
+}
+
+/* An array reply whose first element is an integer: that integer. */
+static int reply_code(const redisReply *rep, long long *code)
+{
+    if (rep->type == REDIS_REPLY_INTEGER) {
+        *code = rep->integer;
+        return 1;
+    }
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 1 ||
+        rep->element[0]->type != REDIS_REPLY_INTEGER)
+        return 0;
+    *code = rep->element[0]->integer;
+    return 1;
+}
+
+/* ---- tokens ---- */
+
+struct token_keys {
+    char token[KEY_BUF], queue[KEY_BUF], expiry[KEY_BUF];
+};
+
+static void token_keys(struct token_keys *k, const char *subject, const char *scene,
+                       const char *token)
+{
+    snprintf(k->token, sizeof k->token, "idem:{%s}:tok:%s", scene, token);
+    snprintf(k->queue, sizeof k->queue, "idem:{%s}:tq:%s", scene, subject);
+    snprintf(k->expiry, sizeof k->expiry, "idem:{%s}:te:%s", scene, subject);
+}
+
+static void token_job(struct job *j, const struct redis *r, enum script s,
+                      const struct token_keys *k)
+{
+    eval_init(j, r, s, "3");
+    arg(j, k->token);
+    arg(j, k->queue);
+    arg(j, k->expiry);
+}
+
+static idem_rc token_put(void *kv, const char *subject, const char *scene,
+                         const char *token, int64_t ttl_ms, unsigned per_scene,
+                         int64_t now)
+{
+    struct redis *r = kv;
+    struct token_keys k;
+    char ttl[24], cap[16], at[24], until[24];
+    token_keys(&k, subject, scene, token);
+    snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
+    snprintf(cap, sizeof cap, "%u", per_scene);
+    snprintf(at, sizeof at, "%" PRId64, now);
+    snprintf(until, sizeof until, "%" PRId64, now + ttl_ms);
+    struct job j;
+    token_job(&j, r, TOKEN_PUT, &k);
+    arg(&j, subject);
+    arg(&j, token);
+    arg(&j, ttl);
+    arg(&j, cap);
+    arg(&j, at);
+    arg(&j, until);
+    redisReply *rep;
+    long long code;
+    idem_rc rc = eval(r, &j, TOKEN_PUT, &rep);
+    if (rc != IDEM_OK)
+        return rc;
+    if (!reply_code(rep, &code) || code != 1)
+        return unexpected(r, TOKEN_PUT, rep);
+    freeReplyObject(rep);
+    return IDEM_OK;
+}
+
+static idem_rc token_consume(void *kv, const char *subject, const char *scene,
+                             const char *token, const char *biz_key,
+                             int64_t now, idem_outcome *out, char *spent_key)
+{
+    struct redis *r = kv;
+    struct token_keys k;
+    char at[24];
+    token_keys(&k, subject, scene, token);
+    snprintf(at, sizeof at, "%" PRId64, now);
+    struct job j;
+    token_job(&j, r, TOKEN_CONSUME, &k);
+    arg(&j, subject);
+    arg(&j, token);
+    arg(&j, biz_key ? biz_key : "");
+    arg(&j, at);
+    redisReply *rep;
+    long long code;
+    idem_rc rc = eval(r, &j, TOKEN_CONSUME, &rep);
+    if (rc != IDEM_OK)
+        return rc;
+    if (!reply_code(rep, &code))
+        return unexpected(r, TOKEN_CONSUME, rep);
+    if (code == 0) {
+        *out = IDEM_UNKNOWN;
+    } else if (code == 1) {
+        *out = IDEM_CONSUMED;
+    } else if (code == 2 && rep->elements == 2 &&
+               rep->element[1]->type == REDIS_REPLY_STRING &&
+               rep->element[1]->len <= IDEM_KEY_MAX) {
+        *out = IDEM_ALREADY_CONSUMED;
+        if (spent_key) {
+            memcpy(spent_key, rep->element[1]->str, rep->element[1]->len);
+            spent_key[rep->element[1]->len] = '\0';
+        }
+    } else {
+        return unexpected(r, TOKEN_CONSUME, rep);
+    }
+    freeReplyObject(rep);
+    return IDEM_OK;
+}
+
+static idem_rc token_give_back(void *kv, const char *subject, const char *scene,
+                               const char *token, const char *biz_key,
+                               int64_t now, idem_outcome *out)
+{
+    struct redis *r = kv;
+    struct token_keys k;
+    char at[24];
+    token_keys(&k, subject, scene, token);
+    snprintf(at, sizeof at, "%" PRId64, now);
+    struct job j;
+    token_job(&j, r, TOKEN_GIVE_BACK, &k);
+    arg(&j, subject);
+    arg(&j, token);
+    arg(&j, biz_key ? biz_key : "");
+    arg(&j, at);
+    redisReply *rep;
+    long long code;
+    idem_rc rc = eval(r, &j, TOKEN_GIVE_BACK, &rep);
+    if (rc != IDEM_OK)
+        return rc;
+    if (!reply_code(rep, &code) || (code != 0 && code != 1))
+        return unexpected(r, TOKEN_GIVE_BACK, rep);
+    *out = code ? IDEM_RESTORED : IDEM_UNKNOWN;
+    freeReplyObject(rep);
+    return IDEM_OK;
+}
+
+/* ---- locks ---- */
+
+static idem_rc lock_acquire(void *kv, const char *space, const char *key,
+                            const char *owner, int64_t ttl_ms, int64_t now,
+                            idem_outcome *out, idem_lock_info *info)
+{
+    struct redis *r = kv;
+    char lock[KEY_BUF], fence[KEY_BUF], ttl[24], at[24], seed[24], until[24];
+    snprintf(lock, sizeof lock, "idem:{%s}:lock:%s", space, key);
+    snprintf(fence, sizeof fence, "idem:{%s}:fence", space);
+    snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
+    snprintf(at, sizeof at, "%" PRId64, now);
+    snprintf(until, sizeof until, "%" PRId64, now + ttl_ms);
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    snprintf(seed, sizeof seed, "%" PRIu64,
+             (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u);
+    struct job j;
+    eval_init(&j, r, LOCK_ACQUIRE, "2");
+    arg(&j, lock);
+    arg(&j, fence);
+    arg(&j, owner);
+    arg(&j, ttl);
+    arg(&j, at);
+    arg(&j, seed);
+    arg(&j, until);
+    redisReply *rep;
+    long long code;
+    idem_rc rc = eval(r, &j, LOCK_ACQUIRE, &rep);
+    if (rc != IDEM_OK)
+        return rc;
+    if (!reply_code(rep, &code))
+        return unexpected(r, LOCK_ACQUIRE, rep);
+    if (code == 1 && rep->elements == 2 && rep->element[1]->type == REDIS_REPLY_STRING) {
+        char *end;
+        errno = 0;
+        unsigned long long f = strtoull(rep->element[1]->str, &end, 10);
+        if (errno || *end || f == 0)
+            return unexpected(r, LOCK_ACQUIRE, rep);
+        *out = IDEM_ACQUIRED;
+        if (info) {
+            info->fence = f;
+            info->ttl_left_ms = ttl_ms;
+            info->holder[0] = '\0';
+        }
+    } else if (code == 2 && rep->elements == 3 &&
+               rep->element[1]->type == REDIS_REPLY_STRING &&
+               rep->element[1]->len <= IDEM_KEY_MAX &&
+               rep->element[2]->type == REDIS_REPLY_INTEGER) {
+        *out = IDEM_BUSY;
+        if (info) {
+            info->fence = 0;
+            info->ttl_left_ms = rep->element[2]->integer;
+            memcpy(info->holder, rep->element[1]->str, rep->element[1]->len);
+            info->holder[rep->element[1]->len] = '\0';
+        }
+    } else {
+        return unexpected(r, LOCK_ACQUIRE, rep);
+    }
+    freeReplyObject(rep);
+    return IDEM_OK;
+}
+
+/* Renew (ttl_ms > 0) and release: a yes-or-no script on the lock's key
+ * alone. */
+static idem_rc lock_cas(struct redis *r, enum script s, const char *space,
+                        const char *key, const char *owner, int64_t ttl_ms,
+                        int64_t now, int *yes)
+{
+    char lock[KEY_BUF], ttl[24], at[24], until[24];
+    snprintf(lock, sizeof lock, "idem:{%s}:lock:%s", space, key);
+    snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
+    snprintf(at, sizeof at, "%" PRId64, now);
+    snprintf(until, sizeof until, "%" PRId64, now + ttl_ms);
+    struct job j;
+    eval_init(&j, r, s, "1");
+    arg(&j, lock);
+    arg(&j, owner);
+    if (ttl_ms > 0)
+        arg(&j, ttl);
+    arg(&j, at);
+    if (ttl_ms > 0)
+        arg(&j, until);
+    redisReply *rep;
+    long long code;
+    idem_rc rc = eval(r, &j, s, &rep);
+    if (rc != IDEM_OK)
+        return rc;
+    if (!reply_code(rep, &code) || (code != 0 && code != 1))
+        return unexpected(r, s, rep);
+    *yes = code == 1;
+    freeReplyObject(rep);
+    return IDEM_OK;
+}
+
+static idem_rc lock_renew(void *kv, const char *space, const char *key,
+                          const char *owner, int64_t ttl_ms, int64_t now,
+                          idem_outcome *out)
+{
+    int yes;
+    idem_rc rc = lock_cas(kv, LOCK_RENEW, space, key, owner, ttl_ms, now, &yes);
+    if (rc == IDEM_OK)
+        *out = yes ? IDEM_RENEWED : IDEM_NOT_HELD;
+    return rc;
+}
+
+static idem_rc lock_release(void *kv, const char *space, const char *key,
+                            const char *owner, int64_t now, idem_outcome *out)
+{
+    int yes;
+    idem_rc rc = lock_cas(kv, LOCK_RELEASE, space, key, owner, 0, now, &yes);
+    if (rc == IDEM_OK)
+        *out = yes ? IDEM_RELEASED : IDEM_NOT_HELD;
+    return rc;
+}
+
+/* ---- the URL ---- */
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Percent-decode [s, s + n) into out (cap bytes with the NUL); -1 if it is
+ * malformed, does not fit, or decodes to a control character. */
+static int unescape(const char *s, size_t n, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        int c = (unsigned char)s[i];
+        if (c == '%') {
+            int hi = i + 2 < n ? hexval(s[i + 1]) : -1;
+            int lo = i + 2 < n ? hexval(s[i + 2]) : -1;
+            if (hi < 0 || lo < 0)
+                return -1;
+            c = hi * 16 + lo;
+            i += 2;
+        }
+        if (c < 0x20 || c == 0x7f || o + 1 >= cap)
+            return -1;
+        out[o++] = (char)c;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
+/* A decimal number in [s, e) within 0..max; -1 otherwise. */
+static long number(const char *s, const char *e, long max)
+{
+    long v = 0;
+    if (s == e)
+        return -1;
+    for (; s < e; s++) {
+        if (*s < '0' || *s > '9')
+            return -1;
+        v = v * 10 + (*s - '0');
+        if (v > max)
+            return -1;
+    }
+    return v;
+}
+
+/* redis://[[user]:password@]host[:port][/db]. The details name parts of the
+ * URL that are not the credentials. */
+static idem_rc parse_url(const char *url, struct redis *r)
+{
+    static const char usage[] = "(redis://[[user]:password@]host[:port][/db])";
+    if (strncmp(url, "redis://", 8) != 0)
+        return idem__fail(IDEM_EINVAL, "redis_url: not a redis:// URL %s", usage);
+    const char *p = url + 8;
+    const char *end = p + strcspn(p, "/");
+
+    const char *at = NULL;
+    for (const char *q = p; q < end; q++)
+        if (*q == '@')
+            at = q;
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (!colon)
+            return idem__fail(IDEM_EINVAL, "redis_url: credentials must be "
+                                           "user:password or :password %s", usage);
+        if (unescape(p, (size_t)(colon - p), r->user, sizeof r->user) != 0)
+            return idem__fail(IDEM_EINVAL, "redis_url: malformed or overlong user name");
+        if (unescape(colon + 1, (size_t)(at - colon - 1), r->password, sizeof r->password) != 0)
+            return idem__fail(IDEM_EINVAL, "redis_url: malformed or overlong password");
+        if (!r->password[0])
+            return idem__fail(IDEM_EINVAL, "redis_url: empty password");
+        p = at + 1;
+    }
+
+    const char *host = p, *host_end;
+    if (*p == '[') {
+        host = p + 1;
+        host_end = memchr(host, ']', (size_t)(end - host));
+        if (!host_end)
+            return idem__fail(IDEM_EINVAL, "redis_url: unclosed [ in the host");
+        p = host_end + 1;
+        for (const char *q = host; q < host_end; q++)
+            if (hexval(*q) < 0 && *q != ':' && *q != '.')
+                return idem__fail(IDEM_EINVAL, "redis_url: malformed IPv6 address");
+    } else {
+        host_end = p + strcspn(p, ":/");
+        if (host_end > end)
+            host_end = end;
+        p = host_end;
+        for (const char *q = host; q < host_end; q++)
+            if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
+                  (*q >= '0' && *q <= '9') || *q == '.' || *q == '-' || *q == '_'))
+                return idem__fail(IDEM_EINVAL, "redis_url: the host may hold letters, "
+                                               "digits, '.', '-' and '_'");
+    }
+    if (host == host_end)
+        return idem__fail(IDEM_EINVAL, "redis_url: no host %s", usage);
+    if ((size_t)(host_end - host) >= sizeof r->host)
+        return idem__fail(IDEM_EINVAL, "redis_url: host longer than %zu bytes",
+                          sizeof r->host - 1);
+    memcpy(r->host, host, (size_t)(host_end - host));
+    r->host[host_end - host] = '\0';
+
+    r->port = 6379;
+    if (*p == ':') {
+        long port = number(p + 1, end, 65535);
+        if (port < 1)
+            return idem__fail(IDEM_EINVAL, "redis_url: the port must be 1..65535");
+        r->port = (int)port;
+    } else if (p != end) {
+        return idem__fail(IDEM_EINVAL, "redis_url: unexpected text after the host %s", usage);
+    }
+
+    r->db = 0;
+    if (*end == '/' && end[1]) {
+        long db = number(end + 1, end + strlen(end), 1000000);
+        if (db < 0)
+            return idem__fail(IDEM_EINVAL, "redis_url: the db must be a number "
+                                           "(0..1000000) %s", usage);
+        r->db = (int)db;
+    }
+    snprintf(r->where, sizeof r->where, strchr(r->host, ':') ? "[%s]:%d" : "%s:%d",
+             r->host, r->port);
+    return IDEM_OK;
+}
+
+/* ---- open and close ---- */
+
+static void redis_close(void *kv)
+{
+    struct redis *r = kv;
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->mu);
+    r->stopping = 1;
+    pthread_mutex_unlock(&r->mu);
+    pthread_cond_broadcast(&r->work);
+    for (int i = 0; i < NIO; i++) {
+        if (r->io[i].started)
+            pthread_join(r->io[i].thread, NULL);
+        if (r->io[i].c)
+            redisFree(r->io[i].c);
+    }
+    pthread_cond_destroy(&r->work);
+    pthread_mutex_destroy(&r->mu);
+    explicit_bzero(r->password, sizeof r->password);
+    idem__free(r);
+}
+
+static const struct idem__kv_ops redis_ops = {
+    .version = IDEM_KV_OPS_VERSION,
+    .name = "redis",
+    .token_put = token_put,
+    .token_consume = token_consume,
+    .token_give_back = token_give_back,
+    .lock_acquire = lock_acquire,
+    .lock_renew = lock_renew,
+    .lock_release = lock_release,
+    .close = redis_close,
+};
+
 idem_rc idem__redis_open(const idem_options *o, const struct idem__kv_ops **ops, void **out)
 {
-    (void)o; (void)ops; (void)out;
-    return idem__fail(IDEM_ENOTSUP, "store: the redis backend is not built yet");
+    struct redis *r = idem__calloc(1, sizeof *r);
+    if (!r)
+        return idem__fail(IDEM_ENOMEM, "redis store: allocating");
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->work, &attr);
+    pthread_condattr_destroy(&attr);
+    r->tail = &r->head;
+    r->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 2000;
+
+    idem_rc rc;
+    if (!o->redis_url) {
+        rc = idem__fail(IDEM_EINVAL, "redis_url: NULL");
+        goto fail;
+    }
+    if ((rc = parse_url(o->redis_url, r)) != IDEM_OK)
+        goto fail;
+
+    /* The first connection is made here, so an unreachable server is an
+     * error of idem_open; it becomes the first thread's. */
+    char why[DETAIL_MAX];
+    sigset_t old;
+    sigpipe_block(&old);
+    rc = conn_open(r, &r->io[0].c, 1, why, sizeof why);
+    sigpipe_restore(&old);
+    if (rc != IDEM_OK) {
+        idem__fail(rc, "%s", why);
+        goto fail;
+    }
+    r->nconnected = 1;
+    for (int i = 0; i < NIO; i++) {
+        r->io[i].r = r;
+        if (pthread_create(&r->io[i].thread, NULL, io_main, &r->io[i]) != 0) {
+            rc = idem__fail(IDEM_ENOMEM, "redis store: cannot start an I/O thread");
+            goto fail;
+        }
+        r->io[i].started = 1;
+    }
+    *ops = &redis_ops;
+    *out = r;
+    return IDEM_OK;
+fail:
+    redis_close(r);
+    return rc;
 }
