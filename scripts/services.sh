@@ -7,6 +7,7 @@
 #   scripts/services.sh stop  STATE_DIR
 #   scripts/services.sh redis-stop|redis-start STATE_DIR   (fault tests)
 #   scripts/services.sh pg-stop|pg-start STATE_DIR
+#   scripts/services.sh up STATE_DIR      (start whichever is not running)
 #
 # start writes STATE_DIR/env with IDEM_TEST_REDIS and IDEM_TEST_PG, the two
 # URLs, and prints them. Defaults: Redis 26379, PostgreSQL 25432. PostgreSQL
@@ -93,6 +94,10 @@ stop)
   redis_stop
   pg_stop
   if [ -f "$state/pg.dir" ]; then rm -rf "$(cat "$state/pg.dir")"; rm -f "$state/pg.dir"; fi
+  ;;
+up)
+  redis-cli -p "$(cat "$state/redis.port")" ping 2>/dev/null | grep -q PONG || redis_start
+  "$pgbin/pg_isready" -q -h 127.0.0.1 -p "$(cat "$state/pg.port")" || pg_start
   ;;
 redis-stop) redis_stop ;;
 redis-start) redis_start ;;

@@ -103,8 +103,10 @@ void sys_start(struct proc *p, char *const argv[], const char *log_path)
         const char *l = strstr(buf, "listening on ");
         const char *nl = l ? strchr(l, '\n') : NULL;
         if (nl) {
-            const char *colon = l;
-            for (const char *c = l; c < nl; c++)
+            /* The address is the word after "listening on "; its port
+             * follows its last colon. */
+            const char *colon = l, *end = l + 13 + strcspn(l + 13, " ,\n");
+            for (const char *c = l; c < end; c++)
                 if (*c == ':' && c[1] >= '0' && c[1] <= '9')
                     colon = c;
             p->port = atoi(colon + 1);
