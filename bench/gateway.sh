@@ -27,6 +27,16 @@
 #                                lock-unique, lock-mix
 #   TMPDIR [/tmp]                where the temp dir (and idem's SQLite file) go:
 #                                must be a real disk, not tmpfs
+#   IDEM_GW_OUT [bench/results/gateway-latest.md]  where the table goes
+#   IDEM_GW_RAW [none]           also write the raw figures there, as JSON
+# For bench/distributed.sh, idem serve can run on the distributed store:
+#   IDEM_GW_STORE [embedded]     or distributed: Redis + PostgreSQL, at
+#   IDEM_GW_REDIS, IDEM_GW_POSTGRES  these URLs (servers someone else runs)
+#   IDEM_GW_INSTANCES [1]        idem serve instances sharing that store, each
+#                                with its own wrk: -c and -t split evenly
+#   IDEM_GW_STORE_PIDS [none]    the main process ids of the store's servers
+#                                (with their children), to show their CPU
+#                                apart from the rest
 # Needs wrk, nginx, curl and the build dependencies. Takes about 1.5 minutes.
 set -euo pipefail
 
@@ -39,12 +49,19 @@ idem_workers=${IDEM_GW_IDEM_WORKERS:-64}
 seed_keys=${IDEM_GW_SEED_KEYS:-1000}
 fresh_pct=${IDEM_GW_FRESH_PCT:-10}
 runs=${IDEM_GW_RUNS:-all}
+out_md=${IDEM_GW_OUT:-bench/results/gateway-latest.md}
+out_raw=${IDEM_GW_RAW:-}
+store=${IDEM_GW_STORE:-embedded}
+redis_url=${IDEM_GW_REDIS:-}
+pg_url=${IDEM_GW_POSTGRES:-}
+instances=${IDEM_GW_INSTANCES:-1}
+store_pids=${IDEM_GW_STORE_PIDS:-}
 all_runs="direct proxy record-unique record-mix record-replay lock-unique lock-mix"
 [[ $runs == all ]] && runs=$all_runs
 runs=${runs//,/ }
 
 die() { echo "bench/gateway.sh: $*" >&2; exit 1; }
-for v in seconds conns wthreads idem_workers seed_keys fresh_pct; do
+for v in seconds conns wthreads idem_workers seed_keys fresh_pct instances; do
     [[ ${!v} =~ ^[0-9]+$ && ${!v} -gt 0 ]] || die "$v must be a positive integer (got '${!v}')"
 done
 ((seed_keys >= 100)) || die "IDEM_GW_SEED_KEYS must be at least 100"
@@ -53,6 +70,18 @@ done
     die "IDEM_GW_NGINX_WORKERS must be a number or auto"
 for r in $runs; do
     [[ " $all_runs " == *" $r "* ]] || die "unknown run '$r' in IDEM_GW_RUNS (known: $all_runs)"
+done
+case $store in
+embedded) ((instances == 1)) || die "IDEM_GW_INSTANCES > 1 needs IDEM_GW_STORE=distributed" ;;
+distributed)
+    [[ -n $redis_url && -n $pg_url ]] ||
+        die "IDEM_GW_STORE=distributed needs IDEM_GW_REDIS and IDEM_GW_POSTGRES (URLs)" ;;
+*) die "IDEM_GW_STORE must be embedded or distributed (got '$store')" ;;
+esac
+((conns % instances == 0)) ||
+    die "IDEM_GW_CONNECTIONS ($conns) must split evenly across $instances instances"
+for g in $store_pids; do
+    [[ $g =~ ^[1-9][0-9]*$ ]] || die "IDEM_GW_STORE_PIDS: '$g' is not a process id"
 done
 
 missing=() pkgs=()
@@ -140,14 +169,21 @@ start_bg() {
 # commands, but during `wait`), output to OUT, its user and system CPU seconds
 # to TIMES; returns its status.
 run_wait() {
-    local out=$1 times=$2 pid rc=0
+    run_bg "$@"
+    wait_bg "$bg_pid"
+}
+run_bg() { # as run_wait, but returns at once; sets bg_pid
+    local out=$1 times=$2
     shift 2
     setsid bash -c 'TIMEFORMAT="%U %S"; time "$@" 2>&1' run_wait "$@" </dev/null >"$out" \
         2>"$times" &
-    pid=$!
-    pgids+=("$pid")
-    wait "$pid" || rc=$?
-    forget_group "$pid"
+    bg_pid=$!
+    pgids+=("$bg_pid")
+}
+wait_bg() { # pid: its exit status
+    local rc=0
+    wait "$1" || rc=$?
+    forget_group "$1"
     return "$rc"
 }
 
@@ -175,28 +211,13 @@ forget_group() { # pgid: no longer ours to stop
     pgids=("${keep[@]}")
 }
 
-# Sum of utime + stime, in clock ticks, of every process in group $1.
-group_ticks() {
-    local g=$1 f line rest t=0
-    for f in /proc/[0-9]*/stat; do
-        line=$(<"$f") 2>/dev/null || continue
-        rest=${line##*) } # fields from 3 (state) on
-        read -r -a a <<<"$rest"
-        # a[0]=state(3) a[1]=ppid(4) a[2]=pgrp(5) ... a[11]=utime(14) a[12]=stime(15)
-        [[ ${a[2]} == "$g" ]] && t=$((t + a[11] + a[12]))
-    done 2>/dev/null
-    echo "$t"
-}
-clk_tck=$(getconf CLK_TCK)
+# group_ticks PGID..., tree_ticks PID..., machine_ticks, clk_tck.
+source bench/cpu.sh
 
-# Busy (non-idle, non-iowait) ticks of the whole machine, all CPUs.
-machine_ticks() {
-    awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 + $9; exit }' /proc/stat
-}
-
-# Context switches (voluntary + involuntary) of every thread of process $1.
+# Context switches (voluntary + involuntary) of every thread of the processes "$@".
 proc_ctxsw() {
-    cat /proc/"$1"/task/*/status 2>/dev/null |
+    local p
+    for p in "$@"; do cat /proc/"$p"/task/*/status; done 2>/dev/null |
         awk '/^(voluntary|nonvoluntary)_ctxt_switches:/ { t += $2 } END { print t + 0 }'
 }
 
@@ -245,16 +266,26 @@ start_nginx_on() {
     wait_http "http://127.0.0.1:$port/refunds" POST "$d/error.log" "$started_pid"
 }
 
+# The text of a YAML double-quoted scalar.
+yaml_quote() { local v=${1//\\/\\\\}; printf '"%s"' "${v//\"/\\\"}"; }
+# $1 made safe as the replacement of sed's s|...|...|.
+sed_repl() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }
+
 # start_idem DIR LAYERS: sets started_pid and idem_port; a few tries, each
-# on a new port and with a new SQLite file.
+# on a new port and (embedded store) with a new SQLite file.
 start_idem() {
-    local d=$1 layers=$2 tries
+    local d=$1 layers=$2 tries storage
     mkdir -p "$d"
     for ((tries = 0; tries < 5; tries++)); do
         pick_port
         idem_port=$picked_port
-        rm -f "$d"/idem.db*
-        sed -e "s|@PORT@|$idem_port|" -e "s|@DB@|$d/idem.db|" -e "s|@WORKERS@|$idem_workers|" \
+        if [[ $store == embedded ]]; then
+            rm -f "$d"/idem.db*
+            storage="{ kind: embedded, path: $d/idem.db }"
+        else
+            storage="{ kind: distributed, redis: $(yaml_quote "$redis_url"), postgres: $(yaml_quote "$pg_url") }"
+        fi
+        sed -e "s|@PORT@|$idem_port|" -e "s|@STORAGE@|$(sed_repl "$storage")|" -e "s|@WORKERS@|$idem_workers|" \
             -e "s|@UPSTREAM_PORT@|$upstream_port|" -e "s|@LAYERS@|$layers|" \
             bench/gateway/idem.yaml.in >"$d/idem.yaml"
         start_bg "$d/idem.log" "$idem_bin" serve -c "$d/idem.yaml"
@@ -275,44 +306,72 @@ stop_idem() { # pid: SIGTERM (drains), and the exit status must be 0
     return "$rc"
 }
 
-# health PORT: the counters as "name=value ..." lines.
+# health PORT...: the counters as "name=value ..." lines, summed over the
+# instances on those ports.
 health() {
-    local j
-    j=$(curl -s --max-time 10 "http://127.0.0.1:$1/_idem/v1/health") || die "health on :$1 failed"
-    [[ $j == *'"status":"ok"'* ]] || die "health on :$1 is not ok: $j"
-    grep -o '"[a-z_0-9]*":[0-9][0-9]*' <<<"$j" | tr -d '"' | tr ':' '='
+    local j p
+    for p in "$@"; do
+        j=$(curl -s --max-time 10 "http://127.0.0.1:$p/_idem/v1/health") || die "health on :$p failed"
+        [[ $j == *'"status":"ok"'* ]] || die "health on :$p is not ok: $j"
+        grep -o '"[a-z_0-9]*":[0-9][0-9]*' <<<"$j" | tr -d '"' | tr ':' '='
+    done | awk -F= '!($1 in s) { k[++n] = $1 } { s[$1] += $2 }
+                    END { for (i = 1; i <= n; i++) print k[i] "=" s[k[i]] }'
 }
 hget() { # hget "health output" name
     sed -n "s/^$2=//p" <<<"$1" | head -n 1
 }
 
-# wrk_run NAME URL MODE [extra args...]: runs wrk with the script; leaves the
-# GWRESULT fields in res_<field>, the wrk output in $work/NAME.wrk, and the
-# CPU seconds wrk used in wrk_cpu.
+# wrk_run NAME MODE URL...: runs wrk with the script, one wrk per URL, all
+# at once, the connections and threads split evenly between them; leaves the
+# GWRESULT fields in res_<field> (summed over the wrk processes; latencies:
+# the largest of theirs, an upper bound of the combined percentile), the wrk
+# output in $work/NAME[.K].wrk, and the CPU seconds wrk used in wrk_cpu.
 wrk_run() {
-    local name=$1 url=$2 mode=$3 out=$work/$1.wrk t
-    shift 3
-    local prefix="$name-$$-$RANDOM$RANDOM"
-    run_wait "$out" "$work/$name.time" timeout --foreground $((seconds + 60)) wrk -t "$wthreads" -c "$conns" \
-        -d "${seconds}s" --latency --timeout 5s -s bench/wrk/gateway.lua "$url" -- "$mode" \
-        "$prefix" "$seed_keys" "$fresh_pct" || { cat "$out" >&2; die "wrk failed for $name"; }
-    t=$(<"$work/$name.time")
-    wrk_cpu=$(awk '{ printf "%.2f", $1 + $2 }' <<<"$t")
-    local line
-    line=$(grep '^GWRESULT' "$out") || { cat "$out" >&2; die "no result from wrk for $name"; }
+    local name=$1 mode=$2 n=$(($# - 2)) k=0 url tag c t line lines="" bgs=() tags=()
+    shift 2
+    c=$((conns / n)) t=$((wthreads / n))
+    ((t >= 1)) || t=1
+    for url in "$@"; do
+        k=$((k + 1)) tag=$name
+        ((n == 1)) || tag=$name.$k
+        run_bg "$work/$tag.wrk" "$work/$tag.time" timeout --foreground $((seconds + 60)) wrk \
+            -t "$t" -c "$c" -d "${seconds}s" --latency --timeout 5s -s bench/wrk/gateway.lua \
+            "$url" -- "$mode" "$tag-$$-$RANDOM$RANDOM" "$seed_keys" "$fresh_pct" "$seed_prefix"
+        bgs+=("$bg_pid") tags+=("$tag")
+    done
+    wrk_cpu=0 res_sample="" res_parts=""
+    for k in "${!bgs[@]}"; do
+        tag=${tags[k]}
+        wait_bg "${bgs[k]}" || { cat "$work/$tag.wrk" >&2; die "wrk failed for $tag"; }
+        wrk_cpu=$(awk -v s="$wrk_cpu" '{ printf "%.2f", s + $1 + $2 }' "$work/$tag.time")
+        line=$(grep '^GWRESULT' "$work/$tag.wrk") ||
+            { cat "$work/$tag.wrk" >&2; die "no result from wrk for $tag"; }
+        lines+=$line$'\n'
+        res_parts+="$(sed 's/.* rps=\([0-9.]*\).*/\1/' <<<"$line") "
+        [[ -n $res_sample ]] || res_sample=$(sed -n 's/^GWSAMPLE //p' "$work/$tag.wrk" | head -n 1)
+    done
+    if ((n > 1)); then
+        line=$(awk '{ for (i = 2; i <= NF; i++) {
+                          f = substr($i, 1, index($i, "=") - 1); v = substr($i, index($i, "=") + 1) + 0
+                          if (!(f in s)) k[++m] = f
+                          if (f ~ /_us$/ || f == "seconds") { if (v > s[f]) s[f] = v } else s[f] += v } }
+                     END { printf "GWRESULT"
+                           for (i = 1; i <= m; i++)
+                               printf (k[i] == "rps" || k[i] == "seconds" ? " %s=%.1f" : " %s=%d"), k[i], s[k[i]]
+                           print "" }' <<<"$lines")
+    fi
     for kv in ${line#GWRESULT }; do
         printf -v "res_${kv%%=*}" '%s' "${kv#*=}"
     done
-    res_sample=$(sed -n 's/^GWSAMPLE //p' "$out" | head -n 1)
 }
 
-# seed PORT: execute seed-0..seed-(SEED_KEYS-1) once each. The wrk script
+# seed PORT: execute $seed_prefix-0..$seed_prefix-(SEED_KEYS-1) once each. The wrk script
 # stops its thread once done, but wrk itself runs for all of -d.
 seed() {
     local port=$1 out=$work/seed-$1.wrk
     run_wait "$out" /dev/null timeout --foreground 120 wrk -t 1 -c 8 -d "$((2 + seed_keys / 1000))s" \
         --timeout 10s -s bench/wrk/gateway.lua "http://127.0.0.1:$port/refunds" -- seed unused \
-        "$seed_keys" 0 || { cat "$out" >&2; die "seeding failed"; }
+        "$seed_keys" 0 "$seed_prefix" || { cat "$out" >&2; die "seeding failed"; }
     local h
     h=$(health "$port")
     [[ $(hget "$h" executions) == "$seed_keys" && $(hget "$h" in_flight_409) == 0 ]] ||
@@ -333,6 +392,7 @@ record_result() { # run, then the res_* and the extras
     for v in ${!res_status_*}; do s+="${v#res_status_}:${!v} "; done
     R[$run.statuses]=${s% }
     R[$run.sample]=${res_sample:-}
+    R[$run.rps_parts]=${res_parts% }
     R[$run.wrk_cpu]=$wrk_cpu
     unset "${!res_@}"
 }
@@ -357,46 +417,59 @@ problems=() # anything unexpected, for the report
 notes=()    # expected by the configuration, but worth saying
 
 run_one() {
-    local run=$1 url mode layers="" port pid d u0 u1 p0 p1 i0 i1 h0 h1 f kv
+    local run=$1 url mode layers="" d u0 u1 p0 p1 i0 i1 s0=0 s1=0 h0 h1 f kv k
+    local pids=() ports=() urls=() dirs=()
     case $run in
     direct) url="http://127.0.0.1:$upstream_port/refunds" mode=unique ;;
     proxy) url="http://127.0.0.1:$proxy_port/refunds" mode=unique ;;
     record-*) layers="[record]" mode=${run#record-} ;;
     lock-*) layers="[lock, record]" mode=${run#lock-} ;;
     esac
+    # The seed keys: a store shared by several runs needs new ones each time.
+    seed_prefix=seed
+    [[ $store == embedded ]] || seed_prefix="seed-$run-$$-$RANDOM"
+    urls=("${url:-}")
     if [[ -n $layers ]]; then
-        d=$work/$run
-        start_idem "$d" "$layers"
-        pid=$started_pid port=$idem_port
-        url="http://127.0.0.1:$port/refunds"
-        [[ $mode == unique ]] || seed "$port"
-        h0=$(health "$port")
+        urls=()
+        for ((k = 1; k <= instances; k++)); do
+            d=$work/$run
+            ((instances == 1)) || d=$work/$run/$k
+            start_idem "$d" "$layers"
+            pids+=("$started_pid") ports+=("$idem_port") dirs+=("$d")
+            urls+=("http://127.0.0.1:$idem_port/refunds")
+        done
+        # Seeding through one instance executes the keys for all of them.
+        [[ $mode == unique ]] || seed "${ports[0]}"
+        h0=$(health "${ports[@]}")
     fi
-    echo "-- $run: wrk $mode → $url" >&2
+    echo "-- $run: wrk $mode → ${urls[*]}" >&2
     u0=$(group_ticks "$upstream_pgid") p0=$(group_ticks "$proxy_pgid") i0=0
     local x0=0 x1=0 m0 m1
-    [[ -n $layers ]] && i0=$(group_ticks "$pid") x0=$(proc_ctxsw "$pid")
+    [[ -n $layers ]] && i0=$(group_ticks "${pids[@]}") x0=$(proc_ctxsw "${pids[@]}")
+    [[ -z $store_pids ]] || s0=$(tree_ticks $store_pids)
     m0=$(machine_ticks)
-    wrk_run "$run" "$url" "$mode"
+    wrk_run "$run" "$mode" "${urls[@]}"
     m1=$(machine_ticks)
     u1=$(group_ticks "$upstream_pgid") p1=$(group_ticks "$proxy_pgid") i1=0
-    [[ -n $layers ]] && i1=$(group_ticks "$pid") x1=$(proc_ctxsw "$pid")
+    [[ -n $layers ]] && i1=$(group_ticks "${pids[@]}") x1=$(proc_ctxsw "${pids[@]}")
+    [[ -z $store_pids ]] || s1=$(tree_ticks $store_pids)
     R[$run.idem_cpu_us]=0 R[$run.ctxsw]=0
     record_result "$run"
     R[$run.cpu_upstream]=$(cpu_pct $((u1 - u0)))
     R[$run.cpu_proxy]=$(cpu_pct $((p1 - p0)))
     R[$run.cpu_idem]=$(cpu_pct $((i1 - i0)))
+    R[$run.cpu_store]=$(cpu_pct $((s1 - s0)))
     R[$run.cpu_wrk]=$(awk -v c="${R[$run.wrk_cpu]}" -v s="$seconds" 'BEGIN { printf "%.0f", c / s * 100 }')
     # The rest of the machine: kernel threads (loopback softirqs, the disk)
     # and anything else running. Much of it means a noisy measurement.
     R[$run.cpu_other]=$(($(cpu_pct $((m1 - m0))) - R[$run.cpu_wrk] - R[$run.cpu_upstream] - \
-        R[$run.cpu_proxy] - R[$run.cpu_idem]))
+        R[$run.cpu_proxy] - R[$run.cpu_idem] - R[$run.cpu_store]))
     ((R[$run.cpu_other] >= 0)) || R[$run.cpu_other]=0
     if ((R[$run.cpu_other] > 30)); then
         notes+=("$run: $((R[$run.cpu_other]))% of a core went to other processes or kernel threads during the measurement: its figures may be low")
     fi
     if [[ -n $layers ]]; then
-        h1=$(health "$port")
+        h1=$(health "${ports[@]}")
         for f in requests executions replays in_flight_409 mismatches store_errors \
             upstream_unknown commits committed_ops conflicts takeovers; do
             R[$run.h_$f]=$(($(hget "$h1" "$f") - $(hget "$h0" "$f")))
@@ -406,14 +479,17 @@ run_one() {
             'BEGIN { printf "%.0f", (n > 0 ? t / hz * 1e6 / n : 0) }')
         R[$run.ctxsw]=$(awk -v x=$((x1 - x0)) -v n="${R[$run.h_requests]}" \
             'BEGIN { printf "%.1f", (n > 0 ? x / n : 0) }')
-        if ! stop_idem "$pid"; then
-            problems+=("$run: idem serve did not exit 0 on SIGTERM")
-        fi
-        if grep -v -e 'idem: .*draining' -e 'idem: stopped (0 requests' -e 'listening' \
-            "$d/idem.log" | grep -q .; then
-            problems+=("$run: idem serve logged: $(head -c 600 "$d/idem.log" | tr '\n' '|')")
-        fi
-        cp "$d/idem.log" "$work/$run.idem.log"
+        for k in "${!pids[@]}"; do
+            local who="idem serve" log=${dirs[k]}/idem.log
+            ((instances == 1)) || who="idem serve #$((k + 1))"
+            if ! stop_idem "${pids[k]}"; then
+                problems+=("$run: $who did not exit 0 on SIGTERM")
+            fi
+            if grep -v -e 'idem: .*draining' -e 'idem: stopped (0 requests' -e 'listening' \
+                "$log" | grep -q .; then
+                problems+=("$run: $who logged: $(head -c 600 "$log" | tr '\n' '|')")
+            fi
+        done
     fi
     # Every answer must be 201, nothing else; no socket errors. One exception,
     # a note rather than a problem: with the lock layer, a duplicate that
@@ -475,28 +551,38 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f×", a / b; el
 have() { [[ -n ${R[$1.rps]:-} ]]; }
 
 describe() {
+    local who=idem
+    [[ $store == embedded ]] || who="idem ×$instances ($store)"
     case $1 in
     direct) echo "direct: wrk → nginx upstream" ;;
     proxy) echo "nginx proxy_pass (keepalive 64) → upstream" ;;
-    record-unique) echo "idem [record], unique keys" ;;
-    record-mix) echo "idem [record], $((100 - fresh_pct))% replays / $fresh_pct% fresh" ;;
-    record-replay) echo "idem [record], replays only" ;;
-    lock-unique) echo "idem [lock, record], unique keys" ;;
-    lock-mix) echo "idem [lock, record], $((100 - fresh_pct))% replays / $fresh_pct% fresh" ;;
+    record-unique) echo "$who [record], unique keys" ;;
+    record-mix) echo "$who [record], $((100 - fresh_pct))% replays / $fresh_pct% fresh" ;;
+    record-replay) echo "$who [record], replays only" ;;
+    lock-unique) echo "$who [lock, record], unique keys" ;;
+    lock-mix) echo "$who [lock, record], $((100 - fresh_pct))% replays / $fresh_pct% fresh" ;;
     esac
 }
 
-mkdir -p bench/results
-out=bench/results/gateway-latest.md
+no_userinfo() { sed -E 's|//[^@/]*@|//|' <<<"$1"; }
+where="SQLite file on $fstype" cpu_cols="wrk / upstream / proxy / idem / rest" commit_what="SQLite commit"
+if [[ $store != embedded ]]; then
+    where="store distributed: $(no_userinfo "$redis_url") + $(no_userinfo "$pg_url"), $instances idem serve instance(s) sharing it, each with a wrk of its own (-c $((conns / instances)))"
+    commit_what="PostgreSQL transaction"
+fi
+[[ -z $store_pids ]] || cpu_cols="wrk / upstream / proxy / idem / store / rest"
+
+out=$out_md
+mkdir -p "$(dirname "$out")"
 {
     printf '# Idem gateway benchmark\n\n'
-    printf '%s · %s · %d cores · Linux %s · idem %s · nginx %s (worker_processes %s) · wrk %s `-t%s -c%s -d%ss --latency` · idem workers %s · SQLite file on %s\n\n' \
+    printf '%s · %s · %d cores · Linux %s · idem %s · nginx %s (worker_processes %s) · wrk %s `-t%s -c%s -d%ss --latency` · idem workers %s · %s\n\n' \
         "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -n)" "$(nproc)" "$(uname -r)" \
         "${idem_version:-?}" "$nginx_version" "$nginx_workers" "$wrk_version" "$wthreads" \
-        "$conns" "$seconds" "$idem_workers" "$fstype"
+        "$conns" "$seconds" "$idem_workers" "$where"
     printf 'Everything on 127.0.0.1, load generator included: the servers and wrk share the %d cores.\n' "$(nproc)"
     printf 'Every request: `POST /refunds {"refund_no":"<key>","amount":"1.00"}`; the upstream answers `201 {"ok":true}`.\n\n'
-    printf '| run | req/s | × nginx proxy | p50 ms | p99 ms | max ms | idem executions | idem replays | statuses | CPU %% of a core (wrk / upstream / proxy / idem / rest) | idem CPU µs / req | idem context switches / req |\n'
+    printf '| run | req/s | × nginx proxy | p50 ms | p99 ms | max ms | idem executions | idem replays | statuses | CPU %% of a core (%s) | idem CPU µs / req | idem context switches / req |\n' "$cpu_cols"
     printf '|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|\n'
     for run in $all_runs; do
         have "$run" || continue
@@ -507,11 +593,13 @@ out=bench/results/gateway-latest.md
         fi
         px="–"
         have proxy && px=$(ratio "${R[$run.rps]}" "${R[proxy.rps]}")
+        cpu_idem=${R[$run.cpu_idem]}
+        [[ -z $store_pids ]] || cpu_idem+=" / ${R[$run.cpu_store]}"
         printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s / %s / %s | %s | %s |\n' \
             "$(describe "$run")" "$(commas "${R[$run.rps]}")" "$px" "$(ms "${R[$run.p50_us]}")" \
             "$(ms "${R[$run.p99_us]}")" "$(ms "${R[$run.max_us]}")" "$ex" "$rp" \
             "${R[$run.statuses]// /, }" "${R[$run.cpu_wrk]}" "${R[$run.cpu_upstream]}" \
-            "${R[$run.cpu_proxy]}" "${R[$run.cpu_idem]}" "${R[$run.cpu_other]}" "$cu" "$cx"
+            "${R[$run.cpu_proxy]}" "$cpu_idem" "${R[$run.cpu_other]}" "$cu" "$cx"
     done
     printf '\n## Targets\n\n| figure | value | target | met |\n|---|---:|---:|:---:|\n'
     met() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { ok = op == ">=" ? v >= t : v <= t; print ok ? "yes" : "**no**" }'; }
@@ -535,11 +623,17 @@ out=bench/results/gateway-latest.md
     done
     for run in record-unique record-mix lock-unique lock-mix; do
         have "$run" || continue
-        printf '| %s: store operations per SQLite commit (`committed_ops / commits`) | %s |\n' "$(describe "$run")" \
+        printf '| %s: store operations per %s (`committed_ops / commits`) | %s |\n' "$(describe "$run")" "$commit_what" \
             "$(awk -v o="${R[$run.h_committed_ops]}" -v c="${R[$run.h_commits]}" 'BEGIN { if (c > 0) printf "%.1f", o / c; else printf "n/a" }')"
     done
     printf '\nidem executions / replays: deltas of `GET /_idem/v1/health` `gateway` counters over the\n'
-    printf 'measurement (a fresh idem serve and SQLite file per run; the mix and replay runs first execute\n'
+    if [[ $store == embedded ]]; then
+        printf 'measurement (a fresh idem serve and SQLite file per run; the mix and replay runs first execute\n'
+    else
+        printf 'measurement, summed over the instances (fresh ones per run, on the shared store, which keeps\n'
+        printf 'every earlier run'"'"'s records; latencies: the larger of the wrk processes'"'"' figures, an upper\n'
+        printf 'bound of the combined percentile; the mix and replay runs first execute, through one instance,\n'
+    fi
     printf '%d seed keys, not counted). The token layer is not measured here (each request would need a\n' "$seed_keys"
     printf 'fresh token from the JSON API): `bash bench/run.sh` measures it. See bench/README.md.\n'
     if ((${#notes[@]})); then
@@ -552,10 +646,49 @@ out=bench/results/gateway-latest.md
     fi
 } >"$out"
 
+# The raw figures, for bench/distributed.sh: one object per run.
+json_str() { # a JSON string literal
+    local v=${1//\\/\\\\}
+    v=${v//\"/\\\"}
+    v=${v//$'\t'/ }
+    printf '"%s"' "${v//$'\n'/ }"
+}
+if [[ -n $out_raw ]]; then
+    {
+        printf '{"bench":"gateway","store":"%s","instances":%d,"connections":%d,"wrk_threads":%d,"seconds":%d,"idem_workers":%d,"seed_keys":%d,"fresh_pct":%d,"idem_version":%s,"nginx_version":%s,"wrk_version":%s,"runs":{' \
+            "$store" "$instances" "$conns" "$wthreads" "$seconds" "$idem_workers" "$seed_keys" \
+            "$fresh_pct" "$(json_str "${idem_version:-}")" "$(json_str "$nginx_version")" \
+            "$(json_str "$wrk_version")"
+        sep=""
+        for run in $all_runs; do
+            have "$run" || continue
+            printf '%s\n  "%s":{"description":%s' "$sep" "$run" "$(json_str "$(describe "$run")")"
+            sep=","
+            for f in requests rps p50_us p99_us max_us replayed errors_connect errors_read \
+                errors_write errors_timeout wrk_cpu cpu_wrk cpu_upstream cpu_proxy cpu_idem \
+                cpu_store cpu_other idem_cpu_us ctxsw h_requests h_executions h_replays \
+                h_in_flight_409 h_mismatches h_store_errors h_upstream_unknown h_commits \
+                h_committed_ops h_conflicts h_takeovers; do
+                # The health counters (h_*) as idem_*, apart from wrk's figures.
+                [[ -n ${R[$run.$f]:-} ]] && printf ',"%s":%s' "${f/#h_/idem_}" "${R[$run.$f]}"
+            done
+            printf ',"statuses":%s,"wrk_rps_each":%s}' "$(json_str "${R[$run.statuses]}")" \
+                "$(json_str "${R[$run.rps_parts]}")"
+        done
+        printf '\n},"notes":['
+        sep=""
+        for p in "${notes[@]}"; do printf '%s%s' "$sep" "$(json_str "$p")"; sep=","; done
+        printf '],"problems":['
+        sep=""
+        for p in "${problems[@]}"; do printf '%s%s' "$sep" "$(json_str "$p")"; sep=","; done
+        printf ']}\n'
+    } >"$out_raw"
+fi
+
 echo >&2
 cat "$out"
 echo >&2
-echo "written to $out" >&2
+echo "written to $out${out_raw:+ and $out_raw}" >&2
 if ((${#problems[@]})); then
     echo "bench/gateway.sh: ${#problems[@]} problem(s) seen; see the end of the table" >&2
 fi

@@ -1,6 +1,8 @@
 /*
- * idem_bench.c — throughput of Idem's three layers on the embedded store, and
- * the SQLite rate they are compared with (bench/run.sh adds Redis).
+ * idem_bench.c — throughput of Idem's three layers, on the embedded store (and
+ * the SQLite rate it is compared with; bench/run.sh adds Redis) or on the
+ * distributed one, Redis + PostgreSQL (bench/distributed.sh adds
+ * redis-benchmark and pgbench).
  *
  * Each workload runs at each thread count for a fixed time: the threads start
  * together, loop until a stop flag is set after --seconds, and count the
@@ -12,6 +14,13 @@
  *                    issued on a fresh business key. Spent tokens stay in
  *                    memory for their TTL (30 s), so the handle is opened with
  *                    room for 16M of them (--tokens-max)
+ *   token-consume    the two halves apart, in two windows of --seconds each:
+ *                    first every thread issues tokens (reported as
+ *                    token-issue), each to a subject of its own, as many users
+ *                    opening a page; then, after a barrier, every thread
+ *                    spends the tokens it was issued, in order, each on a
+ *                    fresh key (token-consume, CONSUMED). Should a thread run
+ *                    out of tokens, the window ends there
  *   lock             idem_lock_acquire (ACQUIRED) + idem_lock_release
  *                    (RELEASED) on a key of its own (thread, iteration); one
  *                    owner per thread
@@ -31,6 +40,13 @@
  * p99) is taken from a log-linear histogram, on every operation of the
  * durable workloads and every 16th of the in-memory ones so the clock reads
  * stay out of the throughput figure.
+ *
+ * --store distributed --redis URL --postgres URL opens every handle on Redis
+ * and PostgreSQL instead (sqlite-baseline does not apply). Their data is not
+ * removed between measurements, so every key and subject then carries a
+ * prefix drawn once per measurement; every operation is timed, a network
+ * round trip dwarfing the clock read. "writes/commit" is then the
+ * PostgreSQL backend's batch: writes per transaction it committed.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -46,11 +62,11 @@
 
 #include "idem.h"
 
-enum workload { W_TOKEN, W_LOCK, W_RECORD, W_SQLITE, W_COUNT_ };
+enum workload { W_TOKEN, W_LOCK, W_RECORD, W_SQLITE, W_TOKEN_CONSUME, W_COUNT_ };
 
 static const char *const workload_name[W_COUNT_] = {
     [W_TOKEN] = "token", [W_LOCK] = "lock", [W_RECORD] = "record",
-    [W_SQLITE] = "sqlite-baseline",
+    [W_SQLITE] = "sqlite-baseline", [W_TOKEN_CONSUME] = "token-consume",
 };
 
 #define THREADS_MAX 1024
@@ -71,9 +87,19 @@ struct config {
     const char *dir;
     int json;
     int workloads[W_COUNT_]; /* 1: run it */
+    int workloads_given;     /* --workloads was on the command line */
     int64_t token_ttl_ms;
     size_t tokens_max;
+    const char *store;        /* "embedded" or "distributed" */
+    const char *redis_url, *postgres_url;
+    unsigned pool_size;       /* 0: the library's default */
+    int64_t timeout_ms;       /* 0: the library's default */
 };
+
+static int distributed(const struct config *cfg)
+{
+    return strcmp(cfg->store, "distributed") == 0;
+}
 
 /* ---- latency histogram: 16 buckets per power of two, in nanoseconds ---- */
 
@@ -136,8 +162,18 @@ struct run {
     const struct config *cfg;
     idem *h;
     char db_path[4096];
+    char prefix[24];  /* distributed: "r1a2b3c4-" in keys and subjects */
     atomic_int stop;
+    atomic_int ran_out; /* token-consume: a thread spent all its tokens */
     pthread_barrier_t start;
+    pthread_barrier_t turn; /* token-consume: between the two windows */
+};
+
+/* token-consume: the tokens a thread was issued, in order; token i belongs
+ * to subject "<prefix>user-<thread>-<i>". */
+struct issued {
+    char (*token)[IDEM_TOKEN_LEN + 1];
+    uint64_t n, cap, next;
 };
 
 struct worker {
@@ -146,6 +182,7 @@ struct worker {
     unsigned id;
     char name[32];    /* subject / owner: "user-7" */
     uint64_t fence;   /* lock: the last fence this thread was handed */
+    struct issued issued; /* token-consume */
     sqlite3 *db;      /* sqlite-baseline: this thread's connection */
     sqlite3_stmt *insert;
     uint64_t ops;
@@ -184,8 +221,55 @@ static int op_token(struct worker *w, uint64_t i)
     idem_rc rc = idem_token_issue(w->run->h, w->name, SCENE, w->run->cfg->token_ttl_ms, token);
     if (rc != IDEM_OK)
         return check(w, "idem_token_issue", rc, out, out);
-    snprintf(key, sizeof key, "order-%u-%" PRIu64, w->id, i);
+    snprintf(key, sizeof key, "%sorder-%u-%" PRIu64, w->run->prefix, w->id, i);
     rc = idem_token_consume(w->run->h, w->name, SCENE, token, key, &out, NULL);
+    return check(w, "idem_token_consume", rc, out, IDEM_CONSUMED);
+}
+
+static void subject_of(const struct worker *w, uint64_t i, char *buf, size_t size)
+{
+    snprintf(buf, size, "%suser-%u-%" PRIu64, w->run->prefix, w->id, i);
+}
+
+/* token-consume, first window: issue one more token to a subject of its own. */
+static int op_token_issue(struct worker *w, uint64_t i)
+{
+    struct issued *is = &w->issued;
+    char subject[64];
+    if (is->n == is->cap) {
+        uint64_t cap = is->cap ? 2 * is->cap : 4096;
+        void *p = realloc(is->token, cap * sizeof *is->token);
+        if (!p)
+            return failf(w, "out of memory for %" PRIu64 " tokens", cap);
+        is->token = p;
+        is->cap = cap;
+    }
+    subject_of(w, i, subject, sizeof subject);
+    idem_rc rc = idem_token_issue(w->run->h, subject, SCENE, w->run->cfg->token_ttl_ms,
+                                  is->token[is->n]);
+    if (rc != IDEM_OK)
+        return check(w, "idem_token_issue", rc, IDEM_NONE, IDEM_NONE);
+    is->n++;
+    return 0;
+}
+
+/* token-consume, second window: spend the next issued token. */
+static int op_token_spend(struct worker *w, uint64_t i)
+{
+    struct issued *is = &w->issued;
+    char subject[64], key[64];
+    idem_outcome out = IDEM_NONE;
+    (void)i;
+    if (is->next == is->n) {
+        atomic_store(&w->run->ran_out, 1);
+        atomic_store(&w->run->stop, 1);
+        return 1; /* not an error: the window ends */
+    }
+    subject_of(w, is->next, subject, sizeof subject);
+    snprintf(key, sizeof key, "%sorder-%u-%" PRIu64, w->run->prefix, w->id, is->next);
+    idem_rc rc = idem_token_consume(w->run->h, subject, SCENE, is->token[is->next], key,
+                                    &out, NULL);
+    is->next++;
     return check(w, "idem_token_consume", rc, out, IDEM_CONSUMED);
 }
 
@@ -194,7 +278,7 @@ static int op_lock(struct worker *w, uint64_t i)
     char key[64];
     idem_outcome out = IDEM_NONE;
     idem_lock_info info;
-    snprintf(key, sizeof key, "order-%u-%" PRIu64, w->id, i);
+    snprintf(key, sizeof key, "%sorder-%u-%" PRIu64, w->run->prefix, w->id, i);
     idem_rc rc = idem_lock_acquire(w->run->h, SPACE, key, w->name, LEASE_MS, &out, &info);
     if (check(w, "idem_lock_acquire", rc, out, IDEM_ACQUIRED) != 0)
         return -1;
@@ -212,7 +296,7 @@ static int op_record(struct worker *w, uint64_t i)
     uint8_t fp[IDEM_FINGERPRINT_LEN];
     idem_outcome out = IDEM_NONE;
     idem_record rec;
-    int n = snprintf(key, sizeof key, "order-%u-%" PRIu64, w->id, i);
+    int n = snprintf(key, sizeof key, "%sorder-%u-%" PRIu64, w->run->prefix, w->id, i);
     idem_rc rc = idem_fingerprint(key, (size_t)n, fp);
     if (rc != IDEM_OK)
         return check(w, "idem_fingerprint", rc, out, out);
@@ -221,8 +305,9 @@ static int op_record(struct worker *w, uint64_t i)
         return -1;
     uint64_t epoch = rec.epoch;
     idem_record_clear(&rec);
-    if (epoch != 1)
-        return failf(w, "idem_record_begin: NEW with epoch %" PRIu64, epoch);
+    /* A new record's first epoch is the clock (ms), never 0. */
+    if (epoch == 0)
+        return failf(w, "idem_record_begin: NEW with epoch 0");
     rc = idem_record_complete(w->run->h, SPACE, key, epoch, RESULT, sizeof RESULT - 1, 0,
                               &out);
     return check(w, "idem_record_complete", rc, out, IDEM_COMPLETED);
@@ -243,7 +328,7 @@ static int op_sqlite(struct worker *w, uint64_t i)
 
 static int (*const op_of[W_COUNT_])(struct worker *, uint64_t) = {
     [W_TOKEN] = op_token, [W_LOCK] = op_lock, [W_RECORD] = op_record,
-    [W_SQLITE] = op_sqlite,
+    [W_SQLITE] = op_sqlite, [W_TOKEN_CONSUME] = op_token_issue,
 };
 
 /* Open one baseline connection: WAL, synchronous=FULL, a busy timeout long
@@ -264,22 +349,16 @@ static int sqlite_connect(struct worker *w, const char *path)
     return 0;
 }
 
-static void *work(void *arg)
+/* Run op until the stop flag is set; count what finished inside the window. */
+static void loop(struct worker *w, int (*op)(struct worker *, uint64_t), uint64_t mask)
 {
-    struct worker *w = arg;
     struct run *r = w->run;
-    int (*op)(struct worker *, uint64_t) = op_of[r->w];
-    /* Every 16th in-memory op is timed; every durable one. */
-    uint64_t mask = (r->w == W_TOKEN || r->w == W_LOCK) ? 15 : 0;
-
-    if (r->w == W_SQLITE && sqlite_connect(w, r->db_path) != 0)
-        atomic_store(&r->stop, 1);
-    pthread_barrier_wait(&r->start);
     for (uint64_t i = 0; !w->failed && !atomic_load_explicit(&r->stop, memory_order_relaxed);
          i++) {
         int timed = (i & mask) == 0;
         uint64_t t0 = timed ? now_ns() : 0;
-        if (op(w, i) != 0) {
+        int rc = op(w, i);
+        if (rc != 0) {
             atomic_store(&r->stop, 1);
             break;
         }
@@ -290,8 +369,33 @@ static void *work(void *arg)
         if (!atomic_load_explicit(&r->stop, memory_order_relaxed))
             w->ops++;
     }
+}
+
+static void *work(void *arg)
+{
+    struct worker *w = arg;
+    struct run *r = w->run;
+    /* Every 16th in-memory op is timed; every durable or remote one. */
+    uint64_t mask = (r->w == W_TOKEN || r->w == W_LOCK || r->w == W_TOKEN_CONSUME) &&
+                            !distributed(r->cfg)
+                        ? 15
+                        : 0;
+
+    if (r->w == W_SQLITE && sqlite_connect(w, r->db_path) != 0)
+        atomic_store(&r->stop, 1);
+    pthread_barrier_wait(&r->start);
+    loop(w, op_of[r->w], mask);
+    if (r->w == W_TOKEN_CONSUME) {
+        /* The main thread reads the first window's figures, then lets the
+         * second one start. */
+        pthread_barrier_wait(&r->turn);
+        pthread_barrier_wait(&r->turn);
+        if (!w->failed)
+            loop(w, op_token_spend, mask);
+    }
     sqlite3_finalize(w->insert);
     sqlite3_close(w->db);
+    free(w->issued.token);
     return NULL;
 }
 
@@ -317,8 +421,88 @@ __attribute__((format(printf, 1, 2), noreturn)) static void die(const char *fmt,
     exit(1);
 }
 
-/* Run one workload at one thread count on fresh files; print its line. */
-static void measure(const struct config *cfg, enum workload wl, unsigned nthreads, int first)
+/* Print one result line, and its JSON object. */
+static void report(const struct config *cfg, const char *name, unsigned nthreads, uint64_t ops,
+                   double elapsed, const struct hist *lat, double batch, const char *note)
+{
+    static int lines;
+    double rate = (double)ops / elapsed, p50 = hist_percentile(lat, 0.50) / 1e3,
+           p99 = hist_percentile(lat, 0.99) / 1e3;
+    FILE *human = cfg->json ? stderr : stdout;
+    fprintf(human, "%-16s threads=%-3u %12.0f ops/s   p50 %9.2f us   p99 %9.2f us", name,
+            nthreads, rate, p50, p99);
+    if (batch > 0)
+        fprintf(human, "   %.1f writes/%s", batch, distributed(cfg) ? "commit" : "fsync");
+    if (note)
+        fprintf(human, "   (%s)", note);
+    fputc('\n', human);
+    fflush(human);
+    if (cfg->json) {
+        printf("%s{\"workload\":\"%s\",\"threads\":%u,\"ops\":%" PRIu64 ",\"elapsed_s\":%.3f,"
+               "\"ops_per_s\":%.1f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"writes_per_commit\":%.2f%s%s%s}",
+               lines ? ",\n" : "", name, nthreads, ops, elapsed, rate, p50, p99, batch,
+               note ? ",\"note\":\"" : "", note ? note : "", note ? "\"" : "");
+        fflush(stdout);
+    }
+    lines++;
+}
+
+/* Let the threads run for --seconds, or until one fails; then stop them.
+ * Returns the window's length in seconds. */
+static double window(const struct config *cfg, struct run *r)
+{
+    uint64_t t0 = now_ns(), end = t0 + (uint64_t)(cfg->seconds * 1e9);
+    /* Wake now and then: a thread that failed stops the run early. */
+    for (uint64_t t = t0; t < end && !atomic_load(&r->stop); t = now_ns()) {
+        struct timespec nap = {0, (long)(end - t < 50000000u ? end - t : 50000000u)};
+        nanosleep(&nap, NULL);
+    }
+    atomic_store(&r->stop, 1);
+    return (double)(now_ns() - t0) / 1e9;
+}
+
+/* Sum the threads' counts and histograms, and reset them. The first error
+ * any thread met, or NULL. */
+static const char *collect(struct worker *ws, unsigned nthreads, uint64_t *ops, struct hist *all)
+{
+    const char *err = NULL;
+    *ops = 0;
+    memset(all, 0, sizeof *all);
+    for (unsigned i = 0; i < nthreads; i++) {
+        *ops += ws[i].ops;
+        for (unsigned b = 0; b < BUCKETS; b++)
+            all->n[b] += ws[i].lat.n[b];
+        ws[i].ops = 0;
+        memset(&ws[i].lat, 0, sizeof ws[i].lat);
+        if (ws[i].failed && !err)
+            err = ws[i].err;
+    }
+    return err;
+}
+
+static void open_handle(const struct config *cfg, struct run *r)
+{
+    idem_options o;
+    idem_options_init(&o);
+    o.tokens_max = cfg->tokens_max;
+    if (distributed(cfg)) {
+        o.store = "distributed";
+        o.redis_url = cfg->redis_url;
+        o.postgres_url = cfg->postgres_url;
+        o.pool_size = cfg->pool_size;
+        o.timeout_ms = cfg->timeout_ms;
+    } else {
+        o.path = r->db_path;
+    }
+    idem_rc rc = idem_open(&o, &r->h);
+    if (rc != IDEM_OK)
+        die("idem_open(%s): IDEM_%s: %s", distributed(cfg) ? "distributed" : r->db_path,
+            idem_errname(rc), idem_errdetail());
+}
+
+/* Run one workload at one thread count on fresh files; print its line
+ * (token-consume: two lines, token-issue and token-consume). */
+static void measure(const struct config *cfg, enum workload wl, unsigned nthreads)
 {
     struct run *r = calloc(1, sizeof *r);
     struct worker *ws = aligned_alloc(64, nthreads * sizeof *ws);
@@ -328,9 +512,19 @@ static void measure(const struct config *cfg, enum workload wl, unsigned nthread
     memset(ws, 0, nthreads * sizeof *ws);
     r->w = wl;
     r->cfg = cfg;
+    if (distributed(cfg)) {
+        /* Keys and subjects of their own in a store that outlives the run. */
+        uint8_t fp[IDEM_FINGERPRINT_LEN];
+        char seed[64];
+        int n = snprintf(seed, sizeof seed, "%ld-%" PRIu64 "-%d-%u", (long)getpid(), now_ns(),
+                         (int)wl, nthreads);
+        idem_fingerprint(seed, (size_t)n, fp);
+        snprintf(r->prefix, sizeof r->prefix, "r%02x%02x%02x%02x-", fp[0], fp[1], fp[2], fp[3]);
+    }
     snprintf(r->db_path, sizeof r->db_path, "%s/%s", cfg->dir,
              wl == W_SQLITE ? "baseline.db" : "bench.db");
-    remove_files(r->db_path);
+    if (!distributed(cfg))
+        remove_files(r->db_path);
     if (wl == W_SQLITE) {
         /* Create the file and its table once, before the threads race. */
         struct worker setup = {0};
@@ -339,16 +533,11 @@ static void measure(const struct config *cfg, enum workload wl, unsigned nthread
         sqlite3_finalize(setup.insert);
         sqlite3_close(setup.db);
     } else {
-        idem_options o;
-        idem_options_init(&o);
-        o.path = r->db_path;
-        o.tokens_max = cfg->tokens_max;
-        idem_rc rc = idem_open(&o, &r->h);
-        if (rc != IDEM_OK)
-            die("idem_open(%s): IDEM_%s: %s", r->db_path, idem_errname(rc), idem_errdetail());
+        open_handle(cfg, r);
     }
 
-    if (pthread_barrier_init(&r->start, NULL, nthreads + 1) != 0)
+    if (pthread_barrier_init(&r->start, NULL, nthreads + 1) != 0 ||
+        pthread_barrier_init(&r->turn, NULL, nthreads + 1) != 0)
         die("pthread_barrier_init failed");
     for (unsigned i = 0; i < nthreads; i++) {
         ws[i].run = r;
@@ -359,24 +548,30 @@ static void measure(const struct config *cfg, enum workload wl, unsigned nthread
             die("pthread_create: thread %u of %u: %s", i, nthreads, strerror(e));
     }
     pthread_barrier_wait(&r->start);
-    uint64_t t0 = now_ns(), end = t0 + (uint64_t)(cfg->seconds * 1e9);
-    /* Wake now and then: a thread that failed stops the run early. */
-    for (uint64_t t = t0; t < end && !atomic_load(&r->stop); t = now_ns()) {
-        struct timespec nap = {0, (long)(end - t < 50000000u ? end - t : 50000000u)};
-        nanosleep(&nap, NULL);
-    }
-    atomic_store(&r->stop, 1);
-    double elapsed = (double)(now_ns() - t0) / 1e9;
-    uint64_t ops = 0;
+    double elapsed = window(cfg, r), issue_elapsed = 0;
+    uint64_t ops = 0, issued = 0;
     const char *err = NULL;
-    for (unsigned i = 0; i < nthreads; i++) {
-        pthread_join(ws[i].thread, NULL);
-        ops += ws[i].ops;
-        for (unsigned b = 0; b < BUCKETS; b++)
-            all->n[b] += ws[i].lat.n[b];
-        if (ws[i].failed && !err)
-            err = ws[i].err;
+    struct hist *issue_lat = NULL;
+    if (wl == W_TOKEN_CONSUME) {
+        /* Every thread has stopped issuing: take the first window's
+         * figures, then start the second one, spending. */
+        pthread_barrier_wait(&r->turn);
+        issue_lat = calloc(1, sizeof *issue_lat);
+        if (!issue_lat)
+            die("out of memory");
+        err = collect(ws, nthreads, &issued, issue_lat);
+        issue_elapsed = elapsed;
+        if (!err)
+            atomic_store(&r->stop, 0);
+        pthread_barrier_wait(&r->turn);
+        if (!err)
+            elapsed = window(cfg, r);
     }
+    for (unsigned i = 0; i < nthreads; i++)
+        pthread_join(ws[i].thread, NULL);
+    const char *e2 = collect(ws, nthreads, &ops, all);
+    if (!err)
+        err = e2;
     double batch = 0; /* record: writes per group commit (fsync) */
     if (r->h) {
         idem_stats st;
@@ -386,26 +581,21 @@ static void measure(const struct config *cfg, enum workload wl, unsigned nthread
         idem_close(r->h);
     }
     pthread_barrier_destroy(&r->start);
-    remove_files(r->db_path);
+    pthread_barrier_destroy(&r->turn);
+    if (!distributed(cfg))
+        remove_files(r->db_path);
     if (err)
         die("%s, %u threads: %s", workload_name[wl], nthreads, err);
 
-    double rate = (double)ops / elapsed, p50 = hist_percentile(all, 0.50) / 1e3,
-           p99 = hist_percentile(all, 0.99) / 1e3;
-    FILE *human = cfg->json ? stderr : stdout;
-    fprintf(human, "%-16s threads=%-3u %12.0f ops/s   p50 %9.2f us   p99 %9.2f us",
-            workload_name[wl], nthreads, rate, p50, p99);
-    if (batch > 0)
-        fprintf(human, "   %.1f writes/fsync", batch);
-    fputc('\n', human);
-    fflush(human);
-    if (cfg->json) {
-        printf("%s{\"workload\":\"%s\",\"threads\":%u,\"ops\":%" PRIu64 ",\"elapsed_s\":%.3f,"
-               "\"ops_per_s\":%.1f,\"p50_us\":%.2f,\"p99_us\":%.2f,\"writes_per_commit\":%.2f}",
-               first ? "" : ",\n", workload_name[wl], nthreads, ops, elapsed, rate, p50, p99,
-               batch);
-        fflush(stdout);
+    if (wl == W_TOKEN_CONSUME) {
+        report(cfg, "token-issue", nthreads, issued, issue_elapsed, issue_lat, 0, NULL);
+        report(cfg, "token-consume", nthreads, ops, elapsed, all, 0,
+               atomic_load(&r->ran_out) ? "a thread ran out of tokens: the window ended early"
+                                        : NULL);
+    } else {
+        report(cfg, workload_name[wl], nthreads, ops, elapsed, all, batch, NULL);
     }
+    free(issue_lat);
     free(all);
     free(ws);
     free(r);
@@ -417,11 +607,15 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: idem-bench [--threads 1,8,64] [--seconds 3] [--dir DIR] [--json]\n"
-            "                  [--workloads token,lock,record,sqlite-baseline]\n"
+            "                  [--workloads token,lock,record,sqlite-baseline,token-consume]\n"
             "                  [--token-ttl-ms 30000] [--tokens-max 16000000]\n"
+            "                  [--store embedded|distributed --redis URL --postgres URL\n"
+            "                   [--pool N] [--timeout-ms MS]]\n"
             "Measures ops/s of Idem's token, lock and durable record layers and of\n"
             "plain SQLite one-transaction-per-insert. SQLite files go to DIR\n"
-            "(default: .): put it on the disk you want measured, not on tmpfs.\n");
+            "(default: .): put it on the disk you want measured, not on tmpfs.\n"
+            "--store distributed opens every handle on Redis and PostgreSQL instead\n"
+            "(default workloads token,lock,record); sqlite-baseline does not apply.\n");
 }
 
 static unsigned long parse_ulong(const char *s, const char *what, unsigned long max)
@@ -438,8 +632,10 @@ static void parse_list(struct config *cfg, const char *arg, int threads)
 {
     char buf[256];
     snprintf(buf, sizeof buf, "%s", arg);
-    if (!threads)
+    if (!threads) {
         memset(cfg->workloads, 0, sizeof cfg->workloads);
+        cfg->workloads_given = 1;
+    }
     for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
         if (threads) {
@@ -494,6 +690,18 @@ static void parse_args(struct config *cfg, int argc, char **argv)
             cfg->token_ttl_ms = (int64_t)parse_ulong(v, a, 7ul * 24 * 3600 * 1000);
         } else if (strcmp(a, "--tokens-max") == 0) {
             cfg->tokens_max = parse_ulong(v, a, 1ul << 32);
+        } else if (strcmp(a, "--store") == 0) {
+            if (strcmp(v, "embedded") != 0 && strcmp(v, "distributed") != 0)
+                die("--store: \"%s\" is neither embedded nor distributed", v);
+            cfg->store = v;
+        } else if (strcmp(a, "--redis") == 0) {
+            cfg->redis_url = v;
+        } else if (strcmp(a, "--postgres") == 0) {
+            cfg->postgres_url = v;
+        } else if (strcmp(a, "--pool") == 0) {
+            cfg->pool_size = (unsigned)parse_ulong(v, a, 1024);
+        } else if (strcmp(a, "--timeout-ms") == 0) {
+            cfg->timeout_ms = (int64_t)parse_ulong(v, a, 3600ul * 1000);
         } else {
             usage(stderr);
             die("unknown option %s", a);
@@ -506,17 +714,25 @@ int main(int argc, char **argv)
     struct config cfg = {
         .threads = {1, 8, 64}, .nthreads = 3, .seconds = 3, .dir = ".",
         .workloads = {1, 1, 1, 1}, .token_ttl_ms = TOKEN_TTL_MS,
-        .tokens_max = TOKENS_MAX,
+        .tokens_max = TOKENS_MAX, .store = "embedded",
     };
     parse_args(&cfg, argc, argv);
+    if (distributed(&cfg)) {
+        if (!cfg.redis_url || !cfg.postgres_url)
+            die("--store distributed needs --redis URL and --postgres URL");
+        if (cfg.workloads[W_SQLITE] && cfg.workloads_given)
+            die("--workloads: sqlite-baseline does not apply to --store distributed");
+        cfg.workloads[W_SQLITE] = 0;
+    } else if (cfg.redis_url || cfg.postgres_url || cfg.pool_size || cfg.timeout_ms) {
+        die("--redis, --postgres, --pool and --timeout-ms are for --store distributed");
+    }
     if (cfg.json)
         printf("{\"bench\":\"idem-bench\",\"idem_version\":\"%s\",\"sqlite_version\":\"%s\","
-               "\"seconds\":%g,\"results\":[\n",
-               idem_version(), sqlite3_libversion(), cfg.seconds);
-    int first = 1;
+               "\"store\":\"%s\",\"seconds\":%g,\"results\":[\n",
+               idem_version(), sqlite3_libversion(), cfg.store, cfg.seconds);
     for (int wl = 0; wl < W_COUNT_; wl++)
-        for (size_t t = 0; cfg.workloads[wl] && t < cfg.nthreads; t++, first = 0)
-            measure(&cfg, (enum workload)wl, cfg.threads[t], first);
+        for (size_t t = 0; cfg.workloads[wl] && t < cfg.nthreads; t++)
+            measure(&cfg, (enum workload)wl, cfg.threads[t]);
     if (cfg.json)
         printf("\n]}\n");
     return 0;

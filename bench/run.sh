@@ -8,6 +8,11 @@
 # figure against its reference and target, and writes it to
 # bench/results/latest.md (raw figures: bench/results/latest.json).
 #
+# The gateway (idem serve against nginx) has its own command, bench/gateway.sh,
+# and so has the distributed store (Redis + PostgreSQL, against redis-benchmark
+# and pgbench running Idem's own scripts and statements): bench/distributed.sh.
+# See bench/README.md.
+#
 # Environment: IDEM_BENCH_SECONDS (default 3) per measurement,
 # IDEM_BENCH_THREADS (default 1,8,64), TMPDIR for the SQLite files and Redis.
 # Needs the build dependencies (scripts/install-deps.sh) and redis-server +

@@ -1,6 +1,6 @@
 -- bench/wrk/gateway.lua — the request generator of bench/gateway.sh.
 --
---   wrk ... -s bench/wrk/gateway.lua URL -- MODE PREFIX SEED_KEYS FRESH_PCT
+--   wrk ... -s bench/wrk/gateway.lua URL -- MODE PREFIX SEED_KEYS FRESH_PCT [SEED_PREFIX]
 --
 -- Every request is POST /refunds with the JSON body
 --   {"refund_no":"<key>","amount":"1.00"}
@@ -22,6 +22,8 @@
 --   replay  every key drawn at random from the seed keys
 --
 -- PREFIX makes the fresh keys of one run unlike those of every other run.
+-- SEED_PREFIX (default "seed") names the seed keys: SEED_PREFIX-0 and so on;
+-- runs that share a store (the distributed one) give each its own.
 --
 -- At the end, done() prints one line for bench/gateway.sh:
 --   GWRESULT requests=N seconds=S rps=R p50_us=A p99_us=B max_us=C
@@ -41,7 +43,7 @@ function setup(thread)
     table.insert(threads, thread)
 end
 
-local mode, prefix, nseed, fresh_pct
+local mode, prefix, nseed, fresh_pct, seed_prefix
 local counter = 0
 local headers = { ["Content-Type"] = "application/json" }
 
@@ -56,6 +58,7 @@ function init(args)
     prefix = args[2] or "run"
     nseed = tonumber(args[3] or "1000")
     fresh_pct = tonumber(args[4] or "10")
+    seed_prefix = args[5] or "seed"
     if mode ~= "unique" and mode ~= "seed" and mode ~= "mix" and mode ~= "replay" then
         error("gateway.lua: unknown mode " .. tostring(mode))
     end
@@ -72,7 +75,7 @@ local function fresh()
 end
 
 local function seeded()
-    return "seed-" .. math.random(0, nseed - 1)
+    return seed_prefix .. "-" .. math.random(0, nseed - 1)
 end
 
 function request()
@@ -81,7 +84,7 @@ function request()
     if mode == "unique" then
         key = fresh()
     elseif mode == "seed" then
-        key = "seed-" .. ((counter - 1) % nseed)
+        key = seed_prefix .. "-" .. ((counter - 1) % nseed)
     elseif mode == "mix" then
         if math.random(100) <= fresh_pct then key = fresh() else key = seeded() end
     else
