@@ -51,8 +51,21 @@ redis_stop() {
 # into STATE_DIR's parents.
 pg_start() {
   local port pg; port=$(cat "$state/pg.port"); pg=$(cat "$state/pg.dir")
-  as_pg "$pgbin/pg_ctl" -D "$pg/data" -l "$pg/pg.log" -w -t 60 \
-    -o "-p $port -k $pg -c listen_addresses=127.0.0.1" start >/dev/null
+  if ! as_pg "$pgbin/pg_ctl" -D "$pg/data" -l "$pg/pg.log" -w -t 60 \
+      -o "-p $port -k $pg -c listen_addresses=127.0.0.1" start >/dev/null; then
+    echo "services.sh: PostgreSQL did not start on port $port:" >&2
+    cat "$pg/pg.log" >&2
+    return 1
+  fi
+}
+
+# A port something already listens on: say so, rather than fail obscurely.
+port_free() { # port name
+  if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+    echo "services.sh: 127.0.0.1:$1 is in use; pick another $2 port" \
+         "(cmake -DIDEM_TEST_${2^^}_PORT=...)" >&2
+    return 1
+  fi
 }
 
 pg_stop() {
@@ -70,6 +83,8 @@ start)
   command -v redis-server >/dev/null || { echo "services.sh: redis-server is not installed" >&2; exit 1; }
   # A previous run that was killed may have left its servers behind.
   [ -d "$state" ] && "$0" stop "$state"
+  port_free "$redis_port" redis
+  port_free "$pg_port" pg
   [ -f "$state/pg.dir" ] && rm -rf "$(cat "$state/pg.dir")"
   rm -rf "$state"
   mkdir -p "$state/redis"
