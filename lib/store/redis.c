@@ -855,6 +855,32 @@ static int reply_code(const redisReply *rep, long long *code)
     return 1;
 }
 
+/* Run a script that answers a code (an integer, or an array led by one):
+ * on IDEM_OK, *rep is the reply, for the caller to free, and *code its code. */
+static idem_rc eval_code(struct redis *r, struct job *j, enum script s, redisReply **rep,
+                         long long *code)
+{
+    idem_rc rc = eval(r, j, s, rep);
+    if (rc == IDEM_OK && !reply_code(*rep, code))
+        return unexpected(r, s, *rep);
+    return rc;
+}
+
+/* Run a script that answers 0 (no) or 1 (yes). */
+static idem_rc eval_yes_no(struct redis *r, struct job *j, enum script s, int *yes)
+{
+    redisReply *rep;
+    long long code;
+    idem_rc rc = eval_code(r, j, s, &rep, &code);
+    if (rc != IDEM_OK)
+        return rc;
+    if (code != 0 && code != 1)
+        return unexpected(r, s, rep);
+    *yes = code == 1;
+    freeReplyObject(rep);
+    return IDEM_OK;
+}
+
 /* ---- tokens ---- */
 
 struct token_keys {
@@ -898,15 +924,12 @@ static idem_rc token_put(void *kv, const char *subject, const char *scene,
     arg(&j, cap);
     arg(&j, at);
     arg(&j, until);
-    redisReply *rep;
-    long long code;
-    idem_rc rc = eval(r, &j, TOKEN_PUT, &rep);
-    if (rc != IDEM_OK)
-        return rc;
-    if (!reply_code(rep, &code) || code != 1)
-        return unexpected(r, TOKEN_PUT, rep);
-    freeReplyObject(rep);
-    return IDEM_OK;
+    int stored;
+    idem_rc rc = eval_yes_no(r, &j, TOKEN_PUT, &stored);
+    if (rc == IDEM_OK && !stored)
+        return idem__fail(IDEM_ESTORE, "redis %s: %s: unexpected reply", r->where,
+                          script_name[TOKEN_PUT]);
+    return rc;
 }
 
 static idem_rc token_consume(void *kv, const char *subject, const char *scene,
@@ -926,11 +949,9 @@ static idem_rc token_consume(void *kv, const char *subject, const char *scene,
     arg(&j, at);
     redisReply *rep;
     long long code;
-    idem_rc rc = eval(r, &j, TOKEN_CONSUME, &rep);
+    idem_rc rc = eval_code(r, &j, TOKEN_CONSUME, &rep, &code);
     if (rc != IDEM_OK)
         return rc;
-    if (!reply_code(rep, &code))
-        return unexpected(r, TOKEN_CONSUME, rep);
     if (code == 0) {
         *out = IDEM_UNKNOWN;
     } else if (code == 1) {
@@ -965,16 +986,11 @@ static idem_rc token_give_back(void *kv, const char *subject, const char *scene,
     arg(&j, token);
     arg(&j, biz_key ? biz_key : "");
     arg(&j, at);
-    redisReply *rep;
-    long long code;
-    idem_rc rc = eval(r, &j, TOKEN_GIVE_BACK, &rep);
-    if (rc != IDEM_OK)
-        return rc;
-    if (!reply_code(rep, &code) || (code != 0 && code != 1))
-        return unexpected(r, TOKEN_GIVE_BACK, rep);
-    *out = code ? IDEM_RESTORED : IDEM_UNKNOWN;
-    freeReplyObject(rep);
-    return IDEM_OK;
+    int restored;
+    idem_rc rc = eval_yes_no(r, &j, TOKEN_GIVE_BACK, &restored);
+    if (rc == IDEM_OK)
+        *out = restored ? IDEM_RESTORED : IDEM_UNKNOWN;
+    return rc;
 }
 
 /* ---- locks ---- */
@@ -1005,11 +1021,9 @@ static idem_rc lock_acquire(void *kv, const char *space, const char *key,
     arg(&j, until);
     redisReply *rep;
     long long code;
-    idem_rc rc = eval(r, &j, LOCK_ACQUIRE, &rep);
+    idem_rc rc = eval_code(r, &j, LOCK_ACQUIRE, &rep, &code);
     if (rc != IDEM_OK)
         return rc;
-    if (!reply_code(rep, &code))
-        return unexpected(r, LOCK_ACQUIRE, rep);
     if (code == 1 && rep->elements == 2 && rep->element[1]->type == REDIS_REPLY_STRING) {
         char *end;
         errno = 0;
@@ -1060,16 +1074,7 @@ static idem_rc lock_cas(struct redis *r, enum script s, const char *space,
     arg(&j, at);
     if (ttl_ms > 0)
         arg(&j, until);
-    redisReply *rep;
-    long long code;
-    idem_rc rc = eval(r, &j, s, &rep);
-    if (rc != IDEM_OK)
-        return rc;
-    if (!reply_code(rep, &code) || (code != 0 && code != 1))
-        return unexpected(r, s, rep);
-    *yes = code == 1;
-    freeReplyObject(rep);
-    return IDEM_OK;
+    return eval_yes_no(r, &j, s, yes);
 }
 
 static idem_rc lock_renew(void *kv, const char *space, const char *key,
