@@ -293,3 +293,28 @@ void sys_write_file(const char *path, const char *text)
     fputs(text, f);
     fclose(f);
 }
+
+void sys_start_service(struct proc *p, const char *bin, const char *dir, const char *name,
+                       const char *const *extra)
+{
+    char db[4200], log[4200], listen[64];
+    snprintf(db, sizeof db, "%s/%s.db", dir, name);
+    snprintf(log, sizeof log, "%s/%s.log", dir, name);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", sys_free_port());
+    char *argv[16] = {(char *)bin, "--listen", listen, "--db", db};
+    size_t n = 5;
+    for (; extra && *extra && n < 15; extra++)
+        argv[n++] = (char *)*extra;
+    argv[n] = NULL;
+    sys_start(p, argv, log);
+}
+
+void sys_finish(struct proc *p, char *dir)
+{
+    sys_stop(p, SIGTERM);
+    sys_kill_all();
+    if (getenv("IDEM_KEEP_TEST_DIR"))
+        fprintf(stderr, "test dir kept: %s\n", dir);
+    else
+        test_rmdir(dir);
+}

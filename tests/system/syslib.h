@@ -27,6 +27,16 @@ int sys_free_port(void);
  * it. Fails the test if the process exits or says nothing. */
 void sys_start(struct proc *p, char *const argv[], const char *log_path);
 
+/* Start the example refund service on a free port of 127.0.0.1, its SQLite
+ * file dir/NAME.db and its stderr dir/NAME.log, with extra arguments (a
+ * NULL-terminated list, or NULL). */
+void sys_start_service(struct proc *p, const char *bin, const char *dir, const char *name,
+                       const char *const *extra);
+
+/* The end of a group of tests: stop p (SIGTERM), SIGKILL whatever else is
+ * left, and remove dir, unless IDEM_KEEP_TEST_DIR is set. */
+void sys_finish(struct proc *p, char *dir);
+
 /* Start, expecting the process to exit with a non-zero status; returns its
  * exit status and fills err (its stderr) for assertions. */
 int sys_run_fail(char *const argv[], char *err, size_t errlen);

@@ -86,6 +86,30 @@ static long health_stat(int port, const char *section, const char *field, int *s
     return n;
 }
 
+/* POST body to path until the answer is `status` with `word` in its body
+ * (a server coming back: the store reconnects with backoff, up to 1 s), for
+ * up to 10 s; while waiting only 503 (store unavailable) may come back.
+ * Fails the test otherwise. */
+static void post_until(int port, const char *path, const char *body, int status,
+                       const char *word)
+{
+    int last = 0;
+    for (int i = 0; i < 100; i++) {
+        struct sys_resp r;
+        sys_http(port, "POST", path, NULL, body, 10000, &r);
+        last = r.status;
+        int ok = r.status == status && (!word || strstr(r.m->body, word));
+        if (!ok && r.status != 503)
+            fail_msg("POST %s: %d %.*s", path, r.status, r.m ? (int)r.m->body_len : 0,
+                     r.m ? r.m->body : "");
+        sys_resp_free(&r);
+        if (ok)
+            return;
+        sleep_ms(100);
+    }
+    fail_msg("POST %s: still %d after 10 s", path, last);
+}
+
 static const char wait_routes[] =
     "routes:\n"
     "  - name: refund\n"
@@ -226,30 +250,11 @@ static void test_redis_killed_mid_storm_skip(void **state)
     /* Redis back: the lock layer works again in the same processes. */
     services("redis-start");
     const char *lock = "{\"space\":\"refund\",\"key\":\"probe\",\"owner\":\"t\",\"ttl_ms\":5000}";
-    int ok = 0;
-    for (int i = 0; i < 50 && !ok; i++) {
-        sys_http(a.port, "POST", "/_idem/v1/locks/acquire", NULL, lock, 5000, &r);
-        ok = r.status == 200 && strstr(r.m->body, "\"ACQUIRED\"") != NULL;
-        sys_resp_free(&r);
-        if (!ok)
-            sleep_ms(100);
-    }
-    assert_true(ok);
+    post_until(a.port, "/_idem/v1/locks/acquire", lock, 200, "\"ACQUIRED\"");
     /* ...and the lock is real, shared: the other instance sees it held
      * (once its own connections are back: they reconnect with backoff). */
     const char *other = "{\"space\":\"refund\",\"key\":\"probe\",\"owner\":\"u\",\"ttl_ms\":5000}";
-    ok = 0;
-    for (int i = 0; i < 50 && !ok; i++) {
-        sys_http(b.port, "POST", "/_idem/v1/locks/acquire", NULL, other, 5000, &r);
-        assert_true(r.status == 200 || r.status == 503);
-        ok = r.status == 200;
-        if (ok)
-            assert_non_null(strstr(r.m->body, "\"BUSY\""));
-        sys_resp_free(&r);
-        if (!ok)
-            sleep_ms(100);
-    }
-    assert_true(ok);
+    post_until(b.port, "/_idem/v1/locks/acquire", other, 200, "\"BUSY\"");
     long skips = health_stat(a.port, "gateway", "redis_down_skips", NULL);
     sys_http(a.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-after\",\"amount\":\"1\"}",
              5000, &r);
@@ -281,15 +286,7 @@ static void test_redis_down_reject(void **state)
     health_stat(a.port, "gateway", "requests", &status);
     assert_int_equal(status, 200); /* degraded, not down: records are served */
     services("redis-start");
-    int got = 0;
-    for (int i = 0; i < 50 && got != 201; i++) {
-        sys_http(a.port, "POST", "/refunds", NULL, body, 10000, &r);
-        got = r.status;
-        sys_resp_free(&r);
-        if (got != 201)
-            sleep_ms(100);
-    }
-    assert_int_equal(got, 201);
+    post_until(a.port, "/refunds", body, 201, NULL);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stop(&a, SIGTERM), 0);
 }
@@ -316,16 +313,8 @@ static void test_postgres_stopped(void **state)
     assert_int_equal(status, 503);
     assert_int_equal(sys_stat(service.port, "executions") - before, 0);
     services("pg-start");
-    int got = 0;
-    for (int i = 0; i < 100 && got != 201; i++) {
-        sys_http(a.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-pg-down-0\",\"amount\":\"1\"}",
-                 10000, &r);
-        got = r.status;
-        sys_resp_free(&r);
-        if (got != 201)
-            sleep_ms(100);
-    }
-    assert_int_equal(got, 201);
+    post_until(a.port, "/refunds", "{\"refund_no\":\"R-pg-down-0\",\"amount\":\"1\"}", 201,
+               NULL);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stop(&a, SIGTERM), 0);
 }
@@ -438,24 +427,14 @@ static int group_setup(void **state)
 {
     (void)state;
     dir = test_mkdtemp();
-    char db[4200], log[4200], listen[64];
-    snprintf(db, sizeof db, "%s/refunds.db", dir);
-    snprintf(log, sizeof log, "%s/refund_service.log", dir);
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", sys_free_port());
-    char *argv[] = {(char *)service_bin, "--listen", listen, "--db", db, NULL};
-    sys_start(&service, argv, log);
+    sys_start_service(&service, service_bin, dir, "refunds", NULL);
     return 0;
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    sys_stop(&service, SIGTERM);
-    sys_kill_all();
-    if (getenv("IDEM_KEEP_TEST_DIR"))
-        fprintf(stderr, "test dir kept: %s\n", dir);
-    else
-        test_rmdir(dir);
+    sys_finish(&service, dir);
     return 0;
 }
 

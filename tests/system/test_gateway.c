@@ -1073,24 +1073,14 @@ static int group_setup(void **state)
 {
     (void)state;
     dir = test_mkdtemp();
-    char db[4200], log[4200], listen[64];
-    snprintf(db, sizeof db, "%s/refunds.db", dir);
-    snprintf(log, sizeof log, "%s/refund_service.log", dir);
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", sys_free_port());
-    char *argv[] = {(char *)service_bin, "--listen", listen, "--db", db, NULL};
-    sys_start(&service, argv, log);
+    sys_start_service(&service, service_bin, dir, "refunds", NULL);
     return 0;
 }
 
 static int group_teardown(void **state)
 {
     (void)state;
-    sys_stop(&service, SIGTERM);
-    sys_kill_all();
-    if (getenv("IDEM_KEEP_TEST_DIR"))
-        fprintf(stderr, "test dir kept: %s\n", dir);
-    else
-        test_rmdir(dir);
+    sys_finish(&service, dir);
     return 0;
 }
 

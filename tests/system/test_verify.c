@@ -705,13 +705,8 @@ static int group_setup(void **state)
 {
     (void)state;
     dir = test_mkdtemp();
-    char db[4200], log[4200], listen[64];
-    snprintf(db, sizeof db, "%s/naive.db", dir);
-    snprintf(log, sizeof log, "%s/naive.log", dir);
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", sys_free_port());
-    char *argv[] = {(char *)service_bin, "--naive", "--delay-ms", "200", "--listen", listen,
-                    "--db", db, NULL};
-    sys_start(&naive, argv, log);
+    static const char *const naive_args[] = {"--naive", "--delay-ms", "200", NULL};
+    sys_start_service(&naive, service_bin, dir, "naive", naive_args);
     snprintf(naive_url, sizeof naive_url, "http://127.0.0.1:%d/refunds", naive.port);
     snprintf(count_url, sizeof count_url, "http://127.0.0.1:%d/count", naive.port);
     return 0;
@@ -720,11 +715,7 @@ static int group_setup(void **state)
 static int group_teardown(void **state)
 {
     (void)state;
-    sys_stop(&naive, SIGTERM);
-    if (getenv("IDEM_KEEP_TEST_DIR"))
-        fprintf(stderr, "test dir kept: %s\n", dir);
-    else
-        test_rmdir(dir);
+    sys_finish(&naive, dir);
     return 0;
 }
 
