@@ -22,9 +22,9 @@
  *  - Business outcomes are not errors. NEW, DONE, BUSY, MISMATCH, ... come
  *    back through an idem_outcome out-parameter of a call that returned IDEM_OK.
  *  - Strings are NUL-terminated and borrowed for the duration of the call.
- *    Keys, subjects, owners and message ids are 1..255 bytes with no control
- *    characters (bytes < 0x20 and 0x7f); key spaces, scenes, groups and states
- *    are 1..64 bytes of [A-Za-z0-9_.:-]. Violations return IDEM_EINVAL and
+ *    Keys, subjects, owners and message ids are 1..255 bytes of UTF-8 with
+ *    no control characters (bytes < 0x20 and 0x7f); key spaces, scenes,
+ *    groups and states are 1..64 bytes of [A-Za-z0-9_.:-]. Violations return IDEM_EINVAL and
  *    store nothing.
  *  - Times are milliseconds. They are read from the clock given in
  *    idem_options (default: the wall clock, because record leases are stored
@@ -145,6 +145,11 @@ IDEM_EXTERN const char *idem_outcome_name(idem_outcome o);
 #define IDEM_FINGERPRINT_LEN 32 /* SHA-256 */
 #define IDEM_RESULT_MAX_DEFAULT (1024 * 1024)
 
+/* Check a business key (or subject, owner, message id) as every call that
+ * takes one does: IDEM_OK, or IDEM_EINVAL with idem_errdetail() saying what
+ * is wrong (empty, too long, a control character, not UTF-8). */
+IDEM_EXTERN idem_rc idem_check_key(const char *key);
+
 /* ------------------------------------------------------------------------- */
 /* Library-wide settings. */
 
@@ -205,7 +210,8 @@ typedef struct idem_options {
     /* Version 2: the distributed store. */
     const char *redis_url;    /* redis://[[user]:password@]host[:port][/db] */
     const char *postgres_url; /* a libpq connection URI or key=value string */
-    unsigned pool_size;       /* PostgreSQL connections; 0: 8 */
+    unsigned pool_size;       /* PostgreSQL connections for reads (the two
+                                 writers' come on top); 0: 8 */
     int64_t timeout_ms;       /* connect and per-command timeout; 0: 2000 */
 } idem_options;
 

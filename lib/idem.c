@@ -40,6 +40,12 @@ IDEM_EXTERN const char *idem_version(void)
     return IDEM_VERSION_STRING;
 }
 
+IDEM_EXTERN idem_rc idem_check_key(const char *key)
+{
+    idem__clear_detail();
+    return idem__check_key(key, "key", 0);
+}
+
 IDEM_EXTERN void idem_options_init(idem_options *o)
 {
     if (!o)

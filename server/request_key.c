@@ -254,6 +254,10 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
         if (append_escaped(key, &len, value))
             goto too_long;
     }
+    /* The rest of what a key must be (UTF-8 text), as the store checks it. */
+    if (idem_check_key(key) != IDEM_OK)
+        status = bad(type, "key_invalid", detail, dlen, "the idempotency %s",
+                     idem_errdetail());
     goto out;
 too_long:
     status = bad(type, "key_invalid", detail, dlen, "the idempotency key is longer than %d bytes",

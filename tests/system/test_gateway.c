@@ -1044,6 +1044,13 @@ static void test_hop_by_hop_never_forwarded_nor_stored(void **state)
     assert_null(sys_header(&r, "X-Private"));
     assert_memory_equal(r.m->body, "ok", 2);
     sys_resp_free(&r);
+    /* A key that is not UTF-8 (a Latin-1 byte) is no key, on any store. */
+    static const char *const latin1[] = {"Idempotency-Key: R-\xe9", NULL};
+    sys_http(gw.port, "POST", "/refunds", latin1, "{\"a\":1}", 5000, &r);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.m->body, "key_invalid"));
+    assert_non_null(strstr(r.m->body, "not valid UTF-8"));
+    sys_resp_free(&r);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 

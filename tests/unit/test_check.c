@@ -31,6 +31,33 @@ static void test_keys(void **state)
     }
     assert_int_equal(idem__check_key("a\x7f", "key", 0), IDEM_EINVAL);
     assert_string_equal(idem_errdetail(), "key: control character 0x7f at byte 1");
+
+    /* Keys are UTF-8: every store keeps them as text. */
+    assert_int_equal(idem__check_key("\xc3\xa9\xe2\x82\xac\xf0\x9f\x92\xb0", "key", 0), IDEM_OK);
+    static const char *const not_utf8[] = {
+        "R-\xe9",           /* Latin-1 */
+        "\xc0\xaf",        /* overlong '/' */
+        "\xe0\x80\xaf",   /* overlong, 3 bytes */
+        "\xed\xa0\x80",   /* a surrogate */
+        "\xf4\x90\x80\x80", /* above U+10FFFF */
+        "\xf5\x80\x80\x80",
+        "\x80",             /* a lone continuation byte */
+        "ab\xe2\x82",      /* cut short at the end */
+        "\xf0\x9f\x92",
+    };
+    for (size_t i = 0; i < sizeof not_utf8 / sizeof not_utf8[0]; i++)
+        assert_int_equal(idem__check_key(not_utf8[i], "key", 0), IDEM_EINVAL);
+    assert_int_equal(idem__check_key("R-\xe9", "key", 0), IDEM_EINVAL);
+    assert_string_equal(idem_errdetail(), "key: byte 2 (0xe9) is not valid UTF-8");
+    /* 255 bytes of 2-byte characters and one more byte: too long. */
+    for (int i = 0; i < 254; i += 2)
+        k[i] = (char)0xc3, k[i + 1] = (char)0xa9;
+    k[254] = 'x';
+    k[255] = '\0';
+    assert_int_equal(idem__check_key(k, "key", 0), IDEM_OK);
+    k[254] = (char)0xc3, k[255] = (char)0xa9, k[256] = '\0';
+    assert_int_equal(idem__check_key(k, "key", 0), IDEM_EINVAL);
+    assert_string_equal(idem_errdetail(), "key: longer than 255 bytes");
 }
 
 static void test_names(void **state)
