@@ -924,7 +924,7 @@ static idem_rc token_put(void *kv, const char *subject, const char *scene,
     arg(&j, cap);
     arg(&j, at);
     arg(&j, until);
-    int stored;
+    int stored = 0;
     idem_rc rc = eval_yes_no(r, &j, TOKEN_PUT, &stored);
     if (rc == IDEM_OK && !stored)
         return idem__fail(IDEM_ESTORE, "redis %s: %s: unexpected reply", r->where,
@@ -986,7 +986,7 @@ static idem_rc token_give_back(void *kv, const char *subject, const char *scene,
     arg(&j, token);
     arg(&j, biz_key ? biz_key : "");
     arg(&j, at);
-    int restored;
+    int restored = 0;
     idem_rc rc = eval_yes_no(r, &j, TOKEN_GIVE_BACK, &restored);
     if (rc == IDEM_OK)
         *out = restored ? IDEM_RESTORED : IDEM_UNKNOWN;
@@ -1081,7 +1081,7 @@ static idem_rc lock_renew(void *kv, const char *space, const char *key,
                           const char *owner, int64_t ttl_ms, int64_t now,
                           idem_outcome *out)
 {
-    int yes;
+    int yes = 0;
     idem_rc rc = lock_cas(kv, LOCK_RENEW, space, key, owner, ttl_ms, now, &yes);
     if (rc == IDEM_OK)
         *out = yes ? IDEM_RENEWED : IDEM_NOT_HELD;
@@ -1091,7 +1091,7 @@ static idem_rc lock_renew(void *kv, const char *space, const char *key,
 static idem_rc lock_release(void *kv, const char *space, const char *key,
                             const char *owner, int64_t now, idem_outcome *out)
 {
-    int yes;
+    int yes = 0;
     idem_rc rc = lock_cas(kv, LOCK_RELEASE, space, key, owner, 0, now, &yes);
     if (rc == IDEM_OK)
         *out = yes ? IDEM_RELEASED : IDEM_NOT_HELD;
