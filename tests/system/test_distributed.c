@@ -255,6 +255,22 @@ static void test_redis_killed_mid_storm_skip(void **state)
      * (once its own connections are back: they reconnect with backoff). */
     const char *other = "{\"space\":\"refund\",\"key\":\"probe\",\"owner\":\"u\",\"ttl_ms\":5000}";
     post_until(b.port, "/_idem/v1/locks/acquire", other, 200, "\"BUSY\"");
+    /* Tokens too: one issued by A is spent once, through B. */
+    sys_http(a.port, "POST", "/_idem/v1/tokens", NULL, "{\"scene\":\"refund\"}", 5000, &r);
+    assert_int_equal(r.status, 201);
+    json_t *issued = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    const char *token = json_string_value(json_object_get(issued, "token"));
+    assert_non_null(token);
+    char spend[256];
+    snprintf(spend, sizeof spend, "{\"scene\":\"refund\",\"token\":\"%s\"}", token);
+    json_decref(issued);
+    sys_resp_free(&r);
+    for (int i = 0; i < 2; i++) {
+        sys_http(b.port, "POST", "/_idem/v1/tokens/consume", NULL, spend, 5000, &r);
+        assert_int_equal(r.status, 200);
+        assert_non_null(strstr(r.m->body, i == 0 ? "\"CONSUMED\"" : "\"ALREADY_CONSUMED\""));
+        sys_resp_free(&r);
+    }
     long skips = health_stat(a.port, "gateway", "redis_down_skips", NULL);
     sys_http(a.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-after\",\"amount\":\"1\"}",
              5000, &r);
