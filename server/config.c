@@ -1326,14 +1326,25 @@ static int get_limits(struct ctx *c, const yaml_node_t *n, struct server_limits 
     return 0;
 }
 
+/* A URL's user part ends at its LAST '@' (as the Redis backend reads it), so
+ * that a password holding '/', '?' or '#' unescaped still counts as one and
+ * is never printed. NULL when there is no '@' after the scheme. */
+static const char *userinfo_end(const char *url)
+{
+    const char *scheme = strstr(url, "://");
+    return scheme ? strrchr(scheme + 3, '@') : NULL;
+}
+
 int config_url_has_password(const char *url)
 {
     const char *scheme = strstr(url, "://");
     if (scheme) {
-        const char *auth = scheme + 3;
-        size_t end = strcspn(auth, "/?#");
-        const char *at = memchr(auth, '@', end);
-        return at && memchr(auth, ':', (size_t)(at - auth)) != NULL;
+        const char *at = userinfo_end(url);
+        if (at && memchr(scheme + 3, ':', (size_t)(at - (scheme + 3))))
+            return 1;
+        /* postgresql://host/db?password=... */
+        const char *q = strchr(at ? at : scheme + 3, '?');
+        return q && (strstr(q, "?password=") || strstr(q, "&password="));
     }
     /* key=value form: a password keyword anywhere. */
     for (const char *p = url; (p = strstr(p, "password")) != NULL; p += 8) {
@@ -1346,7 +1357,7 @@ int config_url_has_password(const char *url)
     return 0;
 }
 
-/* url without its user and password: "redis://host:6379/0". */
+/* url without its user, password and parameters: "redis://host:6379/0". */
 static void url_without_userinfo(const char *url, char *buf, size_t size)
 {
     const char *scheme = strstr(url, "://");
@@ -1355,13 +1366,10 @@ static void url_without_userinfo(const char *url, char *buf, size_t size)
                                       ? "(a connection string with a password)" : url);
         return;
     }
-    const char *auth = scheme + 3;
-    size_t end = strcspn(auth, "/?#");
-    const char *at = memchr(auth, '@', end);
-    const char *host = at ? at + 1 : auth;
-    const char *query = strchr(host, '?');
-    int n = query ? (int)(query - host) : (int)strlen(host);
-    snprintf(buf, size, "%.*s%.*s", (int)(auth - url), url, n, host);
+    const char *at = userinfo_end(url);
+    const char *host = at ? at + 1 : scheme + 3;
+    int n = (int)strcspn(host, "?#");
+    snprintf(buf, size, "%.*s%.*s", (int)(scheme + 3 - url), url, n, host);
 }
 
 void config_storage_where(const struct server_config *c, char *buf, size_t size)

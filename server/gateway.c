@@ -372,8 +372,12 @@ void gateway_handle(struct daemon *d, const struct server_config *cfg, const str
         idem_lock_info info;
         for (;;) {
             rc = idem_lock_acquire(d->h, rt->space, key, owner, rt->lease_ms, &o, &info);
-            if (rc != IDEM_OK && skip_kv_layer(d, rt, rc, "the lock layer"))
+            if (rc != IDEM_OK && skip_kv_layer(d, rt, rc, "the lock layer")) {
+                /* A timed-out acquire may have taken the lock after all:
+                 * release it when done (ours, by owner), best effort. */
+                locked = rc == IDEM_ETIMEDOUT;
                 break;
+            }
             if (rc != IDEM_OK) {
                 atomic_fetch_add(&d->n.store_errors, 1);
                 out = problem_from_idem(rc, "taking the business-key lock");

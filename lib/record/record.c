@@ -74,9 +74,9 @@ static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
      * PROCESSING, RELEASED — is decided by the store's constraint and
      * conditions below, never by this read. */
     if (ev->kind == IDEM__EV_BEGIN && h->db_ops->rec_peek) {
-        rc = h->db_ops->rec_peek(h->db, ev->space, ev->key, &found, &cur);
-        if (rc != IDEM_OK)
-            goto out;
+        /* Only a hint: a peek that fails leaves the decision to the write. */
+        if (h->db_ops->rec_peek(h->db, ev->space, ev->key, &found, &cur) != IDEM_OK)
+            found = 0;
         if (found && strcmp(cur.state, IDEM_STATE_PROCESSING) != 0 &&
             strcmp(cur.state, IDEM_STATE_RELEASED) != 0)
             have = 1;

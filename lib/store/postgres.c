@@ -151,7 +151,7 @@ enum {
 static const struct {
     const char *name, *types, *sql;
 } stmts[ST_COUNT_] = {
-    [ST_BEGIN] = {"idem_begin", "", "BEGIN"},
+    [ST_BEGIN] = {"idem_begin", "", "BEGIN ISOLATION LEVEL READ COMMITTED"},
     [ST_COMMIT] = {"idem_commit", "", "COMMIT"},
     [ST_ROLLBACK] = {"idem_rollback", "", "ROLLBACK"},
     [ST_REC_INSERT] = {
@@ -872,12 +872,11 @@ static int send_read(PGconn *pg, const struct job *j)
 /* Phase 2's answer: the row as it stands, after the write that was not made. */
 static void read_read(struct job *j, const PGresult *r)
 {
+    /* An insert that was not made and then finds no row: the row it met
+     * was deleted (purged) in between; its caller tries again. */
     j->found = PQntuples(r) == 1;
     if (j->found)
         j->rc = j->table == 0 ? parse_record(r, &j->rec) : parse_inbox(r, &j->entry);
-    else if (j->kind == JOB_REC_INSERT || j->kind == JOB_INBOX_INSERT)
-        j->rc = idem__fail(IDEM_ESTORE, "%s: row vanished inside a transaction",
-                           j->table == 0 ? "records" : "inbox");
     if (j->rc != IDEM_OK)
         snprintf(j->detail, sizeof j->detail, "%s", idem_errdetail());
 }
@@ -987,6 +986,7 @@ static idem_rc run_once(struct writer *w, struct job **jobs, unsigned n, int64_t
     struct params none = {0};
     PGresult *r;
     idem_rc rc;
+    int committing = 0;
     e->rc = IDEM_OK;
     e->job = -1;
     conn_check_idle(&w->pg);
@@ -1016,6 +1016,9 @@ static idem_rc run_once(struct writer *w, struct job **jobs, unsigned n, int64_t
     if (e->rc != IDEM_OK)
         goto aborted;
 
+    /* From here on COMMIT may reach the server: a failure before its
+     * answer leaves the batch's outcome unknown (see drop). */
+    committing = 1;
     sent = 1;
     for (unsigned i = 0; sent && i < n; i++)
         if (needs_read(jobs[i]))
@@ -1046,6 +1049,13 @@ aborted:
     return idem__fail(e->rc, "%s", e->detail);
 drop:
     conn_close(&w->pg);
+    if (committing && rc != IDEM_ETIMEDOUT) {
+        /* Not "unavailable": the batch may have committed. */
+        char why[256];
+        snprintf(why, sizeof why, "%s", idem_errdetail());
+        rc = idem__fail(IDEM_ETIMEDOUT, "%s; the batch was being committed and may have "
+                        "been", why);
+    }
     return rc;
 }
 
@@ -1208,6 +1218,23 @@ static idem_rc submit(struct pg_db *d, struct job *j)
     return IDEM_OK;
 }
 
+/* An insert: when the row it ran into is gone by the time it is read (a
+ * purge, of this process or another, deleted it in between), it runs again,
+ * and then either inserts or meets a row that stays. */
+static idem_rc submit_insert(struct pg_db *d, struct job *j)
+{
+    for (int tries = 0;; tries++) {
+        idem_rc rc = submit(d, j);
+        if (rc != IDEM_OK || j->hit || j->found)
+            return rc;
+        if (tries == RETRIES_MAX)
+            return idem__fail(IDEM_ESTORE, "postgres: %s: %s %s/%s: the row met by the "
+                              "insert vanished %d times", d->where,
+                              j->table == 0 ? "record" : "inbox entry", j->k1, j->k2,
+                              RETRIES_MAX + 1);
+    }
+}
+
 /* ---- records ---- */
 
 static idem_rc rec_insert(void *db, const struct idem__rec_new *n, int *inserted,
@@ -1217,7 +1244,7 @@ static idem_rc rec_insert(void *db, const struct idem__rec_new *n, int *inserted
                     .rec_new = n};
     if (cur)
         memset(cur, 0, sizeof *cur);
-    idem_rc rc = submit(db, &j);
+    idem_rc rc = submit_insert(db, &j);
     if (rc != IDEM_OK)
         return rc;
     *inserted = j.hit;
@@ -1573,7 +1600,7 @@ static idem_rc inbox_insert(void *db, const char *group, const char *msg_id,
     struct job j = {.kind = JOB_INBOX_INSERT, .table = 1, .k1 = group, .k2 = msg_id,
                     .biz_type = biz_type, .state = state, .attempts = attempts,
                     .lease_until = lease_until, .now = now};
-    idem_rc rc = submit(db, &j);
+    idem_rc rc = submit_insert(db, &j);
     if (rc != IDEM_OK)
         return rc;
     *inserted = j.hit;
@@ -1703,6 +1730,18 @@ out:
 /* Where the URL points, for messages: host:port, never the password. */
 static idem_rc parse_url(struct pg_db *d, const char *url)
 {
+    /* libpq ends a URI's user part at the first '/', '?' or '#': an '@'
+     * after one means a password holding it unescaped, which libpq would
+     * read as host and port, and which we would then print. */
+    const char *scheme = strstr(url, "://");
+    if (scheme && !strncmp(url, "postgres", 8)) {
+        const char *auth = scheme + 3;
+        size_t end = strcspn(auth, "/?#");
+        if (auth[end] && strchr(auth + end, '@'))
+            return idem__fail(IDEM_EINVAL, "postgres_url: an '@' after the host part: "
+                                           "percent-encode '/', '?', '#' and '@' in the "
+                                           "user and password (%%2F %%3F %%23 %%40)");
+    }
     char *err = NULL;
     PQconninfoOption *opts = PQconninfoParse(url, &err);
     if (!opts) {

@@ -954,6 +954,31 @@ static void test_distributed_storage(void **state)
               "  postgres: { env: IDEM_TEST_PG_URL }\n",
               "idem.yaml:4: storage.postgres.env", "IDEM_TEST_PG_URL");
 
+    /* A password holding '/', '?', '#' or '@' unescaped still counts as one,
+     * and never shows. */
+    static const char *const tricky[] = {
+        "redis://:Top/Secret@127.0.0.1:6379/0", "redis://:Top?Secret@127.0.0.1:6379/0",
+        "redis://:Top#Secret@127.0.0.1:6379/0", "redis://u:Top@Secret@127.0.0.1:6379/0",
+        "postgresql://idem:S3cr/etPW@db:5432/idem", "postgresql://idem@db/idem?password=Secret",
+    };
+    for (size_t i = 0; i < sizeof tricky / sizeof tricky[0]; i++) {
+        char y[512];
+        assert_true(config_url_has_password(tricky[i]));
+        snprintf(y, sizeof y, "storage:\n  kind: distributed\n  redis: \"%s\"\n"
+                 "  postgres: postgresql://p/db\n", tricky[i]);
+        parse_bad(y, "storage.redis", "{ env: NAME }");
+        setenv("IDEM_TEST_TRICKY", tricky[i], 1);
+        c = parse_ok("storage:\n  kind: distributed\n  redis: { env: IDEM_TEST_TRICKY }\n"
+                     "  postgres: { env: IDEM_TEST_TRICKY }\n");
+        config_storage_where(c, where, sizeof where);
+        if (strstr(where, "Secret") || strstr(where, "S3cr") || strstr(where, "Top"))
+            fail_msg("%s shows as %s", tricky[i], where);
+        config_free(c);
+    }
+    unsetenv("IDEM_TEST_TRICKY");
+    assert_false(config_url_has_password("redis://cache:6379/0"));
+    assert_false(config_url_has_password("postgresql://idem@db/idem?sslmode=require"));
+
     /* From a file: its first line. */
     char *dir = test_mkdtemp(), path[4200], yaml[5000];
     snprintf(path, sizeof path, "%s/redis-url", dir);

@@ -1054,6 +1054,13 @@ static void test_distributed_open_errors(void **state)
         assert_null(h);
         assert_non_null(strstr(idem_errdetail(), "127.0.0.1:1"));
         assert_null(strstr(idem_errdetail(), "s3cret-pw"));
+        /* Passwords holding '?' or '/' unescaped: taken, or refused; never shown. */
+        o.redis_url = "redis://:s3cret?pw@127.0.0.1:1/0";
+        assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_EUNAVAILABLE);
+        assert_null(strstr(idem_errdetail(), "s3cret"));
+        o.redis_url = "redis://:s3cret/pw@127.0.0.1:1/0";
+        assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_EINVAL);
+        assert_null(strstr(idem_errdetail(), "s3cret"));
         o.redis_url = "http://127.0.0.1:6379";
         assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_EINVAL);
         assert_non_null(strstr(idem_errdetail(), "redis_url"));
@@ -1064,6 +1071,11 @@ static void test_distributed_open_errors(void **state)
         assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_EUNAVAILABLE);
         assert_null(h);
         assert_null(strstr(idem_errdetail(), "s3cret-pw"));
+        /* A password with an unescaped '/' is refused, and not shown. */
+        o.postgres_url = "postgresql://idem:s3cret/pw@127.0.0.1:1/idem";
+        assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_EINVAL);
+        assert_non_null(strstr(idem_errdetail(), "percent-encode"));
+        assert_null(strstr(idem_errdetail(), "s3cret"));
         o.postgres_url = postgres_url;
     }
     o.store = "distributed";
