@@ -231,9 +231,10 @@ IDEM_EXTERN void idem_options_init(idem_options *opts);
  * processes on any number of machines share them. idem_open() connects to
  * both and creates or migrates the PostgreSQL schema (never destructively);
  * IDEM_EUNAVAILABLE if either cannot be reached. Afterwards a call whose
- * server is down fails with IDEM_EUNAVAILABLE or IDEM_ETIMEDOUT (bounded by
- * timeout_ms) and the handle reconnects by itself, with backoff, once the
- * server is back. IDEM_ETIMEDOUT means the command was sent and may still
+ * server is down fails with IDEM_EUNAVAILABLE or IDEM_ETIMEDOUT (within
+ * timeout_ms of being sent, and a call waits at most timeout_ms more to be
+ * sent) and the handle reconnects by itself, with backoff, once the server
+ * is back. IDEM_ETIMEDOUT means the command was sent and may still
  * have run: a lock acquire that timed out may be held, so retry it with the
  * same owner (which answers ACQUIRED with the same fence) or let its TTL end.
  * tokens_max and locks_max do not apply: Redis's own memory limit does, and

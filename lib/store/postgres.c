@@ -59,8 +59,10 @@
  * prepared once per connection.
  *
  * Failures. Connections are non-blocking, and every round trip polls the
- * socket against a deadline (libpq has no per-command timeout): timeout_ms
- * from the moment the caller queued its job or read. A timeout drops the
+ * socket against a deadline (libpq has no per-command timeout). A write
+ * job that waited timeout_ms for a writer fails untried; a batch's round
+ * trips get timeout_ms from when the batch starts; a read gets timeout_ms
+ * from when it was asked. A timeout drops the
  * connection and fails what was in flight with IDEM_ETIMEDOUT: the server may
  * have committed it, or may yet. A lost or refused connection fails it with
  * IDEM_EUNAVAILABLE. A failed connect starts a backoff (BACKOFF_MIN_MS,
@@ -1085,15 +1087,16 @@ static void run_batch(struct writer *w, struct job **jobs, unsigned n)
     unsigned all = n, retries = 0;
     qsort(jobs, n, sizeof *jobs, job_order);
 
-    /* Every job's call is bounded by timeout_ms from when it was made: a
-     * job that waited that long for a writer fails without being tried. */
-    int64_t now = mono_ms(), deadline = INT64_MAX;
+    /* A job that waited timeout_ms for a writer fails without being tried;
+     * the rest get timeout_ms for the batch's round trips, as a Redis call
+     * gets it for its own once sent. (The earliest of their deadlines would
+     * let one job that queued long time out a whole batch of fresh ones,
+     * and under load the next batch too.) */
+    int64_t now = mono_ms(), deadline = now + d->timeout_ms;
     idem_rc rc = IDEM_OK;
     for (unsigned i = 0; i < n;) {
         struct job *j = jobs[i];
         if (j->deadline > now) {
-            if (j->deadline < deadline)
-                deadline = j->deadline;
             i++;
             continue;
         }
