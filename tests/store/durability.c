@@ -13,9 +13,18 @@
  *   - SQLite's integrity check passes.
  * 25 rounds accumulate in one file, so later rounds also recover from the
  * earlier kills' WAL.
+ *
+ *   durability                                  the embedded store
+ *   durability distributed REDIS_URL POSTGRES_URL
+ *                                               the same on the distributed
+ *                                               store: the child is the one
+ *                                               killed, PostgreSQL keeps
+ *                                               running (its rows are read
+ *                                               back with libpq)
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <libpq-fe.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
@@ -32,6 +41,20 @@
 #define WRITERS 8
 
 static char db_path[4200];
+static const char *redis_url, *postgres_url; /* distributed: both set */
+
+static void store_options(idem_options *o)
+{
+    idem_options_init(o);
+    o->result_max = 4096;
+    if (postgres_url) {
+        o->store = "distributed";
+        o->redis_url = redis_url;
+        o->postgres_url = postgres_url;
+    } else {
+        o->path = db_path;
+    }
+}
 
 /* The result a key must carry: its own name repeated to a length that
  * depends on the key, 64..4095 bytes, so a torn write cannot pass. */
@@ -87,9 +110,7 @@ static void *writer(void *arg)
 static void run_child(int fd, int round)
 {
     idem_options o;
-    idem_options_init(&o);
-    o.path = db_path;
-    o.result_max = 4096;
+    store_options(&o);
     struct child c = {.fd = fd, .round = round};
     if (idem_open(&o, &c.h) != IDEM_OK)
         _exit(2);
@@ -174,9 +195,7 @@ static void kill_round(int round, struct acks *a)
 static void check_acknowledged(const struct acks *a, size_t from)
 {
     idem_options o;
-    idem_options_init(&o);
-    o.path = db_path;
-    o.result_max = 4096;
+    store_options(&o);
     idem *h;
     assert_idem_ok(idem_open(&o, &h));
     char want[4096];
@@ -195,12 +214,51 @@ static void check_acknowledged(const struct acks *a, size_t from)
     idem_close(h);
 }
 
+/* A row, acknowledged or not, is whole: finished with its exact result, or
+ * begun and not finished, with none. */
+static void check_row(const char *key, const char *state, const void *result, size_t len)
+{
+    char want[4096];
+    if (strcmp(state, "PROCESSING") == 0) {
+        assert_int_equal(len, 0);
+        return;
+    }
+    assert_string_equal(state, "SUCCEEDED");
+    size_t want_len = expected_result(key, want, sizeof want);
+    assert_int_equal(len, want_len);
+    assert_memory_equal(result, want, want_len);
+}
+
+static void check_no_torn_pg_rows(size_t *rows)
+{
+    PGconn *c = PQconnectdb(postgres_url);
+    if (PQstatus(c) != CONNECTION_OK)
+        fail_msg("%s", PQerrorMessage(c));
+    PGresult *r = PQexecParams(c, "SELECT key, state, result FROM idem_record WHERE space = 'dur'",
+                               0, NULL, NULL, NULL, NULL, 1);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        fail_msg("%s", PQerrorMessage(c));
+    *rows = (size_t)PQntuples(r);
+    for (int i = 0; i < PQntuples(r); i++) {
+        char key[300], state[80];
+        snprintf(key, sizeof key, "%.*s", PQgetlength(r, i, 0), PQgetvalue(r, i, 0));
+        snprintf(state, sizeof state, "%.*s", PQgetlength(r, i, 1), PQgetvalue(r, i, 1));
+        check_row(key, state, PQgetvalue(r, i, 2),
+                  PQgetisnull(r, i, 2) ? 0 : (size_t)PQgetlength(r, i, 2));
+    }
+    PQclear(r);
+    PQfinish(c);
+}
+
 /* Every row in the file, acknowledged or not, is whole. */
 static void check_no_torn_rows(size_t *rows)
 {
+    if (postgres_url) {
+        check_no_torn_pg_rows(rows);
+        return;
+    }
     sqlite3 *db;
     sqlite3_stmt *s;
-    char want[4096];
     assert_int_equal(sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA integrity_check", -1, &s, NULL), SQLITE_OK);
     assert_int_equal(sqlite3_step(s), SQLITE_ROW);
@@ -211,17 +269,9 @@ static void check_no_torn_rows(size_t *rows)
                      SQLITE_OK);
     *rows = 0;
     while (sqlite3_step(s) == SQLITE_ROW) {
-        const char *key = (const char *)sqlite3_column_text(s, 0);
-        const char *state = (const char *)sqlite3_column_text(s, 1);
-        int len = sqlite3_column_bytes(s, 2);
-        if (strcmp(state, "PROCESSING") == 0) {
-            assert_int_equal(len, 0);
-        } else {
-            assert_string_equal(state, "SUCCEEDED");
-            size_t want_len = expected_result(key, want, sizeof want);
-            assert_int_equal((size_t)len, want_len);
-            assert_memory_equal(sqlite3_column_blob(s, 2), want, want_len);
-        }
+        check_row((const char *)sqlite3_column_text(s, 0),
+                  (const char *)sqlite3_column_text(s, 1), sqlite3_column_blob(s, 2),
+                  (size_t)sqlite3_column_bytes(s, 2));
         (*rows)++;
     }
     sqlite3_finalize(s);
@@ -256,8 +306,16 @@ static void test_kill_at_random_moments(void **state)
     test_rmdir(dir);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[1], "distributed")) {
+        redis_url = argv[2];
+        postgres_url = argv[3];
+        test_wipe_servers(redis_url, postgres_url);
+    } else if (argc != 1) {
+        fprintf(stderr, "usage: %s [distributed REDIS_URL POSTGRES_URL]\n", argv[0]);
+        return 2;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_at_random_moments),
     };
