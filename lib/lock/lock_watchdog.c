@@ -25,6 +25,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/check.h"
 #include "core/error.h"
 #include "store/store.h"
@@ -52,13 +53,6 @@ struct idem__watchdog {
     struct idem_watch *running;
 };
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void unlist(struct idem__watchdog *wd, struct idem_watch *w)
 {
     for (struct idem_watch **p = &wd->list; *p; p = &(*p)->next)
@@ -75,7 +69,7 @@ static void renew_one(struct idem__watchdog *wd, struct idem_watch *w)
     idem *h = wd->h;
     idem_rc rc = h->kv_ops->lock_renew(h->kv, w->space, w->key, w->owner,
                                        w->ttl_ms, idem__now(h), &out);
-    int64_t now = mono_ms();
+    int64_t now = idem__mono_ms();
     int lost = 0;
     pthread_mutex_lock(&wd->mu);
     if (rc == IDEM_OK && out == IDEM_RENEWED) {
@@ -102,20 +96,12 @@ static void *watchdog_main(void *arg)
         for (struct idem_watch *w = wd->list; w; w = w->next)
             if (!next || w->due < next->due)
                 next = w;
-        int64_t now = mono_ms();
+        int64_t now = idem__mono_ms();
         if (!next || next->due > now) {
             if (!next) {
                 pthread_cond_wait(&wd->wake, &wd->mu);
             } else {
-                int64_t ms = next->due - now;
-                struct timespec ts;
-                clock_gettime(CLOCK_MONOTONIC, &ts);
-                ts.tv_sec += ms / 1000;
-                ts.tv_nsec += (ms % 1000) * 1000000;
-                if (ts.tv_nsec >= 1000000000) {
-                    ts.tv_sec++;
-                    ts.tv_nsec -= 1000000000;
-                }
+                struct timespec ts = idem__mono_after(next->due - now);
                 pthread_cond_timedwait(&wd->wake, &wd->mu, &ts);
             }
             continue;
@@ -203,7 +189,7 @@ IDEM_EXTERN idem_rc idem_watchdog_start(idem *h, const char *space,
     }
     w->wd = wd;
     pthread_mutex_lock(&wd->mu);
-    w->last_good = mono_ms();
+    w->last_good = idem__mono_ms();
     w->due = w->last_good + (ttl_ms / 3 > 0 ? ttl_ms / 3 : 1);
     w->listed = 1;
     w->next = wd->list;

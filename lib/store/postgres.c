@@ -91,6 +91,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "store.h"
 
@@ -289,13 +290,6 @@ struct pg_db {
 
 /* ---- time, messages ---- */
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* A server or libpq message as one line, without the password. */
 static void clean_message(const struct pg_db *d, const char *msg, char *out, size_t cap)
 {
@@ -346,7 +340,7 @@ static void on_notice(void *arg, const PGresult *res)
 static idem_rc backoff_check(struct pg_db *d)
 {
     pthread_mutex_lock(&d->backoff_mu);
-    int64_t left = d->down_until - mono_ms();
+    int64_t left = d->down_until - idem__mono_ms();
     char why[sizeof d->down_why];
     memcpy(why, d->down_why, sizeof why);
     pthread_mutex_unlock(&d->backoff_mu);
@@ -368,7 +362,7 @@ static void backoff_failed(struct pg_db *d, const char *why)
     d->backoff_ms = d->backoff_ms ? d->backoff_ms * 2 : BACKOFF_MIN_MS;
     if (d->backoff_ms > BACKOFF_MAX_MS)
         d->backoff_ms = BACKOFF_MAX_MS;
-    d->down_until = mono_ms() + d->backoff_ms;
+    d->down_until = idem__mono_ms() + d->backoff_ms;
     snprintf(d->down_why, sizeof d->down_why, "%s", why);
     pthread_mutex_unlock(&d->backoff_mu);
 }
@@ -390,7 +384,7 @@ static int wait_socket(PGconn *pg, short events, int64_t deadline)
     if (fd < 0)
         return -1;
     for (;;) {
-        int64_t left = deadline - mono_ms();
+        int64_t left = deadline - idem__mono_ms();
         if (left <= 0)
             return 0;
         struct pollfd p = {.fd = fd, .events = events};
@@ -1092,7 +1086,7 @@ static void run_batch(struct writer *w, struct job **jobs, unsigned n)
      * gets it for its own once sent. (The earliest of their deadlines would
      * let one job that queued long time out a whole batch of fresh ones,
      * and under load the next batch too.) */
-    int64_t now = mono_ms(), deadline = now + d->timeout_ms;
+    int64_t now = idem__mono_ms(), deadline = now + d->timeout_ms;
     idem_rc rc = IDEM_OK;
     for (unsigned i = 0; i < n;) {
         struct job *j = jobs[i];
@@ -1121,7 +1115,7 @@ static void run_batch(struct writer *w, struct job **jobs, unsigned n)
                                            !strcmp(e.sqlstate, "40P01"));
         int own = e.rc != IDEM_OK && e.job >= 0 &&
                   (!strncmp(e.sqlstate, "22", 2) || !strncmp(e.sqlstate, "23", 2));
-        if (conflict && ++retries < RETRIES_MAX && mono_ms() < deadline)
+        if (conflict && ++retries < RETRIES_MAX && idem__mono_ms() < deadline)
             continue;
         if (own) {
             /* That job's data was refused: it fails alone, the rest run
@@ -1194,7 +1188,7 @@ static idem_rc submit(struct pg_db *d, struct job *j)
 {
     job_reset(j);
     j->next = NULL;
-    j->deadline = mono_ms() + d->timeout_ms;
+    j->deadline = idem__mono_ms() + d->timeout_ms;
     j->bytes += 512;
     sem_init(&j->done, 0, 0);
     pthread_mutex_lock(&d->mu);
@@ -1484,7 +1478,7 @@ static idem_rc rec_get(void *db, const char *space, const char *key, int *found,
                        idem_record *cur)
 {
     struct pg_db *d = db;
-    struct read_req q = {.space = space, .key = key, .deadline = mono_ms() + d->timeout_ms};
+    struct read_req q = {.space = space, .key = key, .deadline = idem__mono_ms() + d->timeout_ms};
     struct timespec until = {.tv_sec = q.deadline / 1000,
                              .tv_nsec = (q.deadline % 1000) * 1000000};
     int timed_out = 0;
@@ -1809,7 +1803,7 @@ idem_rc idem__postgres_open(const idem_options *o, const struct idem__db_ops **o
         d->idle = &d->readers[i];
     }
     /* The first writer's connection migrates the schema. */
-    int64_t deadline = mono_ms() + d->timeout_ms;
+    int64_t deadline = idem__mono_ms() + d->timeout_ms;
     for (int i = 0; i < WRITERS; i++) {
         struct writer *w = &d->writers[i];
         w->db = d;

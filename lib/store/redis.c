@@ -82,6 +82,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "store.h"
 
@@ -339,26 +340,6 @@ struct redis {
 
     struct io io[NIO];
 };
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static struct timespec mono_after(int64_t ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
 
 static struct timeval timeval_of(int64_t ms)
 {
@@ -623,7 +604,7 @@ static void requeue(struct redis *r, struct io *io, int n)
 static void reconnect(struct redis *r, struct io *io)
 {
     char why[DETAIL_MAX];
-    int64_t now = mono_ms();
+    int64_t now = idem__mono_ms();
     if (now < r->retry_at) {
         if (r->nconnected == 0) {
             say(why, sizeof why, "%s (next attempt in %lld ms)", r->down,
@@ -631,7 +612,7 @@ static void reconnect(struct redis *r, struct io *io)
             fail_queue(r, IDEM_EUNAVAILABLE, why);
         } else {
             /* Another thread is connected and serves the queue meanwhile. */
-            struct timespec until = mono_after(r->retry_at - now);
+            struct timespec until = idem__mono_after(r->retry_at - now);
             pthread_cond_timedwait(&r->work, &r->mu, &until);
         }
         return;
@@ -651,7 +632,7 @@ static void reconnect(struct redis *r, struct io *io)
     r->backoff_ms = r->backoff_ms ? r->backoff_ms * 2 : BACKOFF_MIN_MS;
     if (r->backoff_ms > BACKOFF_MAX_MS)
         r->backoff_ms = BACKOFF_MAX_MS;
-    r->retry_at = mono_ms() + r->backoff_ms;
+    r->retry_at = idem__mono_ms() + r->backoff_ms;
     say(r->down, sizeof r->down, "%s", why);
     if (r->nconnected == 0)
         fail_queue(r, rc == IDEM_ENOMEM ? IDEM_ENOMEM : IDEM_EUNAVAILABLE, why);
@@ -734,7 +715,7 @@ static idem_rc submit(struct redis *r, struct job *j)
     j->rc = IDEM_OK;
     j->detail[0] = '\0';
     sem_init(&j->done, 0, 0);
-    struct timespec deadline = mono_after(r->timeout_ms);
+    struct timespec deadline = idem__mono_after(r->timeout_ms);
 
     pthread_mutex_lock(&r->mu);
     if (r->stopping) {
@@ -766,7 +747,7 @@ static idem_rc submit(struct redis *r, struct job *j)
                               (long long)r->timeout_ms);
         }
         /* In a round trip, which its own timeouts bound. */
-        deadline = mono_after(r->timeout_ms);
+        deadline = idem__mono_after(r->timeout_ms);
     }
     sem_destroy(&j->done);
     if (j->rc != IDEM_OK)
@@ -885,6 +866,7 @@ static idem_rc eval_yes_no(struct redis *r, struct job *j, enum script s, int *y
 
 struct token_keys {
     char token[KEY_BUF], queue[KEY_BUF], expiry[KEY_BUF];
+    char at[24]; /* now, for spend_job */
 };
 
 static void token_keys(struct token_keys *k, const char *subject, const char *scene,
@@ -902,6 +884,21 @@ static void token_job(struct job *j, const struct redis *r, enum script s,
     arg(j, k->token);
     arg(j, k->queue);
     arg(j, k->expiry);
+}
+
+/* A consume or give-back: the token's keys, then subject, token, business
+ * key and now. k holds the strings j points to, so it lives as long as j. */
+static void spend_job(struct job *j, struct token_keys *k, const struct redis *r,
+                      enum script s, const char *subject, const char *scene,
+                      const char *token, const char *biz_key, int64_t now)
+{
+    token_keys(k, subject, scene, token);
+    snprintf(k->at, sizeof k->at, "%" PRId64, now);
+    token_job(j, r, s, k);
+    arg(j, subject);
+    arg(j, token);
+    arg(j, biz_key ? biz_key : "");
+    arg(j, k->at);
 }
 
 static idem_rc token_put(void *kv, const char *subject, const char *scene,
@@ -938,15 +935,8 @@ static idem_rc token_consume(void *kv, const char *subject, const char *scene,
 {
     struct redis *r = kv;
     struct token_keys k;
-    char at[24];
-    token_keys(&k, subject, scene, token);
-    snprintf(at, sizeof at, "%" PRId64, now);
     struct job j;
-    token_job(&j, r, TOKEN_CONSUME, &k);
-    arg(&j, subject);
-    arg(&j, token);
-    arg(&j, biz_key ? biz_key : "");
-    arg(&j, at);
+    spend_job(&j, &k, r, TOKEN_CONSUME, subject, scene, token, biz_key, now);
     redisReply *rep;
     long long code;
     idem_rc rc = eval_code(r, &j, TOKEN_CONSUME, &rep, &code);
@@ -977,15 +967,8 @@ static idem_rc token_give_back(void *kv, const char *subject, const char *scene,
 {
     struct redis *r = kv;
     struct token_keys k;
-    char at[24];
-    token_keys(&k, subject, scene, token);
-    snprintf(at, sizeof at, "%" PRId64, now);
     struct job j;
-    token_job(&j, r, TOKEN_GIVE_BACK, &k);
-    arg(&j, subject);
-    arg(&j, token);
-    arg(&j, biz_key ? biz_key : "");
-    arg(&j, at);
+    spend_job(&j, &k, r, TOKEN_GIVE_BACK, subject, scene, token, biz_key, now);
     int restored = 0;
     idem_rc rc = eval_yes_no(r, &j, TOKEN_GIVE_BACK, &restored);
     if (rc == IDEM_OK)
