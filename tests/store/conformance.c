@@ -1037,6 +1037,76 @@ static void test_inbox_in_callers_pg_transaction(void **state)
     PQfinish(c);
 }
 
+/* Fences keep rising when the lock store loses its counter: a Redis that
+ * restarts without persistence, a FLUSHDB. (The embedded store's counter
+ * starts from the wall clock when the process does: the same promise.) */
+static void test_fences_survive_a_lost_counter(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_lock_info a, b;
+    assert_idem_ok(idem_lock_acquire(h, "pay", "F-1", "w1", 5000, &o, &a));
+    assert_outcome(o, IDEM_ACQUIRED);
+    assert_idem_ok(idem_lock_release(h, "pay", "F-1", "w1", &o));
+    if (is_redis()) {
+        test_wipe_servers(redis_url, NULL);
+    } else {
+        idem_close(h);
+        *state = h = open_store();
+    }
+    assert_idem_ok(idem_lock_acquire(h, "pay", "F-1", "w2", 5000, &o, &b));
+    assert_outcome(o, IDEM_ACQUIRED);
+    if (b.fence <= a.fence)
+        fail_msg("fence %llu after the counter was lost, %llu before",
+                 (unsigned long long)b.fence, (unsigned long long)a.fence);
+}
+
+struct opener {
+    idem_rc rc[8];
+};
+
+static void open_and_close(void *arg, int i)
+{
+    struct opener *op = arg;
+    idem_options o;
+    idem_options_init(&o);
+    store_options(&o, 0);
+    idem *h = NULL;
+    op->rc[i] = idem__open_parts(&o, kv_kind, db_kind, &h);
+    idem_close(h);
+}
+
+/* Several processes starting at once on an empty database take turns at
+ * migrating it; a database migrated by a newer Idem is refused, untouched. */
+static void test_schema_migrations(void **state)
+{
+    if (!is_postgres())
+        skip();
+    idem_close(*state);
+    *state = NULL;
+    wipe_servers();
+    struct opener op;
+    test_run_threads(8, open_and_close, &op);
+    for (int i = 0; i < 8; i++)
+        if (op.rc[i] != IDEM_OK)
+            fail_msg("opener %d: %s", i, idem_errname(op.rc[i]));
+    PGconn *c = PQconnectdb(postgres_url);
+    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    assert_int_equal(pg_count(c, "SELECT count(*) FROM idem_schema"), 1);
+    pg_ok(c, "INSERT INTO idem_schema (version) VALUES (99)");
+    idem_options o;
+    idem_options_init(&o);
+    store_options(&o, 0);
+    idem *h = (idem *)&o;
+    assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_ESTORE);
+    assert_null(h);
+    assert_non_null(strstr(idem_errdetail(), "version 99"));
+    assert_int_equal(pg_count(c, "SELECT count(*) FROM idem_schema"), 2);
+    pg_ok(c, "DELETE FROM idem_schema WHERE version = 99");
+    PQfinish(c);
+    *state = open_store();
+}
+
 /* Servers that cannot be reached are named, and a password never is. */
 static void test_distributed_open_errors(void **state)
 {
@@ -1321,6 +1391,8 @@ int main(int argc, char **argv)
         T(test_inbox_storm),
         T(test_open_errors),
         T(test_distributed_open_errors),
+        T(test_fences_survive_a_lost_counter),
+        T(test_schema_migrations),
         T(test_conflicts_are_logged),
         T(test_reopen_keeps_records),
 #undef T
