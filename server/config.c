@@ -672,6 +672,15 @@ static int get_header_name(struct ctx *c, const yaml_node_t *n, const char *path
 }
 
 /* "refund_no" or "order.id": dot-separated JSON object fields. */
+/* 1 if s holds a control character (bytes < 0x20 and 0x7f). */
+static int has_control(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return 1;
+    return 0;
+}
+
 static int get_json_field(struct ctx *c, const yaml_node_t *n, const char *path,
                           const char **out)
 {
@@ -681,9 +690,7 @@ static int get_json_field(struct ctx *c, const yaml_node_t *n, const char *path,
     size_t len = strlen(s);
     int bad = len > FIELD_MAX_LEN || s[0] == '.' || s[len - 1] == '.' ||
               strstr(s, "..") != NULL;
-    for (const unsigned char *p = (const unsigned char *)s; *p && !bad; p++)
-        bad = *p < 0x20 || *p == 0x7f;
-    if (bad)
+    if (bad || has_control(s))
         return fail(c, n, path, "%s is not a JSON field (a name, or names joined "
                     "by dots for nested objects, 1 to 255 bytes, no control "
                     "characters)", quote(c, s));
@@ -970,9 +977,8 @@ static int get_key_part(struct ctx *c, const yaml_node_t *n, const char *path,
         if (strlen(s) > FIELD_MAX_LEN || strcspn(s, "&=# \t") != strlen(s))
             return fail(c, v, fpath, "%s is not a query parameter name (1 to 255 "
                         "bytes, without & = # or blanks)", quote(c, s));
-        for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-            if (*p < 0x20 || *p == 0x7f)
-                return fail(c, v, fpath, "%s holds a control character", quote(c, s));
+        if (has_control(s))
+            return fail(c, v, fpath, "%s holds a control character", quote(c, s));
         break;
     case KEY_PATH_SEGMENT: {
         uint64_t seg;
@@ -1437,9 +1443,8 @@ static int get_server_url(struct ctx *c, const yaml_node_t *n, const char *path,
             if (!*buf)
                 return fail(c, file, fpath, "%s is empty", quote(c, s));
         }
-        for (const unsigned char *p = (const unsigned char *)buf; *p; p++)
-            if (*p < 0x20 || *p == 0x7f)
-                return fail(c, n, fpath, "the URL holds a control character");
+        if (has_control(buf))
+            return fail(c, n, fpath, "the URL holds a control character");
         return set_string(dst, buf) ? oom(c) : 0;
     }
     if (scalar(c, n, path, example, &s))
@@ -1448,9 +1453,8 @@ static int get_server_url(struct ctx *c, const yaml_node_t *n, const char *path,
         return fail(c, n, path, "empty (expected %s)", example);
     if (strlen(s) > SECRET_MAX)
         return fail(c, n, path, "longer than %d bytes", SECRET_MAX);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        if (*p < 0x20 || *p == 0x7f)
-            return fail(c, n, path, "holds a control character");
+    if (has_control(s))
+        return fail(c, n, path, "holds a control character");
     if (config_url_has_password(s))
         return fail(c, n, path, "the URL holds a password: keep it out of this file "
                     "with { env: NAME } or { file: PATH }");
@@ -1517,10 +1521,8 @@ static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config
                         ":memory: for a store that does not survive a restart)");
         if (strlen(s) > FS_PATH_MAX)
             return fail(c, v, "storage.path", "longer than %d bytes", FS_PATH_MAX);
-        for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-            if (*p < 0x20 || *p == 0x7f)
-                return fail(c, v, "storage.path", "%s holds a control character",
-                            quote(c, s));
+        if (has_control(s))
+            return fail(c, v, "storage.path", "%s holds a control character", quote(c, s));
         if (set_string(&cfg->storage_path, s))
             return oom(c);
     }
