@@ -8,6 +8,10 @@
  * atomic step. The loop ends in a few rounds: a round only repeats when
  * another caller changed the row in between, and each such change moves the
  * row forward.
+ *
+ * idem_record_async() hands a caller's function to the db backend's writer
+ * thread (run_async); the calls above, made from it, take the same path and
+ * the backend runs them inline in the writer's transaction.
  */
 #include <stdio.h>
 #include <string.h>
@@ -333,4 +337,20 @@ IDEM_EXTERN idem_rc idem_record_purge(idem *h, unsigned limit, unsigned *purged)
     if (limit == 0)
         return IDEM_OK;
     return h->db_ops->rec_purge(h->db, idem__now(h), limit, purged);
+}
+
+IDEM_EXTERN idem_rc idem_record_async(idem *h, idem_async_fn fn,
+                                      idem_async_done_fn done, void *arg)
+{
+    idem__clear_detail();
+    if (!h)
+        return idem__fail(IDEM_EINVAL, "handle: NULL");
+    if (!fn || !done)
+        return idem__fail(IDEM_EINVAL, "%s: NULL callback", fn ? "done" : "fn");
+    if (!h->db_ops->run_async)
+        return idem__fail(IDEM_ENOTSUP,
+                          "async record calls: the %s store has no writer thread to run "
+                          "them on; call the blocking functions from a thread of your own",
+                          h->store_name);
+    return h->db_ops->run_async(h->db, h, fn, done, arg);
 }

@@ -11,6 +11,15 @@
  * A job's failure must not cost the others their writes, so each job runs in
  * a savepoint. A failed COMMIT fails every job of the batch: none of their
  * writes happened, and each caller is told so.
+ *
+ * A job may also be queued with a completion (on_done) instead of a waiting
+ * caller: the writer calls on_done where it would have woken the caller, so
+ * an event loop can have durable writes without a thread waiting on each. A
+ * queued job's code may itself call the store's blocking operations; on the
+ * writer thread those cannot wait for a later batch (the writer would wait
+ * for itself), so a job submitted there, from inside a running job, runs at
+ * once in a savepoint nested in that job's: its writes join the batch, are
+ * seen by the jobs after it, and are committed or rolled back with it.
  */
 #include "group_commit.h"
 
@@ -30,11 +39,27 @@ struct idem__gc {
     void *ctx;
     unsigned batch_max;
     uint64_t commits, ops;
+    int in_job; /* writer thread only: one of a batch's jobs is running */
 };
 
 static void keep_detail(struct idem__gc_job *j)
 {
-    snprintf(j->detail, sizeof j->detail, "%s", idem_errdetail());
+    snprintf(j->detail, sizeof j->detail, "%s",
+             j->rc == IDEM_OK ? "" : idem_errdetail());
+}
+
+/* One job in a savepoint of its own: a job that fails leaves no write. */
+static idem_rc run_in_savepoint(struct idem__gc *gc, struct idem__gc_job *j)
+{
+    const struct idem__gc_driver *d = gc->drv;
+    idem_rc rc = d->savepoint(gc->ctx);
+    if (rc == IDEM_OK)
+        rc = j->run(j, gc->ctx);
+    if (rc == IDEM_OK)
+        rc = d->release(gc->ctx);
+    else
+        d->rollback_to(gc->ctx);
+    return rc;
 }
 
 static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
@@ -43,17 +68,13 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
     idem_rc rc = d->begin(gc->ctx);
     unsigned n = 0;
     if (rc == IDEM_OK) {
+        gc->in_job = 1;
         for (struct idem__gc_job *j = batch; j; j = j->next, n++) {
             idem__clear_detail();
-            j->rc = d->savepoint(gc->ctx);
-            if (j->rc == IDEM_OK)
-                j->rc = j->run(j, gc->ctx);
-            if (j->rc == IDEM_OK)
-                j->rc = d->release(gc->ctx);
-            else
-                d->rollback_to(gc->ctx);
+            j->rc = run_in_savepoint(gc, j);
             keep_detail(j);
         }
+        gc->in_job = 0;
         idem__clear_detail();
         rc = d->commit(gc->ctx);
     }
@@ -72,10 +93,13 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
     pthread_mutex_unlock(&gc->mu);
     /* Wake each caller alone, with no mutex held: a broadcast would wake
      * every waiting caller, and a wake under the mutex would have the caller
-     * block on it at once. j may be gone once its caller runs. */
+     * block on it at once. j may be gone once its caller (or on_done) runs. */
     for (struct idem__gc_job *j = batch, *next; j; j = next) {
         next = j->next;
-        sem_post(&j->done);
+        if (j->on_done)
+            j->on_done(j);
+        else
+            sem_post(&j->done);
     }
 }
 
@@ -126,21 +150,37 @@ idem_rc idem__gc_start(const struct idem__gc_driver *drv, void *ctx,
     return IDEM_OK;
 }
 
-idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job)
+idem_rc idem__gc_queue(struct idem__gc *gc, struct idem__gc_job *job)
 {
     job->next = NULL;
     job->detail[0] = '\0';
-    sem_init(&job->done, 0, 0);
     pthread_mutex_lock(&gc->mu);
     if (gc->stopping) {
         pthread_mutex_unlock(&gc->mu);
-        sem_destroy(&job->done);
         return idem__fail(IDEM_ECLOSING, "the handle is closing");
     }
     *gc->tail = job;
     gc->tail = &job->next;
     pthread_mutex_unlock(&gc->mu);
     pthread_cond_signal(&gc->work);
+    return IDEM_OK;
+}
+
+idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job)
+{
+    job->on_done = NULL;
+    if (idem__gc_on_writer(gc)) {
+        if (!gc->in_job)
+            return idem__fail(IDEM_EINVAL, "a completion on the store's writer "
+                                           "thread called the store; it must not");
+        return run_in_savepoint(gc, job);
+    }
+    sem_init(&job->done, 0, 0);
+    idem_rc rc = idem__gc_queue(gc, job);
+    if (rc != IDEM_OK) {
+        sem_destroy(&job->done);
+        return rc;
+    }
     while (sem_wait(&job->done) != 0)
         ; /* EINTR */
     sem_destroy(&job->done);
@@ -149,10 +189,20 @@ idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job)
     return IDEM_OK;
 }
 
+int idem__gc_on_writer(struct idem__gc *gc)
+{
+    /* gc->thread was set before any job could reach the writer: jobs are
+     * handed over under gc->mu, after idem__gc_start() returned. */
+    return pthread_equal(pthread_self(), gc->thread) != 0;
+}
+
 void idem__gc_stop(struct idem__gc *gc)
 {
     if (!gc)
         return;
+    /* From now on nothing new is queued; the writer leaves only once the
+     * queue is empty, so every job already queued has run and been answered
+     * (its caller woken or its on_done called) when the join returns. */
     pthread_mutex_lock(&gc->mu);
     gc->stopping = 1;
     pthread_cond_signal(&gc->work);

@@ -1,10 +1,11 @@
 /*
  * group_commit.h — many callers, one transaction, one fsync.
  *
- * Callers submit jobs and block. One writer thread takes every job waiting
- * (up to a batch limit), opens one transaction, runs each job inside its own
- * savepoint (a job that fails rolls back alone), commits once, and only then
- * wakes the batch's callers. A caller therefore returns after its write is
+ * Callers submit jobs and block, or queue them with a completion callback.
+ * One writer thread takes every job waiting (up to a batch limit), opens one
+ * transaction, runs each job inside its own savepoint (a job that fails rolls
+ * back alone), commits once, and only then wakes the batch's callers or calls
+ * their completions. A caller therefore learns of its write only after it is
  * durable, and N concurrent callers pay for about one fsync, not N.
  */
 #ifndef IDEM_STORE_GROUP_COMMIT_H
@@ -20,6 +21,10 @@ struct idem__gc_job {
     struct idem__gc_job *next;
     /* Runs on the writer thread inside the batch's transaction. */
     idem_rc (*run)(struct idem__gc_job *job, void *ctx);
+    /* Queued jobs only: called on the writer thread, once, after the batch is
+     * durable or failed, with rc and detail set ("" when rc is IDEM_OK); it
+     * may free the job. Submitted jobs have none: their caller waits on done. */
+    void (*on_done)(struct idem__gc_job *job);
     idem_rc rc;
     sem_t done;          /* posted once the job's batch is durable or failed */
     char detail[160];    /* the error detail, carried back to the caller */
@@ -30,7 +35,7 @@ struct idem__gc_driver {
     idem_rc (*begin)(void *ctx);     /* open the batch's transaction */
     idem_rc (*commit)(void *ctx);    /* make it durable */
     void (*rollback)(void *ctx);     /* abandon it */
-    idem_rc (*savepoint)(void *ctx); /* before each job */
+    idem_rc (*savepoint)(void *ctx); /* before each job (savepoints nest) */
     idem_rc (*release)(void *ctx);   /* after a job that succeeded */
     void (*rollback_to)(void *ctx);  /* after a job that failed */
 };
@@ -40,9 +45,23 @@ struct idem__gc;
 idem_rc idem__gc_start(const struct idem__gc_driver *drv, void *ctx,
                        unsigned batch_max, struct idem__gc **out);
 /* Run the job in the next batch and wait until that batch is durable (or
- * failed). Returns job->rc and sets the caller's error detail from it. */
+ * failed). Returns job->rc and sets the caller's error detail from it.
+ *
+ * Called on the writer thread from inside a running job (a queued job's code
+ * calling the record functions), the job runs at once, in a savepoint nested
+ * in the running job's, on the batch's transaction: waiting for a later batch
+ * would wait for the writer itself. Called there outside a job (from an
+ * on_done), it fails with IDEM_EINVAL. */
 idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job);
-/* Finish every submitted job, stop the writer, free. NULL is a no-op. */
+/* Queue a job and return without waiting: its on_done runs exactly once, on
+ * the writer thread, after the job's batch; the job must stay valid until
+ * then. IDEM_ECLOSING once the writer is stopping (then on_done never runs).
+ * (idem__gc_submit queues through here, with no on_done, and waits.) */
+idem_rc idem__gc_queue(struct idem__gc *gc, struct idem__gc_job *job);
+/* 1 on the writer thread itself. */
+int idem__gc_on_writer(struct idem__gc *gc);
+/* Finish every submitted and queued job (calling their on_done), stop the
+ * writer, free. NULL is a no-op. */
 void idem__gc_stop(struct idem__gc *gc);
 void idem__gc_stats(struct idem__gc *gc, uint64_t *commits, uint64_t *ops);
 

@@ -1678,6 +1678,9 @@ static const struct idem__db_ops postgres_ops = {
     .inbox_cas = inbox_cas,
     .commit_stats = commit_stats,
     .close = postgres_close,
+    /* Its writers batch statements, not callers' code: record calls from a
+     * caller's callback would have no connection to run inline on. */
+    .run_async = NULL,
 };
 
 /* Bring the schema to SCHEMA_VERSION, one process at a time. */

@@ -3,10 +3,13 @@
  * the embedded store's layer 3.
  *
  * One connection, owned by the group-commit writer thread (group_commit.c):
- * every operation, reads included, is a job on that thread, so the connection
- * is never shared and all statements are prepared once. The file is in WAL
- * mode with synchronous=FULL: a job's caller returns only after the batch
- * that carried its write has been fsynced.
+ * every write is a job on that thread, so the connection is never shared and
+ * all statements are prepared once; reads of a file go to read-only
+ * connections of their own. The file is in WAL mode with synchronous=FULL: a
+ * job's caller returns only after the batch that carried its write has been
+ * fsynced. A caller's async function (run_async) runs as a job too, and the
+ * operations it calls run inline on the writer's connection — reads
+ * included, so that it sees its batch's uncommitted rows.
  *
  * The table's PRIMARY KEY (space, key) decides who creates a record:
  * INSERT ... ON CONFLICT DO NOTHING, then changes() — never a read followed
@@ -419,14 +422,16 @@ static void reader_give_back(struct sqlite_db *d, struct reader *r)
 /* A read outside the writer's queue: WAL lets readers see the last commit
  * without waiting for the writer. Only committed (and so, with
  * synchronous=FULL, durable) rows are visible. An in-memory database has one
- * connection, so there it goes through the writer. */
+ * connection, so there it goes through the writer; and on the writer thread
+ * (an async function's read) it is the writer's own connection, which sees
+ * the running batch's rows. */
 static idem_rc rec_get(void *db, const char *space, const char *key,
                        int *found, idem_record *cur)
 {
     struct sqlite_db *d = db;
     if (cur)
         memset(cur, 0, sizeof *cur);
-    if (!d->path) {
+    if (!d->path || idem__gc_on_writer(d->gc)) {
         struct rec_job j = {.job.run = run_rec_get, .space = space, .key = key,
                             .found = found, .cur = cur};
         return submit_rec(db, &j);
@@ -445,13 +450,15 @@ static idem_rc rec_get(void *db, const char *space, const char *key,
     return rc;
 }
 
-/* The hint for begin: from a reader; an in-memory database, whose only
- * connection is the writer's, offers none. */
+/* The hint for begin: from a reader. None where the only connection to read
+ * is the writer's — an in-memory database, or the writer thread itself: the
+ * peek exists to spare a begin the queue, and there begin's insert runs at
+ * once and reads the row in the same step anyway. */
 static idem_rc rec_peek(void *db, const char *space, const char *key, int *found,
                         idem_record *cur)
 {
     struct sqlite_db *d = db;
-    if (!d->path) {
+    if (!d->path || idem__gc_on_writer(d->gc)) {
         *found = 0;
         if (cur)
             memset(cur, 0, sizeof *cur);
@@ -572,6 +579,49 @@ static idem_rc inbox_cas(void *db, const struct idem__inbox_cas *c, int *changed
     return idem__gc_submit(d->gc, &j.job);
 }
 
+/* ---- a caller's function on the writer thread ---- */
+
+struct async_job {
+    struct idem__gc_job job;
+    idem *h;
+    idem_async_fn fn;
+    idem_async_done_fn done;
+    void *arg;
+};
+
+static idem_rc run_async_fn(struct idem__gc_job *job, void *ctx)
+{
+    struct async_job *a = (struct async_job *)job;
+    (void)ctx;
+    return a->fn(a->h, a->arg);
+}
+
+static void on_async_done(struct idem__gc_job *job)
+{
+    struct async_job *a = (struct async_job *)job;
+    a->done(a->arg, job->rc, job->detail);
+    idem__free(a);
+}
+
+static idem_rc run_async(void *db, idem *h, idem_async_fn fn,
+                         idem_async_done_fn done, void *arg)
+{
+    struct sqlite_db *d = db;
+    struct async_job *a = idem__calloc(1, sizeof *a);
+    if (!a)
+        return idem__fail(IDEM_ENOMEM, "sqlite: allocating an async job");
+    a->job.run = run_async_fn;
+    a->job.on_done = on_async_done;
+    a->h = h;
+    a->fn = fn;
+    a->done = done;
+    a->arg = arg;
+    idem_rc rc = idem__gc_queue(d->gc, &a->job);
+    if (rc != IDEM_OK)
+        idem__free(a);
+    return rc;
+}
+
 /* ---- open and close ---- */
 
 static void commit_stats(void *db, uint64_t *commits, uint64_t *ops)
@@ -611,6 +661,7 @@ static const struct idem__db_ops sqlite_ops = {
     .inbox_cas = inbox_cas,
     .commit_stats = commit_stats,
     .close = sqlite_close,
+    .run_async = run_async,
 };
 
 /* Set up the file: WAL, FULL sync, the schema, the schema version. */

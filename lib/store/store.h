@@ -26,7 +26,7 @@
 #include "idem.h"
 
 #define IDEM_KV_OPS_VERSION 1
-#define IDEM_DB_OPS_VERSION 1
+#define IDEM_DB_OPS_VERSION 2 /* 2: run_async */
 
 struct idem__kv_ops {
     unsigned version; /* IDEM_KV_OPS_VERSION */
@@ -140,6 +140,17 @@ struct idem__db_ops {
     void (*commit_stats)(void *db, uint64_t *commits, uint64_t *ops);
 
     void (*close)(void *db);
+
+    /* Version 2. Queue fn(h, arg) to run on the backend's writer thread,
+     * inside the transaction of the batch that carries its writes and in a
+     * savepoint of its own (rolled back unless fn returns IDEM_OK); then
+     * call done(arg, rc, detail) on that thread once the batch is durable or
+     * failed. The operations above, called from fn on that thread, run at
+     * once on the batch's connection and see its uncommitted rows. IDEM_OK,
+     * or IDEM_ECLOSING / IDEM_ENOMEM and done never runs. NULL: the backend
+     * has no writer thread to run callers' code on. */
+    idem_rc (*run_async)(void *db, idem *h, idem_async_fn fn,
+                         idem_async_done_fn done, void *arg);
 };
 
 struct idem__watchdog;

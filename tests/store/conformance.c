@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "store/store.h"
@@ -589,6 +590,506 @@ static void test_group_commit_shares_commits(void **state)
     assert_string_equal(rec.state, "SUCCEEDED");
     assert_memory_equal(rec.result, "gc-63-19", 8);
     idem_record_clear(&rec);
+}
+
+/* ---- async record calls ----------------------------------------------- */
+
+/* One idem_record_async() call: what its fn saw and what its done got. The
+ * callbacks run on the writer thread, so they only record; the test thread
+ * asserts. */
+struct async_call {
+    struct async_run *run;
+    const char *key;
+    int i;
+    idem_rc queue_rc;              /* idem_record_async() */
+    idem_rc fn_rc;                 /* fn's record call */
+    idem_outcome fn_out;
+    char fn_saw[IDEM_NAME_MAX + 1]; /* fn: a state it read */
+    int fn_rows_committed;          /* fn: rows another connection sees */
+    atomic_int done_runs;
+    idem_rc done_rc;
+    char done_detail[256];
+    char done_saw[IDEM_NAME_MAX + 1]; /* done: the state another connection sees */
+};
+
+struct async_run {
+    idem *h;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int dones;   /* done callbacks so far */
+    int entered; /* the gate job is running on the writer */
+    int open;    /* the gate job may return */
+    uint64_t epoch;
+    int probes;     /* jobs the gate queued while waiting for the close */
+    int saw_closing;
+    struct async_call call[128];
+};
+
+static struct async_run *async_run_new(idem *h)
+{
+    struct async_run *r = calloc(1, sizeof *r);
+    assert_non_null(r);
+    r->h = h;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    for (int i = 0; i < 128; i++) {
+        r->call[i].run = r;
+        r->call[i].i = i;
+        r->call[i].done_rc = (idem_rc)1; /* no done yet */
+    }
+    return r;
+}
+
+static void async_run_free(struct async_run *r)
+{
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+static void set_flag(struct async_run *r, int *flag)
+{
+    pthread_mutex_lock(&r->mu);
+    (*flag)++;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Wait until *flag reaches n; 0 if 30 s pass first. */
+static int wait_flag(struct async_run *r, int *flag, int n)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 30;
+    int rc = 0;
+    pthread_mutex_lock(&r->mu);
+    while (*flag < n && rc == 0)
+        rc = pthread_cond_timedwait(&r->cv, &r->mu, &until);
+    int reached = *flag >= n;
+    pthread_mutex_unlock(&r->mu);
+    return reached;
+}
+
+static void wait_dones(struct async_run *r, int n)
+{
+    if (!wait_flag(r, &r->dones, n))
+        fail_msg("%d done callbacks after 30 s, expected %d", r->dones, n);
+}
+
+static void on_done(void *arg, idem_rc rc, const char *detail)
+{
+    struct async_call *c = arg;
+    c->done_rc = rc;
+    snprintf(c->done_detail, sizeof c->done_detail, "%s", detail);
+    atomic_fetch_add(&c->done_runs, 1);
+    set_flag(c->run, &c->run->dones);
+}
+
+/* Rows for (pay, key) that a connection of the test's own sees in the file;
+ * state receives the row's state. -1 when the store is not a file. */
+static int committed_rows(const char *key, char state[IDEM_NAME_MAX + 1])
+{
+    state[0] = '\0';
+    if (is_postgres() || strcmp(store_where, "file") != 0)
+        return -1;
+    sqlite3 *db = NULL;
+    sqlite3_stmt *s = NULL;
+    int rows = -2;
+    if (sqlite3_open_v2(db_path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, "SELECT state FROM idem_record WHERE space = 'pay' AND key = ?1",
+                           -1, &s, NULL) == SQLITE_OK) {
+        sqlite3_bind_text(s, 1, key, -1, SQLITE_STATIC);
+        rows = 0;
+        while (sqlite3_step(s) == SQLITE_ROW) {
+            snprintf(state, IDEM_NAME_MAX + 1, "%s", (const char *)sqlite3_column_text(s, 0));
+            rows++;
+        }
+    }
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return rows;
+}
+
+static void on_done_check_committed(void *arg, idem_rc rc, const char *detail)
+{
+    struct async_call *c = arg;
+    (void)committed_rows(c->key, c->done_saw);
+    on_done(arg, rc, detail);
+}
+
+static idem_rc fn_begin(idem *h, void *arg)
+{
+    struct async_call *c = arg;
+    char owner[32];
+    snprintf(owner, sizeof owner, "async-%d", c->i);
+    c->fn_rc = idem_record_begin(h, "pay", c->key, NULL, owner, 30000, &c->fn_out, NULL);
+    char unused[IDEM_NAME_MAX + 1];
+    c->fn_rows_committed = committed_rows(c->key, unused);
+    return c->fn_rc;
+}
+
+static idem_rc fn_begin_complete(idem *h, void *arg)
+{
+    struct async_call *c = arg;
+    idem_record rec;
+    idem_rc rc = idem_record_begin(h, "pay", c->key, NULL, "async", 30000, &c->fn_out, &rec);
+    if (rc == IDEM_OK && c->fn_out == IDEM_NEW)
+        rc = idem_record_complete(h, "pay", c->key, rec.epoch, "paid", 4, 0, &c->fn_out);
+    idem_record_clear(&rec);
+    return c->fn_rc = rc;
+}
+
+/* A begin, then a failure of the caller's own: the begin must not stay. The
+ * result is over the store's limit (4096), so complete refuses it. */
+static idem_rc fn_begin_then_fail(idem *h, void *arg)
+{
+    struct async_call *c = arg;
+    static char big[5000];
+    idem_record rec;
+    idem_rc rc = idem_record_begin(h, "pay", c->key, NULL, "async", 30000, &c->fn_out, &rec);
+    if (rc == IDEM_OK)
+        rc = idem_record_complete(h, "pay", c->key, rec.epoch, big, sizeof big, 0,
+                                  &c->fn_out);
+    idem_record_clear(&rec);
+    return c->fn_rc = rc;
+}
+
+static idem_rc fn_complete_and_read(idem *h, void *arg)
+{
+    struct async_call *c = arg;
+    idem_outcome o;
+    idem_record rec;
+    c->fn_rc = idem_record_complete(h, "pay", c->key, c->run->epoch, storm_result,
+                                    strlen(storm_result), 0, &c->fn_out);
+    if (c->fn_rc != IDEM_OK)
+        return c->fn_rc;
+    /* The batch's own write, not yet committed, is what fn reads. */
+    idem_rc rc = idem_record_get(h, "pay", c->key, &o, &rec);
+    if (rc == IDEM_OK && o == IDEM_FOUND)
+        snprintf(c->fn_saw, sizeof c->fn_saw, "%s", rec.state);
+    idem_record_clear(&rec);
+    return rc;
+}
+
+/* Holds the writer until the test has queued what it wants in one batch. */
+static idem_rc fn_gate(idem *h, void *arg)
+{
+    struct async_call *c = arg;
+    (void)h;
+    set_flag(c->run, &c->run->entered);
+    return wait_flag(c->run, &c->run->open, 1) ? IDEM_OK : IDEM_ETIMEDOUT;
+}
+
+static idem_rc fn_nothing(idem *h, void *arg)
+{
+    (void)h;
+    (void)arg;
+    return IDEM_OK;
+}
+
+/* The run for an async test, or NULL when the test ends here: on the
+ * distributed store there is no writer thread to run fn on, so the call is
+ * refused and done never runs. */
+static struct async_run *async_start(idem *h)
+{
+    struct async_run *r = async_run_new(h);
+    if (!is_postgres())
+        return r;
+    assert_int_equal(idem_record_async(h, fn_begin, on_done, &r->call[0]), IDEM_ENOTSUP);
+    assert_non_null(strstr(idem_errdetail(), idem_store_name(h)));
+    assert_int_equal(r->dones, 0);
+    assert_int_equal(atomic_load(&r->call[0].done_runs), 0);
+    async_run_free(r);
+    return NULL;
+}
+
+/* Close the handle, after which nothing can call back: each of the first n
+ * calls' done ran exactly once. */
+static void close_and_count(void **state, struct async_run *r, int n)
+{
+    idem_close(*state);
+    *state = NULL;
+    for (int i = 0; i < n; i++)
+        if (atomic_load(&r->call[i].done_runs) != 1)
+            fail_msg("call %d: done ran %d times", i, atomic_load(&r->call[i].done_runs));
+}
+
+/* Queue a gate job, then jobs b and c once it runs: b and c share the next
+ * batch, and the commits prove it. */
+static void run_gated_pair(struct async_run *r, idem_async_fn fb, idem_async_fn fc)
+{
+    idem *h = r->h;
+    idem_stats before, after;
+    idem_get_stats(h, &before);
+    assert_idem_ok(idem_record_async(h, fn_gate, on_done, &r->call[0]));
+    if (!wait_flag(r, &r->entered, 1))
+        fail_msg("the gate job did not run within 30 s");
+    assert_idem_ok(idem_record_async(h, fb, on_done, &r->call[1]));
+    assert_idem_ok(idem_record_async(h, fc, on_done, &r->call[2]));
+    set_flag(r, &r->open);
+    wait_dones(r, 3);
+    idem_get_stats(h, &after);
+    assert_int_equal(after.committed_ops - before.committed_ops, 3);
+    assert_int_equal(after.commits - before.commits, 2);
+    assert_int_equal(r->call[0].done_rc, IDEM_OK);
+}
+
+static void queue_begin(void *arg, int i)
+{
+    struct async_run *r = arg;
+    r->call[i].key = "A-1";
+    r->call[i].queue_rc = idem_record_async(r->h, fn_begin, on_done, &r->call[i]);
+}
+
+/* 100 callers queue a begin on one key at once: one NEW over all the dones,
+ * every done once and IDEM_OK, the other 99 IN_PROGRESS. */
+static void test_async_begin_storm(void **state)
+{
+    idem *h = *state;
+    struct async_run *r = async_start(h);
+    if (!r)
+        return;
+    test_run_threads(100, queue_begin, r);
+    for (int i = 0; i < 100; i++)
+        assert_idem_ok(r->call[i].queue_rc);
+    wait_dones(r, 100);
+    int new_count = 0;
+    for (int i = 0; i < 100; i++) {
+        struct async_call *c = &r->call[i];
+        if (c->done_rc != IDEM_OK)
+            fail_msg("call %d: done got %s (%s)", i, idem_errname(c->done_rc), c->done_detail);
+        assert_string_equal(c->done_detail, "");
+        assert_idem_ok(c->fn_rc);
+        if (c->fn_out == IDEM_NEW)
+            new_count++;
+        else
+            assert_outcome(c->fn_out, IDEM_IN_PROGRESS);
+    }
+    assert_int_equal(new_count, 1);
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_record_get(h, "pay", "A-1", &o, &rec));
+    assert_outcome(o, IDEM_FOUND);
+    assert_string_equal(rec.state, IDEM_STATE_PROCESSING);
+    idem_record_clear(&rec);
+    close_and_count(state, r, 100);
+    async_run_free(r);
+}
+
+/* Two begins on one key in one batch: the second sees the first's row, not
+ * yet committed, and answers IN_PROGRESS. */
+static void test_async_same_batch_sees_itself(void **state)
+{
+    idem *h = *state;
+    struct async_run *r = async_start(h);
+    if (!r)
+        return;
+    r->call[1].key = r->call[2].key = "B-1";
+    run_gated_pair(r, fn_begin, fn_begin);
+    assert_idem_ok(r->call[1].fn_rc);
+    assert_outcome(r->call[1].fn_out, IDEM_NEW);
+    assert_idem_ok(r->call[2].fn_rc);
+    assert_outcome(r->call[2].fn_out, IDEM_IN_PROGRESS);
+    if (strcmp(store_where, "file") == 0)
+        /* What the second saw was inside the transaction: the file had no
+         * such row yet. */
+        assert_int_equal(r->call[2].fn_rows_committed, 0);
+    assert_int_equal(r->call[1].done_rc, IDEM_OK);
+    assert_int_equal(r->call[2].done_rc, IDEM_OK);
+    async_run_free(r);
+}
+
+/* done runs after the batch is durable: from inside done, a connection of
+ * the test's own already reads the committed row. */
+static void test_async_done_after_commit(void **state)
+{
+    idem *h = *state;
+    static char keys[20][16];
+    if (strcmp(store_where, "file") != 0 && !is_postgres())
+        skip();
+    struct async_run *r = async_start(h);
+    if (!r)
+        return;
+    for (int i = 0; i < 20; i++) {
+        struct async_call *c = &r->call[i];
+        snprintf(keys[i], sizeof keys[i], "D-%d", i);
+        c->key = keys[i];
+        assert_idem_ok(idem_record_async(h, fn_begin_complete, on_done_check_committed, c));
+    }
+    wait_dones(r, 20);
+    for (int i = 0; i < 20; i++) {
+        struct async_call *c = &r->call[i];
+        assert_int_equal(c->done_rc, IDEM_OK);
+        assert_outcome(c->fn_out, IDEM_COMPLETED);
+        if (strcmp(c->done_saw, IDEM_STATE_SUCCEEDED) != 0)
+            fail_msg("%s: done ran while the file showed \"%s\", not SUCCEEDED", c->key,
+                     c->done_saw);
+    }
+    async_run_free(r);
+}
+
+/* fn begins, then fails: its begin is rolled back (a begin after it in the
+ * same batch is NEW), done gets fn's error and detail, once. */
+static void test_async_failure_rolls_back(void **state)
+{
+    idem *h = *state;
+    struct async_run *r = async_start(h);
+    if (!r)
+        return;
+    r->call[1].key = r->call[2].key = "F-1";
+    run_gated_pair(r, fn_begin_then_fail, fn_begin);
+    assert_outcome(r->call[1].fn_out, IDEM_NONE); /* complete refused */
+    assert_int_equal(r->call[1].fn_rc, IDEM_ETOOBIG);
+    assert_int_equal(r->call[1].done_rc, IDEM_ETOOBIG);
+    assert_non_null(strstr(r->call[1].done_detail, "result"));
+    assert_idem_ok(r->call[2].fn_rc);
+    assert_outcome(r->call[2].fn_out, IDEM_NEW);
+    assert_int_equal(r->call[2].done_rc, IDEM_OK);
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_record_get(h, "pay", "F-1", &o, &rec));
+    assert_outcome(o, IDEM_FOUND);
+    assert_string_equal(rec.owner, "async-2");
+    idem_record_clear(&rec);
+
+    /* Alone, the failed job leaves nothing. */
+    r->call[3].key = "F-2";
+    assert_idem_ok(idem_record_async(h, fn_begin_then_fail, on_done, &r->call[3]));
+    wait_dones(r, 4);
+    assert_int_equal(r->call[3].done_rc, IDEM_ETOOBIG);
+    assert_idem_ok(idem_record_get(h, "pay", "F-2", &o, NULL));
+    assert_outcome(o, IDEM_NOT_FOUND);
+    close_and_count(state, r, 4);
+    async_run_free(r);
+}
+
+/* A complete through idem_record_async: fn reads its own uncommitted write,
+ * and afterwards the record is SUCCEEDED with the result. */
+static void test_async_complete(void **state)
+{
+    idem *h = *state;
+    struct async_run *r = async_start(h);
+    if (!r)
+        return;
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_record_begin(h, "pay", "C-1", NULL, "me", 30000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    r->epoch = rec.epoch;
+    idem_record_clear(&rec);
+    r->call[0].key = "C-1";
+    assert_idem_ok(idem_record_async(h, fn_complete_and_read, on_done, &r->call[0]));
+    wait_dones(r, 1);
+    assert_int_equal(r->call[0].done_rc, IDEM_OK);
+    assert_outcome(r->call[0].fn_out, IDEM_COMPLETED);
+    assert_string_equal(r->call[0].fn_saw, IDEM_STATE_SUCCEEDED);
+    assert_idem_ok(idem_record_get(h, "pay", "C-1", &o, &rec));
+    assert_outcome(o, IDEM_FOUND);
+    assert_string_equal(rec.state, IDEM_STATE_SUCCEEDED);
+    assert_int_equal(rec.result_len, strlen(storm_result));
+    assert_memory_equal(rec.result, storm_result, strlen(storm_result));
+    idem_record_clear(&rec);
+    async_run_free(r);
+}
+
+static void on_probe_done(void *arg, idem_rc rc, const char *detail)
+{
+    struct async_run *r = arg;
+    (void)rc;
+    (void)detail;
+    set_flag(r, &r->dones);
+}
+
+/* Holds the writer until idem_close() has begun (a queue attempt answers
+ * ECLOSING), so that the jobs behind it are still queued when it does. */
+static idem_rc fn_hold_until_closing(idem *h, void *arg)
+{
+    struct async_call *c = arg;
+    struct async_run *r = c->run;
+    set_flag(r, &r->entered);
+    for (int i = 0; i < 30000; i++) {
+        idem_rc rc = idem_record_async(h, fn_nothing, on_probe_done, r);
+        if (rc == IDEM_ECLOSING) {
+            r->saw_closing = 1;
+            break;
+        }
+        if (rc == IDEM_OK)
+            r->probes++;
+        usleep(1000);
+    }
+    return IDEM_OK;
+}
+
+/* idem_close() with 120 jobs queued: every done has run when it returns,
+ * and in a file their writes are there after a reopen. */
+static void test_async_close_drains(void **state)
+{
+    idem *h = *state;
+    struct async_run *r = async_start(h);
+    if (!r)
+        return;
+    enum { N = 120 };
+    static char keys[N][16];
+    assert_idem_ok(idem_record_async(h, fn_hold_until_closing, on_done, &r->call[0]));
+    if (!wait_flag(r, &r->entered, 1))
+        fail_msg("the holding job did not run within 30 s");
+    for (int i = 1; i <= N - 1; i++) {
+        snprintf(keys[i], sizeof keys[i], "Z-%d", i);
+        r->call[i].key = keys[i];
+        assert_idem_ok(idem_record_async(h, fn_begin, on_done, &r->call[i]));
+    }
+    close_and_count(state, r, N);
+    assert_int_equal(r->saw_closing, 1);
+    assert_int_equal(r->dones, N + r->probes);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(r->call[i].done_rc, IDEM_OK);
+    if (strcmp(store_where, "file") == 0) {
+        idem_options o;
+        idem_options_init(&o);
+        store_options(&o, 0);
+        *state = h = open_with(&o);
+        idem_outcome out;
+        assert_idem_ok(idem_record_get(h, "pay", keys[N - 1], &out, NULL));
+        assert_outcome(out, IDEM_FOUND);
+    }
+    async_run_free(r);
+}
+
+static void on_done_calls_idem(void *arg, idem_rc rc, const char *detail)
+{
+    struct async_call *c = arg;
+    idem_outcome o;
+    /* Forbidden; answered, not a deadlock. */
+    c->fn_rc = idem_record_get(c->run->h, "pay", "X", &o, NULL);
+    on_done(arg, rc, detail);
+}
+
+/* Bad arguments are refused and done never runs; a done that calls Idem
+ * anyway gets IDEM_EINVAL instead of waiting for its own thread. */
+static void test_async_bad_input(void **state)
+{
+    idem *h = *state;
+    struct async_run *r = async_start(h);
+    if (!r)
+        return;
+    struct async_call *c = &r->call[0];
+    assert_int_equal(idem_record_async(NULL, fn_nothing, on_done, c), IDEM_EINVAL);
+    assert_int_equal(idem_record_async(h, NULL, on_done, c), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "fn"));
+    assert_int_equal(idem_record_async(h, fn_nothing, NULL, c), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "done"));
+    assert_int_equal(idem_record_async(h, NULL, NULL, c), IDEM_EINVAL);
+
+    struct async_call *d = &r->call[1];
+    assert_idem_ok(idem_record_async(h, fn_nothing, on_done_calls_idem, d));
+    wait_dones(r, 1);
+    assert_int_equal(d->done_rc, IDEM_OK);
+    assert_int_equal(d->fn_rc, IDEM_EINVAL);
+    close_and_count(state, r, 0);
+    assert_int_equal(atomic_load(&c->done_runs), 0);
+    assert_int_equal(atomic_load(&d->done_runs), 1);
+    assert_int_equal(r->dones, 1);
+    async_run_free(r);
 }
 
 /* ---- tokens ----------------------------------------------------------- */
@@ -1378,6 +1879,13 @@ int main(int argc, char **argv)
         T(test_purge),
         T(test_record_bad_input),
         T(test_group_commit_shares_commits),
+        T(test_async_begin_storm),
+        T(test_async_same_batch_sees_itself),
+        T(test_async_done_after_commit),
+        T(test_async_failure_rolls_back),
+        T(test_async_complete),
+        T(test_async_close_drains),
+        T(test_async_bad_input),
         T(test_token_storm),
         T(test_token_give_back_and_expiry),
         T(test_token_cap_per_scene),

@@ -10,11 +10,14 @@
  * 1, 2, ... until a run makes fewer than n allocations.
  */
 #include <pthread.h>
+#include <semaphore.h>
 #include <sqlite3.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/error.h"
 #include "testlib.h"
 
 static atomic_long live;        /* blocks allocated and not yet freed */
@@ -197,6 +200,56 @@ static idem_rc call_purge(idem *h)
     return idem_record_purge(h, 10, &n);
 }
 
+/* An async begin (of a finished record: reading its result allocates) and
+ * complete: a refused allocation fails the call (and done never runs) or, on
+ * the writer thread, fn's record call (and done gets its error, once). */
+struct async_wait {
+    sem_t done;
+    atomic_int runs;
+    idem_rc rc;
+    char detail[256];
+};
+
+static idem_rc async_begin_complete(idem *h, void *arg)
+{
+    (void)arg;
+    idem_outcome o;
+    idem_record r;
+    idem_rc rc = idem_record_begin(h, "s", "k", NULL, "me", 60000, &o, &r);
+    if (rc == IDEM_OK)
+        rc = idem_record_complete(h, "s", "k", r.epoch, "abc", 3, 0, &o);
+    idem_record_clear(&r);
+    return rc;
+}
+
+static void async_done(void *arg, idem_rc rc, const char *detail)
+{
+    struct async_wait *w = arg;
+    w->rc = rc;
+    snprintf(w->detail, sizeof w->detail, "%s", detail);
+    atomic_fetch_add(&w->runs, 1);
+    sem_post(&w->done);
+}
+
+static idem_rc call_async(idem *h)
+{
+    struct async_wait w = {.rc = IDEM_OK};
+    sem_init(&w.done, 0, 0);
+    idem_rc rc = idem_record_async(h, async_begin_complete, async_done, &w);
+    int queued = rc == IDEM_OK;
+    if (queued) {
+        while (sem_wait(&w.done) != 0)
+            ;
+        rc = w.rc;
+        if (rc != IDEM_OK) /* the writer's detail, told on this thread */
+            rc = idem__fail(rc, "%s", w.detail);
+    }
+    sem_destroy(&w.done);
+    if (atomic_load(&w.runs) != queued)
+        fail_msg("record_async: done ran %d times, queued %d", atomic_load(&w.runs), queued);
+    return rc;
+}
+
 static const struct scenario scenarios[] = {
     {"token_issue", prep_none, call_issue},
     {"token_consume", prep_token, call_consume},
@@ -212,6 +265,8 @@ static const struct scenario scenarios[] = {
     {"record_transition", prep_done, call_transition},
     {"inbox_begin_done", prep_none, call_inbox},
     {"record_purge", prep_done, call_purge},
+    {"record_async_new", prep_none, call_async},
+    {"record_async_done", prep_done, call_async},
 };
 
 static void test_each_allocation_of_each_call(void **state)
