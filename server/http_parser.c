@@ -26,8 +26,10 @@
  *  - 1xx responses come back as messages of their own (no body); the caller
  *    skips them, resets and feeds on. After a 101 the stream is no longer
  *    HTTP and the caller must stop feeding it here.
- *  - In response mode every error is 502 (out of memory stays 500): whatever
- *    the upstream got wrong, the client is answered "bad gateway".
+ *  - In response mode every error is 502 (out of memory stays 500, a body
+ *    over body_max stays 413, so the caller can tell "answered, too big"
+ *    from "answered wrong"): whatever the upstream got wrong, the client is
+ *    answered "bad gateway".
  *  - header_bytes_max counts the bytes of all field lines, head and trailers
  *    together, without their CRLFs; header_count_max counts head and trailer
  *    fields together.
@@ -170,11 +172,12 @@ static int reserve(struct http_parser *p, char **buf, size_t *cap, size_t need, 
 /* ---- errors -------------------------------------------------------------- */
 
 /* Refuse the message: status to answer, a sentence for the problem detail.
- * Whatever an upstream gets wrong, the client is told 502. */
+ * Whatever an upstream gets wrong, the client is told 502; a body over the
+ * limit stays 413 (the upstream did answer: its request executed). */
 __attribute__((format(printf, 3, 4))) static enum http_parse_status
 fail(struct http_parser *p, int status, const char *fmt, ...)
 {
-    if (p->mode == HTTP_PARSE_RESPONSE && status != 500)
+    if (p->mode == HTTP_PARSE_RESPONSE && status != 500 && status != 413)
         status = 502;
     p->error_status = status;
     va_list ap;

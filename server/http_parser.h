@@ -69,7 +69,7 @@ enum http_parse_status {
 
 struct http_parser {
     /* Set on HTTP_ERROR: the status to answer (400, 413, 414, 431, 501,
-     * 505; 502 in response mode) and what was wrong, for the problem detail. */
+     * 505; in response mode 502, or 413 for a body over body_max) and what was wrong, for the problem detail. */
     int error_status;
     char error_detail[160];
 

@@ -690,10 +690,10 @@ static void response_until_close(void **state)
     http_msg_free(m);
     http_parser_free(&p);
 
-    /* Past the body limit: 502. */
+    /* Past the body limit: 413, which the upstream client tells apart. */
     char buf[256];
     int n = snprintf(buf, sizeof buf, "HTTP/1.1 200 OK\r\n\r\n%065d", 0);
-    response_refused(buf, (size_t)n, "larger than 64");
+    refused_as(HTTP_PARSE_RESPONSE, buf, (size_t)n, 1, 413, "larger than 64");
 }
 
 static void responses_without_body(void **state)
@@ -777,7 +777,8 @@ static void malformed_responses(void **state)
     response_refused(S("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\nabc"), "chunked");
     response_refused(S("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"),
                      "more than once");
-    response_refused(S("HTTP/1.1 200 OK\r\nContent-Length: 65\r\n\r\n"), "larger than 64");
+    refused_as(HTTP_PARSE_RESPONSE, S("HTTP/1.1 200 OK\r\nContent-Length: 65\r\n\r\n"), 1, 413,
+               "larger than 64");
     response_refused(S("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nabc"), "closed in the middle");
     response_refused(S("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nokX"), "CRLF");
     response_refused(S("HTTP/1.1 200 OK\r\nX: \0\r\n\r\n"), "NUL");
