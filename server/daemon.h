@@ -31,12 +31,25 @@ struct daemon_counters {
     atomic_ulong redis_down_skips; /* token or lock layer skipped: Redis down */
 };
 
+/* One event loop's own: its base, its upstream connections (every request
+ * of the loop gets it as req->loop_ctx). */
+struct daemon_loop {
+    struct daemon *d;
+    struct event_base *base;
+    struct upstream_loop *upstreams;
+};
+
 struct daemon {
     idem *h;
+    struct workers *workers;
     pthread_mutex_t cfg_mu;
     struct live_config *live;
     char instance[24];         /* random, names this process in record owners */
     int reads_dont_block;      /* a file store: record reads bypass the writer */
+    int db_async;              /* record calls run as the writer's jobs
+                                  (idem_record_async): the embedded store */
+    int kv_local;              /* token and lock calls are in memory, never
+                                  block: the embedded store */
     atomic_ulong seq;
     struct daemon_counters n;
 };
@@ -44,22 +57,21 @@ struct daemon {
 struct live_config *daemon_config_get(struct daemon *d);
 void daemon_config_put(struct live_config *lc);
 
-/* The handler the front end runs on a worker for every request. */
+/* The handler the front end runs on the loop for every request. */
 void daemon_handle(void *arg, struct front_request *req);
 
-/* Gateway and API, in gateway.c and api.c. */
-void gateway_handle(struct daemon *d, const struct server_config *cfg, const struct route *rt,
-                    struct front_request *req);
-/* On the loop thread: a replay of a finished record, when one can be
- * answered without blocking (see front_fast_fn). */
-int gateway_fast(struct daemon *d, const struct server_config *cfg, const struct route *rt,
-                 struct front_request *req);
-int daemon_fast(void *arg, struct front_request *req);
-void passthrough_handle(struct daemon *d, const struct server_config *cfg,
-                        struct front_request *req);
+/* In gateway.c: a request on a route, and a request on no route (proxied
+ * untouched). gateway_start takes over the reference lc. Loop thread. */
+void gateway_start(struct daemon *d, struct live_config *lc, const struct route *rt,
+                   struct front_request *req);
+void passthrough_start(struct daemon *d, const struct server_config *cfg,
+                       struct front_request *req);
+/* In api.c, on a worker thread. */
 void api_handle(struct daemon *d, const struct server_config *cfg, struct front_request *req);
 
 /* The problem for a failed Idem call: 400 for bad input, 503 for the store. */
 struct http_response *problem_from_idem(idem_rc rc, const char *what);
+/* The same with the error's detail given (it was captured on another thread). */
+struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what);
 
 #endif

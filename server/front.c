@@ -1,12 +1,14 @@
 /*
  * front.c — the HTTP front end of idem serve (daemon).
  *
- * One libevent loop owns every client connection. It parses requests with
- * the strict parser (http_parser.c) under the configured limits and hands
- * each complete request to the worker pool; the worker's answer comes back
- * through a completion queue and an event the loop is woken by. A connection
- * serves one request at a time (pipelined requests wait in its input buffer),
- * so responses go out in order.
+ * Each libevent loop owns its client connections. It parses requests with
+ * the strict parser (http_parser.c) under the configured limits and gives
+ * each complete request to the handler, on the loop thread. The handler never
+ * blocks: what must block (a store call on a remote store) goes to the worker
+ * pool with front_work(), and a store's callback or a worker brings the
+ * request back to its loop with front_resume(), through a queue and an event
+ * the loop is woken by. A connection serves one request at a time (pipelined
+ * requests wait in its input buffer), so responses go out in order.
  *
  * A connection's lifecycle — every change goes through set_state():
  *
@@ -16,8 +18,8 @@
  *    ┌─ READING ◄──────────────────────────────┐     the first byte
  *    │    │ a whole request                     │
  *    │    ▼                                     │ written, keep-alive
- *    │  HANDLING ── (reads paused; in a worker) │
- *    │    │ the worker's answer                 │
+ *    │  HANDLING ── (reads paused; the handler  │
+ *    │    │            has it) front_answer()   │
  *    │    ▼                                     │
  *    │  WRITING ────────────────────────────────┘
  *    │    │ written, close (Connection: close, HTTP/1.0, limit reached,
@@ -28,8 +30,8 @@
  *    └─► CLOSED ◄── timeout, peer gone, write error
  *
  * A peer that goes away while its request is HANDLING does not stop the
- * work: the record is finished by the worker regardless, and the connection
- * is freed when the answer comes back (ORPHANED). Malformed requests are
+ * work: the record is finished regardless, and the connection is freed when
+ * the answer comes (ORPHANED). Malformed requests are
  * answered with the parser's status and the connection is closed, because
  * after a framing error nothing that follows on it can be trusted.
  */
@@ -80,10 +82,11 @@ struct front {
     struct http_limits parse_limits;
     struct workers *workers;
     front_handler_fn handler;
-    front_fast_fn fast;
     void *handler_arg;
+    void *loop_ctx;
     int port;
     int draining;
+    int closing;                    /* front_free() is running the last steps */
 
     pthread_mutex_t mu;             /* guards done_head and in_flight */
     struct front_request *done_head;
@@ -177,14 +180,12 @@ static void send_problem_and_close(struct conn *c, int status, const char *type,
     response_free(r);
 }
 
-/* ---- workers' side ---- */
+/* ---- steps and answers ---- */
 
-static void run_request(struct work *w)
+void front_resume(struct front_request *req, front_step_fn step)
 {
-    struct front_request *req = (struct front_request *)w;
     struct front *f = req->front;
-    req->resp = NULL;
-    f->handler(f->handler_arg, req);
+    req->resume_with = step;
     pthread_mutex_lock(&f->mu);
     req->work.next = (struct work *)f->done_head;
     f->done_head = req;
@@ -192,16 +193,37 @@ static void run_request(struct work *w)
     event_active(f->done_ev, EV_READ, 0);
 }
 
-/* ---- the loop's side ---- */
-
-static void finish_request(struct conn *c)
+static void run_on_worker(struct work *w)
 {
-    struct front_request *req = &c->req;
+    struct front_request *req = (struct front_request *)w;
+    req->worker_step(req);
+    front_resume(req, req->resume_with);
+}
+
+int front_work(struct front_request *req, front_step_fn blocking, front_step_fn then)
+{
+    req->worker_step = blocking;
+    req->resume_with = then;
+    req->work.run = run_on_worker;
+    return req->front->closing ? -1 : workers_submit(req->front->workers, &req->work);
+}
+
+int front_closing(const struct front_request *req)
+{
+    return req->front->closing;
+}
+
+void front_answer(struct front_request *req)
+{
+    struct conn *c = req->conn;
+    struct front *f = c->f;
+    pthread_mutex_lock(&f->mu);
+    f->in_flight--;
+    pthread_mutex_unlock(&f->mu);
     http_msg_free(req->msg);
     req->msg = NULL;
-    if (c->state == ORPHANED) {
-        response_free(req->resp);
-        req->resp = NULL;
+    req->on_abort = NULL;
+    if (c->state == ORPHANED || f->closing) {
         conn_free(c);
         return;
     }
@@ -219,13 +241,13 @@ static void on_done(evutil_socket_t fd, short what, void *arg)
     struct front_request *list = f->done_head;
     f->done_head = NULL;
     pthread_mutex_unlock(&f->mu);
+    /* Newest first; the order between requests does not matter. */
     while (list) {
         struct front_request *req = list;
         list = (struct front_request *)req->work.next;
-        pthread_mutex_lock(&f->mu);
-        f->in_flight--;
-        pthread_mutex_unlock(&f->mu);
-        finish_request(req->conn);
+        front_step_fn step = req->resume_with;
+        req->resume_with = NULL;
+        step(req);
     }
 }
 
@@ -257,24 +279,9 @@ static void dispatch(struct conn *c, struct http_msg *msg)
     c->req.msg = msg;
     c->req.conn = c;
     c->req.front = f;
-    c->req.work.run = run_request;
+    c->req.loop_ctx = f->loop_ctx;
     snprintf(c->req.peer, sizeof c->req.peer, "%s", c->peer);
-    if (f->fast && f->fast(f->handler_arg, &c->req)) {
-        /* Answered on the loop: no worker, no thread switch. */
-        pthread_mutex_lock(&f->mu);
-        f->in_flight--;
-        pthread_mutex_unlock(&f->mu);
-        finish_request(c);
-        return;
-    }
-    if (workers_submit(f->workers, &c->req.work) != 0) {
-        pthread_mutex_lock(&f->mu);
-        f->in_flight--;
-        pthread_mutex_unlock(&f->mu);
-        c->req.msg = NULL;
-        http_msg_free(msg);
-        send_problem_and_close(c, 503, "shutting_down", "the server is shutting down");
-    }
+    f->handler(f->handler_arg, &c->req);
 }
 
 static void process_input(struct conn *c)
@@ -350,7 +357,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     (void)bev;
     (void)what; /* EOF or error: either way the peer is gone */
     if (c->state == HANDLING) {
-        set_state(c, ORPHANED); /* freed when the worker answers */
+        set_state(c, ORPHANED); /* freed at front_answer() */
         return;
     }
     conn_free(c);
@@ -470,7 +477,7 @@ static void on_drain(evutil_socket_t fd, short what, void *arg)
 }
 
 struct front *front_new(struct event_base *base, const struct server_limits *limits,
-                        struct workers *ws, front_handler_fn fn, void *arg)
+                        struct workers *ws, front_handler_fn fn, void *arg, void *loop_ctx)
 {
     struct front *f = calloc(1, sizeof *f);
     if (!f)
@@ -480,6 +487,7 @@ struct front *front_new(struct event_base *base, const struct server_limits *lim
     f->workers = ws;
     f->handler = fn;
     f->handler_arg = arg;
+    f->loop_ctx = loop_ctx;
     f->parse_limits.request_line_max = limits->request_line_max;
     f->parse_limits.header_count_max = limits->header_count_max;
     f->parse_limits.header_bytes_max = limits->header_bytes_max;
@@ -526,11 +534,6 @@ int front_listen(struct front *f, const char *host, int port, char *err, size_t 
     return 0;
 }
 
-void front_set_fast_path(struct front *f, front_fast_fn fn)
-{
-    f->fast = fn;
-}
-
 void front_share_connection_count(struct front *f, atomic_size_t *total)
 {
     f->total = total;
@@ -569,18 +572,31 @@ void front_drain(struct front *f, int64_t timeout_ms)
         event_add(f->drain_ev, &tv);
 }
 
+void front_abort_parked(struct front *f)
+{
+    if (!f)
+        return;
+    for (struct conn *c = f->conns, *next; c; c = next) {
+        next = c->next;
+        if ((c->state == HANDLING || c->state == ORPHANED) && c->req.on_abort) {
+            front_step_fn abort = c->req.on_abort;
+            c->req.on_abort = NULL;
+            abort(&c->req); /* ends with front_answer(), which may free c */
+        }
+    }
+}
+
 void front_free(struct front *f)
 {
     if (!f)
         return;
-    /* Answers that came back after the loop stopped. */
+    /* Steps that were queued after the loop stopped: they see closing. */
+    f->closing = 1;
     if (f->done_ev)
         on_done(-1, 0, f);
-    while (f->conns) {
-        if (f->conns->state == HANDLING) /* a worker still has it: cannot happen */
-            f->conns->state = ORPHANED;  /* after workers_stop */
+    /* Anything still HANDLING now has nobody left to answer it. */
+    while (f->conns)
         conn_free(f->conns);
-    }
     if (f->listener)
         evconnlistener_free(f->listener);
     if (f->done_ev)

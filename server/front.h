@@ -16,32 +16,58 @@
 #include "workers.h"
 
 struct conn;
+struct front_request;
 
-/* One request on its way through a worker. */
+/* A step of a request's handling, run on its loop thread. */
+typedef void (*front_step_fn)(struct front_request *req);
+
+/* One request, from its parsing to its answer. The handler owns it from
+ * the moment it is called until it calls front_answer(). */
 struct front_request {
     struct work work;           /* the worker pool's link */
     struct http_msg *msg;       /* the request, parsed */
     char peer[64];              /* "127.0.0.1:53211" */
-    struct http_response *resp; /* set by the handler; NULL means OOM (503) */
+    struct http_response *resp; /* the answer; NULL at front_answer() means OOM (503) */
+    void *loop_ctx;             /* the loop's own data, from front_new() */
+    void *state;                /* the handler's */
+    /* Set by the handler while the request waits on the loop's own events
+     * (an upstream exchange, a timer): called instead of a step if the loop
+     * is torn down first, to free what those events hold. */
+    front_step_fn on_abort;
+    front_step_fn resume_with;  /* private to front.c */
+    front_step_fn worker_step;  /* private to front.c */
     struct conn *conn;          /* private to front.c */
     struct front *front;        /* private to front.c */
 };
 
-/* Runs on a worker thread; must set req->resp. */
+/* Runs on the loop thread for every request, and must not block: it either
+ * answers at once or parks the request (front_resume, front_work, or events
+ * of its own on the loop) and answers later. Either way it ends with exactly
+ * one front_answer(). */
 typedef void (*front_handler_fn)(void *arg, struct front_request *req);
 
-/* Runs on the loop thread first, and must not block: returns 1 with
- * req->resp set when it could answer at once (a replay), else 0 and the
- * request goes to a worker. */
-typedef int (*front_fast_fn)(void *arg, struct front_request *req);
+/* The answer is req->resp (freed by the front end): written to the client,
+ * or dropped if the client left. Loop thread only; the request is gone
+ * after this call. */
+void front_answer(struct front_request *req);
+
+/* Run step on req's loop thread, from any thread (a store's callback, a
+ * worker). */
+void front_resume(struct front_request *req, front_step_fn step);
+
+/* Run blocking on a worker thread, then then on the loop thread. 0, or -1
+ * when the workers are stopping (nothing runs). Loop thread only. */
+int front_work(struct front_request *req, front_step_fn blocking, front_step_fn then);
+
+/* 1 when the loop is being torn down: a step that sees it must free what it
+ * holds and front_answer() without starting anything new. */
+int front_closing(const struct front_request *req);
 
 struct front;
 
+/* loop_ctx is handed to every request of this loop (req->loop_ctx). */
 struct front *front_new(struct event_base *base, const struct server_limits *limits,
-                        struct workers *ws, front_handler_fn fn, void *arg);
-
-/* Install the loop thread's fast path (optional). */
-void front_set_fast_path(struct front *f, front_fast_fn fn);
+                        struct workers *ws, front_handler_fn fn, void *arg, void *loop_ctx);
 
 /* Several loops, one limit: count connections in *total (shared by the
  * fronts of all loops) against connections_max. */
@@ -60,10 +86,16 @@ int front_port(const struct front *f);
  * timeout_ms with requests still running. */
 void front_drain(struct front *f, int64_t timeout_ms);
 
-/* Requests in a worker's hands right now. */
+/* Requests being handled right now (not yet answered). */
 size_t front_in_flight(struct front *f);
 
-/* Free the front end; workers must have been stopped first. NULL: no-op. */
+/* Requests parked on this loop's own events are aborted (on_abort): call
+ * after the loop stopped, before the event base and the store close. */
+void front_abort_parked(struct front *f);
+
+/* Free the front end: steps still queued run with front_closing() true.
+ * Workers must have been stopped first, and the store closed (so that no
+ * callback can still resume a request). NULL: no-op. */
 void front_free(struct front *f);
 
 #endif

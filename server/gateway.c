@@ -1,33 +1,53 @@
 /*
  * gateway.c — the three layers in front of an upstream, per route (daemon).
  *
- * A request on a route goes through this lifecycle, on one worker thread,
- * top to bottom; every way out answers the client exactly once:
+ * A request on a route is a small state machine on its event loop. The loop
+ * never blocks: a store call is a step that runs elsewhere and resumes the
+ * request on its loop when it is done —
+ *
+ *   db step   record calls. Embedded store: a job of the SQLite writer thread
+ *             (idem_record_async), resumed once its batch is durable; no
+ *             thread of ours waits on it. Distributed store: a worker.
+ *   kv step   token and lock calls. Embedded: in memory, run on the loop at
+ *             once. Distributed (Redis): a worker.
+ *
+ * and the upstream exchange runs on the loop itself (upstream.c). Every way
+ * out answers the client exactly once, through answer():
  *
  *   key, subject, fingerprint ── missing/invalid ─────────────► 400
- *        │
- *   [token]  consume Idem-Token ── unknown, or spent on another key ► 409 token_spent
+ *        │   (embedded file store, no token layer: a finished record is
+ *        │    replayed right here, read on the loop, no step at all)
+ *   [token]  kv: consume Idem-Token ── unknown, or spent on another key ► 409
  *        │   Redis down (layers 1 and 2): on_redis_down skip ── the layer is
  *        │   skipped, logged, counted; reject ── 503
  *        │   (spent on this same key: a late retry, go on)
- *   [lock]   acquire ── busy: reject ─────────────────────────► 409 + Retry-After
- *        │        └──── busy: wait, until wait_timeout, then ───► 409
+ *   [lock]   kv: acquire ── busy ── db: finished? ── yes ─────► replay
+ *        │        ▲                       └── no: reject ──────► 409 + Retry-After
+ *        │        └────────── wait (timer, backoff) ◄─ wait ───┘ until wait_timeout
  *        │   watchdog renews it while we work
- *   record   begin ── DONE ───────────────────────────────────► replay (Idempotent-Replayed)
- *        │        ├── MISMATCH ───────────────────────────────► 422
- *        │        └── IN_PROGRESS: reject, or wait as above ──► 409
- *        │   NEW / TAKEN_OVER: we hold the claim (epoch)
- *   upstream (the claim's lease extended every lease/3)
- *        ├── answer < 500, or 5xx with on_upstream_5xx: store ─► complete/fail(final)
+ *   BEGIN    db: begin ── DONE ──────────────────────────────► replay (Idempotent-Replayed)
+ *        │        ├── MISMATCH ──────────────────────────────► 422
+ *        │        └── IN_PROGRESS: reject, or wait (timer) ──► 409
+ *        │   NEW / TAKEN_OVER: we hold the claim (epoch), durably
+ *   FORWARD  upstream, on the loop (a timer extends the claim's lease every
+ *        │   lease/3, as a db step of its own)
+ *        ├── answer < 500, or 5xx with on_upstream_5xx: store ─► db: complete/fail(final)
  *        │                                                       with the stored answer
- *        ├── 5xx with release ──► fail(retryable), token back ► the 5xx as is
- *        ├── not sent (refused) ► fail(retryable), token back ► 502 upstream_unreachable
- *        ├── sent, no answer ───► record stays PROCESSING ────► 504 outcome_unknown
- *        └── answer too big ────► complete with a 502 problem (it did execute)
- *   release the lock; answer
+ *        ├── 5xx with release ──► db: fail(retryable), token back ► the 5xx as is
+ *        ├── not sent (refused) ► db: fail(retryable), token back ► 502 upstream_unreachable
+ *        ├── sent, no answer ───► record stays PROCESSING ────────► 504 outcome_unknown
+ *        └── answer too big ────► db: fail(final) with a 502 problem (it did execute)
+ *   CLEANUP  kv: stop the watchdog, release the lock, give the token back
+ *   answer
  *
  * Store trouble at any step is 503, and the request is never forwarded
- * without its record claimed: the claim comes first, always.
+ * without its record claimed: FORWARD starts only from a begin whose step
+ * reported success, which on the embedded store means its batch is durable.
+ *
+ * If the daemon stops while a request is parked (its upstream exchange, a
+ * wait), or its step comes back after the loops stopped, the request is
+ * abandoned: its watchdog stopped and its lock released, nothing else. A
+ * claimed record stays PROCESSING until its lease ends, as after a crash.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -42,12 +62,17 @@
 #include "stored.h"
 #include "upstream.h"
 
-struct http_response *problem_from_idem(idem_rc rc, const char *what)
+struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what)
 {
     if (rc == IDEM_EINVAL || rc == IDEM_ETOOBIG)
-        return problem(400, "invalid_argument", "%s: %s", what, idem_errdetail());
+        return problem(400, "invalid_argument", "%s: %s", what, detail);
     return problem(503, "store_unavailable", "%s: the store failed (%s): %s", what,
-                   idem_strerror(rc), idem_errdetail());
+                   idem_strerror(rc), detail);
+}
+
+struct http_response *problem_from_idem(idem_rc rc, const char *what)
+{
+    return problem_from_rc(rc, idem_errdetail(), what);
 }
 
 static int64_t mono_ms(void)
@@ -57,32 +82,253 @@ static int64_t mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void sleep_ms(int64_t ms)
+static struct timeval tv_ms(int64_t ms)
 {
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    return tv;
 }
 
-/* Waiting for a holder: short sleeps first, up to 50 ms. */
-static int64_t backoff(int64_t *step)
+/* ---- the request's state ---- */
+
+struct gw;
+typedef void (*gw_fn)(struct gw *g);
+
+enum finish_kind { FINISH_NONE, FINISH_COMPLETE, FINISH_FAIL_FINAL, FINISH_FAIL_RETRYABLE };
+
+struct gw {
+    struct front_request *req;
+    struct daemon *d;
+    struct live_config *lc;  /* held until the answer: rt points into it */
+    const struct route *rt;
+    const char *subject;     /* "" when absent; these two point into req->msg */
+    const char *token;
+    char key[IDEM_KEY_MAX + 1];
+    char owner[64];
+    char spent[IDEM_KEY_MAX + 1];
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    int has_fp;
+    int token_spent, locked, give_token_back;
+    idem_watch *watch;
+    int64_t deadline, backoff_ms;
+
+    /* The step under way, what follows it on the loop, and what it found. */
+    gw_fn step, then;
+    idem_rc rc;
+    idem_outcome o;
+    char detail[256];
+    idem_record rec;
+
+    uint64_t epoch;            /* our claim, from begin */
+    struct event *timer;       /* a wait; lease ticks while forwarding */
+    int timer_ticks;
+    struct upstream_call *call;
+    enum finish_kind finish;
+    char *stored;              /* what the record is finished with */
+    size_t stored_len;
+    struct http_response *out; /* the answer */
+};
+
+static void gw_free(struct gw *g)
 {
-    int64_t s = *step;
-    *step = s * 2 > 50 ? 50 : s * 2;
-    return s;
+    if (g->timer)
+        event_free(g->timer);
+    idem_record_clear(&g->rec);
+    free(g->stored);
+    response_free(g->out);
+    daemon_config_put(g->lc);
+    free(g);
 }
+
+static void answer(struct gw *g)
+{
+    struct front_request *req = g->req;
+    req->resp = g->out;
+    g->out = NULL;
+    gw_free(g);
+    front_answer(req);
+}
+
+/* The daemon stops under a parked request: give back what others would wait
+ * for (the watchdog, the lock); the record's lease ends on its own. */
+static void abandon(struct gw *g)
+{
+    idem_watchdog_stop(g->watch);
+    g->watch = NULL;
+    if (g->locked) {
+        idem_outcome o;
+        idem_lock_release(g->d->h, g->rt->space, g->key, g->owner, &o);
+    }
+    response_free(g->out);
+    g->out = problem(503, "shutting_down", "the server stopped before the request finished");
+    answer(g);
+}
+
+static void on_abort(struct front_request *req)
+{
+    struct gw *g = req->state;
+    if (g->call)
+        upstream_call_cancel(g->call);
+    g->call = NULL;
+    abandon(g);
+}
+
+/* ---- steps: store calls off the loop ---- */
+
+static void keep_rc(struct gw *g, idem_rc rc)
+{
+    g->rc = rc;
+    if (rc != IDEM_OK)
+        snprintf(g->detail, sizeof g->detail, "%s", idem_errdetail());
+}
+
+static void resume(struct front_request *req)
+{
+    struct gw *g = req->state;
+    if (front_closing(req))
+        abandon(g);
+    else
+        g->then(g);
+}
+
+static void run_step(struct front_request *req)
+{
+    struct gw *g = req->state;
+    g->step(g);
+}
+
+/* On the store's writer thread, inside its batch's transaction. */
+static idem_rc step_on_writer(idem *h, void *arg)
+{
+    struct gw *g = arg;
+    (void)h;
+    g->step(g);
+    return g->rc;
+}
+
+/* The batch is durable (or failed, and the step's writes with it). */
+static void on_written(void *arg, idem_rc rc, const char *detail)
+{
+    struct gw *g = arg;
+    if (rc != IDEM_OK) {
+        g->rc = rc;
+        snprintf(g->detail, sizeof g->detail, "%s", detail);
+    }
+    front_resume(g->req, resume);
+}
+
+static void start_step(struct gw *g, gw_fn step, gw_fn then)
+{
+    g->step = step;
+    g->then = then;
+    g->rc = IDEM_OK;
+    g->o = IDEM_NONE;
+    g->detail[0] = '\0';
+    idem_record_clear(&g->rec);
+}
+
+static void to_worker(struct gw *g)
+{
+    if (front_work(g->req, run_step, resume) != 0) {
+        g->rc = IDEM_ECLOSING;
+        snprintf(g->detail, sizeof g->detail, "the server is shutting down");
+        g->then(g);
+    }
+}
+
+static void db_step(struct gw *g, gw_fn step, gw_fn then)
+{
+    start_step(g, step, then);
+    if (!g->d->db_async) {
+        to_worker(g);
+        return;
+    }
+    idem_rc rc = idem_record_async(g->d->h, step_on_writer, on_written, g);
+    if (rc != IDEM_OK) {
+        keep_rc(g, rc);
+        then(g);
+    }
+}
+
+static void kv_step(struct gw *g, gw_fn step, gw_fn then)
+{
+    start_step(g, step, then);
+    if (!g->d->kv_local) {
+        to_worker(g);
+        return;
+    }
+    step(g); /* in memory: as quick as a step's hand-off */
+    then(g);
+}
+
+static void do_token(struct gw *g)
+{
+    keep_rc(g, idem_token_consume(g->d->h, g->subject, g->rt->token_scene, g->token, g->key,
+                                  &g->o, g->spent));
+}
+
+static void do_lock(struct gw *g)
+{
+    const struct route *rt = g->rt;
+    idem_lock_info info;
+    keep_rc(g, idem_lock_acquire(g->d->h, rt->space, g->key, g->owner, rt->lease_ms, &g->o,
+                                 &info));
+    if (g->rc == IDEM_OK && g->o == IDEM_ACQUIRED)
+        idem_watchdog_start(g->d->h, rt->space, g->key, g->owner, rt->lease_ms, NULL, NULL,
+                            &g->watch);
+}
+
+static void do_get(struct gw *g)
+{
+    keep_rc(g, idem_record_get(g->d->h, g->rt->space, g->key, &g->o, &g->rec));
+}
+
+static void do_begin(struct gw *g)
+{
+    keep_rc(g, idem_record_begin(g->d->h, g->rt->space, g->key, g->has_fp ? g->fp : NULL,
+                                 g->owner, g->rt->lease_ms, &g->o, &g->rec));
+}
+
+static void do_finish(struct gw *g)
+{
+    const struct route *rt = g->rt;
+    idem *h = g->d->h;
+    if (g->finish == FINISH_COMPLETE)
+        keep_rc(g, idem_record_complete(h, rt->space, g->key, g->epoch, g->stored, g->stored_len,
+                                        rt->retention_ms, &g->o));
+    else if (g->finish == FINISH_FAIL_FINAL)
+        keep_rc(g, idem_record_fail(h, rt->space, g->key, g->epoch, IDEM_FAIL_FINAL, g->stored,
+                                    g->stored_len, rt->retention_ms, &g->o));
+    else
+        keep_rc(g, idem_record_fail(h, rt->space, g->key, g->epoch, IDEM_FAIL_RETRYABLE, NULL, 0,
+                                    0, &g->o));
+}
+
+static void do_cleanup(struct gw *g)
+{
+    idem_outcome o;
+    idem_watchdog_stop(g->watch);
+    g->watch = NULL;
+    if (g->locked)
+        idem_lock_release(g->d->h, g->rt->space, g->key, g->owner, &o);
+    g->locked = 0;
+    if (g->token_spent && g->give_token_back)
+        idem_token_give_back(g->d->h, g->subject, g->rt->token_scene, g->token, g->key, &o);
+}
+
+/* ---- decisions, on the loop ---- */
 
 /* Redis (layers 1 and 2) cannot be reached. With on_redis_down: skip the
  * layer is passed over, which is safe: the record (layer 3, PostgreSQL) alone
  * still lets one request execute. Returns 1 to skip, 0 to answer 503. */
-static int skip_kv_layer(struct daemon *d, const struct route *rt, idem_rc rc, const char *layer)
+static int skip_kv_layer(struct gw *g, const char *layer)
 {
-    if (rt->on_redis_down_reject || (rc != IDEM_EUNAVAILABLE && rc != IDEM_ETIMEDOUT))
+    if (g->rt->on_redis_down_reject || (g->rc != IDEM_EUNAVAILABLE && g->rc != IDEM_ETIMEDOUT))
         return 0;
-    unsigned long n = atomic_fetch_add(&d->n.redis_down_skips, 1) + 1;
+    unsigned long n = atomic_fetch_add(&g->d->n.redis_down_skips, 1) + 1;
     /* Every skip is counted; the log says so for the 1st, 2nd, 4th, 8th... */
     if ((n & (n - 1)) == 0)
         daemon_log("route %s: %s skipped, the store is down (%s: %s); %lu skipped so far",
-                   rt->name, layer, idem_strerror(rc), idem_errdetail(), n);
+                   g->rt->name, layer, idem_strerror(g->rc), g->detail, n);
     return 1;
 }
 
@@ -97,25 +343,6 @@ static struct http_response *in_flight(const char *what)
     return r;
 }
 
-struct claim {
-    struct daemon *d;
-    const struct route *rt;
-    const char *key;
-    uint64_t epoch;
-};
-
-/* While the upstream works, keep the claim alive. */
-static void on_tick(void *arg)
-{
-    struct claim *c = arg;
-    idem_outcome o;
-    idem_rc rc = idem_record_extend(c->d->h, c->rt->space, c->key, c->epoch, c->rt->lease_ms, &o);
-    if (rc != IDEM_OK || o != IDEM_RENEWED)
-        daemon_log("%s/%s: extending the lease failed: %s %s", c->rt->space, c->key,
-                rc != IDEM_OK ? idem_strerror(rc) : idem_outcome_name(o),
-                rc != IDEM_OK ? idem_errdetail() : "");
-}
-
 static struct http_response *replay(struct daemon *d, const idem_record *rec)
 {
     struct http_response *r = rec->result ? stored_decode(rec->result, rec->result_len) : NULL;
@@ -128,48 +355,271 @@ static struct http_response *replay(struct daemon *d, const idem_record *rec)
     return r;
 }
 
-/* The stored answer if (space, key) is finished — and its payload matches —
- * else NULL. A finished record never changes its answer, so this read needs
- * no lock. */
-static struct http_response *replay_if_finished(struct daemon *d, const struct route *rt,
-                                                const char *key, const uint8_t *fp)
+/* The stored answer if the record read is finished — and its payload
+ * matches — else NULL. A finished record never changes its answer. */
+static struct http_response *replay_finished(struct daemon *d, idem_outcome o,
+                                             const idem_record *rec, const uint8_t *fp)
 {
-    idem_outcome o;
-    idem_record rec;
-    if (idem_record_get(d->h, rt->space, key, &o, &rec) != IDEM_OK || o != IDEM_FOUND)
+    if (o != IDEM_FOUND || strcmp(rec->state, IDEM_STATE_PROCESSING) == 0 ||
+        strcmp(rec->state, IDEM_STATE_RELEASED) == 0)
         return NULL;
-    struct http_response *r = NULL;
-    int finished = strcmp(rec.state, IDEM_STATE_PROCESSING) != 0 &&
-                   strcmp(rec.state, IDEM_STATE_RELEASED) != 0;
-    int same = !fp || !rec.has_fingerprint ||
-               memcmp(fp, rec.fingerprint, IDEM_FINGERPRINT_LEN) == 0;
-    if (finished && same)
-        r = replay(d, &rec);
-    idem_record_clear(&rec);
-    return r;
+    if (fp && rec->has_fingerprint && memcmp(fp, rec->fingerprint, IDEM_FINGERPRINT_LEN) != 0)
+        return NULL;
+    return replay(d, rec);
 }
 
-int gateway_fast(struct daemon *d, const struct server_config *cfg, const struct route *rt,
-                 struct front_request *req)
+/* Everything ends here: give back what we hold, then answer. */
+static void finish(struct gw *g)
 {
-    /* With the token layer a replay must still go through the token check
-     * (an unknown token is refused even for a finished key): not here. */
-    if (rt->layer_token)
-        return 0;
-    char key[IDEM_KEY_MAX + 1], detail[512];
-    const char *type;
-    uint8_t fp[IDEM_FINGERPRINT_LEN];
-    int has_fp = 0;
-    const struct http_msg *m = req->msg;
-    if (request_key(rt, m, http_msg_header(m, cfg->subject_header), key, &type, detail,
-                    sizeof detail) != 0 ||
-        request_fingerprint(rt, m, fp, &has_fp, detail, sizeof detail) != 0)
-        return 0; /* the worker answers the problem */
-    req->resp = replay_if_finished(d, rt, key, has_fp ? fp : NULL);
-    if (!req->resp)
-        return 0;
-    atomic_fetch_add(&d->n.requests, 1);
-    return 1;
+    if (g->watch || g->locked || (g->token_spent && g->give_token_back))
+        kv_step(g, do_cleanup, answer);
+    else
+        answer(g);
+}
+
+static void on_timer(evutil_socket_t fd, short what, void *arg);
+
+/* Come back to next after a short wait: 2 ms, doubling, at most 50 ms. */
+static void wait_then(struct gw *g, gw_fn next)
+{
+    struct daemon_loop *loop = g->req->loop_ctx;
+    if (!g->timer && !(g->timer = evtimer_new(loop->base, on_timer, g))) {
+        finish(g); /* out of memory: 503 */
+        return;
+    }
+    struct timeval tv = tv_ms(g->backoff_ms);
+    g->backoff_ms = g->backoff_ms * 2 > 50 ? 50 : g->backoff_ms * 2;
+    g->then = next;
+    g->timer_ticks = 0;
+    g->req->on_abort = on_abort;
+    evtimer_add(g->timer, &tv);
+}
+
+static void go_lock(struct gw *g);
+static void go_begin(struct gw *g);
+static void begin_again(struct gw *g);
+static void tick(struct gw *g);
+
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct gw *g = arg;
+    (void)fd;
+    (void)what;
+    if (g->timer_ticks) {
+        tick(g);
+        return;
+    }
+    g->req->on_abort = NULL;
+    g->then(g);
+}
+
+static void after_token(struct gw *g)
+{
+    if (g->rc == IDEM_EINVAL) {
+        g->out = problem(409, "token_spent",
+                         "the Idem-Token is not a valid token; refresh the page and retry");
+        answer(g);
+        return;
+    }
+    if (g->rc != IDEM_OK && skip_kv_layer(g, "the token layer")) {
+        /* on without it */
+    } else if (g->rc != IDEM_OK) {
+        atomic_fetch_add(&g->d->n.store_errors, 1);
+        g->out = problem_from_rc(g->rc, g->detail, "consuming the token");
+        answer(g);
+        return;
+    } else if (g->o == IDEM_CONSUMED) {
+        g->token_spent = 1;
+    } else if (!(g->o == IDEM_ALREADY_CONSUMED && strcmp(g->spent, g->key) == 0)) {
+        g->out = problem(409, "token_spent",
+                         "this form was already submitted, or its token expired: "
+                         "refresh and retry");
+        answer(g);
+        return;
+    }
+    go_lock(g);
+}
+
+static void after_busy_get(struct gw *g)
+{
+    /* The holder may be a duplicate of a request that is finished: its
+     * answer needs no lock. */
+    if (g->rc == IDEM_OK &&
+        (g->out = replay_finished(g->d, g->o, &g->rec, g->has_fp ? g->fp : NULL)) != NULL) {
+        finish(g);
+        return;
+    }
+    if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
+        atomic_fetch_add(&g->d->n.in_flight_409, 1);
+        g->out = in_flight("its lock is held");
+        g->give_token_back = 1;
+        finish(g);
+        return;
+    }
+    wait_then(g, go_lock);
+}
+
+static void after_lock(struct gw *g)
+{
+    if (g->rc != IDEM_OK && skip_kv_layer(g, "the lock layer")) {
+        /* A timed-out acquire may have taken the lock after all: release
+         * it when done (ours, by owner), best effort. */
+        g->locked = g->rc == IDEM_ETIMEDOUT;
+        go_begin(g);
+        return;
+    }
+    if (g->rc != IDEM_OK) {
+        atomic_fetch_add(&g->d->n.store_errors, 1);
+        g->out = problem_from_rc(g->rc, g->detail, "taking the business-key lock");
+        g->give_token_back = 1;
+        finish(g);
+        return;
+    }
+    if (g->o == IDEM_ACQUIRED) {
+        g->locked = 1;
+        go_begin(g);
+        return;
+    }
+    db_step(g, do_get, after_busy_get);
+}
+
+static void go_lock(struct gw *g)
+{
+    if (g->rt->layer_lock)
+        kv_step(g, do_lock, after_lock);
+    else
+        go_begin(g);
+}
+
+static void forward(struct gw *g);
+
+static void after_begin(struct gw *g)
+{
+    if (g->rc != IDEM_OK) {
+        atomic_fetch_add(&g->d->n.store_errors, 1);
+        g->out = problem_from_rc(g->rc, g->detail, "claiming the record");
+        g->give_token_back = 1;
+        finish(g);
+        return;
+    }
+    switch (g->o) {
+    case IDEM_NEW:
+    case IDEM_TAKEN_OVER:
+        g->epoch = g->rec.epoch;
+        idem_record_clear(&g->rec);
+        forward(g);
+        return;
+    case IDEM_DONE:
+        g->out = replay(g->d, &g->rec);
+        finish(g);
+        return;
+    case IDEM_MISMATCH:
+        atomic_fetch_add(&g->d->n.mismatches, 1);
+        g->out = problem(422, "key_reused",
+                         "the idempotency key %s was already used with another payload", g->key);
+        g->give_token_back = 1;
+        finish(g);
+        return;
+    default: /* IN_PROGRESS */
+        if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
+            atomic_fetch_add(&g->d->n.in_flight_409, 1);
+            g->out = in_flight("its record is PROCESSING");
+            finish(g);
+            return;
+        }
+        wait_then(g, begin_again);
+    }
+}
+
+static void begin_again(struct gw *g)
+{
+    db_step(g, do_begin, after_begin);
+}
+
+static void go_begin(struct gw *g)
+{
+    g->backoff_ms = 2;
+    begin_again(g);
+}
+
+/* ---- forwarding under the claim ---- */
+
+/* While the upstream works, the claim's lease is extended every lease/3: a
+ * step of its own, which outlives the request if it must. */
+struct tick {
+    struct work work;
+    struct daemon *d;
+    char space[IDEM_NAME_MAX + 1];
+    char key[IDEM_KEY_MAX + 1];
+    uint64_t epoch;
+    int64_t lease_ms;
+    idem_rc rc;
+    idem_outcome o;
+    char detail[256];
+};
+
+static void extend(struct tick *t)
+{
+    t->rc = idem_record_extend(t->d->h, t->space, t->key, t->epoch, t->lease_ms, &t->o);
+    if (t->rc != IDEM_OK)
+        snprintf(t->detail, sizeof t->detail, "%s", idem_errdetail());
+}
+
+static void tick_done(struct tick *t)
+{
+    if (t->rc != IDEM_OK || t->o != IDEM_RENEWED)
+        daemon_log("%s/%s: extending the lease failed: %s %s", t->space, t->key,
+                   t->rc != IDEM_OK ? idem_strerror(t->rc) : idem_outcome_name(t->o),
+                   t->rc != IDEM_OK ? t->detail : "");
+    free(t);
+}
+
+static idem_rc tick_on_writer(idem *h, void *arg)
+{
+    struct tick *t = arg;
+    (void)h;
+    extend(t);
+    return t->rc;
+}
+
+static void tick_written(void *arg, idem_rc rc, const char *detail)
+{
+    struct tick *t = arg;
+    if (rc != IDEM_OK) {
+        t->rc = rc;
+        snprintf(t->detail, sizeof t->detail, "%s", detail);
+    }
+    tick_done(t);
+}
+
+static void tick_on_worker(struct work *w)
+{
+    struct tick *t = (struct tick *)w;
+    extend(t);
+    tick_done(t);
+}
+
+static int64_t tick_ms(const struct route *rt)
+{
+    return rt->lease_ms / 3 > 0 ? rt->lease_ms / 3 : 1;
+}
+
+static void tick(struct gw *g)
+{
+    struct tick *t = calloc(1, sizeof *t);
+    if (t) {
+        t->d = g->d;
+        snprintf(t->space, sizeof t->space, "%s", g->rt->space);
+        snprintf(t->key, sizeof t->key, "%s", g->key);
+        t->epoch = g->epoch;
+        t->lease_ms = g->rt->lease_ms;
+        t->work.run = tick_on_worker;
+        if (g->d->db_async ? idem_record_async(g->d->h, tick_on_writer, tick_written, t)
+                           : workers_submit(g->d->workers, &t->work))
+            free(t);
+    }
+    struct timeval tv = tv_ms(tick_ms(g->rt));
+    evtimer_add(g->timer, &tv);
 }
 
 /* A response to the client from an upstream answer (hop-by-hop removed). */
@@ -194,280 +644,242 @@ static struct http_response *from_upstream(const struct http_msg *m)
     return r;
 }
 
-/* Forward under the claim; finish the record per the answer. */
-static struct http_response *execute(struct daemon *d, const struct server_config *cfg,
-                                     const struct route *rt, struct front_request *req,
-                                     const char *key, uint64_t epoch, int *give_token_back)
+static void after_finish(struct gw *g)
 {
-    const struct http_msg *m = req->msg;
-    struct upstream_pool *pool = upstream_pool_get(rt->upstream.host, rt->upstream.port);
-    if (!pool) {
-        /* Nothing was sent: free the claim for a retry. */
-        idem_outcome released;
-        idem_record_fail(d->h, rt->space, key, epoch, IDEM_FAIL_RETRYABLE, NULL, 0, 0, &released);
-        *give_token_back = 1;
-        return NULL;
+    if (g->rc != IDEM_OK)
+        daemon_log("%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
+                   idem_strerror(g->rc), g->detail);
+    else if (g->o == IDEM_CONFLICT)
+        daemon_log("ALERT %s/%s: epoch %" PRIu64 " was taken over while it ran", g->rt->space,
+                   g->key, g->epoch);
+    finish(g);
+}
+
+static void finish_record(struct gw *g, enum finish_kind kind)
+{
+    g->finish = kind;
+    if (kind == FINISH_NONE)
+        finish(g);
+    else
+        db_step(g, do_finish, after_finish);
+}
+
+/* The answer was too big to keep: the record is finished with a problem
+ * (the request did execute), and the client gets that problem. */
+static void finish_too_big(struct gw *g)
+{
+    const struct server_config *cfg = g->lc->c;
+    response_free(g->out);
+    g->out = problem(502, "upstream_response_too_large",
+                     "the upstream executed the request and answered with more than "
+                     "response_max (%zu bytes); the answer was not kept",
+                     cfg->limits.response_max);
+    free(g->stored);
+    g->stored = g->out ? stored_encode_response(g->out, &g->stored_len) : NULL;
+    finish_record(g, g->stored ? FINISH_FAIL_FINAL : FINISH_NONE);
+}
+
+static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *resp,
+                        const char *detail)
+{
+    struct gw *g = arg;
+    const struct route *rt = g->rt;
+    const struct server_config *cfg = g->lc->c;
+    g->call = NULL;
+    g->req->on_abort = NULL;
+    evtimer_del(g->timer);
+    switch (ur) {
+    case UPSTREAM_OK:
+        g->out = from_upstream(resp);
+        if (resp->status >= 500 && !rt->on_5xx_store) {
+            g->give_token_back = 1;
+            finish_record(g, FINISH_FAIL_RETRYABLE);
+            break;
+        }
+        g->stored = stored_encode(rt, resp->status, resp, &g->stored_len);
+        if (!g->stored) {
+            /* Executed, and we cannot keep its answer: keep the claim
+             * (PROCESSING) rather than let a retry run it again. */
+            response_free(g->out);
+            g->out = NULL;
+            finish_record(g, FINISH_NONE);
+        } else if (g->stored_len > cfg->limits.response_max + 65536) {
+            finish_too_big(g);
+        } else {
+            finish_record(g, resp->status >= 500 ? FINISH_FAIL_FINAL : FINISH_COMPLETE);
+        }
+        break;
+    case UPSTREAM_NOT_SENT:
+        g->give_token_back = 1;
+        g->out = problem(502, "upstream_unreachable",
+                         "%s; the request was not executed and may be retried", detail);
+        finish_record(g, FINISH_FAIL_RETRYABLE);
+        break;
+    case UPSTREAM_TIMEOUT:
+    case UPSTREAM_UNKNOWN:
+        atomic_fetch_add(&g->d->n.upstream_unknown, 1);
+        g->out = problem(504, "outcome_unknown",
+                         "%s; the request may have been executed. Its record stays PROCESSING "
+                         "until its lease ends (%" PRId64 " ms); retries get 409 until then",
+                         detail, rt->lease_ms);
+        finish_record(g, FINISH_NONE);
+        break;
+    case UPSTREAM_TOO_BIG:
+        finish_too_big(g);
+        break;
     }
+    http_msg_free(resp);
+}
+
+static void forward(struct gw *g)
+{
+    const struct route *rt = g->rt;
+    const struct http_msg *m = g->req->msg;
+    struct daemon_loop *loop = g->req->loop_ctx;
     char target[16384], epoch_hdr[64], key_hdr[IDEM_KEY_MAX * 3 + 32];
-    const char *suffix = m->target;
-    snprintf(target, sizeof target, "%s%s", rt->upstream.base_path, suffix);
-    snprintf(epoch_hdr, sizeof epoch_hdr, "Idem-Epoch: %" PRIu64, epoch);
-    snprintf(key_hdr, sizeof key_hdr, "Idem-Key: %s/%s", rt->space, key);
+    snprintf(target, sizeof target, "%s%s", rt->upstream.base_path, m->target);
+    snprintf(epoch_hdr, sizeof epoch_hdr, "Idem-Epoch: %" PRIu64, g->epoch);
+    snprintf(key_hdr, sizeof key_hdr, "Idem-Key: %s/%s", rt->space, g->key);
     const char *extra[] = {epoch_hdr, key_hdr, NULL};
-    struct claim claim = {.d = d, .rt = rt, .key = key, .epoch = epoch};
     struct upstream_request rq = {
         .method = m->method,
         .target = target,
         .original = m,
-        .peer = req->peer,
+        .peer = g->req->peer,
         .extra = extra,
         .timeout_ms = rt->upstream_timeout_ms,
-        .response_max = cfg->limits.response_max,
-        .tick = on_tick,
-        .tick_arg = &claim,
-        .tick_ms = rt->lease_ms / 3 > 0 ? rt->lease_ms / 3 : 1,
+        .response_max = g->lc->c->limits.response_max,
     };
-    struct http_msg *resp = NULL;
-    char detail[256];
-    atomic_fetch_add(&d->n.executions, 1);
-    enum upstream_result ur = upstream_exchange(pool, &rq, &resp, detail, sizeof detail);
-
-    idem_outcome o = IDEM_NONE;
-    idem_rc rc = IDEM_OK;
-    struct http_response *out = NULL;
-    switch (ur) {
-    case UPSTREAM_OK:
-        if (resp->status >= 500 && !rt->on_5xx_store) {
-            rc = idem_record_fail(d->h, rt->space, key, epoch, IDEM_FAIL_RETRYABLE, NULL, 0, 0, &o);
-            *give_token_back = 1;
-            out = from_upstream(resp);
-            break;
-        }
-        {
-            size_t len;
-            char *stored = stored_encode(rt, resp->status, resp, &len);
-            if (!stored) {
-                /* Executed, and we cannot keep its answer: keep the claim
-                 * (PROCESSING) rather than let a retry run it again. */
-                out = NULL;
-                break;
-            }
-            if (len > cfg->limits.response_max + 65536) {
-                free(stored);
-                goto too_big;
-            }
-            rc = resp->status >= 500
-                     ? idem_record_fail(d->h, rt->space, key, epoch, IDEM_FAIL_FINAL, stored, len,
-                                        rt->retention_ms, &o)
-                     : idem_record_complete(d->h, rt->space, key, epoch, stored, len,
-                                            rt->retention_ms, &o);
-            free(stored);
-            out = from_upstream(resp);
-        }
-        break;
-    case UPSTREAM_NOT_SENT:
-        rc = idem_record_fail(d->h, rt->space, key, epoch, IDEM_FAIL_RETRYABLE, NULL, 0, 0, &o);
-        *give_token_back = 1;
-        out = problem(502, "upstream_unreachable",
-                      "%s; the request was not executed and may be retried", detail);
-        break;
-    case UPSTREAM_TIMEOUT:
-    case UPSTREAM_UNKNOWN:
-        atomic_fetch_add(&d->n.upstream_unknown, 1);
-        out = problem(504, "outcome_unknown",
-                      "%s; the request may have been executed. Its record stays PROCESSING "
-                      "until its lease ends (%" PRId64 " ms); retries get 409 until then",
-                      detail, rt->lease_ms);
-        break;
-    case UPSTREAM_TOO_BIG:
-    too_big: {
-        struct http_response *p =
-            problem(502, "upstream_response_too_large",
-                    "the upstream executed the request and answered with more than "
-                    "response_max (%zu bytes); the answer was not kept",
-                    cfg->limits.response_max);
-        size_t len;
-        char *stored = p ? stored_encode_response(p, &len) : NULL;
-        if (stored)
-            rc = idem_record_fail(d->h, rt->space, key, epoch, IDEM_FAIL_FINAL, stored, len,
-                                  rt->retention_ms, &o);
-        free(stored);
-        out = p;
-        break;
+    if (!g->timer && !(g->timer = evtimer_new(loop->base, on_timer, g))) {
+        /* Out of memory, nothing sent: free the claim for a retry. */
+        g->give_token_back = 1;
+        finish_record(g, FINISH_FAIL_RETRYABLE);
+        return;
     }
+    atomic_fetch_add(&g->d->n.executions, 1);
+    g->call = upstream_call_start(loop->upstreams, rt->upstream.host, rt->upstream.port, &rq,
+                                  on_upstream, g);
+    if (!g->call) {
+        g->give_token_back = 1;
+        finish_record(g, FINISH_FAIL_RETRYABLE);
+        return;
     }
-    if (rc != IDEM_OK)
-        daemon_log("%s/%s: finishing the record failed: %s: %s", rt->space, key,
-                idem_strerror(rc), idem_errdetail());
-    else if (o == IDEM_CONFLICT)
-        daemon_log("ALERT %s/%s: epoch %" PRIu64 " was taken over while it ran",
-                rt->space, key, epoch);
-    http_msg_free(resp);
-    return out;
+    g->timer_ticks = 1;
+    g->req->on_abort = on_abort;
+    struct timeval tv = tv_ms(tick_ms(rt));
+    evtimer_add(g->timer, &tv);
 }
 
-void gateway_handle(struct daemon *d, const struct server_config *cfg, const struct route *rt,
-                    struct front_request *req)
+/* ---- entry ---- */
+
+void gateway_start(struct daemon *d, struct live_config *lc, const struct route *rt,
+                   struct front_request *req)
 {
+    const struct server_config *cfg = lc->c;
     const struct http_msg *m = req->msg;
-    char key[IDEM_KEY_MAX + 1], detail[512], owner[64], spent[IDEM_KEY_MAX + 1];
+    char detail[512];
     const char *type = NULL;
-    uint8_t fp[IDEM_FINGERPRINT_LEN];
-    int has_fp = 0, token_spent = 0, locked = 0, give_token_back = 0;
-    idem_watch *watch = NULL;
-    idem_outcome o;
-    idem_rc rc;
-    const char *subject = http_msg_header(m, cfg->subject_header);
-    const char *token = NULL;
-    struct http_response *out = NULL;
     atomic_fetch_add(&d->n.requests, 1);
-
-    int status = request_key(rt, m, subject, key, &type, detail, sizeof detail);
+    struct gw *g = calloc(1, sizeof *g);
+    if (!g) {
+        daemon_config_put(lc);
+        front_answer(req); /* resp NULL: 503 */
+        return;
+    }
+    g->req = req;
+    g->d = d;
+    g->lc = lc;
+    g->rt = rt;
+    req->state = g;
+    const char *subject = http_msg_header(m, cfg->subject_header);
+    g->subject = subject ? subject : "";
+    int status = request_key(rt, m, subject, g->key, &type, detail, sizeof detail);
     if (status) {
-        req->resp = problem(status, type, "%s", detail);
+        g->out = problem(status, type, "%s", detail);
+        answer(g);
         return;
     }
-    if ((status = request_fingerprint(rt, m, fp, &has_fp, detail, sizeof detail)) != 0) {
-        req->resp = problem(status, "fingerprint_unavailable", "%s", detail);
+    if ((status = request_fingerprint(rt, m, g->fp, &g->has_fp, detail, sizeof detail)) != 0) {
+        g->out = problem(status, "fingerprint_unavailable", "%s", detail);
+        answer(g);
         return;
     }
-    snprintf(owner, sizeof owner, "%s-%lu", d->instance, atomic_fetch_add(&d->seq, 1) + 1);
-    int64_t deadline = mono_ms() + rt->wait_timeout_ms, step = 2;
-
-    /* Layer 1. */
-    if (rt->layer_token) {
-        token = http_msg_header(m, "Idem-Token");
-        if (!token || !*token) {
-            req->resp = problem(428, "token_missing",
-                                "route %s needs a one-time token in the Idem-Token header "
-                                "(POST /_idem/v1/tokens issues one for scene %s)",
-                                rt->name, rt->token_scene);
+    /* A finished record, read here when reading does not block (with the
+     * token layer, an unknown token is refused even for a finished key). */
+    if (d->reads_dont_block && !rt->layer_token) {
+        idem_outcome o;
+        if (idem_record_get(d->h, rt->space, g->key, &o, &g->rec) == IDEM_OK &&
+            (g->out = replay_finished(d, o, &g->rec, g->has_fp ? g->fp : NULL)) != NULL) {
+            answer(g);
             return;
         }
-        rc = idem_token_consume(d->h, subject ? subject : "", rt->token_scene, token, key, &o,
-                                spent);
-        if (rc == IDEM_EINVAL) {
-            req->resp = problem(409, "token_spent", "the Idem-Token is not a valid token; "
-                                                    "refresh the page and retry");
-            return;
-        }
-        if (rc != IDEM_OK && skip_kv_layer(d, rt, rc, "the token layer")) {
-            o = IDEM_NONE;
-        } else if (rc != IDEM_OK) {
-            atomic_fetch_add(&d->n.store_errors, 1);
-            req->resp = problem_from_idem(rc, "consuming the token");
-            return;
-        } else if (o == IDEM_CONSUMED) {
-            token_spent = 1;
-        } else if (!(o == IDEM_ALREADY_CONSUMED && strcmp(spent, key) == 0)) {
-            req->resp = problem(409, "token_spent",
-                                "this form was already submitted, or its token expired: "
-                                "refresh and retry");
-            return;
-        }
+        idem_record_clear(&g->rec);
     }
-
-    /* Layer 2. */
-    if (rt->layer_lock) {
-        idem_lock_info info;
-        for (;;) {
-            rc = idem_lock_acquire(d->h, rt->space, key, owner, rt->lease_ms, &o, &info);
-            if (rc != IDEM_OK && skip_kv_layer(d, rt, rc, "the lock layer")) {
-                /* A timed-out acquire may have taken the lock after all:
-                 * release it when done (ours, by owner), best effort. */
-                locked = rc == IDEM_ETIMEDOUT;
-                break;
-            }
-            if (rc != IDEM_OK) {
-                atomic_fetch_add(&d->n.store_errors, 1);
-                out = problem_from_idem(rc, "taking the business-key lock");
-                give_token_back = 1;
-                goto done;
-            }
-            if (o == IDEM_ACQUIRED)
-                break;
-            /* The holder may be a duplicate of a request that is finished:
-             * its answer needs no lock. */
-            if ((out = replay_if_finished(d, rt, key, has_fp ? fp : NULL)) != NULL)
-                goto done;
-            if (!rt->in_flight_wait || mono_ms() >= deadline) {
-                atomic_fetch_add(&d->n.in_flight_409, 1);
-                out = in_flight("its lock is held");
-                give_token_back = 1;
-                goto done;
-            }
-            sleep_ms(backoff(&step));
-        }
-        if (rc == IDEM_OK) {
-            locked = 1;
-            idem_watchdog_start(d->h, rt->space, key, owner, rt->lease_ms, NULL, NULL, &watch);
-        }
+    snprintf(g->owner, sizeof g->owner, "%s-%lu", d->instance, atomic_fetch_add(&d->seq, 1) + 1);
+    g->deadline = mono_ms() + rt->wait_timeout_ms;
+    g->backoff_ms = 2;
+    if (!rt->layer_token) {
+        go_lock(g);
+        return;
     }
-
-    /* Layer 3. */
-    step = 2;
-    for (;;) {
-        idem_record rec;
-        rc = idem_record_begin(d->h, rt->space, key, has_fp ? fp : NULL, owner, rt->lease_ms, &o,
-                               &rec);
-        if (rc != IDEM_OK) {
-            atomic_fetch_add(&d->n.store_errors, 1);
-            out = problem_from_idem(rc, "claiming the record");
-            give_token_back = 1;
-            goto done;
-        }
-        if (o == IDEM_NEW || o == IDEM_TAKEN_OVER) {
-            uint64_t epoch = rec.epoch;
-            idem_record_clear(&rec);
-            out = execute(d, cfg, rt, req, key, epoch, &give_token_back);
-            goto done;
-        }
-        if (o == IDEM_DONE) {
-            out = replay(d, &rec);
-            idem_record_clear(&rec);
-            goto done;
-        }
-        idem_record_clear(&rec);
-        if (o == IDEM_MISMATCH) {
-            atomic_fetch_add(&d->n.mismatches, 1);
-            out = problem(422, "key_reused",
-                          "the idempotency key %s was already used with another payload", key);
-            give_token_back = 1;
-            goto done;
-        }
-        /* IN_PROGRESS */
-        if (!rt->in_flight_wait || mono_ms() >= deadline) {
-            atomic_fetch_add(&d->n.in_flight_409, 1);
-            out = in_flight("its record is PROCESSING");
-            goto done;
-        }
-        sleep_ms(backoff(&step));
+    g->token = http_msg_header(m, "Idem-Token");
+    if (!g->token || !*g->token) {
+        g->out = problem(428, "token_missing",
+                         "route %s needs a one-time token in the Idem-Token header "
+                         "(POST /_idem/v1/tokens issues one for scene %s)",
+                         rt->name, rt->token_scene);
+        answer(g);
+        return;
     }
-
-done:
-    idem_watchdog_stop(watch);
-    if (locked)
-        idem_lock_release(d->h, rt->space, key, owner, &o);
-    if (token_spent && give_token_back)
-        idem_token_give_back(d->h, subject ? subject : "", rt->token_scene, token, key, &o);
-    req->resp = out;
+    kv_step(g, do_token, after_token);
 }
 
-void passthrough_handle(struct daemon *d, const struct server_config *cfg,
-                        struct front_request *req)
+/* ---- no route: proxied untouched ---- */
+
+struct pass {
+    struct front_request *req;
+    struct upstream_call *call;
+};
+
+static void pass_answer(struct pass *p, struct http_response *r)
+{
+    struct front_request *req = p->req;
+    free(p);
+    req->resp = r;
+    front_answer(req);
+}
+
+static void on_pass_abort(struct front_request *req)
+{
+    struct pass *p = req->state;
+    upstream_call_cancel(p->call);
+    pass_answer(p, problem(503, "shutting_down", "the server stopped before the request finished"));
+}
+
+static void on_passed(void *arg, enum upstream_result ur, struct http_msg *resp, const char *detail)
+{
+    struct pass *p = arg;
+    p->req->on_abort = NULL;
+    pass_answer(p, ur == UPSTREAM_OK ? from_upstream(resp)
+                                     : problem(ur == UPSTREAM_TIMEOUT ? 504 : 502,
+                                               "upstream_failed", "%s", detail));
+    http_msg_free(resp);
+}
+
+void passthrough_start(struct daemon *d, const struct server_config *cfg,
+                       struct front_request *req)
 {
     const struct http_msg *m = req->msg;
+    struct daemon_loop *loop = req->loop_ctx;
     if (!cfg->has_upstream) {
         char path[512];
         request_path(m->target, path, sizeof path);
-        req->resp = problem(404, "no_route", "no route matches %s %s, and no default upstream "
-                                             "is configured",
+        req->resp = problem(404, "no_route",
+                            "no route matches %s %s, and no default upstream is configured",
                             m->method, path);
+        front_answer(req);
         return;
     }
-    struct upstream_pool *pool = upstream_pool_get(cfg->upstream.host, cfg->upstream.port);
-    if (!pool)
-        return;
     char target[16384];
     snprintf(target, sizeof target, "%s%s", cfg->upstream.base_path, m->target);
     struct upstream_request rq = {
@@ -478,13 +890,17 @@ void passthrough_handle(struct daemon *d, const struct server_config *cfg,
         .timeout_ms = 30000,
         .response_max = cfg->limits.response_max,
     };
-    struct http_msg *resp = NULL;
-    char detail[256];
+    struct pass *p = calloc(1, sizeof *p);
+    if (p)
+        p->call = upstream_call_start(loop->upstreams, cfg->upstream.host, cfg->upstream.port,
+                                      &rq, on_passed, p);
+    if (!p || !p->call) {
+        free(p);
+        front_answer(req); /* resp NULL: 503 */
+        return;
+    }
     atomic_fetch_add(&d->n.passthrough, 1);
-    enum upstream_result ur = upstream_exchange(pool, &rq, &resp, detail, sizeof detail);
-    if (ur == UPSTREAM_OK)
-        req->resp = from_upstream(resp);
-    else
-        req->resp = problem(ur == UPSTREAM_TIMEOUT ? 504 : 502, "upstream_failed", "%s", detail);
-    http_msg_free(resp);
+    p->req = req;
+    req->state = p;
+    req->on_abort = on_pass_abort;
 }

@@ -2,7 +2,9 @@
  * serve.c — `idem serve`: configuration, the Idem handle, the loop, signals
  * (daemon).
  *
- * The main thread runs the libevent loop (front.c); workers run handlers.
+ * One libevent loop per processor (at most LOOPS_MAX; loop 0 on the main
+ * thread) handles requests without blocking (front.c, gateway.c); workers run
+ * only what blocks: the JSON API, and store calls on the distributed store.
  * SIGTERM or SIGINT drains: no new connections, requests in flight finish
  * (up to shutdown_timeout), then the handle closes, which waits for the last
  * group commit — no record is left half-written. SIGHUP reloads the routes
@@ -56,6 +58,20 @@ static const struct route *match_route(const struct server_config *cfg, const st
     return NULL;
 }
 
+/* The JSON API calls the blocking primitives: on a worker. */
+static void api_on_worker(struct front_request *req)
+{
+    struct daemon_loop *loop = req->loop_ctx;
+    struct live_config *lc = req->state;
+    api_handle(loop->d, lc->c, req);
+}
+
+static void api_answer(struct front_request *req)
+{
+    daemon_config_put(req->state);
+    front_answer(req);
+}
+
 void daemon_handle(void *arg, struct front_request *req)
 {
     struct daemon *d = arg;
@@ -64,44 +80,67 @@ void daemon_handle(void *arg, struct front_request *req)
     char path[8192];
     request_path(req->msg->target, path, sizeof path);
     if (strcmp(path, "/_idem/v1") == 0 || strncmp(path, "/_idem/v1/", 10) == 0) {
-        api_handle(d, cfg, req);
-    } else {
-        const struct route *rt = match_route(cfg, req->msg, path);
-        if (rt)
-            gateway_handle(d, cfg, rt, req);
-        else
-            passthrough_handle(d, cfg, req);
+        req->state = lc;
+        if (front_work(req, api_on_worker, api_answer) != 0) {
+            req->resp = problem(503, "shutting_down", "the server is shutting down");
+            api_answer(req);
+        }
+        return;
     }
-    daemon_config_put(lc);
-}
-
-int daemon_fast(void *arg, struct front_request *req)
-{
-    struct daemon *d = arg;
-    if (!d->reads_dont_block)
-        return 0;
-    struct live_config *lc = daemon_config_get(d);
-    const struct server_config *cfg = lc->c;
-    char path[8192];
-    int answered = 0;
-    request_path(req->msg->target, path, sizeof path);
-    if (strncmp(path, "/_idem/", 7) != 0) {
-        const struct route *rt = match_route(cfg, req->msg, path);
-        if (rt)
-            answered = gateway_fast(d, cfg, rt, req);
+    const struct route *rt = match_route(cfg, req->msg, path);
+    if (rt) {
+        gateway_start(d, lc, rt, req); /* it keeps lc */
+        return;
     }
+    passthrough_start(d, cfg, req);
     daemon_config_put(lc);
-    return answered;
 }
 
 /* ---- signals, reload, purge ---- */
 
 #define LOOPS_MAX 4
 
+/* Wait until the store's writer has run every job queued so far: their
+ * callbacks have been made (in order) when a new job's callback is. */
+struct barrier {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+};
+
+static idem_rc barrier_job(idem *h, void *arg)
+{
+    (void)h;
+    (void)arg;
+    return IDEM_OK;
+}
+
+static void on_barrier(void *arg, idem_rc rc, const char *detail)
+{
+    struct barrier *b = arg;
+    (void)rc;
+    (void)detail;
+    pthread_mutex_lock(&b->mu);
+    b->done = 1;
+    pthread_cond_signal(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+static void store_barrier(struct daemon *d)
+{
+    struct barrier b = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    if (!d->h || !d->db_async || idem_record_async(d->h, barrier_job, on_barrier, &b) != IDEM_OK)
+        return;
+    pthread_mutex_lock(&b.mu);
+    while (!b.done)
+        pthread_cond_wait(&b.cv, &b.mu);
+    pthread_mutex_unlock(&b.mu);
+}
+
 /* One event loop: its base, its front end, its thread (loop 0 runs on the
  * main thread, with the signals and the purge timer). */
 struct loop {
-    struct event_base *base;
+    struct daemon_loop ctx;    /* its base, its upstream connections */
     struct front *front;
     pthread_t thread;
     int running;
@@ -113,7 +152,7 @@ struct serve {
     struct loop loops[LOOPS_MAX];
     int nloops;
     atomic_size_t connections;   /* all loops' connections */
-    struct event_base *base;     /* loops[0].base */
+    struct event_base *base;     /* loops[0].ctx.base */
     struct workers *workers;
     struct event *sig_term, *sig_int, *sig_hup, *purge_timer;
     int64_t shutdown_timeout_ms;
@@ -156,14 +195,14 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
     for (int i = 1; i < s->nloops; i++) {
         struct drain_order *o = malloc(sizeof *o);
         if (!o) {
-            event_base_loopexit(s->loops[i].base, NULL);
+            event_base_loopexit(s->loops[i].ctx.base, NULL);
             continue;
         }
         o->front = s->loops[i].front;
         o->timeout_ms = s->shutdown_timeout_ms;
-        if (event_base_once(s->loops[i].base, -1, EV_TIMEOUT, on_drain_order, o, NULL) != 0) {
+        if (event_base_once(s->loops[i].ctx.base, -1, EV_TIMEOUT, on_drain_order, o, NULL) != 0) {
             free(o);
-            event_base_loopexit(s->loops[i].base, NULL);
+            event_base_loopexit(s->loops[i].ctx.base, NULL);
         }
     }
     front_drain(s->loops[0].front, s->shutdown_timeout_ms);
@@ -172,7 +211,7 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
 static void *loop_main(void *arg)
 {
     struct loop *l = arg;
-    event_base_dispatch(l->base);
+    event_base_dispatch(l->ctx.base);
     return NULL;
 }
 
@@ -399,22 +438,27 @@ int serve_main(int argc, char **argv)
     }
     /* Reads of a file store go to read-only connections, never waiting for
      * the writer: finished records can be replayed on the loop thread. */
-    s->d.reads_dont_block = strcmp(cfg->storage_kind, "embedded") == 0 &&
-                            strcmp(cfg->storage_path, ":memory:") != 0 &&
+    int embedded = strcmp(cfg->storage_kind, "embedded") == 0;
+    s->d.reads_dont_block = embedded && strcmp(cfg->storage_path, ":memory:") != 0 &&
                             strncmp(cfg->storage_path, "file:", 5) != 0;
+    s->d.db_async = embedded;
+    s->d.kv_local = embedded;
+    s->d.workers = s->workers;
     atomic_init(&s->connections, 0);
     s->nloops = loop_count();
     int port = cfg->listen_port;
     for (int i = 0; i < s->nloops; i++) {
         struct loop *l = &s->loops[i];
-        l->base = event_base_new();
-        l->front = l->base ? front_new(l->base, &s->limits, s->workers, daemon_handle, &s->d)
-                           : NULL;
+        l->ctx.d = &s->d;
+        l->ctx.base = event_base_new();
+        l->ctx.upstreams = l->ctx.base ? upstream_loop_new(l->ctx.base) : NULL;
+        l->front = l->ctx.upstreams ? front_new(l->ctx.base, &s->limits, s->workers,
+                                                daemon_handle, &s->d, &l->ctx)
+                                    : NULL;
         if (!l->front) {
             fprintf(stderr, "idem serve: cannot start event loop %d\n", i);
             goto out;
         }
-        front_set_fast_path(l->front, daemon_fast);
         front_share_connection_count(l->front, &s->connections);
         /* Every loop listens on the port the first one got (port 0). */
         if (front_listen(l->front, cfg->listen_host, port, err, sizeof err) != 0) {
@@ -423,7 +467,7 @@ int serve_main(int argc, char **argv)
         }
         port = front_port(l->front);
     }
-    s->base = s->loops[0].base;
+    s->base = s->loops[0].ctx.base;
     s->sig_term = evsignal_new(s->base, SIGTERM, on_stop, s);
     s->sig_int = evsignal_new(s->base, SIGINT, on_stop, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_reload, s);
@@ -453,12 +497,20 @@ out:
     for (int i = 1; i < s->nloops; i++)
         if (s->loops[i].running) {
             if (rc != 0)
-                event_base_loopexit(s->loops[i].base, NULL);
+                event_base_loopexit(s->loops[i].ctx.base, NULL);
             pthread_join(s->loops[i].thread, NULL);
         }
     if (rc == 0)
         daemon_log("stopped (%zu requests were still in flight)", in_flight(s));
-    workers_stop(s->workers); /* handlers still running finish first */
+    /* Requests still in flight after shutdown_timeout are abandoned: first
+     * those parked on a loop (their upstream exchange, a wait), then, once
+     * the workers and the writer have handed back every step they had,
+     * those steps' requests. The handle stays open until then: abandoning a
+     * request releases its lock. */
+    for (int i = 0; i < s->nloops; i++)
+        front_abort_parked(s->loops[i].front);
+    workers_stop(s->workers);
+    store_barrier(&s->d);
     for (int i = 0; i < s->nloops; i++)
         front_free(s->loops[i].front);
     if (s->sig_term)
@@ -470,10 +522,11 @@ out:
     if (s->purge_timer)
         event_free(s->purge_timer);
     for (int i = 0; i < s->nloops; i++)
-        if (s->loops[i].base)
-            event_base_free(s->loops[i].base);
+        if (s->loops[i].ctx.base) {
+            upstream_loop_free(s->loops[i].ctx.upstreams);
+            event_base_free(s->loops[i].ctx.base);
+        }
     idem_close(s->d.h); /* the last group commit completes here */
-    upstream_pools_free();
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);
     free(s);

@@ -1,19 +1,30 @@
 /*
- * upstream.c — the blocking upstream client with keep-alive pools (daemon).
+ * upstream.c — the daemon's HTTP client for upstreams (daemon):
+ * non-blocking, on a libevent event_base; the answer comes to a callback on
+ * the loop's thread. Each loop has its own pools (struct upstream_loop),
+ * touched only by that thread, and resolves each host:port once, at its
+ * first call (the one step that may block, on DNS, unless the host is a
+ * numeric address).
  *
- * Workers call upstream_exchange() and block on poll() with deadlines. What
- * matters most here is the line between "not sent" and "maybe executed":
+ * What matters most is the line between "not sent" and "maybe executed":
  *
  *   - connect refused or timed out               → NOT_SENT
  *   - a pooled connection found closed before use → discarded, another used
- *   - a write that fails before its first byte    → NOT_SENT
+ *   - a send that fails before its first byte     → NOT_SENT
  *   - anything after the first byte went out      → UNKNOWN or TIMEOUT
  *
  * A pooled connection is only reused while it has been idle for less than
  * IDLE_REUSE_MS, well under the keep-alive timeouts of common servers, so the
  * race in which the server closes an idle connection just as we send on it
  * is rare; when it happens anyway the result is UNKNOWN, never a silent
- * retry, because the request may have been read.
+ * retry, because the request may have been read. Idle connections are
+ * watched for readability (EOF or stray bytes) and closed at once, and
+ * closed when IDLE_REUSE_MS is up; taking one peeks at it, for a FIN that
+ * came after the loop last looked. (A reset is seen by the send itself,
+ * which then fails before its first byte, and another connection is used.)
+ *
+ * A connection goes back to its pool only if the answer ended exactly where
+ * the bytes read did and keep-alive holds.
  */
 #include "upstream.h"
 
@@ -22,8 +33,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,26 +41,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <event2/event.h>
+
 #define IDLE_MAX 64
 #define IDLE_REUSE_MS 2000
 #define CONNECT_TIMEOUT_MS 5000
-
-struct idle_conn {
-    int fd;
-    int64_t since;
-};
-
-struct upstream_pool {
-    struct upstream_pool *next;
-    char *host;
-    int port;
-    pthread_mutex_t mu;
-    struct idle_conn idle[IDLE_MAX];
-    int nidle;
-};
-
-static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct upstream_pool *pools;
 
 static int64_t mono_ms(void)
 {
@@ -60,132 +54,72 @@ static int64_t mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-struct upstream_pool *upstream_pool_get(const char *host, int port)
-{
-    pthread_mutex_lock(&pools_mu);
-    struct upstream_pool *p = pools;
-    for (; p; p = p->next)
-        if (p->port == port && strcmp(p->host, host) == 0)
-            break;
-    if (!p && (p = calloc(1, sizeof *p)) != NULL) {
-        p->host = strdup(host);
-        p->port = port;
-        if (!p->host) {
-            free(p);
-            p = NULL;
-        } else {
-            pthread_mutex_init(&p->mu, NULL);
-            p->next = pools;
-            pools = p;
-        }
-    }
-    pthread_mutex_unlock(&pools_mu);
-    return p;
-}
+/* ---- addresses, connecting, the request, the answer ---------------------- */
 
-void upstream_pools_free(void)
-{
-    pthread_mutex_lock(&pools_mu);
-    while (pools) {
-        struct upstream_pool *p = pools;
-        pools = p->next;
-        for (int i = 0; i < p->nidle; i++)
-            close(p->idle[i].fd);
-        pthread_mutex_destroy(&p->mu);
-        free(p->host);
-        free(p);
-    }
-    pthread_mutex_unlock(&pools_mu);
-}
-
-/* An idle connection that is still open, or -1. */
-static int take_idle(struct upstream_pool *p)
-{
-    int64_t now = mono_ms();
-    pthread_mutex_lock(&p->mu);
-    while (p->nidle > 0) {
-        struct idle_conn c = p->idle[--p->nidle];
-        pthread_mutex_unlock(&p->mu);
-        struct pollfd pfd = {.fd = c.fd, .events = POLLIN};
-        /* Readable while idle means closed (or garbage): not reusable. */
-        if (now - c.since < IDLE_REUSE_MS && poll(&pfd, 1, 0) == 0)
-            return c.fd;
-        close(c.fd);
-        pthread_mutex_lock(&p->mu);
-    }
-    pthread_mutex_unlock(&p->mu);
-    return -1;
-}
-
-static void give_back(struct upstream_pool *p, int fd)
-{
-    pthread_mutex_lock(&p->mu);
-    if (p->nidle < IDLE_MAX) {
-        p->idle[p->nidle].fd = fd;
-        p->idle[p->nidle].since = mono_ms();
-        p->nidle++;
-        fd = -1;
-    }
-    pthread_mutex_unlock(&p->mu);
-    if (fd >= 0)
-        close(fd);
-}
-
-static int connect_to(struct upstream_pool *p, int64_t deadline, char *detail, size_t dlen)
+/* host:port's addresses (the caller frees them with freeaddrinfo), or NULL
+ * with detail. May block on DNS unless host is a numeric address. */
+static struct addrinfo *resolve(const char *host, int port, char *detail, size_t dlen)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
-    char port[16];
-    snprintf(port, sizeof port, "%d", p->port);
-    int gai = getaddrinfo(p->host, port, &hints, &ai);
+    char service[16];
+    snprintf(service, sizeof service, "%d", port);
+    int gai = getaddrinfo(host, service, &hints, &ai);
     if (gai != 0) {
-        snprintf(detail, dlen, "upstream %s:%d: %s", p->host, p->port, gai_strerror(gai));
-        return -1;
+        snprintf(detail, dlen, "upstream %s:%d: %s", host, port, gai_strerror(gai));
+        return NULL;
     }
-    int fd = -1, err = 0;
-    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
-            err = errno;
-            close(fd);
-            fd = -1;
-            continue;
-        }
-        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-        int64_t left = deadline - mono_ms();
-        if (left > CONNECT_TIMEOUT_MS)
-            left = CONNECT_TIMEOUT_MS;
-        socklen_t len = sizeof err;
-        if (left <= 0 || poll(&pfd, 1, (int)left) != 1) {
-            err = ETIMEDOUT;
-        } else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
-            err = errno;
-        }
-        if (err) {
-            close(fd);
-            fd = -1;
-        }
-    }
-    freeaddrinfo(ai);
+    return ai;
+}
+
+/* A non-blocking socket with a connect to a under way (or done): wait for
+ * it to be writable, then ask connect_result(). -1 with *err. */
+static int connect_start(const struct addrinfo *a, int *err)
+{
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        snprintf(detail, dlen, "upstream %s:%d: connect: %s", p->host, p->port,
-                 strerror(err ? err : ECONNREFUSED));
+        *err = errno;
         return -1;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+        *err = errno;
+        close(fd);
+        return -1;
+    }
     return fd;
 }
 
+/* Once the connecting socket is writable: 0 if connected, else why not. */
+static int connect_result(int fd)
+{
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+        return errno;
+    return err;
+}
+
+/* How long the next address may take to connect: up to the deadline, and
+ * never more than CONNECT_TIMEOUT_MS. */
+static int64_t connect_budget(int64_t deadline)
+{
+    int64_t left = deadline - mono_ms();
+    return left > CONNECT_TIMEOUT_MS ? CONNECT_TIMEOUT_MS : left;
+}
+
+static void connect_failed(const char *host, int port, int err, char *detail, size_t dlen)
+{
+    snprintf(detail, dlen, "upstream %s:%d: connect: %s", host, port,
+             strerror(err ? err : ECONNREFUSED));
+}
+
 /* The request's bytes: line, forwarded headers, our headers, body. */
-static char *build_request(struct upstream_pool *p, const struct upstream_request *rq,
+static char *build_request(const char *host, int port, const struct upstream_request *rq,
                            size_t *len)
 {
     const struct http_msg *m = rq->original;
-    size_t cap = 256 + strlen(rq->method) + strlen(rq->target) + strlen(p->host) +
+    size_t cap = 256 + strlen(rq->method) + strlen(rq->target) + strlen(host) +
                  (rq->peer ? strlen(rq->peer) : 0) + (m ? m->body_len : 0);
     for (size_t i = 0; m && i < m->header_count; i++)
         cap += strlen(m->headers[i].name) + strlen(m->headers[i].value) + 4;
@@ -194,8 +128,7 @@ static char *build_request(struct upstream_pool *p, const struct upstream_reques
     char *out = malloc(cap), *o = out;
     if (!out)
         return NULL;
-    o += sprintf(o, "%s %s HTTP/1.1\r\nHost: %s:%d\r\n", rq->method, rq->target, p->host,
-                 p->port);
+    o += sprintf(o, "%s %s HTTP/1.1\r\nHost: %s:%d\r\n", rq->method, rq->target, host, port);
     const char *xff = NULL;
     for (size_t i = 0; m && i < m->header_count; i++) {
         const char *n = m->headers[i].name;
@@ -227,160 +160,553 @@ static char *build_request(struct upstream_pool *p, const struct upstream_reques
     return out;
 }
 
-/* Write it all by the deadline. Returns bytes written; *err set on failure. */
-static size_t write_all(int fd, const char *buf, size_t len, int64_t deadline, int *err)
+/* Reading an answer: the response parser, with 1xx answers skipped and the
+ * peer's close, a malformed answer and the body limit turned into results. */
+struct answer {
+    struct http_parser parser;
+    int head;         /* the request was HEAD: the answer has no body */
+    const char *host; /* for details */
+    int port;
+    /* Once answer_feed() returned 1: */
+    enum upstream_result result;
+    struct http_msg *resp; /* UPSTREAM_OK: the whole answer, now the caller's */
+    int reusable;          /* the connection may carry the next exchange */
+};
+
+static void answer_init(struct answer *a, const struct upstream_request *rq, const char *host,
+                        int port)
 {
-    size_t off = 0;
-    *err = 0;
-    while (off < len) {
-        ssize_t n = send(fd, buf + off, len - off, MSG_NOSIGNAL);
-        if (n > 0) {
-            off += (size_t)n;
-            continue;
-        }
-        if (n < 0 && errno != EAGAIN && errno != EINTR) {
-            *err = errno;
-            return off;
-        }
-        struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-        int64_t left = deadline - mono_ms();
-        if (left <= 0 || poll(&pfd, 1, (int)left) == 0) {
-            *err = ETIMEDOUT;
-            return off;
-        }
-    }
-    return off;
-}
-
-enum upstream_result upstream_exchange(struct upstream_pool *p, const struct upstream_request *rq,
-                                       struct http_msg **resp, char *detail, size_t dlen)
-{
-    int64_t start = mono_ms(), deadline = start + rq->timeout_ms;
-    size_t len;
-    *resp = NULL;
-    detail[0] = '\0';
-    char *bytes = build_request(p, rq, &len);
-    if (!bytes) {
-        snprintf(detail, dlen, "out of memory building the upstream request");
-        return UPSTREAM_NOT_SENT;
-    }
-
-    /* Send on a pooled connection, or a fresh one. */
-    int fd, err = 0;
-    size_t sent = 0;
-    for (;;) {
-        int reused = 1;
-        fd = take_idle(p);
-        if (fd < 0) {
-            reused = 0;
-            fd = connect_to(p, deadline, detail, dlen);
-            if (fd < 0) {
-                free(bytes);
-                return UPSTREAM_NOT_SENT;
-            }
-        }
-        sent = write_all(fd, bytes, len, deadline, &err);
-        if (sent == len)
-            break;
-        close(fd);
-        if (sent == 0 && reused)
-            continue; /* the pooled connection was dead: nothing went out */
-        free(bytes);
-        snprintf(detail, dlen, "upstream %s:%d: sending: %s", p->host, p->port, strerror(err));
-        return sent == 0 ? UPSTREAM_NOT_SENT : err == ETIMEDOUT ? UPSTREAM_TIMEOUT
-                                                                 : UPSTREAM_UNKNOWN;
-    }
-    free(bytes);
-
-    /* Read the answer. */
     struct http_limits limits = {
         .request_line_max = 8192,
         .header_count_max = 200,
         .header_bytes_max = 64 * 1024,
         .body_max = rq->response_max,
     };
-    struct http_parser parser;
-    http_parser_init(&parser, HTTP_PARSE_RESPONSE, &limits);
-    parser.response_to_head = strcmp(rq->method, "HEAD") == 0;
-    enum upstream_result result = UPSTREAM_UNKNOWN;
-    int64_t next_tick = rq->tick ? mono_ms() + rq->tick_ms : INT64_MAX;
-    char buf[16384];
-    for (;;) {
-        int64_t now = mono_ms();
-        if (now >= deadline) {
-            result = UPSTREAM_TIMEOUT;
-            snprintf(detail, dlen, "upstream %s:%d: no answer within %lld ms", p->host, p->port,
-                     (long long)rq->timeout_ms);
-            break;
-        }
-        if (now >= next_tick) {
-            rq->tick(rq->tick_arg);
-            next_tick = mono_ms() + rq->tick_ms;
-        }
-        int64_t wait = deadline - now;
-        if (next_tick - now < wait)
-            wait = next_tick - now > 0 ? next_tick - now : 0;
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pfd, 1, (int)wait);
-        if (pr < 0 && errno != EINTR) {
-            snprintf(detail, dlen, "upstream: poll: %s", strerror(errno));
-            break;
-        }
-        if (pr <= 0)
-            continue;
-        ssize_t n = recv(fd, buf, sizeof buf, 0);
-        if (n < 0 && (errno == EAGAIN || errno == EINTR))
-            continue;
-        enum http_parse_status st = HTTP_NEED_MORE;
-        size_t off = 0;
-        if (n <= 0) {
-            st = http_parser_eof(&parser);
-            if (st != HTTP_DONE)
-                snprintf(detail, dlen,
-                         "upstream %s:%d: connection closed before a whole answer", p->host,
-                         p->port);
-        }
-        while (n > 0 && (size_t)off < (size_t)n) {
-            size_t used = 0;
-            st = http_parser_feed(&parser, buf + off, (size_t)n - off, &used);
-            off += used;
-            if (st != HTTP_DONE || parser.error_status)
-                break;
-            /* A 1xx answer is informational: the real one follows. */
-            if (!parser.msg || parser.msg->status >= 200) /* the message about to be taken */
-                break;
-            http_msg_free(http_parser_take(&parser));
-            http_parser_reset(&parser);
-            parser.response_to_head = strcmp(rq->method, "HEAD") == 0;
-            st = HTTP_NEED_MORE;
-        }
-        if (st == HTTP_NEED_MORE && n > 0)
-            continue;
-        if (st == HTTP_ERROR) {
-            result = parser.error_status == 413 ? UPSTREAM_TOO_BIG : UPSTREAM_UNKNOWN;
-            snprintf(detail, dlen, "upstream %s:%d: %s", p->host, p->port,
-                     result == UPSTREAM_TOO_BIG ? "response body over response_max"
-                                                : parser.error_detail);
-            break;
-        }
+    *a = (struct answer){.head = strcmp(rq->method, "HEAD") == 0,
+                         .host = host,
+                         .port = port,
+                         .result = UPSTREAM_UNKNOWN};
+    http_parser_init(&a->parser, HTTP_PARSE_RESPONSE, &limits);
+    a->parser.response_to_head = a->head;
+}
+
+static void answer_free(struct answer *a)
+{
+    http_parser_free(&a->parser);
+}
+
+/* Feed what one recv() returned: n bytes of buf, or n <= 0 when the peer
+ * closed or the connection failed. 0: read more. 1: decided, see result
+ * (and resp and reusable); detail says what went wrong otherwise. */
+static int answer_feed(struct answer *a, const char *buf, ssize_t n, char *detail, size_t dlen)
+{
+    enum http_parse_status st = HTTP_NEED_MORE;
+    size_t off = 0;
+    if (n <= 0) {
+        st = http_parser_eof(&a->parser);
         if (st != HTTP_DONE)
+            snprintf(detail, dlen, "upstream %s:%d: connection closed before a whole answer",
+                     a->host, a->port);
+    }
+    while (n > 0 && off < (size_t)n) {
+        size_t used = 0;
+        st = http_parser_feed(&a->parser, buf + off, (size_t)n - off, &used);
+        off += used;
+        if (st != HTTP_DONE || a->parser.error_status)
             break;
-        struct http_msg *m = http_parser_take(&parser);
-        if (!m) {
-            snprintf(detail, dlen, "out of memory reading the upstream's answer");
+        /* A 1xx answer is informational: the real one follows. */
+        if (!a->parser.msg || a->parser.msg->status >= 200) /* the message about to be taken */
+            break;
+        http_msg_free(http_parser_take(&a->parser));
+        http_parser_reset(&a->parser);
+        a->parser.response_to_head = a->head;
+        st = HTTP_NEED_MORE;
+    }
+    if (st == HTTP_NEED_MORE && n > 0)
+        return 0;
+    a->result = UPSTREAM_UNKNOWN;
+    if (st == HTTP_ERROR) {
+        if (a->parser.error_status == 413)
+            a->result = UPSTREAM_TOO_BIG;
+        snprintf(detail, dlen, "upstream %s:%d: %s", a->host, a->port,
+                 a->result == UPSTREAM_TOO_BIG ? "response body over response_max"
+                                               : a->parser.error_detail);
+        return 1;
+    }
+    if (st != HTTP_DONE)
+        return 1;
+    a->resp = http_parser_take(&a->parser);
+    if (!a->resp) {
+        snprintf(detail, dlen, "out of memory reading the upstream's answer");
+        return 1;
+    }
+    a->result = UPSTREAM_OK;
+    /* Reusable only if the answer ended exactly where the bytes did. */
+    a->reusable = a->resp->keep_alive && n > 0 && off == (size_t)n;
+    return 1;
+}
+
+/* ---- the event-loop client ------------------------------------------------
+ *
+ * A call's life, every step on the loop's thread:
+ *
+ *   upstream_call_start
+ *     │
+ *     ▼
+ *   attach ──── a pooled connection ────────────┐
+ *     │  ▲                                      ▼
+ *     │  └── pooled, failed before a byte ── SENDING ── all out ──► READING
+ *     ▼                                         ▲                      │
+ *   CONNECTING ── connected ────────────────────┘       a whole answer, or the close
+ *     ↺ the next address on failure                                    ▼
+ *   any state ── failure or the deadline ─────────────────────────► DECIDED ──► done runs
+ *
+ *   attach()        → SENDING with a pooled connection, else resolves (once
+ *                     per pool) and → CONNECTING through connect_next()
+ *   on_io()         CONNECTING → SENDING once connected; connect_next() on failure
+ *   send_some()     SENDING → READING, or back to attach(), or decide()
+ *   read_some()     READING → decide() once the answer is whole or cut short
+ *   on_timer()      the deadline → decide()
+ *   decide()        → DECIDED; deliver() runs done and frees the call
+ *   upstream_call_cancel()  any state before done ran → freed, no done
+ *
+ *   CONNECTING  c->fd connecting to the address before c->next_addr, watched
+ *               for EV_WRITE with min(deadline, CONNECT_TIMEOUT_MS); nothing
+ *               sent. Out of addresses, or the deadline: NOT_SENT.
+ *   SENDING     c->sent of c->len bytes out; EV_WRITE watched only while the
+ *               socket is full. A failure: NOT_SENT if c->sent == 0 (after
+ *               trying another connection if this one was pooled), else
+ *               UNKNOWN; the deadline: NOT_SENT or TIMEOUT likewise.
+ *   READING     EV_READ feeds the answer; the deadline: TIMEOUT.
+ *   DECIDED     the connection is closed or back in the pool; result and
+ *               resp wait for deliver(), which runs at once, or from the
+ *               timer made active if the call was decided inside
+ *               upstream_call_start().
+ *
+ * One timer per call (the deadline) and one I/O event, reassigned to each
+ * socket the call tries.
+ */
+
+struct loop_pool;
+
+/* A pooled connection, watched while it waits. */
+struct loop_idle {
+    struct loop_pool *pool;
+    int fd;
+    int64_t since;
+    struct event *watch; /* EV_READ, or IDLE_REUSE_MS gone: close it */
+};
+
+struct loop_pool {
+    struct loop_pool *next;
+    struct event_base *base;
+    char *host;
+    int port;
+    struct addrinfo *addrs; /* resolved at first use, then kept */
+    struct loop_idle *idle[IDLE_MAX]; /* newest last */
+    int nidle;
+};
+
+struct upstream_loop {
+    struct event_base *base;
+    struct loop_pool *pools;
+};
+
+enum call_state { CONNECTING, SENDING, READING, DECIDED };
+
+struct upstream_call {
+    struct loop_pool *pool;
+    upstream_done_fn done;
+    void *arg;
+    enum call_state state;
+    int starting; /* inside upstream_call_start(): done must wait */
+    int fd;
+    int reused;                       /* fd came from the pool */
+    const struct addrinfo *next_addr; /* CONNECTING: the address to try next */
+    int connect_err;                  /* why the last address failed */
+    char *bytes;
+    size_t len, sent;
+    int64_t deadline, timeout_ms;
+    struct event *io;
+    struct event *timer;
+    struct answer answer;
+    enum upstream_result result; /* DECIDED */
+    struct http_msg *resp;
+    char detail[256];
+};
+
+static struct timeval ms_timeval(int64_t ms)
+{
+    if (ms < 0)
+        ms = 0;
+    return (struct timeval){.tv_sec = (time_t)(ms / 1000),
+                            .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+}
+
+/* The idle entry goes; its connection is the caller's. */
+static int idle_release(struct loop_idle *ic)
+{
+    int fd = ic->fd;
+    event_free(ic->watch);
+    free(ic);
+    return fd;
+}
+
+static void on_idle(evutil_socket_t fd, short what, void *arg)
+{
+    struct loop_idle *ic = arg;
+    struct loop_pool *p = ic->pool;
+    for (int i = 0; i < p->nidle; i++) {
+        if (p->idle[i] == ic) {
+            memmove(&p->idle[i], &p->idle[i + 1], (size_t)(p->nidle - i - 1) * sizeof *p->idle);
+            p->nidle--;
             break;
         }
-        *resp = m;
-        result = UPSTREAM_OK;
-        /* Reusable only if the answer ended exactly where the bytes did. */
-        if (m->keep_alive && n > 0 && (size_t)off == (size_t)n) {
-            give_back(p, fd);
-            fd = -1;
+    }
+    close(idle_release(ic));
+}
+
+/* Into the pool, watched; closed if the pool is full (or on OOM). */
+static void pool_put(struct loop_pool *p, int fd)
+{
+    struct loop_idle *ic = p->nidle < IDLE_MAX ? calloc(1, sizeof *ic) : NULL;
+    if (ic) {
+        struct timeval tv = ms_timeval(IDLE_REUSE_MS);
+        ic->pool = p;
+        ic->fd = fd;
+        ic->since = mono_ms();
+        ic->watch = event_new(p->base, fd, EV_READ, on_idle, ic);
+        if (ic->watch && event_add(ic->watch, &tv) == 0) {
+            p->idle[p->nidle++] = ic;
+            return;
+        }
+        if (ic->watch)
+            event_free(ic->watch);
+        free(ic);
+    }
+    close(fd);
+}
+
+/* The newest idle connection still young enough and still open, or -1.
+ * Its watch closed it if the loop saw the upstream close it or send
+ * anything while it idled; a peek catches what arrived since the loop last
+ * looked (one syscall, to keep a FIN from turning a send into UNKNOWN). */
+static int pool_take(struct loop_pool *p)
+{
+    int64_t now = mono_ms();
+    while (p->nidle > 0) {
+        int young = now - p->idle[p->nidle - 1]->since < IDLE_REUSE_MS;
+        int fd = idle_release(p->idle[--p->nidle]);
+        char byte;
+        if (young && recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 &&
+            (errno == EAGAIN || errno == EWOULDBLOCK))
+            return fd;
+        close(fd);
+    }
+    return -1;
+}
+
+static struct loop_pool *loop_pool_get(struct upstream_loop *ul, const char *host, int port)
+{
+    struct loop_pool *p = ul->pools;
+    for (; p; p = p->next)
+        if (p->port == port && strcmp(p->host, host) == 0)
+            return p;
+    if ((p = calloc(1, sizeof *p)) == NULL)
+        return NULL;
+    if ((p->host = strdup(host)) == NULL) {
+        free(p);
+        return NULL;
+    }
+    p->base = ul->base;
+    p->port = port;
+    p->next = ul->pools;
+    ul->pools = p;
+    return p;
+}
+
+struct upstream_loop *upstream_loop_new(struct event_base *base)
+{
+    struct upstream_loop *ul = calloc(1, sizeof *ul);
+    if (ul)
+        ul->base = base;
+    return ul;
+}
+
+void upstream_loop_free(struct upstream_loop *ul)
+{
+    if (!ul)
+        return;
+    while (ul->pools) {
+        struct loop_pool *p = ul->pools;
+        ul->pools = p->next;
+        while (p->nidle > 0)
+            close(idle_release(p->idle[--p->nidle]));
+        if (p->addrs)
+            freeaddrinfo(p->addrs);
+        free(p->host);
+        free(p);
+    }
+    free(ul);
+}
+
+static void call_free(struct upstream_call *c)
+{
+    if (c->io)
+        event_free(c->io);
+    if (c->timer)
+        event_free(c->timer);
+    if (c->fd >= 0)
+        close(c->fd);
+    answer_free(&c->answer);
+    free(c->bytes);
+    free(c);
+}
+
+static void deliver(struct upstream_call *c)
+{
+    c->done(c->arg, c->result, c->resp, c->detail);
+    call_free(c);
+}
+
+/* The end of the exchange: the connection goes (unless read_some() gave it
+ * back to the pool), and done runs, now or once start has returned. */
+static void decide(struct upstream_call *c, enum upstream_result r, struct http_msg *resp)
+{
+    c->state = DECIDED;
+    c->result = r;
+    c->resp = resp;
+    event_del(c->io);
+    event_del(c->timer);
+    if (c->fd >= 0) {
+        close(c->fd);
+        c->fd = -1;
+    }
+    free(c->bytes);
+    c->bytes = NULL;
+    if (c->starting)
+        event_active(c->timer, EV_TIMEOUT, 1);
+    else
+        deliver(c);
+}
+
+static void on_io(evutil_socket_t fd, short what, void *arg);
+
+/* Watch c->fd for what, until it goes or for timeout_ms (-1: no timeout). */
+static int watch(struct upstream_call *c, short what, int64_t timeout_ms)
+{
+    struct timeval tv = ms_timeval(timeout_ms);
+    event_del(c->io);
+    if (event_assign(c->io, c->pool->base, c->fd, what | EV_PERSIST, on_io, c) != 0)
+        return -1;
+    return event_add(c->io, timeout_ms >= 0 ? &tv : NULL);
+}
+
+/* The connection failed: it goes, and what was sent on it says the rest. */
+static void drop_fd(struct upstream_call *c)
+{
+    event_del(c->io);
+    close(c->fd);
+    c->fd = -1;
+}
+
+static void connect_next(struct upstream_call *c);
+static void send_some(struct upstream_call *c);
+
+/* A connection for the request: the newest pooled one, or a new one. */
+static void attach(struct upstream_call *c)
+{
+    struct loop_pool *p = c->pool;
+    c->fd = pool_take(p);
+    c->reused = c->fd >= 0;
+    if (c->reused) {
+        c->state = SENDING;
+        send_some(c);
+        return;
+    }
+    if (!p->addrs && !(p->addrs = resolve(p->host, p->port, c->detail, sizeof c->detail))) {
+        decide(c, UPSTREAM_NOT_SENT, NULL);
+        return;
+    }
+    c->state = CONNECTING;
+    c->next_addr = p->addrs;
+    c->connect_err = 0;
+    connect_next(c);
+}
+
+static void connect_next(struct upstream_call *c)
+{
+    while (c->next_addr) {
+        const struct addrinfo *a = c->next_addr;
+        c->next_addr = a->ai_next;
+        int64_t budget = connect_budget(c->deadline);
+        if (budget <= 0) {
+            c->connect_err = ETIMEDOUT;
+            continue;
+        }
+        if ((c->fd = connect_start(a, &c->connect_err)) < 0)
+            continue;
+        if (watch(c, EV_WRITE, budget) == 0)
+            return;
+        c->connect_err = errno ? errno : ENOMEM;
+        drop_fd(c);
+    }
+    connect_failed(c->pool->host, c->pool->port, c->connect_err, c->detail, sizeof c->detail);
+    decide(c, UPSTREAM_NOT_SENT, NULL);
+}
+
+static void send_some(struct upstream_call *c)
+{
+    int err = 0;
+    while (c->sent < c->len) {
+        ssize_t n = send(c->fd, c->bytes + c->sent, c->len - c->sent, MSG_NOSIGNAL);
+        if (n > 0) {
+            c->sent += (size_t)n;
+        } else if (n < 0 && errno == EINTR) {
+            continue;
+        } else if (n < 0 && errno == EAGAIN) {
+            if (watch(c, EV_WRITE, -1) == 0)
+                return;
+            err = errno ? errno : ENOMEM;
+            break;
+        } else {
+            err = n < 0 ? errno : EPIPE;
+            break;
+        }
+    }
+    if (!err) {
+        c->state = READING;
+        if (watch(c, EV_READ, -1) == 0)
+            return;
+        snprintf(c->detail, sizeof c->detail, "upstream %s:%d: cannot watch the connection",
+                 c->pool->host, c->pool->port);
+        decide(c, UPSTREAM_UNKNOWN, NULL);
+        return;
+    }
+    drop_fd(c);
+    if (c->sent == 0 && c->reused) {
+        attach(c); /* the pooled connection was dead: nothing went out */
+        return;
+    }
+    snprintf(c->detail, sizeof c->detail, "upstream %s:%d: sending: %s", c->pool->host,
+             c->pool->port, strerror(err));
+    decide(c, c->sent == 0 ? UPSTREAM_NOT_SENT : UPSTREAM_UNKNOWN, NULL);
+}
+
+static void read_some(struct upstream_call *c)
+{
+    char buf[16384];
+    ssize_t n = recv(c->fd, buf, sizeof buf, 0);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (!answer_feed(&c->answer, buf, n, c->detail, sizeof c->detail))
+        return;
+    if (c->answer.reusable) {
+        event_del(c->io);
+        pool_put(c->pool, c->fd);
+        c->fd = -1;
+    }
+    struct http_msg *resp = c->answer.resp;
+    c->answer.resp = NULL;
+    decide(c, c->answer.result, resp);
+}
+
+static void on_io(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream_call *c = arg;
+    switch (c->state) {
+    case CONNECTING: {
+        int err = what & EV_TIMEOUT ? ETIMEDOUT : connect_result(c->fd);
+        if (err) {
+            c->connect_err = err;
+            drop_fd(c);
+            connect_next(c);
+        } else {
+            c->state = SENDING;
+            send_some(c);
         }
         break;
     }
-    http_parser_free(&parser);
-    if (fd >= 0)
-        close(fd);
-    return result;
+    case SENDING:
+        send_some(c);
+        break;
+    case READING:
+        read_some(c);
+        break;
+    case DECIDED:
+        break;
+    }
+}
+
+/* The deadline; or, for a call decided inside start, the moment to deliver. */
+static void on_timer(evutil_socket_t fd, short what, void *arg)
+{
+    struct upstream_call *c = arg;
+    const char *host = c->pool->host;
+    int port = c->pool->port;
+    /* libevent's clock is coarse (a few ms) unless the base was made with
+     * EVENT_BASE_FLAG_PRECISE_TIMER: never give up before the deadline. */
+    int64_t left = c->deadline - mono_ms();
+    if (c->state != DECIDED && left > 0) {
+        struct timeval tv = ms_timeval(left);
+        if (evtimer_add(c->timer, &tv) == 0)
+            return;
+    }
+    switch (c->state) {
+    case CONNECTING:
+        connect_failed(host, port, ETIMEDOUT, c->detail, sizeof c->detail);
+        decide(c, UPSTREAM_NOT_SENT, NULL);
+        break;
+    case SENDING:
+        snprintf(c->detail, sizeof c->detail, "upstream %s:%d: sending: %s", host, port,
+                 strerror(ETIMEDOUT));
+        decide(c, c->sent == 0 ? UPSTREAM_NOT_SENT : UPSTREAM_TIMEOUT, NULL);
+        break;
+    case READING:
+        snprintf(c->detail, sizeof c->detail, "upstream %s:%d: no answer within %lld ms", host,
+                 port, (long long)c->timeout_ms);
+        decide(c, UPSTREAM_TIMEOUT, NULL);
+        break;
+    case DECIDED:
+        deliver(c);
+        break;
+    }
+}
+
+struct upstream_call *upstream_call_start(struct upstream_loop *ul, const char *host, int port,
+                                          const struct upstream_request *rq,
+                                          upstream_done_fn done, void *arg)
+{
+    struct loop_pool *p = loop_pool_get(ul, host, port);
+    struct upstream_call *c = p ? calloc(1, sizeof *c) : NULL;
+    if (!c)
+        return NULL;
+    c->pool = p;
+    c->done = done;
+    c->arg = arg;
+    c->fd = -1;
+    c->timeout_ms = rq->timeout_ms;
+    c->deadline = mono_ms() + rq->timeout_ms;
+    answer_init(&c->answer, rq, p->host, p->port);
+    c->bytes = build_request(p->host, p->port, rq, &c->len);
+    c->io = event_new(ul->base, -1, 0, on_io, c);
+    c->timer = evtimer_new(ul->base, on_timer, c);
+    struct timeval tv = ms_timeval(rq->timeout_ms);
+    if (!c->bytes || !c->io || !c->timer || evtimer_add(c->timer, &tv) != 0) {
+        call_free(c);
+        return NULL;
+    }
+    c->starting = 1;
+    attach(c);
+    c->starting = 0;
+    return c;
+}
+
+void upstream_call_cancel(struct upstream_call *c)
+{
+    if (!c)
+        return;
+    if (c->state == DECIDED)
+        http_msg_free(c->resp);
+    call_free(c);
 }

@@ -1,10 +1,13 @@
 /*
- * upstream.h — the daemon's HTTP client for upstreams: blocking, called from
- * worker threads, with a keep-alive pool per upstream and an answer that
- * says not only "failed" but whether the request can have reached the
- * upstream. That difference decides what the gateway may do: a request that
- * was never sent can be released and retried; one that was sent and not
- * answered may have executed, and must not be run again blindly.
+ * upstream.h — the daemon's HTTP client for upstreams, with a keep-alive
+ * pool per upstream and an answer that says not only "failed" but whether
+ * the request can have reached the upstream. That difference decides what
+ * the gateway may do: a request that was never sent can be released and
+ * retried; one that was sent and not answered may have executed, and must
+ * not be run again blindly.
+ *
+ * The client is non-blocking, on a libevent event_base: the result comes to
+ * a callback. Pools are per event loop (struct upstream_loop).
  */
 #ifndef IDEM_SERVER_UPSTREAM_H
 #define IDEM_SERVER_UPSTREAM_H
@@ -13,6 +16,8 @@
 #include <stdint.h>
 
 #include "http_parser.h"
+
+struct event_base;
 
 enum upstream_result {
     UPSTREAM_OK,        /* a whole response: *resp */
@@ -23,13 +28,6 @@ enum upstream_result {
     UPSTREAM_TOO_BIG,   /* answered (so executed) with a body over the limit */
 };
 
-struct upstream_pool;
-
-/* The pool for host:port, created on first use; lives until
- * upstream_pools_free(). Thread-safe. NULL on OOM. */
-struct upstream_pool *upstream_pool_get(const char *host, int port);
-void upstream_pools_free(void);
-
 struct upstream_request {
     const char *method;
     const char *target;              /* path and query to send */
@@ -37,20 +35,49 @@ struct upstream_request {
                                         headers and Host are not forwarded */
     const char *peer;                /* appended to X-Forwarded-For */
     const char *const *extra;        /* more "Name: value" headers, NULL-terminated */
-    int64_t timeout_ms;              /* the whole exchange */
+    int64_t timeout_ms;              /* the whole exchange, connecting included */
     size_t response_max;             /* response body limit */
-    /* Called about every tick_ms while waiting for the answer (to extend a
-     * lease). tick may be NULL. */
-    void (*tick)(void *arg);
-    void *tick_arg;
-    int64_t tick_ms;
 };
 
-/* Send the request and read the answer. On UPSTREAM_OK *resp is the
- * response (free with http_msg_free). detail says what happened otherwise. */
-enum upstream_result upstream_exchange(struct upstream_pool *pool,
-                                       const struct upstream_request *rq,
-                                       struct http_msg **resp, char *detail,
-                                       size_t detail_len);
+/* ---- non-blocking, on an event loop -------------------------------------- */
+
+/* One event loop's upstream connections: a keep-alive pool per host:port
+ * (at most 64 idle connections each, reused while idle under 2 s, closed as
+ * soon as the upstream closes them or sends anything while they idle).
+ * Everything below runs on the loop's thread only: not thread-safe. */
+struct upstream_loop;
+
+/* NULL on OOM. base must outlive the upstream_loop. */
+struct upstream_loop *upstream_loop_new(struct event_base *base);
+/* Closes the idle connections. Every call must have finished (done ran) or
+ * been cancelled. NULL is a no-op. */
+void upstream_loop_free(struct upstream_loop *ul);
+
+struct upstream_call;
+
+/* The call's result. resp (UPSTREAM_OK only, else NULL) is the callee's:
+ * free it with http_msg_free. detail says what happened otherwise ("" on
+ * OK); it lives until done returns. The call is gone once done returns. */
+typedef void (*upstream_done_fn)(void *arg, enum upstream_result r, struct http_msg *resp,
+                                 const char *detail);
+
+/* Start the exchange with host:port. The request's bytes are built at once
+ * from rq: rq and what it points to need not outlive this call (rq->tick is
+ * not used). done is called exactly once, later, on the loop's thread:
+ * never from inside upstream_call_start, even for a result known at once.
+ * NULL on OOM; then done never runs.
+ *
+ * host:port is resolved once per upstream_loop, at its first call, and the
+ * addresses kept for the loop's life: that first call may block on DNS
+ * (a numeric address never does; a failed lookup is tried again at the
+ * next call, NOT_SENT meanwhile). */
+struct upstream_call *upstream_call_start(struct upstream_loop *ul, const char *host, int port,
+                                          const struct upstream_request *rq,
+                                          upstream_done_fn done, void *arg);
+
+/* Abandon a call before done ran: its connection is closed (whatever was
+ * sent may have reached the upstream), done never runs, the call is gone.
+ * NULL is a no-op. */
+void upstream_call_cancel(struct upstream_call *c);
 
 #endif

@@ -1,4 +1,4 @@
-/* workers.c — a fixed pool of handler threads fed by one queue (daemon). */
+/* workers.c — a fixed pool of threads for blocking calls, fed by one queue (daemon). */
 #include "workers.h"
 
 #include <pthread.h>

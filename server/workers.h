@@ -1,9 +1,9 @@
 /*
- * workers.h — the threads that run request handlers.
+ * workers.h — the threads that run what blocks.
  *
- * Handlers block: a record call waits for its group commit's fsync, an
- * upstream call for the upstream. The event loop never does; it hands each
- * complete request to a worker and goes on serving other connections.
+ * The event loops never block. What must — the JSON API's calls, and every
+ * store call on the distributed store, which waits on Redis or PostgreSQL —
+ * runs here (front_work), and the request goes back to its loop after.
  */
 #ifndef IDEM_SERVER_WORKERS_H
 #define IDEM_SERVER_WORKERS_H
