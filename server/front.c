@@ -30,10 +30,16 @@
  *    └─► CLOSED ◄── timeout, peer gone, write error
  *
  * A peer that goes away while its request is HANDLING does not stop the
- * work: the record is finished regardless, and the connection is freed when
- * the answer comes (ORPHANED). Malformed requests are
- * answered with the parser's status and the connection is closed, because
- * after a framing error nothing that follows on it can be trusted.
+ * work: the record is finished regardless. A reset connection is freed when
+ * the answer comes (ORPHANED); a peer that only shut its side (EOF) may
+ * still read, so its answer is written and then the connection closes.
+ * Malformed requests are answered with the parser's status and the
+ * connection is closed, because after a framing error nothing that follows
+ * on it can be trusted.
+ *
+ * Reads stay enabled in every state but ORPHANED, and an answer goes out
+ * with one send() when the socket takes it: a request on a kept-alive
+ * connection changes nothing epoll watches.
  */
 #include "front.h"
 
@@ -56,6 +62,7 @@
 enum conn_state { READING, HANDLING, WRITING, ORPHANED, LINGERING };
 
 #define LINGER_MS 2000
+#define INPUT_HIGH (64 * 1024) /* input buffered while a request is handled */
 #define OVER_LIMIT_GRACE 1024 /* connections answered 503 while over the limit */
 
 struct conn {
@@ -127,8 +134,10 @@ static void set_state(struct conn *c, enum conn_state s)
         bufferevent_enable(c->bev, EV_READ);
         break;
     case HANDLING:
+        /* Reads stay on (no epoll_ctl per request): what a client pipelines
+         * waits in the input buffer, up to INPUT_HIGH, and its leaving is
+         * seen at once. */
         evtimer_del(c->timer);
-        bufferevent_disable(c->bev, EV_READ);
         break;
     case WRITING:
         evtimer_del(c->timer);
@@ -145,7 +154,26 @@ static void set_state(struct conn *c, enum conn_state s)
     }
 }
 
-/* Queue a response and go to WRITING; the write callback finishes. */
+/* Out with one send() when the socket takes it all, which is the usual
+ * case: no write event to add and remove. What it does not take goes
+ * through the bufferevent (whose errors then report the peer gone).
+ * 1 if everything went out. */
+static int send_now(struct conn *c, const char *bytes, size_t len)
+{
+    ssize_t n = 0;
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        n = send(bufferevent_getfd(c->bev), bytes, len, MSG_NOSIGNAL);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n == len)
+        return 1;
+    bufferevent_write(c->bev, bytes + n, len - (size_t)n);
+    return 0;
+}
+
+static void on_written(struct conn *c, int now);
+
+/* Send a response and go to WRITING; on_written() finishes. */
 static void send_response(struct conn *c, struct http_response *r)
 {
     size_t len = 0;
@@ -158,15 +186,17 @@ static void send_response(struct conn *c, struct http_response *r)
         c->close_after_write = r->close;
         bytes = response_serialize(r, c->head_request, &len);
     }
+    int out;
     if (!bytes) {
         c->close_after_write = 1;
-        bufferevent_write(c->bev, fixed_503, sizeof fixed_503 - 1);
+        out = send_now(c, fixed_503, sizeof fixed_503 - 1);
     } else {
-        bufferevent_write(c->bev, bytes, len);
+        out = send_now(c, bytes, len);
         free(bytes);
     }
     set_state(c, WRITING);
-    bufferevent_enable(c->bev, EV_WRITE);
+    if (out)
+        on_written(c, 1);
 }
 
 static void send_problem_and_close(struct conn *c, int status, const char *type,
@@ -334,28 +364,46 @@ static void on_read(struct bufferevent *bev, void *arg)
         evbuffer_drain(in, evbuffer_get_length(in));
         return;
     }
-    process_input(c);
+    process_input(c); /* reads nothing unless READING */
+}
+
+/* The answer is out: close, or read the next request. now: written from
+ * inside send_response(), whose caller may be a handler still on the stack
+ * — a pipelined request then waits for the loop, not for a recursion. */
+static void on_written(struct conn *c, int now)
+{
+    if (c->close_after_write) {
+        set_state(c, LINGERING);
+        return;
+    }
+    set_state(c, READING);
+    if (!now)
+        process_input(c);
+    else if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
+        bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
 }
 
 static void on_write(struct bufferevent *bev, void *arg)
 {
     struct conn *c = arg;
     (void)bev;
-    if (c->state != WRITING)
-        return;
-    if (c->close_after_write) {
-        set_state(c, LINGERING);
-        return;
-    }
-    set_state(c, READING);
-    process_input(c); /* a pipelined request may be waiting */
+    if (c->state == WRITING)
+        on_written(c, 0);
 }
 
 static void on_event(struct bufferevent *bev, short what, void *arg)
 {
     struct conn *c = arg;
     (void)bev;
-    (void)what; /* EOF or error: either way the peer is gone */
+    /* The client shut its side after its request: it may still read our
+     * answer (a half-close), which is written, and then we close. */
+    if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR) &&
+        (c->state == HANDLING || c->state == WRITING)) {
+        c->close_after_write = 1;
+        bufferevent_disable(c->bev, EV_READ);
+        return;
+    }
+    /* An error: the peer is gone. */
     if (c->state == HANDLING) {
         set_state(c, ORPHANED); /* freed at front_answer() */
         return;
@@ -456,6 +504,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         return;
     }
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
+    bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
     if (over) {
         /* Answered and closed, without reading a request. */
         c->close_after_write = 1;

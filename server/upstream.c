@@ -283,18 +283,24 @@ static int answer_feed(struct answer *a, const char *buf, ssize_t n, char *detai
  *               timer made active if the call was decided inside
  *               upstream_call_start().
  *
- * One timer per call (the deadline) and one I/O event, reassigned to each
- * socket the call tries.
+ * One timer per call (the deadline) and one I/O event for connecting and
+ * for a socket that is full. Once connected, a connection (struct loop_conn)
+ * has its own EV_READ event, added once and kept for the connection's life,
+ * idle or in a call: a request on a pooled connection costs no epoll_ctl.
+ * While idle, that event firing means the upstream closed the connection
+ * (or sent something unasked): it is closed at once.
  */
 
 struct loop_pool;
+struct upstream_call;
 
-/* A pooled connection, watched while it waits. */
-struct loop_idle {
+/* A connected socket: in a call, or idle in its pool. */
+struct loop_conn {
     struct loop_pool *pool;
     int fd;
-    int64_t since;
-    struct event *watch; /* EV_READ, or IDLE_REUSE_MS gone: close it */
+    int64_t since;              /* idle since (monotonic ms) */
+    struct event *readable;     /* EV_READ | EV_PERSIST, for the conn's life */
+    struct upstream_call *call; /* NULL while idle */
 };
 
 struct loop_pool {
@@ -303,7 +309,7 @@ struct loop_pool {
     char *host;
     int port;
     struct addrinfo *addrs; /* resolved at first use, then kept */
-    struct loop_idle *idle[IDLE_MAX]; /* newest last */
+    struct loop_conn *idle[IDLE_MAX]; /* newest last */
     int nidle;
 };
 
@@ -320,8 +326,10 @@ struct upstream_call {
     void *arg;
     enum call_state state;
     int starting; /* inside upstream_call_start(): done must wait */
-    int fd;
-    int reused;                       /* fd came from the pool */
+    int fd;                           /* CONNECTING: the socket */
+    struct loop_conn *conn;           /* connected: the connection */
+    int reused;                       /* conn came from the pool */
+    int waiting_writable;             /* SENDING: the socket was full */
     const struct addrinfo *next_addr; /* CONNECTING: the address to try next */
     int connect_err;                  /* why the last address failed */
     char *bytes;
@@ -343,67 +351,82 @@ static struct timeval ms_timeval(int64_t ms)
                             .tv_usec = (suseconds_t)(ms % 1000) * 1000};
 }
 
-/* The idle entry goes; its connection is the caller's. */
-static int idle_release(struct loop_idle *ic)
+static void conn_close(struct loop_conn *k)
 {
-    int fd = ic->fd;
-    event_free(ic->watch);
-    free(ic);
-    return fd;
+    event_free(k->readable);
+    close(k->fd);
+    free(k);
 }
 
-static void on_idle(evutil_socket_t fd, short what, void *arg)
+static void read_some(struct upstream_call *c);
+
+static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
-    struct loop_idle *ic = arg;
-    struct loop_pool *p = ic->pool;
+    struct loop_conn *k = arg;
+    struct loop_pool *p = k->pool;
+    (void)fd;
+    (void)what;
+    if (k->call) {
+        read_some(k->call);
+        return;
+    }
+    /* Closed by the upstream (or sent to unasked) while idle: gone. */
     for (int i = 0; i < p->nidle; i++) {
-        if (p->idle[i] == ic) {
+        if (p->idle[i] == k) {
             memmove(&p->idle[i], &p->idle[i + 1], (size_t)(p->nidle - i - 1) * sizeof *p->idle);
             p->nidle--;
             break;
         }
     }
-    close(idle_release(ic));
+    conn_close(k);
 }
 
-/* Into the pool, watched; closed if the pool is full (or on OOM). */
-static void pool_put(struct loop_pool *p, int fd)
+/* A connected fd becomes a connection, its EV_READ watched from now on.
+ * NULL (fd closed) on OOM. */
+static struct loop_conn *conn_new(struct loop_pool *p, int fd)
 {
-    struct loop_idle *ic = p->nidle < IDLE_MAX ? calloc(1, sizeof *ic) : NULL;
-    if (ic) {
-        struct timeval tv = ms_timeval(IDLE_REUSE_MS);
-        ic->pool = p;
-        ic->fd = fd;
-        ic->since = mono_ms();
-        ic->watch = event_new(p->base, fd, EV_READ, on_idle, ic);
-        if (ic->watch && event_add(ic->watch, &tv) == 0) {
-            p->idle[p->nidle++] = ic;
-            return;
-        }
-        if (ic->watch)
-            event_free(ic->watch);
-        free(ic);
+    struct loop_conn *k = calloc(1, sizeof *k);
+    if (k && (k->readable = event_new(p->base, fd, EV_READ | EV_PERSIST, on_readable, k)) &&
+        event_add(k->readable, NULL) == 0) {
+        k->pool = p;
+        k->fd = fd;
+        return k;
     }
+    if (k && k->readable)
+        event_free(k->readable);
+    free(k);
     close(fd);
+    return NULL;
 }
 
-/* The newest idle connection still young enough and still open, or -1.
- * Its watch closed it if the loop saw the upstream close it or send
+/* Into the pool, still watched; closed if the pool is full. */
+static void pool_put(struct loop_pool *p, struct loop_conn *k)
+{
+    k->call = NULL;
+    k->since = mono_ms();
+    if (p->nidle < IDLE_MAX)
+        p->idle[p->nidle++] = k;
+    else
+        conn_close(k);
+}
+
+/* The newest idle connection still young enough and still open, or NULL.
+ * Its event closed it if the loop saw the upstream close it or send
  * anything while it idled; a peek catches what arrived since the loop last
  * looked (one syscall, to keep a FIN from turning a send into UNKNOWN). */
-static int pool_take(struct loop_pool *p)
+static struct loop_conn *pool_take(struct loop_pool *p)
 {
     int64_t now = mono_ms();
     while (p->nidle > 0) {
-        int young = now - p->idle[p->nidle - 1]->since < IDLE_REUSE_MS;
-        int fd = idle_release(p->idle[--p->nidle]);
+        struct loop_conn *k = p->idle[--p->nidle];
         char byte;
-        if (young && recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 &&
+        if (now - k->since < IDLE_REUSE_MS &&
+            recv(k->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) < 0 &&
             (errno == EAGAIN || errno == EWOULDBLOCK))
-            return fd;
-        close(fd);
+            return k;
+        conn_close(k);
     }
-    return -1;
+    return NULL;
 }
 
 static struct loop_pool *loop_pool_get(struct upstream_loop *ul, const char *host, int port)
@@ -441,7 +464,7 @@ void upstream_loop_free(struct upstream_loop *ul)
         struct loop_pool *p = ul->pools;
         ul->pools = p->next;
         while (p->nidle > 0)
-            close(idle_release(p->idle[--p->nidle]));
+            conn_close(p->idle[--p->nidle]);
         if (p->addrs)
             freeaddrinfo(p->addrs);
         free(p->host);
@@ -458,6 +481,8 @@ static void call_free(struct upstream_call *c)
         event_free(c->timer);
     if (c->fd >= 0)
         close(c->fd);
+    if (c->conn)
+        conn_close(c->conn);
     answer_free(&c->answer);
     free(c->bytes);
     free(c);
@@ -482,6 +507,10 @@ static void decide(struct upstream_call *c, enum upstream_result r, struct http_
         close(c->fd);
         c->fd = -1;
     }
+    if (c->conn) {
+        conn_close(c->conn);
+        c->conn = NULL;
+    }
     free(c->bytes);
     c->bytes = NULL;
     if (c->starting)
@@ -492,12 +521,12 @@ static void decide(struct upstream_call *c, enum upstream_result r, struct http_
 
 static void on_io(evutil_socket_t fd, short what, void *arg);
 
-/* Watch c->fd for what, until it goes or for timeout_ms (-1: no timeout). */
-static int watch(struct upstream_call *c, short what, int64_t timeout_ms)
+/* Watch fd for EV_WRITE, until it goes or for timeout_ms (-1: none). */
+static int watch_writable(struct upstream_call *c, int fd, int64_t timeout_ms)
 {
     struct timeval tv = ms_timeval(timeout_ms);
     event_del(c->io);
-    if (event_assign(c->io, c->pool->base, c->fd, what | EV_PERSIST, on_io, c) != 0)
+    if (event_assign(c->io, c->pool->base, fd, EV_WRITE | EV_PERSIST, on_io, c) != 0)
         return -1;
     return event_add(c->io, timeout_ms >= 0 ? &tv : NULL);
 }
@@ -506,8 +535,12 @@ static int watch(struct upstream_call *c, short what, int64_t timeout_ms)
 static void drop_fd(struct upstream_call *c)
 {
     event_del(c->io);
-    close(c->fd);
+    if (c->fd >= 0)
+        close(c->fd);
     c->fd = -1;
+    if (c->conn)
+        conn_close(c->conn);
+    c->conn = NULL;
 }
 
 static void connect_next(struct upstream_call *c);
@@ -517,9 +550,10 @@ static void send_some(struct upstream_call *c);
 static void attach(struct upstream_call *c)
 {
     struct loop_pool *p = c->pool;
-    c->fd = pool_take(p);
-    c->reused = c->fd >= 0;
+    c->conn = pool_take(p);
+    c->reused = c->conn != NULL;
     if (c->reused) {
+        c->conn->call = c;
         c->state = SENDING;
         send_some(c);
         return;
@@ -546,7 +580,7 @@ static void connect_next(struct upstream_call *c)
         }
         if ((c->fd = connect_start(a, &c->connect_err)) < 0)
             continue;
-        if (watch(c, EV_WRITE, budget) == 0)
+        if (watch_writable(c, c->fd, budget) == 0)
             return;
         c->connect_err = errno ? errno : ENOMEM;
         drop_fd(c);
@@ -555,18 +589,25 @@ static void connect_next(struct upstream_call *c)
     decide(c, UPSTREAM_NOT_SENT, NULL);
 }
 
+/* While the socket is full, its EV_READ is off: an early answer or a close
+ * is seen by the next send, or read once everything is out. */
 static void send_some(struct upstream_call *c)
 {
-    int err = 0;
+    struct loop_conn *k = c->conn;
+    int err = 0, waiting = c->waiting_writable;
     while (c->sent < c->len) {
-        ssize_t n = send(c->fd, c->bytes + c->sent, c->len - c->sent, MSG_NOSIGNAL);
+        ssize_t n = send(k->fd, c->bytes + c->sent, c->len - c->sent, MSG_NOSIGNAL);
         if (n > 0) {
             c->sent += (size_t)n;
         } else if (n < 0 && errno == EINTR) {
             continue;
         } else if (n < 0 && errno == EAGAIN) {
-            if (watch(c, EV_WRITE, -1) == 0)
+            if (waiting)
                 return;
+            if (event_del(k->readable) == 0 && watch_writable(c, k->fd, -1) == 0) {
+                c->waiting_writable = 1;
+                return;
+            }
             err = errno ? errno : ENOMEM;
             break;
         } else {
@@ -574,13 +615,14 @@ static void send_some(struct upstream_call *c)
             break;
         }
     }
+    if (!err && waiting) {
+        event_del(c->io);
+        c->waiting_writable = 0;
+        if (event_add(k->readable, NULL) != 0)
+            err = ENOMEM;
+    }
     if (!err) {
         c->state = READING;
-        if (watch(c, EV_READ, -1) == 0)
-            return;
-        snprintf(c->detail, sizeof c->detail, "upstream %s:%d: cannot watch the connection",
-                 c->pool->host, c->pool->port);
-        decide(c, UPSTREAM_UNKNOWN, NULL);
         return;
     }
     drop_fd(c);
@@ -596,15 +638,16 @@ static void send_some(struct upstream_call *c)
 static void read_some(struct upstream_call *c)
 {
     char buf[16384];
-    ssize_t n = recv(c->fd, buf, sizeof buf, 0);
+    if (c->state != READING)
+        return; /* not before the request is out (see send_some) */
+    ssize_t n = recv(c->conn->fd, buf, sizeof buf, 0);
     if (n < 0 && (errno == EAGAIN || errno == EINTR))
         return;
     if (!answer_feed(&c->answer, buf, n, c->detail, sizeof c->detail))
         return;
     if (c->answer.reusable) {
-        event_del(c->io);
-        pool_put(c->pool, c->fd);
-        c->fd = -1;
+        pool_put(c->pool, c->conn);
+        c->conn = NULL;
     }
     struct http_msg *resp = c->answer.resp;
     c->answer.resp = NULL;
@@ -622,6 +665,17 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
             drop_fd(c);
             connect_next(c);
         } else {
+            /* Connected: from here on a connection with its own EV_READ. */
+            event_del(c->io);
+            int sock = c->fd;
+            c->fd = -1;
+            if (!(c->conn = conn_new(c->pool, sock))) {
+                connect_failed(c->pool->host, c->pool->port, ENOMEM, c->detail,
+                               sizeof c->detail);
+                decide(c, UPSTREAM_NOT_SENT, NULL);
+                break;
+            }
+            c->conn->call = c;
             c->state = SENDING;
             send_some(c);
         }
