@@ -56,10 +56,23 @@ static idem_rc run_in_savepoint(struct idem__gc *gc, struct idem__gc_job *j)
     if (rc == IDEM_OK)
         rc = j->run(j, gc->ctx);
     if (rc == IDEM_OK)
-        rc = d->release(gc->ctx);
-    else
-        d->rollback_to(gc->ctx);
-    return rc;
+        return d->release(gc->ctx);
+    /* The job's error is the one to report, not what rolling back says
+     * (when the database already rolled everything back, it has no
+     * savepoint left to roll back to). */
+    char detail[sizeof j->detail];
+    snprintf(detail, sizeof detail, "%s", idem_errdetail());
+    d->rollback_to(gc->ctx);
+    return idem__fail(rc, "%s", detail);
+}
+
+/* The batch's transaction is gone (the database rolled it back on an
+ * error): every write of the batch so far went with it. */
+static idem_rc transaction_lost(struct idem__gc_job *j)
+{
+    return idem__fail(IDEM_ESTORE, "the database rolled back the whole batch after an error "
+                                   "(%s); nothing of it was written",
+                      j->rc != IDEM_OK && j->detail[0] ? j->detail : "no detail");
 }
 
 static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
@@ -73,10 +86,17 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
             idem__clear_detail();
             j->rc = run_in_savepoint(gc, j);
             keep_detail(j);
+            /* Running on would write outside any transaction. */
+            if (!d->in_transaction(gc->ctx)) {
+                rc = transaction_lost(j);
+                break;
+            }
         }
         gc->in_job = 0;
-        idem__clear_detail();
-        rc = d->commit(gc->ctx);
+        if (rc == IDEM_OK) {
+            idem__clear_detail();
+            rc = d->commit(gc->ctx);
+        }
     }
     if (rc != IDEM_OK) {
         d->rollback(gc->ctx);
@@ -173,6 +193,9 @@ idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job)
         if (!gc->in_job)
             return idem__fail(IDEM_EINVAL, "a completion on the store's writer "
                                            "thread called the store; it must not");
+        if (!gc->drv->in_transaction(gc->ctx))
+            return idem__fail(IDEM_ESTORE, "the database rolled back the batch after an "
+                                           "error; nothing more can be written in it");
         return run_in_savepoint(gc, job);
     }
     sem_init(&job->done, 0, 0);

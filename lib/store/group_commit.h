@@ -38,6 +38,10 @@ struct idem__gc_driver {
     idem_rc (*savepoint)(void *ctx); /* before each job (savepoints nest) */
     idem_rc (*release)(void *ctx);   /* after a job that succeeded */
     void (*rollback_to)(void *ctx);  /* after a job that failed */
+    /* 1 while the batch's transaction is open. The database may roll it
+     * back by itself on some errors (SQLite: disk full, I/O error), taking
+     * every job's write with it: the batch then fails as a whole. */
+    int (*in_transaction)(void *ctx);
 };
 
 struct idem__gc;

@@ -160,6 +160,12 @@ static void drv_rollback_to(void *ctx)
     (void)exec_stmt(ctx, ST_RELEASE);
 }
 
+static int drv_in_transaction(void *ctx)
+{
+    struct sqlite_db *d = ctx;
+    return !sqlite3_get_autocommit(d->conn);
+}
+
 static const struct idem__gc_driver driver = {
     .begin = drv_begin,
     .commit = drv_commit,
@@ -167,6 +173,7 @@ static const struct idem__gc_driver driver = {
     .savepoint = drv_savepoint,
     .release = drv_release,
     .rollback_to = drv_rollback_to,
+    .in_transaction = drv_in_transaction,
 };
 
 /* ---- binding and reading ---- */

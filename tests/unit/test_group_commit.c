@@ -1,0 +1,179 @@
+/*
+ * test_group_commit.c — the group-commit writer (lib/store/group_commit.c)
+ * over a real SQLite file, driven the way lib/store/sqlite.c drives it.
+ *
+ * What is tested here is the batch as a unit: when SQLite itself rolls back
+ * the batch's transaction in the middle (SQLITE_FULL and SQLITE_IOERR do
+ * that; a small max_page_count makes SQLITE_FULL happen on demand), every
+ * job of the batch must be told it failed — the jobs that ran before the
+ * error lost their writes too — and no job may run on outside a transaction,
+ * where its write would be committed on its own.
+ */
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "store/group_commit.h"
+#include "testlib.h"
+
+static idem_rc exec(sqlite3 *db, const char *sql)
+{
+    char *err = NULL;
+    if (sqlite3_exec(db, sql, NULL, NULL, &err) == SQLITE_OK)
+        return IDEM_OK;
+    idem_rc rc = idem__fail(IDEM_ESTORE, "%s", err ? err : "error");
+    sqlite3_free(err);
+    return rc;
+}
+
+static idem_rc drv_begin(void *ctx) { return exec(ctx, "BEGIN"); }
+static idem_rc drv_commit(void *ctx) { return exec(ctx, "COMMIT"); }
+static idem_rc drv_savepoint(void *ctx) { return exec(ctx, "SAVEPOINT job"); }
+static idem_rc drv_release(void *ctx) { return exec(ctx, "RELEASE job"); }
+static void drv_rollback(void *ctx)
+{
+    if (!sqlite3_get_autocommit(ctx))
+        exec(ctx, "ROLLBACK");
+}
+static void drv_rollback_to(void *ctx)
+{
+    exec(ctx, "ROLLBACK TO job");
+    exec(ctx, "RELEASE job");
+}
+static int drv_in_transaction(void *ctx) { return !sqlite3_get_autocommit(ctx); }
+
+static const struct idem__gc_driver driver = {
+    .begin = drv_begin,
+    .commit = drv_commit,
+    .rollback = drv_rollback,
+    .savepoint = drv_savepoint,
+    .release = drv_release,
+    .rollback_to = drv_rollback_to,
+    .in_transaction = drv_in_transaction,
+};
+
+struct insert_job {
+    struct idem__gc_job job;
+    int id;
+    int bytes;        /* the row's size: a big one fills the file */
+    sem_t *gate;      /* when set, wait on it first (to hold the writer) */
+    sem_t finished;
+};
+
+static idem_rc run_insert(struct idem__gc_job *job, void *ctx)
+{
+    struct insert_job *j = (struct insert_job *)job;
+    if (j->gate)
+        while (sem_wait(j->gate) != 0)
+            ;
+    char sql[128];
+    snprintf(sql, sizeof sql, "INSERT INTO t VALUES (%d, zeroblob(%d))", j->id, j->bytes);
+    return exec(ctx, sql);
+}
+
+static void on_done(struct idem__gc_job *job)
+{
+    sem_post(&((struct insert_job *)job)->finished);
+}
+
+static int count_rows(const char *path, const char *where)
+{
+    sqlite3 *db;
+    sqlite3_stmt *s;
+    char sql[128];
+    int n = -1;
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM t WHERE %s", where);
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &s, NULL), SQLITE_OK);
+    if (sqlite3_step(s) == SQLITE_ROW)
+        n = sqlite3_column_int(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return n;
+}
+
+/* Jobs 1..4 in one batch; job 3 fills the file. */
+static void test_batch_rolled_back_by_sqlite(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/idem-gc-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    sqlite3 *db;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(exec(db, "PRAGMA journal_mode=WAL; CREATE TABLE t (id INTEGER, v BLOB);"
+                              "PRAGMA max_page_count=40"),
+                     IDEM_OK);
+    struct idem__gc *gc;
+    assert_int_equal(idem__gc_start(&driver, db, 64, &gc), IDEM_OK);
+
+    sem_t gate;
+    sem_init(&gate, 0, 0);
+    struct insert_job jobs[5];
+    memset(jobs, 0, sizeof jobs);
+    /* Job 0 holds the writer in a batch of its own while 1..4 queue up. */
+    for (int i = 0; i < 5; i++) {
+        jobs[i].job.run = run_insert;
+        jobs[i].job.on_done = on_done;
+        jobs[i].id = i;
+        jobs[i].bytes = i == 3 ? 400000 : 100;
+        jobs[i].gate = i == 0 ? &gate : NULL;
+        sem_init(&jobs[i].finished, 0, 0);
+    }
+    assert_int_equal(idem__gc_queue(gc, &jobs[0].job), IDEM_OK);
+    usleep(50000); /* the writer has taken job 0 alone */
+    for (int i = 1; i < 5; i++)
+        assert_int_equal(idem__gc_queue(gc, &jobs[i].job), IDEM_OK);
+    sem_post(&gate);
+    for (int i = 0; i < 5; i++)
+        while (sem_wait(&jobs[i].finished) != 0)
+            ;
+
+    /* Job 4 must not have run after the rollback, outside any transaction
+     * (it would have been committed alone, and reported failed). */
+    assert_int_equal(count_rows(path, "id = 0"), 1);
+    assert_int_equal(count_rows(path, "id > 0"), 0);
+    assert_int_equal(jobs[0].job.rc, IDEM_OK);
+    for (int i = 1; i < 5; i++) {
+        /* Job 1 and 2 ran, and lost their rows with the transaction; 4 never
+         * ran: each is told so. */
+        assert_int_equal(jobs[i].job.rc, IDEM_ESTORE);
+        assert_non_null(strstr(jobs[i].job.detail, "rolled back the whole batch"));
+    }
+    assert_non_null(strstr(jobs[3].job.detail, "full"));
+
+    /* The writer goes on: a later batch commits. */
+    struct insert_job after = {.job = {.run = run_insert, .on_done = on_done}, .id = 9,
+                               .bytes = 100};
+    sem_init(&after.finished, 0, 0);
+    assert_int_equal(idem__gc_queue(gc, &after.job), IDEM_OK);
+    while (sem_wait(&after.finished) != 0)
+        ;
+    assert_int_equal(after.job.rc, IDEM_OK);
+    assert_int_equal(count_rows(path, "id = 9"), 1);
+
+    idem__gc_stop(gc);
+    sqlite3_close(db);
+    for (int i = 0; i < 5; i++)
+        sem_destroy(&jobs[i].finished);
+    sem_destroy(&after.finished);
+    sem_destroy(&gate);
+    char wal[64];
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    unlink(wal);
+    snprintf(wal, sizeof wal, "%s-shm", path);
+    unlink(wal);
+    unlink(path);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_batch_rolled_back_by_sqlite),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
