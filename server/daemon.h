@@ -51,6 +51,10 @@ struct daemon {
     int kv_local;              /* token and lock calls are in memory, never
                                   block: the embedded store */
     atomic_ulong seq;
+    /* The loop's read for finished records: how often it found one lately
+     * (a score, see worth_reading() in gateway.c). */
+    atomic_int read_score;
+    atomic_ulong read_tick;
     struct daemon_counters n;
 };
 

@@ -772,6 +772,29 @@ static void forward(struct gw *g)
 
 /* ---- entry ---- */
 
+/* The read for a finished record costs a SQLite transaction on the loop. On
+ * traffic of fresh keys it never finds one, and the begin that follows finds
+ * a finished record anyway (DONE), only later: so while the reads keep coming
+ * back empty they are skipped, all but one in READ_SAMPLE, which keeps
+ * watching. The score rises by READ_HIT for a hit and falls by one for a
+ * miss, within [0, READ_SCORE_MAX]; at 0, reads are sampled. */
+#define READ_SAMPLE 16
+#define READ_HIT 16
+#define READ_SCORE_MAX 256
+
+static int worth_reading(struct daemon *d)
+{
+    return atomic_load_explicit(&d->read_score, memory_order_relaxed) > 0 ||
+           atomic_fetch_add_explicit(&d->read_tick, 1, memory_order_relaxed) % READ_SAMPLE == 0;
+}
+
+static void reading_found(struct daemon *d, int found)
+{
+    int s = atomic_load_explicit(&d->read_score, memory_order_relaxed);
+    s = found ? (s + READ_HIT > READ_SCORE_MAX ? READ_SCORE_MAX : s + READ_HIT) : (s > 0 ? s - 1 : 0);
+    atomic_store_explicit(&d->read_score, s, memory_order_relaxed);
+}
+
 void gateway_start(struct daemon *d, struct live_config *lc, const struct route *rt,
                    struct front_request *req)
 {
@@ -806,13 +829,15 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     }
     /* A finished record, read here when reading does not block (with the
      * token layer, an unknown token is refused even for a finished key). */
-    if (d->reads_dont_block && !rt->layer_token) {
+    if (d->reads_dont_block && !rt->layer_token && worth_reading(d)) {
         idem_outcome o;
         if (idem_record_get(d->h, rt->space, g->key, &o, &g->rec) == IDEM_OK &&
             (g->out = replay_finished(d, o, &g->rec, g->has_fp ? g->fp : NULL)) != NULL) {
+            reading_found(d, 1);
             answer(g);
             return;
         }
+        reading_found(d, 0);
         idem_record_clear(&g->rec);
     }
     snprintf(g->owner, sizeof g->owner, "%s-%lu", d->instance, atomic_fetch_add(&d->seq, 1) + 1);
