@@ -611,7 +611,7 @@ static int get_count(struct ctx *c, const yaml_node_t *n, const char *path,
 static int get_choice(struct ctx *c, const yaml_node_t *n, const char *path,
                       const char *a, const char *b, int *out)
 {
-    const char *s;
+    const char *s = NULL;
     char expected[64];
     snprintf(expected, sizeof expected, "%s or %s", a, b);
     if (scalar(c, n, path, expected, &s))
@@ -684,7 +684,7 @@ static int has_control(const char *s)
 static int get_json_field(struct ctx *c, const yaml_node_t *n, const char *path,
                           const char **out)
 {
-    const char *s;
+    const char *s = NULL;
     if (scalar(c, n, path, "a JSON field name", &s))
         return -1;
     size_t len = strlen(s);
@@ -1242,8 +1242,8 @@ static int same_match(const struct route *a, const struct route *b)
 
 static int get_routes(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
 {
-    yaml_node_item_t *it;
-    size_t count;
+    yaml_node_item_t *it = NULL;
+    size_t count = 0;
     char path[32];
     if (list_items(c, n, "routes", "a list of routes", &it, &count))
         return -1;
