@@ -91,7 +91,7 @@ struct server_config {
     char *subject_header;     /* default X-Subject */
     struct upstream_url upstream; /* where requests no route matches go */
     int has_upstream;         /* 0: those get 404 no_route */
-    int workers;              /* threads running handlers; default 64 */
+    int workers;              /* threads for blocking calls (API, distributed store); default 64 */
     struct server_limits limits;
     struct route *routes;
     size_t route_count;
