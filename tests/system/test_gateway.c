@@ -520,6 +520,56 @@ static void test_sigterm_drains(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* SIGTERM with a request that outlives shutdown_timeout: the daemon stops
+ * on time without waiting for the upstream, the client is told, and the
+ * claim stays PROCESSING — a retry after the restart is refused, not run a
+ * second time. */
+static const char abandon_routes[] =
+    "limits:\n"
+    "  shutdown_timeout: 300ms\n"
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n"
+    "    layers: [lock, record]\n"
+    "    in_flight: reject\n"
+    "    lease: 5s\n"
+    "    upstream_timeout: 10s\n";
+
+static void test_sigterm_past_timeout_abandons(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, abandon_routes, "abandon.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 3000", NULL};
+    struct bg_post b = {.port = gw.port, .headers = slow,
+                        .body = "{\"refund_no\":\"R-abandon\",\"amount\":\"1.00\"}"};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(300);
+    kill(gw.pid, SIGTERM);
+    pthread_join(b.t, NULL);
+    /* Answered before the upstream was: told the server stopped. */
+    assert_int_equal(b.resp.status, 503);
+    assert_non_null(strstr(b.resp.m->body, "shutting_down"));
+    sys_resp_free(&b.resp);
+    assert_int_equal(sys_stop(&gw, 0), 0);
+    /* The upstream is still working on it: the claim holds after a
+     * restart, and the retry is refused. */
+    start_idem(&gw, abandon_routes, "abandon.db");
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
+    assert_int_equal(r.status, 409);
+    sys_resp_free(&r);
+    sleep_ms(3000); /* the upstream finishes the first request */
+    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
+    assert_int_equal(r.status, 409); /* the lease (5 s) still holds */
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- limits and malformed requests ---- */
 
 static const char limit_routes[] =
@@ -1112,6 +1162,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_upstream_killed_mid_request),
         cmocka_unit_test(test_daemon_killed_mid_request),
         cmocka_unit_test(test_sigterm_drains),
+        cmocka_unit_test(test_sigterm_past_timeout_abandons),
         cmocka_unit_test(test_limits_and_malformed),
         cmocka_unit_test(test_slow_client_cut_off),
         cmocka_unit_test(test_bad_config_refused),
