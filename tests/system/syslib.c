@@ -188,7 +188,8 @@ static int connect_local(int port)
     return fd;
 }
 
-void sys_http_raw(int port, const char *bytes, size_t len, int timeout_ms, struct sys_resp *r)
+static void http_raw(int port, const char *bytes, size_t len, int timeout_ms, int shut_wr,
+                     struct sys_resp *r)
 {
     memset(r, 0, sizeof *r);
     int fd = connect_local(port);
@@ -201,6 +202,8 @@ void sys_http_raw(int port, const char *bytes, size_t len, int timeout_ms, struc
             break;
         off += (size_t)n;
     }
+    if (shut_wr)
+        shutdown(fd, SHUT_WR);
     struct http_limits lim = {65536, 1000, 1 << 20, 64 << 20};
     struct http_parser p;
     http_parser_init(&p, HTTP_PARSE_RESPONSE, &lim);
@@ -236,6 +239,17 @@ void sys_http_raw(int port, const char *bytes, size_t len, int timeout_ms, struc
     }
     http_parser_free(&p);
     close(fd);
+}
+
+void sys_http_raw(int port, const char *bytes, size_t len, int timeout_ms, struct sys_resp *r)
+{
+    http_raw(port, bytes, len, timeout_ms, 0, r);
+}
+
+void sys_http_raw_shut(int port, const char *bytes, size_t len, int timeout_ms,
+                       struct sys_resp *r)
+{
+    http_raw(port, bytes, len, timeout_ms, 1, r);
 }
 
 void sys_http(int port, const char *method, const char *target, const char *const *headers,

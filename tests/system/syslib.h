@@ -60,6 +60,10 @@ void sys_http(int port, const char *method, const char *target, const char *cons
 
 /* Raw bytes on a fresh connection; reads one answer (or the close). */
 void sys_http_raw(int port, const char *bytes, size_t len, int timeout_ms, struct sys_resp *r);
+/* The same, shutting the client's sending side once the bytes are out (a
+ * half-close: the client still reads). */
+void sys_http_raw_shut(int port, const char *bytes, size_t len, int timeout_ms,
+                       struct sys_resp *r);
 
 void sys_resp_free(struct sys_resp *r);
 

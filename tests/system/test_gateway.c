@@ -570,6 +570,26 @@ static void test_sigterm_past_timeout_abandons(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* A client that shuts its sending side after its request (a half-close)
+ * still reads: it gets its answer, then the connection closes. The request
+ * runs while the EOF is already in. */
+static void test_half_closed_client_answered(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "halfclose.db");
+    long before = sys_stat(service.port, "executions");
+    const char req[] = "POST /refunds HTTP/1.1\r\nHost: x\r\nX-Delay-Ms: 300\r\n"
+                       "Content-Length: 38\r\n\r\n{\"refund_no\":\"R-half\",\"amount\":\"1.00\"}";
+    struct sys_resp r;
+    sys_http_raw_shut(gw.port, req, sizeof req - 1, 5000, &r);
+    assert_int_equal(r.status, 201);
+    assert_true(r.closed);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- limits and malformed requests ---- */
 
 static const char limit_routes[] =
@@ -1163,6 +1183,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_daemon_killed_mid_request),
         cmocka_unit_test(test_sigterm_drains),
         cmocka_unit_test(test_sigterm_past_timeout_abandons),
+        cmocka_unit_test(test_half_closed_client_answered),
         cmocka_unit_test(test_limits_and_malformed),
         cmocka_unit_test(test_slow_client_cut_off),
         cmocka_unit_test(test_bad_config_refused),
