@@ -339,6 +339,10 @@ static struct http_response *post(struct daemon *d, const struct server_config *
                                                        current)) == IDEM_OK)
                 r = outcome(o, o == IDEM_CONFLICT ? json_pack("{s:s}", "current", current)
                                                   : NULL);
+            /* A finished record may have left its answer behind (RELEASED, to
+             * run again): no loop replays from what it kept before this. */
+            if (!a.err && rc == IDEM_OK && o == IDEM_APPLIED)
+                atomic_fetch_add(&d->replay_gen, 1);
         } else {
             r = problem(404, "no_such_endpoint", "POST %s/%s is not an endpoint", PREFIX, op);
         }

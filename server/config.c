@@ -235,6 +235,7 @@ struct server_config *config_default(void)
         .body_timeout_ms = 30 * MS_SEC,
         .in_flight_max = 1024,
         .shutdown_timeout_ms = 30 * MS_SEC,
+        .replay_cache = 16 * MIB,
     };
     if (!c->listen_host || !c->storage_kind || !c->storage_path ||
         !c->subject_header) {
@@ -1297,6 +1298,7 @@ static const struct limit_field limit_fields[] = {
     LIMIT("body_timeout", body_timeout_ms, 't', 1, MS_HOUR),
     LIMIT("in_flight_max", in_flight_max, 'n', 1, 1000000),
     LIMIT("shutdown_timeout", shutdown_timeout_ms, 't', 0, MS_HOUR),
+    LIMIT("replay_cache", replay_cache, 's', 0, (int64_t)GIB),
 };
 #undef LIMIT
 #define N_LIMITS (sizeof limit_fields / sizeof limit_fields[0])

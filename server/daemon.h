@@ -37,6 +37,8 @@ struct daemon_loop {
     struct daemon *d;
     struct event_base *base;
     struct upstream_loop *upstreams;
+    struct replay_cache *replays; /* NULL: limits.replay_cache is 0 */
+    unsigned long replay_gen;     /* the daemon's replay_gen it was last cleared at */
 };
 
 struct daemon {
@@ -55,6 +57,9 @@ struct daemon {
      * (a score, see worth_reading() in gateway.c). */
     atomic_int read_score;
     atomic_ulong read_tick;
+    /* Raised by a transition made through the JSON API: the loops' replay
+     * caches drop what they kept before it. */
+    atomic_ulong replay_gen;
     struct daemon_counters n;
 };
 

@@ -58,6 +58,7 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "replay_cache.h"
 #include "request_key.h"
 #include "stored.h"
 #include "upstream.h"
@@ -110,6 +111,7 @@ struct gw {
     int token_spent, locked, give_token_back;
     idem_watch *watch;
     int64_t deadline, backoff_ms;
+    unsigned long replay_gen; /* the daemon's, when the request came */
 
     /* The step under way, what follows it on the loop, and what it found. */
     gw_fn step, then;
@@ -343,29 +345,43 @@ static struct http_response *in_flight(const char *what)
     return r;
 }
 
-static struct http_response *replay(struct daemon *d, const idem_record *rec)
+static struct http_response *replay_stored(struct daemon *d, const void *stored, size_t len,
+                                           const char *state)
 {
-    struct http_response *r = rec->result ? stored_decode(rec->result, rec->result_len) : NULL;
+    struct http_response *r = stored ? stored_decode(stored, len) : NULL;
     if (!r)
         return problem(500, "stored_result_unreadable",
                        "the record is %s but its stored result is not a response Idem stored",
-                       rec->state);
+                       state);
     atomic_fetch_add(&d->n.replays, 1);
     response_add_header(r, "Idempotent-Replayed", "true");
     return r;
 }
 
+/* Replay a finished record read from the store, and keep its answer for
+ * the duplicates that follow. */
+static struct http_response *replay(struct gw *g, const idem_record *rec)
+{
+    struct daemon_loop *loop = g->req->loop_ctx;
+    if (rec->result)
+        replay_cache_put(loop->replays, g->rt->space, g->key,
+                         rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
+                         rec->result_len, mono_ms(), g->replay_gen);
+    return replay_stored(g->d, rec->result, rec->result_len, rec->state);
+}
+
 /* The stored answer if the record read is finished — and its payload
  * matches — else NULL. A finished record never changes its answer. */
-static struct http_response *replay_finished(struct daemon *d, idem_outcome o,
-                                             const idem_record *rec, const uint8_t *fp)
+static struct http_response *replay_finished(struct gw *g, idem_outcome o,
+                                             const idem_record *rec)
 {
     if (o != IDEM_FOUND || strcmp(rec->state, IDEM_STATE_PROCESSING) == 0 ||
         strcmp(rec->state, IDEM_STATE_RELEASED) == 0)
         return NULL;
-    if (fp && rec->has_fingerprint && memcmp(fp, rec->fingerprint, IDEM_FINGERPRINT_LEN) != 0)
+    if (g->has_fp && rec->has_fingerprint &&
+        memcmp(g->fp, rec->fingerprint, IDEM_FINGERPRINT_LEN) != 0)
         return NULL;
-    return replay(d, rec);
+    return replay(g, rec);
 }
 
 /* Everything ends here: give back what we hold, then answer. */
@@ -444,8 +460,7 @@ static void after_busy_get(struct gw *g)
 {
     /* The holder may be a duplicate of a request that is finished: its
      * answer needs no lock. */
-    if (g->rc == IDEM_OK &&
-        (g->out = replay_finished(g->d, g->o, &g->rec, g->has_fp ? g->fp : NULL)) != NULL) {
+    if (g->rc == IDEM_OK && (g->out = replay_finished(g, g->o, &g->rec)) != NULL) {
         finish(g);
         return;
     }
@@ -510,7 +525,7 @@ static void after_begin(struct gw *g)
         forward(g);
         return;
     case IDEM_DONE:
-        g->out = replay(g->d, &g->rec);
+        g->out = replay(g, &g->rec);
         finish(g);
         return;
     case IDEM_MISMATCH:
@@ -646,6 +661,11 @@ static struct http_response *from_upstream(const struct http_msg *m)
 
 static void after_finish(struct gw *g)
 {
+    struct daemon_loop *loop = g->req->loop_ctx;
+    if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE)
+        /* Durable and final: duplicates from now on are answered with it. */
+        replay_cache_put(loop->replays, g->rt->space, g->key, g->has_fp ? g->fp : NULL,
+                         g->stored, g->stored_len, mono_ms(), g->replay_gen);
     if (g->rc != IDEM_OK)
         daemon_log("%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
                    idem_strerror(g->rc), g->detail);
@@ -827,12 +847,29 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
         answer(g);
         return;
     }
-    /* A finished record, read here when reading does not block (with the
-     * token layer, an unknown token is refused even for a finished key). */
+    /* A finished record: its answer kept from a moment ago, or read here
+     * when reading does not block (with the token layer, an unknown token is
+     * refused even for a finished key, so not here). */
+    struct daemon_loop *loop = req->loop_ctx;
+    g->replay_gen = atomic_load(&d->replay_gen);
+    if (loop->replay_gen != g->replay_gen) {
+        replay_cache_clear(loop->replays); /* all of it is stale now */
+        loop->replay_gen = g->replay_gen;
+    }
+    size_t kept_len;
+    const void *kept = rt->layer_token ? NULL
+                                       : replay_cache_get(loop->replays, rt->space, g->key,
+                                                          g->has_fp ? g->fp : NULL, mono_ms(),
+                                                          g->replay_gen, &kept_len);
+    if (kept) {
+        g->out = replay_stored(d, kept, kept_len, "finished");
+        answer(g);
+        return;
+    }
     if (d->reads_dont_block && !rt->layer_token && worth_reading(d)) {
         idem_outcome o;
         if (idem_record_get(d->h, rt->space, g->key, &o, &g->rec) == IDEM_OK &&
-            (g->out = replay_finished(d, o, &g->rec, g->has_fp ? g->fp : NULL)) != NULL) {
+            (g->out = replay_finished(g, o, &g->rec)) != NULL) {
             reading_found(d, 1);
             answer(g);
             return;

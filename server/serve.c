@@ -23,6 +23,7 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "replay_cache.h"
 #include "request_key.h"
 #include "serve.h"
 #include "upstream.h"
@@ -452,6 +453,8 @@ int serve_main(int argc, char **argv)
         l->ctx.d = &s->d;
         l->ctx.base = event_base_new();
         l->ctx.upstreams = l->ctx.base ? upstream_loop_new(l->ctx.base) : NULL;
+        /* Without memory for it, the loop runs without a replay cache. */
+        l->ctx.replays = replay_cache_new(s->limits.replay_cache);
         l->front = l->ctx.upstreams ? front_new(l->ctx.base, &s->limits, s->workers,
                                                 daemon_handle, &s->d, &l->ctx)
                                     : NULL;
@@ -521,11 +524,13 @@ out:
         event_free(s->sig_hup);
     if (s->purge_timer)
         event_free(s->purge_timer);
-    for (int i = 0; i < s->nloops; i++)
+    for (int i = 0; i < LOOPS_MAX; i++) {
+        replay_cache_free(s->loops[i].ctx.replays);
         if (s->loops[i].ctx.base) {
             upstream_loop_free(s->loops[i].ctx.upstreams);
             event_base_free(s->loops[i].ctx.base);
         }
+    }
     idem_close(s->d.h); /* the last group commit completes here */
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);

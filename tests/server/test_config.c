@@ -68,6 +68,7 @@ static const char full_example[] =
     "  body_timeout: 30s\n"
     "  in_flight_max: 1024\n"
     "  shutdown_timeout: 30s\n"
+    "  replay_cache: 4MiB\n"
     "routes:\n"
     "  - name: refund\n"
     "    match: { method: POST, path: /refunds }\n"
@@ -108,6 +109,7 @@ static void test_full_example(void **state)
     assert_int_equal(c->limits.body_timeout_ms, 30000);
     assert_int_equal(c->limits.in_flight_max, 1024);
     assert_int_equal(c->limits.shutdown_timeout_ms, 30000);
+    assert_int_equal(c->limits.replay_cache, 4 * 1024 * 1024);
 
     assert_int_equal(c->route_count, 1);
     const struct route *r = &c->routes[0];
@@ -160,6 +162,7 @@ static void check_default_limits(const struct server_config *c)
     assert_int_equal(c->limits.body_timeout_ms, 30000);
     assert_int_equal(c->limits.in_flight_max, 1024);
     assert_int_equal(c->limits.shutdown_timeout_ms, 30000);
+    assert_int_equal(c->limits.replay_cache, 16 * 1024 * 1024);
 }
 
 static void test_defaults(void **state)
@@ -710,6 +713,11 @@ static void test_wrong_types_and_ranges(void **state)
     struct server_config *c = parse_ok("limits:\n  shutdown_timeout: 0\n");
     assert_int_equal(c->limits.shutdown_timeout_ms, 0);
     config_free(c);
+    c = parse_ok("limits:\n  replay_cache: 0\n");
+    assert_int_equal(c->limits.replay_cache, 0);
+    config_free(c);
+    parse_bad("limits:\n  replay_cache: 2GiB\n", "idem.yaml:2: limits.replay_cache:",
+              "0B to 1GiB");
 }
 
 static void test_syntax_errors(void **state)

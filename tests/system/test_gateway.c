@@ -915,6 +915,37 @@ static void test_json_api(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* The loops keep recent answers in memory for duplicates; a transition made
+ * through the JSON API must still reach the very next duplicate: RELEASED
+ * lets it run again (the service, which already has the refund, answers 409
+ * from its own UNIQUE constraint). */
+static void test_transition_reaches_replays(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "rerun.db");
+    long before = sys_stat(service.port, "executions");
+    const char *body = "{\"refund_no\":\"R-rerun\",\"amount\":\"1.00\"}";
+    struct sys_resp r;
+    for (int i = 0; i < 6; i++) { /* one execution, then replays */
+        sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+        assert_int_equal(r.status, 201);
+        if (i)
+            assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+        sys_resp_free(&r);
+    }
+    api_expect(gw.port, "/_idem/v1/records/transition",
+               "{\"space\":\"refund\",\"key\":\"R-rerun\",\"from\":\"SUCCEEDED\","
+               "\"to\":\"RELEASED\"}",
+               200, "\"outcome\":\"APPLIED\"");
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_null(sys_header(&r, "Idempotent-Replayed"));
+    assert_int_equal(r.status, 409);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static const char conn_limit_routes[] =
     "limits:\n"
     "  connections_max: 4\n"
@@ -1189,6 +1220,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_config_refused),
         cmocka_unit_test(test_sighup_reloads_routes),
         cmocka_unit_test(test_json_api),
+        cmocka_unit_test(test_transition_reaches_replays),
         cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_in_flight_limit),
         cmocka_unit_test(test_hop_by_hop_never_forwarded_nor_stored),

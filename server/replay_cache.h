@@ -1,0 +1,43 @@
+/*
+ * replay_cache.h — finished answers kept in memory, for duplicates that
+ * arrive soon after (daemon). One cache per event loop: no locking.
+ */
+#ifndef IDEM_SERVER_REPLAY_CACHE_H
+#define IDEM_SERVER_REPLAY_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem.h"
+
+#define REPLAY_CACHE_TTL_MS 1000     /* an entry is used for this long */
+#define REPLAY_CACHE_ENTRY_MAX 16384 /* larger answers are not kept */
+
+struct replay_cache;
+
+/* A cache of at most max_bytes (keys and answers); 0: none (NULL). */
+struct replay_cache *replay_cache_new(size_t max_bytes);
+void replay_cache_free(struct replay_cache *c);
+
+/* The stored answer of (space, key) if it is here, younger than
+ * REPLAY_CACHE_TTL_MS at now_ms, put at generation gen, and stored for the
+ * same payload (fp NULL, or the entry without one, matches any); NULL
+ * otherwise. The bytes stay valid until the next call on this cache. */
+const void *replay_cache_get(struct replay_cache *c, const char *space, const char *key,
+                             const uint8_t *fp, int64_t now_ms, unsigned long gen,
+                             size_t *len);
+
+/* Forget everything kept so far (the store's records changed state behind
+ * the cache: a transition). */
+void replay_cache_clear(struct replay_cache *c);
+
+/* Keep the stored answer of a finished record (its bytes are copied). Only
+ * an answer that is durable and final may be put: the cache answers from it
+ * without asking the store. gen: the generation seen before the record was
+ * read, so that an answer read before a transition is never served after
+ * it. */
+void replay_cache_put(struct replay_cache *c, const char *space, const char *key,
+                      const uint8_t *fp, const void *stored, size_t len, int64_t now_ms,
+                      unsigned long gen);
+
+#endif
