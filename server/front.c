@@ -18,8 +18,8 @@
  *    ┌─ READING ◄──────────────────────────────┐     the first byte
  *    │    │ a whole request                     │
  *    │    ▼                                     │ written, keep-alive
- *    │  HANDLING ── (reads paused; the handler  │
- *    │    │            has it) front_answer()   │
+ *    │  HANDLING ── (the handler has it; more   │
+ *    │    │   input waits) front_answer()       │
  *    │    ▼                                     │
  *    │  WRITING ────────────────────────────────┘
  *    │    │ written, close (Connection: close, HTTP/1.0, limit reached,
@@ -37,9 +37,9 @@
  * connection is closed, because after a framing error nothing that follows
  * on it can be trusted.
  *
- * Reads stay enabled in every state but ORPHANED, and an answer goes out
- * with one send() when the socket takes it: a request on a kept-alive
- * connection changes nothing epoll watches.
+ * Reads stay enabled while a request is handled and written (until the
+ * peer's EOF), and an answer goes out with one send() when the socket takes
+ * it: a request on a kept-alive connection changes nothing epoll watches.
  */
 #include "front.h"
 
@@ -73,6 +73,7 @@ struct conn {
     enum conn_state state;
     int timer_is_request; /* the timer is a request deadline, not idle */
     int close_after_write;
+    int peer_eof;         /* the client shut its sending side: read no more */
     int head_request;
     unsigned requests;
     char peer[64];
@@ -131,7 +132,8 @@ static void set_state(struct conn *c, enum conn_state s)
     switch (s) {
     case READING:
         arm_timer(c, c->f->limits->idle_timeout_ms, 0);
-        bufferevent_enable(c->bev, EV_READ);
+        if (!c->peer_eof)
+            bufferevent_enable(c->bev, EV_READ);
         break;
     case HANDLING:
         /* Reads stay on (no epoll_ctl per request): what a client pipelines
@@ -146,11 +148,16 @@ static void set_state(struct conn *c, enum conn_state s)
         evtimer_del(c->timer);
         bufferevent_disable(c->bev, EV_READ | EV_WRITE);
         break;
-    case LINGERING:
+    case LINGERING: {
+        /* What was buffered is dropped too, so that reading (suspended at
+         * INPUT_HIGH, maybe) goes on until the peer's EOF. */
+        struct evbuffer *in = bufferevent_get_input(c->bev);
+        evbuffer_drain(in, evbuffer_get_length(in));
         shutdown(bufferevent_getfd(c->bev), SHUT_WR);
         arm_timer(c, LINGER_MS, 0);
         bufferevent_enable(c->bev, EV_READ);
         break;
+    }
     }
 }
 
@@ -354,6 +361,10 @@ static void process_input(struct conn *c)
         if (!was_in_message && http_parser_in_message(&c->parser))
             arm_timer(c, c->f->limits->header_timeout_ms + c->f->limits->body_timeout_ms, 1);
     }
+    /* Every whole request the client sent before shutting its side has been
+     * answered; what is left can never complete. */
+    if (c->state == READING && c->peer_eof)
+        conn_free(c);
 }
 
 static void on_read(struct bufferevent *bev, void *arg)
@@ -379,7 +390,7 @@ static void on_written(struct conn *c, int now)
     set_state(c, READING);
     if (!now)
         process_input(c);
-    else if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
+    else if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0 || c->peer_eof)
         bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
 }
 
@@ -395,11 +406,12 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 {
     struct conn *c = arg;
     (void)bev;
-    /* The client shut its side after its request: it may still read our
-     * answer (a half-close), which is written, and then we close. */
+    /* The client shut its side after its request(s): it may still read our
+     * answers (a half-close). The requests already in the input buffer are
+     * answered in order, then the connection closes (process_input). */
     if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR) &&
         (c->state == HANDLING || c->state == WRITING)) {
-        c->close_after_write = 1;
+        c->peer_eof = 1;
         bufferevent_disable(c->bev, EV_READ);
         return;
     }
@@ -447,8 +459,13 @@ static void conn_free(struct conn *c)
     http_msg_free(c->req.msg);
     response_free(c->req.resp);
     free(c);
-    if (f->draining && f->in_flight == 0 && !f->done_head)
-        event_active(f->drain_ev, EV_TIMEOUT, 0);
+    if (f->draining) {
+        pthread_mutex_lock(&f->mu);
+        int idle = f->in_flight == 0 && !f->done_head;
+        pthread_mutex_unlock(&f->mu);
+        if (idle)
+            event_active(f->drain_ev, EV_TIMEOUT, 0);
+    }
 }
 
 static void format_peer(const struct sockaddr *sa, char *out, size_t cap)

@@ -1,7 +1,8 @@
 /*
  * front.h — the daemon's HTTP front end: accepts connections on a libevent
  * loop, reads requests through the strict parser under the configured
- * limits, hands each complete request to a worker, and writes the answer.
+ * limits, hands each complete request to the handler on the loop, and
+ * writes its answer.
  */
 #ifndef IDEM_SERVER_FRONT_H
 #define IDEM_SERVER_FRONT_H
@@ -94,8 +95,9 @@ size_t front_in_flight(struct front *f);
 void front_abort_parked(struct front *f);
 
 /* Free the front end: steps still queued run with front_closing() true.
- * Workers must have been stopped first, and the store closed (so that no
- * callback can still resume a request). NULL: no-op. */
+ * Nothing may resume a request any more: the workers stopped, and the
+ * store's callbacks all made (serve.c waits for the writer) or the store
+ * closed. NULL: no-op. */
 void front_free(struct front *f);
 
 #endif

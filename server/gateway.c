@@ -15,8 +15,9 @@
  * out answers the client exactly once, through answer():
  *
  *   key, subject, fingerprint ── missing/invalid ─────────────► 400
- *        │   (embedded file store, no token layer: a finished record is
- *        │    replayed right here, read on the loop, no step at all)
+ *        │   (no token layer: a record finished a moment ago is replayed
+ *        │    from the loop's replay cache; on the embedded file store one
+ *        │    is read on the loop — while such reads find any — no step)
  *   [token]  kv: consume Idem-Token ── unknown, or spent on another key ► 409
  *        │   Redis down (layers 1 and 2): on_redis_down skip ── the layer is
  *        │   skipped, logged, counted; reject ── 503
@@ -47,7 +48,9 @@
  * If the daemon stops while a request is parked (its upstream exchange, a
  * wait), or its step comes back after the loops stopped, the request is
  * abandoned: its watchdog stopped and its lock released, nothing else. A
- * claimed record stays PROCESSING until its lease ends, as after a crash.
+ * claimed record stays PROCESSING until its lease ends, as after a crash;
+ * the client is told 504 outcome_unknown if the request was forwarded, 503
+ * shutting_down if not.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -121,6 +124,7 @@ struct gw {
     idem_record rec;
 
     uint64_t epoch;            /* our claim, from begin */
+    int forwarded;             /* the upstream may have it */
     struct event *timer;       /* a wait; lease ticks while forwarding */
     int timer_ticks;
     struct upstream_call *call;
@@ -150,6 +154,8 @@ static void answer(struct gw *g)
     front_answer(req);
 }
 
+static void do_finish(struct gw *g);
+
 /* The daemon stops under a parked request: give back what others would wait
  * for (the watchdog, the lock); the record's lease ends on its own. */
 static void abandon(struct gw *g)
@@ -160,8 +166,23 @@ static void abandon(struct gw *g)
         idem_outcome o;
         idem_lock_release(g->d->h, g->rt->space, g->key, g->owner, &o);
     }
+    /* An answer already settled (a replay, a 409, the upstream's answer
+     * once the record was finished) stands. */
+    if (g->out && (g->step != do_finish || g->rc == IDEM_OK)) {
+        answer(g);
+        return;
+    }
     response_free(g->out);
-    g->out = problem(503, "shutting_down", "the server stopped before the request finished");
+    if (g->forwarded)
+        g->out = problem(504, "outcome_unknown",
+                         "the server stopped while the upstream had the request; it may have "
+                         "been executed. Its record stays PROCESSING until its lease ends "
+                         "(%" PRId64 " ms); retries get 409 until then",
+                         g->rt->lease_ms);
+    else
+        g->out = problem(503, "shutting_down",
+                         "the server stopped before the request was forwarded; if its "
+                         "record was claimed, it stays PROCESSING until its lease ends");
     answer(g);
 }
 
@@ -777,9 +798,11 @@ static void forward(struct gw *g)
         return;
     }
     atomic_fetch_add(&g->d->n.executions, 1);
+    g->forwarded = 1;
     g->call = upstream_call_start(loop->upstreams, rt->upstream.host, rt->upstream.port, &rq,
                                   on_upstream, g);
     if (!g->call) {
+        g->forwarded = 0;
         g->give_token_back = 1;
         finish_record(g, FINISH_FAIL_RETRYABLE);
         return;

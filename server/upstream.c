@@ -18,9 +18,10 @@
  * race in which the server closes an idle connection just as we send on it
  * is rare; when it happens anyway the result is UNKNOWN, never a silent
  * retry, because the request may have been read. Idle connections are
- * watched for readability (EOF or stray bytes) and closed at once, and
- * closed when IDLE_REUSE_MS is up; taking one peeks at it, for a FIN that
- * came after the loop last looked. (A reset is seen by the send itself,
+ * watched for readability (EOF or stray bytes) and closed at once; one idle
+ * for IDLE_REUSE_MS or more is not reused (it is closed when a call next
+ * looks at the pool); taking one peeks at it, for a FIN that came after the
+ * loop last looked. (A reset is seen by the send itself,
  * which then fails before its first byte, and another connection is used.)
  *
  * A connection goes back to its pool only if the answer ended exactly where
@@ -195,14 +196,21 @@ static void answer_free(struct answer *a)
     http_parser_free(&a->parser);
 }
 
-/* Feed what one recv() returned: n bytes of buf, or n <= 0 when the peer
- * closed or the connection failed. 0: read more. 1: decided, see result
- * (and resp and reusable); detail says what went wrong otherwise. */
+/* Feed what one recv() returned: n bytes of buf, 0 when the peer closed,
+ * < 0 when the connection failed (errno). 0: read more. 1: decided, see
+ * result (and resp and reusable); detail says what went wrong otherwise. */
 static int answer_feed(struct answer *a, const char *buf, ssize_t n, char *detail, size_t dlen)
 {
     enum http_parse_status st = HTTP_NEED_MORE;
     size_t off = 0;
-    if (n <= 0) {
+    if (n < 0) {
+        /* A reset is not an end: an answer framed by the close, cut by a
+         * reset, would otherwise pass for whole. */
+        snprintf(detail, dlen, "upstream %s:%d: reading: %s", a->host, a->port,
+                 strerror(errno));
+        return 1; /* result stays UNKNOWN */
+    }
+    if (n == 0) {
         st = http_parser_eof(&a->parser);
         if (st != HTTP_DONE)
             snprintf(detail, dlen, "upstream %s:%d: connection closed before a whole answer",
@@ -535,6 +543,7 @@ static int watch_writable(struct upstream_call *c, int fd, int64_t timeout_ms)
 static void drop_fd(struct upstream_call *c)
 {
     event_del(c->io);
+    c->waiting_writable = 0;
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;

@@ -62,9 +62,9 @@ typedef void (*upstream_done_fn)(void *arg, enum upstream_result r, struct http_
                                  const char *detail);
 
 /* Start the exchange with host:port. The request's bytes are built at once
- * from rq: rq and what it points to need not outlive this call (rq->tick is
- * not used). done is called exactly once, later, on the loop's thread:
- * never from inside upstream_call_start, even for a result known at once.
+ * from rq: rq and what it points to need not outlive this call. done is
+ * called exactly once, later, on the loop's thread: never from inside
+ * upstream_call_start, even for a result known at once.
  * NULL on OOM; then done never runs.
  *
  * host:port is resolved once per upstream_loop, at its first call, and the

@@ -252,6 +252,43 @@ void sys_http_raw_shut(int port, const char *bytes, size_t len, int timeout_ms,
     http_raw(port, bytes, len, timeout_ms, 1, r);
 }
 
+char *sys_http_raw_until_close(int port, const char *bytes, size_t len, int timeout_ms,
+                               size_t *out_len)
+{
+    int fd = connect_local(port);
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap + 1);
+    *out_len = 0;
+    if (fd < 0 || !out) {
+        if (fd >= 0)
+            close(fd);
+        free(out);
+        return NULL;
+    }
+    for (size_t off = 0; off < len;) {
+        ssize_t w = send(fd, bytes + off, len - off, MSG_NOSIGNAL);
+        if (w <= 0)
+            break;
+        off += (size_t)w;
+    }
+    shutdown(fd, SHUT_WR);
+    long long deadline = mono_ms() + timeout_ms;
+    for (;;) {
+        long long left = deadline - mono_ms();
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0 || n == cap)
+            break;
+        ssize_t got = recv(fd, out + n, cap - n, 0);
+        if (got <= 0)
+            break;
+        n += (size_t)got;
+    }
+    close(fd);
+    out[n] = '\0';
+    *out_len = n;
+    return out;
+}
+
 void sys_http(int port, const char *method, const char *target, const char *const *headers,
               const char *body, int timeout_ms, struct sys_resp *r)
 {

@@ -64,6 +64,11 @@ void sys_http_raw(int port, const char *bytes, size_t len, int timeout_ms, struc
  * half-close: the client still reads). */
 void sys_http_raw_shut(int port, const char *bytes, size_t len, int timeout_ms,
                        struct sys_resp *r);
+/* Send the bytes, shut the sending side, and return everything the server
+ * sends until it closes (or timeout_ms, or 64 KiB), NUL-terminated; free()
+ * it. NULL if the connection failed. */
+char *sys_http_raw_until_close(int port, const char *bytes, size_t len, int timeout_ms,
+                               size_t *out_len);
 
 void sys_resp_free(struct sys_resp *r);
 

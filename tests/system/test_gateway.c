@@ -521,9 +521,9 @@ static void test_sigterm_drains(void **state)
 }
 
 /* SIGTERM with a request that outlives shutdown_timeout: the daemon stops
- * on time without waiting for the upstream, the client is told, and the
- * claim stays PROCESSING — a retry after the restart is refused, not run a
- * second time. */
+ * on time without waiting for the upstream, the client is told the outcome
+ * is unknown, and the claim stays PROCESSING — a retry after the restart is
+ * refused, not run a second time. */
 static const char abandon_routes[] =
     "limits:\n"
     "  shutdown_timeout: 300ms\n"
@@ -550,9 +550,9 @@ static void test_sigterm_past_timeout_abandons(void **state)
     sleep_ms(300);
     kill(gw.pid, SIGTERM);
     pthread_join(b.t, NULL);
-    /* Answered before the upstream was: told the server stopped. */
-    assert_int_equal(b.resp.status, 503);
-    assert_non_null(strstr(b.resp.m->body, "shutting_down"));
+    /* Answered before the upstream was: told the outcome is unknown. */
+    assert_int_equal(b.resp.status, 504);
+    assert_non_null(strstr(b.resp.m->body, "outcome_unknown"));
     sys_resp_free(&b.resp);
     assert_int_equal(sys_stop(&gw, 0), 0);
     /* The upstream is still working on it: the claim holds after a
@@ -587,6 +587,24 @@ static void test_half_closed_client_answered(void **state)
     assert_true(r.closed);
     sys_resp_free(&r);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+
+    /* Two requests pipelined in one write, then the half-close: both run
+     * and both are answered, in order, before the connection closes. */
+    before = sys_stat(service.port, "executions");
+    const char two[] =
+        "POST /refunds HTTP/1.1\r\nHost: x\r\nX-Delay-Ms: 200\r\nContent-Length: 38\r\n\r\n"
+        "{\"refund_no\":\"R-pip1\",\"amount\":\"1.00\"}"
+        "POST /refunds HTTP/1.1\r\nHost: x\r\nContent-Length: 38\r\n\r\n"
+        "{\"refund_no\":\"R-pip2\",\"amount\":\"1.00\"}";
+    size_t n;
+    char *all = sys_http_raw_until_close(gw.port, two, sizeof two - 1, 5000, &n);
+    assert_non_null(all);
+    int answers = 0;
+    for (const char *p = all; (p = strstr(p, "HTTP/1.1 201")) != NULL; p++)
+        answers++;
+    assert_int_equal(answers, 2);
+    free(all);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
