@@ -252,6 +252,24 @@ void sys_http_raw_shut(int port, const char *bytes, size_t len, int timeout_ms,
     http_raw(port, bytes, len, timeout_ms, 1, r);
 }
 
+void sys_http_send_and_reset(int port, const char *bytes, size_t len, int wait_ms)
+{
+    int fd = connect_local(port);
+    if (fd < 0)
+        return;
+    for (size_t off = 0; off < len;) {
+        ssize_t w = send(fd, bytes + off, len - off, MSG_NOSIGNAL);
+        if (w <= 0)
+            break;
+        off += (size_t)w;
+    }
+    struct timespec ts = {wait_ms / 1000, (long)(wait_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+    struct linger reset = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
+    close(fd); /* an RST, not a FIN */
+}
+
 char *sys_http_raw_until_close(int port, const char *bytes, size_t len, int timeout_ms,
                                size_t *out_len)
 {

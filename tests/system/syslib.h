@@ -64,6 +64,9 @@ void sys_http_raw(int port, const char *bytes, size_t len, int timeout_ms, struc
  * half-close: the client still reads). */
 void sys_http_raw_shut(int port, const char *bytes, size_t len, int timeout_ms,
                        struct sys_resp *r);
+/* Send the bytes, wait wait_ms, and reset the connection (SO_LINGER 0): a
+ * client that gives up without waiting for its answer. */
+void sys_http_send_and_reset(int port, const char *bytes, size_t len, int wait_ms);
 /* Send the bytes, shut the sending side, and return everything the server
  * sends until it closes (or timeout_ms, or 64 KiB), NUL-terminated; free()
  * it. NULL if the connection failed. */

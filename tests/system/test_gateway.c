@@ -608,6 +608,30 @@ static void test_half_closed_client_answered(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* A client that resets its connection while its request is in the upstream
+ * and its record steps are still to come: the work goes on without it, the
+ * record is finished, and its retry is a replay. */
+static void test_client_reset_mid_request(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "reset.db");
+    long before = sys_stat(service.port, "executions");
+    const char req[] = "POST /refunds HTTP/1.1\r\nHost: x\r\nX-Delay-Ms: 300\r\n"
+                       "Content-Length: 38\r\n\r\n{\"refund_no\":\"R-rset\",\"amount\":\"1.00\"}";
+    /* Reset once the request is surely in (a reset drops unread input). */
+    sys_http_send_and_reset(gw.port, req, sizeof req - 1, 100);
+    sleep_ms(700); /* the upstream answers at 300 ms; the record is finished after */
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-rset\",\"amount\":\"1.00\"}",
+             5000, &r);
+    assert_int_equal(r.status, 201);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- limits and malformed requests ---- */
 
 static const char limit_routes[] =
@@ -1233,6 +1257,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigterm_drains),
         cmocka_unit_test(test_sigterm_past_timeout_abandons),
         cmocka_unit_test(test_half_closed_client_answered),
+        cmocka_unit_test(test_client_reset_mid_request),
         cmocka_unit_test(test_limits_and_malformed),
         cmocka_unit_test(test_slow_client_cut_off),
         cmocka_unit_test(test_bad_config_refused),
