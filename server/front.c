@@ -181,14 +181,22 @@ static int send_now(struct conn *c, const char *bytes, size_t len)
 static void on_written(struct conn *c, int now);
 
 /* Send a response and go to WRITING; on_written() finishes. */
+/* The connection stays open after this answer (a kept-alive answer is
+ * right for it): no limit reached, no draining, no close asked. */
+static int keeps_open(const struct conn *c)
+{
+    return !c->close_after_write && !c->f->draining &&
+           c->requests + 1 < c->f->limits->requests_per_connection;
+}
+
 static void send_response(struct conn *c, struct http_response *r)
 {
     size_t len = 0;
     char *bytes = NULL;
     if (r) {
-        c->requests++;
-        if (c->requests >= c->f->limits->requests_per_connection || c->f->draining)
+        if (!keeps_open(c))
             c->close_after_write = 1;
+        c->requests++;
         r->close = r->close || c->close_after_write;
         c->close_after_write = r->close;
         bytes = response_serialize(r, c->head_request, &len);
@@ -248,6 +256,29 @@ int front_work(struct front_request *req, front_step_fn blocking, front_step_fn 
 int front_closing(const struct front_request *req)
 {
     return req->front->closing;
+}
+
+int front_can_answer_raw(const struct front_request *req)
+{
+    const struct conn *c = req->conn;
+    return c->state == HANDLING && !c->head_request && keeps_open(c);
+}
+
+void front_answer_raw(struct front_request *req, const void *bytes, size_t len)
+{
+    struct conn *c = req->conn;
+    struct front *f = c->f;
+    pthread_mutex_lock(&f->mu);
+    f->in_flight--;
+    pthread_mutex_unlock(&f->mu);
+    http_msg_free(req->msg);
+    req->msg = NULL;
+    req->on_abort = NULL;
+    c->requests++;
+    int out = send_now(c, bytes, len);
+    set_state(c, WRITING);
+    if (out)
+        on_written(c, 1);
 }
 
 void front_answer(struct front_request *req)

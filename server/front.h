@@ -52,6 +52,13 @@ typedef void (*front_handler_fn)(void *arg, struct front_request *req);
  * after this call. */
 void front_answer(struct front_request *req);
 
+/* An answer already serialized, for a kept-alive connection: allowed when
+ * front_can_answer_raw() says so (not a HEAD request; the connection stays
+ * open after it). The bytes are copied or sent at once. Loop thread only;
+ * the request is gone after this call. */
+int front_can_answer_raw(const struct front_request *req);
+void front_answer_raw(struct front_request *req, const void *bytes, size_t len);
+
 /* Run step on req's loop thread, from any thread (a store's callback, a
  * worker). */
 void front_resume(struct front_request *req, front_step_fn step);

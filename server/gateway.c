@@ -379,15 +379,34 @@ static struct http_response *replay_stored(struct daemon *d, const void *stored,
     return r;
 }
 
-/* Replay a finished record read from the store, and keep its answer for
- * the duplicates that follow. */
-static struct http_response *replay(struct gw *g, const idem_record *rec)
+/* Keep a durable, final answer for the duplicates that follow: its stored
+ * form, and its replay as it goes to a kept-alive connection, so that a
+ * duplicate costs one lookup and one send. */
+static void keep_answer(struct gw *g, const uint8_t *fp, const void *stored, size_t len)
 {
     struct daemon_loop *loop = g->req->loop_ctx;
-    if (rec->result)
-        replay_cache_put(loop->replays, g->rt->space, g->key,
-                         rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
-                         rec->result_len, mono_ms(), g->replay_gen);
+    if (!loop->replays || !stored || len > REPLAY_CACHE_ENTRY_MAX)
+        return;
+    struct replay_kept kept = {.stored = stored, .stored_len = len};
+    struct http_response *r = stored_decode(stored, len);
+    char *wire = NULL;
+    if (r && response_add_header(r, "Idempotent-Replayed", "true") == 0) {
+        r->close = 0;
+        wire = response_serialize(r, 0, &kept.wire_len);
+    }
+    kept.wire = wire;
+    if (!wire)
+        kept.wire_len = 0;
+    replay_cache_put(loop->replays, g->rt->space, g->key, fp, &kept, mono_ms(), g->replay_gen);
+    free(wire);
+    response_free(r);
+}
+
+/* Replay a finished record read from the store, and keep its answer. */
+static struct http_response *replay(struct gw *g, const idem_record *rec)
+{
+    keep_answer(g, rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
+                rec->result_len);
     return replay_stored(g->d, rec->result, rec->result_len, rec->state);
 }
 
@@ -682,11 +701,9 @@ static struct http_response *from_upstream(const struct http_msg *m)
 
 static void after_finish(struct gw *g)
 {
-    struct daemon_loop *loop = g->req->loop_ctx;
     if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE)
         /* Durable and final: duplicates from now on are answered with it. */
-        replay_cache_put(loop->replays, g->rt->space, g->key, g->has_fp ? g->fp : NULL,
-                         g->stored, g->stored_len, mono_ms(), g->replay_gen);
+        keep_answer(g, g->has_fp ? g->fp : NULL, g->stored, g->stored_len);
     if (g->rc != IDEM_OK)
         daemon_log("%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
                    idem_strerror(g->rc), g->detail);
@@ -879,13 +896,17 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
         replay_cache_clear(loop->replays); /* all of it is stale now */
         loop->replay_gen = g->replay_gen;
     }
-    size_t kept_len;
-    const void *kept = rt->layer_token ? NULL
-                                       : replay_cache_get(loop->replays, rt->space, g->key,
-                                                          g->has_fp ? g->fp : NULL, mono_ms(),
-                                                          g->replay_gen, &kept_len);
-    if (kept) {
-        g->out = replay_stored(d, kept, kept_len, "finished");
+    struct replay_kept kept;
+    if (!rt->layer_token && replay_cache_get(loop->replays, rt->space, g->key,
+                                             g->has_fp ? g->fp : NULL, mono_ms(),
+                                             g->replay_gen, &kept)) {
+        if (kept.wire_len && front_can_answer_raw(req)) {
+            atomic_fetch_add(&d->n.replays, 1);
+            gw_free(g);
+            front_answer_raw(req, kept.wire, kept.wire_len);
+            return;
+        }
+        g->out = replay_stored(d, kept.stored, kept.stored_len, "finished");
         answer(g);
         return;
     }

@@ -37,8 +37,8 @@ struct entry {
     unsigned long gen;
     int has_fp;
     uint8_t fp[IDEM_FINGERPRINT_LEN];
-    size_t id_len, len;         /* "space\0key" and the answer */
-    char data[];                /* id, then the answer */
+    size_t id_len, len, wire_len; /* "space\0key", the stored form, the wire form */
+    char data[];                  /* id, stored form, wire form */
 };
 
 struct replay_cache {
@@ -58,7 +58,7 @@ static uint64_t hash_id(const char *id, size_t len)
 
 static size_t entry_bytes(const struct entry *e)
 {
-    return sizeof *e + e->id_len + e->len;
+    return sizeof *e + e->id_len + e->len + e->wire_len;
 }
 
 struct replay_cache *replay_cache_new(size_t max_bytes)
@@ -131,41 +131,45 @@ static struct entry *find(struct replay_cache *c, const char *id, size_t id_len,
     return NULL;
 }
 
-const void *replay_cache_get(struct replay_cache *c, const char *space, const char *key,
-                             const uint8_t *fp, int64_t now_ms, unsigned long gen,
-                             size_t *len)
+int replay_cache_get(struct replay_cache *c, const char *space, const char *key,
+                     const uint8_t *fp, int64_t now_ms, unsigned long gen,
+                     struct replay_kept *out)
 {
     if (!c)
-        return NULL;
+        return 0;
     char id[IDEM_NAME_MAX + IDEM_KEY_MAX + 2];
     size_t id_len = make_id(id, space, key);
     uint64_t h = hash_id(id, id_len);
     struct entry *e = find(c, id, id_len, h);
     if (!e)
-        return NULL;
+        return 0;
     if (now_ms - e->born_ms >= REPLAY_CACHE_TTL_MS || e->gen != gen) {
         unlink_entry(c, e);
-        return NULL;
+        return 0;
     }
     if (fp && e->has_fp && memcmp(fp, e->fp, IDEM_FINGERPRINT_LEN) != 0)
-        return NULL; /* another payload: the store says MISMATCH */
-    *len = e->len;
-    return e->data + e->id_len;
+        return 0; /* another payload: the store says MISMATCH */
+    out->stored = e->data + e->id_len;
+    out->stored_len = e->len;
+    out->wire = e->data + e->id_len + e->len;
+    out->wire_len = e->wire_len;
+    return 1;
 }
 
 void replay_cache_put(struct replay_cache *c, const char *space, const char *key,
-                      const uint8_t *fp, const void *stored, size_t len, int64_t now_ms,
+                      const uint8_t *fp, const struct replay_kept *kept, int64_t now_ms,
                       unsigned long gen)
 {
-    if (!c || len > REPLAY_CACHE_ENTRY_MAX)
+    if (!c || kept->stored_len > REPLAY_CACHE_ENTRY_MAX)
         return;
+    size_t len = kept->stored_len;
     char id[IDEM_NAME_MAX + IDEM_KEY_MAX + 2];
     size_t id_len = make_id(id, space, key);
     uint64_t h = hash_id(id, id_len);
     struct entry *old = find(c, id, id_len, h);
     if (old)
         unlink_entry(c, old);
-    struct entry *e = malloc(sizeof *e + id_len + len);
+    struct entry *e = malloc(sizeof *e + id_len + len + kept->wire_len);
     if (!e)
         return;
     e->hash = h;
@@ -176,8 +180,11 @@ void replay_cache_put(struct replay_cache *c, const char *space, const char *key
         memcpy(e->fp, fp, IDEM_FINGERPRINT_LEN);
     e->id_len = id_len;
     e->len = len;
+    e->wire_len = kept->wire_len;
     memcpy(e->data, id, id_len);
-    memcpy(e->data + id_len, stored, len);
+    memcpy(e->data + id_len, kept->stored, len);
+    if (kept->wire_len)
+        memcpy(e->data + id_len + len, kept->wire, kept->wire_len);
     /* Make room: the least recently put go first. */
     while (c->tail && c->bytes + entry_bytes(e) > c->max_bytes)
         unlink_entry(c, c->tail);

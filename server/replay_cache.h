@@ -11,7 +11,7 @@
 #include "idem.h"
 
 #define REPLAY_CACHE_TTL_MS 1000     /* an entry is used for this long */
-#define REPLAY_CACHE_ENTRY_MAX 16384 /* larger answers are not kept */
+#define REPLAY_CACHE_ENTRY_MAX 16384 /* larger answers (stored form) are not kept */
 
 struct replay_cache;
 
@@ -19,13 +19,22 @@ struct replay_cache;
 struct replay_cache *replay_cache_new(size_t max_bytes);
 void replay_cache_free(struct replay_cache *c);
 
-/* The stored answer of (space, key) if it is here, younger than
+/* What is kept of one answer: the record's stored form, and the replay as
+ * it goes on the wire to a kept-alive connection (wire may be empty). */
+struct replay_kept {
+    const void *stored;
+    size_t stored_len;
+    const void *wire;
+    size_t wire_len;
+};
+
+/* The answer kept for (space, key) if it is here, younger than
  * REPLAY_CACHE_TTL_MS at now_ms, put at generation gen, and stored for the
- * same payload (fp NULL, or the entry without one, matches any); NULL
- * otherwise. The bytes stay valid until the next call on this cache. */
-const void *replay_cache_get(struct replay_cache *c, const char *space, const char *key,
-                             const uint8_t *fp, int64_t now_ms, unsigned long gen,
-                             size_t *len);
+ * same payload (fp NULL, or the entry without one, matches any): 1 and *out
+ * filled, else 0. The bytes stay valid until the next call on this cache. */
+int replay_cache_get(struct replay_cache *c, const char *space, const char *key,
+                     const uint8_t *fp, int64_t now_ms, unsigned long gen,
+                     struct replay_kept *out);
 
 /* Forget everything kept so far (the store's records changed state behind
  * the cache: a transition). */
@@ -37,7 +46,7 @@ void replay_cache_clear(struct replay_cache *c);
  * read, so that an answer read before a transition is never served after
  * it. */
 void replay_cache_put(struct replay_cache *c, const char *space, const char *key,
-                      const uint8_t *fp, const void *stored, size_t len, int64_t now_ms,
+                      const uint8_t *fp, const struct replay_kept *kept, int64_t now_ms,
                       unsigned long gen);
 
 #endif

@@ -13,28 +13,45 @@
 static const uint8_t fp_a[IDEM_FINGERPRINT_LEN] = {1};
 static const uint8_t fp_b[IDEM_FINGERPRINT_LEN] = {2};
 
+static void put(struct replay_cache *c, const char *space, const char *key, const uint8_t *fp,
+                const char *stored, size_t len, const char *wire, int64_t now, unsigned long gen)
+{
+    struct replay_kept k = {.stored = stored, .stored_len = len, .wire = wire,
+                            .wire_len = wire ? strlen(wire) : 0};
+    replay_cache_put(c, space, key, fp, &k, now, gen);
+}
+
+static int has(struct replay_cache *c, const char *space, const char *key, const uint8_t *fp,
+               int64_t now, unsigned long gen)
+{
+    struct replay_kept k;
+    return replay_cache_get(c, space, key, fp, now, gen, &k);
+}
+
 static void test_answers_what_was_put(void **state)
 {
     (void)state;
     struct replay_cache *c = replay_cache_new(1 << 20);
     assert_non_null(c);
-    size_t len = 0;
-    assert_null(replay_cache_get(c, "refund", "R-1", fp_a, 1000, 0, &len));
-    replay_cache_put(c, "refund", "R-1", fp_a, "IDEM1 201 0 2\nok", 16, 1000, 0);
-    const char *got = replay_cache_get(c, "refund", "R-1", fp_a, 1500, 0, &len);
-    assert_non_null(got);
-    assert_int_equal(len, 16);
-    assert_memory_equal(got, "IDEM1 201 0 2\nok", 16);
+    struct replay_kept k;
+    assert_false(replay_cache_get(c, "refund", "R-1", fp_a, 1000, 0, &k));
+    put(c, "refund", "R-1", fp_a, "IDEM1 201 0 2\nok", 16, "HTTP/1.1 201 Created\r\n", 1000, 0);
+    assert_true(replay_cache_get(c, "refund", "R-1", fp_a, 1500, 0, &k));
+    assert_int_equal(k.stored_len, 16);
+    assert_memory_equal(k.stored, "IDEM1 201 0 2\nok", 16);
+    assert_int_equal(k.wire_len, 22);
+    assert_memory_equal(k.wire, "HTTP/1.1 201 Created\r\n", 22);
     /* Another key, another space: not this entry ("refund\0R-1" is not
      * "refun\0dR-1"). */
-    assert_null(replay_cache_get(c, "refund", "R-2", fp_a, 1500, 0, &len));
-    assert_null(replay_cache_get(c, "payment", "R-1", fp_a, 1500, 0, &len));
-    assert_null(replay_cache_get(c, "refun", "dR-1", fp_a, 1500, 0, &len));
-    /* A put replaces. */
-    replay_cache_put(c, "refund", "R-1", fp_a, "second", 6, 1600, 0);
-    got = replay_cache_get(c, "refund", "R-1", fp_a, 1600, 0, &len);
-    assert_int_equal(len, 6);
-    assert_memory_equal(got, "second", 6);
+    assert_false(has(c, "refund", "R-2", fp_a, 1500, 0));
+    assert_false(has(c, "payment", "R-1", fp_a, 1500, 0));
+    assert_false(has(c, "refun", "dR-1", fp_a, 1500, 0));
+    /* A put replaces; an entry may have no wire form. */
+    put(c, "refund", "R-1", fp_a, "second", 6, NULL, 1600, 0);
+    assert_true(replay_cache_get(c, "refund", "R-1", fp_a, 1600, 0, &k));
+    assert_int_equal(k.stored_len, 6);
+    assert_memory_equal(k.stored, "second", 6);
+    assert_int_equal(k.wire_len, 0);
     replay_cache_free(c);
 }
 
@@ -42,12 +59,11 @@ static void test_payload_must_match(void **state)
 {
     (void)state;
     struct replay_cache *c = replay_cache_new(1 << 20);
-    size_t len;
-    replay_cache_put(c, "s", "k", fp_a, "x", 1, 0, 0);
-    assert_null(replay_cache_get(c, "s", "k", fp_b, 0, 0, &len)); /* the store says MISMATCH */
-    assert_non_null(replay_cache_get(c, "s", "k", NULL, 0, 0, &len)); /* fingerprint: none */
-    replay_cache_put(c, "s", "k2", NULL, "y", 1, 0, 0);           /* stored without one */
-    assert_non_null(replay_cache_get(c, "s", "k2", fp_b, 0, 0, &len));
+    put(c, "s", "k", fp_a, "x", 1, NULL, 0, 0);
+    assert_false(has(c, "s", "k", fp_b, 0, 0)); /* the store says MISMATCH */
+    assert_true(has(c, "s", "k", NULL, 0, 0));  /* fingerprint: none */
+    put(c, "s", "k2", NULL, "y", 1, NULL, 0, 0); /* stored without one */
+    assert_true(has(c, "s", "k2", fp_b, 0, 0));
     replay_cache_free(c);
 }
 
@@ -55,20 +71,19 @@ static void test_expires_and_generations(void **state)
 {
     (void)state;
     struct replay_cache *c = replay_cache_new(1 << 20);
-    size_t len;
-    replay_cache_put(c, "s", "k", NULL, "x", 1, 5000, 0);
-    assert_non_null(replay_cache_get(c, "s", "k", NULL, 5000 + REPLAY_CACHE_TTL_MS - 1, 0, &len));
-    assert_null(replay_cache_get(c, "s", "k", NULL, 5000 + REPLAY_CACHE_TTL_MS, 0, &len));
+    put(c, "s", "k", NULL, "x", 1, NULL, 5000, 0);
+    assert_true(has(c, "s", "k", NULL, 5000 + REPLAY_CACHE_TTL_MS - 1, 0));
+    assert_false(has(c, "s", "k", NULL, 5000 + REPLAY_CACHE_TTL_MS, 0));
     /* Gone for good once expired, even if asked at an earlier time. */
-    assert_null(replay_cache_get(c, "s", "k", NULL, 5000, 0, &len));
+    assert_false(has(c, "s", "k", NULL, 5000, 0));
     /* An answer put at generation 3 is not served at 4 (a transition came
      * between), nor the other way round. */
-    replay_cache_put(c, "s", "g", NULL, "x", 1, 0, 3);
-    assert_null(replay_cache_get(c, "s", "g", NULL, 0, 4, &len));
-    replay_cache_put(c, "s", "g", NULL, "x", 1, 0, 4);
-    assert_non_null(replay_cache_get(c, "s", "g", NULL, 0, 4, &len));
+    put(c, "s", "g", NULL, "x", 1, NULL, 0, 3);
+    assert_false(has(c, "s", "g", NULL, 0, 4));
+    put(c, "s", "g", NULL, "x", 1, NULL, 0, 4);
+    assert_true(has(c, "s", "g", NULL, 0, 4));
     replay_cache_clear(c);
-    assert_null(replay_cache_get(c, "s", "g", NULL, 0, 4, &len));
+    assert_false(has(c, "s", "g", NULL, 0, 4));
     replay_cache_free(c);
 }
 
@@ -81,21 +96,21 @@ static void test_budget(void **state)
     memset(answer, 'a', sizeof answer);
     for (int i = 0; i < 10; i++) {
         snprintf(key, sizeof key, "k%d", i);
-        replay_cache_put(c, "s", key, NULL, answer, sizeof answer, 0, 0);
+        put(c, "s", key, NULL, answer, sizeof answer, NULL, 0, 0);
     }
-    size_t len, kept = 0;
+    int kept = 0;
     for (int i = 0; i < 10; i++) {
         snprintf(key, sizeof key, "k%d", i);
-        kept += replay_cache_get(c, "s", key, NULL, 0, 0, &len) != NULL;
+        kept += has(c, "s", key, NULL, 0, 0);
     }
     assert_true(kept >= 3 && kept <= 4);
-    assert_non_null(replay_cache_get(c, "s", "k9", NULL, 0, 0, &len)); /* the newest stays */
-    assert_null(replay_cache_get(c, "s", "k0", NULL, 0, 0, &len));
+    assert_true(has(c, "s", "k9", NULL, 0, 0)); /* the newest stays */
+    assert_false(has(c, "s", "k0", NULL, 0, 0));
     /* An answer over REPLAY_CACHE_ENTRY_MAX is not kept at all. */
     char *big = calloc(1, REPLAY_CACHE_ENTRY_MAX + 1);
     struct replay_cache *roomy = replay_cache_new(1 << 24);
-    replay_cache_put(roomy, "s", "big", NULL, big, REPLAY_CACHE_ENTRY_MAX + 1, 0, 0);
-    assert_null(replay_cache_get(roomy, "s", "big", NULL, 0, 0, &len));
+    put(roomy, "s", "big", NULL, big, REPLAY_CACHE_ENTRY_MAX + 1, NULL, 0, 0);
+    assert_false(has(roomy, "s", "big", NULL, 0, 0));
     free(big);
     replay_cache_free(roomy);
     replay_cache_free(c);
@@ -104,11 +119,10 @@ static void test_budget(void **state)
 static void test_off(void **state)
 {
     (void)state;
-    size_t len;
     struct replay_cache *c = replay_cache_new(0); /* limits.replay_cache: 0 */
     assert_null(c);
-    replay_cache_put(c, "s", "k", NULL, "x", 1, 0, 0);
-    assert_null(replay_cache_get(c, "s", "k", NULL, 0, 0, &len));
+    put(c, "s", "k", NULL, "x", 1, NULL, 0, 0);
+    assert_false(has(c, "s", "k", NULL, 0, 0));
     replay_cache_clear(c);
     replay_cache_free(c);
 }

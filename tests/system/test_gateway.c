@@ -608,6 +608,43 @@ static void test_half_closed_client_answered(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* Duplicates on a kept-alive connection are answered from the loop's
+ * replay cache as ready bytes: the same status, replay header and body as
+ * the replay a closing connection gets, three times over one connection. */
+static void test_replays_on_kept_alive_connection(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "keepalive.db");
+    long before = sys_stat(service.port, "executions");
+    const char *body = "{\"refund_no\":\"R-keep\",\"amount\":\"1.00\"}";
+    struct sys_resp first;
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &first);
+    assert_int_equal(first.status, 201);
+    const char one[] = "POST /refunds HTTP/1.1\r\nHost: x\r\nContent-Length: 38\r\n\r\n"
+                       "{\"refund_no\":\"R-keep\",\"amount\":\"1.00\"}";
+    char three[3 * sizeof one];
+    snprintf(three, sizeof three, "%s%s%s", one, one, one);
+    size_t n;
+    char *all = sys_http_raw_until_close(gw.port, three, strlen(three), 5000, &n);
+    assert_non_null(all);
+    int answers = 0, replayed = 0, bodies = 0;
+    for (const char *p = all; (p = strstr(p, "HTTP/1.1 201 Created\r\n")) != NULL; p++)
+        answers++;
+    for (const char *p = all; (p = strstr(p, "Idempotent-Replayed: true\r\n")) != NULL; p++)
+        replayed++;
+    for (const char *p = all; (p = strstr(p, first.m->body)) != NULL; p++)
+        bodies++;
+    assert_int_equal(answers, 3);
+    assert_int_equal(replayed, 3);
+    assert_int_equal(bodies, 3);
+    assert_null(strstr(all, "Connection: close")); /* kept alive throughout */
+    free(all);
+    sys_resp_free(&first);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* A client that resets its connection while its request is in the upstream
  * and its record steps are still to come: the work goes on without it, the
  * record is finished, and its retry is a replay. */
@@ -1258,6 +1295,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigterm_past_timeout_abandons),
         cmocka_unit_test(test_half_closed_client_answered),
         cmocka_unit_test(test_client_reset_mid_request),
+        cmocka_unit_test(test_replays_on_kept_alive_connection),
         cmocka_unit_test(test_limits_and_malformed),
         cmocka_unit_test(test_slow_client_cut_off),
         cmocka_unit_test(test_bad_config_refused),
