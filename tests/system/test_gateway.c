@@ -828,6 +828,13 @@ static void test_sighup_reloads_routes(void **state)
              "{\"serial_no\":\"CH-hup\",\"amount\":\"1.00\"}", 5000, &r);
     assert_null(sys_header(&r, "Idempotent-Replayed"));
     sys_resp_free(&r);
+    /* A request in flight across the reload keeps the routes it came
+     * with (it holds them), and is finished and answered. */
+    static const char *const slow[] = {"X-Delay-Ms: 600", NULL};
+    struct bg_post b = {.port = gw.port, .headers = slow,
+                        .body = "{\"refund_no\":\"R-hup\",\"amount\":\"1.00\"}"};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(150);
     /* Rewrite the same file with the payment routes, and reload. */
     char path[4200];
     snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, config_seq);
@@ -845,6 +852,9 @@ static void test_sighup_reloads_routes(void **state)
     sys_write_file(path, text);
     kill(gw.pid, SIGHUP);
     sleep_ms(300);
+    pthread_join(b.t, NULL);
+    assert_int_equal(b.resp.status, 201);
+    sys_resp_free(&b.resp);
     for (int i = 0; i < 2; i++) {
         sys_http(gw.port, "POST", "/callbacks/payment", NULL,
                  "{\"serial_no\":\"CH-hup2\",\"amount\":\"1.00\"}", 5000, &r);
