@@ -194,6 +194,15 @@ static void serve_read_little(struct server *s, int fd)
         atomic_fetch_add(&s->requests, 1); /* counts requests begun, here */
 }
 
+/* Accepts and never reads, until told to stop: the client's socket fills. */
+static void serve_never_read(struct server *s, int fd)
+{
+    (void)fd;
+    atomic_fetch_add(&s->requests, 1); /* counts connections held, here */
+    while (!atomic_load(&s->stop))
+        sleep_ms(10);
+}
+
 /* Each request answered with the length of its body. */
 static void serve_body_length(struct server *s, int fd)
 {
@@ -787,6 +796,35 @@ static void cancel_mid_flight(void **state)
     assert_int_equal(d.calls, 0);
 }
 
+/* ... and while the request does not fit in the socket (the upstream reads
+ * nothing, the call waits to write, its connection's read event off):
+ * cancelling it frees everything, and done never runs. */
+static void cancel_while_socket_full(void **state)
+{
+    struct fixture *f = *state;
+    start(f, serve_never_read, NULL, 0);
+    struct http_msg *m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    m->body = malloc(BIG_BODY + 1);
+    assert_non_null(m->body);
+    memset(m->body, 'x', BIG_BODY);
+    m->body[BIG_BODY] = '\0';
+    m->body_len = BIG_BODY;
+    struct upstream_request rq = get_rq;
+    rq.method = "POST";
+    rq.original = m;
+    struct done_rec d = {0};
+    struct upstream_call *c = upstream_call_start(f->ul, HOST, f->srv.port, &rq, on_done, &d);
+    http_msg_free(m);
+    assert_non_null(c);
+    await_server(f, &f->srv.requests, 1);
+    run_for(f->base, 200); /* the socket is full by now: the call waits to write */
+    assert_int_equal(d.calls, 0);
+    upstream_call_cancel(c);
+    run_for(f->base, 100);
+    assert_int_equal(d.calls, 0);
+}
+
 /* 11. 64 calls at once on one loop, each answered after a delay: each gets
  * its own answer. Each done starts a second call from inside the callback;
  * those find the 64 connections in the pool, so nothing more is accepted. */
@@ -918,6 +956,7 @@ int main(void)
         LOOP(big_request_whole),
         LOOP(reset_mid_send_unknown),
         LOOP(cancel_mid_flight),
+        LOOP(cancel_while_socket_full),
         LOOP(many_at_once),
         LOOP(pool_keeps_64),
         LOOP(loop_free_closes_idle),
