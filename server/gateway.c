@@ -855,18 +855,60 @@ static void reading_found(struct daemon *d, int found)
     atomic_store_explicit(&d->read_score, s, memory_order_relaxed);
 }
 
+/* An answer made before the request's state exists. */
+static void answer_early(struct live_config *lc, struct front_request *req,
+                         struct http_response *r)
+{
+    daemon_config_put(lc);
+    req->resp = r;
+    front_answer(req);
+}
+
 void gateway_start(struct daemon *d, struct live_config *lc, const struct route *rt,
                    struct front_request *req)
 {
     const struct server_config *cfg = lc->c;
     const struct http_msg *m = req->msg;
-    char detail[512];
+    char detail[512], key[IDEM_KEY_MAX + 1];
+    uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
+    int has_fp = 0;
     const char *type = NULL;
     atomic_fetch_add(&d->n.requests, 1);
+    const char *subject = http_msg_header(m, cfg->subject_header);
+    int status = request_key(rt, m, subject, key, &type, detail, sizeof detail);
+    if (status) {
+        answer_early(lc, req, problem(status, type, "%s", detail));
+        return;
+    }
+    if ((status = request_fingerprint(rt, m, fp, &has_fp, detail, sizeof detail)) != 0) {
+        answer_early(lc, req, problem(status, "fingerprint_unavailable", "%s", detail));
+        return;
+    }
+    /* A finished record: its answer kept from a moment ago — answered here,
+     * before anything is allocated for the request — or read below when
+     * reading does not block (with the token layer, an unknown token is
+     * refused even for a finished key, so neither). */
+    struct daemon_loop *loop = req->loop_ctx;
+    unsigned long gen = atomic_load(&d->replay_gen);
+    if (loop->replay_gen != gen) {
+        replay_cache_clear(loop->replays); /* all of it is stale now */
+        loop->replay_gen = gen;
+    }
+    struct replay_kept kept;
+    if (!rt->layer_token && replay_cache_get(loop->replays, rt->space, key,
+                                             has_fp ? fp : NULL, mono_ms(), gen, &kept)) {
+        if (kept.wire_len && front_can_answer_raw(req)) {
+            atomic_fetch_add(&d->n.replays, 1);
+            daemon_config_put(lc);
+            front_answer_raw(req, kept.wire, kept.wire_len);
+            return;
+        }
+        answer_early(lc, req, replay_stored(d, kept.stored, kept.stored_len, "finished"));
+        return;
+    }
     struct gw *g = calloc(1, sizeof *g);
     if (!g) {
-        daemon_config_put(lc);
-        front_answer(req); /* resp NULL: 503 */
+        answer_early(lc, req, NULL); /* 503 */
         return;
     }
     g->req = req;
@@ -874,42 +916,11 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     g->lc = lc;
     g->rt = rt;
     req->state = g;
-    const char *subject = http_msg_header(m, cfg->subject_header);
     g->subject = subject ? subject : "";
-    int status = request_key(rt, m, subject, g->key, &type, detail, sizeof detail);
-    if (status) {
-        g->out = problem(status, type, "%s", detail);
-        answer(g);
-        return;
-    }
-    if ((status = request_fingerprint(rt, m, g->fp, &g->has_fp, detail, sizeof detail)) != 0) {
-        g->out = problem(status, "fingerprint_unavailable", "%s", detail);
-        answer(g);
-        return;
-    }
-    /* A finished record: its answer kept from a moment ago, or read here
-     * when reading does not block (with the token layer, an unknown token is
-     * refused even for a finished key, so not here). */
-    struct daemon_loop *loop = req->loop_ctx;
-    g->replay_gen = atomic_load(&d->replay_gen);
-    if (loop->replay_gen != g->replay_gen) {
-        replay_cache_clear(loop->replays); /* all of it is stale now */
-        loop->replay_gen = g->replay_gen;
-    }
-    struct replay_kept kept;
-    if (!rt->layer_token && replay_cache_get(loop->replays, rt->space, g->key,
-                                             g->has_fp ? g->fp : NULL, mono_ms(),
-                                             g->replay_gen, &kept)) {
-        if (kept.wire_len && front_can_answer_raw(req)) {
-            atomic_fetch_add(&d->n.replays, 1);
-            gw_free(g);
-            front_answer_raw(req, kept.wire, kept.wire_len);
-            return;
-        }
-        g->out = replay_stored(d, kept.stored, kept.stored_len, "finished");
-        answer(g);
-        return;
-    }
+    memcpy(g->key, key, strlen(key) + 1);
+    memcpy(g->fp, fp, sizeof fp);
+    g->has_fp = has_fp;
+    g->replay_gen = gen;
     if (d->reads_dont_block && !rt->layer_token && worth_reading(d)) {
         idem_outcome o;
         if (idem_record_get(d->h, rt->space, g->key, &o, &g->rec) == IDEM_OK &&
