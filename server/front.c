@@ -264,16 +264,22 @@ int front_can_answer_raw(const struct front_request *req)
     return c->state == HANDLING && !c->head_request && keeps_open(c);
 }
 
-void front_answer_raw(struct front_request *req, const void *bytes, size_t len)
+/* The handler is done with req: it no longer counts as in flight. */
+static void handled(struct front_request *req)
 {
-    struct conn *c = req->conn;
-    struct front *f = c->f;
+    struct front *f = req->front;
     pthread_mutex_lock(&f->mu);
     f->in_flight--;
     pthread_mutex_unlock(&f->mu);
     http_msg_free(req->msg);
     req->msg = NULL;
     req->on_abort = NULL;
+}
+
+void front_answer_raw(struct front_request *req, const void *bytes, size_t len)
+{
+    struct conn *c = req->conn;
+    handled(req);
     c->requests++;
     int out = send_now(c, bytes, len);
     set_state(c, WRITING);
@@ -284,14 +290,8 @@ void front_answer_raw(struct front_request *req, const void *bytes, size_t len)
 void front_answer(struct front_request *req)
 {
     struct conn *c = req->conn;
-    struct front *f = c->f;
-    pthread_mutex_lock(&f->mu);
-    f->in_flight--;
-    pthread_mutex_unlock(&f->mu);
-    http_msg_free(req->msg);
-    req->msg = NULL;
-    req->on_abort = NULL;
-    if (c->state == ORPHANED || f->closing) {
+    handled(req);
+    if (c->state == ORPHANED || c->f->closing) {
         conn_free(c);
         return;
     }

@@ -366,48 +366,61 @@ static struct http_response *in_flight(const char *what)
     return r;
 }
 
-static struct http_response *replay_stored(struct daemon *d, const void *stored, size_t len,
-                                           const char *state)
+/* A stored answer as its replay: decoded and marked. NULL if the bytes are
+ * not an answer Idem stored (or on OOM). */
+static struct http_response *decode_replay(const void *stored, size_t len)
 {
     struct http_response *r = stored ? stored_decode(stored, len) : NULL;
+    if (r && response_add_header(r, "Idempotent-Replayed", "true") != 0) {
+        response_free(r);
+        r = NULL;
+    }
+    return r;
+}
+
+/* The answer to a duplicate: the replay r, counted, or the problem. */
+static struct http_response *counted_replay(struct daemon *d, struct http_response *r,
+                                            const char *state)
+{
     if (!r)
         return problem(500, "stored_result_unreadable",
                        "the record is %s but its stored result is not a response Idem stored",
                        state);
     atomic_fetch_add(&d->n.replays, 1);
-    response_add_header(r, "Idempotent-Replayed", "true");
     return r;
 }
 
 /* Keep a durable, final answer for the duplicates that follow: its stored
- * form, and its replay as it goes to a kept-alive connection, so that a
- * duplicate costs one lookup and one send. */
-static void keep_answer(struct gw *g, const uint8_t *fp, const void *stored, size_t len)
+ * form, and replayed — its decoded replay, or NULL to decode it here — as it
+ * goes to a kept-alive connection, so that a duplicate costs one lookup and
+ * one send. */
+static void keep_answer(struct gw *g, const uint8_t *fp, const void *stored, size_t len,
+                        struct http_response *replayed)
 {
     struct daemon_loop *loop = g->req->loop_ctx;
     if (!loop->replays || !stored || len > REPLAY_CACHE_ENTRY_MAX)
         return;
     struct replay_kept kept = {.stored = stored, .stored_len = len};
-    struct http_response *r = stored_decode(stored, len);
-    char *wire = NULL;
-    if (r && response_add_header(r, "Idempotent-Replayed", "true") == 0) {
-        r->close = 0;
-        wire = response_serialize(r, 0, &kept.wire_len);
-    }
+    struct http_response *own = replayed ? NULL : decode_replay(stored, len);
+    if (own)
+        replayed = own;
+    char *wire = replayed ? response_serialize(replayed, 0, &kept.wire_len) : NULL;
     kept.wire = wire;
     if (!wire)
         kept.wire_len = 0;
     replay_cache_put(loop->replays, g->rt->space, g->key, fp, &kept, mono_ms(), g->replay_gen);
     free(wire);
-    response_free(r);
+    response_free(own);
 }
 
 /* Replay a finished record read from the store, and keep its answer. */
 static struct http_response *replay(struct gw *g, const idem_record *rec)
 {
-    keep_answer(g, rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
-                rec->result_len);
-    return replay_stored(g->d, rec->result, rec->result_len, rec->state);
+    struct http_response *r = decode_replay(rec->result, rec->result_len);
+    if (r) /* fresh from decoding, it has no close set: the kept-alive form */
+        keep_answer(g, rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
+                    rec->result_len, r);
+    return counted_replay(g->d, r, rec->state);
 }
 
 /* The stored answer if the record read is finished — and its payload
@@ -477,13 +490,13 @@ static void after_token(struct gw *g)
         answer(g);
         return;
     }
-    if (g->rc != IDEM_OK && skip_kv_layer(g, "the token layer")) {
-        /* on without it */
-    } else if (g->rc != IDEM_OK) {
-        atomic_fetch_add(&g->d->n.store_errors, 1);
-        g->out = problem_from_rc(g->rc, g->detail, "consuming the token");
-        answer(g);
-        return;
+    if (g->rc != IDEM_OK) {
+        if (!skip_kv_layer(g, "the token layer")) {
+            atomic_fetch_add(&g->d->n.store_errors, 1);
+            g->out = problem_from_rc(g->rc, g->detail, "consuming the token");
+            answer(g);
+            return;
+        }
     } else if (g->o == IDEM_CONSUMED) {
         g->token_spent = 1;
     } else if (!(g->o == IDEM_ALREADY_CONSUMED && strcmp(g->spent, g->key) == 0)) {
@@ -703,7 +716,7 @@ static void after_finish(struct gw *g)
 {
     if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE)
         /* Durable and final: duplicates from now on are answered with it. */
-        keep_answer(g, g->has_fp ? g->fp : NULL, g->stored, g->stored_len);
+        keep_answer(g, g->has_fp ? g->fp : NULL, g->stored, g->stored_len, NULL);
     if (g->rc != IDEM_OK)
         daemon_log("%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
                    idem_strerror(g->rc), g->detail);
@@ -903,7 +916,8 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
             front_answer_raw(req, kept.wire, kept.wire_len);
             return;
         }
-        answer_early(lc, req, replay_stored(d, kept.stored, kept.stored_len, "finished"));
+        answer_early(lc, req, counted_replay(d, decode_replay(kept.stored, kept.stored_len),
+                                             "finished"));
         return;
     }
     struct gw *g = calloc(1, sizeof *g);
