@@ -716,7 +716,8 @@ static void idle_reset_unseen_retried(void **state)
 /* A POST with a body much larger than the socket buffers: it goes out in
  * many writes. */
 #define BIG_BODY (16u << 20)
-static struct done_rec call_big(struct fixture *f)
+/* A message to forward with a BIG_BODY body; free with http_msg_free. */
+static struct http_msg *big_message(void)
 {
     struct http_msg *m = calloc(1, sizeof *m);
     assert_non_null(m);
@@ -725,6 +726,12 @@ static struct done_rec call_big(struct fixture *f)
     memset(m->body, 'x', BIG_BODY);
     m->body[BIG_BODY] = '\0';
     m->body_len = BIG_BODY;
+    return m;
+}
+
+static struct done_rec call_big(struct fixture *f)
+{
+    struct http_msg *m = big_message();
     struct upstream_request rq = get_rq;
     rq.method = "POST";
     rq.original = m;
@@ -803,13 +810,7 @@ static void cancel_while_socket_full(void **state)
 {
     struct fixture *f = *state;
     start(f, serve_never_read, NULL, 0);
-    struct http_msg *m = calloc(1, sizeof *m);
-    assert_non_null(m);
-    m->body = malloc(BIG_BODY + 1);
-    assert_non_null(m->body);
-    memset(m->body, 'x', BIG_BODY);
-    m->body[BIG_BODY] = '\0';
-    m->body_len = BIG_BODY;
+    struct http_msg *m = big_message();
     struct upstream_request rq = get_rq;
     rq.method = "POST";
     rq.original = m;
