@@ -669,6 +669,41 @@ static void test_client_reset_mid_request(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* An upstream answer over response_max: the request did execute, so its
+ * record is finished with a 502 problem saying so, and a retry replays that
+ * problem instead of running again. */
+static const char small_response_routes[] =
+    "limits:\n"
+    "  response_max: 16B\n"
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n"
+    "    in_flight: reject\n";
+
+static void test_upstream_answer_too_large(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, small_response_routes, "toolarge.db");
+    long before = sys_stat(service.port, "executions");
+    const char *body = "{\"refund_no\":\"R-big\",\"amount\":\"1.00\"}";
+    struct sys_resp r;
+    for (int i = 0; i < 2; i++) {
+        sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+        assert_int_equal(r.status, 502);
+        assert_non_null(strstr(r.m->body, "upstream_response_too_large"));
+        if (i == 0)
+            assert_null(sys_header(&r, "Idempotent-Replayed"));
+        else
+            assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+        sys_resp_free(&r);
+    }
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- limits and malformed requests ---- */
 
 static const char limit_routes[] =
@@ -1306,6 +1341,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_half_closed_client_answered),
         cmocka_unit_test(test_client_reset_mid_request),
         cmocka_unit_test(test_replays_on_kept_alive_connection),
+        cmocka_unit_test(test_upstream_answer_too_large),
         cmocka_unit_test(test_limits_and_malformed),
         cmocka_unit_test(test_slow_client_cut_off),
         cmocka_unit_test(test_bad_config_refused),
