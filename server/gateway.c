@@ -125,7 +125,7 @@ struct gw {
 
     uint64_t epoch;            /* our claim, from begin */
     int forwarded;             /* the upstream may have it */
-    struct event *timer;       /* a wait; lease ticks while forwarding */
+    struct event *timer;       /* a wait; lease ticks while forwarding (in g's block) */
     int timer_ticks;
     struct upstream_call *call;
     enum finish_kind finish;
@@ -136,8 +136,7 @@ struct gw {
 
 static void gw_free(struct gw *g)
 {
-    if (g->timer)
-        event_free(g->timer);
+    event_del(g->timer); /* in g's own block */
     idem_record_clear(&g->rec);
     free(g->stored);
     response_free(g->out);
@@ -390,36 +389,22 @@ static struct http_response *counted_replay(struct daemon *d, struct http_respon
     return r;
 }
 
-/* Keep a durable, final answer for the duplicates that follow: its stored
- * form, and replayed — its decoded replay, or NULL to decode it here — as it
- * goes to a kept-alive connection, so that a duplicate costs one lookup and
- * one send. */
-static void keep_answer(struct gw *g, const uint8_t *fp, const void *stored, size_t len,
-                        struct http_response *replayed)
+/* Keep a durable, final answer for the duplicates that follow. */
+static void keep_answer(struct gw *g, const uint8_t *fp, const void *stored, size_t len)
 {
     struct daemon_loop *loop = g->req->loop_ctx;
-    if (!loop->replays || !stored || len > REPLAY_CACHE_ENTRY_MAX)
-        return;
-    struct replay_kept kept = {.stored = stored, .stored_len = len};
-    struct http_response *own = replayed ? NULL : decode_replay(stored, len);
-    if (own)
-        replayed = own;
-    char *wire = replayed ? response_serialize(replayed, 0, &kept.wire_len) : NULL;
-    kept.wire = wire;
-    if (!wire)
-        kept.wire_len = 0;
-    replay_cache_put(loop->replays, g->rt->space, g->key, fp, &kept, mono_ms(), g->replay_gen);
-    free(wire);
-    response_free(own);
+    if (stored)
+        replay_cache_put(loop->replays, g->rt->space, g->key, fp, stored, len, mono_ms(),
+                         g->replay_gen);
 }
 
 /* Replay a finished record read from the store, and keep its answer. */
 static struct http_response *replay(struct gw *g, const idem_record *rec)
 {
     struct http_response *r = decode_replay(rec->result, rec->result_len);
-    if (r) /* fresh from decoding, it has no close set: the kept-alive form */
+    if (r)
         keep_answer(g, rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
-                    rec->result_len, r);
+                    rec->result_len);
     return counted_replay(g->d, r, rec->state);
 }
 
@@ -451,11 +436,6 @@ static void on_timer(evutil_socket_t fd, short what, void *arg);
 /* Come back to next after a short wait: 2 ms, doubling, at most 50 ms. */
 static void wait_then(struct gw *g, gw_fn next)
 {
-    struct daemon_loop *loop = g->req->loop_ctx;
-    if (!g->timer && !(g->timer = evtimer_new(loop->base, on_timer, g))) {
-        finish(g); /* out of memory: 503 */
-        return;
-    }
     struct timeval tv = tv_ms(g->backoff_ms);
     g->backoff_ms = g->backoff_ms * 2 > 50 ? 50 : g->backoff_ms * 2;
     g->then = next;
@@ -716,7 +696,7 @@ static void after_finish(struct gw *g)
 {
     if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE)
         /* Durable and final: duplicates from now on are answered with it. */
-        keep_answer(g, g->has_fp ? g->fp : NULL, g->stored, g->stored_len, NULL);
+        keep_answer(g, g->has_fp ? g->fp : NULL, g->stored, g->stored_len);
     if (g->rc != IDEM_OK)
         daemon_log("%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
                    idem_strerror(g->rc), g->detail);
@@ -821,12 +801,6 @@ static void forward(struct gw *g)
         .timeout_ms = rt->upstream_timeout_ms,
         .response_max = g->lc->c->limits.response_max,
     };
-    if (!g->timer && !(g->timer = evtimer_new(loop->base, on_timer, g))) {
-        /* Out of memory, nothing sent: free the claim for a retry. */
-        g->give_token_back = 1;
-        finish_record(g, FINISH_FAIL_RETRYABLE);
-        return;
-    }
     atomic_fetch_add(&g->d->n.executions, 1);
     g->forwarded = 1;
     g->call = upstream_call_start(loop->upstreams, rt->upstream.host, rt->upstream.port, &rq,
@@ -910,21 +884,38 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     struct replay_kept kept;
     if (!rt->layer_token && replay_cache_get(loop->replays, rt->space, key,
                                              has_fp ? fp : NULL, mono_ms(), gen, &kept)) {
-        if (kept.wire_len && front_can_answer_raw(req)) {
+        int raw = front_can_answer_raw(req);
+        struct http_response *r = NULL;
+        if (!kept.wire_len || !raw)
+            r = decode_replay(kept.stored, kept.stored_len);
+        if (r && raw && !kept.wire_len) {
+            /* The first duplicate builds the bytes the next ones get. Fresh
+             * from decoding, r has no close set: the kept-alive form. */
+            size_t len;
+            char *wire = response_serialize(r, 0, &len);
+            if (wire)
+                replay_cache_add_wire(loop->replays, &kept, wire, len);
+            free(wire);
+        }
+        if (raw && kept.wire_len) {
+            response_free(r);
             atomic_fetch_add(&d->n.replays, 1);
             daemon_config_put(lc);
             front_answer_raw(req, kept.wire, kept.wire_len);
             return;
         }
-        answer_early(lc, req, counted_replay(d, decode_replay(kept.stored, kept.stored_len),
-                                             "finished"));
+        answer_early(lc, req, counted_replay(d, r, "finished"));
         return;
     }
-    struct gw *g = calloc(1, sizeof *g);
+    /* The request's state and its timer in one block. */
+    size_t head = (sizeof(struct gw) + 15) & ~(size_t)15;
+    struct gw *g = calloc(1, head + event_get_struct_event_size());
     if (!g) {
         answer_early(lc, req, NULL); /* 503 */
         return;
     }
+    g->timer = (struct event *)((char *)g + head);
+    evtimer_assign(g->timer, loop->base, on_timer, g);
     g->req = req;
     g->d = d;
     g->lc = lc;

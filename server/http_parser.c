@@ -513,12 +513,15 @@ static enum http_parse_status add_header(struct http_parser *p, const char *name
             return oom(p);
         m->headers = h;
     }
-    char *n = xstrndup(p, name, nlen);
-    char *v = n ? xstrndup(p, value, vlen) : NULL;
-    if (!v) {
-        free(n);
+    /* Name and value in one block: name is the allocation, value follows. */
+    char *n = xrealloc(p, NULL, nlen + vlen + 2);
+    if (!n)
         return oom(p);
-    }
+    memcpy(n, name, nlen);
+    n[nlen] = '\0';
+    char *v = n + nlen + 1;
+    memcpy(v, value, vlen);
+    v[vlen] = '\0';
     m->headers[count].name = n;
     m->headers[count].value = v;
     m->header_count = count + 1;
@@ -537,34 +540,36 @@ static enum http_parse_status on_field_line(struct http_parser *p)
     char buf[32];
     const char *s = p->line;
     size_t n = p->line_len;
-    const char *what = where(p, buf, sizeof buf);
 
-    if (++p->field_count > p->limits.header_count_max)
+    /* field_count counts the lines before this one until it passes. */
+    if (p->field_count + 1 > p->limits.header_count_max)
         return fail(p, 431, "more than %zu header fields", p->limits.header_count_max);
     p->header_bytes += n;
 
     /* obs-fold: a continuation line. Some parsers join it to the previous
      * value, some take it as a field of its own. */
     if (is_ws(s[0]))
-        return fail(p, 400, "%s: starts with whitespace (obsolete line folding)", what);
+        return fail(p, 400, "%s: starts with whitespace (obsolete line folding)",
+                    where(p, buf, sizeof buf));
     size_t k = 0;
     while (k < n && is_tchar((unsigned char)s[k]))
         k++;
     if (k == n)
-        return fail(p, 400, "%s: no colon", what);
+        return fail(p, 400, "%s: no colon", where(p, buf, sizeof buf));
     if (is_ws(s[k]))
-        return fail(p, 400, "%s: whitespace before the colon", what);
+        return fail(p, 400, "%s: whitespace before the colon", where(p, buf, sizeof buf));
     if (s[k] != ':')
         return fail(p, 400, "%s: the field name contains a character that is not allowed",
-                    what);
+                    where(p, buf, sizeof buf));
     if (k == 0)
-        return fail(p, 400, "%s: empty field name", what);
+        return fail(p, 400, "%s: empty field name", where(p, buf, sizeof buf));
 
     size_t v = k + 1, e = n;
     while (v < e && is_ws(s[v]))
         v++;
     while (e > v && is_ws(s[e - 1]))
         e--;
+    p->field_count++;
     if (p->state == S_TRAILERS)
         return HTTP_NEED_MORE;
     return add_header(p, s, k, s + v, e - v);
@@ -934,10 +939,8 @@ void http_msg_free(struct http_msg *m)
     free(m->method);
     free(m->target);
     free(m->reason);
-    for (size_t i = 0; i < m->header_count; i++) {
-        free(m->headers[i].name);
-        free(m->headers[i].value);
-    }
+    for (size_t i = 0; i < m->header_count; i++)
+        free(m->headers[i].name); /* the value is in the same block */
     free(m->headers);
     free(m->body);
     free(m);

@@ -41,7 +41,7 @@ struct http_limits {
 
 struct http_header {
     char *name;  /* as received; compare case-insensitively */
-    char *value; /* leading and trailing whitespace removed */
+    char *value; /* leading and trailing whitespace removed; in name's block */
 };
 
 struct http_msg {

@@ -37,8 +37,9 @@ struct entry {
     unsigned long gen;
     int has_fp;
     uint8_t fp[IDEM_FINGERPRINT_LEN];
+    char *wire;                   /* the wire form, once a duplicate built it */
     size_t id_len, len, wire_len; /* "space\0key", the stored form, the wire form */
-    char data[];                  /* id, stored form, wire form */
+    char data[];                  /* id, stored form */
 };
 
 struct replay_cache {
@@ -96,6 +97,7 @@ static void unlink_entry(struct replay_cache *c, struct entry *e)
     else
         c->tail = e->prev;
     c->bytes -= entry_bytes(e);
+    free(e->wire);
     free(e);
 }
 
@@ -151,25 +153,55 @@ int replay_cache_get(struct replay_cache *c, const char *space, const char *key,
         return 0; /* another payload: the store says MISMATCH */
     out->stored = e->data + e->id_len;
     out->stored_len = e->len;
-    out->wire = e->data + e->id_len + e->len;
+    out->wire = e->wire;
     out->wire_len = e->wire_len;
+    out->entry = e;
     return 1;
 }
 
+/* Make room for more bytes: the least recently put go first, but never keep
+ * (the entry being added to). 0 when there is room. */
+static int make_room(struct replay_cache *c, size_t more, const struct entry *keep)
+{
+    while (c->bytes + more > c->max_bytes) {
+        struct entry *victim = c->tail;
+        if (victim == keep)
+            victim = victim->prev;
+        if (!victim)
+            return -1;
+        unlink_entry(c, victim);
+    }
+    return 0;
+}
+
+void replay_cache_add_wire(struct replay_cache *c, struct replay_kept *kept, const void *wire,
+                           size_t len)
+{
+    struct entry *e = kept->entry;
+    if (!c || !e || e->wire || len == 0 || make_room(c, len, e) != 0)
+        return;
+    if (!(e->wire = malloc(len)))
+        return;
+    memcpy(e->wire, wire, len);
+    e->wire_len = len;
+    c->bytes += len;
+    kept->wire = e->wire;
+    kept->wire_len = len;
+}
+
 void replay_cache_put(struct replay_cache *c, const char *space, const char *key,
-                      const uint8_t *fp, const struct replay_kept *kept, int64_t now_ms,
+                      const uint8_t *fp, const void *stored, size_t len, int64_t now_ms,
                       unsigned long gen)
 {
-    if (!c || kept->stored_len > REPLAY_CACHE_ENTRY_MAX)
+    if (!c || len > REPLAY_CACHE_ENTRY_MAX)
         return;
-    size_t len = kept->stored_len;
     char id[IDEM_NAME_MAX + IDEM_KEY_MAX + 2];
     size_t id_len = make_id(id, space, key);
     uint64_t h = hash_id(id, id_len);
     struct entry *old = find(c, id, id_len, h);
     if (old)
         unlink_entry(c, old);
-    struct entry *e = malloc(sizeof *e + id_len + len + kept->wire_len);
+    struct entry *e = malloc(sizeof *e + id_len + len);
     if (!e)
         return;
     e->hash = h;
@@ -178,16 +210,16 @@ void replay_cache_put(struct replay_cache *c, const char *space, const char *key
     e->has_fp = fp != NULL;
     if (fp)
         memcpy(e->fp, fp, IDEM_FINGERPRINT_LEN);
+    e->wire = NULL;
     e->id_len = id_len;
     e->len = len;
-    e->wire_len = kept->wire_len;
+    e->wire_len = 0;
     memcpy(e->data, id, id_len);
-    memcpy(e->data + id_len, kept->stored, len);
-    if (kept->wire_len)
-        memcpy(e->data + id_len + len, kept->wire, kept->wire_len);
-    /* Make room: the least recently put go first. */
-    while (c->tail && c->bytes + entry_bytes(e) > c->max_bytes)
-        unlink_entry(c, c->tail);
+    memcpy(e->data + id_len, stored, len);
+    if (make_room(c, entry_bytes(e), NULL) != 0) {
+        free(e);
+        return;
+    }
     struct entry **b = &c->buckets[h & (c->nbuckets - 1)];
     e->hnext = *b;
     *b = e;

@@ -20,21 +20,30 @@ struct replay_cache *replay_cache_new(size_t max_bytes);
 void replay_cache_free(struct replay_cache *c);
 
 /* What is kept of one answer: the record's stored form, and the replay as
- * it goes on the wire to a kept-alive connection (wire may be empty). */
+ * it goes on the wire to a kept-alive connection — empty until the first
+ * duplicate builds it (most answers are never asked for again). */
 struct replay_kept {
     const void *stored;
     size_t stored_len;
     const void *wire;
     size_t wire_len;
+    void *entry; /* get: where replay_cache_add_wire() puts the wire form */
 };
 
 /* The answer kept for (space, key) if it is here, younger than
  * REPLAY_CACHE_TTL_MS at now_ms, put at generation gen, and stored for the
  * same payload (fp NULL, or the entry without one, matches any): 1 and *out
- * filled, else 0. The bytes stay valid until the next call on this cache. */
+ * filled, else 0. The bytes stay valid until the next call on this cache
+ * other than replay_cache_add_wire(). */
 int replay_cache_get(struct replay_cache *c, const char *space, const char *key,
                      const uint8_t *fp, int64_t now_ms, unsigned long gen,
                      struct replay_kept *out);
+
+/* Keep the wire form of the answer *kept (just returned by get, with none)
+ * beside it (copied); kept->wire then points at the copy. Nothing happens
+ * when there is no memory for it. */
+void replay_cache_add_wire(struct replay_cache *c, struct replay_kept *kept, const void *wire,
+                           size_t len);
 
 /* Forget everything kept so far (the store's records changed state behind
  * the cache: a transition). */
@@ -46,7 +55,7 @@ void replay_cache_clear(struct replay_cache *c);
  * read, so that an answer read before a transition is never served after
  * it. */
 void replay_cache_put(struct replay_cache *c, const char *space, const char *key,
-                      const uint8_t *fp, const struct replay_kept *kept, int64_t now_ms,
+                      const uint8_t *fp, const void *stored, size_t stored_len, int64_t now_ms,
                       unsigned long gen);
 
 #endif

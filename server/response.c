@@ -14,6 +14,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "put.h"
+
 struct http_response *response_new(int status)
 {
     struct http_response *r = calloc(1, sizeof *r);
@@ -26,16 +28,15 @@ void response_free(struct http_response *r)
 {
     if (!r)
         return;
-    for (size_t i = 0; i < r->header_count; i++) {
-        free(r->headers[i].name);
-        free(r->headers[i].value);
-    }
+    for (size_t i = 0; i < r->header_count; i++)
+        free(r->headers[i].name); /* the value is in the same block */
     free(r->headers);
     free(r->body);
     free(r);
 }
 
-int response_add_header(struct http_response *r, const char *name, const char *value)
+int response_add_header_n(struct http_response *r, const char *name, size_t nlen,
+                         const char *value, size_t vlen)
 {
     if (r->header_count == r->header_cap) {
         size_t cap = r->header_cap ? r->header_cap * 2 : 8;
@@ -45,16 +46,24 @@ int response_add_header(struct http_response *r, const char *name, const char *v
         r->headers = h;
         r->header_cap = cap;
     }
-    char *n = strdup(name), *v = strdup(value);
-    if (!n || !v) {
-        free(n);
-        free(v);
+    /* Name and value in one block: name is the allocation, value follows. */
+    char *n = malloc(nlen + vlen + 2);
+    if (!n)
         return -1;
-    }
+    memcpy(n, name, nlen);
+    n[nlen] = '\0';
+    char *v = n + nlen + 1;
+    memcpy(v, value, vlen);
+    v[vlen] = '\0';
     r->headers[r->header_count].name = n;
     r->headers[r->header_count].value = v;
     r->header_count++;
     return 0;
+}
+
+int response_add_header(struct http_response *r, const char *name, const char *value)
+{
+    return response_add_header_n(r, name, strlen(name), value, strlen(value));
 }
 
 int response_set_body(struct http_response *r, const void *body, size_t len)
@@ -107,26 +116,32 @@ const char *http_reason(int status)
 
 char *response_serialize(const struct http_response *r, int head_request, size_t *len)
 {
-    size_t cap = 128 + r->body_len;
+    const char *reason = http_reason(r->status);
+    size_t cap = 128 + strlen(reason) + r->body_len; /* line, length, close */
     for (size_t i = 0; i < r->header_count; i++)
         cap += strlen(r->headers[i].name) + strlen(r->headers[i].value) + 4;
     char *out = malloc(cap), *p = out;
     if (!out)
         return NULL;
-    p += sprintf(p, "HTTP/1.1 %d %s\r\n", r->status, http_reason(r->status));
+    p = put(p, "HTTP/1.1 ", 9);
+    p = put_uint(p, (unsigned)r->status); /* 100..599 */
+    *p++ = ' ';
+    p = put_str(p, reason);
+    p = put(p, "\r\n", 2);
     for (size_t i = 0; i < r->header_count; i++)
-        p += sprintf(p, "%s: %s\r\n", r->headers[i].name, r->headers[i].value);
+        p = put_field(p, r->headers[i].name, r->headers[i].value, "\r\n");
     /* 1xx, 204 and 304 carry no body and no Content-Length. */
     int bodiless = r->status < 200 || r->status == 204 || r->status == 304;
-    if (!bodiless)
-        p += sprintf(p, "Content-Length: %zu\r\n", r->body_len);
-    if (r->close)
-        p += sprintf(p, "Connection: close\r\n");
-    p += sprintf(p, "\r\n");
-    if (!head_request && !bodiless && r->body_len) {
-        memcpy(p, r->body, r->body_len);
-        p += r->body_len;
+    if (!bodiless) {
+        p = put(p, "Content-Length: ", 16);
+        p = put_uint(p, r->body_len);
+        p = put(p, "\r\n", 2);
     }
+    if (r->close)
+        p = put(p, "Connection: close\r\n", 19);
+    p = put(p, "\r\n", 2);
+    if (!head_request && !bodiless && r->body_len)
+        p = put(p, r->body, r->body_len);
     *len = (size_t)(p - out);
     return out;
 }

@@ -24,6 +24,9 @@ struct http_response *response_new(int status);
 void response_free(struct http_response *r);
 /* 0, or -1 on OOM. */
 int response_add_header(struct http_response *r, const char *name, const char *value);
+/* The same for a name and a value given by length (neither NUL-terminated). */
+int response_add_header_n(struct http_response *r, const char *name, size_t nlen,
+                          const char *value, size_t vlen);
 /* Replace the body with a copy of len bytes. 0, or -1 on OOM. */
 int response_set_body(struct http_response *r, const void *body, size_t len);
 

@@ -16,6 +16,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "put.h"
+
 static char *encode(int status, const struct http_header *h, size_t nh,
                     const char *const *keep, size_t nkeep, const char *body, size_t body_len,
                     size_t *len)
@@ -32,13 +34,19 @@ static char *encode(int status, const struct http_header *h, size_t nh,
     char *out = malloc(cap), *o = out;
     if (!out)
         return NULL;
-    o += sprintf(o, "IDEM1 %d %zu %zu\n", status, n, body_len);
+    o = put(o, "IDEM1 ", 6);
+    o = put_uint(o, (unsigned)status); /* 100..599 */
+    *o++ = ' ';
+    o = put_uint(o, n);
+    *o++ = ' ';
+    o = put_uint(o, body_len);
+    *o++ = '\n';
     for (size_t i = 0; i < nh; i++) {
         int kept = !keep;
         for (size_t k = 0; keep && k < nkeep && !kept; k++)
             kept = strcasecmp(h[i].name, keep[k]) == 0;
         if (kept)
-            o += sprintf(o, "%s: %s\n", h[i].name, h[i].value);
+            o = put_field(o, h[i].name, h[i].value, "\n");
     }
     if (body_len)
         memcpy(o, body, body_len);
@@ -58,31 +66,38 @@ char *stored_encode_response(const struct http_response *r, size_t *len)
     return encode(r->status, r->headers, r->header_count, NULL, 0, r->body, r->body_len, len);
 }
 
+/* A number as stored_encode writes it: decimal digits, no leading zero, at
+ * most 18 of them; then the byte stop. Moves *p past the stop. */
+static int take_number(const char **p, const char *end, char stop, unsigned long long *out)
+{
+    const char *s = *p;
+    unsigned long long v = 0;
+    size_t n = 0;
+    while (s + n < end && s[n] >= '0' && s[n] <= '9' && n < 19)
+        v = v * 10 + (unsigned)(s[n++] - '0');
+    if (n == 0 || n > 18 || (n > 1 && s[0] == '0') || s + n >= end || s[n] != stop)
+        return -1;
+    *out = v;
+    *p = s + n + 1;
+    return 0;
+}
+
 struct http_response *stored_decode(const void *bytes, size_t len)
 {
     const char *p = bytes, *end = p + len;
-    const char *nl = memchr(p, '\n', len);
-    if (!nl || nl - p > 64)
-        return NULL;
-    char head[72];
-    memcpy(head, p, (size_t)(nl - p));
-    head[nl - p] = '\0';
-    int status, used = 0;
-    unsigned long nh, body_len;
-    char canon[72];
-    if (sscanf(head, "IDEM1 %d %lu %lu%n", &status, &nh, &body_len, &used) != 3 ||
-        used != nl - p || status < 100 || status > 599 || nh > 1000)
-        return NULL;
+    unsigned long long status, nh, body_len;
     /* One spelling only: what stored_encode writes. */
-    snprintf(canon, sizeof canon, "IDEM1 %d %lu %lu", status, nh, body_len);
-    if (strcmp(canon, head) != 0)
+    if (len < 6 || memcmp(p, "IDEM1 ", 6) != 0)
         return NULL;
-    struct http_response *r = response_new(status);
+    p += 6;
+    if (take_number(&p, end, ' ', &status) || take_number(&p, end, ' ', &nh) ||
+        take_number(&p, end, '\n', &body_len) || status < 100 || status > 599 || nh > 1000)
+        return NULL;
+    struct http_response *r = response_new((int)status);
     if (!r)
         return NULL;
-    p = nl + 1;
-    for (unsigned long i = 0; i < nh; i++) {
-        nl = memchr(p, '\n', (size_t)(end - p));
+    for (unsigned long long i = 0; i < nh; i++) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *colon = nl ? memchr(p, ':', (size_t)(nl - p)) : NULL;
         if (!colon || colon == p || colon + 1 >= nl || colon[1] != ' ')
             goto bad;
@@ -91,16 +106,12 @@ struct http_response *stored_decode(const void *bytes, size_t len)
         for (const char *c = p; c < nl; c++)
             if ((unsigned char)*c < 0x20 || *c == 0x7f)
                 goto bad;
-        char *name = strndup(p, (size_t)(colon - p));
-        char *value = strndup(colon + 2, (size_t)(nl - colon - 2));
-        int rc = name && value ? response_add_header(r, name, value) : -1;
-        free(name);
-        free(value);
-        if (rc)
+        if (response_add_header_n(r, p, (size_t)(colon - p), colon + 2,
+                                  (size_t)(nl - colon - 2)))
             goto bad;
         p = nl + 1;
     }
-    if ((size_t)(end - p) != body_len || response_set_body(r, p, body_len))
+    if ((unsigned long long)(end - p) != body_len || response_set_body(r, p, (size_t)body_len))
         goto bad;
     return r;
 bad:

@@ -44,6 +44,8 @@
 
 #include <event2/event.h>
 
+#include "put.h"
+
 #define IDLE_MAX 64
 #define IDLE_REUSE_MS 2000
 #define CONNECT_TIMEOUT_MS 5000
@@ -129,7 +131,14 @@ static char *build_request(const char *host, int port, const struct upstream_req
     char *out = malloc(cap), *o = out;
     if (!out)
         return NULL;
-    o += sprintf(o, "%s %s HTTP/1.1\r\nHost: %s:%d\r\n", rq->method, rq->target, host, port);
+    o = put_str(o, rq->method);
+    *o++ = ' ';
+    o = put_str(o, rq->target);
+    o = put(o, " HTTP/1.1\r\nHost: ", 17);
+    o = put_str(o, host);
+    *o++ = ':';
+    o = put_uint(o, (unsigned)port);
+    o = put(o, "\r\n", 2);
     const char *xff = NULL;
     for (size_t i = 0; m && i < m->header_count; i++) {
         const char *n = m->headers[i].name;
@@ -140,19 +149,28 @@ static char *build_request(const char *host, int port, const struct upstream_req
             xff = m->headers[i].value;
             continue;
         }
-        o += sprintf(o, "%s: %s\r\n", n, m->headers[i].value);
+        o = put_field(o, n, m->headers[i].value, "\r\n");
     }
     if (rq->peer) {
         /* Only the address, not our view of the client's port. */
         const char *colon = strrchr(rq->peer, ':');
-        int hostlen = colon ? (int)(colon - rq->peer) : (int)strlen(rq->peer);
-        o += sprintf(o, "X-Forwarded-For: %s%s%.*s\r\n", xff ? xff : "", xff ? ", " : "",
-                     hostlen, rq->peer);
+        size_t hostlen = colon ? (size_t)(colon - rq->peer) : strlen(rq->peer);
+        o = put(o, "X-Forwarded-For: ", 17);
+        if (xff) {
+            o = put_str(o, xff);
+            o = put(o, ", ", 2);
+        }
+        o = put(o, rq->peer, hostlen);
+        o = put(o, "\r\n", 2);
     }
-    for (const char *const *e = rq->extra; e && *e; e++)
-        o += sprintf(o, "%s\r\n", *e);
+    for (const char *const *e = rq->extra; e && *e; e++) {
+        o = put_str(o, *e);
+        o = put(o, "\r\n", 2);
+    }
     size_t body = m ? m->body_len : 0;
-    o += sprintf(o, "Content-Length: %zu\r\n\r\n", body);
+    o = put(o, "Content-Length: ", 16);
+    o = put_uint(o, body);
+    o = put(o, "\r\n\r\n", 4);
     if (body) {
         memcpy(o, m->body, body);
         o += body;
@@ -343,7 +361,7 @@ struct upstream_call {
     char *bytes;
     size_t len, sent;
     int64_t deadline, timeout_ms;
-    struct event *io;
+    struct event *io;    /* both in the call's own block */
     struct event *timer;
     struct answer answer;
     enum upstream_result result; /* DECIDED */
@@ -483,10 +501,8 @@ void upstream_loop_free(struct upstream_loop *ul)
 
 static void call_free(struct upstream_call *c)
 {
-    if (c->io)
-        event_free(c->io);
-    if (c->timer)
-        event_free(c->timer);
+    event_del(c->io); /* both live in c's own block */
+    event_del(c->timer);
     if (c->fd >= 0)
         close(c->fd);
     if (c->conn)
@@ -741,9 +757,17 @@ struct upstream_call *upstream_call_start(struct upstream_loop *ul, const char *
                                           upstream_done_fn done, void *arg)
 {
     struct loop_pool *p = loop_pool_get(ul, host, port);
-    struct upstream_call *c = p ? calloc(1, sizeof *c) : NULL;
+    /* The call and its two events in one block: nothing more to allocate
+     * per request than the request's bytes. */
+    size_t head = (sizeof(struct upstream_call) + 15) & ~(size_t)15;
+    size_t ev = (event_get_struct_event_size() + 15) & ~(size_t)15;
+    struct upstream_call *c = p ? calloc(1, head + 2 * ev) : NULL;
     if (!c)
         return NULL;
+    c->io = (struct event *)((char *)c + head);
+    c->timer = (struct event *)((char *)c + head + ev);
+    event_assign(c->io, ul->base, -1, 0, on_io, c);
+    evtimer_assign(c->timer, ul->base, on_timer, c);
     c->pool = p;
     c->done = done;
     c->arg = arg;
@@ -752,10 +776,8 @@ struct upstream_call *upstream_call_start(struct upstream_loop *ul, const char *
     c->deadline = mono_ms() + rq->timeout_ms;
     answer_init(&c->answer, rq, p->host, p->port);
     c->bytes = build_request(p->host, p->port, rq, &c->len);
-    c->io = event_new(ul->base, -1, 0, on_io, c);
-    c->timer = evtimer_new(ul->base, on_timer, c);
     struct timeval tv = ms_timeval(rq->timeout_ms);
-    if (!c->bytes || !c->io || !c->timer || evtimer_add(c->timer, &tv) != 0) {
+    if (!c->bytes || evtimer_add(c->timer, &tv) != 0) {
         call_free(c);
         return NULL;
     }

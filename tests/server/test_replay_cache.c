@@ -13,12 +13,14 @@
 static const uint8_t fp_a[IDEM_FINGERPRINT_LEN] = {1};
 static const uint8_t fp_b[IDEM_FINGERPRINT_LEN] = {2};
 
+/* Put the stored form; then, as the first duplicate does, the wire form. */
 static void put(struct replay_cache *c, const char *space, const char *key, const uint8_t *fp,
                 const char *stored, size_t len, const char *wire, int64_t now, unsigned long gen)
 {
-    struct replay_kept k = {.stored = stored, .stored_len = len, .wire = wire,
-                            .wire_len = wire ? strlen(wire) : 0};
-    replay_cache_put(c, space, key, fp, &k, now, gen);
+    replay_cache_put(c, space, key, fp, stored, len, now, gen);
+    struct replay_kept k;
+    if (wire && replay_cache_get(c, space, key, fp, now, gen, &k))
+        replay_cache_add_wire(c, &k, wire, strlen(wire));
 }
 
 static int has(struct replay_cache *c, const char *space, const char *key, const uint8_t *fp,
@@ -35,7 +37,12 @@ static void test_answers_what_was_put(void **state)
     assert_non_null(c);
     struct replay_kept k;
     assert_false(replay_cache_get(c, "refund", "R-1", fp_a, 1000, 0, &k));
-    put(c, "refund", "R-1", fp_a, "IDEM1 201 0 2\nok", 16, "HTTP/1.1 201 Created\r\n", 1000, 0);
+    replay_cache_put(c, "refund", "R-1", fp_a, "IDEM1 201 0 2\nok", 16, 1000, 0);
+    /* Kept without its wire form until a duplicate adds it. */
+    assert_true(replay_cache_get(c, "refund", "R-1", fp_a, 1200, 0, &k));
+    assert_int_equal(k.wire_len, 0);
+    replay_cache_add_wire(c, &k, "HTTP/1.1 201 Created\r\n", 22);
+    assert_int_equal(k.wire_len, 22);
     assert_true(replay_cache_get(c, "refund", "R-1", fp_a, 1500, 0, &k));
     assert_int_equal(k.stored_len, 16);
     assert_memory_equal(k.stored, "IDEM1 201 0 2\nok", 16);
@@ -112,6 +119,22 @@ static void test_budget(void **state)
     put(roomy, "s", "big", NULL, big, REPLAY_CACHE_ENTRY_MAX + 1, NULL, 0, 0);
     assert_false(has(roomy, "s", "big", NULL, 0, 0));
     free(big);
+    /* A wire form counts against the budget too: adding one evicts the
+     * oldest answers, never the one it is added to. */
+    struct replay_cache *tight = replay_cache_new(2 * 1200); /* three of 500 fit */
+    for (int i = 0; i < 3; i++) {
+        snprintf(key, sizeof key, "w%d", i);
+        replay_cache_put(tight, "s", key, NULL, answer, 500, 0, 0);
+    }
+    assert_true(has(tight, "s", "w0", NULL, 0, 0));
+    struct replay_kept k;
+    assert_true(replay_cache_get(tight, "s", "w2", NULL, 0, 0, &k));
+    replay_cache_add_wire(tight, &k, answer, sizeof answer);
+    assert_int_equal(k.wire_len, sizeof answer);
+    assert_false(has(tight, "s", "w0", NULL, 0, 0));
+    assert_true(replay_cache_get(tight, "s", "w2", NULL, 0, 0, &k));
+    assert_int_equal(k.wire_len, sizeof answer);
+    replay_cache_free(tight);
     replay_cache_free(roomy);
     replay_cache_free(c);
 }
