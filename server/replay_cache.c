@@ -21,8 +21,9 @@
  * it execute again: the error, if any, is one more replay, never one more
  * execution.
  *
- * An open hash table of entries, with an LRU list for eviction when the
- * byte budget is reached; entries past their TTL are dropped when met.
+ * An open hash table of entries, and a list in the order they were put: the
+ * oldest go first when the byte budget is reached, and entries past their
+ * TTL are dropped from its tail on every put (and when a get meets one).
  */
 #include "replay_cache.h"
 
@@ -31,7 +32,7 @@
 
 struct entry {
     struct entry *hnext;        /* hash chain */
-    struct entry *prev, *next;  /* LRU: most recent at head */
+    struct entry *prev, *next;  /* in put order: the newest at head */
     uint64_t hash;
     int64_t born_ms;
     unsigned long gen;
@@ -99,6 +100,11 @@ static void unlink_entry(struct replay_cache *c, struct entry *e)
     c->bytes -= entry_bytes(e);
     free(e->wire);
     free(e);
+}
+
+size_t replay_cache_bytes(const struct replay_cache *c)
+{
+    return c ? c->bytes : 0;
 }
 
 void replay_cache_clear(struct replay_cache *c)
@@ -216,6 +222,11 @@ void replay_cache_put(struct replay_cache *c, const char *space, const char *key
     e->wire_len = 0;
     memcpy(e->data, id, id_len);
     memcpy(e->data + id_len, stored, len);
+    /* The list is in the order entries were put: what expired is at the
+     * tail. Dropping it here keeps the cache at about TTL's worth of
+     * answers, not at its budget of dead ones. */
+    while (c->tail && now_ms - c->tail->born_ms >= REPLAY_CACHE_TTL_MS)
+        unlink_entry(c, c->tail);
     if (make_room(c, entry_bytes(e), NULL) != 0) {
         free(e);
         return;

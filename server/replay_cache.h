@@ -45,6 +45,9 @@ int replay_cache_get(struct replay_cache *c, const char *space, const char *key,
 void replay_cache_add_wire(struct replay_cache *c, struct replay_kept *kept, const void *wire,
                            size_t len);
 
+/* The bytes the cache holds now (entries, keys and answers). */
+size_t replay_cache_bytes(const struct replay_cache *c);
+
 /* Forget everything kept so far (the store's records changed state behind
  * the cache: a transition). */
 void replay_cache_clear(struct replay_cache *c);

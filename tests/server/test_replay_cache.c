@@ -94,6 +94,29 @@ static void test_expires_and_generations(void **state)
     replay_cache_free(c);
 }
 
+/* Expired answers leave on the next put, not when the budget is full: on
+ * traffic of fresh keys the cache holds about a TTL's worth of answers. */
+static void test_expired_leave_on_put(void **state)
+{
+    (void)state;
+    char answer[1000], key[16];
+    memset(answer, 'a', sizeof answer);
+    struct replay_cache *c = replay_cache_new(1 << 20);
+    for (int i = 0; i < 100; i++) {
+        snprintf(key, sizeof key, "old%02d", i); /* all one size */
+        put(c, "s", key, NULL, answer, sizeof answer, NULL, i, 0);
+    }
+    size_t hundred = replay_cache_bytes(c);
+    assert_true(hundred >= 100 * sizeof answer);
+    /* At 50 + TTL the first 51 have expired; one put drops them all. */
+    put(c, "s", "new00", NULL, answer, sizeof answer, NULL, 50 + REPLAY_CACHE_TTL_MS, 0);
+    assert_int_equal(replay_cache_bytes(c), hundred / 100 * 50);
+    assert_false(has(c, "s", "old50", NULL, 50 + REPLAY_CACHE_TTL_MS, 0));
+    assert_true(has(c, "s", "old51", NULL, 50 + REPLAY_CACHE_TTL_MS, 0));
+    assert_true(has(c, "s", "new00", NULL, 50 + REPLAY_CACHE_TTL_MS, 0));
+    replay_cache_free(c);
+}
+
 static void test_budget(void **state)
 {
     (void)state;
@@ -156,6 +179,7 @@ int main(void)
         cmocka_unit_test(test_answers_what_was_put),
         cmocka_unit_test(test_payload_must_match),
         cmocka_unit_test(test_expires_and_generations),
+        cmocka_unit_test(test_expired_leave_on_put),
         cmocka_unit_test(test_budget),
         cmocka_unit_test(test_off),
     };
