@@ -287,11 +287,35 @@ void front_answer_raw(struct front_request *req, const void *bytes, size_t len)
         on_written(c, 1);
 }
 
+/* The loops have stopped (front_free): what is left to answer gets one
+ * send of its answer, marked closing, and no more — nothing will run to
+ * finish a partial write — before its connection goes. */
+static void answer_at_close(struct conn *c, struct http_response *r)
+{
+    size_t len = 0;
+    char *bytes = NULL;
+    if (r) {
+        r->close = 1;
+        bytes = response_serialize(r, c->head_request, &len);
+    }
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+        int fd = bufferevent_getfd(c->bev);
+        ssize_t n = bytes ? send(fd, bytes, len, MSG_NOSIGNAL | MSG_DONTWAIT)
+                          : send(fd, fixed_503, sizeof fixed_503 - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        (void)n; /* best effort: the connection closes either way */
+    }
+    free(bytes);
+}
+
 void front_answer(struct front_request *req)
 {
     struct conn *c = req->conn;
     handled(req);
     if (c->state == ORPHANED || c->f->closing) {
+        if (c->state != ORPHANED)
+            answer_at_close(c, req->resp);
+        response_free(req->resp);
+        req->resp = NULL;
         conn_free(c);
         return;
     }

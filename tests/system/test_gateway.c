@@ -14,7 +14,9 @@
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -567,6 +569,87 @@ static void test_sigterm_past_timeout_abandons(void **state)
     assert_int_equal(r.status, 409); /* the lease (5 s) still holds */
     sys_resp_free(&r);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+/* SIGTERM while the requests' claims wait on the store's writer: another
+ * process (an operator's sqlite3 shell, say) holds the file's write lock, so
+ * the claims are queued behind it when the daemon is told to stop, and still
+ * queued when shutdown_timeout ends. The daemon waits for them (it never
+ * leaves a claim half-written), forwards none of them once stopping, answers
+ * each client 503, and exits cleanly. The claims that landed hold until
+ * their lease ends; then each key executes exactly once. */
+static const char held_routes[] =
+    "limits:\n"
+    "  shutdown_timeout: 200ms\n"
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n"
+    "    in_flight: reject\n"
+    "    lease: 2s\n";
+
+static void test_sigterm_with_claims_queued_on_writer(void **state)
+{
+    (void)state;
+    enum { N = 4 };
+    struct proc gw;
+    start_idem(&gw, held_routes, "held.db");
+    long before = sys_stat(service.port, "executions");
+    char db[4200];
+    snprintf(db, sizeof db, "%s/held.db", dir);
+    sqlite3 *holder = NULL;
+    assert_int_equal(sqlite3_open(db, &holder), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(holder, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+
+    struct bg_post b[N];
+    char bodies[N][96];
+    for (int i = 0; i < N; i++) {
+        snprintf(bodies[i], sizeof bodies[i], "{\"refund_no\":\"R-held-%d\",\"amount\":\"1.00\"}",
+                 i);
+        b[i] = (struct bg_post){.port = gw.port, .body = bodies[i]};
+        pthread_create(&b[i].t, NULL, bg_post_main, &b[i]);
+    }
+    sleep_ms(300); /* every claim is queued behind the held lock */
+    kill(gw.pid, SIGTERM);
+    sleep_ms(600); /* well past shutdown_timeout */
+    int status;
+    assert_int_equal(waitpid(gw.pid, &status, WNOHANG), 0); /* still waiting for them */
+    assert_int_equal(sqlite3_exec(holder, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(holder);
+
+    for (int i = 0; i < N; i++) {
+        pthread_join(b[i].t, NULL);
+        assert_int_equal(b[i].resp.status, 503);
+        assert_non_null(strstr(b[i].resp.m->body, "shutting_down"));
+        sys_resp_free(&b[i].resp);
+    }
+    assert_int_equal(sys_stop(&gw, 0), 0);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 0);
+
+    /* The claims were written whole: after a restart each holds until its
+     * lease ends, then runs once, then replays. */
+    start_idem(&gw, held_routes, "held.db");
+    struct sys_resp r;
+    for (int i = 0; i < N; i++) {
+        sys_http(gw.port, "POST", "/refunds", NULL, bodies[i], 5000, &r);
+        assert_int_equal(r.status, 409);
+        sys_resp_free(&r);
+    }
+    sleep_ms(2100);
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < N; i++) {
+            sys_http(gw.port, "POST", "/refunds", NULL, bodies[i], 5000, &r);
+            assert_int_equal(r.status, 201);
+            const char *replayed = sys_header(&r, "Idempotent-Replayed");
+            if (round == 0)
+                assert_null(replayed);
+            else
+                assert_string_equal(replayed, "true");
+            sys_resp_free(&r);
+        }
+    assert_int_equal(sys_stat(service.port, "executions") - before, N);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
@@ -1338,6 +1421,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_daemon_killed_mid_request),
         cmocka_unit_test(test_sigterm_drains),
         cmocka_unit_test(test_sigterm_past_timeout_abandons),
+        cmocka_unit_test(test_sigterm_with_claims_queued_on_writer),
         cmocka_unit_test(test_half_closed_client_answered),
         cmocka_unit_test(test_client_reset_mid_request),
         cmocka_unit_test(test_replays_on_kept_alive_connection),
