@@ -1,0 +1,220 @@
+/*
+ * pg_faults.c — the PostgreSQL store under errors the server raises by
+ * itself: serialization failures and deadlocks, which postgres.c answers by
+ * running the whole batch again (at most RETRIES_MAX times), and a job's own
+ * refused data, which fails that job alone.
+ *
+ *   pg_faults POSTGRES_URL
+ *
+ * The errors are real PostgreSQL errors, raised inside the batch's
+ * transaction by a trigger the test puts on idem_record: its first N firings
+ * raise the SQLSTATE under test. The count lives in a sequence, which a
+ * rollback does not undo, so every attempt of the batch uses one up. Records
+ * live in PostgreSQL; tokens and locks (not under test) in memory.
+ */
+#include <libpq-fe.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "store/store.h"
+#include "testlib.h"
+
+static const char *postgres_url;
+
+static void sql(const char *text)
+{
+    PGconn *c = PQconnectdb(postgres_url);
+    if (PQstatus(c) != CONNECTION_OK)
+        fail_msg("PostgreSQL: %s", PQerrorMessage(c));
+    PGresult *r = PQexec(c, text);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
+        fail_msg("%s: %s", text, PQerrorMessage(c));
+    PQclear(r);
+    PQfinish(c);
+}
+
+/* The first value of the first row of a query, as a number. */
+static long sql_number(const char *text)
+{
+    PGconn *c = PQconnectdb(postgres_url);
+    if (PQstatus(c) != CONNECTION_OK)
+        fail_msg("PostgreSQL: %s", PQerrorMessage(c));
+    PGresult *r = PQexec(c, text);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1)
+        fail_msg("%s: %s", text, PQerrorMessage(c));
+    long v = atol(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    PQfinish(c);
+    return v;
+}
+
+/* From now on, the first n inserts or updates of idem_record raise sqlstate
+ * (each attempt of a batch is one firing: the batch's first write fails). */
+static void inject(int n, const char *sqlstate)
+{
+    char text[1024];
+    snprintf(text, sizeof text,
+             "DROP TRIGGER IF EXISTS fault ON idem_record;"
+             "DROP SEQUENCE IF EXISTS fault_seq;"
+             "CREATE SEQUENCE fault_seq;"
+             "CREATE OR REPLACE FUNCTION fault() RETURNS trigger AS $$ BEGIN"
+             "  IF nextval('fault_seq') <= %d THEN"
+             "    RAISE EXCEPTION 'injected by pg_faults' USING ERRCODE = '%s';"
+             "  END IF;"
+             "  RETURN NEW;"
+             " END $$ LANGUAGE plpgsql;"
+             "CREATE TRIGGER fault BEFORE INSERT OR UPDATE ON idem_record"
+             " FOR EACH ROW EXECUTE FUNCTION fault()",
+             n, sqlstate);
+    sql(text);
+}
+
+/* How many times the trigger fired: the attempts the store made. */
+static long firings(void)
+{
+    return sql_number("SELECT last_value - CASE WHEN is_called THEN 0 ELSE 1 END"
+                      " FROM fault_seq");
+}
+
+static long rows(void)
+{
+    return sql_number("SELECT count(*) FROM idem_record");
+}
+
+static int setup(void **state)
+{
+    test_wipe_servers(NULL, postgres_url);
+    idem_options o;
+    idem_options_init(&o);
+    o.postgres_url = postgres_url;
+    idem *h = NULL;
+    assert_idem_ok(idem__open_parts(&o, "memory", "postgres", &h));
+    *state = h;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    idem_close(*state);
+    return 0;
+}
+
+/* A conflict the server reports is retried: the caller sees one success,
+ * and there is one row. */
+static void retried(idem *h, const char *sqlstate)
+{
+    inject(3, sqlstate);
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_record_begin(h, "refund", "R-1", NULL, "w1", 30000, &o, &rec));
+    assert_int_equal(o, IDEM_NEW);
+    assert_int_equal(firings(), 4); /* three refused attempts, then the one that held */
+    assert_int_equal(rows(), 1);
+    /* The claim is a normal one: it completes, and a begin replays. */
+    idem_outcome done;
+    assert_idem_ok(idem_record_complete(h, "refund", "R-1", rec.epoch, "ok", 2, 0, &done));
+    assert_int_equal(done, IDEM_COMPLETED);
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_begin(h, "refund", "R-1", NULL, "w2", 30000, &o, &rec));
+    assert_int_equal(o, IDEM_DONE);
+    assert_int_equal(rec.result_len, 2);
+    assert_memory_equal(rec.result, "ok", 2);
+    idem_record_clear(&rec);
+}
+
+static void test_serialization_failure_retried(void **state)
+{
+    retried(*state, "40001");
+}
+
+static void test_deadlock_retried(void **state)
+{
+    retried(*state, "40P01");
+}
+
+/* Past RETRIES_MAX the caller is told, and nothing was written. */
+static void test_retries_run_out(void **state)
+{
+    idem *h = *state;
+    inject(1000, "40001");
+    idem_outcome o;
+    idem_rc rc = idem_record_begin(h, "refund", "R-2", NULL, "w1", 30000, &o, NULL);
+    assert_int_equal(rc, IDEM_ESTORE);
+    assert_non_null(strstr(idem_errdetail(), "40001"));
+    long tried = firings();
+    assert_true(tried >= 2 && tried <= 8); /* retried, and bounded (RETRIES_MAX) */
+    assert_int_equal(rows(), 0);
+    /* Once the server stops refusing, the same key is claimed normally. */
+    sql("DROP TRIGGER fault ON idem_record");
+    assert_idem_ok(idem_record_begin(h, "refund", "R-2", NULL, "w1", 30000, &o, NULL));
+    assert_int_equal(o, IDEM_NEW);
+    assert_int_equal(rows(), 1);
+}
+
+/* 64 callers race for one key while the server refuses the first attempts
+ * of their batches: the retries still make exactly one claim. */
+struct race {
+    idem *h;
+    idem_outcome o[64];
+    idem_rc rc[64];
+};
+
+static void race_begin(void *arg, int i)
+{
+    struct race *r = arg;
+    char owner[16];
+    snprintf(owner, sizeof owner, "w%d", i);
+    r->rc[i] = idem_record_begin(r->h, "refund", "R-3", NULL, owner, 30000, &r->o[i], NULL);
+}
+
+static void test_race_under_retries(void **state)
+{
+    struct race *r = calloc(1, sizeof *r);
+    r->h = *state;
+    inject(4, "40001");
+    test_run_threads(64, race_begin, r);
+    int news = 0;
+    for (int i = 0; i < 64; i++) {
+        assert_idem_ok(r->rc[i]);
+        news += r->o[i] == IDEM_NEW;
+        if (r->o[i] != IDEM_NEW)
+            assert_int_equal(r->o[i], IDEM_IN_PROGRESS);
+    }
+    assert_int_equal(news, 1);
+    assert_int_equal(rows(), 1);
+    assert_true(firings() > 4); /* the refusals happened, and were retried */
+    free(r);
+}
+
+/* Data the server refuses (class 23, a constraint) fails that job alone:
+ * the other jobs of its batch are written. */
+static void test_own_refusal_fails_alone(void **state)
+{
+    idem *h = *state;
+    sql("ALTER TABLE idem_record ADD CONSTRAINT no_bad_keys CHECK (key NOT LIKE 'BAD-%')");
+    idem_outcome o;
+    idem_rc rc = idem_record_begin(h, "refund", "BAD-1", NULL, "w1", 30000, &o, NULL);
+    assert_int_equal(rc, IDEM_ESTORE);
+    assert_non_null(strstr(idem_errdetail(), "no_bad_keys"));
+    assert_idem_ok(idem_record_begin(h, "refund", "GOOD-1", NULL, "w1", 30000, &o, NULL));
+    assert_int_equal(o, IDEM_NEW);
+    assert_int_equal(rows(), 1);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s POSTGRES_URL\n", argv[0]);
+        return 2;
+    }
+    postgres_url = argv[1];
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_serialization_failure_retried, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_deadlock_retried, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retries_run_out, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_race_under_retries, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_own_refusal_fails_alone, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("pg_faults", tests, NULL, NULL);
+}
