@@ -188,18 +188,36 @@ static void test_race_under_retries(void **state)
 }
 
 /* Data the server refuses (class 23, a constraint) fails that job alone:
- * the other jobs of its batch are written. */
+ * the other jobs of its batch are written. 32 callers at once, every other
+ * one with a key the constraint refuses, share batches. */
+static void mixed_begin(void *arg, int i)
+{
+    struct race *r = arg;
+    char key[16];
+    snprintf(key, sizeof key, "%s-%d", i % 2 ? "GOOD" : "BAD", i);
+    r->rc[i] = idem_record_begin(r->h, "refund", key, NULL, "w", 30000, &r->o[i], NULL);
+}
+
 static void test_own_refusal_fails_alone(void **state)
 {
-    idem *h = *state;
+    struct race *r = calloc(1, sizeof *r);
+    r->h = *state;
     sql("ALTER TABLE idem_record ADD CONSTRAINT no_bad_keys CHECK (key NOT LIKE 'BAD-%')");
+    test_run_threads(32, mixed_begin, r);
+    for (int i = 0; i < 32; i++) {
+        if (i % 2) {
+            assert_idem_ok(r->rc[i]);
+            assert_int_equal(r->o[i], IDEM_NEW);
+        } else {
+            assert_int_equal(r->rc[i], IDEM_ESTORE);
+        }
+    }
+    assert_int_equal(rows(), 16);
     idem_outcome o;
-    idem_rc rc = idem_record_begin(h, "refund", "BAD-1", NULL, "w1", 30000, &o, NULL);
-    assert_int_equal(rc, IDEM_ESTORE);
+    assert_int_equal(idem_record_begin(r->h, "refund", "BAD-x", NULL, "w", 30000, &o, NULL),
+                     IDEM_ESTORE);
     assert_non_null(strstr(idem_errdetail(), "no_bad_keys"));
-    assert_idem_ok(idem_record_begin(h, "refund", "GOOD-1", NULL, "w1", 30000, &o, NULL));
-    assert_int_equal(o, IDEM_NEW);
-    assert_int_equal(rows(), 1);
+    free(r);
 }
 
 int main(int argc, char **argv)
