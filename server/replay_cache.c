@@ -169,6 +169,9 @@ int replay_cache_get(struct replay_cache *c, const char *space, const char *key,
  * (the entry being added to). 0 when there is room. */
 static int make_room(struct replay_cache *c, size_t more, const struct entry *keep)
 {
+    /* What can never fit evicts nothing. */
+    if (more + (keep ? entry_bytes(keep) : 0) > c->max_bytes)
+        return -1;
     while (c->bytes + more > c->max_bytes) {
         struct entry *victim = c->tail;
         if (victim == keep)

@@ -40,8 +40,9 @@ int replay_cache_get(struct replay_cache *c, const char *space, const char *key,
                      struct replay_kept *out);
 
 /* Keep the wire form of the answer *kept (just returned by get, with none)
- * beside it (copied); kept->wire then points at the copy. Nothing happens
- * when there is no memory for it. */
+ * beside it (copied); kept->wire then points at the copy. It may evict
+ * other entries (never this one); nothing happens when it cannot fit or
+ * there is no memory for it. */
 void replay_cache_add_wire(struct replay_cache *c, struct replay_kept *kept, const void *wire,
                            size_t len);
 

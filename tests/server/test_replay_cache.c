@@ -143,20 +143,30 @@ static void test_budget(void **state)
     assert_false(has(roomy, "s", "big", NULL, 0, 0));
     free(big);
     /* A wire form counts against the budget too: adding one evicts the
-     * oldest answers, never the one it is added to. */
+     * oldest answers — never the one it is added to, even when that one is
+     * the oldest — and no more than it must. */
     struct replay_cache *tight = replay_cache_new(2 * 1200); /* three of 500 fit */
     for (int i = 0; i < 3; i++) {
         snprintf(key, sizeof key, "w%d", i);
         replay_cache_put(tight, "s", key, NULL, answer, 500, 0, 0);
     }
-    assert_true(has(tight, "s", "w0", NULL, 0, 0));
     struct replay_kept k;
-    assert_true(replay_cache_get(tight, "s", "w2", NULL, 0, 0, &k));
+    assert_true(replay_cache_get(tight, "s", "w0", NULL, 0, 0, &k));
     replay_cache_add_wire(tight, &k, answer, sizeof answer);
     assert_int_equal(k.wire_len, sizeof answer);
-    assert_false(has(tight, "s", "w0", NULL, 0, 0));
-    assert_true(replay_cache_get(tight, "s", "w2", NULL, 0, 0, &k));
+    assert_false(has(tight, "s", "w1", NULL, 0, 0));
+    assert_true(has(tight, "s", "w2", NULL, 0, 0));
+    assert_true(replay_cache_get(tight, "s", "w0", NULL, 0, 0, &k));
     assert_int_equal(k.wire_len, sizeof answer);
+    assert_memory_equal(k.wire, answer, sizeof answer);
+    /* A wire form that can never fit evicts nothing and is not kept. */
+    char *huge = calloc(1, 4000);
+    assert_true(replay_cache_get(tight, "s", "w2", NULL, 0, 0, &k));
+    replay_cache_add_wire(tight, &k, huge, 4000);
+    assert_int_equal(k.wire_len, 0);
+    assert_true(has(tight, "s", "w0", NULL, 0, 0));
+    assert_true(has(tight, "s", "w2", NULL, 0, 0));
+    free(huge);
     replay_cache_free(tight);
     replay_cache_free(roomy);
     replay_cache_free(c);

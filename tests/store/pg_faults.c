@@ -13,9 +13,11 @@
  * live in PostgreSQL; tokens and locks (not under test) in memory.
  */
 #include <libpq-fe.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "store/store.h"
 #include "testlib.h"
@@ -198,12 +200,38 @@ static void mixed_begin(void *arg, int i)
     r->rc[i] = idem_record_begin(r->h, "refund", key, NULL, "w", 30000, &r->o[i], NULL);
 }
 
+struct held_run {
+    struct race *r;
+    pthread_t t;
+};
+
+static void *run_mixed(void *arg)
+{
+    test_run_threads(32, mixed_begin, ((struct held_run *)arg)->r);
+    return NULL;
+}
+
 static void test_own_refusal_fails_alone(void **state)
 {
     struct race *r = calloc(1, sizeof *r);
     r->h = *state;
     sql("ALTER TABLE idem_record ADD CONSTRAINT no_bad_keys CHECK (key NOT LIKE 'BAD-%')");
-    test_run_threads(32, mixed_begin, r);
+    /* The table is locked while the 32 callers queue up, so that what is
+     * queued goes in shared batches once it is released. */
+    PGconn *c = PQconnectdb(postgres_url);
+    assert_int_equal(PQstatus(c), CONNECTION_OK);
+    PQclear(PQexec(c, "BEGIN; LOCK TABLE idem_record IN EXCLUSIVE MODE"));
+    struct held_run run = {.r = r};
+    pthread_create(&run.t, NULL, run_mixed, &run);
+    struct timespec ts = {0, 300 * 1000000L};
+    nanosleep(&ts, NULL);
+    PQclear(PQexec(c, "COMMIT"));
+    PQfinish(c);
+    pthread_join(run.t, NULL);
+    idem_stats st;
+    idem_get_stats(r->h, &st);
+    assert_int_equal(st.committed_ops, 16);
+    assert_true(st.commits <= 4); /* the good ones were not written alone */
     for (int i = 0; i < 32; i++) {
         if (i % 2) {
             assert_idem_ok(r->rc[i]);

@@ -588,7 +588,7 @@ static const char held_routes[] =
     "    upstream: @UP@\n"
     "    key: { json: refund_no }\n"
     "    in_flight: reject\n"
-    "    lease: 2s\n";
+    "    lease: 5s\n";
 
 static void test_sigterm_with_claims_queued_on_writer(void **state)
 {
@@ -611,7 +611,7 @@ static void test_sigterm_with_claims_queued_on_writer(void **state)
         b[i] = (struct bg_post){.port = gw.port, .body = bodies[i]};
         pthread_create(&b[i].t, NULL, bg_post_main, &b[i]);
     }
-    sleep_ms(300); /* every claim is queued behind the held lock */
+    sleep_ms(500); /* every claim is queued behind the held lock */
     kill(gw.pid, SIGTERM);
     sleep_ms(600); /* well past shutdown_timeout */
     int status;
@@ -637,7 +637,7 @@ static void test_sigterm_with_claims_queued_on_writer(void **state)
         assert_int_equal(r.status, 409);
         sys_resp_free(&r);
     }
-    sleep_ms(2100);
+    sleep_ms(5000); /* the lease, from the claims' writing: over by now */
     for (int round = 0; round < 2; round++)
         for (int i = 0; i < N; i++) {
             sys_http(gw.port, "POST", "/refunds", NULL, bodies[i], 5000, &r);
