@@ -289,7 +289,9 @@ void front_answer_raw(struct front_request *req, const void *bytes, size_t len)
 
 /* The loops have stopped (front_free): what is left to answer gets one
  * send of its answer, marked closing, and no more — nothing will run to
- * finish a partial write — before its connection goes. */
+ * finish a partial write — before its connection goes. Best effort: an
+ * answer larger than the socket's buffer is cut, and a client that had
+ * pipelined more requests may see the close as a reset. */
 static void answer_at_close(struct conn *c, struct http_response *r)
 {
     size_t len = 0;
