@@ -79,14 +79,28 @@ idem_rc idem__random_token(char out[IDEM_TOKEN_LEN + 1])
     return IDEM_OK;
 }
 
+/* SHA-256, fetched once. Passing EVP_sha256() to each digest makes
+ * OpenSSL 3 look the algorithm up again on every call (a property query,
+ * a lock, allocations): a fixed cost larger than hashing a request body. */
+static EVP_MD *sha256;
+static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
+
+static void fetch_sha256(void)
+{
+    sha256 = EVP_MD_fetch(NULL, "SHA2-256", NULL);
+}
+
 IDEM_EXTERN idem_rc idem_fingerprint(const void *data, size_t len,
                                      uint8_t out[IDEM_FINGERPRINT_LEN])
 {
     idem__clear_detail();
     if (!out || (!data && len))
         return idem__fail(IDEM_EINVAL, "fingerprint: NULL argument");
+    pthread_once(&sha256_once, fetch_sha256);
+    if (!sha256)
+        return idem__fail(IDEM_ESTORE, "SHA-256 is not available from OpenSSL");
     unsigned int n = 0;
-    if (EVP_Digest(data ? data : "", len, out, &n, EVP_sha256(), NULL) != 1 ||
+    if (EVP_Digest(data ? data : "", len, out, &n, sha256, NULL) != 1 ||
         n != IDEM_FINGERPRINT_LEN)
         return idem__fail(IDEM_ESTORE, "SHA-256 failed");
     return IDEM_OK;
