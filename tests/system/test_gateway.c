@@ -98,7 +98,7 @@ static const char reject_routes[] =
     "    upstream: @UP@\n"
     "    key: { json: refund_no }\n"
     "    in_flight: reject\n"
-    "    lease: 3s\n"
+    "    lease: 10s\n"
     "    upstream_timeout: 1s\n";
 
 static const char token_routes[] =
@@ -491,7 +491,7 @@ static void test_daemon_killed_mid_request(void **state)
     sys_resp_free(&r);
     sleep_ms(1500); /* the service finishes the first request */
     sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
-    assert_int_equal(r.status, 409); /* still PROCESSING: the lease (3 s) holds */
+    assert_int_equal(r.status, 409); /* still PROCESSING: the lease (10 s) holds */
     sys_resp_free(&r);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
