@@ -536,7 +536,7 @@ static const char abandon_routes[] =
     "    key: { json: refund_no }\n"
     "    layers: [lock, record]\n"
     "    in_flight: reject\n"
-    "    lease: 5s\n"
+    "    lease: 8s\n"
     "    upstream_timeout: 10s\n";
 
 static void test_sigterm_past_timeout_abandons(void **state)
@@ -566,7 +566,7 @@ static void test_sigterm_past_timeout_abandons(void **state)
     sys_resp_free(&r);
     sleep_ms(3000); /* the upstream finishes the first request */
     sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
-    assert_int_equal(r.status, 409); /* the lease (5 s) still holds */
+    assert_int_equal(r.status, 409); /* the lease (8 s) still holds */
     sys_resp_free(&r);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
