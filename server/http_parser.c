@@ -33,9 +33,11 @@
  *  - header_bytes_max counts the bytes of all field lines, head and trailers
  *    together, without their CRLFs; header_count_max counts head and trailer
  *    fields together.
- *  - Every string of a message (method, target, reason, each header name and
- *    value, the body) is its own heap block, so a caller may replace one:
- *    free() it and assign a malloc()ed string; http_msg_free() frees all.
+ *  - Every string of a message (method, target, reason, the body) is its own
+ *    heap block, and so is each header field, its name and its value
+ *    together (the name is the block, the value follows the name's NUL). A
+ *    caller may replace one: free() the block (a header's name) and assign
+ *    a malloc()ed one of the same shape; http_msg_free() frees all.
  *  - response_to_head is cleared by http_parser_reset(): set it after the
  *    reset, before feeding the response.
  *

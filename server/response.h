@@ -12,7 +12,7 @@
 
 struct http_response {
     int status;
-    struct http_header *headers; /* owned copies */
+    struct http_header *headers; /* owned copies: name and value in one block */
     size_t header_count, header_cap;
     char *body;                  /* owned */
     size_t body_len;
