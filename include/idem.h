@@ -234,7 +234,9 @@ IDEM_EXTERN void idem_options_init(idem_options *opts);
  * server is down fails with IDEM_EUNAVAILABLE or IDEM_ETIMEDOUT (within
  * timeout_ms of being sent, and a call waits at most timeout_ms more to be
  * sent) and the handle reconnects by itself, with backoff, once the server
- * is back. IDEM_ETIMEDOUT means the command was sent and may still
+ * is back (the lookup of a host name is the system resolver's and is not
+ * bounded by timeout_ms: name servers by address where it could hang).
+ * IDEM_ETIMEDOUT means the command was sent and may still
  * have run: a lock acquire that timed out may be held, so retry it with the
  * same owner (which answers ACQUIRED with the same fence) or let its TTL end.
  * tokens_max and locks_max do not apply: Redis's own memory limit does, and
