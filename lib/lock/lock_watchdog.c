@@ -21,6 +21,7 @@
 #include "lock_watchdog.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 
@@ -51,6 +52,10 @@ struct idem__watchdog {
     int stop;
     struct idem_watch *list;
     struct idem_watch *running;
+    /* When the thread wakes by itself: the earliest renewal it knows of
+     * (INT64_MAX while it waits for a first watch). A watch due no earlier
+     * needs no wakeup, so starting one under load wakes nobody. */
+    int64_t sleeps_until;
 };
 
 static void unlist(struct idem__watchdog *wd, struct idem_watch *w)
@@ -99,13 +104,16 @@ static void *watchdog_main(void *arg)
         int64_t now = idem__mono_ms();
         if (!next || next->due > now) {
             if (!next) {
+                wd->sleeps_until = INT64_MAX;
                 pthread_cond_wait(&wd->wake, &wd->mu);
             } else {
+                wd->sleeps_until = next->due;
                 struct timespec ts = idem__mono_after(next->due - now);
                 pthread_cond_timedwait(&wd->wake, &wd->mu, &ts);
             }
             continue;
         }
+        wd->sleeps_until = now; /* awake: sees every watch before it sleeps */
         wd->running = next;
         pthread_mutex_unlock(&wd->mu);
         renew_one(wd, next);
@@ -129,6 +137,7 @@ static idem_rc watchdog_get(idem *h, struct idem__watchdog **out)
             goto out;
         }
         wd->h = h;
+        wd->sleeps_until = INT64_MAX;
         pthread_condattr_t ca;
         pthread_condattr_init(&ca);
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -194,7 +203,8 @@ IDEM_EXTERN idem_rc idem_watchdog_start(idem *h, const char *space,
     w->listed = 1;
     w->next = wd->list;
     wd->list = w;
-    pthread_cond_signal(&wd->wake);
+    if (w->due < wd->sleeps_until)
+        pthread_cond_signal(&wd->wake);
     pthread_mutex_unlock(&wd->mu);
     *out = w;
     return IDEM_OK;

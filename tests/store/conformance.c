@@ -1395,6 +1395,29 @@ static void test_watchdog(void **state)
     assert_outcome(o, IDEM_ACQUIRED);
 }
 
+/* The watchdog sleeps until the earliest renewal it knows of. A watch due
+ * earlier than that (a shorter TTL) must wake it: here the first watch's
+ * renewal is 2 s away, the second's 200 ms, and the second lock must still
+ * be renewed in time. */
+static void test_watchdog_earlier_watch_wakes_it(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_watch *slow = NULL, *fast = NULL;
+    assert_idem_ok(idem_lock_acquire(h, "acct", "S-1", "worker", 6000, &o, NULL));
+    assert_idem_ok(idem_watchdog_start(h, "acct", "S-1", "worker", 6000, NULL, NULL, &slow));
+    sleep_ms(100); /* the watchdog is asleep until S-1's renewal */
+    assert_idem_ok(idem_lock_acquire(h, "acct", "F-1", "worker", 600, &o, NULL));
+    assert_idem_ok(idem_watchdog_start(h, "acct", "F-1", "worker", 600, NULL, NULL, &fast));
+    for (int i = 0; i < 18; i++) { /* three of F-1's TTLs */
+        sleep_ms(100);
+        assert_idem_ok(idem_lock_acquire(h, "acct", "F-1", "thief", 600, &o, NULL));
+        assert_outcome(o, IDEM_BUSY);
+    }
+    idem_watchdog_stop(fast);
+    idem_watchdog_stop(slow);
+}
+
 /* ---- inbox ------------------------------------------------------------ */
 
 static void exec_ok(sqlite3 *db, const char *sql)
@@ -1893,6 +1916,7 @@ int main(int argc, char **argv)
         T(test_lock_counter),
         T(test_lock_owner_rules),
         T(test_watchdog),
+        T(test_watchdog_earlier_watch_wakes_it),
         T(test_inbox_in_callers_transaction),
         T(test_inbox_in_callers_pg_transaction),
         T(test_inbox_retries),
