@@ -300,12 +300,12 @@ static void answer_at_close(struct conn *c, struct http_response *r)
         r->close = 1;
         bytes = response_serialize(r, c->head_request, &len);
     }
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
-        int fd = bufferevent_getfd(c->bev);
-        ssize_t n = bytes ? send(fd, bytes, len, MSG_NOSIGNAL | MSG_DONTWAIT)
-                          : send(fd, fixed_503, sizeof fixed_503 - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
-        (void)n; /* best effort: the connection closes either way */
-    }
+    /* What send_now() cannot send at once it leaves in the output buffer,
+     * which goes with the connection. */
+    if (bytes)
+        send_now(c, bytes, len);
+    else
+        send_now(c, fixed_503, sizeof fixed_503 - 1);
     free(bytes);
 }
 

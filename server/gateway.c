@@ -851,6 +851,40 @@ static void answer_early(struct live_config *lc, struct front_request *req,
     front_answer(req);
 }
 
+/* Answer a duplicate from the loop's replay cache, if its answer is kept
+ * there: 1 when answered. The first duplicate on a kept-alive connection
+ * builds the bytes the next ones get. */
+static int answer_kept(struct daemon *d, struct live_config *lc, const struct route *rt,
+                       struct front_request *req, const char *key, const uint8_t *fp,
+                       unsigned long gen)
+{
+    struct daemon_loop *loop = req->loop_ctx;
+    struct replay_kept kept;
+    if (!replay_cache_get(loop->replays, rt->space, key, fp, mono_ms(), gen, &kept))
+        return 0;
+    int raw = front_can_answer_raw(req);
+    struct http_response *r = NULL;
+    if (!kept.wire_len || !raw)
+        r = decode_replay(kept.stored, kept.stored_len);
+    if (r && raw && !kept.wire_len) {
+        /* Fresh from decoding, r has no close set: the kept-alive form. */
+        size_t len;
+        char *wire = response_serialize(r, 0, &len);
+        if (wire)
+            replay_cache_add_wire(loop->replays, &kept, wire, len);
+        free(wire);
+    }
+    if (raw && kept.wire_len) {
+        response_free(r);
+        atomic_fetch_add(&d->n.replays, 1);
+        daemon_config_put(lc);
+        front_answer_raw(req, kept.wire, kept.wire_len);
+        return 1;
+    }
+    answer_early(lc, req, counted_replay(d, r, "finished"));
+    return 1;
+}
+
 void gateway_start(struct daemon *d, struct live_config *lc, const struct route *rt,
                    struct front_request *req)
 {
@@ -881,32 +915,8 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
         replay_cache_clear(loop->replays); /* all of it is stale now */
         loop->replay_gen = gen;
     }
-    struct replay_kept kept;
-    if (!rt->layer_token && replay_cache_get(loop->replays, rt->space, key,
-                                             has_fp ? fp : NULL, mono_ms(), gen, &kept)) {
-        int raw = front_can_answer_raw(req);
-        struct http_response *r = NULL;
-        if (!kept.wire_len || !raw)
-            r = decode_replay(kept.stored, kept.stored_len);
-        if (r && raw && !kept.wire_len) {
-            /* The first duplicate builds the bytes the next ones get. Fresh
-             * from decoding, r has no close set: the kept-alive form. */
-            size_t len;
-            char *wire = response_serialize(r, 0, &len);
-            if (wire)
-                replay_cache_add_wire(loop->replays, &kept, wire, len);
-            free(wire);
-        }
-        if (raw && kept.wire_len) {
-            response_free(r);
-            atomic_fetch_add(&d->n.replays, 1);
-            daemon_config_put(lc);
-            front_answer_raw(req, kept.wire, kept.wire_len);
-            return;
-        }
-        answer_early(lc, req, counted_replay(d, r, "finished"));
+    if (!rt->layer_token && answer_kept(d, lc, rt, req, key, has_fp ? fp : NULL, gen))
         return;
-    }
     /* The request's state and its timer in one block. */
     size_t head = (sizeof(struct gw) + 15) & ~(size_t)15;
     struct gw *g = calloc(1, head + event_get_struct_event_size());
