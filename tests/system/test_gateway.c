@@ -65,12 +65,16 @@ static void start_idem(struct proc *p, const char *yaml_routes, const char *db_n
     sys_start(p, argv, log);
 }
 
+/* The refund route's first lines, which most configurations here share. */
+#define REFUND_ROUTE                                                             \
+    "  - name: refund\n"                                                         \
+    "    match: { method: POST, path: /refunds }\n"                              \
+    "    upstream: @UP@\n"                                                       \
+    "    key: { json: refund_no }\n"
+
 static const char wait_routes[] =
     "routes:\n"
-    "  - name: refund\n"
-    "    match: { method: POST, path: /refunds }\n"
-    "    upstream: @UP@\n"
-    "    key: { json: refund_no }\n"
+    REFUND_ROUTE
     "    space: refund\n"
     "    layers: [lock, record]\n"
     "    in_flight: wait\n"
@@ -93,24 +97,35 @@ static const char wait_routes[] =
 
 static const char reject_routes[] =
     "routes:\n"
-    "  - name: refund\n"
-    "    match: { method: POST, path: /refunds }\n"
-    "    upstream: @UP@\n"
-    "    key: { json: refund_no }\n"
+    REFUND_ROUTE
     "    in_flight: reject\n"
     "    lease: 10s\n"
     "    upstream_timeout: 1s\n";
 
 static const char token_routes[] =
     "routes:\n"
-    "  - name: refund\n"
-    "    match: { method: POST, path: /refunds }\n"
-    "    upstream: @UP@\n"
-    "    key: { json: refund_no }\n"
+    REFUND_ROUTE
     "    scope: subject\n"
     "    layers: [token, lock, record]\n"
     "    in_flight: wait\n"
     "    wait_timeout: 5s\n";
+
+enum { ANY = -1 };
+
+/* POST body to /refunds on port and check the answer's status and whether
+ * it is a replay: replayed 1, Idempotent-Replayed: true; 0, no such header;
+ * ANY, not checked. */
+static void post_expect(int port, const char *body, int status, int replayed)
+{
+    struct sys_resp r;
+    sys_http(port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, status);
+    if (replayed == 1)
+        assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    else if (replayed == 0)
+        assert_null(sys_header(&r, "Idempotent-Replayed"));
+    sys_resp_free(&r);
+}
 
 /* ---- concurrency ---- */
 
@@ -371,10 +386,7 @@ static void test_upstream_5xx_release(void **state)
     assert_int_equal(r.status, 503);
     sys_resp_free(&r);
     /* Released: the retry executes, and succeeds. */
-    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
-    assert_int_equal(r.status, 201);
-    assert_null(sys_header(&r, "Idempotent-Replayed"));
-    sys_resp_free(&r);
+    post_expect(gw.port, body, 201, 0);
     assert_int_equal(sys_stat(service.port, "executions") - before, 2);
     assert_int_equal(sys_stat(service.port, "refunds") >= 1, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
@@ -485,14 +497,9 @@ static void test_daemon_killed_mid_request(void **state)
     assert_int_equal(b.resp.status, 0); /* the client lost its connection */
     /* Restarted on the same file: the claim survived the kill. */
     start_idem(&gw, reject_routes, "sigkill.db");
-    struct sys_resp r;
-    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
-    assert_int_equal(r.status, 409);
-    sys_resp_free(&r);
+    post_expect(gw.port, b.body, 409, ANY);
     sleep_ms(1500); /* the service finishes the first request */
-    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
-    assert_int_equal(r.status, 409); /* still PROCESSING: the lease (10 s) holds */
-    sys_resp_free(&r);
+    post_expect(gw.port, b.body, 409, ANY); /* still PROCESSING: the lease (10 s) holds */
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
@@ -514,11 +521,7 @@ static void test_sigterm_drains(void **state)
     assert_int_equal(sys_stop(&gw, 0), 0);
     /* And recorded: a new instance replays it. */
     start_idem(&gw, reject_routes, "drain.db");
-    struct sys_resp r;
-    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
-    assert_int_equal(r.status, 201);
-    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
-    sys_resp_free(&r);
+    post_expect(gw.port, b.body, 201, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
@@ -530,10 +533,7 @@ static const char abandon_routes[] =
     "limits:\n"
     "  shutdown_timeout: 300ms\n"
     "routes:\n"
-    "  - name: refund\n"
-    "    match: { method: POST, path: /refunds }\n"
-    "    upstream: @UP@\n"
-    "    key: { json: refund_no }\n"
+    REFUND_ROUTE
     "    layers: [lock, record]\n"
     "    in_flight: reject\n"
     "    lease: 8s\n"
@@ -560,14 +560,9 @@ static void test_sigterm_past_timeout_abandons(void **state)
     /* The upstream is still working on it: the claim holds after a
      * restart, and the retry is refused. */
     start_idem(&gw, abandon_routes, "abandon.db");
-    struct sys_resp r;
-    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
-    assert_int_equal(r.status, 409);
-    sys_resp_free(&r);
+    post_expect(gw.port, b.body, 409, ANY);
     sleep_ms(3000); /* the upstream finishes the first request */
-    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
-    assert_int_equal(r.status, 409); /* the lease (8 s) still holds */
-    sys_resp_free(&r);
+    post_expect(gw.port, b.body, 409, ANY); /* the lease (8 s) still holds */
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
@@ -583,10 +578,7 @@ static const char held_routes[] =
     "limits:\n"
     "  shutdown_timeout: 200ms\n"
     "routes:\n"
-    "  - name: refund\n"
-    "    match: { method: POST, path: /refunds }\n"
-    "    upstream: @UP@\n"
-    "    key: { json: refund_no }\n"
+    REFUND_ROUTE
     "    in_flight: reject\n"
     "    lease: 5s\n";
 
@@ -631,24 +623,12 @@ static void test_sigterm_with_claims_queued_on_writer(void **state)
     /* The claims were written whole: after a restart each holds until its
      * lease ends, then runs once, then replays. */
     start_idem(&gw, held_routes, "held.db");
-    struct sys_resp r;
-    for (int i = 0; i < N; i++) {
-        sys_http(gw.port, "POST", "/refunds", NULL, bodies[i], 5000, &r);
-        assert_int_equal(r.status, 409);
-        sys_resp_free(&r);
-    }
+    for (int i = 0; i < N; i++)
+        post_expect(gw.port, bodies[i], 409, ANY);
     sleep_ms(5000); /* the lease, from the claims' writing: over by now */
     for (int round = 0; round < 2; round++)
-        for (int i = 0; i < N; i++) {
-            sys_http(gw.port, "POST", "/refunds", NULL, bodies[i], 5000, &r);
-            assert_int_equal(r.status, 201);
-            const char *replayed = sys_header(&r, "Idempotent-Replayed");
-            if (round == 0)
-                assert_null(replayed);
-            else
-                assert_string_equal(replayed, "true");
-            sys_resp_free(&r);
-        }
+        for (int i = 0; i < N; i++)
+            post_expect(gw.port, bodies[i], 201, round);
     assert_int_equal(sys_stat(service.port, "executions") - before, N);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
@@ -742,12 +722,7 @@ static void test_client_reset_mid_request(void **state)
     /* Reset once the request is surely in (a reset drops unread input). */
     sys_http_send_and_reset(gw.port, req, sizeof req - 1, 100);
     sleep_ms(700); /* the upstream answers at 300 ms; the record is finished after */
-    struct sys_resp r;
-    sys_http(gw.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-rset\",\"amount\":\"1.00\"}",
-             5000, &r);
-    assert_int_equal(r.status, 201);
-    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
-    sys_resp_free(&r);
+    post_expect(gw.port, "{\"refund_no\":\"R-rset\",\"amount\":\"1.00\"}", 201, 1);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
@@ -759,10 +734,7 @@ static const char small_response_routes[] =
     "limits:\n"
     "  response_max: 16B\n"
     "routes:\n"
-    "  - name: refund\n"
-    "    match: { method: POST, path: /refunds }\n"
-    "    upstream: @UP@\n"
-    "    key: { json: refund_no }\n"
+    REFUND_ROUTE
     "    in_flight: reject\n";
 
 static void test_upstream_answer_too_large(void **state)
@@ -1134,13 +1106,8 @@ static void test_transition_reaches_replays(void **state)
     long before = sys_stat(service.port, "executions");
     const char *body = "{\"refund_no\":\"R-rerun\",\"amount\":\"1.00\"}";
     struct sys_resp r;
-    for (int i = 0; i < 6; i++) { /* one execution, then replays */
-        sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
-        assert_int_equal(r.status, 201);
-        if (i)
-            assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
-        sys_resp_free(&r);
-    }
+    for (int i = 0; i < 6; i++) /* one execution, then replays */
+        post_expect(gw.port, body, 201, i ? 1 : ANY);
     api_expect(gw.port, "/_idem/v1/records/transition",
                "{\"space\":\"refund\",\"key\":\"R-rerun\",\"from\":\"SUCCEEDED\","
                "\"to\":\"RELEASED\"}",
