@@ -61,6 +61,7 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "mono.h"
 #include "replay_cache.h"
 #include "request_key.h"
 #include "stored.h"
@@ -77,19 +78,6 @@ struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char
 struct http_response *problem_from_idem(idem_rc rc, const char *what)
 {
     return problem_from_rc(rc, idem_errdetail(), what);
-}
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static struct timeval tv_ms(int64_t ms)
-{
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
-    return tv;
 }
 
 /* ---- the request's state ---- */
@@ -436,7 +424,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg);
 /* Come back to next after a short wait: 2 ms, doubling, at most 50 ms. */
 static void wait_then(struct gw *g, gw_fn next)
 {
-    struct timeval tv = tv_ms(g->backoff_ms);
+    struct timeval tv = ms_timeval(g->backoff_ms);
     g->backoff_ms = g->backoff_ms * 2 > 50 ? 50 : g->backoff_ms * 2;
     g->then = next;
     g->timer_ticks = 0;
@@ -666,7 +654,7 @@ static void tick(struct gw *g)
                            : workers_submit(g->d->workers, &t->work))
             free(t);
     }
-    struct timeval tv = tv_ms(tick_ms(g->rt));
+    struct timeval tv = ms_timeval(tick_ms(g->rt));
     evtimer_add(g->timer, &tv);
 }
 
@@ -813,7 +801,7 @@ static void forward(struct gw *g)
     }
     g->timer_ticks = 1;
     g->req->on_abort = on_abort;
-    struct timeval tv = tv_ms(tick_ms(rt));
+    struct timeval tv = ms_timeval(tick_ms(rt));
     evtimer_add(g->timer, &tv);
 }
 

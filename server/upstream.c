@@ -44,18 +44,12 @@
 
 #include <event2/event.h>
 
+#include "mono.h"
 #include "put.h"
 
 #define IDLE_MAX 64
 #define IDLE_REUSE_MS 2000
 #define CONNECT_TIMEOUT_MS 5000
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- addresses, connecting, the request, the answer ---------------------- */
 
@@ -368,14 +362,6 @@ struct upstream_call {
     struct http_msg *resp;
     char detail[256];
 };
-
-static struct timeval ms_timeval(int64_t ms)
-{
-    if (ms < 0)
-        ms = 0;
-    return (struct timeval){.tv_sec = (time_t)(ms / 1000),
-                            .tv_usec = (suseconds_t)(ms % 1000) * 1000};
-}
 
 static void conn_close(struct loop_conn *k)
 {

@@ -1,0 +1,28 @@
+/*
+ * mono.h — the daemon's clock for deadlines and timers: CLOCK_MONOTONIC in
+ * milliseconds, and a duration as libevent's struct timeval (daemon).
+ */
+#ifndef IDEM_SERVER_MONO_H
+#define IDEM_SERVER_MONO_H
+
+#include <stdint.h>
+#include <sys/time.h>
+#include <time.h>
+
+static inline int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ms (negative: 0) as a struct timeval. */
+static inline struct timeval ms_timeval(int64_t ms)
+{
+    if (ms < 0)
+        ms = 0;
+    return (struct timeval){.tv_sec = (time_t)(ms / 1000),
+                            .tv_usec = (suseconds_t)(ms % 1000) * 1000};
+}
+
+#endif
