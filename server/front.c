@@ -59,6 +59,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "mono.h"
+
 enum conn_state { READING, HANDLING, WRITING, ORPHANED, LINGERING };
 
 #define LINGER_MS 2000
@@ -121,7 +123,7 @@ static const char fixed_503[] =
 
 static void arm_timer(struct conn *c, int64_t ms, int is_request)
 {
-    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    struct timeval tv = ms_timeval(ms);
     c->timer_is_request = is_request;
     evtimer_add(c->timer, &tv);
 }
@@ -688,7 +690,7 @@ void front_drain(struct front *f, int64_t timeout_ms)
         else
             c->close_after_write = 1;
     }
-    struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
+    struct timeval tv = ms_timeval(timeout_ms);
     if (front_in_flight(f) == 0)
         event_active(f->drain_ev, EV_TIMEOUT, 0);
     else
