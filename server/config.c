@@ -196,6 +196,7 @@ void config_free(struct server_config *c)
         return;
     free(c->path);
     free(c->listen_host);
+    free(c->admin_host);
     free(c->storage_kind);
     free(c->storage_path);
     free(c->redis_url);
@@ -793,26 +794,21 @@ static const char *parse_hostport(const char *s, int need_port, int allow_zero, 
     return NULL;
 }
 
-static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path,
-                      struct server_config *cfg)
+/* listen and admin_listen: an address into *host and *port. */
+static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path, char **host,
+                      int *port)
 {
     const char *s, *why;
     if (scalar(c, n, path, "an address like 127.0.0.1:8080", &s))
         return -1;
-    if (s[strspn(s, "0123456789")] == '\0') {
+    if (s[strspn(s, "0123456789")] == '\0' || (*s == ':' && !strchr(s + 1, ':'))) {
         /* Just a port: loopback, the safe choice for a gateway. */
-        if (parse_port(s, &cfg->listen_port, 1))
+        if (parse_port(s + (*s == ':'), port, 1))
             return fail(c, n, path, "%s: the port must be a number from 0 to 65535",
                         quote(c, s));
-        return set_string(&cfg->listen_host, "127.0.0.1") ? oom(c) : 0;
+        return set_string(host, "127.0.0.1") ? oom(c) : 0;
     }
-    if (*s == ':' && !strchr(s + 1, ':')) {
-        if (parse_port(s + 1, &cfg->listen_port, 1))
-            return fail(c, n, path, "%s: the port must be a number from 0 to 65535",
-                        quote(c, s));
-        return set_string(&cfg->listen_host, "127.0.0.1") ? oom(c) : 0;
-    }
-    why = parse_hostport(s, 1, 1, &cfg->listen_host, &cfg->listen_port);
+    why = parse_hostport(s, 1, 1, host, port);
     if (why)
         return fail(c, n, path, "%s: %s (use host:port, [::1]:port, :port or "
                     "port)", quote(c, s), why);
@@ -1533,8 +1529,8 @@ static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config
 
 static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config *cfg)
 {
-    static const char *const known[] = {"listen", "storage", "subject_header", "upstream",
-                                        "workers", "limits", "routes"};
+    static const char *const known[] = {"listen", "admin_listen", "storage", "subject_header",
+                                        "upstream", "workers", "limits", "routes"};
     const yaml_node_t *v;
     const char *s;
     uint64_t workers;
@@ -1543,8 +1539,18 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
                     "routes: ...), not %s", kind_name(root));
     if (check_fields(c, root, "", known, sizeof known / sizeof known[0]))
         return -1;
-    if ((v = field(c, root, "listen")) && get_listen(c, v, "listen", cfg))
+    if ((v = field(c, root, "listen")) &&
+        get_listen(c, v, "listen", &cfg->listen_host, &cfg->listen_port))
         return -1;
+    if ((v = field(c, root, "admin_listen"))) {
+        if (get_listen(c, v, "admin_listen", &cfg->admin_host, &cfg->admin_port))
+            return -1;
+        if (cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
+            strcmp(cfg->admin_host, cfg->listen_host) == 0)
+            return fail(c, v, "admin_listen", "is the same address as listen: the JSON API "
+                        "gets a listener of its own, or omit admin_listen to serve it on "
+                        "listen");
+    }
     if ((v = field(c, root, "storage")) && get_storage(c, v, cfg))
         return -1;
     if ((v = field(c, root, "subject_header"))) {

@@ -83,6 +83,8 @@ struct server_config {
     char *path;               /* the file it came from (for reload), or NULL */
     char *listen_host;        /* default 127.0.0.1 */
     int listen_port;          /* default 8080 */
+    char *admin_host;         /* admin_listen: the JSON API's own listener, */
+    int admin_port;           /* or NULL: the API is on listen */
     char *storage_kind;       /* "embedded" (default) or "distributed" */
     char *storage_path;       /* embedded: default ./idem.db */
     char *redis_url;          /* distributed: secret when it holds a password */

@@ -52,6 +52,8 @@ struct daemon {
                                   (idem_record_async): the embedded store */
     int kv_local;              /* token and lock calls are in memory, never
                                   block: the embedded store */
+    int admin_listener;        /* the JSON API has a listener of its own
+                                  (admin_listen, fixed at start) */
     atomic_ulong seq;
     /* The loop's read for finished records: how often it found one lately
      * (a score, see worth_reading() in gateway.c). */

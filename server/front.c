@@ -77,6 +77,7 @@ struct conn {
     int close_after_write;
     int peer_eof;         /* the client shut its sending side: read no more */
     int head_request;
+    int admin;            /* accepted on the admin listener */
     unsigned requests;
     char peer[64];
     struct front_request req;
@@ -86,6 +87,7 @@ struct conn {
 struct front {
     struct event_base *base;
     struct evconnlistener *listener;
+    struct evconnlistener *admin_listener; /* admin_listen, or NULL */
     struct event *done_ev;
     struct event *drain_ev;
     const struct server_limits *limits;
@@ -94,7 +96,7 @@ struct front {
     front_handler_fn handler;
     void *handler_arg;
     void *loop_ctx;
-    int port;
+    int port, admin_port;
     int draining;
     int closing;                    /* front_free() is running the last steps */
 
@@ -376,6 +378,7 @@ static void dispatch(struct conn *c, struct http_msg *msg)
     c->req.conn = c;
     c->req.front = f;
     c->req.loop_ctx = f->loop_ctx;
+    c->req.admin = c->admin;
     snprintf(c->req.peer, sizeof c->req.peer, "%s", c->peer);
     f->handler(f->handler_arg, &c->req);
 }
@@ -547,7 +550,6 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
                       int salen, void *arg)
 {
     struct front *f = arg;
-    (void)l;
     (void)salen;
     size_t open = atomic_load(f->total);
     int over = open >= f->limits->connections_max || f->draining;
@@ -563,6 +565,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         return;
     }
     c->f = f;
+    c->admin = l == f->admin_listener;
     c->bev = bufferevent_socket_new(f->base, fd, BEV_OPT_CLOSE_ON_FREE);
     c->timer = evtimer_new(f->base, on_timer, c);
     http_parser_init(&c->parser, HTTP_PARSE_REQUEST, &f->parse_limits);
@@ -629,7 +632,8 @@ struct front *front_new(struct event_base *base, const struct server_limits *lim
     return f;
 }
 
-int front_listen(struct front *f, const char *host, int port, char *err, size_t errlen)
+int front_listen(struct front *f, const char *host, int port, int admin, char *err,
+                 size_t errlen)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
@@ -641,21 +645,29 @@ int front_listen(struct front *f, const char *host, int port, char *err, size_t 
         snprintf(err, errlen, "%s:%d: %s", host, port, gai_strerror(gai));
         return -1;
     }
-    f->listener = evconnlistener_new_bind(f->base, on_accept, f,
-                                          LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE |
-                                              LEV_OPT_REUSEABLE_PORT | LEV_OPT_CLOSE_ON_EXEC,
-                                          1024, ai->ai_addr, (int)ai->ai_addrlen);
+    struct evconnlistener *l = evconnlistener_new_bind(
+        f->base, on_accept, f,
+        LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_REUSEABLE_PORT |
+            LEV_OPT_CLOSE_ON_EXEC,
+        1024, ai->ai_addr, (int)ai->ai_addrlen);
     freeaddrinfo(ai);
-    if (!f->listener) {
+    if (!l) {
         snprintf(err, errlen, "%s:%d: %s", host, port, strerror(errno));
         return -1;
     }
     struct sockaddr_storage bound;
     socklen_t blen = sizeof bound;
-    getsockname(evconnlistener_get_fd(f->listener), (struct sockaddr *)&bound, &blen);
-    f->port = bound.ss_family == AF_INET6
-                  ? ntohs(((struct sockaddr_in6 *)(void *)&bound)->sin6_port)
-                  : ntohs(((struct sockaddr_in *)(void *)&bound)->sin_port);
+    getsockname(evconnlistener_get_fd(l), (struct sockaddr *)&bound, &blen);
+    int bound_port = bound.ss_family == AF_INET6
+                         ? ntohs(((struct sockaddr_in6 *)(void *)&bound)->sin6_port)
+                         : ntohs(((struct sockaddr_in *)(void *)&bound)->sin_port);
+    if (admin) {
+        f->admin_listener = l;
+        f->admin_port = bound_port;
+    } else {
+        f->listener = l;
+        f->port = bound_port;
+    }
     return 0;
 }
 
@@ -664,9 +676,9 @@ void front_share_connection_count(struct front *f, atomic_size_t *total)
     f->total = total;
 }
 
-int front_port(const struct front *f)
+int front_port(const struct front *f, int admin)
 {
-    return f->port;
+    return admin ? f->admin_port : f->port;
 }
 
 size_t front_in_flight(struct front *f)
@@ -682,6 +694,8 @@ void front_drain(struct front *f, int64_t timeout_ms)
     f->draining = 1;
     if (f->listener)
         evconnlistener_disable(f->listener);
+    if (f->admin_listener)
+        evconnlistener_disable(f->admin_listener);
     /* Idle connections go now; busy ones close after their answer. */
     for (struct conn *c = f->conns, *next; c; c = next) {
         next = c->next;
@@ -724,6 +738,8 @@ void front_free(struct front *f)
         conn_free(f->conns);
     if (f->listener)
         evconnlistener_free(f->listener);
+    if (f->admin_listener)
+        evconnlistener_free(f->admin_listener);
     if (f->done_ev)
         event_free(f->done_ev);
     if (f->drain_ev)

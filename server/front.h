@@ -30,6 +30,7 @@ struct front_request {
     char peer[64];              /* "127.0.0.1:53211" */
     struct http_response *resp; /* the answer; NULL at front_answer() means OOM (503) */
     void *loop_ctx;             /* the loop's own data, from front_new() */
+    int admin;                  /* it came in on the admin listener */
     void *state;                /* the handler's */
     /* Set by the handler while the request waits on the loop's own events
      * (an upstream exchange, a timer): called instead of a step if the loop
@@ -82,12 +83,15 @@ struct front *front_new(struct event_base *base, const struct server_limits *lim
 void front_share_connection_count(struct front *f, atomic_size_t *total);
 
 /* Listen on host:port (SO_REUSEPORT: every loop listens on the same port
- * and the kernel spreads connections). 0, or -1 with err filled
- * ("127.0.0.1:8080: Address already in use"). */
-int front_listen(struct front *f, const char *host, int port, char *err, size_t errlen);
+ * and the kernel spreads connections). A front has up to two listeners: the
+ * main one, and with admin set the admin one, whose requests carry
+ * req->admin. 0, or -1 with err filled ("127.0.0.1:8080: Address already
+ * in use"). */
+int front_listen(struct front *f, const char *host, int port, int admin, char *err,
+                 size_t errlen);
 
-/* The port actually bound (for port 0). */
-int front_port(const struct front *f);
+/* The port actually bound (for port 0), of the main or the admin listener. */
+int front_port(const struct front *f, int admin);
 
 /* Graceful stop: stop accepting, close idle connections, let requests in
  * flight finish and be answered, then exit the loop — or exit it after

@@ -80,7 +80,19 @@ void daemon_handle(void *arg, struct front_request *req)
     const struct server_config *cfg = lc->c;
     char path[8192];
     request_path(req->msg->target, path, sizeof path);
-    if (strcmp(path, "/_idem/v1") == 0 || strncmp(path, "/_idem/v1/", 10) == 0) {
+    int api = strcmp(path, "/_idem/v1") == 0 || strncmp(path, "/_idem/v1/", 10) == 0;
+    if (d->admin_listener && api != req->admin) {
+        /* With admin_listen, each listener serves its own half only. */
+        req->resp = req->admin ? problem(404, "no_such_endpoint",
+                                         "this is the admin listener: it serves only the "
+                                         "JSON API, under /_idem/v1/")
+                               : problem(404, "no_such_endpoint",
+                                         "the JSON API is not served on this listener");
+        daemon_config_put(lc);
+        front_answer(req);
+        return;
+    }
+    if (api) {
         req->state = lc;
         if (front_work(req, api_on_worker, api_answer) != 0) {
             req->resp = problem(503, "shutting_down", "the server is shutting down");
@@ -252,9 +264,12 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     char was[1100], now[1100];
     config_storage_where(cur->c, was, sizeof was);
     config_storage_where(next, now, sizeof now);
+    int admin_moved = !next->admin_host != !cur->c->admin_host ||
+                      (next->admin_host && (strcmp(next->admin_host, cur->c->admin_host) ||
+                                            next->admin_port != cur->c->admin_port));
     if (strcmp(next->listen_host, cur->c->listen_host) || next->listen_port != cur->c->listen_port ||
-        strcmp(next->storage_kind, cur->c->storage_kind) || strcmp(was, now))
-        daemon_log("SIGHUP: listen and storage changes take effect on restart");
+        admin_moved || strcmp(next->storage_kind, cur->c->storage_kind) || strcmp(was, now))
+        daemon_log("SIGHUP: listen, admin_listen and storage changes take effect on restart");
     lc->c = next;
     atomic_init(&lc->refs, 1);
     pthread_mutex_lock(&s->d.cfg_mu);
@@ -300,7 +315,8 @@ static void usage(FILE *out)
     fputs("usage: idem serve [-c FILE] [--listen HOST:PORT] [--db PATH]\n"
           "\n"
           "Run the Idem daemon: the idempotency gateway for the routes in FILE, and\n"
-          "the JSON API under /_idem/v1/. Without -c it runs with every default:\n"
+          "the JSON API under /_idem/v1/ (on the same listener, or on admin_listen\n"
+          "when the file sets it). Without -c it runs with every default:\n"
           "listening on 127.0.0.1:8080, records in ./idem.db, no routes.\n"
           "\n"
           "  -c, --config FILE    the YAML configuration (docs/configuration.md)\n"
@@ -447,7 +463,8 @@ int serve_main(int argc, char **argv)
     s->d.workers = s->workers;
     atomic_init(&s->connections, 0);
     s->nloops = loop_count();
-    int port = cfg->listen_port;
+    int port = cfg->listen_port, admin_port = cfg->admin_port;
+    s->d.admin_listener = cfg->admin_host != NULL;
     for (int i = 0; i < s->nloops; i++) {
         struct loop *l = &s->loops[i];
         l->ctx.d = &s->d;
@@ -464,11 +481,18 @@ int serve_main(int argc, char **argv)
         }
         front_share_connection_count(l->front, &s->connections);
         /* Every loop listens on the port the first one got (port 0). */
-        if (front_listen(l->front, cfg->listen_host, port, err, sizeof err) != 0) {
+        if (front_listen(l->front, cfg->listen_host, port, 0, err, sizeof err) != 0) {
             fprintf(stderr, "idem serve: listen: %s\n", err);
             goto out;
         }
-        port = front_port(l->front);
+        port = front_port(l->front, 0);
+        if (cfg->admin_host) {
+            if (front_listen(l->front, cfg->admin_host, admin_port, 1, err, sizeof err) != 0) {
+                fprintf(stderr, "idem serve: admin_listen: %s\n", err);
+                goto out;
+            }
+            admin_port = front_port(l->front, 1);
+        }
     }
     s->base = s->loops[0].ctx.base;
     s->sig_term = evsignal_new(s->base, SIGTERM, on_stop, s);
@@ -488,8 +512,11 @@ int serve_main(int argc, char **argv)
         s->loops[i].running = 1;
     }
 
-    printf("idem: listening on %s:%d, %s store at %s, %zu routes, %d event loops\n",
-           cfg->listen_host, port, idem_store_name(s->d.h), where, cfg->route_count,
+    char admin[300] = "";
+    if (cfg->admin_host)
+        snprintf(admin, sizeof admin, ", JSON API on %s:%d", cfg->admin_host, admin_port);
+    printf("idem: listening on %s:%d%s, %s store at %s, %zu routes, %d event loops\n",
+           cfg->listen_host, port, admin, idem_store_name(s->d.h), where, cfg->route_count,
            s->nloops);
     fflush(stdout);
     event_base_dispatch(s->base);

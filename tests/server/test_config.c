@@ -384,8 +384,24 @@ static void test_listen(void **state)
         struct server_config *c = parse_ok(yaml);
         assert_string_equal(c->listen_host, good[i].host);
         assert_int_equal(c->listen_port, good[i].port);
+        assert_null(c->admin_host);
+        config_free(c);
+        /* admin_listen takes the same forms (beside a listen of its own). */
+        snprintf(yaml, sizeof yaml, "listen: 1.2.3.4:5\nadmin_listen: %s\n", good[i].s);
+        c = parse_ok(yaml);
+        assert_string_equal(c->admin_host, good[i].host);
+        assert_int_equal(c->admin_port, good[i].port);
+        assert_string_equal(c->listen_host, "1.2.3.4");
         config_free(c);
     }
+    parse_bad("admin_listen: 127.0.0.1\n", "idem.yaml:1: admin_listen:", "no port");
+    parse_bad("admin_listen: bad host:80\n", "idem.yaml:1: admin_listen:", "host name");
+    parse_bad("listen: 8081\nadmin_listen: 127.0.0.1:8081\n", "idem.yaml:2: admin_listen:",
+              "same address as listen");
+    /* Both on port 0: each gets its own port from the system. */
+    struct server_config *z = parse_ok("listen: 0\nadmin_listen: 0\n");
+    assert_int_equal(z->admin_port, 0);
+    config_free(z);
     parse_bad("listen: 127.0.0.1:65536\n", "idem.yaml:1: listen:", "0 to 65535");
     parse_bad("listen: :99999999999999999999999\n", "idem.yaml:1: listen:", "0 to 65535");
     parse_bad("listen: 127.0.0.1\n", "idem.yaml:1: listen:", "no port");
@@ -645,7 +661,8 @@ static void test_unknown_fields(void **state)
     parse_bad("routes:\n  - name: r\n    match: { path: /x, host: a }\n",
               "idem.yaml:3: routes[0].match.host: unknown field", NULL);
     parse_bad("tls: on\n", "idem.yaml:1: tls: unknown field",
-              "known here: listen, storage, subject_header, upstream, workers, limits, routes");
+              "known here: listen, admin_listen, storage, subject_header, upstream, workers, limits,"
+              " routes");
     parse_bad("? [a, b]\n: 1\n", "idem.yaml:1:", "plain strings");
     /* Given twice. */
     parse_bad(ROUTE "    lease: 1s\n    lease: 2s\n", "idem.yaml:7: routes[0].lease:",

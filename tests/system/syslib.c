@@ -67,6 +67,16 @@ int sys_free_port(void)
     return ntohs(a.sin_port);
 }
 
+/* The port of the address that follows label at s: after its last colon. */
+static int port_after(const char *s, const char *label)
+{
+    const char *w = s + strlen(label), *colon = w, *end = w + strcspn(w, " ,\n");
+    for (const char *c = w; c < end; c++)
+        if (*c == ':' && c[1] >= '0' && c[1] <= '9')
+            colon = c;
+    return atoi(colon + 1);
+}
+
 void sys_start(struct proc *p, char *const argv[], const char *log_path)
 {
     int pipefd[2];
@@ -103,13 +113,9 @@ void sys_start(struct proc *p, char *const argv[], const char *log_path)
         const char *l = strstr(buf, "listening on ");
         const char *nl = l ? strchr(l, '\n') : NULL;
         if (nl) {
-            /* The address is the word after "listening on "; its port
-             * follows its last colon. */
-            const char *colon = l, *end = l + 13 + strcspn(l + 13, " ,\n");
-            for (const char *c = l; c < end; c++)
-                if (*c == ':' && c[1] >= '0' && c[1] <= '9')
-                    colon = c;
-            p->port = atoi(colon + 1);
+            p->port = port_after(l, "listening on ");
+            const char *a = strstr(l, "JSON API on ");
+            p->admin_port = a && a < nl ? port_after(a, "JSON API on ") : 0;
             return;
         }
     }

@@ -15,6 +15,7 @@ struct proc {
     pid_t pid;
     int out;       /* its stdout, read until the ready line */
     int port;      /* the port it said it listens on */
+    int admin_port; /* idem serve with admin_listen: "JSON API on HOST:PORT"; else 0 */
     char log[256]; /* where its stderr goes */
 };
 
@@ -24,7 +25,8 @@ int sys_free_port(void);
 
 /* Start argv (NULL-terminated), stderr to log_path, and wait up to 10 s for
  * a stdout line containing "listening on HOST:PORT"; the port is parsed from
- * it. Fails the test if the process exits or says nothing. */
+ * it (and the admin port from "JSON API on HOST:PORT" in the same line, if
+ * there). Fails the test if the process exits or says nothing. */
 void sys_start(struct proc *p, char *const argv[], const char *log_path);
 
 /* Start the example refund service on a free port of 127.0.0.1, its SQLite

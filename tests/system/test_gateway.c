@@ -1098,6 +1098,76 @@ static void test_json_api(void **state)
  * through the JSON API must still reach the very next duplicate: RELEASED
  * lets it run again (the service, which already has the refund, answers 409
  * from its own UNIQUE constraint). */
+/* admin_listen: the JSON API moves to a listener of its own, and the main
+ * listener (the one clients reach) no longer answers it. */
+static void test_admin_listener(void **state)
+{
+    (void)state;
+    static const char routes[] = "admin_listen: 127.0.0.1:0\n"
+                                 "routes:\n" REFUND_ROUTE "    scope: subject\n"
+                                 "    layers: [token, record]\n";
+    struct proc gw;
+    start_idem(&gw, routes, "admin.db");
+    int p = gw.port, a = gw.admin_port;
+    assert_true(a > 0 && a != p);
+    long before = sys_stat(service.port, "executions");
+    /* On the main listener the API is not there, and what it was asked did
+     * not happen: the token issued through it does not exist. */
+    api_expect(p, "/_idem/v1/health", NULL, 404, "urn:idem:no_such_endpoint");
+    static const char *const dave[] = {"X-Subject: dave", NULL};
+    struct sys_resp tok, r;
+    sys_http(p, "POST", "/_idem/v1/tokens", dave, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
+             5000, &tok);
+    assert_int_equal(tok.status, 404);
+    sys_resp_free(&tok);
+    api_expect(p, "/_idem/v1/records/begin",
+               "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"owner\":\"x\",\"lease_ms\":60000}",
+               404, "urn:idem:no_such_endpoint");
+    api_expect(a, "/_idem/v1/records/refund/dave%2FR-adm", NULL, 404, "record_not_found");
+    /* On the admin listener: the API, and nothing else. */
+    api_expect(a, "/_idem/v1/health", NULL, 200, "\"status\"");
+    sys_http(a, "POST", "/_idem/v1/tokens", dave, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
+             5000, &tok);
+    assert_int_equal(tok.status, 201);
+    char th[128];
+    snprintf(th, sizeof th, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&tok);
+    const char *h[] = {"X-Subject: dave", th, NULL};
+    const char *body = "{\"refund_no\":\"R-adm\",\"amount\":\"4.00\"}";
+    sys_http(a, "POST", "/refunds", h, body, 5000, &r);
+    assert_int_equal(r.status, 404);
+    assert_non_null(strstr(r.m->body, "urn:idem:no_such_endpoint"));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 0);
+    /* The gateway on the main listener, with the token from the admin one;
+     * the record it wrote is read back through the admin listener. */
+    sys_http(p, "POST", "/refunds", h, body, 5000, &r);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
+    sys_http(p, "POST", "/refunds", h, body, 5000, &r);
+    assert_int_equal(r.status, 201);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    api_expect(a, "/_idem/v1/records/refund/dave%2FR-adm", NULL, 200,
+               "\"state\":\"SUCCEEDED\"");
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+/* admin_listen on the address of listen is refused at start, by name. */
+static void test_admin_listen_same_as_listen_refused(void **state)
+{
+    (void)state;
+    char path[4200], err[4096];
+    snprintf(path, sizeof path, "%s/same.yaml", dir);
+    sys_write_file(path, "listen: 127.0.0.1:18080\n"
+                         "admin_listen: 127.0.0.1:18080\n");
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, NULL};
+    assert_int_equal(sys_run_fail(argv, err, sizeof err), 2);
+    assert_non_null(strstr(err, "same.yaml:2"));
+    assert_non_null(strstr(err, "admin_listen"));
+}
+
 static void test_transition_reaches_replays(void **state)
 {
     (void)state;
@@ -1398,6 +1468,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_config_refused),
         cmocka_unit_test(test_sighup_reloads_routes),
         cmocka_unit_test(test_json_api),
+        cmocka_unit_test(test_admin_listener),
+        cmocka_unit_test(test_admin_listen_same_as_listen_refused),
         cmocka_unit_test(test_transition_reaches_replays),
         cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_in_flight_limit),
