@@ -632,6 +632,54 @@ struct front *front_new(struct event_base *base, const struct server_limits *lim
     return f;
 }
 
+/* The bound address of a listener. */
+static void bound_address(struct evconnlistener *l, struct sockaddr_storage *a)
+{
+    socklen_t len = sizeof *a;
+    memset(a, 0, sizeof *a);
+    getsockname(evconnlistener_get_fd(l), (struct sockaddr *)a, &len);
+}
+
+static int address_port(const struct sockaddr_storage *a)
+{
+    return a->ss_family == AF_INET6 ? ntohs(((const struct sockaddr_in6 *)(const void *)a)->sin6_port)
+                                    : ntohs(((const struct sockaddr_in *)(const void *)a)->sin_port);
+}
+
+static int address_is_any(const struct sockaddr_storage *a)
+{
+    if (a->ss_family == AF_INET6)
+        return IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr);
+    return ((const struct sockaddr_in *)(const void *)a)->sin_addr.s_addr == htonl(INADDR_ANY);
+}
+
+static int address_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+    if (a->ss_family != b->ss_family)
+        return 0;
+    if (a->ss_family == AF_INET6)
+        return memcmp(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr,
+                      &((const struct sockaddr_in6 *)(const void *)b)->sin6_addr,
+                      sizeof(struct in6_addr)) == 0;
+    return ((const struct sockaddr_in *)(const void *)a)->sin_addr.s_addr ==
+           ((const struct sockaddr_in *)(const void *)b)->sin_addr.s_addr;
+}
+
+/* Would the kernel hand connections for one listener to the other? With
+ * SO_REUSEPORT (which the loops need to share their port) a second bind of
+ * the same address succeeds and joins the first, and a wildcard address
+ * takes what a specific one on its port does not. Compared after binding,
+ * so that every spelling of an address (a host name, --listen, port 0)
+ * is caught. */
+static int listeners_overlap(struct evconnlistener *x, struct evconnlistener *y)
+{
+    struct sockaddr_storage a, b;
+    bound_address(x, &a);
+    bound_address(y, &b);
+    return address_port(&a) == address_port(&b) &&
+           (address_is_any(&a) || address_is_any(&b) || address_equal(&a, &b));
+}
+
 int front_listen(struct front *f, const char *host, int port, int admin, char *err,
                  size_t errlen)
 {
@@ -656,11 +704,16 @@ int front_listen(struct front *f, const char *host, int port, int admin, char *e
         return -1;
     }
     struct sockaddr_storage bound;
-    socklen_t blen = sizeof bound;
-    getsockname(evconnlistener_get_fd(l), (struct sockaddr *)&bound, &blen);
-    int bound_port = bound.ss_family == AF_INET6
-                         ? ntohs(((struct sockaddr_in6 *)(void *)&bound)->sin6_port)
-                         : ntohs(((struct sockaddr_in *)(void *)&bound)->sin_port);
+    bound_address(l, &bound);
+    int bound_port = address_port(&bound);
+    struct evconnlistener *other = admin ? f->listener : f->admin_listener;
+    if (other && listeners_overlap(l, other)) {
+        evconnlistener_free(l);
+        snprintf(err, errlen, "%s:%d: overlaps the %s address (the same address and port, "
+                 "or a wildcard address on the same port): the two need addresses of their own",
+                 host, bound_port, admin ? "listen" : "admin_listen");
+        return -1;
+    }
     if (admin) {
         f->admin_listener = l;
         f->admin_port = bound_port;

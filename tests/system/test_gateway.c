@@ -1094,10 +1094,6 @@ static void test_json_api(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
-/* The loops keep recent answers in memory for duplicates; a transition made
- * through the JSON API must still reach the very next duplicate: RELEASED
- * lets it run again (the service, which already has the refund, answers 409
- * from its own UNIQUE constraint). */
 /* admin_listen: the JSON API moves to a listener of its own, and the main
  * listener (the one clients reach) no longer answers it. */
 static void test_admin_listener(void **state)
@@ -1154,20 +1150,44 @@ static void test_admin_listener(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
-/* admin_listen on the address of listen is refused at start, by name. */
-static void test_admin_listen_same_as_listen_refused(void **state)
+/* admin_listen where the kernel would mix its connections with listen's is
+ * refused at start: the same address in the file (by line), and the same
+ * address or a wildcard on its port however it is reached (--listen, which
+ * the file's check cannot see). Otherwise SO_REUSEPORT would let the two
+ * share one port and hand gateway clients the JSON API. */
+static void test_admin_listen_overlap_refused(void **state)
 {
     (void)state;
     char path[4200], err[4096];
     snprintf(path, sizeof path, "%s/same.yaml", dir);
     sys_write_file(path, "listen: 127.0.0.1:18080\n"
                          "admin_listen: 127.0.0.1:18080\n");
-    char *argv[] = {(char *)idem_bin, "serve", "-c", path, NULL};
-    assert_int_equal(sys_run_fail(argv, err, sizeof err), 2);
+    char *same[] = {(char *)idem_bin, "serve", "-c", path, NULL};
+    assert_int_equal(sys_run_fail(same, err, sizeof err), 2);
     assert_non_null(strstr(err, "same.yaml:2"));
     assert_non_null(strstr(err, "admin_listen"));
+
+    int port = sys_free_port();
+    char yaml[128], listen[64], db[4200];
+    snprintf(path, sizeof path, "%s/overlap.yaml", dir);
+    snprintf(yaml, sizeof yaml, "admin_listen: 127.0.0.1:%d\n", port);
+    sys_write_file(path, yaml);
+    snprintf(db, sizeof db, "%s/overlap.db", dir);
+    static const char *const listens[] = {"127.0.0.1", "0.0.0.0"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(listen, sizeof listen, "%s:%d", listens[i], port);
+        char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, "--listen", listen,
+                        NULL};
+        if (sys_run_fail(argv, err, sizeof err) == 0)
+            fail_msg("--listen %s started beside admin_listen 127.0.0.1:%d", listen, port);
+        assert_non_null(strstr(err, "overlaps the listen address"));
+    }
 }
 
+/* The loops keep recent answers in memory for duplicates; a transition made
+ * through the JSON API must still reach the very next duplicate: RELEASED
+ * lets it run again (the service, which already has the refund, answers 409
+ * from its own UNIQUE constraint). */
 static void test_transition_reaches_replays(void **state)
 {
     (void)state;
@@ -1469,7 +1489,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sighup_reloads_routes),
         cmocka_unit_test(test_json_api),
         cmocka_unit_test(test_admin_listener),
-        cmocka_unit_test(test_admin_listen_same_as_listen_refused),
+        cmocka_unit_test(test_admin_listen_overlap_refused),
         cmocka_unit_test(test_transition_reaches_replays),
         cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_in_flight_limit),
