@@ -70,6 +70,7 @@ struct server_limits {
     size_t body_max;            /* default 1 MiB */
     size_t response_max;        /* stored/forwarded upstream response body; default 1 MiB */
     size_t connections_max;     /* default 10000 */
+    size_t admin_connections_max; /* on admin_listen, counted apart; default 64 */
     size_t requests_per_connection; /* default 10000 */
     int64_t idle_timeout_ms;    /* keep-alive connection idle; default 60 s */
     int64_t header_timeout_ms;  /* a request's head must arrive within; default 10 s */

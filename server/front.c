@@ -102,11 +102,11 @@ struct front {
 
     pthread_mutex_t mu;             /* guards done_head and in_flight */
     struct front_request *done_head;
-    size_t in_flight;
+    size_t in_flight;               /* this loop's requests being handled */
 
     size_t nconns;            /* this loop's connections */
-    atomic_size_t own_total;
-    atomic_size_t *total;     /* all loops' connections: the limit's count */
+    struct front_counts own_counts;
+    struct front_counts *counts; /* all loops': what the limits count */
     struct conn *conns;
 };
 
@@ -275,6 +275,8 @@ static void handled(struct front_request *req)
     pthread_mutex_lock(&f->mu);
     f->in_flight--;
     pthread_mutex_unlock(&f->mu);
+    if (!req->admin)
+        atomic_fetch_sub(&f->counts->in_flight, 1);
     http_msg_free(req->msg);
     req->msg = NULL;
     req->on_abort = NULL;
@@ -357,12 +359,13 @@ static void dispatch(struct conn *c, struct http_msg *msg)
         c->close_after_write = 1;
     set_state(c, HANDLING);
 
-    pthread_mutex_lock(&f->mu);
-    int full = f->in_flight >= f->limits->in_flight_max;
-    if (!full)
-        f->in_flight++;
-    pthread_mutex_unlock(&f->mu);
-    if (full) {
+    /* in_flight_max counts the main listener's requests on every loop. The
+     * admin listener's are not held to it (its connections, each one
+     * request at a time, bound them), so that the clients of the main
+     * listener cannot crowd the operators out. */
+    if (!c->admin &&
+        atomic_fetch_add(&f->counts->in_flight, 1) >= f->limits->in_flight_max) {
+        atomic_fetch_sub(&f->counts->in_flight, 1);
         http_msg_free(msg);
         struct http_response *r =
             problem(503, "overloaded", "%zu requests are being handled, the in_flight_max limit",
@@ -373,6 +376,9 @@ static void dispatch(struct conn *c, struct http_msg *msg)
         response_free(r);
         return;
     }
+    pthread_mutex_lock(&f->mu);
+    f->in_flight++;
+    pthread_mutex_unlock(&f->mu);
     memset(&c->req, 0, sizeof c->req);
     c->req.msg = msg;
     c->req.conn = c;
@@ -512,7 +518,7 @@ static void conn_free(struct conn *c)
     if (c->next)
         c->next->prev = c->prev;
     f->nconns--;
-    atomic_fetch_sub(f->total, 1);
+    atomic_fetch_sub(c->admin ? &f->counts->admin_connections : &f->counts->connections, 1);
     if (c->timer)
         event_free(c->timer);
     if (c->bev)
@@ -551,9 +557,14 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
 {
     struct front *f = arg;
     (void)salen;
-    size_t open = atomic_load(f->total);
-    int over = open >= f->limits->connections_max || f->draining;
-    if (over && open >= f->limits->connections_max + OVER_LIMIT_GRACE) {
+    /* Admin connections have a limit and a count of their own: a flood on
+     * the main listener does not lock the operators out. */
+    int admin = l == f->admin_listener;
+    atomic_size_t *count = admin ? &f->counts->admin_connections : &f->counts->connections;
+    size_t max = admin ? f->limits->admin_connections_max : f->limits->connections_max;
+    size_t open = atomic_load(count);
+    int over = open >= max || f->draining;
+    if (over && open >= max + OVER_LIMIT_GRACE) {
         evutil_closesocket(fd); /* a flood: not even an answer */
         return;
     }
@@ -565,7 +576,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         return;
     }
     c->f = f;
-    c->admin = l == f->admin_listener;
+    c->admin = admin;
     c->bev = bufferevent_socket_new(f->base, fd, BEV_OPT_CLOSE_ON_FREE);
     c->timer = evtimer_new(f->base, on_timer, c);
     http_parser_init(&c->parser, HTTP_PARSE_REQUEST, &f->parse_limits);
@@ -575,7 +586,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         f->conns->prev = c;
     f->conns = c;
     f->nconns++;
-    atomic_fetch_add(f->total, 1);
+    atomic_fetch_add(count, 1);
     if (!c->bev || !c->timer) {
         if (!c->bev)
             evutil_closesocket(fd);
@@ -621,8 +632,8 @@ struct front *front_new(struct event_base *base, const struct server_limits *lim
     f->parse_limits.header_bytes_max = limits->header_bytes_max;
     f->parse_limits.body_max = limits->body_max;
     pthread_mutex_init(&f->mu, NULL);
-    atomic_init(&f->own_total, 0);
-    f->total = &f->own_total;
+    front_counts_init(&f->own_counts);
+    f->counts = &f->own_counts;
     f->done_ev = event_new(base, -1, 0, on_done, f);
     f->drain_ev = event_new(base, -1, 0, on_drain, f);
     if (!f->done_ev || !f->drain_ev) {
@@ -724,9 +735,16 @@ int front_listen(struct front *f, const char *host, int port, int admin, char *e
     return 0;
 }
 
-void front_share_connection_count(struct front *f, atomic_size_t *total)
+void front_counts_init(struct front_counts *n)
 {
-    f->total = total;
+    atomic_init(&n->connections, 0);
+    atomic_init(&n->admin_connections, 0);
+    atomic_init(&n->in_flight, 0);
+}
+
+void front_share_counts(struct front *f, struct front_counts *counts)
+{
+    f->counts = counts;
 }
 
 int front_port(const struct front *f, int admin)

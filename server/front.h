@@ -78,9 +78,18 @@ struct front;
 struct front *front_new(struct event_base *base, const struct server_limits *limits,
                         struct workers *ws, front_handler_fn fn, void *arg, void *loop_ctx);
 
-/* Several loops, one limit: count connections in *total (shared by the
- * fronts of all loops) against connections_max. */
-void front_share_connection_count(struct front *f, atomic_size_t *total);
+/* What the limits count, over the fronts of all loops. */
+struct front_counts {
+    atomic_size_t connections;       /* main listener: against connections_max */
+    atomic_size_t admin_connections; /* admin listener: admin_connections_max */
+    atomic_size_t in_flight;         /* main listener's requests: in_flight_max */
+};
+
+void front_counts_init(struct front_counts *n);
+
+/* Several loops, one limit each: count in *counts, shared by the fronts of
+ * all loops (a front counts on its own until this is called). */
+void front_share_counts(struct front *f, struct front_counts *counts);
 
 /* Listen on host:port (SO_REUSEPORT: every loop listens on the same port
  * and the kernel spreads connections). A front has up to two listeners: the

@@ -164,7 +164,7 @@ struct serve {
     struct server_limits limits; /* fixed for the life of the process */
     struct loop loops[LOOPS_MAX];
     int nloops;
-    atomic_size_t connections;   /* all loops' connections */
+    struct front_counts counts;  /* all loops' connections and requests */
     struct event_base *base;     /* loops[0].ctx.base */
     struct workers *workers;
     struct event *sig_term, *sig_int, *sig_hup, *purge_timer;
@@ -462,7 +462,7 @@ int serve_main(int argc, char **argv)
     s->d.db_async = embedded;
     s->d.kv_local = embedded;
     s->d.workers = s->workers;
-    atomic_init(&s->connections, 0);
+    front_counts_init(&s->counts);
     s->nloops = loop_count();
     int port = cfg->listen_port, admin_port = cfg->admin_port;
     s->d.admin_listener = cfg->admin_host != NULL;
@@ -480,7 +480,7 @@ int serve_main(int argc, char **argv)
             fprintf(stderr, "idem serve: cannot start event loop %d\n", i);
             goto out;
         }
-        front_share_connection_count(l->front, &s->connections);
+        front_share_counts(l->front, &s->counts);
         /* Every loop listens on the port the first one got (port 0). */
         if (front_listen(l->front, cfg->listen_host, port, 0, err, sizeof err) != 0) {
             fprintf(stderr, "idem serve: listen: %s\n", err);
