@@ -1210,6 +1210,18 @@ static void test_transition_reaches_replays(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* Idle connections to 127.0.0.1:port, connected and left open. */
+static void open_idle(int port, int *fds, int n)
+{
+    for (int i = 0; i < n; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0);
+    }
+    sleep_ms(100); /* accepted */
+}
+
 static const char conn_limit_routes[] =
     "limits:\n"
     "  connections_max: 4\n"
@@ -1223,13 +1235,7 @@ static void test_connection_limits(void **state)
     start_idem(&gw, conn_limit_routes, "conns.db");
     /* Four idle connections are the limit: the fifth is told so. */
     int fds[4];
-    for (int i = 0; i < 4; i++) {
-        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)gw.port),
-                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        assert_int_equal(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0);
-    }
-    sleep_ms(100);
+    open_idle(gw.port, fds, 4);
     struct sys_resp r;
     sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 3000, &r);
     assert_int_equal(r.status, 503);
@@ -1247,18 +1253,6 @@ static void test_connection_limits(void **state)
     assert_int_equal(r.status, 200);
     sys_resp_free(&r);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
-}
-
-/* Idle connections to 127.0.0.1:port, connected and left open. */
-static void open_idle(int port, int *fds, int n)
-{
-    for (int i = 0; i < n; i++) {
-        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        assert_int_equal(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0);
-    }
-    sleep_ms(100); /* accepted */
 }
 
 static void expect_status(int port, const char *path, int status)
