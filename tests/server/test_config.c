@@ -62,6 +62,7 @@ static const char full_example[] =
     "  body_max: 1MiB\n"
     "  response_max: 1MiB\n"
     "  connections_max: 10000\n"
+    "  admin_connections_max: 32\n"
     "  requests_per_connection: 10000\n"
     "  idle_timeout: 60s\n"
     "  header_timeout: 10s\n"
@@ -103,6 +104,7 @@ static void test_full_example(void **state)
     assert_int_equal(c->limits.body_max, 1048576);
     assert_int_equal(c->limits.response_max, 1048576);
     assert_int_equal(c->limits.connections_max, 10000);
+    assert_int_equal(c->limits.admin_connections_max, 32);
     assert_int_equal(c->limits.requests_per_connection, 10000);
     assert_int_equal(c->limits.idle_timeout_ms, 60000);
     assert_int_equal(c->limits.header_timeout_ms, 10000);
@@ -156,6 +158,7 @@ static void check_default_limits(const struct server_config *c)
     assert_int_equal(c->limits.body_max, 1024 * 1024);
     assert_int_equal(c->limits.response_max, 1024 * 1024);
     assert_int_equal(c->limits.connections_max, 10000);
+    assert_int_equal(c->limits.admin_connections_max, 64);
     assert_int_equal(c->limits.requests_per_connection, 10000);
     assert_int_equal(c->limits.idle_timeout_ms, 60000);
     assert_int_equal(c->limits.header_timeout_ms, 10000);
@@ -727,6 +730,8 @@ static void test_wrong_types_and_ranges(void **state)
               "idem.yaml:2: limits.shutdown_timeout:", "negative");
     parse_bad("limits:\n  in_flight_max: 0\n", "idem.yaml:2: limits.in_flight_max:",
               "1 to 1000000");
+    parse_bad("limits:\n  admin_connections_max: 100001\n",
+              "idem.yaml:2: limits.admin_connections_max:", "1 to 100000");
     struct server_config *c = parse_ok("limits:\n  shutdown_timeout: 0\n");
     assert_int_equal(c->limits.shutdown_timeout_ms, 0);
     config_free(c);

@@ -1329,7 +1329,7 @@ struct distinct_storm {
 static void one_distinct_post(void *arg, int i)
 {
     struct distinct_storm *s = arg;
-    static const char *const slow[] = {"X-Delay-Ms: 800", NULL};
+    static const char *const slow[] = {"X-Delay-Ms: 1500", NULL};
     char body[128];
     snprintf(body, sizeof body, "{\"refund_no\":\"R-busy-%d\",\"amount\":\"1.00\"}", i);
     sys_http(s->port, "POST", "/refunds", slow, body, 10000, &s->resp[i]);
@@ -1341,7 +1341,7 @@ static void test_in_flight_limit(void **state)
     struct proc gw;
     start_idem(&gw, in_flight_routes, "inflight.db");
     long before = sys_stat(service.port, "executions");
-    /* Six different refunds at once, each held 800 ms upstream, with room
+    /* Six different refunds at once, each held 1.5 s upstream, with room
      * for two (over every event loop): the others are told 503, and are not
      * executed. */
     struct distinct_storm s = {.port = gw.port};
