@@ -651,17 +651,26 @@ static void bound_address(struct evconnlistener *l, struct sockaddr_storage *a)
     getsockname(evconnlistener_get_fd(l), (struct sockaddr *)a, &len);
 }
 
+static const struct sockaddr_in *in4(const struct sockaddr_storage *a)
+{
+    return (const void *)a;
+}
+
+static const struct sockaddr_in6 *in6(const struct sockaddr_storage *a)
+{
+    return (const void *)a;
+}
+
 static int address_port(const struct sockaddr_storage *a)
 {
-    return a->ss_family == AF_INET6 ? ntohs(((const struct sockaddr_in6 *)(const void *)a)->sin6_port)
-                                    : ntohs(((const struct sockaddr_in *)(const void *)a)->sin_port);
+    return ntohs(a->ss_family == AF_INET6 ? in6(a)->sin6_port : in4(a)->sin_port);
 }
 
 static int address_is_any(const struct sockaddr_storage *a)
 {
     if (a->ss_family == AF_INET6)
-        return IN6_IS_ADDR_UNSPECIFIED(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr);
-    return ((const struct sockaddr_in *)(const void *)a)->sin_addr.s_addr == htonl(INADDR_ANY);
+        return IN6_IS_ADDR_UNSPECIFIED(&in6(a)->sin6_addr);
+    return in4(a)->sin_addr.s_addr == htonl(INADDR_ANY);
 }
 
 static int address_equal(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
@@ -669,11 +678,8 @@ static int address_equal(const struct sockaddr_storage *a, const struct sockaddr
     if (a->ss_family != b->ss_family)
         return 0;
     if (a->ss_family == AF_INET6)
-        return memcmp(&((const struct sockaddr_in6 *)(const void *)a)->sin6_addr,
-                      &((const struct sockaddr_in6 *)(const void *)b)->sin6_addr,
-                      sizeof(struct in6_addr)) == 0;
-    return ((const struct sockaddr_in *)(const void *)a)->sin_addr.s_addr ==
-           ((const struct sockaddr_in *)(const void *)b)->sin_addr.s_addr;
+        return memcmp(&in6(a)->sin6_addr, &in6(b)->sin6_addr, sizeof(struct in6_addr)) == 0;
+    return in4(a)->sin_addr.s_addr == in4(b)->sin_addr.s_addr;
 }
 
 /* Would the kernel hand connections for one listener to the other? With

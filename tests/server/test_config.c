@@ -664,8 +664,8 @@ static void test_unknown_fields(void **state)
     parse_bad("routes:\n  - name: r\n    match: { path: /x, host: a }\n",
               "idem.yaml:3: routes[0].match.host: unknown field", NULL);
     parse_bad("tls: on\n", "idem.yaml:1: tls: unknown field",
-              "known here: listen, admin_listen, storage, subject_header, upstream, workers, limits,"
-              " routes");
+              "known here: listen, admin_listen, storage, subject_header, upstream, workers,"
+              " limits, routes");
     parse_bad("? [a, b]\n: 1\n", "idem.yaml:1:", "plain strings");
     /* Given twice. */
     parse_bad(ROUTE "    lease: 1s\n    lease: 2s\n", "idem.yaml:7: routes[0].lease:",
