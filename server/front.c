@@ -562,19 +562,18 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     int admin = l == f->admin_listener;
     atomic_size_t *count = admin ? &f->counts->admin_connections : &f->counts->connections;
     size_t max = admin ? f->limits->admin_connections_max : f->limits->connections_max;
-    size_t open = atomic_load(count);
+    /* Counted before the check, in one step: the loops, accepting at once,
+     * cannot all see room for one more. conn_free() gives it back. */
+    size_t open = atomic_fetch_add(count, 1);
     int over = open >= max || f->draining;
-    if (over && open >= max + OVER_LIMIT_GRACE) {
-        evutil_closesocket(fd); /* a flood: not even an answer */
+    struct conn *c = over && open >= max + OVER_LIMIT_GRACE ? NULL : calloc(1, sizeof *c);
+    if (!c) {
+        atomic_fetch_sub(count, 1);
+        evutil_closesocket(fd); /* out of memory, or a flood: not even an answer */
         return;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    struct conn *c = calloc(1, sizeof *c);
-    if (!c) {
-        evutil_closesocket(fd);
-        return;
-    }
     c->f = f;
     c->admin = admin;
     c->bev = bufferevent_socket_new(f->base, fd, BEV_OPT_CLOSE_ON_FREE);
@@ -586,7 +585,6 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         f->conns->prev = c;
     f->conns = c;
     f->nconns++;
-    atomic_fetch_add(count, 1);
     if (!c->bev || !c->timer) {
         if (!c->bev)
             evutil_closesocket(fd);
