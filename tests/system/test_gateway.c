@@ -906,6 +906,25 @@ static void test_bad_config_refused(void **state)
     assert_int_equal(status, 2);
     assert_non_null(strstr(err, "bad.yaml:7"));
     assert_non_null(strstr(err, "lease"));
+    /* --check says the same and exits, without starting. */
+    char *check[] = {(char *)idem_bin, "serve", "-c", path, "--check", NULL};
+    assert_int_equal(sys_run_fail(check, err, sizeof err), 2);
+    assert_non_null(strstr(err, "bad.yaml:7"));
+    /* A valid file: 0, and neither the store (in a directory that does not
+     * exist) nor the port (in use: the refund service's) is touched. */
+    char good[4200], db[4200], listen[64];
+    snprintf(good, sizeof good, "%s/good.yaml", dir);
+    sys_write_file(good, "routes:\n"
+                         "  - name: refund\n"
+                         "    match: { method: POST, path: /refunds }\n"
+                         "    upstream: http://127.0.0.1:1\n"
+                         "    key: { json: refund_no }\n");
+    snprintf(db, sizeof db, "%s/no/such/dir/idem.db", dir);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", service.port);
+    char *ok[] = {(char *)idem_bin, "serve", "-c", good, "--db", db, "--listen", listen,
+                  "--check", NULL};
+    assert_int_equal(sys_run_fail(ok, err, sizeof err), 0);
+    assert_string_equal(err, "");
 }
 
 static void test_sighup_reloads_routes(void **state)
