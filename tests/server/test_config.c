@@ -1074,6 +1074,8 @@ static void test_shipped_example(void **state)
         fail_msg("%s", err);
     unsetenv("IDEM_POSTGRES_URL");
     assert_string_equal(c->storage_kind, "distributed");
+    assert_string_equal(c->admin_host, "127.0.0.1");
+    assert_int_equal(c->admin_port, 8081);
     assert_string_equal(c->postgres_url, "postgresql://idem:pw@db.internal/idem");
     assert_int_equal(c->route_count, 3);
     assert_int_equal(c->routes[0].on_redis_down_reject, 1);
