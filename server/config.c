@@ -1532,10 +1532,11 @@ static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config
 static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config *cfg)
 {
     static const char *const known[] = {"listen", "admin_listen", "storage", "subject_header",
-                                        "upstream", "workers", "limits", "routes"};
+                                        "upstream", "workers", "event_loops", "limits",
+                                        "routes"};
     const yaml_node_t *v;
     const char *s;
-    uint64_t workers;
+    uint64_t workers, loops;
     if (root->type != YAML_MAPPING_NODE && !is_null(root))
         return fail(c, root, NULL, "the top level must be a mapping (listen: ..., "
                     "routes: ...), not %s", kind_name(root));
@@ -1570,6 +1571,11 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
         if (get_count(c, v, "workers", 1, 4096, &workers))
             return -1;
         cfg->workers = (int)workers;
+    }
+    if ((v = field(c, root, "event_loops"))) {
+        if (get_count(c, v, "event_loops", 1, 16, &loops))
+            return -1;
+        cfg->event_loops = (int)loops;
     }
     if ((v = field(c, root, "limits")) && get_limits(c, v, &cfg->limits))
         return -1;

@@ -96,6 +96,7 @@ struct server_config {
     struct upstream_url upstream; /* where requests no route matches go */
     int has_upstream;         /* 0: those get 404 no_route */
     int workers;              /* threads for blocking calls (API, distributed store); default 64 */
+    int event_loops;          /* 0: one per processor, at most 4; else 1..16 */
     struct server_limits limits;
     struct route *routes;
     size_t route_count;

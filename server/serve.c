@@ -2,8 +2,8 @@
  * serve.c — `idem serve`: configuration, the Idem handle, the loop, signals
  * (daemon).
  *
- * One libevent loop per processor (at most LOOPS_MAX; loop 0 on the main
- * thread) handles requests without blocking (front.c, gateway.c); workers run
+ * One libevent loop per processor (at most 4), or event_loops of them (loop 0
+ * on the main thread) handles requests without blocking (front.c, gateway.c); workers run
  * only what blocks: the JSON API, and store calls on the distributed store.
  * SIGTERM or SIGINT drains: no new connections, requests in flight finish
  * (up to shutdown_timeout), then the handle closes, which waits for the last
@@ -111,7 +111,8 @@ void daemon_handle(void *arg, struct front_request *req)
 
 /* ---- signals, reload, purge ---- */
 
-#define LOOPS_MAX 4
+#define LOOPS_MAX 16 /* event_loops' upper bound */
+#define LOOPS_AUTO_MAX 4 /* without event_loops: one per processor, up to this */
 
 /* Wait until the store's writer has run every job queued so far: their
  * callbacks have been made (in order) when a new job's callback is. */
@@ -228,11 +229,14 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
-/* How many event loops: one per processor, at most LOOPS_MAX. */
-static int loop_count(void)
+/* How many event loops: event_loops, or one per processor, at most
+ * LOOPS_AUTO_MAX. */
+static int loop_count(const struct server_config *cfg)
 {
+    if (cfg->event_loops > 0)
+        return cfg->event_loops;
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > LOOPS_MAX ? LOOPS_MAX : (int)n;
+    return n < 1 ? 1 : n > LOOPS_AUTO_MAX ? LOOPS_AUTO_MAX : (int)n;
 }
 
 static void on_reload(evutil_socket_t sig, short what, void *arg)
@@ -268,8 +272,15 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
                       (next->admin_host && (strcmp(next->admin_host, cur->c->admin_host) ||
                                             next->admin_port != cur->c->admin_port));
     if (strcmp(next->listen_host, cur->c->listen_host) || next->listen_port != cur->c->listen_port ||
-        admin_moved || strcmp(next->storage_kind, cur->c->storage_kind) || strcmp(was, now))
-        daemon_log("SIGHUP: listen, admin_listen and storage changes take effect on restart");
+        admin_moved || strcmp(next->storage_kind, cur->c->storage_kind) || strcmp(was, now) ||
+        next->workers != cur->c->workers || next->event_loops != cur->c->event_loops ||
+        memcmp(&next->limits, &cur->c->limits, sizeof next->limits) != 0)
+        daemon_log("SIGHUP: listen, admin_listen, storage, workers, event_loops and limits "
+                   "changes take effect on restart");
+    /* The limits stay those the process started with: the connections,
+     * the parser and the store (whose largest result is response_max's)
+     * were set up with them. */
+    next->limits = cur->c->limits;
     lc->c = next;
     atomic_init(&lc->refs, 1);
     pthread_mutex_lock(&s->d.cfg_mu);
@@ -475,7 +486,7 @@ int serve_main(int argc, char **argv)
     s->d.kv_local = embedded;
     s->d.workers = s->workers;
     front_counts_init(&s->counts);
-    s->nloops = loop_count();
+    s->nloops = loop_count(cfg);
     int port = cfg->listen_port, admin_port = cfg->admin_port;
     s->d.admin_listener = cfg->admin_host != NULL;
     for (int i = 0; i < s->nloops; i++) {

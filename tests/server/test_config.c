@@ -398,6 +398,15 @@ static void test_listen(void **state)
         config_free(c);
     }
     parse_bad("admin_listen: 127.0.0.1\n", "idem.yaml:1: admin_listen:", "no port");
+    /* event_loops: 0 (unset) means one per processor. */
+    struct server_config *e = parse_ok("event_loops: 3\n");
+    assert_int_equal(e->event_loops, 3);
+    config_free(e);
+    e = parse_ok("listen: 80\n");
+    assert_int_equal(e->event_loops, 0);
+    config_free(e);
+    parse_bad("event_loops: 17\n", "idem.yaml:1: event_loops:", "1 to 16");
+    parse_bad("event_loops: 0\n", "idem.yaml:1: event_loops:", "1 to 16");
     parse_bad("admin_listen: bad host:80\n", "idem.yaml:1: admin_listen:", "host name");
     parse_bad("listen: 8081\nadmin_listen: 127.0.0.1:8081\n", "idem.yaml:2: admin_listen:",
               "same address as listen");
@@ -665,7 +674,7 @@ static void test_unknown_fields(void **state)
               "idem.yaml:3: routes[0].match.host: unknown field", NULL);
     parse_bad("tls: on\n", "idem.yaml:1: tls: unknown field",
               "known here: listen, admin_listen, storage, subject_header, upstream, workers,"
-              " limits, routes");
+              " event_loops, limits, routes");
     parse_bad("? [a, b]\n: 1\n", "idem.yaml:1:", "plain strings");
     /* Given twice. */
     parse_bad(ROUTE "    lease: 1s\n    lease: 2s\n", "idem.yaml:7: routes[0].lease:",

@@ -369,6 +369,26 @@ void sys_write_file(const char *path, const char *text)
     fclose(f);
 }
 
+char *sys_read_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    size_t cap = 4096, len = 0, n;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    while ((n = fread(buf + len, 1, cap - 1 - len, f)) > 0) {
+        len += n;
+        if (len == cap - 1) {
+            cap *= 2;
+            buf = realloc(buf, cap);
+            assert_non_null(buf);
+        }
+    }
+    fclose(f);
+    buf[len] = '\0';
+    return buf;
+}
+
 void sys_start_service(struct proc *p, const char *bin, const char *dir, const char *name,
                        const char *const *extra)
 {

@@ -85,5 +85,7 @@ long sys_stat(int upstream_port, const char *field);
 
 /* Write text to path. */
 void sys_write_file(const char *path, const char *text);
+/* The whole file, NUL-terminated; free() it. */
+char *sys_read_file(const char *path);
 
 #endif

@@ -38,17 +38,12 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* Start idem serve with this YAML (routes and limits); "@UP@" in it becomes
- * the refund service's address and "@DIR@" the temp dir. */
-static void start_idem(struct proc *p, const char *yaml_routes, const char *db_name)
+/* Write idem serve's config file: this YAML (routes and limits), with
+ * "@UP@" in it the refund service's address. */
+static void write_config(const char *path, const char *yaml_routes)
 {
-    char path[4200], db[4200], log[4200], text[16384];
-    snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, ++config_seq);
-    snprintf(db, sizeof db, "%s/%s", dir, db_name);
-    snprintf(log, sizeof log, "%s/idem-%d.log", dir, config_seq);
-    char up[64];
+    char text[16384], up[64];
     snprintf(up, sizeof up, "http://127.0.0.1:%d", service.port);
-    /* Substitute @UP@. */
     const char *s = yaml_routes;
     char *o = text;
     o += sprintf(o, "subject_header: X-Subject\nupstream: %s\n", up);
@@ -62,6 +57,17 @@ static void start_idem(struct proc *p, const char *yaml_routes, const char *db_n
     }
     *o = '\0';
     sys_write_file(path, text);
+}
+
+/* Start idem serve with this YAML (see write_config); its file is
+ * dir/idem-N.yaml, N the config_seq it leaves. */
+static void start_idem(struct proc *p, const char *yaml_routes, const char *db_name)
+{
+    char path[4200], db[4200], log[4200];
+    snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, ++config_seq);
+    snprintf(db, sizeof db, "%s/%s", dir, db_name);
+    snprintf(log, sizeof log, "%s/idem-%d.log", dir, config_seq);
+    write_config(path, yaml_routes);
     char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, "--listen", "127.0.0.1:0", NULL};
     sys_start(p, argv, log);
 }
@@ -757,6 +763,21 @@ static void test_upstream_answer_too_large(void **state)
         sys_resp_free(&r);
     }
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    /* A reload that raises response_max leaves the running limit (the
+     * store was opened for it) and says so. */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, config_seq);
+    write_config(path, "limits:\n  response_max: 1MiB\nroutes:\n" REFUND_ROUTE);
+    kill(gw.pid, SIGHUP);
+    sleep_ms(300);
+    sys_http(gw.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-big-2\",\"amount\":\"1.00\"}",
+             5000, &r);
+    assert_int_equal(r.status, 502);
+    assert_non_null(strstr(r.m->body, "upstream_response_too_large"));
+    sys_resp_free(&r);
+    char *log = sys_read_file(gw.log);
+    assert_non_null(strstr(log, "limits changes take effect on restart"));
+    free(log);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
@@ -948,18 +969,7 @@ static void test_sighup_reloads_routes(void **state)
     /* Rewrite the same file with the payment routes, and reload. */
     char path[4200];
     snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, config_seq);
-    char text[8192], up[64], *o = text;
-    snprintf(up, sizeof up, "http://127.0.0.1:%d", service.port);
-    o += sprintf(o, "subject_header: X-Subject\nupstream: %s\n", up);
-    for (const char *s = wait_routes; *s;)
-        if (strncmp(s, "@UP@", 4) == 0) {
-            o += sprintf(o, "%s", up);
-            s += 4;
-        } else {
-            *o++ = *s++;
-        }
-    *o = '\0';
-    sys_write_file(path, text);
+    write_config(path, wait_routes);
     kill(gw.pid, SIGHUP);
     sleep_ms(300);
     pthread_join(b.t, NULL);
@@ -1296,6 +1306,7 @@ static void expect_status(int port, const char *path, int status)
  * leave the JSON API answering; admin_connections_max bounds it alone. */
 static const char admin_limit_routes[] =
     "admin_listen: 127.0.0.1:0\n"
+    "event_loops: 2\n"
     "limits:\n"
     "  connections_max: 3\n"
     "  admin_connections_max: 2\n"
@@ -1337,10 +1348,12 @@ static void test_admin_limits_apart(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
-/* A burst of connections at once, spread by the kernel over the event
- * loops: exactly connections_max are kept, and every other one is answered
- * 503 and closed (fails with a count per loop: twice as many kept). */
+/* A burst of connections at once, spread by the kernel over four event
+ * loops (whatever the machine has): exactly connections_max are kept, and
+ * every other one is answered 503 and closed (fails with a count per loop:
+ * more are kept). */
 static const char burst_routes[] =
+    "event_loops: 4\n"
     "limits:\n"
     "  connections_max: 8\n"
     "  idle_timeout: 20s\n"
@@ -1386,6 +1399,7 @@ static void test_connection_limit_burst(void **state)
 }
 
 static const char in_flight_routes[] =
+    "event_loops: 2\n"
     "limits:\n"
     "  in_flight_max: 2\n"
     "routes:\n"
