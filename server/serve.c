@@ -170,6 +170,7 @@ struct serve {
     struct workers *workers;
     struct event *sig_term, *sig_int, *sig_hup, *purge_timer;
     int64_t shutdown_timeout_ms;
+    const char *listen_arg, *db_arg; /* --listen and --db, or NULL */
     struct work purge_work;
     int purge_running;
 };
@@ -239,6 +240,55 @@ static int loop_count(const struct server_config *cfg)
     return n < 1 ? 1 : n > LOOPS_AUTO_MAX ? LOOPS_AUTO_MAX : (int)n;
 }
 
+static int parse_listen(const char *s, struct server_config *cfg)
+{
+    const char *colon = strrchr(s, ':');
+    char *end;
+    long port = strtol(colon ? colon + 1 : s, &end, 10);
+    if (*end || port < 0 || port > 65535)
+        return -1;
+    if (colon && colon != s) {
+        char *host = strndup(s, (size_t)(colon - s));
+        if (!host)
+            return -1;
+        if (host[0] == '[' && host[strlen(host) - 1] == ']') {
+            memmove(host, host + 1, strlen(host));
+            host[strlen(host) - 1] = '\0';
+        }
+        free(cfg->listen_host);
+        cfg->listen_host = host;
+    }
+    cfg->listen_port = (int)port;
+    return 0;
+}
+
+/* --listen and --db over the file's values: at start, and again on every
+ * reload, so that a reload compares like with like. 0, 1 (out of memory),
+ * or 2 with err filled. */
+static int apply_command_line(struct server_config *cfg, const char *listen, const char *db,
+                              char *err, size_t errlen)
+{
+    if (listen && parse_listen(listen, cfg) != 0) {
+        snprintf(err, errlen, "--listen %s: expected HOST:PORT", listen);
+        return 2;
+    }
+    if (db && strcmp(cfg->storage_kind, "embedded") != 0) {
+        snprintf(err, errlen, "--db is for the embedded store; %s keeps storage.kind: %s",
+                 cfg->path ? cfg->path : "the configuration", cfg->storage_kind);
+        return 2;
+    }
+    if (db) {
+        char *copy = strdup(db);
+        if (!copy) {
+            snprintf(err, errlen, "out of memory");
+            return 1;
+        }
+        free(cfg->storage_path);
+        cfg->storage_path = copy;
+    }
+    return 0;
+}
+
 static void on_reload(evutil_socket_t sig, short what, void *arg)
 {
     struct serve *s = arg;
@@ -253,8 +303,10 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     }
     char err[512];
     struct server_config *next = NULL;
-    if (config_load(path, &next, err, sizeof err) != 0) {
+    if (config_load(path, &next, err, sizeof err) != 0 ||
+        apply_command_line(next, s->listen_arg, s->db_arg, err, sizeof err) != 0) {
         daemon_log("SIGHUP: %s; the running routes stay", err);
+        config_free(next);
         daemon_config_put(cur);
         return;
     }
@@ -342,27 +394,6 @@ static void usage(FILE *out)
           out);
 }
 
-static int parse_listen(const char *s, struct server_config *cfg)
-{
-    const char *colon = strrchr(s, ':');
-    char *end;
-    long port = strtol(colon ? colon + 1 : s, &end, 10);
-    if (*end || port < 0 || port > 65535)
-        return -1;
-    if (colon && colon != s) {
-        char *host = strndup(s, (size_t)(colon - s));
-        if (!host)
-            return -1;
-        if (host[0] == '[' && host[strlen(host) - 1] == ']') {
-            memmove(host, host + 1, strlen(host));
-            host[strlen(host) - 1] = '\0';
-        }
-        free(cfg->listen_host);
-        cfg->listen_host = host;
-    }
-    cfg->listen_port = (int)port;
-    return 0;
-}
 
 int serve_main(int argc, char **argv)
 {
@@ -404,25 +435,11 @@ int serve_main(int argc, char **argv)
         fprintf(stderr, "idem serve: out of memory\n");
         return 1;
     }
-    if (listen && parse_listen(listen, cfg) != 0) {
-        fprintf(stderr, "idem serve: --listen %s: expected HOST:PORT\n", listen);
+    int bad = apply_command_line(cfg, listen, db, err, sizeof err);
+    if (bad) {
+        fprintf(stderr, "idem serve: %s\n", err);
         config_free(cfg);
-        return 2;
-    }
-    if (db && strcmp(cfg->storage_kind, "embedded") != 0) {
-        fprintf(stderr, "idem serve: --db is for the embedded store; %s keeps storage.kind: %s\n",
-                config_path, cfg->storage_kind);
-        config_free(cfg);
-        return 2;
-    }
-    if (db) {
-        char *copy = strdup(db);
-        if (!copy) {
-            config_free(cfg);
-            return 1;
-        }
-        free(cfg->storage_path);
-        cfg->storage_path = copy;
+        return bad;
     }
     if (check) {
         /* What SIGHUP would load, checked without touching the store or
@@ -445,6 +462,8 @@ int serve_main(int argc, char **argv)
     lc->c = cfg;
     atomic_init(&lc->refs, 1);
     s->d.live = lc;
+    s->listen_arg = listen;
+    s->db_arg = db;
     pthread_mutex_init(&s->d.cfg_mu, NULL);
     s->limits = cfg->limits;
     s->shutdown_timeout_ms = cfg->limits.shutdown_timeout_ms;

@@ -982,6 +982,12 @@ static void test_sighup_reloads_routes(void **state)
             assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
         sys_resp_free(&r);
     }
+    /* Only the routes changed: the reload applied --listen and --db again
+     * and did not claim that anything waits for a restart. */
+    char *log = sys_read_file(gw.log);
+    assert_non_null(strstr(log, "SIGHUP: reloaded"));
+    assert_null(strstr(log, "take effect on restart"));
+    free(log);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
