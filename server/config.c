@@ -795,25 +795,55 @@ static const char *parse_hostport(const char *s, int need_port, int allow_zero, 
     return NULL;
 }
 
-/* listen and admin_listen: an address into *host and *port. */
+/* A listening address into *host and *port; on failure says why. */
+static const char *parse_listen_address(const char *s, char **host, int *port)
+{
+    if (s[strspn(s, "0123456789")] == '\0' || (*s == ':' && !strchr(s + 1, ':'))) {
+        /* Just a port: loopback, the safe choice for a gateway. */
+        if (parse_port(s + (*s == ':'), port, 1))
+            return "the port must be a number from 0 to 65535";
+        return set_string(host, "127.0.0.1") ? "out of memory" : NULL;
+    }
+    return parse_hostport(s, 1, 1, host, port);
+}
+
+#define LISTEN_FORMS "use host:port, [::1]:port, :port or port"
+
+/* listen and admin_listen. */
 static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path, char **host,
                       int *port)
 {
     const char *s, *why;
     if (scalar(c, n, path, "an address like 127.0.0.1:8080", &s))
         return -1;
-    if (s[strspn(s, "0123456789")] == '\0' || (*s == ':' && !strchr(s + 1, ':'))) {
-        /* Just a port: loopback, the safe choice for a gateway. */
-        if (parse_port(s + (*s == ':'), port, 1))
-            return fail(c, n, path, "%s: the port must be a number from 0 to 65535",
-                        quote(c, s));
-        return set_string(host, "127.0.0.1") ? oom(c) : 0;
-    }
-    why = parse_hostport(s, 1, 1, host, port);
-    if (why)
-        return fail(c, n, path, "%s: %s (use host:port, [::1]:port, :port or "
-                    "port)", quote(c, s), why);
+    if ((why = parse_listen_address(s, host, port)))
+        return fail(c, n, path, "%s: %s (" LISTEN_FORMS ")", quote(c, s), why);
     return 0;
+}
+
+int config_set_listen(struct server_config *cfg, const char *s, char *err, size_t errlen)
+{
+    const char *why = parse_listen_address(s, &cfg->listen_host, &cfg->listen_port);
+    if (why)
+        snprintf(err, errlen, "--listen \"%s\": %s (" LISTEN_FORMS ")", s, why);
+    return why ? -1 : 0;
+}
+
+/* admin_listen spelled as listen is: the two would be one socket. (Other
+ * spellings of one address are caught once bound.) */
+static int same_listen_address(const struct server_config *cfg)
+{
+    return cfg->admin_host && cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
+           strcmp(cfg->admin_host, cfg->listen_host) == 0;
+}
+
+int config_check_addresses(const struct server_config *cfg, char *err, size_t errlen)
+{
+    if (!same_listen_address(cfg))
+        return 0;
+    snprintf(err, errlen, "listen and admin_listen are both %s:%d: the JSON API gets a "
+             "listener of its own", cfg->listen_host, cfg->listen_port);
+    return -1;
 }
 
 static int has_prefix_nocase(const char *s, const char *prefix)
@@ -1548,8 +1578,7 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
     if ((v = field(c, root, "admin_listen"))) {
         if (get_listen(c, v, "admin_listen", &cfg->admin_host, &cfg->admin_port))
             return -1;
-        if (cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
-            strcmp(cfg->admin_host, cfg->listen_host) == 0)
+        if (same_listen_address(cfg))
             return fail(c, v, "admin_listen", "is the same address as listen: the JSON API "
                         "gets a listener of its own, or omit admin_listen to serve it on "
                         "listen");

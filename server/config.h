@@ -114,6 +114,14 @@ int config_parse(const char *yaml, size_t len, const char *name,
 /* The configuration with every default and no routes (no file given). */
 struct server_config *config_default(void);
 
+/* --listen over the file's listen, with the forms and checks of listen.
+ * 0, or -1 with err ("--listen X: what is wrong"). */
+int config_set_listen(struct server_config *cfg, const char *s, char *err, size_t errlen);
+
+/* What a command-line change can break across fields (admin_listen spelled
+ * as listen). 0, or -1 with err. */
+int config_check_addresses(const struct server_config *cfg, char *err, size_t errlen);
+
 void config_free(struct server_config *c);
 
 /* Where the store is, fit for a log line: the SQLite path, or the two

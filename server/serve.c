@@ -171,6 +171,7 @@ struct serve {
     struct event *sig_term, *sig_int, *sig_hup, *purge_timer;
     int64_t shutdown_timeout_ms;
     const char *listen_arg, *db_arg; /* --listen and --db, or NULL */
+    struct live_config *start;       /* the configuration it started with */
     struct work purge_work;
     int purge_running;
 };
@@ -240,38 +241,15 @@ static int loop_count(const struct server_config *cfg)
     return n < 1 ? 1 : n > LOOPS_AUTO_MAX ? LOOPS_AUTO_MAX : (int)n;
 }
 
-static int parse_listen(const char *s, struct server_config *cfg)
-{
-    const char *colon = strrchr(s, ':');
-    char *end;
-    long port = strtol(colon ? colon + 1 : s, &end, 10);
-    if (*end || port < 0 || port > 65535)
-        return -1;
-    if (colon && colon != s) {
-        char *host = strndup(s, (size_t)(colon - s));
-        if (!host)
-            return -1;
-        if (host[0] == '[' && host[strlen(host) - 1] == ']') {
-            memmove(host, host + 1, strlen(host));
-            host[strlen(host) - 1] = '\0';
-        }
-        free(cfg->listen_host);
-        cfg->listen_host = host;
-    }
-    cfg->listen_port = (int)port;
-    return 0;
-}
-
 /* --listen and --db over the file's values: at start, and again on every
  * reload, so that a reload compares like with like. 0, 1 (out of memory),
  * or 2 with err filled. */
 static int apply_command_line(struct server_config *cfg, const char *listen, const char *db,
                               char *err, size_t errlen)
 {
-    if (listen && parse_listen(listen, cfg) != 0) {
-        snprintf(err, errlen, "--listen %s: expected HOST:PORT", listen);
+    if (listen && (config_set_listen(cfg, listen, err, errlen) != 0 ||
+                   config_check_addresses(cfg, err, errlen) != 0))
         return 2;
-    }
     if (db && strcmp(cfg->storage_kind, "embedded") != 0) {
         snprintf(err, errlen, "--db is for the embedded store; %s keeps storage.kind: %s",
                  cfg->path ? cfg->path : "the configuration", cfg->storage_kind);
@@ -316,23 +294,39 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
         daemon_config_put(cur);
         return;
     }
-    /* Where it listens and stores cannot change under a running process. */
-    char was[1100], now[1100];
-    config_storage_where(cur->c, was, sizeof was);
+    /* What the process set up at start stays until a restart: where it
+     * listens and stores, its threads, its limits (the connections, the
+     * parser and the store, whose largest result is response_max's, were
+     * set up with them). The file is compared with what the process
+     * started with, not with the last file loaded, and what differs is
+     * named. */
+    const struct server_config *st = s->start->c;
+    char was[1100], now[1100], waits[128] = "";
+    config_storage_where(st, was, sizeof was);
     config_storage_where(next, now, sizeof now);
-    int admin_moved = !next->admin_host != !cur->c->admin_host ||
-                      (next->admin_host && (strcmp(next->admin_host, cur->c->admin_host) ||
-                                            next->admin_port != cur->c->admin_port));
-    if (strcmp(next->listen_host, cur->c->listen_host) || next->listen_port != cur->c->listen_port ||
-        admin_moved || strcmp(next->storage_kind, cur->c->storage_kind) || strcmp(was, now) ||
-        next->workers != cur->c->workers || next->event_loops != cur->c->event_loops ||
-        memcmp(&next->limits, &cur->c->limits, sizeof next->limits) != 0)
-        daemon_log("SIGHUP: listen, admin_listen, storage, workers, event_loops and limits "
-                   "changes take effect on restart");
-    /* The limits stay those the process started with: the connections,
-     * the parser and the store (whose largest result is response_max's)
-     * were set up with them. */
-    next->limits = cur->c->limits;
+    const struct {
+        int changed;
+        const char *name;
+    } fixed[] = {
+        {strcmp(next->listen_host, st->listen_host) || next->listen_port != st->listen_port,
+         "listen"},
+        {!next->admin_host != !st->admin_host ||
+             (next->admin_host && (strcmp(next->admin_host, st->admin_host) ||
+                                   next->admin_port != st->admin_port)),
+         "admin_listen"},
+        {strcmp(next->storage_kind, st->storage_kind) || strcmp(was, now), "storage"},
+        {next->workers != st->workers, "workers"},
+        {loop_count(next) != s->nloops, "event_loops"},
+        {memcmp(&next->limits, &s->limits, sizeof s->limits) != 0, "limits"},
+    };
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (fixed[i].changed)
+            snprintf(waits + strlen(waits), sizeof waits - strlen(waits), "%s%s",
+                     waits[0] ? ", " : "", fixed[i].name);
+    if (waits[0])
+        daemon_log("SIGHUP: %s: changed in the file; the running ones stay until a restart",
+                   waits);
+    next->limits = s->limits;
     lc->c = next;
     atomic_init(&lc->refs, 1);
     pthread_mutex_lock(&s->d.cfg_mu);
@@ -462,6 +456,7 @@ int serve_main(int argc, char **argv)
     lc->c = cfg;
     atomic_init(&lc->refs, 1);
     s->d.live = lc;
+    s->start = daemon_config_get(&s->d); /* what SIGHUP compares with */
     s->listen_arg = listen;
     s->db_arg = db;
     pthread_mutex_init(&s->d.cfg_mu, NULL);
@@ -602,6 +597,7 @@ out:
         }
     }
     idem_close(s->d.h); /* the last group commit completes here */
+    daemon_config_put(s->start);
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);
     free(s);
