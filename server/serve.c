@@ -162,16 +162,15 @@ struct loop {
 
 struct serve {
     struct daemon d;
-    struct server_limits limits; /* fixed for the life of the process */
+    const struct server_limits *limits; /* start's: fixed for the life of the process */
     struct loop loops[LOOPS_MAX];
     int nloops;
     struct front_counts counts;  /* all loops' connections and requests */
     struct event_base *base;     /* loops[0].ctx.base */
     struct workers *workers;
     struct event *sig_term, *sig_int, *sig_hup, *purge_timer;
-    int64_t shutdown_timeout_ms;
     const char *listen_arg, *db_arg; /* --listen and --db, or NULL */
-    struct live_config *start;       /* the configuration it started with */
+    struct live_config *start;       /* the configuration it started with (kept) */
     struct work purge_work;
     int purge_running;
 };
@@ -206,7 +205,7 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
     (void)what;
     daemon_log("%s: draining (%zu requests in flight, up to %lld ms)",
             sig == SIGINT ? "SIGINT" : "SIGTERM", in_flight(s),
-            (long long)s->shutdown_timeout_ms);
+            (long long)s->limits->shutdown_timeout_ms);
     event_del(s->purge_timer);
     for (int i = 1; i < s->nloops; i++) {
         struct drain_order *o = malloc(sizeof *o);
@@ -215,13 +214,13 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
             continue;
         }
         o->front = s->loops[i].front;
-        o->timeout_ms = s->shutdown_timeout_ms;
+        o->timeout_ms = s->limits->shutdown_timeout_ms;
         if (event_base_once(s->loops[i].ctx.base, -1, EV_TIMEOUT, on_drain_order, o, NULL) != 0) {
             free(o);
             event_base_loopexit(s->loops[i].ctx.base, NULL);
         }
     }
-    front_drain(s->loops[0].front, s->shutdown_timeout_ms);
+    front_drain(s->loops[0].front, s->limits->shutdown_timeout_ms);
 }
 
 static void *loop_main(void *arg)
@@ -267,6 +266,12 @@ static int apply_command_line(struct server_config *cfg, const char *listen, con
     return 0;
 }
 
+/* Two configured addresses, either host possibly NULL (none). */
+static int same_address(const char *h1, int p1, const char *h2, int p2)
+{
+    return h1 && h2 ? strcmp(h1, h2) == 0 && p1 == p2 : h1 == h2;
+}
+
 static void on_reload(evutil_socket_t sig, short what, void *arg)
 {
     struct serve *s = arg;
@@ -308,16 +313,14 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
         int changed;
         const char *name;
     } fixed[] = {
-        {strcmp(next->listen_host, st->listen_host) || next->listen_port != st->listen_port,
+        {!same_address(next->listen_host, next->listen_port, st->listen_host, st->listen_port),
          "listen"},
-        {!next->admin_host != !st->admin_host ||
-             (next->admin_host && (strcmp(next->admin_host, st->admin_host) ||
-                                   next->admin_port != st->admin_port)),
+        {!same_address(next->admin_host, next->admin_port, st->admin_host, st->admin_port),
          "admin_listen"},
         {strcmp(next->storage_kind, st->storage_kind) || strcmp(was, now), "storage"},
         {next->workers != st->workers, "workers"},
         {loop_count(next) != s->nloops, "event_loops"},
-        {memcmp(&next->limits, &s->limits, sizeof s->limits) != 0, "limits"},
+        {memcmp(&next->limits, s->limits, sizeof *s->limits) != 0, "limits"},
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (fixed[i].changed)
@@ -326,7 +329,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     if (waits[0])
         daemon_log("SIGHUP: %s: changed in the file; the running ones stay until a restart",
                    waits);
-    next->limits = s->limits;
+    next->limits = *s->limits;
     lc->c = next;
     atomic_init(&lc->refs, 1);
     pthread_mutex_lock(&s->d.cfg_mu);
@@ -455,13 +458,12 @@ int serve_main(int argc, char **argv)
     }
     lc->c = cfg;
     atomic_init(&lc->refs, 1);
+    pthread_mutex_init(&s->d.cfg_mu, NULL);
     s->d.live = lc;
     s->start = daemon_config_get(&s->d); /* what SIGHUP compares with */
+    s->limits = &cfg->limits;
     s->listen_arg = listen;
     s->db_arg = db;
-    pthread_mutex_init(&s->d.cfg_mu, NULL);
-    s->limits = cfg->limits;
-    s->shutdown_timeout_ms = cfg->limits.shutdown_timeout_ms;
     unsigned char raw[6];
     RAND_bytes(raw, sizeof raw);
     snprintf(s->d.instance, sizeof s->d.instance, "idem-%02x%02x%02x%02x%02x%02x", raw[0], raw[1],
@@ -509,8 +511,8 @@ int serve_main(int argc, char **argv)
         l->ctx.base = event_base_new();
         l->ctx.upstreams = l->ctx.base ? upstream_loop_new(l->ctx.base) : NULL;
         /* Without memory for it, the loop runs without a replay cache. */
-        l->ctx.replays = replay_cache_new(s->limits.replay_cache);
-        l->front = l->ctx.upstreams ? front_new(l->ctx.base, &s->limits, s->workers,
+        l->ctx.replays = replay_cache_new(s->limits->replay_cache);
+        l->front = l->ctx.upstreams ? front_new(l->ctx.base, s->limits, s->workers,
                                                 daemon_handle, &s->d, &l->ctx)
                                     : NULL;
         if (!l->front) {
