@@ -116,6 +116,7 @@ void sys_start(struct proc *p, char *const argv[], const char *log_path)
             p->port = port_after(l, "listening on ");
             const char *a = strstr(l, "JSON API on ");
             p->admin_port = a && a < nl ? port_after(a, "JSON API on ") : 0;
+            snprintf(p->ready, sizeof p->ready, "%.*s", (int)(nl - l), l);
             return;
         }
     }

@@ -17,6 +17,7 @@ struct proc {
     int port;      /* the port it said it listens on */
     int admin_port; /* idem serve with admin_listen: "JSON API on HOST:PORT"; else 0 */
     char log[256]; /* where its stderr goes */
+    char ready[512]; /* the ready line ("... listening on ..."), cut to fit */
 };
 
 /* A free TCP port on 127.0.0.1 (bound and released: a small race, fine for

@@ -1411,6 +1411,7 @@ static void test_connection_limit_burst(void **state)
     (void)state;
     struct proc gw;
     start_idem(&gw, burst_routes, "burst.db");
+    assert_non_null(strstr(gw.ready, ", 4 event loops")); /* event_loops: 4 */
     struct burst *b = calloc(1, sizeof *b);
     b->port = gw.port;
     test_run_threads(64, burst_connect, b);
