@@ -19,8 +19,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void check(const struct server_config *c)
 {
-    CHECK(c->listen_host && c->listen_port >= 1 && c->listen_port <= 65535);
+    /* Port 0 is valid: the system picks one. */
+    CHECK(c->listen_host && c->listen_port >= 0 && c->listen_port <= 65535);
+    CHECK(!c->admin_host || (c->admin_port >= 0 && c->admin_port <= 65535));
+    CHECK(!c->admin_host || strcmp(c->admin_host, c->listen_host) != 0 ||
+          c->admin_port != c->listen_port || c->listen_port == 0);
     CHECK(c->workers >= 1 && c->workers <= 4096);
+    CHECK(c->event_loops >= 0 && c->event_loops <= 16);
     CHECK(c->storage_kind && c->storage_path && c->subject_header);
     CHECK(c->route_count <= 1000);
     for (size_t i = 0; i < c->route_count; i++) {
