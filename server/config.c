@@ -25,6 +25,8 @@
 
 #include <yaml.h>
 
+#include "upstream.h"
+
 #define FILE_MAX (1024 * 1024)
 #define ROUTES_MAX 1000
 #define KEY_PARTS_MAX 8
@@ -181,6 +183,7 @@ static void route_free(struct route *r)
     free(r->path);
     free(r->upstream.host);
     free(r->upstream.base_path);
+    upstream_addrs_put(r->upstream.addrs);
     for (size_t i = 0; i < r->key_parts; i++)
         free(r->key[i].name);
     free(r->key);
@@ -204,6 +207,7 @@ void config_free(struct server_config *c)
     free(c->subject_header);
     free(c->upstream.host);
     free(c->upstream.base_path);
+    upstream_addrs_put(c->upstream.addrs);
     for (size_t i = 0; i < c->route_count; i++)
         route_free(&c->routes[i]);
     free(c->routes);
@@ -909,7 +913,30 @@ static int get_upstream(struct ctx *c, const yaml_node_t *n, const char *path,
     }
     if (why)
         return fail(c, n, path, "%s: %s", quote(c, url), why);
+    u->line = (unsigned long)n->start_mark.line + 1;
     return 0;
+}
+
+static int resolve_one(const struct server_config *cfg, struct upstream_url *u,
+                       const char *field, char *err, size_t errlen)
+{
+    char detail[400];
+    if (u->addrs || (u->addrs = upstream_resolve(u->host, u->port, detail, sizeof detail)))
+        return 0;
+    snprintf(err, errlen, "%s:%lu: %s: %s", cfg->path ? cfg->path : "(configuration)",
+             u->line, field, detail);
+    return -1;
+}
+
+int config_resolve(struct server_config *cfg, char *err, size_t errlen)
+{
+    char field[64];
+    for (size_t i = 0; i < cfg->route_count; i++) {
+        snprintf(field, sizeof field, "routes[%zu].upstream", i);
+        if (resolve_one(cfg, &cfg->routes[i].upstream, field, err, errlen))
+            return -1;
+    }
+    return cfg->has_upstream ? resolve_one(cfg, &cfg->upstream, "upstream", err, errlen) : 0;
 }
 
 /* ------------------------------------------------------------------------- */

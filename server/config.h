@@ -29,10 +29,14 @@ enum fingerprint_kind {
     FINGERPRINT_NONE,
 };
 
+struct upstream_addrs;
+
 struct upstream_url {
     char *host;       /* "127.0.0.1" */
     int port;         /* 80 when not given */
     char *base_path;  /* "" or "/api" (no trailing slash): prefixed to the path */
+    unsigned long line;            /* where the file gives it */
+    struct upstream_addrs *addrs;  /* looked up by config_resolve(); NULL before */
 };
 
 struct route {
@@ -110,6 +114,13 @@ int config_load(const char *path, struct server_config **out, char *err, size_t 
 /* The same, from a string (tests, fuzzing); name is used in messages. */
 int config_parse(const char *yaml, size_t len, const char *name,
                  struct server_config **out, char *err, size_t errlen);
+
+/* Look up the address of every upstream (the routes' and the default one):
+ * the one step of loading a configuration that may block, on DNS, kept
+ * apart from parsing so that the parser never touches the network. 0, or
+ * -1 with err naming the line and field ("idem.yaml:9: routes[0].upstream:
+ * upstream svc:9000: Name or service not known"). */
+int config_resolve(struct server_config *cfg, char *err, size_t errlen);
 
 /* The configuration with every default and no routes (no file given). */
 struct server_config *config_default(void);

@@ -791,8 +791,7 @@ static void forward(struct gw *g)
     };
     atomic_fetch_add(&g->d->n.executions, 1);
     g->forwarded = 1;
-    g->call = upstream_call_start(loop->upstreams, rt->upstream.host, rt->upstream.port, &rq,
-                                  on_upstream, g);
+    g->call = upstream_call_start(loop->upstreams, rt->upstream.addrs, &rq, on_upstream, g);
     if (!g->call) {
         g->forwarded = 0;
         g->give_token_back = 1;
@@ -1012,8 +1011,7 @@ void passthrough_start(struct daemon *d, const struct server_config *cfg,
     };
     struct pass *p = calloc(1, sizeof *p);
     if (p)
-        p->call = upstream_call_start(loop->upstreams, cfg->upstream.host, cfg->upstream.port,
-                                      &rq, on_passed, p);
+        p->call = upstream_call_start(loop->upstreams, cfg->upstream.addrs, &rq, on_passed, p);
     if (!p || !p->call) {
         free(p);
         front_answer(req); /* resp NULL: 503 */

@@ -287,7 +287,8 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     char err[512];
     struct server_config *next = NULL;
     if (config_load(path, &next, err, sizeof err) != 0 ||
-        apply_command_line(next, s->listen_arg, s->db_arg, err, sizeof err) != 0) {
+        apply_command_line(next, s->listen_arg, s->db_arg, err, sizeof err) != 0 ||
+        config_resolve(next, err, sizeof err) != 0) {
         daemon_log("SIGHUP: %s; the running routes stay", err);
         config_free(next);
         daemon_config_put(cur);
@@ -433,6 +434,8 @@ int serve_main(int argc, char **argv)
         return 1;
     }
     int bad = apply_command_line(cfg, listen, db, err, sizeof err);
+    if (!bad && config_resolve(cfg, err, sizeof err) != 0)
+        bad = 2;
     if (bad) {
         fprintf(stderr, "idem serve: %s\n", err);
         config_free(cfg);

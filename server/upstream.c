@@ -2,9 +2,9 @@
  * upstream.c — the daemon's HTTP client for upstreams (daemon):
  * non-blocking, on a libevent event_base; the answer comes to a callback on
  * the loop's thread. Each loop has its own pools (struct upstream_loop),
- * touched only by that thread, and resolves each host:port once, at its
- * first call (the one step that may block, on DNS, unless the host is a
- * numeric address).
+ * touched only by that thread. Host names are looked up before any of this,
+ * when a configuration is loaded (struct upstream_addrs): nothing a loop
+ * runs waits on DNS.
  *
  * What matters most is the line between "not sent" and "maybe executed":
  *
@@ -34,6 +34,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,19 +54,44 @@
 
 /* ---- addresses, connecting, the request, the answer ---------------------- */
 
-/* host:port's addresses (the caller frees them with freeaddrinfo), or NULL
- * with detail. May block on DNS unless host is a numeric address. */
-static struct addrinfo *resolve(const char *host, int port, char *detail, size_t dlen)
+struct upstream_addrs {
+    atomic_int refs;
+    char *host;
+    int port;
+    struct addrinfo *ai; /* at least one */
+};
+
+struct upstream_addrs *upstream_resolve(const char *host, int port, char *detail, size_t dlen)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     char service[16];
     snprintf(service, sizeof service, "%d", port);
     int gai = getaddrinfo(host, service, &hints, &ai);
     if (gai != 0) {
-        snprintf(detail, dlen, "upstream %s:%d: %s", host, port, gai_strerror(gai));
+        snprintf(detail, dlen, "upstream %s:%d: %s", host, port,
+                 gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
         return NULL;
     }
-    return ai;
+    struct upstream_addrs *a = calloc(1, sizeof *a);
+    if (!a || !(a->host = strdup(host))) {
+        snprintf(detail, dlen, "upstream %s:%d: out of memory", host, port);
+        free(a);
+        freeaddrinfo(ai);
+        return NULL;
+    }
+    atomic_init(&a->refs, 1);
+    a->port = port;
+    a->ai = ai;
+    return a;
+}
+
+void upstream_addrs_put(struct upstream_addrs *a)
+{
+    if (a && atomic_fetch_sub(&a->refs, 1) == 1) {
+        freeaddrinfo(a->ai);
+        free(a->host);
+        free(a);
+    }
 }
 
 /* A non-blocking socket with a connect to a under way (or done): wait for
@@ -281,8 +307,8 @@ static int answer_feed(struct answer *a, const char *buf, ssize_t n, char *detai
  *     ↺ the next address on failure                                    ▼
  *   any state ── failure or the deadline ─────────────────────────► DECIDED ──► done runs
  *
- *   attach()        → SENDING with a pooled connection, else resolves (once
- *                     per pool) and → CONNECTING through connect_next()
+ *   attach()        → SENDING with a pooled connection, else → CONNECTING
+ *                     to the call's addresses through connect_next()
  *   on_io()         CONNECTING → SENDING once connected; connect_next() on failure
  *   send_some()     SENDING → READING, or back to attach(), or decide()
  *   read_some()     READING → decide() once the answer is whole or cut short
@@ -328,7 +354,6 @@ struct loop_pool {
     struct event_base *base;
     char *host;
     int port;
-    struct addrinfo *addrs; /* resolved at first use, then kept */
     struct loop_conn *idle[IDLE_MAX]; /* newest last */
     int nidle;
 };
@@ -342,6 +367,7 @@ enum call_state { CONNECTING, SENDING, READING, DECIDED };
 
 struct upstream_call {
     struct loop_pool *pool;
+    struct upstream_addrs *to;        /* a reference, for the call's life */
     upstream_done_fn done;
     void *arg;
     enum call_state state;
@@ -477,8 +503,6 @@ void upstream_loop_free(struct upstream_loop *ul)
         ul->pools = p->next;
         while (p->nidle > 0)
             conn_close(p->idle[--p->nidle]);
-        if (p->addrs)
-            freeaddrinfo(p->addrs);
         free(p->host);
         free(p);
     }
@@ -495,6 +519,7 @@ static void call_free(struct upstream_call *c)
         conn_close(c->conn);
     answer_free(&c->answer);
     free(c->bytes);
+    upstream_addrs_put(c->to);
     free(c);
 }
 
@@ -569,12 +594,8 @@ static void attach(struct upstream_call *c)
         send_some(c);
         return;
     }
-    if (!p->addrs && !(p->addrs = resolve(p->host, p->port, c->detail, sizeof c->detail))) {
-        decide(c, UPSTREAM_NOT_SENT, NULL);
-        return;
-    }
     c->state = CONNECTING;
-    c->next_addr = p->addrs;
+    c->next_addr = c->to->ai;
     c->connect_err = 0;
     connect_next(c);
 }
@@ -738,11 +759,11 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     }
 }
 
-struct upstream_call *upstream_call_start(struct upstream_loop *ul, const char *host, int port,
+struct upstream_call *upstream_call_start(struct upstream_loop *ul, struct upstream_addrs *to,
                                           const struct upstream_request *rq,
                                           upstream_done_fn done, void *arg)
 {
-    struct loop_pool *p = loop_pool_get(ul, host, port);
+    struct loop_pool *p = loop_pool_get(ul, to->host, to->port);
     /* The call and its two events in one block: nothing more to allocate
      * per request than the request's bytes. */
     size_t head = (sizeof(struct upstream_call) + 15) & ~(size_t)15;
@@ -755,6 +776,8 @@ struct upstream_call *upstream_call_start(struct upstream_loop *ul, const char *
     event_assign(c->io, ul->base, -1, 0, on_io, c);
     evtimer_assign(c->timer, ul->base, on_timer, c);
     c->pool = p;
+    atomic_fetch_add(&to->refs, 1);
+    c->to = to;
     c->done = done;
     c->arg = arg;
     c->fd = -1;

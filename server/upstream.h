@@ -39,6 +39,23 @@ struct upstream_request {
     size_t response_max;             /* response body limit */
 };
 
+/* ---- addresses ----------------------------------------------------------- */
+
+/* Where an upstream is: host:port and its addresses, looked up once when a
+ * configuration is loaded (at start, by --check, at each SIGHUP), never on
+ * an event loop's request path, so that no loop ever waits on DNS. Shared
+ * and reference-counted: a call keeps the set it was started with, so a
+ * reload may drop it while calls are under way. */
+struct upstream_addrs;
+
+/* host:port's addresses. The lookup may block on DNS (a numeric address
+ * never does). NULL with detail ("upstream svc:9000: Name or service not
+ * known") when the name does not resolve, or on OOM. */
+struct upstream_addrs *upstream_resolve(const char *host, int port, char *detail, size_t dlen);
+
+/* Drop a reference; the last frees the set. NULL is a no-op. */
+void upstream_addrs_put(struct upstream_addrs *a);
+
 /* ---- non-blocking, on an event loop -------------------------------------- */
 
 /* One event loop's upstream connections: a keep-alive pool per host:port
@@ -61,17 +78,14 @@ struct upstream_call;
 typedef void (*upstream_done_fn)(void *arg, enum upstream_result r, struct http_msg *resp,
                                  const char *detail);
 
-/* Start the exchange with host:port. The request's bytes are built at once
+/* Start the exchange with the upstream at `to`, connecting to its
+ * addresses in turn when no pooled connection is at hand; the call keeps a
+ * reference to `to` until it ends. The request's bytes are built at once
  * from rq: rq and what it points to need not outlive this call. done is
  * called exactly once, later, on the loop's thread: never from inside
  * upstream_call_start, even for a result known at once.
- * NULL on OOM; then done never runs.
- *
- * host:port is resolved once per upstream_loop, at its first call, and the
- * addresses kept for the loop's life: that first call may block on DNS
- * (a numeric address never does; a failed lookup is tried again at the
- * next call, NOT_SENT meanwhile). */
-struct upstream_call *upstream_call_start(struct upstream_loop *ul, const char *host, int port,
+ * NULL on OOM; then done never runs. Nothing here blocks. */
+struct upstream_call *upstream_call_start(struct upstream_loop *ul, struct upstream_addrs *to,
                                           const struct upstream_request *rq,
                                           upstream_done_fn done, void *arg);
 

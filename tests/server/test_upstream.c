@@ -361,6 +361,20 @@ static void run_for(struct event_base *base, int64_t ms)
     run_until(base, NULL, 0, ms);
 }
 
+/* upstream_call_start() to HOST:port: the addresses looked up, handed to
+ * the call, and dropped here at once (the call keeps its own reference). */
+static struct upstream_call *start_call(struct upstream_loop *ul, int port,
+                                        const struct upstream_request *rq,
+                                        upstream_done_fn done, void *arg)
+{
+    char detail[256];
+    struct upstream_addrs *to = upstream_resolve(HOST, port, detail, sizeof detail);
+    assert_non_null(to);
+    struct upstream_call *c = upstream_call_start(ul, to, rq, done, arg);
+    upstream_addrs_put(to);
+    return c;
+}
+
 /* Wait (the loop running) until the server's counter reaches want. */
 static void await_server(struct fixture *f, atomic_int *counter, int want)
 {
@@ -375,7 +389,7 @@ static struct done_rec call_port(struct fixture *f, int port, const struct upstr
 {
     struct done_rec d = {0};
     int64_t t0 = now_ms();
-    struct upstream_call *c = upstream_call_start(f->ul, HOST, port, rq, on_done, &d);
+    struct upstream_call *c = start_call(f->ul, port, rq, on_done, &d);
     assert_non_null(c);
     assert_int_equal(d.calls, 0); /* never from inside start */
     run_until(f->base, &d.calls, 1, rq->timeout_ms + 10000);
@@ -474,7 +488,7 @@ static void ok_and_request_as_sent(void **state)
                                     .response_max = 1024};
 
     struct done_rec d = {0};
-    struct upstream_call *c = upstream_call_start(f->ul, HOST, f->srv.port, rq, on_done, &d);
+    struct upstream_call *c = start_call(f->ul, f->srv.port, rq, on_done, &d);
     assert_non_null(c);
     assert_int_equal(d.calls, 0);
     free(method);
@@ -590,6 +604,33 @@ static void refused_not_sent(void **state)
     assert_non_null(strstr(d.detail, "connect"));
 }
 
+/* Host names are looked up by upstream_resolve(), before any call: a name
+ * that resolves is called like its address, and the call keeps the
+ * addresses it was given after the caller drops them; a name that does not
+ * resolve is refused there, named, and no call can start with it. */
+static void names_looked_up_first(void **state)
+{
+    struct fixture *f = *state;
+    static const char *const answer[] = {"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+                                         NULL};
+    start(f, serve_parts, answer, 0);
+    char detail[256];
+    struct upstream_addrs *to = upstream_resolve("localhost", f->srv.port, detail, sizeof detail);
+    assert_non_null(to);
+    struct done_rec d = {0};
+    assert_non_null(upstream_call_start(f->ul, to, &get_rq, on_done, &d));
+    upstream_addrs_put(to);
+    run_until(f->base, &d.calls, 1, 10000);
+    assert_int_equal(d.calls, 1);
+    assert_result(d.r, UPSTREAM_OK, d.detail);
+    assert_int_equal(d.resp->status, 200);
+    http_msg_free(d.resp);
+
+    detail[0] = '\0';
+    assert_null(upstream_resolve("no-such-host.invalid", 80, detail, sizeof detail));
+    assert_non_null(strstr(detail, "upstream no-such-host.invalid:80: "));
+}
+
 /* A result known inside upstream_call_start (no time left to connect)
  * still comes later, from the loop; and a call cancelled before that never
  * calls back. */
@@ -600,14 +641,14 @@ static void decided_at_start_comes_later(void **state)
     struct upstream_request rq = get_rq;
     rq.timeout_ms = 0;
     struct done_rec d = {0};
-    assert_non_null(upstream_call_start(f->ul, HOST, f->srv.port, &rq, on_done, &d));
+    assert_non_null(start_call(f->ul, f->srv.port, &rq, on_done, &d));
     assert_int_equal(d.calls, 0);
     run_until(f->base, &d.calls, 1, 5000);
     assert_int_equal(d.calls, 1);
     assert_result(d.r, UPSTREAM_NOT_SENT, d.detail);
 
     struct done_rec never = {0};
-    struct upstream_call *c = upstream_call_start(f->ul, HOST, f->srv.port, &rq, on_done, &never);
+    struct upstream_call *c = start_call(f->ul, f->srv.port, &rq, on_done, &never);
     assert_non_null(c);
     upstream_call_cancel(c);
     run_for(f->base, 50);
@@ -790,13 +831,13 @@ static void cancel_mid_flight(void **state)
     struct fixture *f = *state;
     start(f, serve_silent, NULL, 0);
     struct done_rec d = {0};
-    struct upstream_call *c = upstream_call_start(f->ul, HOST, f->srv.port, &get_rq, on_done, &d);
+    struct upstream_call *c = start_call(f->ul, f->srv.port, &get_rq, on_done, &d);
     assert_non_null(c);
     await_server(f, &f->srv.requests, 1);
     upstream_call_cancel(c);
     await_server(f, &f->srv.closes, 1);
 
-    c = upstream_call_start(f->ul, HOST, f->srv.port, &get_rq, on_done, &d);
+    c = start_call(f->ul, f->srv.port, &get_rq, on_done, &d);
     assert_non_null(c);
     upstream_call_cancel(c);
     run_for(f->base, 200);
@@ -815,7 +856,7 @@ static void cancel_while_socket_full(void **state)
     rq.method = "POST";
     rq.original = m;
     struct done_rec d = {0};
-    struct upstream_call *c = upstream_call_start(f->ul, HOST, f->srv.port, &rq, on_done, &d);
+    struct upstream_call *c = start_call(f->ul, f->srv.port, &rq, on_done, &d);
     http_msg_free(m);
     assert_non_null(c);
     await_server(f, &f->srv.requests, 1);
@@ -852,7 +893,7 @@ static void on_many_done(void *arg, enum upstream_result r, struct http_msg *res
     if (a->wave == 0) {
         struct upstream_request rq = get_rq;
         rq.target = m->target[a->i];
-        struct upstream_call *c = upstream_call_start(m->f->ul, HOST, m->f->srv.port, &rq,
+        struct upstream_call *c = start_call(m->f->ul, m->f->srv.port, &rq,
                                                       on_many_done, &many_args[1][a->i]);
         if (!c) /* counted, so the wait ends; the check of rec[1] fails */
             m->done++;
@@ -873,7 +914,7 @@ static void many_at_once(void **state)
         struct upstream_request rq = get_rq;
         rq.target = m.target[i];
         assert_non_null(
-            upstream_call_start(f->ul, HOST, f->srv.port, &rq, on_many_done, &many_args[0][i]));
+            start_call(f->ul, f->srv.port, &rq, on_many_done, &many_args[0][i]));
     }
     run_until(f->base, &m.done, 2 * NCALLS, 20000);
     assert_int_equal(m.done, 2 * NCALLS);
@@ -903,7 +944,7 @@ static void pool_keeps_64(void **state)
         memset(rec, 0, sizeof rec);
         for (int i = 0; i < N; i++)
             assert_non_null(
-                upstream_call_start(f->ul, HOST, f->srv.port, &get_rq, on_done, &rec[i]));
+                start_call(f->ul, f->srv.port, &get_rq, on_done, &rec[i]));
         done = 0;
         int64_t end = now_ms() + 20000;
         while (done < N && now_ms() < end) {
@@ -946,6 +987,7 @@ int main(void)
         LOOP(stray_bytes_not_reused),
         LOOP(head_has_no_body),
         LOOP(refused_not_sent),
+        LOOP(names_looked_up_first),
         LOOP(decided_at_start_comes_later),
         LOOP(silent_times_out),
         LOOP(closed_after_read_unknown),

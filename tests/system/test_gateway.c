@@ -957,6 +957,87 @@ static void test_bad_config_refused(void **state)
     assert_string_equal(err, "");
 }
 
+/* The log at path once it holds what (up to 5 s), or NULL; free it. */
+static char *await_log(const char *path, const char *what)
+{
+    for (int i = 0; i < 100; i++) {
+        char *log = sys_read_file(path);
+        if (log && strstr(log, what))
+            return log;
+        free(log);
+        sleep_ms(50);
+    }
+    return NULL;
+}
+
+/* Two routes, the second's upstream host given: the file idem serve loads
+ * in test_upstream_names. Line 8 is the second upstream. */
+static void write_named_routes(const char *path, const char *second_host)
+{
+    char text[2048];
+    snprintf(text, sizeof text,
+             "routes:\n"
+             "  - name: refund\n"
+             "    match: { method: POST, path: /refunds }\n"
+             "    upstream: http://localhost:%d\n"
+             "    key: { json: refund_no }\n"
+             "  - name: payment\n"
+             "    match: { method: POST, path: /callbacks/payment }\n"
+             "    upstream: http://%s:%d\n"
+             "    key: { json: serial_no }\n",
+             service.port, second_host, service.port);
+    sys_write_file(path, text);
+}
+
+/* Upstream host names are looked up when the file is loaded, never while a
+ * request waits: a name is served like its address; one that does not
+ * resolve refuses the file at start and in --check, naming the line, and
+ * at a SIGHUP leaves the running routes serving. */
+static void test_upstream_names(void **state)
+{
+    (void)state;
+    char path[4200], db[4200], log[4200], err[4096];
+    snprintf(path, sizeof path, "%s/names.yaml", dir);
+    snprintf(db, sizeof db, "%s/names.db", dir);
+    snprintf(log, sizeof log, "%s/names.log", dir);
+    write_named_routes(path, "127.0.0.1");
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, "--listen", "127.0.0.1:0",
+                    NULL};
+    struct proc gw;
+    sys_start(&gw, argv, log);
+    long before = sys_stat(service.port, "executions");
+    long paid = sys_stat(service.port, "payment_executions");
+    post_expect(gw.port, "{\"refund_no\":\"R-name-1\",\"amount\":\"1.00\"}", 201, 0);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+
+    /* A reload with a name that does not resolve: refused, named; the
+     * running routes (both of them) go on. */
+    write_named_routes(path, "no-such-host.invalid");
+    kill(gw.pid, SIGHUP);
+    char *text = await_log(log, "the running routes stay");
+    assert_non_null(text);
+    assert_non_null(strstr(text, "names.yaml:8: routes[1].upstream: upstream "
+                                 "no-such-host.invalid:"));
+    free(text);
+    post_expect(gw.port, "{\"refund_no\":\"R-name-2\",\"amount\":\"1.00\"}", 201, 0);
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/callbacks/payment", NULL,
+             "{\"serial_no\":\"CH-name\",\"amount\":\"1.00\"}", 5000, &r);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(sys_stat(service.port, "payment_executions") - paid, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+
+    /* The same file at start, and in --check: refused with the line. */
+    assert_int_equal(sys_run_fail(argv, err, sizeof err), 2);
+    assert_non_null(strstr(err, "names.yaml:8: routes[1].upstream: upstream "
+                                "no-such-host.invalid:"));
+    char *check[] = {(char *)idem_bin, "serve", "-c", path, "--check", NULL};
+    assert_int_equal(sys_run_fail(check, err, sizeof err), 2);
+    assert_non_null(strstr(err, "names.yaml:8: routes[1].upstream"));
+}
+
 static void test_sighup_reloads_routes(void **state)
 {
     (void)state;
@@ -1674,6 +1755,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_slow_client_cut_off),
         cmocka_unit_test(test_bad_config_refused),
         cmocka_unit_test(test_sighup_reloads_routes),
+        cmocka_unit_test(test_upstream_names),
         cmocka_unit_test(test_json_api),
         cmocka_unit_test(test_admin_listener),
         cmocka_unit_test(test_admin_listen_overlap_refused),
