@@ -40,6 +40,35 @@ static void sleep_ms(int ms)
 
 /* Write idem serve's config file: this YAML (routes and limits), with
  * "@UP@" in it the refund service's address. */
+/* The log at path once it holds what (up to 10 s), or NULL; free it. */
+static char *await_log(const char *path, const char *what)
+{
+    for (int i = 0; i < 200; i++) {
+        char *log = sys_read_file(path);
+        if (log && strstr(log, what))
+            return log;
+        free(log);
+        sleep_ms(50);
+    }
+    return NULL;
+}
+
+/* Wait until the daemon logging to path has reloaded n times in all. */
+static void await_reloads(const char *path, int n)
+{
+    int seen = 0;
+    for (int i = 0; i < 200 && seen < n; i++) {
+        char *log = sys_read_file(path);
+        seen = 0;
+        for (const char *p = log; p && (p = strstr(p, "SIGHUP: reloaded")); p++)
+            seen++;
+        free(log);
+        if (seen < n)
+            sleep_ms(50);
+    }
+    assert_int_equal(seen, n);
+}
+
 static void write_config(const char *path, const char *yaml_routes)
 {
     char text[16384], up[64];
@@ -769,7 +798,7 @@ static void test_upstream_answer_too_large(void **state)
     snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, config_seq);
     write_config(path, "limits:\n  response_max: 1MiB\nroutes:\n" REFUND_ROUTE);
     kill(gw.pid, SIGHUP);
-    sleep_ms(300);
+    await_reloads(gw.log, 1);
     sys_http(gw.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-big-2\",\"amount\":\"1.00\"}",
              5000, &r);
     assert_int_equal(r.status, 502);
@@ -779,7 +808,7 @@ static void test_upstream_answer_too_large(void **state)
      * compared with what the process started with, not with the last
      * file loaded. */
     kill(gw.pid, SIGHUP);
-    sleep_ms(300);
+    await_reloads(gw.log, 2);
     char *log = sys_read_file(gw.log);
     const char *said = "SIGHUP: limits: changed in the file; the running ones stay until a restart";
     const char *first = strstr(log, said);
@@ -957,19 +986,6 @@ static void test_bad_config_refused(void **state)
     assert_string_equal(err, "");
 }
 
-/* The log at path once it holds what (up to 5 s), or NULL; free it. */
-static char *await_log(const char *path, const char *what)
-{
-    for (int i = 0; i < 100; i++) {
-        char *log = sys_read_file(path);
-        if (log && strstr(log, what))
-            return log;
-        free(log);
-        sleep_ms(50);
-    }
-    return NULL;
-}
-
 /* Two routes, the second's upstream host given: the file idem serve loads
  * in test_upstream_names. Line 8 is the second upstream. */
 static void write_named_routes(const char *path, const char *second_host)
@@ -1060,7 +1076,7 @@ static void test_sighup_reloads_routes(void **state)
     snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, config_seq);
     write_config(path, wait_routes);
     kill(gw.pid, SIGHUP);
-    sleep_ms(300);
+    await_reloads(gw.log, 1);
     pthread_join(b.t, NULL);
     assert_int_equal(b.resp.status, 201);
     sys_resp_free(&b.resp);
