@@ -240,7 +240,7 @@ static struct http_response *post(struct daemon *d, const struct server_config *
                                   const char *op, const struct http_msg *m)
 {
     json_error_t jerr;
-    struct args a = {.body = json_loadb(m->body, m->body_len, 0, &jerr)};
+    struct args a = {.body = json_loadb(m->body, m->body_len, JSON_REJECT_DUPLICATES, &jerr)};
     struct http_response *r = NULL;
     idem_outcome o = IDEM_NONE;
     idem_rc rc = IDEM_OK;
@@ -249,7 +249,12 @@ static struct http_response *post(struct daemon *d, const struct server_config *
         return problem(400, "invalid_json", "the body must be a JSON object%s%s",
                        a.body ? "" : ": ", a.body ? "" : jerr.text);
     }
-    const char *subject = http_msg_header(m, cfg->subject_header);
+    const char *subject;
+    char why[300];
+    if (request_subject(m, cfg->subject_header, &subject, why, sizeof why)) {
+        json_decref(a.body);
+        return problem(400, "subject_invalid", "%s", why);
+    }
     if (!subject)
         subject = "";
 
@@ -316,10 +321,13 @@ static struct http_response *post(struct daemon *d, const struct server_config *
             int64_t epoch = int_field(&a, "epoch", 1, 0);
             int64_t retention = int_field(&a, "retention_ms", 0, 0);
             json_t *retry = json_object_get(a.body, "retryable");
-            size_t len;
+            size_t len = 0;
             unsigned char *result = a.err ? NULL : get_result(&a, &len);
             if (!a.err && epoch <= 0)
                 a.err = problem(400, "invalid_field", "field epoch: a claim's epoch (>= 1)");
+            /* "true" or 1 taken as false would end the record for good. */
+            if (!a.err && retry && !json_is_boolean(retry))
+                a.err = problem(400, "invalid_field", "field retryable: true or false");
             if (!a.err) {
                 rc = strcmp(what, "complete") == 0
                          ? idem_record_complete(d->h, space, key, (uint64_t)epoch, result, len,
@@ -359,6 +367,20 @@ static struct http_response *post(struct daemon *d, const struct server_config *
     return r;
 }
 
+/* The endpoints taking POST, under PREFIX/. */
+static int is_post_endpoint(const char *rest)
+{
+    static const char *const ops[] = {
+        "tokens",         "tokens/consume",   "tokens/give_back", "locks/acquire",
+        "locks/renew",    "locks/release",    "records/begin",    "records/complete",
+        "records/fail",   "records/transition",
+    };
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strcmp(rest, ops[i]) == 0)
+            return 1;
+    return 0;
+}
+
 void api_handle(struct daemon *d, const struct server_config *cfg, struct front_request *req)
 {
     const struct http_msg *m = req->msg;
@@ -367,21 +389,21 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
     const char *rest = path + strlen(PREFIX);
     if (*rest == '/')
         rest++;
-    if (strcmp(m->method, "GET") == 0 || strcmp(m->method, "HEAD") == 0) {
-        if (strcmp(rest, "health") == 0)
-            req->resp = health(d);
-        else if (strncmp(rest, "records/", 8) == 0)
-            req->resp = get_record(d, rest + 8);
-        else
-            req->resp = problem(404, "no_such_endpoint", "GET %s is not an endpoint", path);
-        return;
-    }
-    if (strcmp(m->method, "POST") != 0) {
-        req->resp = problem(405, "method_not_allowed", "%s %s: the API takes GET and POST",
-                            m->method, path);
+    int post_ep = is_post_endpoint(rest);
+    int get_ep = !post_ep && (strcmp(rest, "health") == 0 ||
+                              (strncmp(rest, "records/", 8) == 0 && strchr(rest + 8, '/')));
+    int get = strcmp(m->method, "GET") == 0 || strcmp(m->method, "HEAD") == 0;
+    if (!post_ep && !get_ep) {
+        req->resp = problem(404, "no_such_endpoint", "%s %s is not an endpoint", m->method, path);
+    } else if (post_ep ? strcmp(m->method, "POST") != 0 : !get) {
+        const char *allow = post_ep ? "POST" : "GET, HEAD";
+        req->resp = problem(405, "method_not_allowed", "%s %s: this endpoint takes %s",
+                            m->method, path, allow);
         if (req->resp)
-            response_add_header(req->resp, "Allow", "GET, POST");
-        return;
+            response_add_header(req->resp, "Allow", allow);
+    } else if (post_ep) {
+        req->resp = post(d, cfg, rest, m);
+    } else {
+        req->resp = strcmp(rest, "health") == 0 ? health(d) : get_record(d, rest + 8);
     }
-    req->resp = post(d, cfg, rest, m);
 }

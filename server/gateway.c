@@ -882,8 +882,12 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     int has_fp = 0;
     const char *type = NULL;
     atomic_fetch_add(&d->n.requests, 1);
-    const char *subject = http_msg_header(m, cfg->subject_header);
-    int status = request_key(rt, m, subject, key, &type, detail, sizeof detail);
+    const char *subject;
+    int status = request_subject(m, cfg->subject_header, &subject, detail, sizeof detail);
+    if (status)
+        type = "subject_invalid";
+    else
+        status = request_key(rt, m, subject, key, &type, detail, sizeof detail);
     if (status) {
         answer_early(lc, req, problem(status, type, "%s", detail));
         return;

@@ -51,29 +51,34 @@ int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_
 }
 
 /* The value of query parameter name in target, decoded. 1 found, 0 not,
- * -1 malformed. */
+ * -1 malformed, -2 given more than once (which one the upstream takes
+ * cannot be told, so neither is a key). */
 static int query_param(const char *target, const char *name, char *out, size_t cap)
 {
     const char *q = strchr(target, '?');
     if (!q)
         return 0;
     size_t nlen = strlen(name);
+    int found = 0;
     for (const char *p = q + 1; *p;) {
         const char *end = p + strcspn(p, "&#");
         const char *eq = memchr(p, '=', (size_t)(end - p));
         const char *kend = eq ? eq : end;
         char k[256];
         if (request_pct_decode(p, (size_t)(kend - p), k, sizeof k, 1) == 0 && strlen(k) == nlen &&
-            memcmp(k, name, nlen) == 0)
-            return request_pct_decode(eq ? eq + 1 : end, eq ? (size_t)(end - eq - 1) : 0, out, cap, 1) ==
-                           0
-                       ? 1
-                       : -1;
+            memcmp(k, name, nlen) == 0) {
+            if (found)
+                return -2;
+            found = 1;
+            if (request_pct_decode(eq ? eq + 1 : end, eq ? (size_t)(end - eq - 1) : 0, out, cap,
+                                   1) != 0)
+                return -1;
+        }
         if (*end != '&')
             break;
         p = end + 1;
     }
-    return 0;
+    return found;
 }
 
 /* Segment n (1-based) of the path, decoded. 1 found, 0 not, -1 malformed. */
@@ -163,6 +168,18 @@ __attribute__((format(printf, 5, 6))) static int bad(const char **type, const ch
     return 400;
 }
 
+int request_subject(const struct http_msg *m, const char *header, const char **subject,
+                    char *detail, size_t dlen)
+{
+    *subject = http_msg_header(m, header);
+    size_t n = *subject ? http_msg_header_count(m, header) : 0;
+    if (n <= 1)
+        return 0;
+    snprintf(detail, dlen, "the subject header %s is given %zu times: which one is the subject "
+             "cannot be told", header, n);
+    return 400;
+}
+
 int request_key(const struct route *rt, const struct http_msg *m, const char *subject, char *key,
                 const char **type, char *detail, size_t dlen)
 {
@@ -199,13 +216,22 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
             const char *v = http_msg_header(m, kp->name);
             found = v && *v;
             if (found)
-                found = strlen(v) < sizeof value ? (strcpy(value, v), 1) : -1;
+                found = http_msg_header_count(m, kp->name) > 1 ? -2
+                        : strlen(v) < sizeof value             ? (strcpy(value, v), 1)
+                                                               : -1;
             break;
         }
         case KEY_JSON:
             if (!body) {
                 json_error_t err;
-                body = json_loadb(m->body, m->body_len, 0, &err);
+                body = json_loadb(m->body, m->body_len, JSON_REJECT_DUPLICATES, &err);
+                if (!body && json_error_code(&err) == json_error_duplicate_key) {
+                    status = bad(type, "key_invalid", detail, dlen,
+                                 "the key is the JSON field %s, and the body gives one member "
+                                 "twice (%s): which value counts cannot be told",
+                                 kp->name, err.text);
+                    goto out;
+                }
                 if (!body) {
                     status = bad(type, "key_missing", detail, dlen,
                                  "the key is the JSON field %s, and the body is not JSON: %s",
@@ -231,6 +257,12 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
             status = bad(type, "key_missing", detail, dlen,
                          "the idempotency key is missing: expected the %s %s", source_name(kp->source),
                          name);
+            goto out;
+        }
+        if (found == -2) {
+            status = bad(type, "key_invalid", detail, dlen,
+                         "the %s %s is given more than once: which one is the key cannot be told",
+                         source_name(kp->source), name);
             goto out;
         }
         if (found < 0 || !*value) {
@@ -274,15 +306,16 @@ int request_fingerprint(const struct route *rt, const struct http_msg *m,
     if (rt->fingerprint == FINGERPRINT_NONE)
         return 0;
     if (rt->fingerprint == FINGERPRINT_BODY) {
-        char path[8192];
-        request_path(m->target, path, sizeof path);
-        size_t hlen = strlen(m->method) + strlen(path) + 2;
+        /* The method, the target with its query (a parameter there is as
+         * much the request as the body is), and the body. */
+        size_t tlen = strcspn(m->target, "#");
+        size_t hlen = strlen(m->method) + tlen + 2;
         char *buf = malloc(hlen + m->body_len + 1);
         if (!buf) {
             snprintf(detail, dlen, "out of memory");
             return 503;
         }
-        int n = sprintf(buf, "%s\n%s\n", m->method, path);
+        int n = sprintf(buf, "%s\n%.*s\n", m->method, (int)tlen, m->target);
         memcpy(buf + n, m->body, m->body_len);
         idem_fingerprint(buf, (size_t)n + m->body_len, fp);
         free(buf);
@@ -292,9 +325,12 @@ int request_fingerprint(const struct route *rt, const struct http_msg *m,
     /* FINGERPRINT_FIELDS: the listed fields' canonical JSON, in order, and
      * nothing else: routes that share a space reach us on other paths. */
     json_error_t err;
-    json_t *body = json_loadb(m->body, m->body_len, 0, &err);
+    json_t *body = json_loadb(m->body, m->body_len, JSON_REJECT_DUPLICATES, &err);
     if (!body) {
-        snprintf(detail, dlen, "the fingerprint uses JSON fields, and the body is not JSON: %s",
+        snprintf(detail, dlen, "the fingerprint uses JSON fields, and the body is not JSON%s: %s",
+                 json_error_code(&err) == json_error_duplicate_key
+                     ? " with each member once (which value counts cannot be told)"
+                     : "",
                  err.text);
         return 400;
     }

@@ -13,6 +13,13 @@
 #include "http_parser.h"
 #include "idem.h"
 
+/* The subject: the value of the subject header, NULL if absent. 0, or 400
+ * with detail when the header is given more than once: an auth layer that
+ * adds its own beside a client's would leave two, and which one is the
+ * subject cannot be told. */
+int request_subject(const struct http_msg *m, const char *header, const char **subject,
+                    char *detail, size_t detail_len);
+
 /* Build the record key for route rt from request m. subject is the value of
  * the subject header (NULL if absent). Returns 0 and fills key (IDEM_KEY_MAX
  * + 1 bytes), or returns the HTTP status to answer (400) with type and detail

@@ -137,6 +137,20 @@ static void connect_failed(const char *host, int port, int err, char *detail, si
              strerror(err ? err : ECONNREFUSED));
 }
 
+/* Headers a client may send that never reach the upstream: Idem's own
+ * (Idem-Key and Idem-Epoch are set by the gateway alone, so that an
+ * upstream fencing on them cannot be handed a client's forgery; the
+ * one-time token is spent here) and Expect, which Idem answers itself
+ * (the body is forwarded whole, with its length). */
+static int not_forwarded(const char *name)
+{
+    static const char *const names[] = {"idem-key", "idem-epoch", "idem-token", "expect"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcasecmp(name, names[i]) == 0)
+            return 1;
+    return 0;
+}
+
 /* The request's bytes: line, forwarded headers, our headers, body. */
 static char *build_request(const char *host, int port, const struct upstream_request *rq,
                            size_t *len)
@@ -163,7 +177,7 @@ static char *build_request(const char *host, int port, const struct upstream_req
     for (size_t i = 0; m && i < m->header_count; i++) {
         const char *n = m->headers[i].name;
         if (strcasecmp(n, "host") == 0 || strcasecmp(n, "content-length") == 0 ||
-            http_is_hop_by_hop(m, n))
+            not_forwarded(n) || http_is_hop_by_hop(m, n))
             continue;
         if (strcasecmp(n, "x-forwarded-for") == 0) {
             xff = m->headers[i].value;

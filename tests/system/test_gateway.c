@@ -290,6 +290,81 @@ static void test_replay_mismatch_missing_key(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* A request whose key or subject could be read two ways is refused: an
+ * upstream that took the other value would execute under a key Idem never
+ * claimed. And the query string is part of the body fingerprint. */
+static const char ambiguous_routes[] =
+    "routes:\n"
+    REFUND_ROUTE
+    "    scope: subject\n"
+    "  - name: by-header\n"
+    "    match: { method: POST, path: /callbacks/payment }\n"
+    "    upstream: @UP@\n"
+    "    key: { header: Idempotency-Key }\n"
+    "  - name: by-query\n"
+    "    match: { method: POST, path: /admin/payments/repush }\n"
+    "    upstream: @UP@\n"
+    "    key: { query: id }\n";
+
+static void expect_refused(int port, const char *target, const char *const *headers,
+                           const char *body, const char *type)
+{
+    struct sys_resp r;
+    sys_http(port, "POST", target, headers, body, 5000, &r);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.m->body, type));
+    sys_resp_free(&r);
+}
+
+static void test_ambiguous_requests_refused(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, ambiguous_routes, "ambiguous.db");
+    long refunds = sys_stat(service.port, "executions");
+    long payments = sys_stat(service.port, "payment_executions");
+    static const char *const alice[] = {"X-Subject: alice", NULL};
+    static const char *const two_subjects[] = {"X-Subject: alice", "X-Subject: bob", NULL};
+    static const char *const two_keys[] = {"Idempotency-Key: K-1", "Idempotency-Key: K-2", NULL};
+    const char *payment = "{\"serial_no\":\"CH-amb\",\"amount\":\"1.00\"}";
+    expect_refused(gw.port, "/refunds", alice,
+                   "{\"refund_no\":\"R-a1\",\"refund_no\":\"R-a2\",\"amount\":\"1.00\"}",
+                   "key_invalid");
+    expect_refused(gw.port, "/refunds", two_subjects,
+                   "{\"refund_no\":\"R-a3\",\"amount\":\"1.00\"}", "subject_invalid");
+    expect_refused(gw.port, "/callbacks/payment", two_keys, payment, "key_invalid");
+    expect_refused(gw.port, "/admin/payments/repush?id=Q-1&id=Q-2", NULL, payment,
+                   "key_invalid");
+    assert_int_equal(sys_stat(service.port, "executions"), refunds);
+    assert_int_equal(sys_stat(service.port, "payment_executions"), payments);
+    /* The JSON API refuses them too. */
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/_idem/v1/tokens", two_subjects, "{\"scene\":\"refund\"}", 5000,
+             &r);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.m->body, "subject_invalid"));
+    sys_resp_free(&r);
+    sys_http(gw.port, "POST", "/_idem/v1/tokens", alice,
+             "{\"scene\":\"refund\",\"scene\":\"other\"}", 5000, &r);
+    assert_int_equal(r.status, 400);
+    assert_non_null(strstr(r.m->body, "invalid_json"));
+    sys_resp_free(&r);
+    /* One key, one value each: executed once, then replayed; another query
+     * string under the same key is another request: 422. */
+    sys_http(gw.port, "POST", "/admin/payments/repush?id=Q-3&amount=1", NULL, payment, 5000, &r);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
+    sys_http(gw.port, "POST", "/admin/payments/repush?id=Q-3&amount=1", NULL, payment, 5000, &r);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    sys_resp_free(&r);
+    sys_http(gw.port, "POST", "/admin/payments/repush?id=Q-3&amount=1000", NULL, payment, 5000,
+             &r);
+    assert_int_equal(r.status, 422);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "payment_executions") - payments, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_shared_space_two_routes(void **state)
 {
     (void)state;
@@ -1178,6 +1253,11 @@ static void test_json_api(void **state)
              "{\"space\":\"pay\",\"key\":\"P-2\",\"epoch\":%lld,\"retryable\":true,"
              "\"result_base64\":\"AAEC\"}",
              epoch);
+    /* retryable is a boolean: "true" is refused, not taken as final. */
+    char quoted[512];
+    snprintf(quoted, sizeof quoted,
+             "{\"space\":\"pay\",\"key\":\"P-2\",\"epoch\":%lld,\"retryable\":\"true\"}", epoch);
+    api_expect(p, "/_idem/v1/records/fail", quoted, 400, "field retryable");
     api_expect(p, "/_idem/v1/records/fail", body, 200, "\"outcome\":\"COMPLETED\"");
     char next[64];
     snprintf(next, sizeof next, "\"epoch\":%lld", epoch + 1);
@@ -1207,6 +1287,8 @@ static void test_json_api(void **state)
                "{\"space\":\"pay\",\"key\":\"k\",\"owner\":\"o\",\"fingerprint\":\"xyz\"}", 400,
                "fingerprint");
     api_expect(p, "/_idem/v1/nope", "{}", 404, "urn:idem:no_such_endpoint");
+    api_expect(p, "/_idem/v1/records/nothing", "{}", 404, "urn:idem:no_such_endpoint");
+    api_expect(p, "/_idem/v1/tokens", NULL, 405, "urn:idem:method_not_allowed");
     api_expect(p, "/_idem/v1/health", NULL, 200, "\"status\":\"ok\"");
     /* A record written through the API with a CR in a stored header must not
      * inject headers into the gateway's replay. */
@@ -1230,7 +1312,15 @@ static void test_json_api(void **state)
     struct sys_resp d;
     sys_http(p, "DELETE", "/_idem/v1/health", NULL, NULL, 5000, &d);
     assert_int_equal(d.status, 405);
-    assert_non_null(sys_header(&d, "Allow"));
+    assert_string_equal(sys_header(&d, "Allow"), "GET, HEAD");
+    sys_resp_free(&d);
+    sys_http(p, "POST", "/_idem/v1/health", NULL, "{}", 5000, &d);
+    assert_int_equal(d.status, 405);
+    assert_string_equal(sys_header(&d, "Allow"), "GET, HEAD");
+    sys_resp_free(&d);
+    sys_http(p, "PUT", "/_idem/v1/tokens", NULL, "{}", 5000, &d);
+    assert_int_equal(d.status, 405);
+    assert_string_equal(sys_header(&d, "Allow"), "POST");
     sys_resp_free(&d);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
@@ -1666,7 +1756,7 @@ static void test_hop_by_hop_never_forwarded_nor_stored(void **state)
     static const char *const hdrs[] = {
         "Idempotency-Key: H-1", "Connection: keep-alive, X-Client-Hop", "X-Client-Hop: secret",
         "Keep-Alive: timeout=5", "TE: trailers", "Upgrade: websocket", "X-End-To-End: kept",
-        NULL};
+        "Idem-Key: refund/FORGED", "Idem-Epoch: 999999", "Idem-Token: spent-here", NULL};
     struct sys_resp r;
     sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
     raw_upstream_stop(&u);
@@ -1680,6 +1770,13 @@ static void test_hop_by_hop_never_forwarded_nor_stored(void **state)
     assert_null(strstr(u.got, "Keep-Alive"));
     assert_null(strstr(u.got, "TE: "));
     assert_null(strstr(u.got, "Upgrade"));
+    /* Idem-Key and Idem-Epoch are Idem's alone: a client's copies (which an
+     * upstream reading the first value would fence on) never go through,
+     * nor does the token. */
+    assert_null(strstr(u.got, "FORGED"));
+    assert_null(strstr(u.got, "999999"));
+    assert_null(strstr(u.got, "Idem-Token"));
+    assert_null(strstr(strstr(u.got, "Idem-Epoch: ") + 1, "Idem-Epoch: "));
     /* What the first client got: no hop-by-hop header of the upstream's. */
     assert_null(sys_header(&r, "X-Private"));
     assert_string_equal(sys_header(&r, "X-Kept"), "yes");
@@ -1753,6 +1850,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_storm_wait_one_execution),
         cmocka_unit_test(test_storm_reject),
         cmocka_unit_test(test_replay_mismatch_missing_key),
+        cmocka_unit_test(test_ambiguous_requests_refused),
         cmocka_unit_test(test_shared_space_two_routes),
         cmocka_unit_test(test_subject_scope),
         cmocka_unit_test(test_token_flow),
