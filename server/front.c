@@ -767,10 +767,15 @@ size_t front_in_flight(struct front *f)
 void front_drain(struct front *f, int64_t timeout_ms)
 {
     f->draining = 1;
+    /* Closed, not only no longer accepted from: a socket still listening
+     * would let the kernel complete new clients' handshakes, and they would
+     * hang until the process ends instead of being refused at once (and
+     * going to another instance). */
     if (f->listener)
-        evconnlistener_disable(f->listener);
+        evconnlistener_free(f->listener);
     if (f->admin_listener)
-        evconnlistener_disable(f->admin_listener);
+        evconnlistener_free(f->admin_listener);
+    f->listener = f->admin_listener = NULL;
     /* Idle connections go now; busy ones close after their answer. */
     for (struct conn *c = f->conns, *next; c; c = next) {
         next = c->next;

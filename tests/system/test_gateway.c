@@ -10,6 +10,7 @@
  * after, so tests do not depend on each other.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -619,19 +620,33 @@ static void test_sigterm_drains(void **state)
 {
     (void)state;
     struct proc gw;
-    start_idem(&gw, reject_routes, "drain.db");
-    static const char *const slow[] = {"X-Delay-Ms: 800", NULL};
+    start_idem(&gw, wait_routes, "drain.db");
+    static const char *const slow[] = {"X-Delay-Ms: 1800", NULL};
     struct bg_post b = {.port = gw.port, .headers = slow,
                         .body = "{\"refund_no\":\"R-drain\",\"amount\":\"1.00\"}"};
     pthread_create(&b.t, NULL, bg_post_main, &b);
     sleep_ms(300);
     kill(gw.pid, SIGTERM);
+    /* While it drains (the request has 1.5 s to go; upstream_timeout is 2 s), a new client is refused
+     * at once (and can go to another instance), not left hanging in a
+     * listen queue. */
+    int refused = 0;
+    for (int i = 0; i < 50 && !refused; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)gw.port)};
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        refused = connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno == ECONNREFUSED;
+        close(fd);
+        if (!refused)
+            sleep_ms(10);
+    }
+    assert_true(refused);
     pthread_join(b.t, NULL);
     assert_int_equal(b.resp.status, 201); /* finished and answered */
     sys_resp_free(&b.resp);
     assert_int_equal(sys_stop(&gw, 0), 0);
     /* And recorded: a new instance replays it. */
-    start_idem(&gw, reject_routes, "drain.db");
+    start_idem(&gw, wait_routes, "drain.db");
     post_expect(gw.port, b.body, 201, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
