@@ -428,6 +428,13 @@ static void process_input(struct conn *c)
         }
         if (!was_in_message && http_parser_in_message(&c->parser))
             arm_timer(c, c->f->limits->header_timeout_ms + c->f->limits->body_timeout_ms, 1);
+        if (c->parser.expect_continue) {
+            /* The head is accepted (its limits were checked): the client
+             * may send the body, instead of waiting out its own timer. */
+            static const char go_on[] = "HTTP/1.1 100 Continue\r\n\r\n";
+            c->parser.expect_continue = 0;
+            send_now(c, go_on, sizeof go_on - 1);
+        }
     }
     /* Every whole request the client sent before shutting its side has been
      * answered; what is left can never complete. */

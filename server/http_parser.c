@@ -621,8 +621,10 @@ static enum http_parse_status on_head_end(struct http_parser *p)
     if (!request && (p->response_to_head || m->status < 200 || m->status == 204 ||
                      m->status == 304))
         return finish(p);
+    const char *expect = request && m->version_minor == 1 ? http_msg_header(m, "expect") : NULL;
     if (p->have_te) {
         m->chunked = 1;
+        p->expect_continue = expect && strcasecmp(expect, "100-continue") == 0;
         enter(p, S_CHUNK_SIZE);
         return HTTP_NEED_MORE;
     }
@@ -635,6 +637,7 @@ static enum http_parse_status on_head_end(struct http_parser *p)
             return finish(p);
         if (!resize(p, &m->body, &p->body_cap, (size_t)p->content_length + 1))
             return oom(p);
+        p->expect_continue = expect && strcasecmp(expect, "100-continue") == 0;
         enter(p, S_BODY);
         return HTTP_NEED_MORE;
     }
@@ -792,6 +795,7 @@ void http_parser_reset(struct http_parser *p)
     p->error_status = 0;
     p->error_detail[0] = '\0';
     p->response_to_head = 0;
+    p->expect_continue = 0;
     p->line_len = 0;
     p->header_bytes = 0;
     p->content_length = -1;

@@ -77,6 +77,12 @@ struct http_parser {
      * response to HEAD, and any 1xx, 204 or 304, has no body). */
     int response_to_head;
 
+    /* Request mode: set when an HTTP/1.1 request's head is whole, it has
+     * "Expect: 100-continue", and its body is still to come: the caller
+     * sends "100 Continue" (a client may wait for it before the body) and
+     * clears the flag. Cleared by http_parser_reset(). */
+    int expect_continue;
+
     /* private */
     enum http_parse_mode mode;
     struct http_limits limits;

@@ -1474,6 +1474,55 @@ static void open_idle_now(int port, int *fd)
     assert_int_equal(connect(*fd, (struct sockaddr *)&a, sizeof a), 0);
 }
 
+/* Read from fd until buf holds want, up to ms; what was read, NUL-ended. */
+static void read_until(int fd, char *buf, size_t cap, const char *want, int ms)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    /* In steps of 50 ms: a slow build may take long between two reads. */
+    for (int waited = 0; !strstr(buf, want) && n + 1 < cap && waited < ms;) {
+        int r = poll(&p, 1, 50);
+        if (r < 0)
+            break;
+        if (r == 0) {
+            waited += 50;
+            continue;
+        }
+        ssize_t got = recv(fd, buf + n, cap - n - 1, 0);
+        if (got <= 0)
+            break;
+        n += (size_t)got;
+        buf[n] = '\0';
+    }
+}
+
+/* A client that sends "Expect: 100-continue" and waits before its body
+ * (curl does for large bodies, for a second) is told to go on at once. */
+static void test_expect_continue(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "expect.db");
+    const char *body = "{\"refund_no\":\"R-expect\",\"amount\":\"1.00\"}";
+    char head[512], got[4096];
+    snprintf(head, sizeof head,
+             "POST /refunds HTTP/1.1\r\nHost: idem\r\nExpect: 100-continue\r\n"
+             "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+             strlen(body));
+    int fd;
+    open_idle_now(gw.port, &fd);
+    assert_int_equal(send(fd, head, strlen(head), 0), (ssize_t)strlen(head));
+    read_until(fd, got, sizeof got, "\r\n\r\n", 3000);
+    assert_string_equal(got, "HTTP/1.1 100 Continue\r\n\r\n");
+    assert_int_equal(send(fd, body, strlen(body), 0), (ssize_t)strlen(body));
+    read_until(fd, got, sizeof got, "HTTP/1.1 201", 5000);
+    assert_non_null(strstr(got, "HTTP/1.1 201"));
+    close(fd);
+    post_expect(gw.port, body, 201, 1); /* executed once, as any request */
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* n of them, then a pause for the server to accept them. */
 static void open_idle(int port, int *fds, int n)
 {
@@ -1889,6 +1938,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_admin_listener),
         cmocka_unit_test(test_admin_listen_overlap_refused),
         cmocka_unit_test(test_transition_reaches_replays),
+        cmocka_unit_test(test_expect_continue),
         cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_connection_limit_burst),
         cmocka_unit_test(test_in_flight_limit),
