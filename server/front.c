@@ -14,8 +14,8 @@
  *
  *      accept
  *        │            idle timer (idle_timeout) while no byte has arrived;
- *        ▼            request timer (header_timeout + body_timeout) from
- *    ┌─ READING ◄──────────────────────────────┐     the first byte
+ *        ▼            then header_timeout from the first byte, and
+ *    ┌─ READING ◄──────────────────────────────┐     body_timeout from the head's end
  *    │    │ a whole request                     │
  *    │    ▼                                     │ written, keep-alive
  *    │  HANDLING ── (the handler has it; more   │
@@ -73,7 +73,8 @@ struct conn {
     struct event *timer;
     struct http_parser parser;
     enum conn_state state;
-    int timer_is_request; /* the timer is a request deadline, not idle */
+    int timer_is_request; /* the timer is a request deadline, not idle: 1 for
+                             its head (header_timeout), 2 for its body */
     int close_after_write;
     int peer_eof;         /* the client shut its sending side: read no more */
     int head_request;
@@ -427,7 +428,9 @@ static void process_input(struct conn *c)
             return;
         }
         if (!was_in_message && http_parser_in_message(&c->parser))
-            arm_timer(c, c->f->limits->header_timeout_ms + c->f->limits->body_timeout_ms, 1);
+            arm_timer(c, c->f->limits->header_timeout_ms, 1);
+        if (c->timer_is_request == 1 && http_parser_in_body(&c->parser))
+            arm_timer(c, c->f->limits->body_timeout_ms, 2);
         if (c->parser.expect_continue) {
             /* The head is accepted (its limits were checked): the client
              * may send the body, instead of waiting out its own timer. */
@@ -509,7 +512,9 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     }
     if (c->state == READING && c->timer_is_request) {
         send_problem_and_close(c, 408, "request_timeout",
-                               "the request did not arrive within header_timeout + body_timeout");
+                               c->timer_is_request == 1
+                                   ? "the request's head did not arrive within header_timeout"
+                                   : "the request's body did not arrive within body_timeout");
         return;
     }
     conn_free(c);

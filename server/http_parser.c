@@ -916,6 +916,11 @@ enum http_parse_status http_parser_eof(struct http_parser *p)
                 p->mode == HTTP_PARSE_REQUEST ? "request" : "response");
 }
 
+int http_parser_in_body(const struct http_parser *p)
+{
+    return p->state > S_HEADERS && p->state < S_DONE;
+}
+
 int http_parser_in_message(const struct http_parser *p)
 {
     switch ((enum state)p->state) {

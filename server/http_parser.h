@@ -123,6 +123,9 @@ enum http_parse_status http_parser_eof(struct http_parser *p);
 /* A message has begun (some of it was fed): a close now cuts it short. */
 int http_parser_in_message(const struct http_parser *p);
 
+/* The head is whole and the body is being read. */
+int http_parser_in_body(const struct http_parser *p);
+
 /* After HTTP_DONE: the message, now the caller's. */
 struct http_msg *http_parser_take(struct http_parser *p);
 void http_msg_free(struct http_msg *m);
