@@ -835,18 +835,28 @@ int config_set_listen(struct server_config *cfg, const char *s, char *err, size_
 
 /* admin_listen spelled as listen is: the two would be one socket. (Other
  * spellings of one address are caught once bound.) */
+/* Would listen and admin_listen share connections, as far as the file
+ * tells: one port, and the same host or a wildcard covering the other
+ * (0.0.0.0 covers IPv4, :: everything). Names, and port 0, wait for the
+ * bound sockets (front.c). */
 static int same_listen_address(const struct server_config *cfg)
 {
-    return cfg->admin_host && cfg->admin_port != 0 && cfg->admin_port == cfg->listen_port &&
-           strcmp(cfg->admin_host, cfg->listen_host) == 0;
+    if (!cfg->admin_host || cfg->admin_port == 0 || cfg->admin_port != cfg->listen_port)
+        return 0;
+    const char *a = cfg->admin_host, *l = cfg->listen_host;
+    return strcmp(a, l) == 0 || strcmp(a, "::") == 0 || strcmp(l, "::") == 0 ||
+           (strcmp(a, "0.0.0.0") == 0 && !strchr(l, ':')) ||
+           (strcmp(l, "0.0.0.0") == 0 && !strchr(a, ':'));
 }
 
 int config_check_addresses(const struct server_config *cfg, char *err, size_t errlen)
 {
     if (!same_listen_address(cfg))
         return 0;
-    snprintf(err, errlen, "listen and admin_listen are both %s:%d: the JSON API gets a "
-             "listener of its own", cfg->listen_host, cfg->listen_port);
+    snprintf(err, errlen, "listen (%s:%d) and admin_listen (%s:%d) would share connections: "
+             "the JSON API gets a listener of its own (another port, or another address and "
+             "no wildcard)", cfg->listen_host, cfg->listen_port, cfg->admin_host,
+             cfg->admin_port);
     return -1;
 }
 
@@ -1606,9 +1616,9 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
         if (get_listen(c, v, "admin_listen", &cfg->admin_host, &cfg->admin_port))
             return -1;
         if (same_listen_address(cfg))
-            return fail(c, v, "admin_listen", "is the same address as listen: the JSON API "
-                        "gets a listener of its own, or omit admin_listen to serve it on "
-                        "listen");
+            return fail(c, v, "admin_listen", "would share connections with listen (the same "
+                        "address, or a wildcard, on the same port): the JSON API gets a "
+                        "listener of its own, or omit admin_listen to serve it on listen");
     }
     if ((v = field(c, root, "storage")) && get_storage(c, v, cfg))
         return -1;

@@ -409,7 +409,15 @@ static void test_listen(void **state)
     parse_bad("event_loops: 0\n", "idem.yaml:1: event_loops:", "1 to 16");
     parse_bad("admin_listen: bad host:80\n", "idem.yaml:1: admin_listen:", "host name");
     parse_bad("listen: 8081\nadmin_listen: 127.0.0.1:8081\n", "idem.yaml:2: admin_listen:",
-              "same address as listen");
+              "would share connections with listen");
+    parse_bad("listen: 0.0.0.0:8081\nadmin_listen: 127.0.0.1:8081\n",
+              "idem.yaml:2: admin_listen:", "would share connections with listen");
+    parse_bad("listen: 127.0.0.1:8081\nadmin_listen: \"[::]:8081\"\n",
+              "idem.yaml:2: admin_listen:", "would share connections with listen");
+    /* Another port, or another address and no wildcard: apart. */
+    config_free(parse_ok("listen: 0.0.0.0:8080\nadmin_listen: 127.0.0.1:8081\n"));
+    config_free(parse_ok("listen: 10.0.0.1:8080\nadmin_listen: 127.0.0.1:8080\n"));
+    config_free(parse_ok("listen: 0.0.0.0:8080\nadmin_listen: \"[::1]:8080\"\n"));
     /* Both on port 0: each gets its own port from the system. */
     struct server_config *z = parse_ok("listen: 0\nadmin_listen: 0\n");
     assert_int_equal(z->admin_port, 0);
