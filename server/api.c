@@ -236,6 +236,52 @@ static struct http_response *get_record(struct daemon *d, const char *rest)
     return outcome(o, j);
 }
 
+/* The fields each POST endpoint takes. Any other is refused, as the
+ * configuration file refuses unknown fields: a misspelt "retention" or
+ * "retriable" would otherwise leave its default in force unnoticed. */
+static const struct {
+    const char *op;
+    const char *fields[7];
+} endpoint_fields[] = {
+    {"tokens", {"scene", "ttl_ms"}},
+    {"tokens/consume", {"scene", "token", "key"}},
+    {"tokens/give_back", {"scene", "token", "key"}},
+    {"locks/acquire", {"space", "key", "owner", "ttl_ms"}},
+    {"locks/renew", {"space", "key", "owner", "ttl_ms"}},
+    {"locks/release", {"space", "key", "owner", "ttl_ms"}},
+    {"records/begin", {"space", "key", "owner", "lease_ms", "fingerprint"}},
+    {"records/complete", {"space", "key", "epoch", "result", "result_base64", "retention_ms"}},
+    {"records/fail",
+     {"space", "key", "epoch", "result", "result_base64", "retention_ms", "retryable"}},
+    {"records/transition", {"space", "key", "from", "to"}},
+};
+
+/* NULL, or the 400 naming the first field op does not take. */
+static struct http_response *unknown_field(const char *op, json_t *body)
+{
+    for (size_t i = 0; i < sizeof endpoint_fields / sizeof endpoint_fields[0]; i++) {
+        if (strcmp(op, endpoint_fields[i].op) != 0)
+            continue;
+        const char *const *known = endpoint_fields[i].fields;
+        const char *name;
+        json_t *v;
+        json_object_foreach(body, name, v) {
+            size_t k = 0;
+            while (k < 7 && known[k] && strcmp(known[k], name) != 0)
+                k++;
+            if (k < 7 && known[k])
+                continue;
+            char list[160] = "";
+            for (k = 0; k < 7 && known[k]; k++)
+                snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                         k ? ", " : "", known[k]);
+            return problem(400, "invalid_field", "field %.64s: %s takes no such field (it takes %s)",
+                           name, op, list);
+        }
+    }
+    return NULL;
+}
+
 static struct http_response *post(struct daemon *d, const struct server_config *cfg,
                                   const char *op, const struct http_msg *m)
 {
@@ -248,6 +294,10 @@ static struct http_response *post(struct daemon *d, const struct server_config *
         json_decref(a.body);
         return problem(400, "invalid_json", "the body must be a JSON object%s%s",
                        a.body ? "" : ": ", a.body ? "" : jerr.text);
+    }
+    if ((r = unknown_field(op, a.body)) != NULL) {
+        json_decref(a.body);
+        return r;
     }
     const char *subject;
     char why[300];

@@ -146,6 +146,30 @@ char *response_serialize(const struct http_response *r, int head_request, size_t
     return out;
 }
 
+/* Each byte of s that is not part of a whole UTF-8 sequence becomes '?':
+ * a detail may quote what a client sent, or be cut mid-character by its
+ * buffer, and JSON holds UTF-8 only. */
+static void utf8_mend(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        int n = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 ? 2 : (*p & 0xf0) == 0xe0 ? 3
+                : (*p & 0xf8) == 0xf0 ? 4 : 0;
+        int ok = n > 0 && !(n == 2 && *p < 0xc2) && !(n == 4 && *p > 0xf4);
+        for (int i = 1; ok && i < n; i++)
+            ok = (p[i] & 0xc0) == 0x80;
+        if (ok && n == 3)
+            ok = !(p[0] == 0xe0 && p[1] < 0xa0) && !(p[0] == 0xed && p[1] >= 0xa0);
+        if (ok && n == 4)
+            ok = !(p[0] == 0xf0 && p[1] < 0x90) && !(p[0] == 0xf4 && p[1] >= 0x90);
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        p += n;
+    }
+}
+
 struct http_response *problem(int status, const char *type, const char *fmt, ...)
 {
     char detail[512], urn[96];
@@ -153,6 +177,7 @@ struct http_response *problem(int status, const char *type, const char *fmt, ...
     va_start(ap, fmt);
     vsnprintf(detail, sizeof detail, fmt, ap);
     va_end(ap);
+    utf8_mend(detail);
     snprintf(urn, sizeof urn, "urn:idem:%s", type);
 
     struct http_response *r = response_new(status);

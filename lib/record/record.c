@@ -53,8 +53,14 @@ static void log_conflict(idem *h, const struct idem__rec_event_args *ev,
                   ev->space, ev->key, (unsigned long long)ev->epoch, cur->state,
                   (unsigned long long)cur->epoch, cur->owner);
     else if (ev->kind == IDEM__EV_TRANSITION)
-        idem__log(h, IDEM_LOG_ALERT, "record %s/%s: transition %s -> %s refused: it is %s",
+        /* A business answer (a refund of a cancelled order), not a fault. */
+        idem__log(h, IDEM_LOG_INFO, "record %s/%s: transition %s -> %s refused: it is %s",
                   ev->space, ev->key, ev->from, ev->to, cur->state);
+    else if (cur->epoch == ev->epoch)
+        /* The same claim finishing again (a retried call): nothing lost. */
+        idem__log(h, IDEM_LOG_INFO,
+                  "record %s/%s: finishing epoch %llu again refused: it is already %s",
+                  ev->space, ev->key, (unsigned long long)ev->epoch, cur->state);
     else
         idem__log(h, IDEM_LOG_ALERT,
                   "record %s/%s: finishing epoch %llu refused: it is %s at epoch %llu "

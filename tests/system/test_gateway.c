@@ -1309,6 +1309,20 @@ static void test_json_api(void **state)
     api_expect(p, "/_idem/v1/records/begin",
                "{\"space\":\"pay\",\"key\":\"k\",\"owner\":\"o\",\"fingerprint\":\"xyz\"}", 400,
                "fingerprint");
+    /* A field the endpoint does not take is refused, not ignored: a
+     * misspelt one would leave its default in force. */
+    api_expect(p, "/_idem/v1/records/complete",
+               "{\"space\":\"pay\",\"key\":\"P-9\",\"epoch\":1,\"retention\":5}", 400,
+               "field retention: records/complete takes no such field");
+    api_expect(p, "/_idem/v1/tokens", "{\"scene\":\"checkout\",\"tll_ms\":5}", 400,
+               "urn:idem:invalid_field");
+    /* Its name is quoted cut short, and still makes a valid answer when the
+     * cut falls inside a character (30 euro signs, 90 bytes). */
+    char euros[200] = "{\"";
+    for (int i = 0; i < 30; i++)
+        strcat(euros, "\xe2\x82\xac");
+    strcat(euros, "\":1}");
+    api_expect(p, "/_idem/v1/tokens", euros, 400, "urn:idem:invalid_field");
     api_expect(p, "/_idem/v1/nope", "{}", 404, "urn:idem:no_such_endpoint");
     api_expect(p, "/_idem/v1/records/nothing", "{}", 404, "urn:idem:no_such_endpoint");
     api_expect(p, "/_idem/v1/tokens", NULL, 405, "urn:idem:method_not_allowed");
