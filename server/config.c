@@ -931,6 +931,12 @@ static int resolve_one(const struct server_config *cfg, struct upstream_url *u,
                        const char *field, char *err, size_t errlen)
 {
     char detail[400];
+    /* Routes sharing an upstream share one lookup. */
+    for (size_t i = 0; i < cfg->route_count && !u->addrs; i++) {
+        const struct upstream_url *o = &cfg->routes[i].upstream;
+        if (o != u && o->addrs && o->port == u->port && strcmp(o->host, u->host) == 0)
+            u->addrs = upstream_addrs_get(o->addrs);
+    }
     if (u->addrs || (u->addrs = upstream_resolve(u->host, u->port, detail, sizeof detail)))
         return 0;
     snprintf(err, errlen, "%s:%lu: %s: %s", cfg->path ? cfg->path : "(configuration)",

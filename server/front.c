@@ -698,13 +698,33 @@ static int address_equal(const struct sockaddr_storage *a, const struct sockaddr
  * takes what a specific one on its port does not. Compared after binding,
  * so that every spelling of an address (a host name, --listen, port 0)
  * is caught. */
+/* An IPv6 socket that takes IPv6 only (else :: takes IPv4 too). */
+static int v6_only(struct evconnlistener *l)
+{
+    int on = 0;
+    socklen_t len = sizeof on;
+    getsockopt(evconnlistener_get_fd(l), IPPROTO_IPV6, IPV6_V6ONLY, &on, &len);
+    return on;
+}
+
+/* Does wildcard listener w (bound to wa) take connections meant for o? */
+static int wildcard_covers(struct evconnlistener *w, const struct sockaddr_storage *wa,
+                           struct evconnlistener *o, const struct sockaddr_storage *oa)
+{
+    if (wa->ss_family == AF_INET) /* 0.0.0.0: IPv4, and a dual-stack :: */
+        return oa->ss_family == AF_INET || (address_is_any(oa) && !v6_only(o));
+    return oa->ss_family == AF_INET6 || !v6_only(w);
+}
+
 static int listeners_overlap(struct evconnlistener *x, struct evconnlistener *y)
 {
     struct sockaddr_storage a, b;
     bound_address(x, &a);
     bound_address(y, &b);
-    return address_port(&a) == address_port(&b) &&
-           (address_is_any(&a) || address_is_any(&b) || address_equal(&a, &b));
+    if (address_port(&a) != address_port(&b))
+        return 0;
+    return address_equal(&a, &b) || (address_is_any(&a) && wildcard_covers(x, &a, y, &b)) ||
+           (address_is_any(&b) && wildcard_covers(y, &b, x, &a));
 }
 
 int front_listen(struct front *f, const char *host, int port, int admin, char *err,

@@ -973,6 +973,27 @@ size_t http_msg_header_count(const struct http_msg *m, const char *name)
     return n;
 }
 
+int http_name_alike(const char *a, const char *b)
+{
+    for (;; a++, b++) {
+        int x = (unsigned char)*a, y = (unsigned char)*b;
+        x = x == '_' ? '-' : x >= 'A' && x <= 'Z' ? x + 32 : x;
+        y = y == '_' ? '-' : y >= 'A' && y <= 'Z' ? y + 32 : y;
+        if (x != y)
+            return 0;
+        if (!x)
+            return 1;
+    }
+}
+
+size_t http_msg_header_alike_count(const struct http_msg *m, const char *name)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < m->header_count; i++)
+        n += http_name_alike(m->headers[i].name, name);
+    return n;
+}
+
 int http_is_hop_by_hop(const struct http_msg *m, const char *name)
 {
     static const char *const fixed[] = {

@@ -135,6 +135,12 @@ const char *http_msg_header(const struct http_msg *m, const char *name);
 /* How many headers have this name. */
 size_t http_msg_header_count(const struct http_msg *m, const char *name);
 
+/* The same header name to a CGI-style upstream (PHP, Rack, WSGI), which
+ * folds case and takes '_' for '-': X_Subject is X-Subject there. */
+int http_name_alike(const char *a, const char *b);
+/* How many headers have a name alike to this one. */
+size_t http_msg_header_alike_count(const struct http_msg *m, const char *name);
+
 /* The value of a hexadecimal digit, or -1 (chunk sizes, %-escapes). */
 int http_hex_value(unsigned char c);
 

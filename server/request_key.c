@@ -39,6 +39,8 @@ int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_
                 return -1;
             c = hi * 16 + lo;
             i += 2;
+            if (c == 0)
+                return -1; /* it would end the string: "R-1%00A" read as "R-1" */
         } else if (c == '+' && plus_is_space) {
             c = ' ';
         }
@@ -172,11 +174,13 @@ int request_subject(const struct http_msg *m, const char *header, const char **s
                     char *detail, size_t dlen)
 {
     *subject = http_msg_header(m, header);
-    size_t n = *subject ? http_msg_header_count(m, header) : 0;
-    if (n <= 1)
+    size_t n = http_msg_header_alike_count(m, header);
+    if (n <= 1 && (n == 0 || *subject))
         return 0;
-    snprintf(detail, dlen, "the subject header %s is given %zu times: which one is the subject "
-             "cannot be told", header, n);
+    /* Twice, or once spelt otherwise (X_Subject), which a CGI-style
+     * upstream reads as the subject while Idem would not. */
+    snprintf(detail, dlen, "the subject header %s is given %zu times (counting spellings with "
+             "'_' for '-'): which one is the subject cannot be told", header, n);
     return 400;
 }
 
@@ -216,7 +220,7 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
             const char *v = http_msg_header(m, kp->name);
             found = v && *v;
             if (found)
-                found = http_msg_header_count(m, kp->name) > 1 ? -2
+                found = http_msg_header_alike_count(m, kp->name) > 1 ? -2
                         : strlen(v) < sizeof value             ? (strcpy(value, v), 1)
                                                                : -1;
             break;

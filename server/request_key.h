@@ -34,8 +34,8 @@ int request_fingerprint(const struct route *rt, const struct http_msg *m,
                         size_t detail_len);
 
 /* Percent-decode s[0..n) into out (cap bytes, NUL-terminated); '+' is a
- * space when plus_is_space (query strings). 0, or -1 if it does not fit or
- * a %-escape is broken. */
+ * space when plus_is_space (query strings). 0, or -1 if it does not fit, a
+ * %-escape is broken, or it is %00. */
 int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_is_space);
 
 /* The path part of a request target (before '?'), copied into out. */

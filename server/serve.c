@@ -173,6 +173,8 @@ struct serve {
     struct live_config *start;       /* the configuration it started with (kept) */
     struct work purge_work;
     int purge_running;
+    struct work reload_work; /* SIGHUP's reload, on a worker */
+    int reload_running, reload_again;
 };
 
 static size_t in_flight(struct serve *s)
@@ -272,11 +274,11 @@ static int same_address(const char *h1, int p1, const char *h2, int p2)
     return h1 && h2 ? strcmp(h1, h2) == 0 && p1 == p2 : h1 == h2;
 }
 
-static void on_reload(evutil_socket_t sig, short what, void *arg)
+/* Load the file again and make it current. On a worker: loading looks up
+ * the upstreams' host names, which may wait on DNS for seconds, and a loop
+ * that waited would stop extending its requests' leases. */
+static void reload(struct serve *s)
 {
-    struct serve *s = arg;
-    (void)sig;
-    (void)what;
     struct live_config *cur = daemon_config_get(&s->d);
     const char *path = cur->c->path;
     if (!path) {
@@ -340,6 +342,35 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     daemon_config_put(old);
     daemon_log("SIGHUP: reloaded %s: %zu routes", path, next->route_count);
     daemon_config_put(cur);
+}
+
+/* One reload at a time; a SIGHUP during one asks for another after it. */
+static void run_reload(struct work *w)
+{
+    struct serve *s = (struct serve *)((char *)w - offsetof(struct serve, reload_work));
+    for (;;) {
+        __atomic_store_n(&s->reload_again, 0, __ATOMIC_RELEASE);
+        reload(s);
+        __atomic_store_n(&s->reload_running, 0, __ATOMIC_RELEASE);
+        if (!__atomic_load_n(&s->reload_again, __ATOMIC_ACQUIRE) ||
+            __atomic_exchange_n(&s->reload_running, 1, __ATOMIC_ACQ_REL))
+            return;
+    }
+}
+
+static void on_reload(evutil_socket_t sig, short what, void *arg)
+{
+    struct serve *s = arg;
+    (void)sig;
+    (void)what;
+    __atomic_store_n(&s->reload_again, 1, __ATOMIC_RELEASE);
+    if (__atomic_exchange_n(&s->reload_running, 1, __ATOMIC_ACQ_REL))
+        return; /* the running one sees reload_again */
+    s->reload_work.run = run_reload;
+    if (workers_submit(s->workers, &s->reload_work) != 0) {
+        __atomic_store_n(&s->reload_running, 0, __ATOMIC_RELEASE);
+        daemon_log("SIGHUP: the daemon is stopping; not reloaded");
+    }
 }
 
 static void run_purge(struct work *w)

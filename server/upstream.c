@@ -85,6 +85,12 @@ struct upstream_addrs *upstream_resolve(const char *host, int port, char *detail
     return a;
 }
 
+struct upstream_addrs *upstream_addrs_get(struct upstream_addrs *a)
+{
+    atomic_fetch_add(&a->refs, 1);
+    return a;
+}
+
 void upstream_addrs_put(struct upstream_addrs *a)
 {
     if (a && atomic_fetch_sub(&a->refs, 1) == 1) {
@@ -141,12 +147,13 @@ static void connect_failed(const char *host, int port, int err, char *detail, si
  * (Idem-Key and Idem-Epoch are set by the gateway alone, so that an
  * upstream fencing on them cannot be handed a client's forgery; the
  * one-time token is spent here) and Expect, which Idem answers itself
- * (the body is forwarded whole, with its length). */
+ * (the body is forwarded whole, with its length). Spelt with '_' too
+ * (Idem_Epoch), which CGI-style upstreams read as the same header. */
 static int not_forwarded(const char *name)
 {
     static const char *const names[] = {"idem-key", "idem-epoch", "idem-token", "expect"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcasecmp(name, names[i]) == 0)
+        if (http_name_alike(name, names[i]))
             return 1;
     return 0;
 }
@@ -790,8 +797,7 @@ struct upstream_call *upstream_call_start(struct upstream_loop *ul, struct upstr
     event_assign(c->io, ul->base, -1, 0, on_io, c);
     evtimer_assign(c->timer, ul->base, on_timer, c);
     c->pool = p;
-    atomic_fetch_add(&to->refs, 1);
-    c->to = to;
+    c->to = upstream_addrs_get(to);
     c->done = done;
     c->arg = arg;
     c->fd = -1;

@@ -53,6 +53,9 @@ struct upstream_addrs;
  * known") when the name does not resolve, or on OOM. */
 struct upstream_addrs *upstream_resolve(const char *host, int port, char *detail, size_t dlen);
 
+/* Another reference to a (returned). */
+struct upstream_addrs *upstream_addrs_get(struct upstream_addrs *a);
+
 /* Drop a reference; the last frees the set. NULL is a no-op. */
 void upstream_addrs_put(struct upstream_addrs *a);
 

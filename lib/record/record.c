@@ -56,8 +56,14 @@ static void log_conflict(idem *h, const struct idem__rec_event_args *ev,
         /* A business answer (a refund of a cancelled order), not a fault. */
         idem__log(h, IDEM_LOG_INFO, "record %s/%s: transition %s -> %s refused: it is %s",
                   ev->space, ev->key, ev->from, ev->to, cur->state);
-    else if (cur->epoch == ev->epoch)
-        /* The same claim finishing again (a retried call): nothing lost. */
+    else if (cur->epoch == ev->epoch &&
+             strcmp(cur->state, ev->kind == IDEM__EV_COMPLETE    ? IDEM_STATE_SUCCEEDED
+                                : ev->kind == IDEM__EV_FAIL_FINAL ? IDEM_STATE_FAILED
+                                                                  : IDEM_STATE_RELEASED) == 0)
+        /* The same claim finishing again as it did (a retried call):
+         * nothing lost. Finishing otherwise stays an ALERT below (a
+         * complete after the claim was released: the next begin executes
+         * again). */
         idem__log(h, IDEM_LOG_INFO,
                   "record %s/%s: finishing epoch %llu again refused: it is already %s",
                   ev->space, ev->key, (unsigned long long)ev->epoch, cur->state);
