@@ -692,12 +692,6 @@ static int address_equal(const struct sockaddr_storage *a, const struct sockaddr
     return in4(a)->sin_addr.s_addr == in4(b)->sin_addr.s_addr;
 }
 
-/* Would the kernel hand connections for one listener to the other? With
- * SO_REUSEPORT (which the loops need to share their port) a second bind of
- * the same address succeeds and joins the first, and a wildcard address
- * takes what a specific one on its port does not. Compared after binding,
- * so that every spelling of an address (a host name, --listen, port 0)
- * is caught. */
 /* An IPv6 socket that takes IPv6 only (else :: takes IPv4 too). */
 static int v6_only(struct evconnlistener *l)
 {
@@ -716,6 +710,12 @@ static int wildcard_covers(struct evconnlistener *w, const struct sockaddr_stora
     return oa->ss_family == AF_INET6 || !v6_only(w);
 }
 
+/* Would the kernel hand connections for one listener to the other? With
+ * SO_REUSEPORT (which the loops need to share their port) a second bind of
+ * the same address succeeds and joins the first, and a wildcard address
+ * takes what a specific one on its port does not. Compared after binding,
+ * so that every spelling of an address (a host name, --listen, port 0)
+ * is caught. */
 static int listeners_overlap(struct evconnlistener *x, struct evconnlistener *y)
 {
     struct sockaddr_storage a, b;
