@@ -401,7 +401,10 @@ static const char *kind_name(const yaml_node_t *n)
     case YAML_SEQUENCE_NODE:
         return "a list";
     default:
-        return "a single value";
+        /* "key:" with nothing after it is an empty plain scalar. */
+        return n->data.scalar.length == 0 && n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE
+                   ? "no value"
+                   : "a single value";
     }
 }
 

@@ -701,7 +701,13 @@ static void test_wrong_types_and_ranges(void **state)
     parse_bad("routes: { name: r }\n", "idem.yaml:1: routes:", "expected a list");
     parse_bad("routes: [r]\n", "idem.yaml:1: routes[0]:", "expected a mapping");
     parse_bad("limits: [1, 2]\n", "idem.yaml:1: limits:", "expected a mapping");
-    parse_bad("storage: ./idem.db\n", "idem.yaml:1: storage:", "expected a mapping");
+    parse_bad("storage: ./idem.db\n", "idem.yaml:1: storage:", "got a single value");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://a\n"
+              "    key:\n",
+              "idem.yaml:5: routes[0].key:", "got no value");
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n    upstream: http://a\n"
+              "    key: \"\"\n",
+              "idem.yaml:5: routes[0].key:", "got a single value");
     parse_bad("storage: { kind: redis }\n", "idem.yaml:1: storage.kind:", "embedded");
     parse_bad("storage: { path: \"\" }\n", "idem.yaml:1: storage.path:", "empty");
     parse_bad("[1, 2]\n", "idem.yaml:1:", "top level must be a mapping");
