@@ -191,12 +191,40 @@ static struct http_response *health(struct daemon *d)
      * down (Redis): "degraded", routes follow their on_redis_down. */
     idem_rc rc = idem_record_get(d->h, "idem.health", "probe", &o, NULL);
     idem_rc kv = idem_lock_release(d->h, "idem.health", "probe", "probe", &o);
+    /* Reads can work while writes fail (a full disk, a store gone
+     * read-only): after the gateway saw a write fail, a write of our own
+     * says whether they work again. Not before: it costs a commit. */
+    idem_rc wr = IDEM_OK;
+    char writes[300] = "ok";
+    if (rc == IDEM_OK && atomic_load(&d->writes_failing)) {
+        idem_record rec;
+        wr = idem_record_begin(d->h, "idem.health", "write-probe", NULL, d->instance, 1000, &o,
+                               &rec);
+        if (wr == IDEM_OK) {
+            uint64_t epoch = rec.epoch;
+            idem_record_clear(&rec);
+            /* IN_PROGRESS: another probe wrote it within the second. */
+            if (o == IDEM_NEW || o == IDEM_TAKEN_OVER)
+                wr = idem_record_fail(d->h, "idem.health", "write-probe", epoch,
+                                      IDEM_FAIL_RETRYABLE, NULL, 0, 0, &o);
+        }
+        if (wr == IDEM_OK) {
+            daemon_write_ok(d);
+        } else {
+            daemon_write_failed(d, wr, idem_errdetail());
+            pthread_mutex_lock(&d->writes_mu);
+            snprintf(writes, sizeof writes, "%s", d->writes_error);
+            pthread_mutex_unlock(&d->writes_mu);
+        }
+    }
     idem_get_stats(d->h, &st);
     json_t *j = json_pack(
-        "{s:s, s:s, s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I}, "
+        "{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I}, "
         "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
-        "status", rc != IDEM_OK ? "store_unavailable" : kv != IDEM_OK ? "degraded" : "ok",
-        "records", rc == IDEM_OK ? "ok" : idem_errname(rc),
+        "status", rc != IDEM_OK || wr != IDEM_OK ? "store_unavailable"
+                  : kv != IDEM_OK                ? "degraded"
+                                                 : "ok",
+        "records", rc == IDEM_OK ? "ok" : idem_errname(rc), "record_writes", writes,
         "tokens_and_locks", kv == IDEM_OK ? "ok" : idem_errname(kv),
         "store", idem_store_name(d->h),
         "version", idem_version(), "store_stats", "conflicts", (json_int_t)st.conflicts,
@@ -211,7 +239,7 @@ static struct http_response *health(struct daemon *d)
         (json_int_t)atomic_load(&d->n.upstream_unknown), "passthrough",
         (json_int_t)atomic_load(&d->n.passthrough), "redis_down_skips",
         (json_int_t)atomic_load(&d->n.redis_down_skips));
-    return json_response(rc == IDEM_OK ? 200 : 503, j);
+    return json_response(rc == IDEM_OK && wr == IDEM_OK ? 200 : 503, j);
 }
 
 /* GET /_idem/v1/records/{space}/{key} */

@@ -533,11 +533,13 @@ static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
         atomic_fetch_add(&g->d->n.store_errors, 1);
+        daemon_write_failed(g->d, g->rc, g->detail);
         g->out = problem_from_rc(g->rc, g->detail, "claiming the record");
         g->give_token_back = 1;
         finish(g);
         return;
     }
+    daemon_write_ok(g->d);
     switch (g->o) {
     case IDEM_NEW:
     case IDEM_TAKEN_OVER:
@@ -685,12 +687,16 @@ static void after_finish(struct gw *g)
     if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE)
         /* Durable and final: duplicates from now on are answered with it. */
         keep_answer(g, g->has_fp ? g->fp : NULL, g->stored, g->stored_len);
-    if (g->rc != IDEM_OK)
+    if (g->rc != IDEM_OK) {
         daemon_log("%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
                    idem_strerror(g->rc), g->detail);
-    else if (g->o == IDEM_CONFLICT)
-        daemon_log("ALERT %s/%s: epoch %" PRIu64 " was taken over while it ran", g->rt->space,
-                   g->key, g->epoch);
+        daemon_write_failed(g->d, g->rc, g->detail);
+    } else {
+        daemon_write_ok(g->d);
+        if (g->o == IDEM_CONFLICT)
+            daemon_log("ALERT %s/%s: epoch %" PRIu64 " was taken over while it ran",
+                       g->rt->space, g->key, g->epoch);
+    }
     finish(g);
 }
 

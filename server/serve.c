@@ -45,6 +45,23 @@ void daemon_config_put(struct live_config *lc)
     }
 }
 
+void daemon_write_ok(struct daemon *d)
+{
+    /* A load first: every request passes here, and the flag rarely changes. */
+    if (atomic_load_explicit(&d->writes_failing, memory_order_relaxed))
+        atomic_store(&d->writes_failing, 0);
+}
+
+void daemon_write_failed(struct daemon *d, idem_rc rc, const char *detail)
+{
+    if (rc != IDEM_ESTORE && rc != IDEM_ETIMEDOUT && rc != IDEM_EUNAVAILABLE)
+        return; /* the request's fault (too big, invalid), not the store's */
+    pthread_mutex_lock(&d->writes_mu);
+    snprintf(d->writes_error, sizeof d->writes_error, "%s: %s", idem_strerror(rc), detail);
+    pthread_mutex_unlock(&d->writes_mu);
+    atomic_store(&d->writes_failing, 1);
+}
+
 static const struct route *match_route(const struct server_config *cfg, const struct http_msg *m,
                                        const char *path)
 {
@@ -493,6 +510,7 @@ int serve_main(int argc, char **argv)
     lc->c = cfg;
     atomic_init(&lc->refs, 1);
     pthread_mutex_init(&s->d.cfg_mu, NULL);
+    pthread_mutex_init(&s->d.writes_mu, NULL);
     s->d.live = lc;
     s->start = daemon_config_get(&s->d); /* what SIGHUP compares with */
     s->limits = &cfg->limits;
@@ -636,6 +654,7 @@ out:
     daemon_config_put(s->start);
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);
+    pthread_mutex_destroy(&s->d.writes_mu);
     free(s);
     return rc;
 }

@@ -722,6 +722,49 @@ static const char held_routes[] =
     "    in_flight: reject\n"
     "    lease: 5s\n";
 
+/* A store that reads but cannot write (here another process holds the
+ * SQLite file's write lock; a full disk or a store gone read-only looks
+ * the same): once a request's write failed, the health check writes too
+ * and answers 503 until writes work again, so a load balancer stops
+ * sending requests that could only fail. */
+static void test_health_sees_failing_writes(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "writes.db");
+    struct sys_resp r;
+    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"record_writes\":\"ok\""));
+    sys_resp_free(&r);
+    char db[4200];
+    snprintf(db, sizeof db, "%s/writes.db", dir);
+    sqlite3 *holder = NULL;
+    assert_int_equal(sqlite3_open(db, &holder), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(holder, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    /* The request waits out the store's busy timeout (5 s), then 503. */
+    sys_http(gw.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-w1\",\"amount\":\"1.00\"}",
+             15000, &r);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.m->body, "store_unavailable"));
+    sys_resp_free(&r);
+    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 15000, &r);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.m->body, "\"status\":\"store_unavailable\""));
+    assert_non_null(strstr(r.m->body, "\"records\":\"ok\"")); /* reads still work */
+    assert_null(strstr(r.m->body, "\"record_writes\":\"ok\""));
+    sys_resp_free(&r);
+    assert_int_equal(sqlite3_exec(holder, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(holder);
+    /* Writes work again: the health check's own write says so. */
+    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 15000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"record_writes\":\"ok\""));
+    sys_resp_free(&r);
+    post_expect(gw.port, "{\"refund_no\":\"R-w1\",\"amount\":\"1.00\"}", 201, 0);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_sigterm_with_claims_queued_on_writer(void **state)
 {
     (void)state;
@@ -1971,6 +2014,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigterm_drains),
         cmocka_unit_test(test_sigterm_past_timeout_abandons),
         cmocka_unit_test(test_sigterm_with_claims_queued_on_writer),
+        cmocka_unit_test(test_health_sees_failing_writes),
         cmocka_unit_test(test_half_closed_client_answered),
         cmocka_unit_test(test_client_reset_mid_request),
         cmocka_unit_test(test_replays_on_kept_alive_connection),
