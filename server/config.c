@@ -1285,7 +1285,11 @@ static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
     if ((v = FIELD("wait_timeout")) &&
         get_duration(c, v, fpath, 1, 10 * MS_MIN, &r->wait_timeout_ms))
         return -1;
-    if ((v = FIELD("lease")) && get_duration(c, v, fpath, 1, MS_DAY, &r->lease_ms))
+    /* At least a second: the watchdog extends a live claim every lease/3
+     * through the store, and a lease shorter than the store's ordinary
+     * delays would run out under a live request, letting a duplicate take
+     * it over and execute again. */
+    if ((v = FIELD("lease")) && get_duration(c, v, fpath, MS_SEC, MS_DAY, &r->lease_ms))
         return -1;
     if ((v = FIELD("retention")) &&
         get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->retention_ms))

@@ -720,7 +720,9 @@ static void test_wrong_types_and_ranges(void **state)
     parse_bad("subject_header: \"X Subject\"\n", "idem.yaml:1: subject_header:",
               "not a header name");
     parse_bad(ROUTE "    lease: 0\n", "idem.yaml:6: routes[0].lease:",
-              "out of range (must be 1ms to 1d)");
+              "out of range (must be 1s to 1d)");
+    parse_bad(ROUTE "    lease: 999ms\n", "idem.yaml:6: routes[0].lease:",
+              "out of range (must be 1s to 1d)");
     parse_bad(ROUTE "    lease: 25h\n", "idem.yaml:6: routes[0].lease:", "out of range");
     parse_bad(ROUTE "    lease: abc\n", "idem.yaml:6: routes[0].lease:",
               "\"abc\" is not a duration (use");
