@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -60,6 +61,80 @@ void daemon_write_failed(struct daemon *d, idem_rc rc, const char *detail)
     snprintf(d->writes_error, sizeof d->writes_error, "%s: %s", idem_strerror(rc), detail);
     pthread_mutex_unlock(&d->writes_mu);
     atomic_store(&d->writes_failing, 1);
+}
+
+/* A path an upstream may read as another: a "." or ".." segment (also
+ * spelt %2e) or an empty one ("//"), which most servers resolve or merge.
+ * Routes match the path as sent, so /x/../refunds would miss the refund
+ * route and reach the refund handler unclaimed. NULL, or what is wrong. */
+static const char *path_not_plain(const char *path)
+{
+    for (const char *p = path; *p == '/';) {
+        const char *seg = p + 1, *end = seg + strcspn(seg, "/");
+        if (end == seg && *end == '/')
+            return "an empty segment (//)";
+        size_t dots = 0, n = 0;
+        for (const char *c = seg; c < end; n++) {
+            if (*c == '.') {
+                dots++;
+                c++;
+            } else if (c[0] == '%' && c[1] == '2' && (c[2] == 'e' || c[2] == 'E')) {
+                dots++;
+                c += 3;
+            } else {
+                c++;
+            }
+        }
+        if (n > 0 && dots == n && n <= 2)
+            return "a \".\" or \"..\" segment";
+        p = end;
+    }
+    return NULL;
+}
+
+/* The path as a lenient upstream reads it, for comparing: letters in lower
+ * case, %-escapes of unreserved characters decoded, no trailing slash. */
+static void path_folded(const char *path, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (const char *c = path; *c && o + 1 < cap; c++) {
+        int ch = (unsigned char)*c;
+        if (ch == '%' && http_hex_value((unsigned char)c[1]) >= 0 &&
+            http_hex_value((unsigned char)c[2]) >= 0) {
+            int v = http_hex_value((unsigned char)c[1]) * 16 +
+                    http_hex_value((unsigned char)c[2]);
+            if ((v >= 'A' && v <= 'Z') || (v >= 'a' && v <= 'z') || (v >= '0' && v <= '9') ||
+                v == '-' || v == '.' || v == '_' || v == '~') {
+                ch = v;
+                c += 2;
+            }
+        }
+        out[o++] = (char)(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
+    }
+    if (o > 1 && out[o - 1] == '/')
+        o--;
+    out[o] = '\0';
+}
+
+/* A route whose path this one is another spelling of (case, a trailing
+ * slash, an escaped letter), or NULL: such a request would go past the
+ * route to an upstream that may take it for the route's path. */
+static const struct route *route_spelt_otherwise(const struct server_config *cfg,
+                                                 const struct http_msg *m, const char *path)
+{
+    char mine[8192], theirs[8192];
+    path_folded(path, mine, sizeof mine);
+    for (size_t i = 0; i < cfg->route_count; i++) {
+        const struct route *rt = &cfg->routes[i];
+        if (rt->method && strcasecmp(rt->method, m->method) != 0)
+            continue;
+        path_folded(rt->path, theirs, sizeof theirs); /* a prefix loses its last '/' */
+        size_t n = strlen(theirs);
+        if (rt->prefix ? strncmp(mine, theirs, n) == 0 && mine[n] == '/'
+                       : strcmp(mine, theirs) == 0)
+            return rt;
+    }
+    return NULL;
 }
 
 static const struct route *match_route(const struct server_config *cfg, const struct http_msg *m,
@@ -117,7 +192,24 @@ void daemon_handle(void *arg, struct front_request *req)
         }
         return;
     }
-    const struct route *rt = match_route(cfg, req->msg, path);
+    const char *why = path_not_plain(path);
+    const struct route *rt = why ? NULL : match_route(cfg, req->msg, path);
+    const struct route *near = why || rt || !cfg->has_upstream
+                                   ? NULL
+                                   : route_spelt_otherwise(cfg, req->msg, path);
+    if (why || near) {
+        req->resp = why ? problem(400, "path_not_canonical",
+                                  "the path holds %s, which servers resolve differently: "
+                                  "send the path it stands for",
+                                  why)
+                        : problem(400, "path_not_canonical",
+                                  "%s is another spelling of route %s's path %s%s: send it as "
+                                  "that, or the request would reach the upstream unclaimed",
+                                  path, near->name, near->path, near->prefix ? "*" : "");
+        daemon_config_put(lc);
+        front_answer(req);
+        return;
+    }
     if (rt) {
         gateway_start(d, lc, rt, req); /* it keeps lc */
         return;

@@ -345,6 +345,22 @@ static void test_ambiguous_requests_refused(void **state)
     expect_refused(gw.port, "/admin/payments/repush?id=Q-1%00A", NULL, payment, "key_invalid");
     expect_refused(gw.port, "/admin/payments/repush?id=Q-1&id=Q-2", NULL, payment,
                    "key_invalid");
+    /* Paths an upstream may read as a route's own: never passed through
+     * unclaimed (the refund service takes any path ending in
+     * /callbacks/payment). */
+    static const char *const variants[] = {
+        "/./callbacks/payment", "/x/../callbacks/payment", "/x/%2e%2e/callbacks/payment",
+        "//callbacks/payment",  "/Callbacks/Payment",      "/callbacks/payment/",
+        "/callbacks/%70ayment",
+    };
+    static const char *const key[] = {"Idempotency-Key: K-var", NULL};
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
+        struct sys_resp v;
+        sys_http(gw.port, "POST", variants[i], key, payment, 5000, &v);
+        if (v.status != 400 || !strstr(v.m->body, "path_not_canonical"))
+            fail_msg("%s -> %d", variants[i], v.status);
+        sys_resp_free(&v);
+    }
     assert_int_equal(sys_stat(service.port, "executions"), refunds);
     assert_int_equal(sys_stat(service.port, "payment_executions"), payments);
     /* The JSON API refuses them too. */
