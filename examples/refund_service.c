@@ -321,12 +321,6 @@ static void on_count(struct evhttp_request *req)
     reply(req, 200, "text/plain", text);
 }
 
-static bool ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
 static void on_request(struct evhttp_request *req, void *arg)
 {
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
@@ -336,8 +330,10 @@ static void on_request(struct evhttp_request *req, void *arg)
     if (!path)
         path = "/";
 
-    if (strcmp(path, "/refunds") == 0 || ends_with(path, "/payments") ||
-        ends_with(path, "/callbacks/payment") || ends_with(path, "/admin/payments/repush")) {
+    /* Exact paths: a service that took any path ending in these would take
+     * /x/callbacks/payment too, which no gateway route matches. */
+    if (strcmp(path, "/refunds") == 0 || strcmp(path, "/payments") == 0 ||
+        strcmp(path, "/callbacks/payment") == 0 || strcmp(path, "/admin/payments/repush") == 0) {
         if (post)
             on_write(req, strcmp(path, "/refunds") == 0 ? &refunds : &payments);
         else

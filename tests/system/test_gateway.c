@@ -345,9 +345,8 @@ static void test_ambiguous_requests_refused(void **state)
     expect_refused(gw.port, "/admin/payments/repush?id=Q-1%00A", NULL, payment, "key_invalid");
     expect_refused(gw.port, "/admin/payments/repush?id=Q-1&id=Q-2", NULL, payment,
                    "key_invalid");
-    /* Paths an upstream may read as a route's own: never passed through
-     * unclaimed (the refund service takes any path ending in
-     * /callbacks/payment). */
+    /* Paths an upstream may read as a route's own: refused, never passed
+     * through unclaimed (to the default upstream, here the service). */
     static const char *const variants[] = {
         "/./callbacks/payment", "/x/../callbacks/payment", "/x/%2e%2e/callbacks/payment",
         "//callbacks/payment",  "/Callbacks/Payment",      "/callbacks/payment/",
