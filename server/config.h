@@ -24,7 +24,7 @@ struct key_part {
 };
 
 enum fingerprint_kind {
-    FINGERPRINT_BODY,   /* method, path and the whole body (default) */
+    FINGERPRINT_BODY,   /* method, target with its query, and the whole body (default) */
     FINGERPRINT_FIELDS, /* the listed JSON fields only: routes sharing a space agree */
     FINGERPRINT_NONE,
 };

@@ -383,6 +383,45 @@ static int same_address(const char *h1, int p1, const char *h2, int p2)
     return h1 && h2 ? strcmp(h1, h2) == 0 && p1 == p2 : h1 == h2;
 }
 
+/* 1 if the two routes build the same record keys from the same request. */
+static int same_keys(const struct route *a, const struct route *b)
+{
+    if (strcmp(a->space, b->space) != 0 || a->scope_subject != b->scope_subject ||
+        a->key_parts != b->key_parts)
+        return 0;
+    for (size_t i = 0; i < a->key_parts; i++) {
+        const struct key_part *x = &a->key[i], *y = &b->key[i];
+        if (x->source != y->source || x->segment != y->segment ||
+            ((x->name || y->name) && (!x->name || !y->name || strcmp(x->name, y->name) != 0)))
+            return 0;
+    }
+    return 1;
+}
+
+/* A reload that changes how a route's keys are made (its space, key or
+ * scope, or the subject header) does not carry the records over: a
+ * duplicate of a request recorded before it, or still in flight, is
+ * executed again. Allowed (a new space is how a route starts over), but
+ * said, route by route. */
+static void warn_new_keys(const struct server_config *was, const struct server_config *now)
+{
+    int subject = strcasecmp(was->subject_header, now->subject_header) != 0;
+    for (size_t i = 0; i < now->route_count; i++) {
+        const struct route *n = &now->routes[i];
+        for (size_t j = 0; j < was->route_count; j++) {
+            const struct route *w = &was->routes[j];
+            if (strcmp(w->name, n->name) != 0)
+                continue;
+            if (!same_keys(w, n) || (subject && n->scope_subject))
+                daemon_log("SIGHUP: route %s: its records are keyed differently now (space, "
+                           "key, scope or subject_header changed): duplicates of requests "
+                           "recorded before, or still in flight, execute again",
+                           n->name);
+            break;
+        }
+    }
+}
+
 /* Load the file again and make it current. On a worker: loading looks up
  * the upstreams' host names, which may wait on DNS for seconds, and a loop
  * that waited would stop extending its requests' leases. */
@@ -441,6 +480,7 @@ static void reload(struct serve *s)
     if (waits[0])
         daemon_log("SIGHUP: %s: changed in the file; the running ones stay until a restart",
                    waits);
+    warn_new_keys(cur->c, next);
     next->limits = *s->limits;
     lc->c = next;
     atomic_init(&lc->refs, 1);

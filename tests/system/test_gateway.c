@@ -1262,6 +1262,14 @@ static void test_sighup_reloads_routes(void **state)
     char *log = sys_read_file(gw.log);
     assert_non_null(strstr(log, "SIGHUP: reloaded"));
     assert_null(strstr(log, "until a restart"));
+    assert_null(strstr(log, "keyed differently"));
+    free(log);
+    /* A new space for a route: allowed, and said, since its old records no
+     * longer stop duplicates. */
+    write_config(path, "routes:\n" REFUND_ROUTE "    space: refund-v2\n");
+    kill(gw.pid, SIGHUP);
+    log = await_log(gw.log, "SIGHUP: route refund: its records are keyed differently");
+    assert_non_null(log);
     free(log);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
