@@ -1221,7 +1221,7 @@ static const char *const route_fields[] = {
     "space",        "scope",     "layers",       "token_scene",
     "in_flight",    "wait_timeout", "lease",     "retention",
     "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
-    "on_redis_down",
+    "on_redis_down", "on_unknown_outcome",
 };
 
 /* routes[i] from n; the routes before it are read already, and their names
@@ -1306,6 +1306,9 @@ static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
         return -1;
     if ((v = FIELD("on_redis_down")) && get_choice(c, v, fpath, "skip", "reject",
                                                    &r->on_redis_down_reject))
+        return -1;
+    if ((v = FIELD("on_unknown_outcome")) && get_choice(c, v, fpath, "expire", "hold",
+                                                        &r->unknown_hold))
         return -1;
 #undef FIELD
     return 0;

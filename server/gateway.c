@@ -85,7 +85,13 @@ struct http_response *problem_from_idem(idem_rc rc, const char *what)
 struct gw;
 typedef void (*gw_fn)(struct gw *g);
 
-enum finish_kind { FINISH_NONE, FINISH_COMPLETE, FINISH_FAIL_FINAL, FINISH_FAIL_RETRYABLE };
+enum finish_kind {
+    FINISH_NONE,
+    FINISH_COMPLETE,
+    FINISH_FAIL_FINAL,
+    FINISH_FAIL_RETRYABLE,
+    FINISH_HOLD, /* outcome unknown, on_unknown_outcome: hold: PROCESSING for retention */
+};
 
 struct gw {
     struct front_request *req;
@@ -308,6 +314,8 @@ static void do_finish(struct gw *g)
     else if (g->finish == FINISH_FAIL_FINAL)
         keep_rc(g, idem_record_fail(h, rt->space, g->key, g->epoch, IDEM_FAIL_FINAL, g->stored,
                                     g->stored_len, rt->retention_ms, &g->o));
+    else if (g->finish == FINISH_HOLD)
+        keep_rc(g, idem_record_extend(h, rt->space, g->key, g->epoch, rt->retention_ms, &g->o));
     else
         keep_rc(g, idem_record_fail(h, rt->space, g->key, g->epoch, IDEM_FAIL_RETRYABLE, NULL, 0,
                                     0, &g->o));
@@ -763,6 +771,15 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     case UPSTREAM_TIMEOUT:
     case UPSTREAM_UNKNOWN:
         atomic_fetch_add(&g->d->n.upstream_unknown, 1);
+        if (rt->unknown_hold) {
+            g->out = problem(504, "outcome_unknown",
+                             "%s; the request may have been executed. Its record is held "
+                             "PROCESSING (epoch %" PRIu64 ") for %" PRId64 " ms, until an "
+                             "operator finishes it through the JSON API; retries get 409",
+                             detail, g->epoch, rt->retention_ms);
+            finish_record(g, FINISH_HOLD);
+            break;
+        }
         g->out = problem(504, "outcome_unknown",
                          "%s; the request may have been executed. Its record stays PROCESSING "
                          "until its lease ends (%" PRId64 " ms); retries get 409 until then",

@@ -723,6 +723,14 @@ static void test_wrong_types_and_ranges(void **state)
               "out of range (must be 1s to 1d)");
     parse_bad(ROUTE "    lease: 999ms\n", "idem.yaml:6: routes[0].lease:",
               "out of range (must be 1s to 1d)");
+    parse_bad(ROUTE "    on_unknown_outcome: keep\n", "idem.yaml:6: routes[0].on_unknown_outcome:",
+              "expire");
+    struct server_config *held = parse_ok(ROUTE "    on_unknown_outcome: hold\n");
+    assert_int_equal(held->routes[0].unknown_hold, 1);
+    config_free(held);
+    held = parse_ok(ROUTE);
+    assert_int_equal(held->routes[0].unknown_hold, 0); /* expire, the default */
+    config_free(held);
     parse_bad(ROUTE "    lease: 25h\n", "idem.yaml:6: routes[0].lease:", "out of range");
     parse_bad(ROUTE "    lease: abc\n", "idem.yaml:6: routes[0].lease:",
               "\"abc\" is not a duration (use");

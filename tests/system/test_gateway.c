@@ -1972,6 +1972,47 @@ static void test_hop_by_hop_never_forwarded_nor_stored(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* on_unknown_outcome: hold: a request whose outcome is unknown keeps its
+ * claim past the lease, until an operator finishes it; then a retry runs. */
+static void test_unknown_outcome_held(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct raw_upstream u;
+    raw_upstream_start(&u, NULL); /* reads the request, never answers */
+    start_idem_on(&gw, u.port,
+                  "    upstream_timeout: 400ms\n    lease: 1s\n    on_unknown_outcome: hold\n",
+                  "held-unknown.db");
+    static const char *const hdrs[] = {"Idempotency-Key: T-hold", NULL};
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
+    assert_int_equal(r.status, 504);
+    assert_non_null(strstr(r.m->body, "is held PROCESSING"));
+    sys_resp_free(&r);
+    raw_upstream_stop(&u);
+    sleep_ms(1600); /* the lease is over: without hold, a retry would be forwarded (502) */
+    sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
+    assert_int_equal(r.status, 409);
+    sys_resp_free(&r);
+    /* The operator decides it did not happen, and releases it. */
+    sys_http(gw.port, "GET", "/_idem/v1/records/refund/T-hold", NULL, NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"state\":\"PROCESSING\""));
+    long long epoch = atoll(strstr(r.m->body, "\"epoch\":") + 8);
+    sys_resp_free(&r);
+    char body[256];
+    snprintf(body, sizeof body,
+             "{\"space\":\"refund\",\"key\":\"T-hold\",\"epoch\":%lld,\"retryable\":true}",
+             epoch);
+    api_expect(gw.port, "/_idem/v1/records/fail", body, 200, "\"outcome\":\"COMPLETED\"");
+    sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
+    /* Forwarded now (the upstream is gone: 502 or 504), not refused 409. */
+    assert_true(r.status == 502 || r.status == 504);
+    assert_null(strstr(r.m->body, "request_in_flight"));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_upstream_timeout_after_send(void **state)
 {
     (void)state;
@@ -2058,6 +2099,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_admin_limits_apart),
         cmocka_unit_test(test_hop_by_hop_never_forwarded_nor_stored),
         cmocka_unit_test(test_upstream_timeout_after_send),
+        cmocka_unit_test(test_unknown_outcome_held),
     };
     return cmocka_run_group_tests_name("gateway", tests, group_setup, group_teardown);
 }
