@@ -66,7 +66,8 @@ struct route {
     int on_redis_down_reject; /* on_redis_down: reject (1: 503) or skip (0, default:
                                  layers 1-2 are skipped, the record still holds) */
     int unknown_hold;         /* on_unknown_outcome: hold (1: the claim is held for
-                                 retention, until an operator finishes it) or expire
+                                 retention, at most a day, until an operator finishes
+                                 it) or expire
                                  (0, default: retries run once the lease ends) */
 };
 

@@ -85,6 +85,14 @@ struct http_response *problem_from_idem(idem_rc rc, const char *what)
 struct gw;
 typedef void (*gw_fn)(struct gw *g);
 
+/* How long on_unknown_outcome: hold keeps a claim: retention, and no more
+ * than the longest lease a record takes (a day, idem.h). */
+static int64_t hold_ms(const struct route *rt)
+{
+    const int64_t day = 24 * 3600 * 1000LL;
+    return rt->retention_ms < day ? rt->retention_ms : day;
+}
+
 enum finish_kind {
     FINISH_NONE,
     FINISH_COMPLETE,
@@ -315,7 +323,7 @@ static void do_finish(struct gw *g)
         keep_rc(g, idem_record_fail(h, rt->space, g->key, g->epoch, IDEM_FAIL_FINAL, g->stored,
                                     g->stored_len, rt->retention_ms, &g->o));
     else if (g->finish == FINISH_HOLD)
-        keep_rc(g, idem_record_extend(h, rt->space, g->key, g->epoch, rt->retention_ms, &g->o));
+        keep_rc(g, idem_record_extend(h, rt->space, g->key, g->epoch, hold_ms(rt), &g->o));
     else
         keep_rc(g, idem_record_fail(h, rt->space, g->key, g->epoch, IDEM_FAIL_RETRYABLE, NULL, 0,
                                     0, &g->o));
@@ -776,7 +784,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
                              "%s; the request may have been executed. Its record is held "
                              "PROCESSING (epoch %" PRIu64 ") for %" PRId64 " ms, until an "
                              "operator finishes it through the JSON API; retries get 409",
-                             detail, g->epoch, rt->retention_ms);
+                             detail, g->epoch, hold_ms(rt));
             finish_record(g, FINISH_HOLD);
             break;
         }

@@ -1981,7 +1981,8 @@ static void test_unknown_outcome_held(void **state)
     struct raw_upstream u;
     raw_upstream_start(&u, NULL); /* reads the request, never answers */
     start_idem_on(&gw, u.port,
-                  "    upstream_timeout: 400ms\n    lease: 1s\n    on_unknown_outcome: hold\n",
+                  "    upstream_timeout: 400ms\n    lease: 1s\n    on_unknown_outcome: hold\n"
+                  "    retention: 7d\n", /* held a day: the longest lease */
                   "held-unknown.db");
     static const char *const hdrs[] = {"Idempotency-Key: T-hold", NULL};
     struct sys_resp r;
