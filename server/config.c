@@ -117,8 +117,14 @@ int config_parse_size(const char *s, size_t *bytes)
     const char *end;
     char unit[4];
     size_t len = 0;
-    if (!s || !(end = digits(s, SIZE_MAX, &n)))
+    int too_big = 0;
+    if (!s || !is_digit((unsigned char)*s))
         return -1;
+    if (!(end = digits(s, SIZE_MAX, &n))) {
+        too_big = 1; /* a size still, if a unit follows: said as such */
+        for (end = s; is_digit((unsigned char)*end); end++)
+            ;
+    }
     end = skip_blanks(end);
     for (; end[len]; len++) {
         if (len == sizeof unit - 1)
@@ -129,8 +135,8 @@ int config_parse_size(const char *s, size_t *bytes)
     for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
         if (strcmp(unit, units[i].unit) != 0)
             continue;
-        if (n > SIZE_MAX / units[i].mult)
-            return -1;
+        if (too_big || n > SIZE_MAX / units[i].mult)
+            return -2;
         *bytes = (size_t)n * units[i].mult;
         return 0;
     }
@@ -588,11 +594,12 @@ static int get_size(struct ctx *c, const yaml_node_t *n, const char *path,
     char a[32], b[32];
     if (scalar(c, n, path, "a size like 64KiB or 1MiB", &s))
         return -1;
-    if (config_parse_size(s, &v))
+    int bad = config_parse_size(s, &v);
+    if (bad == -1)
         return fail(c, n, path, "%s is not a size (use a whole number of bytes "
                     "with an optional unit B, KiB, MiB, GiB; k/KB, m/MB, g/GB "
                     "are accepted and also mean multiples of 1024)", quote(c, s));
-    if (v < min || v > max)
+    if (bad == -2 || v < min || v > max) /* -2: a size, too large to hold */
         return fail(c, n, path, "%s is out of range (must be %s to %s)",
                     quote(c, s), fmt_size(min, a, sizeof a), fmt_size(max, b, sizeof b));
     *out = v;

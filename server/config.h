@@ -149,7 +149,8 @@ int config_url_has_password(const char *url);
 
 /* "500ms", "30s", "5m", "24h", "2d" or a bare number of milliseconds. */
 int config_parse_duration(const char *s, int64_t *ms);
-/* "1048576", "64KiB"/"64k", "1MiB"/"1m"/"1MB" ... */
+/* "1048576", "64KiB"/"64k", "1MiB"/"1m"/"1MB" ... 0; -1 not a size; -2 a
+ * size too large to hold (*bytes untouched either way). */
 int config_parse_size(const char *s, size_t *bytes);
 
 #endif

@@ -721,6 +721,11 @@ static void test_wrong_types_and_ranges(void **state)
               "not a header name");
     parse_bad(ROUTE "    lease: 0\n", "idem.yaml:6: routes[0].lease:",
               "out of range (must be 1s to 1d)");
+    parse_bad("limits:\n  body_max: 17179869184GiB\n", "idem.yaml:2: limits.body_max:",
+              "out of range");
+    parse_bad("limits:\n  body_max: 99999999999999999999999\n", "idem.yaml:2: limits.body_max:",
+              "out of range");
+    parse_bad("limits:\n  body_max: 1TB\n", "idem.yaml:2: limits.body_max:", "not a size");
     parse_bad(ROUTE "    lease: 999ms\n", "idem.yaml:6: routes[0].lease:",
               "out of range (must be 1s to 1d)");
     parse_bad(ROUTE "    on_unknown_outcome: keep\n", "idem.yaml:6: routes[0].on_unknown_outcome:",
