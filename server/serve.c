@@ -564,8 +564,9 @@ static void usage(FILE *out)
           "  -l, --listen H:P     listen here instead of the file's listen (admin_listen\n"
           "                       stays; the two must not overlap)\n"
           "      --db PATH        the embedded store's SQLite file instead of the file's\n"
-          "      --check          check the configuration, say whether it is valid, and\n"
-          "                       exit (0 valid, 2 not): run it before a SIGHUP\n"
+          "      --check          check the configuration (upstream host names are\n"
+          "                       looked up too), say whether it is valid, and exit\n"
+          "                       (0 valid, 2 not): run it before a SIGHUP\n"
           "  -h, --help           this text\n"
           "\n"
           "Signals: SIGTERM/SIGINT drain and stop; SIGHUP reloads the routes.\n",
