@@ -211,10 +211,8 @@ static struct http_response *health(struct daemon *d)
         if (wr == IDEM_OK) {
             daemon_write_ok(d);
         } else {
-            daemon_write_failed(d, wr, idem_errdetail());
-            pthread_mutex_lock(&d->writes_mu);
-            snprintf(writes, sizeof writes, "%s", d->writes_error);
-            pthread_mutex_unlock(&d->writes_mu);
+            snprintf(writes, sizeof writes, "%s: %s", idem_strerror(wr), idem_errdetail());
+            daemon_write_failed(d, wr);
         }
     }
     idem_get_stats(d->h, &st);
@@ -445,16 +443,11 @@ static struct http_response *post(struct daemon *d, const struct server_config *
     return r;
 }
 
-/* The endpoints taking POST, under PREFIX/. */
+/* The endpoints taking POST, under PREFIX/: those with fields. */
 static int is_post_endpoint(const char *rest)
 {
-    static const char *const ops[] = {
-        "tokens",         "tokens/consume",   "tokens/give_back", "locks/acquire",
-        "locks/renew",    "locks/release",    "records/begin",    "records/complete",
-        "records/fail",   "records/transition",
-    };
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        if (strcmp(rest, ops[i]) == 0)
+    for (size_t i = 0; i < sizeof endpoint_fields / sizeof endpoint_fields[0]; i++)
+        if (strcmp(rest, endpoint_fields[i].op) == 0)
             return 1;
     return 0;
 }

@@ -25,6 +25,7 @@
 
 #include <yaml.h>
 
+#include "http_parser.h"
 #include "upstream.h"
 
 #define FILE_MAX (1024 * 1024)
@@ -187,6 +188,7 @@ static void route_free(struct route *r)
     free(r->name);
     free(r->method);
     free(r->path);
+    free(r->folded_path);
     free(r->upstream.host);
     free(r->upstream.base_path);
     upstream_addrs_put(r->upstream.addrs);
@@ -1012,9 +1014,32 @@ static int get_match(struct ctx *c, const yaml_node_t *n, const char *path,
     if (memchr(s, '*', len))
         return fail(c, v, fpath, "%s: '*' is only allowed as a final /* (a "
                     "prefix match)", quote(c, s));
-    if (!(r->path = strndup(s, len)))
+    if (!(r->path = strndup(s, len)) || !(r->folded_path = malloc(len + 1)))
         return oom(c);
+    config_fold_path(r->path, r->folded_path, len + 1); /* never longer */
     return 0;
+}
+
+void config_fold_path(const char *path, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (const char *c = path; *c && o + 1 < cap; c++) {
+        int ch = (unsigned char)*c;
+        if (ch == '%' && http_hex_value((unsigned char)c[1]) >= 0 &&
+            http_hex_value((unsigned char)c[2]) >= 0) {
+            int v = http_hex_value((unsigned char)c[1]) * 16 +
+                    http_hex_value((unsigned char)c[2]);
+            if ((v >= 'A' && v <= 'Z') || (v >= 'a' && v <= 'z') || (v >= '0' && v <= '9') ||
+                v == '-' || v == '.' || v == '_' || v == '~') {
+                ch = v;
+                c += 2;
+            }
+        }
+        out[o++] = (char)(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
+    }
+    if (o > 1 && out[o - 1] == '/')
+        o--;
+    out[o] = '\0';
 }
 
 static int get_key_part(struct ctx *c, const yaml_node_t *n, const char *path,

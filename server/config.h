@@ -44,6 +44,7 @@ struct route {
     char *method;            /* match.method, upper case; NULL: any */
     char *path;              /* match.path without the trailing "*" */
     int prefix;              /* match.path ended in slash-star: a prefix match */
+    char *folded_path;       /* path through config_fold_path() */
     struct upstream_url upstream;   /* required */
     struct key_part *key;    /* one part, or several for a composite key */
     size_t key_parts;        /* >= 1; required */
@@ -125,6 +126,11 @@ int config_parse(const char *yaml, size_t len, const char *name,
  * -1 with err naming the line and field ("idem.yaml:9: routes[0].upstream:
  * upstream svc:9000: Name or service not known"). */
 int config_resolve(struct server_config *cfg, char *err, size_t errlen);
+
+/* A path as a lenient upstream reads it, for telling spellings of one path
+ * apart: letters in lower case, %-escapes of unreserved characters decoded,
+ * no trailing slash. Never longer than path; out holds cap bytes. */
+void config_fold_path(const char *path, char *out, size_t cap);
 
 /* The configuration with every default and no routes (no file given). */
 struct server_config *config_default(void);

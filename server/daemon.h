@@ -65,10 +65,8 @@ struct daemon {
     struct daemon_counters n;
     /* The gateway's last record write failed (and none has worked since):
      * reads may still work (a full disk, a store gone read-only), so the
-     * health check then tries a write of its own. error says why. */
+     * health check then tries a write of its own. */
     atomic_int writes_failing;
-    pthread_mutex_t writes_mu;
-    char writes_error[256];
 };
 
 struct live_config *daemon_config_get(struct daemon *d);
@@ -77,7 +75,7 @@ void daemon_config_put(struct live_config *lc);
 /* What became of a record write (a begin or a finish), for the health
  * check. Any thread. */
 void daemon_write_ok(struct daemon *d);
-void daemon_write_failed(struct daemon *d, idem_rc rc, const char *detail);
+void daemon_write_failed(struct daemon *d, idem_rc rc);
 
 /* The handler the front end runs on the loop for every request. */
 void daemon_handle(void *arg, struct front_request *req);

@@ -549,7 +549,7 @@ static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
         atomic_fetch_add(&g->d->n.store_errors, 1);
-        daemon_write_failed(g->d, g->rc, g->detail);
+        daemon_write_failed(g->d, g->rc);
         g->out = problem_from_rc(g->rc, g->detail, "claiming the record");
         g->give_token_back = 1;
         finish(g);
@@ -706,7 +706,7 @@ static void after_finish(struct gw *g)
     if (g->rc != IDEM_OK) {
         daemon_log("%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
                    idem_strerror(g->rc), g->detail);
-        daemon_write_failed(g->d, g->rc, g->detail);
+        daemon_write_failed(g->d, g->rc);
     } else {
         daemon_write_ok(g->d);
         if (g->o == IDEM_CONFLICT)

@@ -53,14 +53,11 @@ void daemon_write_ok(struct daemon *d)
         atomic_store(&d->writes_failing, 0);
 }
 
-void daemon_write_failed(struct daemon *d, idem_rc rc, const char *detail)
+void daemon_write_failed(struct daemon *d, idem_rc rc)
 {
-    if (rc != IDEM_ESTORE && rc != IDEM_ETIMEDOUT && rc != IDEM_EUNAVAILABLE)
-        return; /* the request's fault (too big, invalid), not the store's */
-    pthread_mutex_lock(&d->writes_mu);
-    snprintf(d->writes_error, sizeof d->writes_error, "%s: %s", idem_strerror(rc), detail);
-    pthread_mutex_unlock(&d->writes_mu);
-    atomic_store(&d->writes_failing, 1);
+    /* Not the request's fault (too big, invalid): the store's. */
+    if (rc == IDEM_ESTORE || rc == IDEM_ETIMEDOUT || rc == IDEM_EUNAVAILABLE)
+        atomic_store(&d->writes_failing, 1);
 }
 
 /* A path an upstream may read as another: a "." or ".." segment (also
@@ -92,43 +89,19 @@ static const char *path_not_plain(const char *path)
     return NULL;
 }
 
-/* The path as a lenient upstream reads it, for comparing: letters in lower
- * case, %-escapes of unreserved characters decoded, no trailing slash. */
-static void path_folded(const char *path, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (const char *c = path; *c && o + 1 < cap; c++) {
-        int ch = (unsigned char)*c;
-        if (ch == '%' && http_hex_value((unsigned char)c[1]) >= 0 &&
-            http_hex_value((unsigned char)c[2]) >= 0) {
-            int v = http_hex_value((unsigned char)c[1]) * 16 +
-                    http_hex_value((unsigned char)c[2]);
-            if ((v >= 'A' && v <= 'Z') || (v >= 'a' && v <= 'z') || (v >= '0' && v <= '9') ||
-                v == '-' || v == '.' || v == '_' || v == '~') {
-                ch = v;
-                c += 2;
-            }
-        }
-        out[o++] = (char)(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
-    }
-    if (o > 1 && out[o - 1] == '/')
-        o--;
-    out[o] = '\0';
-}
-
 /* A route whose path this one is another spelling of (case, a trailing
  * slash, an escaped letter), or NULL: such a request would go past the
  * route to an upstream that may take it for the route's path. */
 static const struct route *route_spelt_otherwise(const struct server_config *cfg,
                                                  const struct http_msg *m, const char *path)
 {
-    char mine[8192], theirs[8192];
-    path_folded(path, mine, sizeof mine);
+    char mine[8192];
+    config_fold_path(path, mine, sizeof mine);
     for (size_t i = 0; i < cfg->route_count; i++) {
         const struct route *rt = &cfg->routes[i];
         if (rt->method && strcasecmp(rt->method, m->method) != 0)
             continue;
-        path_folded(rt->path, theirs, sizeof theirs); /* a prefix loses its last '/' */
+        const char *theirs = rt->folded_path; /* a prefix lost its last '/' */
         size_t n = strlen(theirs);
         if (rt->prefix ? strncmp(mine, theirs, n) == 0 && mine[n] == '/'
                        : strcmp(mine, theirs) == 0)
@@ -351,11 +324,12 @@ static int loop_count(const struct server_config *cfg)
     return n < 1 ? 1 : n > LOOPS_AUTO_MAX ? LOOPS_AUTO_MAX : (int)n;
 }
 
-/* --listen and --db over the file's values: at start, and again on every
- * reload, so that a reload compares like with like. 0, 1 (out of memory),
- * or 2 with err filled. */
-static int apply_command_line(struct server_config *cfg, const char *listen, const char *db,
-                              char *err, size_t errlen)
+/* What a loaded configuration goes through, at start and on every reload
+ * alike (so that a reload compares like with like): --listen and --db over
+ * the file's values, then the upstreams' host names looked up. 0, 1 (out
+ * of memory), or 2 with err filled. */
+static int finish_loading(struct server_config *cfg, const char *listen, const char *db,
+                          char *err, size_t errlen)
 {
     if (listen && (config_set_listen(cfg, listen, err, errlen) != 0 ||
                    config_check_addresses(cfg, err, errlen) != 0))
@@ -374,7 +348,7 @@ static int apply_command_line(struct server_config *cfg, const char *listen, con
         free(cfg->storage_path);
         cfg->storage_path = copy;
     }
-    return 0;
+    return config_resolve(cfg, err, errlen) != 0 ? 2 : 0;
 }
 
 /* Two configured addresses, either host possibly NULL (none). */
@@ -437,8 +411,7 @@ static void reload(struct serve *s)
     char err[512];
     struct server_config *next = NULL;
     if (config_load(path, &next, err, sizeof err) != 0 ||
-        apply_command_line(next, s->listen_arg, s->db_arg, err, sizeof err) != 0 ||
-        config_resolve(next, err, sizeof err) != 0) {
+        finish_loading(next, s->listen_arg, s->db_arg, err, sizeof err) != 0) {
         daemon_log("SIGHUP: %s; the running routes stay", err);
         config_free(next);
         daemon_config_put(cur);
@@ -614,9 +587,7 @@ int serve_main(int argc, char **argv)
         fprintf(stderr, "idem serve: out of memory\n");
         return 1;
     }
-    int bad = apply_command_line(cfg, listen, db, err, sizeof err);
-    if (!bad && config_resolve(cfg, err, sizeof err) != 0)
-        bad = 2;
+    int bad = finish_loading(cfg, listen, db, err, sizeof err);
     if (bad) {
         fprintf(stderr, "idem serve: %s\n", err);
         config_free(cfg);
@@ -643,7 +614,6 @@ int serve_main(int argc, char **argv)
     lc->c = cfg;
     atomic_init(&lc->refs, 1);
     pthread_mutex_init(&s->d.cfg_mu, NULL);
-    pthread_mutex_init(&s->d.writes_mu, NULL);
     s->d.live = lc;
     s->start = daemon_config_get(&s->d); /* what SIGHUP compares with */
     s->limits = &cfg->limits;
@@ -787,7 +757,6 @@ out:
     daemon_config_put(s->start);
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);
-    pthread_mutex_destroy(&s->d.writes_mu);
     free(s);
     return rc;
 }

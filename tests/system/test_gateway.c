@@ -1499,10 +1499,10 @@ static void test_admin_listener(void **state)
 }
 
 /* admin_listen where the kernel would mix its connections with listen's is
- * refused at start: the same address in the file (by line), and the same
- * address or a wildcard on its port however it is reached (--listen, which
- * the file's check cannot see). Otherwise SO_REUSEPORT would let the two
- * share one port and hand gateway clients the JSON API. */
+ * refused: the same address or a wildcard on its port, in the file (by line)
+ * or through --listen, before binding (--check sees it); another spelling of
+ * the address once bound. Otherwise SO_REUSEPORT would let the two share
+ * one port and hand gateway clients the JSON API. */
 static void test_admin_listen_overlap_refused(void **state)
 {
     (void)state;
