@@ -845,8 +845,6 @@ int config_set_listen(struct server_config *cfg, const char *s, char *err, size_
     return why ? -1 : 0;
 }
 
-/* admin_listen spelled as listen is: the two would be one socket. (Other
- * spellings of one address are caught once bound.) */
 /* Would listen and admin_listen share connections, as far as the file
  * tells: one port, and the same host or a wildcard covering the other
  * (0.0.0.0 covers IPv4, :: everything). Names, and port 0, wait for the
