@@ -19,6 +19,7 @@
 #include "core/alloc.h"
 #include "core/check.h"
 #include "core/error.h"
+#include "core/str.h"
 #include "record_state.h"
 #include "store/store.h"
 
@@ -127,7 +128,7 @@ static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
                 idem_record_clear(&cur);
                 strcpy(cur.state, IDEM_STATE_PROCESSING);
                 cur.epoch = d.insert.epoch;
-                snprintf(cur.owner, sizeof cur.owner, "%s", ev->owner);
+                idem__copy(cur.owner, sizeof cur.owner, ev->owner);
                 cur.lease_until_ms = d.insert.lease_until;
                 cur.created_ms = cur.updated_ms = ev->now;
                 if (ev->fingerprint) {
@@ -142,7 +143,7 @@ static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
         /* IDEM__ACT_CAS: the expected state may point into cur, which the
          * backend overwrites with the row it reads when the update fails. */
         if (d.cas.expect_state) {
-            snprintf(expect, sizeof expect, "%s", d.cas.expect_state);
+            idem__copy(expect, sizeof expect, d.cas.expect_state);
             d.cas.expect_state = expect;
         }
         int changed = 0;
@@ -165,7 +166,7 @@ static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
                 /* The claim as made: cur with the new claim's fields. */
                 cur.epoch = d.cas.epoch;
                 strcpy(cur.state, IDEM_STATE_PROCESSING);
-                snprintf(cur.owner, sizeof cur.owner, "%s", ev->owner);
+                idem__copy(cur.owner, sizeof cur.owner, ev->owner);
                 cur.lease_until_ms = d.cas.lease_until;
                 cur.updated_ms = ev->now;
                 cur.expires_ms = 0;

@@ -347,9 +347,13 @@ static idem_rc run_rec_purge(struct idem__gc_job *job, void *ctx)
     return IDEM_OK;
 }
 
-/* A record job's result is freed if the batch that ran it did not commit. */
+/* A record job's result is freed if the batch that ran it did not commit.
+ * Each record job writes with one statement at most, and fails only where
+ * that statement wrote nothing (run_rec_insert and run_rec_cas read after a
+ * write that did not happen, never after one that did): no savepoint. */
 static idem_rc submit_rec(struct sqlite_db *d, struct rec_job *j)
 {
+    j->job.single_write = 1;
     idem_rc rc = idem__gc_submit(d->gc, &j->job);
     if (rc != IDEM_OK && j->cur) {
         idem__free(j->cur->result);
@@ -687,8 +691,13 @@ static idem_rc prepare_file(struct sqlite_db *d, const char *path)
         return idem__fail(IDEM_ESTORE,
                           "sqlite: %s has schema version %d; this Idem knows up to %d",
                           path, version, SCHEMA_VERSION);
+    /* secure_delete=FAST: what a purge or an update frees inside a page is
+     * zeroed, as with ON (Debian's build default), but a page that is freed
+     * whole keeps its bytes until it is used again, instead of being written
+     * once more only to be zeroed (docs/architecture.md, "Files"). */
     const char *setup = "PRAGMA journal_mode=WAL;"
                         "PRAGMA synchronous=FULL;"
+                        "PRAGMA secure_delete=FAST;"
                         "PRAGMA foreign_keys=ON;";
     if (sqlite3_exec(d->conn, setup, NULL, NULL, &err) != SQLITE_OK ||
         sqlite3_exec(d->conn, "BEGIN IMMEDIATE", NULL, NULL, &err) != SQLITE_OK ||

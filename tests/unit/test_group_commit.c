@@ -95,19 +95,35 @@ static int count_rows(const char *path, const char *where)
     return n;
 }
 
-/* Jobs 1..4 in one batch; job 3 fills the file. */
-static void test_batch_rolled_back_by_sqlite(void **state)
+/* A new SQLite file in WAL mode at path (a mkstemp template), with schema. */
+static sqlite3 *open_db(char *path, const char *schema)
 {
-    (void)state;
-    char path[] = "/tmp/idem-gc-XXXXXX";
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     close(fd);
     sqlite3 *db;
     assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-    assert_int_equal(exec(db, "PRAGMA journal_mode=WAL; CREATE TABLE t (id INTEGER, v BLOB);"
-                              "PRAGMA max_page_count=40"),
-                     IDEM_OK);
+    assert_int_equal(exec(db, "PRAGMA journal_mode=WAL"), IDEM_OK);
+    assert_int_equal(exec(db, schema), IDEM_OK);
+    return db;
+}
+
+static void remove_db(const char *path)
+{
+    char side[64];
+    snprintf(side, sizeof side, "%s-wal", path);
+    unlink(side);
+    snprintf(side, sizeof side, "%s-shm", path);
+    unlink(side);
+    unlink(path);
+}
+
+/* Jobs 1..4 in one batch; job 3 fills the file. */
+static void test_batch_rolled_back_by_sqlite(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/idem-gc-XXXXXX";
+    sqlite3 *db = open_db(path, "CREATE TABLE t (id INTEGER, v BLOB); PRAGMA max_page_count=40");
     struct idem__gc *gc;
     assert_int_equal(idem__gc_start(&driver, db, 64, &gc), IDEM_OK);
 
@@ -162,18 +178,82 @@ static void test_batch_rolled_back_by_sqlite(void **state)
         sem_destroy(&jobs[i].finished);
     sem_destroy(&after.finished);
     sem_destroy(&gate);
-    char wal[64];
-    snprintf(wal, sizeof wal, "%s-wal", path);
-    unlink(wal);
-    snprintf(wal, sizeof wal, "%s-shm", path);
-    unlink(wal);
-    unlink(path);
+    remove_db(path);
+}
+
+struct sql_job {
+    struct idem__gc_job job;
+    const char *sql;
+    sem_t finished;
+};
+
+static idem_rc run_sql(struct idem__gc_job *job, void *ctx)
+{
+    return exec(ctx, ((struct sql_job *)job)->sql);
+}
+
+static void sql_done(struct idem__gc_job *job)
+{
+    sem_post(&((struct sql_job *)job)->finished);
+}
+
+/* A single_write job runs without a savepoint of its own: a statement that
+ * fails halfway (here after two of its three rows) must still leave none of
+ * its rows, while the jobs around it in the batch keep theirs. */
+static void test_single_write_fails_alone(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/idem-gc-XXXXXX";
+    sqlite3 *db = open_db(path, "CREATE TABLE t (id INTEGER NOT NULL, v BLOB)");
+    struct idem__gc *gc;
+    assert_int_equal(idem__gc_start(&driver, db, 64, &gc), IDEM_OK);
+
+    sem_t gate;
+    sem_init(&gate, 0, 0);
+    struct insert_job hold = {.job = {.run = run_insert, .on_done = on_done}, .id = 100,
+                              .bytes = 10, .gate = &gate};
+    sem_init(&hold.finished, 0, 0);
+    struct sql_job jobs[3] = {
+        {.job = {.run = run_sql, .on_done = sql_done}, .sql = "INSERT INTO t VALUES (1, NULL)"},
+        {.job = {.run = run_sql, .on_done = sql_done, .single_write = 1},
+         .sql = "INSERT INTO t VALUES (2, NULL), (3, NULL), (NULL, NULL)"},
+        {.job = {.run = run_sql, .on_done = sql_done, .single_write = 1},
+         .sql = "INSERT INTO t VALUES (4, NULL)"},
+    };
+    /* The writer holds job 100 while the three queue into one batch. */
+    assert_int_equal(idem__gc_queue(gc, &hold.job), IDEM_OK);
+    usleep(50000);
+    for (int i = 0; i < 3; i++) {
+        sem_init(&jobs[i].finished, 0, 0);
+        assert_int_equal(idem__gc_queue(gc, &jobs[i].job), IDEM_OK);
+    }
+    sem_post(&gate);
+    while (sem_wait(&hold.finished) != 0)
+        ;
+    for (int i = 0; i < 3; i++)
+        while (sem_wait(&jobs[i].finished) != 0)
+            ;
+    assert_int_equal(jobs[0].job.rc, IDEM_OK);
+    assert_int_equal(jobs[1].job.rc, IDEM_ESTORE);
+    assert_non_null(strstr(jobs[1].job.detail, "NOT NULL"));
+    assert_int_equal(jobs[2].job.rc, IDEM_OK);
+    assert_int_equal(count_rows(path, "id IN (1, 4, 100)"), 3);
+    assert_int_equal(count_rows(path, "id IN (2, 3)"), 0);
+
+    idem__gc_stop(gc);
+    sqlite3_close(db);
+    for (int i = 0; i < 3; i++)
+        sem_destroy(&jobs[i].finished);
+    sem_destroy(&hold.finished);
+    sem_destroy(&gate);
+    remove_db(path);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_rolled_back_by_sqlite),
+        cmocka_unit_test(test_single_write_fails_alone),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
