@@ -114,7 +114,7 @@ int config_parse_size(const char *s, size_t *bytes)
         {"kib", KIB}, {"m", MIB},    {"mb", MIB},   {"mib", MIB},
         {"g", GIB},   {"gb", GIB},   {"gib", GIB},
     };
-    uint64_t n;
+    uint64_t n = 0;
     const char *end;
     char unit[4];
     size_t len = 0;

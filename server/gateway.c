@@ -62,6 +62,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "mono.h"
+#include "put.h"
 #include "replay_cache.h"
 #include "request_key.h"
 #include "stored.h"
@@ -806,14 +807,18 @@ static void forward(struct gw *g)
     const struct route *rt = g->rt;
     const struct http_msg *m = g->req->msg;
     struct daemon_loop *loop = g->req->loop_ctx;
-    char target[16384], epoch_hdr[64], key_hdr[IDEM_KEY_MAX * 3 + 32];
-    snprintf(target, sizeof target, "%s%s", rt->upstream.base_path, m->target);
-    snprintf(epoch_hdr, sizeof epoch_hdr, "Idem-Epoch: %" PRIu64, g->epoch);
-    snprintf(key_hdr, sizeof key_hdr, "Idem-Key: %s/%s", rt->space, g->key);
+    /* "Idem-Key: space/key": the space is at most IDEM_NAME_MAX bytes. */
+    char epoch_hdr[64], key_hdr[IDEM_NAME_MAX + IDEM_KEY_MAX + 16];
+    char *o = put(epoch_hdr, "Idem-Epoch: ", 12);
+    *put_uint(o, g->epoch) = '\0';
+    o = put_str(put(key_hdr, "Idem-Key: ", 10), rt->space);
+    *o++ = '/';
+    *put_str(o, g->key) = '\0';
     const char *extra[] = {epoch_hdr, key_hdr, NULL};
     struct upstream_request rq = {
         .method = m->method,
-        .target = target,
+        .base_path = rt->upstream.base_path,
+        .target = m->target,
         .original = m,
         .peer = g->req->peer,
         .extra = extra,
@@ -1034,11 +1039,10 @@ void passthrough_start(struct daemon *d, const struct server_config *cfg,
         front_answer(req);
         return;
     }
-    char target[16384];
-    snprintf(target, sizeof target, "%s%s", cfg->upstream.base_path, m->target);
     struct upstream_request rq = {
         .method = m->method,
-        .target = target,
+        .base_path = cfg->upstream.base_path,
+        .target = m->target,
         .original = m,
         .peer = req->peer,
         .timeout_ms = 30000,

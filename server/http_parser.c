@@ -273,6 +273,8 @@ static int list_has(const char *list, const char *tok, size_t toklen)
 
 static int connection_has(const struct http_msg *m, const char *tok)
 {
+    if (m->connection_headers == 0)
+        return 0; /* the usual case: no header to look for */
     size_t len = strlen(tok);
     for (size_t i = 0; i < m->header_count; i++)
         if (strcasecmp(m->headers[i].name, "connection") == 0 &&
@@ -528,6 +530,8 @@ static enum http_parse_status add_header(struct http_parser *p, const char *name
     m->headers[count].value = v;
     m->header_count = count + 1;
 
+    if (nlen == 10 && strcasecmp(n, "connection") == 0)
+        m->connection_headers++;
     if (nlen == 14 && strcasecmp(n, "content-length") == 0)
         return on_content_length(p, v);
     if (nlen == 17 && strcasecmp(n, "transfer-encoding") == 0)
@@ -996,15 +1000,21 @@ size_t http_msg_header_alike_count(const struct http_msg *m, const char *name)
 
 int http_is_hop_by_hop(const struct http_msg *m, const char *name)
 {
-    static const char *const fixed[] = {
-        "connection", "keep-alive", "proxy-connection",   "te",
-        "trailer",    "transfer-encoding", "upgrade", "proxy-authenticate",
-        "proxy-authorization",
-    };
     if (!name)
         return 0;
-    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
-        if (strcasecmp(name, fixed[i]) == 0)
-            return 1;
+    /* Called for every header forwarded or stored: the name's length
+     * picks the one or two names it could be. */
+    const char *a = NULL, *b = NULL;
+    switch (strlen(name)) {
+    case 2: a = "te"; break;
+    case 7: a = "trailer", b = "upgrade"; break;
+    case 10: a = "connection", b = "keep-alive"; break;
+    case 16: a = "proxy-connection"; break;
+    case 17: a = "transfer-encoding"; break;
+    case 18: a = "proxy-authenticate"; break;
+    case 19: a = "proxy-authorization"; break;
+    }
+    if ((a && strcasecmp(name, a) == 0) || (b && strcasecmp(name, b) == 0))
+        return 1;
     return m && connection_has(m, name);
 }

@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "put.h"
+
 void request_path(const char *target, char *out, size_t cap)
 {
     size_t n = strcspn(target, "?#");
@@ -252,11 +254,13 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
             found = path_segment(m->target, kp->segment, value, sizeof value);
             break;
         }
-        char name[300];
-        if (kp->source == KEY_PATH_SEGMENT)
-            snprintf(name, sizeof name, "%d", kp->segment);
-        else
-            snprintf(name, sizeof name, "%s", kp->name);
+        /* The part's name, for the details below. */
+        char segment[16];
+        const char *name = kp->name;
+        if (kp->source == KEY_PATH_SEGMENT) {
+            *put_uint(segment, (unsigned)kp->segment) = '\0';
+            name = segment;
+        }
         if (found == 0) {
             status = bad(type, "key_missing", detail, dlen,
                          "the idempotency key is missing: expected the %s %s", source_name(kp->source),
@@ -312,17 +316,30 @@ int request_fingerprint(const struct route *rt, const struct http_msg *m,
     if (rt->fingerprint == FINGERPRINT_BODY) {
         /* The method, the target with its query (a parameter there is as
          * much the request as the body is), and the body. */
-        size_t tlen = strcspn(m->target, "#");
-        size_t hlen = strlen(m->method) + tlen + 2;
-        char *buf = malloc(hlen + m->body_len + 1);
+        size_t mlen = strlen(m->method), tlen = strcspn(m->target, "#");
+        size_t n = mlen + 1 + tlen + 1 + m->body_len;
+        char small[4096];
+        char *buf = n <= sizeof small ? small : malloc(n);
         if (!buf) {
             snprintf(detail, dlen, "out of memory");
             return 503;
         }
-        int n = sprintf(buf, "%s\n%.*s\n", m->method, (int)tlen, m->target);
-        memcpy(buf + n, m->body, m->body_len);
-        idem_fingerprint(buf, (size_t)n + m->body_len, fp);
-        free(buf);
+        char *o = buf;
+        memcpy(o, m->method, mlen);
+        o[mlen] = '\n';
+        o += mlen + 1;
+        memcpy(o, m->target, tlen);
+        o[tlen] = '\n';
+        o += tlen + 1;
+        if (m->body_len)
+            memcpy(o, m->body, m->body_len);
+        idem_rc rc = idem_fingerprint(buf, n, fp);
+        if (buf != small)
+            free(buf);
+        if (rc != IDEM_OK) {
+            snprintf(detail, dlen, "%s", idem_errdetail());
+            return 503;
+        }
         *has = 1;
         return 0;
     }

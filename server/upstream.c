@@ -149,12 +149,13 @@ static void connect_failed(const char *host, int port, int err, char *detail, si
  * one-time token is spent here) and Expect, which Idem answers itself
  * (the body is forwarded whole, with its length). Spelt with '_' too
  * (Idem_Epoch), which CGI-style upstreams read as the same header. */
-static int not_forwarded(const char *name)
+static int not_forwarded(const char *name, size_t len)
 {
-    static const char *const names[] = {"idem-key", "idem-epoch", "idem-token", "expect"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (http_name_alike(name, names[i]))
-            return 1;
+    switch (len) {
+    case 6: return http_name_alike(name, "expect");
+    case 8: return http_name_alike(name, "idem-key");
+    case 10: return http_name_alike(name, "idem-epoch") || http_name_alike(name, "idem-token");
+    }
     return 0;
 }
 
@@ -163,7 +164,8 @@ static char *build_request(const char *host, int port, const struct upstream_req
                            size_t *len)
 {
     const struct http_msg *m = rq->original;
-    size_t cap = 256 + strlen(rq->method) + strlen(rq->target) + strlen(host) +
+    const char *base = rq->base_path ? rq->base_path : "";
+    size_t cap = 256 + strlen(rq->method) + strlen(base) + strlen(rq->target) + strlen(host) +
                  (rq->peer ? strlen(rq->peer) : 0) + (m ? m->body_len : 0);
     for (size_t i = 0; m && i < m->header_count; i++)
         cap += strlen(m->headers[i].name) + strlen(m->headers[i].value) + 4;
@@ -174,6 +176,7 @@ static char *build_request(const char *host, int port, const struct upstream_req
         return NULL;
     o = put_str(o, rq->method);
     *o++ = ' ';
+    o = put_str(o, base);
     o = put_str(o, rq->target);
     o = put(o, " HTTP/1.1\r\nHost: ", 17);
     o = put_str(o, host);
@@ -183,10 +186,12 @@ static char *build_request(const char *host, int port, const struct upstream_req
     const char *xff = NULL;
     for (size_t i = 0; m && i < m->header_count; i++) {
         const char *n = m->headers[i].name;
-        if (strcasecmp(n, "host") == 0 || strcasecmp(n, "content-length") == 0 ||
-            not_forwarded(n) || http_is_hop_by_hop(m, n))
+        size_t nlen = strlen(n);
+        if ((nlen == 4 && strcasecmp(n, "host") == 0) ||
+            (nlen == 14 && strcasecmp(n, "content-length") == 0) || not_forwarded(n, nlen) ||
+            http_is_hop_by_hop(m, n))
             continue;
-        if (strcasecmp(n, "x-forwarded-for") == 0) {
+        if (nlen == 15 && strcasecmp(n, "x-forwarded-for") == 0) {
             xff = m->headers[i].value;
             continue;
         }

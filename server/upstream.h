@@ -30,6 +30,7 @@ enum upstream_result {
 
 struct upstream_request {
     const char *method;
+    const char *base_path;           /* sent before target; NULL or "" for none */
     const char *target;              /* path and query to send */
     const struct http_msg *original; /* headers and body to forward; hop-by-hop
                                         headers and Host are not forwarded */

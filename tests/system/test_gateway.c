@@ -1844,7 +1844,7 @@ static void test_in_flight_limit(void **state)
 struct raw_upstream {
     int listen_fd, port;
     const char *answer;
-    char got[8192];
+    char got[65536];
     size_t got_len;
     pthread_t t;
 };
@@ -1969,6 +1969,35 @@ static void test_hop_by_hop_never_forwarded_nor_stored(void **state)
     assert_non_null(strstr(r.m->body, "key_invalid"));
     assert_non_null(strstr(r.m->body, "not valid UTF-8"));
     sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+/* A target as long as request_line_max allows reaches the upstream whole:
+ * the gateway used to copy it into a 16 KiB buffer, which cut a longer one
+ * (the upstream would have run another request than the one keyed). */
+static void test_long_target_forwarded_whole(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct raw_upstream u;
+    raw_upstream_start(&u, "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok");
+    start_idem_on(&gw, u.port, "limits:\n  request_line_max: 48KiB\n", "long.db");
+    size_t pad = 40000;
+    char *target = malloc(pad + 32);
+    char *o = target + sprintf(target, "/refunds?pad=");
+    memset(o, 'A', pad);
+    strcpy(o + pad, "&end=1");
+    static const char *const hdrs[] = {"Idempotency-Key: L-1", NULL};
+    struct sys_resp r;
+    sys_http(gw.port, "POST", target, hdrs, "{}", 5000, &r);
+    raw_upstream_stop(&u);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
+    char *line = malloc(pad + 64);
+    sprintf(line, "POST %s HTTP/1.1\r\n", target);
+    assert_memory_equal(u.got, line, strlen(line));
+    free(line);
+    free(target);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
@@ -2099,6 +2128,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_in_flight_limit),
         cmocka_unit_test(test_admin_limits_apart),
         cmocka_unit_test(test_hop_by_hop_never_forwarded_nor_stored),
+        cmocka_unit_test(test_long_target_forwarded_whole),
         cmocka_unit_test(test_upstream_timeout_after_send),
         cmocka_unit_test(test_unknown_outcome_held),
     };
