@@ -237,10 +237,16 @@ void front_resume(struct front_request *req, front_step_fn step)
     struct front *f = req->front;
     req->resume_with = step;
     pthread_mutex_lock(&f->mu);
+    int first = f->done_head == NULL;
     req->work.next = (struct work *)f->done_head;
     f->done_head = req;
     pthread_mutex_unlock(&f->mu);
-    event_active(f->done_ev, EV_READ, 0);
+    /* Only the first of a run activates the loop's event: on_done takes
+     * the whole list, so a request added to a list not yet taken goes with
+     * it. (The store's writer resumes a batch's requests in a row, and each
+     * event_active takes the loop's own lock.) */
+    if (first)
+        event_active(f->done_ev, EV_READ, 0);
 }
 
 static void run_on_worker(struct work *w)
