@@ -1,10 +1,10 @@
 /*
  * fuzz_json_scan.c — the body scan (server/json_scan.c) against the full
  * parse it stands in for. The input is a path, a newline, then a body. The
- * full parse (jansson, duplicates refused) and the lookup request_key.c did
- * before the scan existed give the reference answer. Whenever the scan
- * answers (anything but UNSURE), it must be that answer, with the same
- * bytes; and a body the full parse refuses must never get an answer from
+ * full parse (jansson, duplicates refused) and the lookup request_key.c uses
+ * when the scan is unsure (request_json_field) give the reference. Whenever
+ * the scan answers (anything but UNSURE), it must be that answer, with the
+ * same bytes; and a body the full parse refuses must never get an answer from
  * the scan. A difference aborts: it would key a request one way where the
  * upstream reads the body another.
  */
@@ -15,38 +15,9 @@
 #include <string.h>
 
 #include "json_scan.h"
+#include "request_key.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-/* request_key.c's lookup as it was: a dotted path through objects. */
-static json_t *reference_path(json_t *root, const char *name)
-{
-    char path[256];
-    snprintf(path, sizeof path, "%s", name);
-    json_t *v = root;
-    for (char *save = NULL, *part = strtok_r(path, ".", &save); part && v;
-         part = strtok_r(NULL, ".", &save))
-        v = json_is_object(v) ? json_object_get(v, part) : NULL;
-    return v;
-}
-
-static int reference_field(json_t *root, const char *name, char *out, size_t cap)
-{
-    json_t *v = reference_path(root, name);
-    if (!v || json_is_null(v))
-        return JSON_SCAN_MISSING;
-    if (json_is_string(v)) {
-        if (json_string_length(v) >= cap)
-            return JSON_SCAN_UNUSABLE;
-        memcpy(out, json_string_value(v), json_string_length(v) + 1);
-        return JSON_SCAN_FOUND;
-    }
-    if (json_is_integer(v)) {
-        snprintf(out, cap, "%lld", (long long)json_integer_value(v));
-        return JSON_SCAN_FOUND;
-    }
-    return JSON_SCAN_UNUSABLE;
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -72,7 +43,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &err);
         if (!root)
             abort(); /* the scan answered a body the full parse refuses */
-        int ref = reference_field(root, path, want, caps[i]);
+        int ref = request_json_field(root, path, want, caps[i]);
         json_decref(root);
         if ((int)r != ref)
             abort();

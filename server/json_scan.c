@@ -149,6 +149,23 @@ static int literal(struct scan *s, const char *word, size_t n)
 
 static int value(struct scan *s, int depth, int matched);
 
+/* After a member or an element: 1 if a ',' leads to another, 0 if close
+ * ends the container, -1 if neither follows. */
+static int after_item(struct scan *s, char close)
+{
+    skip_ws(s);
+    if (s->p < s->end && *s->p == ',') {
+        s->p++;
+        skip_ws(s);
+        return 1;
+    }
+    if (s->p < s->end && *s->p == close) {
+        s->p++;
+        return 0;
+    }
+    return -1;
+}
+
 /* An object at s->p. matched: how many parts of the path lead here along
  * objects, or -1 off the path. */
 static int object(struct scan *s, int depth, int matched)
@@ -185,17 +202,9 @@ static int object(struct scan *s, int depth, int matched)
                        : -1;
         if (!value(s, depth + 1, next))
             return 0;
-        skip_ws(s);
-        if (s->p < s->end && *s->p == ',') {
-            s->p++;
-            skip_ws(s);
-            continue;
-        }
-        if (s->p < s->end && *s->p == '}') {
-            s->p++;
-            return 1;
-        }
-        return 0;
+        int more = after_item(s, '}');
+        if (more <= 0)
+            return more == 0;
     }
 }
 
@@ -210,17 +219,9 @@ static int array(struct scan *s, int depth)
     for (;;) {
         if (!value(s, depth + 1, -1))
             return 0;
-        skip_ws(s);
-        if (s->p < s->end && *s->p == ',') {
-            s->p++;
-            skip_ws(s);
-            continue;
-        }
-        if (s->p < s->end && *s->p == ']') {
-            s->p++;
-            return 1;
-        }
-        return 0;
+        int more = after_item(s, ']');
+        if (more <= 0)
+            return more == 0;
     }
 }
 

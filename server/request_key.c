@@ -115,9 +115,7 @@ static json_t *json_path(json_t *root, const char *name)
     return v;
 }
 
-/* A JSON field (dotted path) as text: strings as they are, integers as JSON
- * writes them. 1 found, 0 not, -1 not a string or integer. */
-static int json_field(json_t *root, const char *name, char *out, size_t cap)
+int request_json_field(json_t *root, const char *name, char *out, size_t cap)
 {
     json_t *v = json_path(root, name);
     if (!v || json_is_null(v))
@@ -252,7 +250,7 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
                     goto out;
                 }
             }
-            found = json_field(body, kp->name, value, sizeof value);
+            found = request_json_field(body, kp->name, value, sizeof value);
             break;
         case KEY_QUERY:
             found = query_param(m->target, kp->name, value, sizeof value);

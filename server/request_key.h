@@ -20,6 +20,14 @@
 int request_subject(const struct http_msg *m, const char *header, const char **subject,
                     char *detail, size_t detail_len);
 
+/* The field at a dotted path ("payer.account") of a parsed JSON body, as
+ * text: strings as they are, integers as JSON writes them. 1 found, 0 not
+ * (or null), -1 not a string or integer, or too long for cap. What a key
+ * part { json: ... } reads when json_scan_field() leaves a body to the full
+ * parse (and what fuzz/fuzz_json_scan.c holds the scan to). */
+struct json_t;
+int request_json_field(struct json_t *root, const char *name, char *out, size_t cap);
+
 /* Build the record key for route rt from request m. subject is the value of
  * the subject header (NULL if absent). Returns 0 and fills key (IDEM_KEY_MAX
  * + 1 bytes), or returns the HTTP status to answer (400) with type and detail
