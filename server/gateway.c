@@ -546,6 +546,8 @@ static void go_lock(struct gw *g)
 
 static void forward(struct gw *g);
 
+static void reading_found(struct daemon *d, int found);
+
 static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
@@ -565,6 +567,7 @@ static void after_begin(struct gw *g)
         forward(g);
         return;
     case IDEM_DONE:
+        reading_found(g->d, 1); /* a read on the loop would have found it */
         g->out = replay(g, &g->rec);
         finish(g);
         return;
@@ -846,9 +849,10 @@ static void forward(struct gw *g)
  * traffic of fresh keys it never finds one, and the begin that follows finds
  * a finished record anyway (DONE), only later: so while the reads keep coming
  * back empty they are skipped, all but one in READ_SAMPLE, which keeps
- * watching. The score rises by READ_HIT for a hit and falls by one for a
+ * watching. The score rises by READ_HIT for a hit, or for a begin the writer
+ * answered DONE (a read would have found that one), and falls by one for a
  * miss, within [0, READ_SCORE_MAX]; at 0, reads are sampled. */
-#define READ_SAMPLE 16
+#define READ_SAMPLE 128
 #define READ_HIT 16
 #define READ_SCORE_MAX 256
 
