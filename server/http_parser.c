@@ -277,7 +277,7 @@ static int connection_has(const struct http_msg *m, const char *tok)
         return 0; /* the usual case: no header to look for */
     size_t len = strlen(tok);
     for (size_t i = 0; i < m->header_count; i++)
-        if (strcasecmp(m->headers[i].name, "connection") == 0 &&
+        if (m->headers[i].name_len == 10 && strcasecmp(m->headers[i].name, "connection") == 0 &&
             list_has(m->headers[i].value, tok, len))
             return 1;
     return 0;
@@ -528,6 +528,7 @@ static enum http_parse_status add_header(struct http_parser *p, const char *name
     v[vlen] = '\0';
     m->headers[count].name = n;
     m->headers[count].value = v;
+    m->headers[count].name_len = nlen;
     m->header_count = count + 1;
 
     if (nlen == 10 && strcasecmp(n, "connection") == 0)
@@ -963,17 +964,18 @@ void http_msg_free(struct http_msg *m)
 
 const char *http_msg_header(const struct http_msg *m, const char *name)
 {
+    size_t len = strlen(name);
     for (size_t i = 0; i < m->header_count; i++)
-        if (strcasecmp(m->headers[i].name, name) == 0)
+        if (m->headers[i].name_len == len && strcasecmp(m->headers[i].name, name) == 0)
             return m->headers[i].value;
     return NULL;
 }
 
 size_t http_msg_header_count(const struct http_msg *m, const char *name)
 {
-    size_t n = 0;
+    size_t n = 0, len = strlen(name);
     for (size_t i = 0; i < m->header_count; i++)
-        n += strcasecmp(m->headers[i].name, name) == 0;
+        n += m->headers[i].name_len == len && strcasecmp(m->headers[i].name, name) == 0;
     return n;
 }
 

@@ -42,6 +42,7 @@ struct http_limits {
 struct http_header {
     char *name;  /* as received; compare case-insensitively */
     char *value; /* leading and trailing whitespace removed; in name's block */
+    size_t name_len;
 };
 
 struct http_msg {

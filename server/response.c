@@ -57,6 +57,7 @@ int response_add_header_n(struct http_response *r, const char *name, size_t nlen
     v[vlen] = '\0';
     r->headers[r->header_count].name = n;
     r->headers[r->header_count].value = v;
+    r->headers[r->header_count].name_len = nlen;
     r->header_count++;
     return 0;
 }
