@@ -498,6 +498,17 @@ typedef void (*idem_async_done_fn)(void *arg, idem_rc rc, const char *detail);
 IDEM_EXTERN idem_rc idem_record_async(idem *h, idem_async_fn fn,
                                       idem_async_done_fn done, void *arg);
 
+/* As idem_record_async, for an fn that makes exactly one record call on h
+ * (begin, complete, fail, extend, transition or get) and returns what that
+ * call returned. Each of those writes once at most, and only as the last
+ * thing it does before it succeeds, so such an fn never fails after a write:
+ * it needs no savepoint of its own and runs without one (two statements
+ * fewer per call on the embedded store). An fn that does more — two record
+ * calls, or a failure of its own after a call — must use idem_record_async:
+ * run this way, its failure could leave a write behind. */
+IDEM_EXTERN idem_rc idem_record_async_one(idem *h, idem_async_fn fn,
+                                          idem_async_done_fn done, void *arg);
+
 /* ------------------------------------------------------------------------- */
 /* The inbox: message consumers.
  *

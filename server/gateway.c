@@ -267,7 +267,8 @@ static void db_step(struct gw *g, gw_fn step, gw_fn then)
         to_worker(g);
         return;
     }
-    idem_rc rc = idem_record_async(g->d->h, step_on_writer, on_written, g);
+    /* Each step is one record call, whose result it returns. */
+    idem_rc rc = idem_record_async_one(g->d->h, step_on_writer, on_written, g);
     if (rc != IDEM_OK) {
         keep_rc(g, rc);
         then(g);
@@ -672,7 +673,7 @@ static void tick(struct gw *g)
         t->epoch = g->epoch;
         t->lease_ms = g->rt->lease_ms;
         t->work.run = tick_on_worker;
-        if (g->d->db_async ? idem_record_async(g->d->h, tick_on_writer, tick_written, t)
+        if (g->d->db_async ? idem_record_async_one(g->d->h, tick_on_writer, tick_written, t)
                            : workers_submit(g->d->workers, &t->work))
             free(t);
     }

@@ -352,8 +352,8 @@ IDEM_EXTERN idem_rc idem_record_purge(idem *h, unsigned limit, unsigned *purged)
     return h->db_ops->rec_purge(h->db, idem__now(h), limit, purged);
 }
 
-IDEM_EXTERN idem_rc idem_record_async(idem *h, idem_async_fn fn,
-                                      idem_async_done_fn done, void *arg)
+static idem_rc record_async(idem *h, idem_async_fn fn, idem_async_done_fn done, void *arg,
+                            int one_call)
 {
     idem__clear_detail();
     if (!h)
@@ -365,5 +365,20 @@ IDEM_EXTERN idem_rc idem_record_async(idem *h, idem_async_fn fn,
                           "async record calls: the %s store has no writer thread to run "
                           "them on; call the blocking functions from a thread of your own",
                           h->store_name);
-    return h->db_ops->run_async(h->db, h, fn, done, arg);
+    return h->db_ops->run_async(h->db, h, fn, done, arg, one_call);
+}
+
+IDEM_EXTERN idem_rc idem_record_async(idem *h, idem_async_fn fn,
+                                      idem_async_done_fn done, void *arg)
+{
+    return record_async(h, fn, done, arg, 0);
+}
+
+/* Each record call writes once at most, as the last thing it does before
+ * it succeeds (drive() answers right after its write): an fn that makes one
+ * call and returns its result never fails after a write. */
+IDEM_EXTERN idem_rc idem_record_async_one(idem *h, idem_async_fn fn,
+                                          idem_async_done_fn done, void *arg)
+{
+    return record_async(h, fn, done, arg, 1);
 }

@@ -615,7 +615,7 @@ static void on_async_done(struct idem__gc_job *job)
 }
 
 static idem_rc run_async(void *db, idem *h, idem_async_fn fn,
-                         idem_async_done_fn done, void *arg)
+                         idem_async_done_fn done, void *arg, int one_call)
 {
     struct sqlite_db *d = db;
     struct async_job *a = idem__calloc(1, sizeof *a);
@@ -623,6 +623,7 @@ static idem_rc run_async(void *db, idem *h, idem_async_fn fn,
         return idem__fail(IDEM_ENOMEM, "sqlite: allocating an async job");
     a->job.run = run_async_fn;
     a->job.on_done = on_async_done;
+    a->job.single_write = one_call;
     a->h = h;
     a->fn = fn;
     a->done = done;

@@ -26,7 +26,7 @@
 #include "idem.h"
 
 #define IDEM_KV_OPS_VERSION 1
-#define IDEM_DB_OPS_VERSION 2 /* 2: run_async */
+#define IDEM_DB_OPS_VERSION 3 /* 2: run_async; 3: its one_call */
 
 struct idem__kv_ops {
     unsigned version; /* IDEM_KV_OPS_VERSION */
@@ -148,9 +148,10 @@ struct idem__db_ops {
      * failed. The operations above, called from fn on that thread, run at
      * once on the batch's connection and see its uncommitted rows. IDEM_OK,
      * or IDEM_ECLOSING / IDEM_ENOMEM and done never runs. NULL: the backend
-     * has no writer thread to run callers' code on. */
+     * has no writer thread to run callers' code on. Version 3: one_call
+     * (idem_record_async_one) runs fn without the savepoint. */
     idem_rc (*run_async)(void *db, idem *h, idem_async_fn fn,
-                         idem_async_done_fn done, void *arg);
+                         idem_async_done_fn done, void *arg, int one_call);
 };
 
 struct idem__watchdog;

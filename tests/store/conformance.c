@@ -814,9 +814,11 @@ static void close_and_count(void **state, struct async_run *r, int n)
             fail_msg("call %d: done ran %d times", i, atomic_load(&r->call[i].done_runs));
 }
 
-/* Queue a gate job, then jobs b and c once it runs: b and c share the next
- * batch, and the commits prove it. */
-static void run_gated_pair(struct async_run *r, idem_async_fn fb, idem_async_fn fc)
+/* Queue a gate job, then jobs b and c once it runs (through queue): b and c
+ * share the next batch, and the commits prove it. */
+static void run_gated_pair_with(struct async_run *r, idem_async_fn fb, idem_async_fn fc,
+                                idem_rc (*queue)(idem *, idem_async_fn, idem_async_done_fn,
+                                                 void *))
 {
     idem *h = r->h;
     idem_stats before, after;
@@ -824,14 +826,19 @@ static void run_gated_pair(struct async_run *r, idem_async_fn fb, idem_async_fn 
     assert_idem_ok(idem_record_async(h, fn_gate, on_done, &r->call[0]));
     if (!wait_flag(r, &r->entered, 1))
         fail_msg("the gate job did not run within 30 s");
-    assert_idem_ok(idem_record_async(h, fb, on_done, &r->call[1]));
-    assert_idem_ok(idem_record_async(h, fc, on_done, &r->call[2]));
+    assert_idem_ok(queue(h, fb, on_done, &r->call[1]));
+    assert_idem_ok(queue(h, fc, on_done, &r->call[2]));
     set_flag(r, &r->open);
     wait_dones(r, 3);
     idem_get_stats(h, &after);
     assert_int_equal(after.committed_ops - before.committed_ops, 3);
     assert_int_equal(after.commits - before.commits, 2);
     assert_int_equal(r->call[0].done_rc, IDEM_OK);
+}
+
+static void run_gated_pair(struct async_run *r, idem_async_fn fb, idem_async_fn fc)
+{
+    run_gated_pair_with(r, fb, fc, idem_record_async);
 }
 
 static void queue_begin(void *arg, int i)
@@ -873,6 +880,60 @@ static void test_async_begin_storm(void **state)
     assert_string_equal(rec.state, IDEM_STATE_PROCESSING);
     idem_record_clear(&rec);
     close_and_count(state, r, 100);
+    async_run_free(r);
+}
+
+/* A new claim on key, made outside the run; its epoch is the run's. */
+static void begin_for_run(struct async_run *r, const char *key, const char *owner)
+{
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_record_begin(r->h, "pay", key, NULL, owner, 30000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    r->epoch = rec.epoch;
+    idem_record_clear(&rec);
+}
+
+/* A complete whose result is over the store's limit: one record call,
+ * which fails without writing. */
+static idem_rc fn_complete_too_big(idem *h, void *arg)
+{
+    struct async_call *c = arg;
+    static char big[5000];
+    return c->fn_rc = idem_record_complete(h, "pay", c->key, c->run->epoch, big, sizeof big, 0,
+                                           &c->fn_out);
+}
+
+/* idem_record_async_one: fn runs without a savepoint of its own. In one
+ * batch, a call that fails leaves its record as it was, and the begin
+ * beside it stays; on the distributed store it is refused like
+ * idem_record_async. */
+static void test_async_one_call(void **state)
+{
+    idem *h = *state;
+    struct async_run *r = async_start(h);
+    if (!r) {
+        assert_int_equal(idem_record_async_one(h, fn_nothing, on_done, NULL), IDEM_ENOTSUP);
+        return;
+    }
+    idem_outcome o;
+    idem_record rec;
+    begin_for_run(r, "O-1", "first");
+    r->call[1].key = "O-1";
+    r->call[2].key = "O-2";
+    run_gated_pair_with(r, fn_complete_too_big, fn_begin, idem_record_async_one);
+    assert_int_equal(r->call[1].done_rc, IDEM_ETOOBIG);
+    assert_int_equal(r->call[2].done_rc, IDEM_OK);
+    assert_outcome(r->call[2].fn_out, IDEM_NEW);
+    assert_idem_ok(idem_record_get(h, "pay", "O-1", &o, &rec));
+    assert_string_equal(rec.state, IDEM_STATE_PROCESSING); /* not completed */
+    assert_string_equal(rec.owner, "first");
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_get(h, "pay", "O-2", &o, &rec));
+    assert_outcome(o, IDEM_FOUND);
+    assert_string_equal(rec.owner, "async-2");
+    idem_record_clear(&rec);
+    close_and_count(state, r, 3);
     async_run_free(r);
 }
 
@@ -973,10 +1034,7 @@ static void test_async_complete(void **state)
         return;
     idem_outcome o;
     idem_record rec;
-    assert_idem_ok(idem_record_begin(h, "pay", "C-1", NULL, "me", 30000, &o, &rec));
-    assert_outcome(o, IDEM_NEW);
-    r->epoch = rec.epoch;
-    idem_record_clear(&rec);
+    begin_for_run(r, "C-1", "me");
     r->call[0].key = "C-1";
     assert_idem_ok(idem_record_async(h, fn_complete_and_read, on_done, &r->call[0]));
     wait_dones(r, 1);
@@ -1906,6 +1964,7 @@ int main(int argc, char **argv)
         T(test_async_same_batch_sees_itself),
         T(test_async_done_after_commit),
         T(test_async_failure_rolls_back),
+        T(test_async_one_call),
         T(test_async_complete),
         T(test_async_close_drains),
         T(test_async_bad_input),
