@@ -1016,7 +1016,9 @@ int http_is_hop_by_hop(const struct http_msg *m, const char *name)
     case 18: a = "proxy-authenticate"; break;
     case 19: a = "proxy-authorization"; break;
     }
-    if ((a && strcasecmp(name, a) == 0) || (b && strcasecmp(name, b) == 0))
+    /* Spelt with '_' too (Transfer_Encoding): CGI-style upstreams read it
+     * as the same header. */
+    if ((a && http_name_alike(name, a)) || (b && http_name_alike(name, b)))
         return 1;
     return m && connection_has(m, name);
 }

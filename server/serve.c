@@ -143,7 +143,19 @@ void daemon_handle(void *arg, struct front_request *req)
     struct daemon *d = arg;
     struct live_config *lc = daemon_config_get(d);
     const struct server_config *cfg = lc->c;
+    /* Routes, keys and the path checks all read the path from here: one
+     * longer than this buffer is refused, never cut (a cut path would be
+     * keyed and routed as another request than the one forwarded). */
     char path[8192];
+    if (strcspn(req->msg->target, "?#") >= sizeof path) {
+        req->resp = problem(414, "path_too_long",
+                            "the request's path (the target before any '?') is longer than "
+                            "%zu bytes; a longer query is allowed, up to request_line_max",
+                            sizeof path - 1);
+        daemon_config_put(lc);
+        front_answer(req);
+        return;
+    }
     request_path(req->msg->target, path, sizeof path);
     int api = strcmp(path, "/_idem/v1") == 0 || strncmp(path, "/_idem/v1/", 10) == 0;
     if (d->admin_listener && api != req->admin) {

@@ -25,9 +25,11 @@ struct idem__gc_job {
      * durable or failed, with rc and detail set ("" when rc is IDEM_OK); it
      * may free the job. Submitted jobs have none: their caller waits on done. */
     void (*on_done)(struct idem__gc_job *job);
-    /* Set by the job's maker: the job writes with one statement at most,
-     * and fails only when that statement wrote nothing (the database undoes
-     * a statement that fails). It needs no savepoint of its own then. */
+    /* Set by the job's maker: the job writes with one single-row statement
+     * at most, and fails only when that statement wrote nothing (the
+     * database undoes a single-row statement that fails, or rolls the whole
+     * transaction back, which the writer sees). It needs no savepoint of its
+     * own then. */
     int single_write;
     idem_rc rc;
     sem_t done;          /* posted once the job's batch is durable or failed */

@@ -347,13 +347,9 @@ static idem_rc run_rec_purge(struct idem__gc_job *job, void *ctx)
     return IDEM_OK;
 }
 
-/* A record job's result is freed if the batch that ran it did not commit.
- * Each record job writes with one statement at most, and fails only where
- * that statement wrote nothing (run_rec_insert and run_rec_cas read after a
- * write that did not happen, never after one that did): no savepoint. */
+/* A record job's result is freed if the batch that ran it did not commit. */
 static idem_rc submit_rec(struct sqlite_db *d, struct rec_job *j)
 {
-    j->job.single_write = 1;
     idem_rc rc = idem__gc_submit(d->gc, &j->job);
     if (rc != IDEM_OK && j->cur) {
         idem__free(j->cur->result);
@@ -366,7 +362,12 @@ static idem_rc submit_rec(struct sqlite_db *d, struct rec_job *j)
 static idem_rc rec_insert(void *db, const struct idem__rec_new *n,
                           int *inserted, idem_record *cur)
 {
-    struct rec_job j = {.job.run = run_rec_insert, .n = n, .inserted = inserted, .cur = cur};
+    /* One single-row statement, and a read only when it wrote nothing: a
+     * failure leaves no write, so no savepoint (likewise rec_cas, rec_get;
+     * not rec_purge, whose DELETE of many rows an error could stop
+     * halfway). */
+    struct rec_job j = {.job.run = run_rec_insert, .job.single_write = 1, .n = n,
+                        .inserted = inserted, .cur = cur};
     if (cur)
         memset(cur, 0, sizeof *cur);
     return submit_rec(db, &j);
@@ -375,8 +376,8 @@ static idem_rc rec_insert(void *db, const struct idem__rec_new *n,
 static idem_rc rec_cas(void *db, const struct idem__rec_cas *c, int *changed,
                        int *found, idem_record *cur)
 {
-    struct rec_job j = {.job.run = run_rec_cas, .c = c, .changed = changed,
-                        .found = found, .cur = cur};
+    struct rec_job j = {.job.run = run_rec_cas, .job.single_write = 1, .c = c,
+                        .changed = changed, .found = found, .cur = cur};
     if (cur)
         memset(cur, 0, sizeof *cur);
     return submit_rec(db, &j);
@@ -443,8 +444,8 @@ static idem_rc rec_get(void *db, const char *space, const char *key,
     if (cur)
         memset(cur, 0, sizeof *cur);
     if (!d->path || idem__gc_on_writer(d->gc)) {
-        struct rec_job j = {.job.run = run_rec_get, .space = space, .key = key,
-                            .found = found, .cur = cur};
+        struct rec_job j = {.job.run = run_rec_get, .job.single_write = 1, .space = space,
+                            .key = key, .found = found, .cur = cur};
         return submit_rec(db, &j);
     }
     struct reader *r = NULL;

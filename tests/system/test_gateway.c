@@ -1924,7 +1924,8 @@ static void test_hop_by_hop_never_forwarded_nor_stored(void **state)
         "Idempotency-Key: H-1", "Connection: keep-alive, X-Client-Hop", "X-Client-Hop: secret",
         "Keep-Alive: timeout=5", "TE: trailers", "Upgrade: websocket", "X-End-To-End: kept",
         "Idem-Key: refund/FORGED", "Idem-Epoch: 999999", "Idem-Token: spent-here",
-        "Idem_Epoch: 888888", "IDEM_KEY: refund/UNDERSCORE", NULL};
+        "Idem_Epoch: 888888", "IDEM_KEY: refund/UNDERSCORE", "Keep_Alive: under-hop",
+        "Transfer_Encoding: chunked", NULL};
     struct sys_resp r;
     sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
     raw_upstream_stop(&u);
@@ -1938,6 +1939,8 @@ static void test_hop_by_hop_never_forwarded_nor_stored(void **state)
     assert_null(strstr(u.got, "Keep-Alive"));
     assert_null(strstr(u.got, "TE: "));
     assert_null(strstr(u.got, "Upgrade"));
+    assert_null(strstr(u.got, "under-hop")); /* Keep_Alive: the same to CGI-style upstreams */
+    assert_null(strstr(u.got, "Transfer_Encoding"));
     /* Idem-Key and Idem-Epoch are Idem's alone: a client's copies (which an
      * upstream reading the first value would fence on) never go through,
      * nor does the token. */
@@ -1974,7 +1977,8 @@ static void test_hop_by_hop_never_forwarded_nor_stored(void **state)
 
 /* A target as long as request_line_max allows reaches the upstream whole:
  * the gateway used to copy it into a 16 KiB buffer, which cut a longer one
- * (the upstream would have run another request than the one keyed). */
+ * (the upstream would have run another request than the one keyed). A path
+ * over 8191 bytes is refused, since routes and keys read the path. */
 static void test_long_target_forwarded_whole(void **state)
 {
     (void)state;
@@ -1997,6 +2001,14 @@ static void test_long_target_forwarded_whole(void **state)
     sprintf(line, "POST %s HTTP/1.1\r\n", target);
     assert_memory_equal(u.got, line, strlen(line));
     free(line);
+    /* A path that long is refused, not cut: routes and path keys read it. */
+    o = target + sprintf(target, "/refunds/");
+    memset(o, 'p', 9000);
+    o[9000] = '\0';
+    sys_http(gw.port, "POST", target, hdrs, "{}", 5000, &r);
+    assert_int_equal(r.status, 414);
+    assert_non_null(strstr(r.m->body, "path_too_long"));
+    sys_resp_free(&r);
     free(target);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
