@@ -696,7 +696,8 @@ static idem_rc prepare_file(struct sqlite_db *d, const char *path)
     /* secure_delete=FAST: what a purge or an update frees inside a page is
      * zeroed, as with ON (Debian's build default), but a page that is freed
      * whole keeps its bytes until it is used again, instead of being written
-     * once more only to be zeroed (docs/architecture.md, "Files"). */
+     * once more only to be zeroed (docs/architecture.md, "What the embedded
+     * store does not survive"). */
     const char *setup = "PRAGMA journal_mode=WAL;"
                         "PRAGMA synchronous=FULL;"
                         "PRAGMA secure_delete=FAST;"
