@@ -265,9 +265,10 @@ static struct http_response *get_record(struct daemon *d, const char *rest)
 /* The fields each POST endpoint takes. Any other is refused, as the
  * configuration file refuses unknown fields: a misspelt "retention" or
  * "retriable" would otherwise leave its default in force unnoticed. */
+#define FIELDS_MAX 7
 static const struct {
     const char *op;
-    const char *fields[7];
+    const char *fields[FIELDS_MAX]; /* the unused ones NULL */
 } endpoint_fields[] = {
     {"tokens", {"scene", "ttl_ms"}},
     {"tokens/consume", {"scene", "token", "key"}},
@@ -293,12 +294,12 @@ static struct http_response *unknown_field(const char *op, json_t *body)
         json_t *v;
         json_object_foreach(body, name, v) {
             size_t k = 0;
-            while (k < 7 && known[k] && strcmp(known[k], name) != 0)
+            while (k < FIELDS_MAX && known[k] && strcmp(known[k], name) != 0)
                 k++;
-            if (k < 7 && known[k])
+            if (k < FIELDS_MAX && known[k])
                 continue;
             char list[160] = "";
-            for (k = 0; k < 7 && known[k]; k++)
+            for (k = 0; k < FIELDS_MAX && known[k]; k++)
                 snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
                          k ? ", " : "", known[k]);
             return problem(400, "invalid_field", "field %.64s: %s takes no such field (it takes %s)",

@@ -72,6 +72,10 @@ struct daemon {
 struct live_config *daemon_config_get(struct daemon *d);
 void daemon_config_put(struct live_config *lc);
 
+/* Answer req with r (NULL: 503) before anything else holds the request,
+ * and drop the configuration reference taken for it. */
+void daemon_answer(struct live_config *lc, struct front_request *req, struct http_response *r);
+
 /* What became of a record write (a begin or a finish), for the health
  * check. Any thread. */
 void daemon_write_ok(struct daemon *d);

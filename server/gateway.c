@@ -870,15 +870,6 @@ static void reading_found(struct daemon *d, int found)
     atomic_store_explicit(&d->read_score, s, memory_order_relaxed);
 }
 
-/* An answer made before the request's state exists. */
-static void answer_early(struct live_config *lc, struct front_request *req,
-                         struct http_response *r)
-{
-    daemon_config_put(lc);
-    req->resp = r;
-    front_answer(req);
-}
-
 /* Answer a duplicate from the loop's replay cache, if its answer is kept
  * there: 1 when answered. The first duplicate on a kept-alive connection
  * builds the bytes the next ones get. */
@@ -909,7 +900,7 @@ static int answer_kept(struct daemon *d, struct live_config *lc, const struct ro
         front_answer_raw(req, kept.wire, kept.wire_len);
         return 1;
     }
-    answer_early(lc, req, counted_replay(d, r, "finished"));
+    daemon_answer(lc, req, counted_replay(d, r, "finished"));
     return 1;
 }
 
@@ -930,11 +921,11 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     else
         status = request_key(rt, m, subject, key, &type, detail, sizeof detail);
     if (status) {
-        answer_early(lc, req, problem(status, type, "%s", detail));
+        daemon_answer(lc, req, problem(status, type, "%s", detail));
         return;
     }
     if ((status = request_fingerprint(rt, m, fp, &has_fp, detail, sizeof detail)) != 0) {
-        answer_early(lc, req, problem(status, "fingerprint_unavailable", "%s", detail));
+        daemon_answer(lc, req, problem(status, "fingerprint_unavailable", "%s", detail));
         return;
     }
     /* A finished record: its answer kept from a moment ago — answered here,
@@ -953,7 +944,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     size_t head = (sizeof(struct gw) + 15) & ~(size_t)15;
     struct gw *g = calloc(1, head + event_get_struct_event_size());
     if (!g) {
-        answer_early(lc, req, NULL); /* 503 */
+        daemon_answer(lc, req, NULL); /* 503 */
         return;
     }
     g->timer = (struct event *)((char *)g + head);

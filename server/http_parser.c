@@ -273,8 +273,6 @@ static int list_has(const char *list, const char *tok, size_t toklen)
 
 static int connection_has(const struct http_msg *m, const char *tok)
 {
-    if (m->connection_headers == 0)
-        return 0; /* the usual case: no header to look for */
     size_t len = strlen(tok);
     for (size_t i = 0; i < m->header_count; i++)
         if (m->headers[i].name_len == 10 && strcasecmp(m->headers[i].name, "connection") == 0 &&
@@ -531,8 +529,6 @@ static enum http_parse_status add_header(struct http_parser *p, const char *name
     m->headers[count].name_len = nlen;
     m->header_count = count + 1;
 
-    if (nlen == 10 && strcasecmp(n, "connection") == 0)
-        m->connection_headers++;
     if (nlen == 14 && strcasecmp(n, "content-length") == 0)
         return on_content_length(p, v);
     if (nlen == 17 && strcasecmp(n, "transfer-encoding") == 0)
@@ -627,9 +623,10 @@ static enum http_parse_status on_head_end(struct http_parser *p)
                      m->status == 304))
         return finish(p);
     const char *expect = request && m->version_minor == 1 ? http_msg_header(m, "expect") : NULL;
+    int go_on = expect && strcasecmp(expect, "100-continue") == 0; /* once a body follows */
     if (p->have_te) {
         m->chunked = 1;
-        p->expect_continue = expect && strcasecmp(expect, "100-continue") == 0;
+        p->expect_continue = go_on;
         enter(p, S_CHUNK_SIZE);
         return HTTP_NEED_MORE;
     }
@@ -642,7 +639,7 @@ static enum http_parse_status on_head_end(struct http_parser *p)
             return finish(p);
         if (!resize(p, &m->body, &p->body_cap, (size_t)p->content_length + 1))
             return oom(p);
-        p->expect_continue = expect && strcasecmp(expect, "100-continue") == 0;
+        p->expect_continue = go_on;
         enter(p, S_BODY);
         return HTTP_NEED_MORE;
     }

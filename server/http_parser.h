@@ -56,7 +56,6 @@ struct http_msg {
     int version_minor;     /* HTTP/1.<minor>: 0 or 1 */
     struct http_header *headers;
     size_t header_count;
-    size_t connection_headers; /* how many of them are Connection */
     char *body;            /* NUL-terminated for convenience; may contain NULs */
     size_t body_len;
     int keep_alive;        /* the connection may carry another message */

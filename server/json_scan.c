@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "put.h"
+#include "utf8.h"
 
 #define DEPTH_MAX 16
 #define MEMBERS_MAX 64
@@ -42,34 +43,6 @@ static void skip_ws(struct scan *s)
         s->p++;
 }
 
-/* One UTF-8 sequence at p (its first byte >= 0x80), as the full parse
- * checks it: its length, or 0 if it is not valid UTF-8. */
-static size_t utf8_len(const unsigned char *p, const unsigned char *end)
-{
-    unsigned c = p[0];
-    size_t n;
-    uint32_t v;
-    if (c >= 0xc2 && c <= 0xdf)
-        n = 2, v = c & 0x1f;
-    else if (c >= 0xe0 && c <= 0xef)
-        n = 3, v = c & 0x0f;
-    else if (c >= 0xf0 && c <= 0xf4)
-        n = 4, v = c & 0x07;
-    else
-        return 0; /* a continuation byte, an overlong 0xc0/0xc1, or past U+10FFFF */
-    if ((size_t)(end - p) < n)
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-        v = v << 6 | (p[i] & 0x3f);
-    }
-    if (v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff) || (n == 3 && v < 0x800) ||
-        (n == 4 && v < 0x10000))
-        return 0;
-    return n;
-}
-
 /* A string at s->p (its opening quote): its bytes, without the quotes. 0
  * if unsure (an escape, a control character, invalid UTF-8, no end). */
 static int string(struct scan *s, const char **start, size_t *len)
@@ -89,7 +62,7 @@ static int string(struct scan *s, const char **start, size_t *len)
             p++;
             continue;
         }
-        size_t n = utf8_len(p, end);
+        size_t n = utf8_seq_len(p, end);
         if (!n)
             return 0;
         p += n;

@@ -15,6 +15,7 @@
 #include <strings.h>
 
 #include "put.h"
+#include "utf8.h"
 
 struct http_response *response_new(int status)
 {
@@ -152,22 +153,13 @@ char *response_serialize(const struct http_response *r, int head_request, size_t
  * buffer, and JSON holds UTF-8 only. */
 static void utf8_mend(char *s)
 {
-    unsigned char *p = (unsigned char *)s;
-    while (*p) {
-        int n = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 ? 2 : (*p & 0xf0) == 0xe0 ? 3
-                : (*p & 0xf8) == 0xf0 ? 4 : 0;
-        int ok = n > 0 && !(n == 2 && *p < 0xc2) && !(n == 4 && *p > 0xf4);
-        for (int i = 1; ok && i < n; i++)
-            ok = (p[i] & 0xc0) == 0x80;
-        if (ok && n == 3)
-            ok = !(p[0] == 0xe0 && p[1] < 0xa0) && !(p[0] == 0xed && p[1] >= 0xa0);
-        if (ok && n == 4)
-            ok = !(p[0] == 0xf0 && p[1] < 0x90) && !(p[0] == 0xf4 && p[1] >= 0x90);
-        if (!ok) {
+    unsigned char *p = (unsigned char *)s, *end = p + strlen(s);
+    while (p < end) {
+        size_t n = *p < 0x80 ? 1 : utf8_seq_len(p, end);
+        if (n == 0)
             *p++ = '?';
-            continue;
-        }
-        p += n;
+        else
+            p += n;
     }
 }
 

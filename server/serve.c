@@ -46,6 +46,13 @@ void daemon_config_put(struct live_config *lc)
     }
 }
 
+void daemon_answer(struct live_config *lc, struct front_request *req, struct http_response *r)
+{
+    daemon_config_put(lc);
+    req->resp = r;
+    front_answer(req);
+}
+
 void daemon_write_ok(struct daemon *d)
 {
     /* A load first: every request passes here, and the flag rarely changes. */
@@ -148,25 +155,23 @@ void daemon_handle(void *arg, struct front_request *req)
      * keyed and routed as another request than the one forwarded). */
     char path[8192];
     if (strcspn(req->msg->target, "?#") >= sizeof path) {
-        req->resp = problem(414, "path_too_long",
-                            "the request's path (the target before any '?') is longer than "
-                            "%zu bytes; a longer query is allowed, up to request_line_max",
-                            sizeof path - 1);
-        daemon_config_put(lc);
-        front_answer(req);
+        daemon_answer(lc, req,
+                      problem(414, "path_too_long",
+                              "the request's path (the target before any '?') is longer than "
+                              "%zu bytes; a longer query is allowed, up to request_line_max",
+                              sizeof path - 1));
         return;
     }
     request_path(req->msg->target, path, sizeof path);
     int api = strcmp(path, "/_idem/v1") == 0 || strncmp(path, "/_idem/v1/", 10) == 0;
     if (d->admin_listener && api != req->admin) {
         /* With admin_listen, each listener serves its own half only. */
-        req->resp = req->admin ? problem(404, "no_such_endpoint",
-                                         "this is the admin listener: it serves only the "
-                                         "JSON API, under /_idem/v1/")
-                               : problem(404, "no_such_endpoint",
-                                         "the JSON API is not served on this listener");
-        daemon_config_put(lc);
-        front_answer(req);
+        daemon_answer(lc, req,
+                      req->admin ? problem(404, "no_such_endpoint",
+                                           "this is the admin listener: it serves only the "
+                                           "JSON API, under /_idem/v1/")
+                                 : problem(404, "no_such_endpoint",
+                                           "the JSON API is not served on this listener"));
         return;
     }
     if (api) {
@@ -183,16 +188,16 @@ void daemon_handle(void *arg, struct front_request *req)
                                    ? NULL
                                    : route_spelt_otherwise(cfg, req->msg, path);
     if (why || near) {
-        req->resp = why ? problem(400, "path_not_canonical",
-                                  "the path holds %s, which servers resolve differently: "
-                                  "send the path it stands for",
-                                  why)
-                        : problem(400, "path_not_canonical",
-                                  "%s is another spelling of route %s's path %s%s: send it as "
-                                  "that, or the request would reach the upstream unclaimed",
-                                  path, near->name, near->path, near->prefix ? "*" : "");
-        daemon_config_put(lc);
-        front_answer(req);
+        daemon_answer(lc, req,
+                      why ? problem(400, "path_not_canonical",
+                                    "the path holds %s, which servers resolve differently: "
+                                    "send the path it stands for",
+                                    why)
+                          : problem(400, "path_not_canonical",
+                                    "%s is another spelling of route %s's path %s%s: send it "
+                                    "as that, or the request would reach the upstream "
+                                    "unclaimed",
+                                    path, near->name, near->path, near->prefix ? "*" : ""));
         return;
     }
     if (rt) {

@@ -168,7 +168,7 @@ static char *build_request(const char *host, int port, const struct upstream_req
     size_t cap = 256 + strlen(rq->method) + strlen(base) + strlen(rq->target) + strlen(host) +
                  (rq->peer ? strlen(rq->peer) : 0) + (m ? m->body_len : 0);
     for (size_t i = 0; m && i < m->header_count; i++)
-        cap += strlen(m->headers[i].name) + strlen(m->headers[i].value) + 4;
+        cap += m->headers[i].name_len + strlen(m->headers[i].value) + 4;
     for (const char *const *e = rq->extra; e && *e; e++)
         cap += strlen(*e) + 2;
     char *out = malloc(cap), *o = out;
@@ -186,7 +186,7 @@ static char *build_request(const char *host, int port, const struct upstream_req
     const char *xff = NULL;
     for (size_t i = 0; m && i < m->header_count; i++) {
         const char *n = m->headers[i].name;
-        size_t nlen = strlen(n);
+        size_t nlen = m->headers[i].name_len;
         if ((nlen == 4 && strcasecmp(n, "host") == 0) ||
             (nlen == 14 && strcasecmp(n, "content-length") == 0) || not_forwarded(n, nlen) ||
             http_is_hop_by_hop(m, n))

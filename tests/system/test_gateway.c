@@ -2013,25 +2013,36 @@ static void test_long_target_forwarded_whole(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* Start idem in front of an upstream that reads the request and never
+ * answers, send one POST, and expect the 504 saying the outcome is unknown
+ * (its body holding what); the upstream is gone afterwards. */
+static void post_to_silent_upstream(struct proc *gw, const char *route_extra, const char *db,
+                                    const char *const *hdrs, const char *what)
+{
+    struct raw_upstream u;
+    raw_upstream_start(&u, NULL);
+    start_idem_on(gw, u.port, route_extra, db);
+    struct sys_resp r;
+    sys_http(gw->port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
+    assert_int_equal(r.status, 504);
+    assert_non_null(strstr(r.m->body, what));
+    sys_resp_free(&r);
+    raw_upstream_stop(&u);
+}
+
 /* on_unknown_outcome: hold: a request whose outcome is unknown keeps its
  * claim past the lease, until an operator finishes it; then a retry runs. */
 static void test_unknown_outcome_held(void **state)
 {
     (void)state;
     struct proc gw;
-    struct raw_upstream u;
-    raw_upstream_start(&u, NULL); /* reads the request, never answers */
-    start_idem_on(&gw, u.port,
-                  "    upstream_timeout: 400ms\n    lease: 1s\n    on_unknown_outcome: hold\n"
-                  "    retention: 7d\n", /* held a day: the longest lease */
-                  "held-unknown.db");
     static const char *const hdrs[] = {"Idempotency-Key: T-hold", NULL};
+    post_to_silent_upstream(&gw,
+                            "    upstream_timeout: 400ms\n    lease: 1s\n"
+                            "    on_unknown_outcome: hold\n"
+                            "    retention: 7d\n", /* held a day: the longest lease */
+                            "held-unknown.db", hdrs, "is held PROCESSING");
     struct sys_resp r;
-    sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
-    assert_int_equal(r.status, 504);
-    assert_non_null(strstr(r.m->body, "is held PROCESSING"));
-    sys_resp_free(&r);
-    raw_upstream_stop(&u);
     sleep_ms(1600); /* the lease is over: without hold, a retry would be forwarded (502) */
     sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
     assert_int_equal(r.status, 409);
@@ -2059,16 +2070,10 @@ static void test_upstream_timeout_after_send(void **state)
 {
     (void)state;
     struct proc gw;
-    struct raw_upstream u;
-    raw_upstream_start(&u, NULL); /* reads the request, never answers */
-    start_idem_on(&gw, u.port, "    upstream_timeout: 400ms\n    lease: 30s\n", "timeout.db");
     static const char *const hdrs[] = {"Idempotency-Key: T-1", NULL};
+    post_to_silent_upstream(&gw, "    upstream_timeout: 400ms\n    lease: 30s\n", "timeout.db",
+                            hdrs, "urn:idem:outcome_unknown");
     struct sys_resp r;
-    sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
-    assert_int_equal(r.status, 504);
-    assert_non_null(strstr(r.m->body, "urn:idem:outcome_unknown"));
-    sys_resp_free(&r);
-    raw_upstream_stop(&u);
     /* It may have executed: the record stays PROCESSING, a retry is not
      * forwarded (nothing listens any more; a forward would be a 502). */
     sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
