@@ -31,6 +31,7 @@
 #   IDEM_DIST_SECONDS [3]        each idem-bench window on Redis
 #   IDEM_DIST_PG_SECONDS [5]     pgbench -T, and the idem-bench record window
 #   IDEM_DIST_GW_SECONDS [8]     each gateway measurement
+#   IDEM_DIST_GW_ROUNDS [1]      bench/gateway.sh's IDEM_GW_ROUNDS
 #   IDEM_DIST_KV_THREADS [64]    idem-bench threads = redis-benchmark -c
 #   IDEM_DIST_PG_THREADS [32]    idem-bench threads = pgbench -c
 #   IDEM_DIST_PIPELINE [16]      redis-benchmark -P of the reference
@@ -47,6 +48,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 seconds=${IDEM_DIST_SECONDS:-3}
 pg_seconds=${IDEM_DIST_PG_SECONDS:-5}
 gw_seconds=${IDEM_DIST_GW_SECONDS:-8}
+gw_rounds=${IDEM_DIST_GW_ROUNDS:-1}
 kv_threads=${IDEM_DIST_KV_THREADS:-64}
 pg_threads=${IDEM_DIST_PG_THREADS:-32}
 pipeline=${IDEM_DIST_PIPELINE:-16}
@@ -58,7 +60,7 @@ kv_target=0.8 pg_target=1.5
 die() { echo "bench/distributed.sh: $*" >&2; exit 1; }
 say() { echo "$*" >&2; }
 section() { say "== $* ($((SECONDS / 60))m$((SECONDS % 60))s)"; }
-for v in seconds pg_seconds gw_seconds kv_threads pg_threads pipeline redis_port pg_port; do
+for v in seconds pg_seconds gw_seconds gw_rounds kv_threads pg_threads pipeline redis_port pg_port; do
     [[ ${!v} =~ ^[0-9]+$ && ${!v} -gt 0 ]] || die "$v must be a positive integer (got '${!v}')"
 done
 ((redis_port != 26379 && pg_port != 25432)) ||
@@ -435,7 +437,7 @@ if [[ $gw_runs != none ]]; then
     section "3. The gateway: two idem serve on the distributed store, one on the embedded one"
     gw() { # KIND: bench/gateway.sh's table and raw figures in $work/gw-KIND.*
         local kind=$1 env=(IDEM_GW_SECONDS="$gw_seconds" IDEM_GW_RUNS="$gw_runs"
-            IDEM_GW_OUT="$work/gw-$1.md" IDEM_GW_RAW="$work/gw-$1.json")
+            IDEM_GW_ROUNDS="$gw_rounds" IDEM_GW_OUT="$work/gw-$1.md" IDEM_GW_RAW="$work/gw-$1.json")
         [[ $kind == embedded ]] || env+=(IDEM_GW_STORE=distributed IDEM_GW_REDIS="$redis_url"
             IDEM_GW_POSTGRES="$pg_url" IDEM_GW_INSTANCES=2
             IDEM_GW_STORE_PIDS="$redis_pid $pg_pid")
