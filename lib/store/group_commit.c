@@ -6,7 +6,9 @@
  * disks). With a lock, 64 callers wait for 64 fsyncs in a row. Here the writer
  * drains the queue while the previous fsync runs, so the next batch holds
  * everything that arrived meanwhile: under load a batch grows until one fsync
- * carries it, and latency stays about two fsyncs.
+ * carries it, and latency stays about two fsyncs. What arrives while the
+ * batch's own jobs run joins it too, up to batch_max: only what arrives
+ * during its COMMIT waits for the next.
  *
  * A job's failure must not cost the others their writes, so each job runs in
  * a savepoint. A failed COMMIT fails every job of the batch: none of their
@@ -82,6 +84,34 @@ static idem_rc transaction_lost(struct idem__gc_job *j)
                       j->rc != IDEM_OK && j->detail[0] ? j->detail : "no detail");
 }
 
+/* Under gc->mu: takes up to max jobs off the queue, from its head (at least
+ * one is queued: the caller has kept a pointer to it). */
+static void take(struct idem__gc *gc, unsigned max)
+{
+    struct idem__gc_job *last = gc->head;
+    for (unsigned n = 1; n < max && last->next; n++)
+        last = last->next;
+    gc->head = last->next;
+    if (!gc->head)
+        gc->tail = &gc->head;
+    last->next = NULL;
+}
+
+/* Jobs queued while the batch's statements ran join it before its COMMIT,
+ * up to batch_max in all: they share its fsync instead of waiting for the
+ * next one. last is the batch's last job, n its number of jobs. */
+static void take_late_joiners(struct idem__gc *gc, struct idem__gc_job *last, unsigned n)
+{
+    if (n >= gc->batch_max)
+        return;
+    pthread_mutex_lock(&gc->mu);
+    if (gc->head) {
+        last->next = gc->head;
+        take(gc, gc->batch_max - n);
+    }
+    pthread_mutex_unlock(&gc->mu);
+}
+
 static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
 {
     const struct idem__gc_driver *d = gc->drv;
@@ -98,6 +128,8 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
                 rc = transaction_lost(j);
                 break;
             }
+            if (!j->next)
+                take_late_joiners(gc, j, n + 1);
         }
         gc->in_job = 0;
         if (rc == IDEM_OK) {
@@ -140,13 +172,8 @@ static void *writer(void *arg)
         if (!gc->head)
             break;
         /* Take up to batch_max jobs off the queue. */
-        struct idem__gc_job *batch = gc->head, *last = batch;
-        for (unsigned n = 1; n < gc->batch_max && last->next; n++)
-            last = last->next;
-        gc->head = last->next;
-        if (!gc->head)
-            gc->tail = &gc->head;
-        last->next = NULL;
+        struct idem__gc_job *batch = gc->head;
+        take(gc, gc->batch_max);
         pthread_mutex_unlock(&gc->mu);
         run_batch(gc, batch);
         pthread_mutex_lock(&gc->mu);

@@ -7,7 +7,9 @@
  * that; a small max_page_count makes SQLITE_FULL happen on demand), every
  * job of the batch must be told it failed — the jobs that ran before the
  * error lost their writes too — and no job may run on outside a transaction,
- * where its write would be committed on its own.
+ * where its write would be committed on its own. And the batch's bounds: jobs
+ * queued while its jobs run join it, up to commit_batch_max; jobs queued
+ * while it commits wait for the next one.
  */
 #include <sqlite3.h>
 #include <stdio.h>
@@ -29,8 +31,27 @@ static idem_rc exec(sqlite3 *db, const char *sql)
     return rc;
 }
 
+/* When commit_hold is set, the writer's next COMMIT posts commit_entered
+ * and waits on commit_hold first: the batch is closed, and what is queued
+ * meanwhile goes to the next one. */
+static sem_t *commit_hold;
+static sem_t commit_entered;
+static int commits_done; /* COMMITs returned: a job run reads its batch's number */
+
 static idem_rc drv_begin(void *ctx) { return exec(ctx, "BEGIN"); }
-static idem_rc drv_commit(void *ctx) { return exec(ctx, "COMMIT"); }
+static idem_rc drv_commit(void *ctx)
+{
+    sem_t *hold = commit_hold;
+    if (hold) {
+        commit_hold = NULL;
+        sem_post(&commit_entered);
+        while (sem_wait(hold) != 0)
+            ;
+    }
+    idem_rc rc = exec(ctx, "COMMIT");
+    commits_done++;
+    return rc;
+}
 static idem_rc drv_savepoint(void *ctx) { return exec(ctx, "SAVEPOINT job"); }
 static idem_rc drv_release(void *ctx) { return exec(ctx, "RELEASE job"); }
 static void drv_rollback(void *ctx)
@@ -59,16 +80,21 @@ struct insert_job {
     struct idem__gc_job job;
     int id;
     int bytes;        /* the row's size: a big one fills the file */
+    sem_t *entered;   /* when set, posted as the job starts */
     sem_t *gate;      /* when set, wait on it first (to hold the writer) */
+    int batch;        /* the number of the batch it ran in */
     sem_t finished;
 };
 
 static idem_rc run_insert(struct idem__gc_job *job, void *ctx)
 {
     struct insert_job *j = (struct insert_job *)job;
+    if (j->entered)
+        sem_post(j->entered);
     if (j->gate)
         while (sem_wait(j->gate) != 0)
             ;
+    j->batch = commits_done;
     char sql[128];
     snprintf(sql, sizeof sql, "INSERT INTO t VALUES (%d, zeroblob(%d))", j->id, j->bytes);
     return exec(ctx, sql);
@@ -108,6 +134,23 @@ static sqlite3 *open_db(char *path, const char *schema)
     return db;
 }
 
+static void wait_sem(sem_t *s)
+{
+    while (sem_wait(s) != 0)
+        ;
+}
+
+/* Queues job and returns once its batch is closed and the writer waits to
+ * COMMIT it, until hold is posted. */
+static void hold_in_commit(struct idem__gc *gc, struct idem__gc_job *job, sem_t *hold)
+{
+    sem_init(&commit_entered, 0, 0);
+    commit_hold = hold;
+    assert_int_equal(idem__gc_queue(gc, job), IDEM_OK);
+    wait_sem(&commit_entered);
+    sem_destroy(&commit_entered);
+}
+
 static void remove_db(const char *path)
 {
     char side[64];
@@ -116,6 +159,20 @@ static void remove_db(const char *path)
     snprintf(side, sizeof side, "%s-shm", path);
     unlink(side);
     unlink(path);
+}
+
+/* jobs[i]: insert row i of 100 bytes, and post finished when done. */
+static void init_insert_jobs(struct insert_job *jobs, int n)
+{
+    memset(jobs, 0, sizeof *jobs * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        jobs[i].job.run = run_insert;
+        jobs[i].job.on_done = on_done;
+        jobs[i].id = i;
+        jobs[i].bytes = 100;
+        jobs[i].batch = -1;
+        sem_init(&jobs[i].finished, 0, 0);
+    }
 }
 
 /* Jobs 1..4 in one batch; job 3 fills the file. */
@@ -130,24 +187,16 @@ static void test_batch_rolled_back_by_sqlite(void **state)
     sem_t gate;
     sem_init(&gate, 0, 0);
     struct insert_job jobs[5];
-    memset(jobs, 0, sizeof jobs);
-    /* Job 0 holds the writer in a batch of its own while 1..4 queue up. */
-    for (int i = 0; i < 5; i++) {
-        jobs[i].job.run = run_insert;
-        jobs[i].job.on_done = on_done;
-        jobs[i].id = i;
-        jobs[i].bytes = i == 3 ? 400000 : 100;
-        jobs[i].gate = i == 0 ? &gate : NULL;
-        sem_init(&jobs[i].finished, 0, 0);
-    }
-    assert_int_equal(idem__gc_queue(gc, &jobs[0].job), IDEM_OK);
-    usleep(50000); /* the writer has taken job 0 alone */
+    init_insert_jobs(jobs, 5);
+    jobs[3].bytes = 400000;
+    /* Job 0 holds the writer in the COMMIT of a batch of its own while 1..4
+     * queue up. */
+    hold_in_commit(gc, &jobs[0].job, &gate);
     for (int i = 1; i < 5; i++)
         assert_int_equal(idem__gc_queue(gc, &jobs[i].job), IDEM_OK);
     sem_post(&gate);
     for (int i = 0; i < 5; i++)
-        while (sem_wait(&jobs[i].finished) != 0)
-            ;
+        wait_sem(&jobs[i].finished);
 
     /* Job 4 must not have run after the rollback, outside any transaction
      * (it would have been committed alone, and reported failed). */
@@ -167,8 +216,7 @@ static void test_batch_rolled_back_by_sqlite(void **state)
                                .bytes = 100};
     sem_init(&after.finished, 0, 0);
     assert_int_equal(idem__gc_queue(gc, &after.job), IDEM_OK);
-    while (sem_wait(&after.finished) != 0)
-        ;
+    wait_sem(&after.finished);
     assert_int_equal(after.job.rc, IDEM_OK);
     assert_int_equal(count_rows(path, "id = 9"), 1);
 
@@ -211,7 +259,7 @@ static void test_single_write_fails_alone(void **state)
     sem_t gate;
     sem_init(&gate, 0, 0);
     struct insert_job hold = {.job = {.run = run_insert, .on_done = on_done}, .id = 100,
-                              .bytes = 10, .gate = &gate};
+                              .bytes = 10};
     sem_init(&hold.finished, 0, 0);
     struct sql_job jobs[3] = {
         {.job = {.run = run_sql, .on_done = sql_done}, .sql = "INSERT INTO t VALUES (1, NULL)"},
@@ -220,19 +268,16 @@ static void test_single_write_fails_alone(void **state)
         {.job = {.run = run_sql, .on_done = sql_done, .single_write = 1},
          .sql = "INSERT INTO t VALUES (4, NULL)"},
     };
-    /* The writer holds job 100 while the three queue into one batch. */
-    assert_int_equal(idem__gc_queue(gc, &hold.job), IDEM_OK);
-    usleep(50000);
+    /* The writer holds job 100's batch while the three queue into one. */
+    hold_in_commit(gc, &hold.job, &gate);
     for (int i = 0; i < 3; i++) {
         sem_init(&jobs[i].finished, 0, 0);
         assert_int_equal(idem__gc_queue(gc, &jobs[i].job), IDEM_OK);
     }
     sem_post(&gate);
-    while (sem_wait(&hold.finished) != 0)
-        ;
+    wait_sem(&hold.finished);
     for (int i = 0; i < 3; i++)
-        while (sem_wait(&jobs[i].finished) != 0)
-            ;
+        wait_sem(&jobs[i].finished);
     assert_int_equal(jobs[0].job.rc, IDEM_OK);
     assert_int_equal(jobs[1].job.rc, IDEM_ESTORE);
     assert_non_null(strstr(jobs[1].job.detail, "NOT NULL"));
@@ -249,11 +294,68 @@ static void test_single_write_fails_alone(void **state)
     remove_db(path);
 }
 
+/* Jobs queued while a batch's job runs join that batch, up to batch_max,
+ * and share its COMMIT; a job queued while the batch commits goes to the
+ * next one. With batch_max 3: job 0 is held running while 1, 2 and 3 queue;
+ * 0, 1 and 2 make a batch, and 3 is left for the next; 4, queued while the
+ * first batch commits, joins 3. */
+static void test_late_joiners(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/idem-gc-XXXXXX";
+    sqlite3 *db = open_db(path, "CREATE TABLE t (id INTEGER, v BLOB)");
+    struct idem__gc *gc;
+    assert_int_equal(idem__gc_start(&driver, db, 3, &gc), IDEM_OK);
+    commits_done = 0;
+
+    sem_t gate, entered, commit_gate;
+    sem_init(&gate, 0, 0);
+    sem_init(&entered, 0, 0);
+    sem_init(&commit_gate, 0, 0);
+    struct insert_job jobs[5];
+    init_insert_jobs(jobs, 5);
+    jobs[0].gate = &gate;
+    jobs[0].entered = &entered;
+    assert_int_equal(idem__gc_queue(gc, &jobs[0].job), IDEM_OK);
+    wait_sem(&entered); /* job 0 runs, alone in its batch so far */
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(idem__gc_queue(gc, &jobs[i].job), IDEM_OK);
+    sem_init(&commit_entered, 0, 0);
+    commit_hold = &commit_gate;
+    sem_post(&gate);
+    wait_sem(&commit_entered); /* the first batch is closed */
+    assert_int_equal(idem__gc_queue(gc, &jobs[4].job), IDEM_OK);
+    sem_post(&commit_gate);
+    for (int i = 0; i < 5; i++)
+        wait_sem(&jobs[i].finished);
+
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(jobs[i].job.rc, IDEM_OK);
+        assert_int_equal(jobs[i].batch, i < 3 ? 0 : 1);
+    }
+    uint64_t commits, ops;
+    idem__gc_stats(gc, &commits, &ops);
+    assert_int_equal(commits, 2);
+    assert_int_equal(ops, 5);
+    assert_int_equal(count_rows(path, "id BETWEEN 0 AND 4"), 5);
+
+    idem__gc_stop(gc);
+    sqlite3_close(db);
+    for (int i = 0; i < 5; i++)
+        sem_destroy(&jobs[i].finished);
+    sem_destroy(&commit_entered);
+    sem_destroy(&gate);
+    sem_destroy(&entered);
+    sem_destroy(&commit_gate);
+    remove_db(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_rolled_back_by_sqlite),
         cmocka_unit_test(test_single_write_fails_alone),
+        cmocka_unit_test(test_late_joiners),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
