@@ -23,6 +23,7 @@
 #include "core/alloc.h"
 #include "core/error.h"
 #include "group_commit.h"
+#include "sqlite_wal.h"
 #include "store.h"
 
 #define SCHEMA_VERSION 1
@@ -730,7 +731,12 @@ idem_rc idem__sqlite_open(const idem_options *o, const struct idem__db_ops **ops
         return idem__fail(IDEM_ENOMEM, "sqlite: allocating");
     }
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
-    if (sqlite3_open_v2(o->path, &d->conn, flags, NULL) != SQLITE_OK) {
+    /* The writer's connection on the VFS that writes a commit's WAL frames
+     * in one call: prepare_file sets synchronous=FULL, its precondition
+     * (sqlite_wal.c), before anything is written. The readers stay on the
+     * default VFS. */
+    const char *vfs = idem__sqlite_wal_vfs() == SQLITE_OK ? IDEM_SQLITE_WAL_VFS : NULL;
+    if (sqlite3_open_v2(o->path, &d->conn, flags, vfs) != SQLITE_OK) {
         rc = d->conn ? db_error(d->conn, o->path)
                      : idem__fail(IDEM_ENOMEM, "sqlite: opening %s", o->path);
         goto fail;

@@ -1,0 +1,306 @@
+/*
+ * sqlite_wal.c — a VFS over SQLite's default one that hands a commit's WAL
+ * writes to the kernel in one call (store layer).
+ *
+ * SQLite appends a commit to the write-ahead log frame by frame, and each
+ * frame in two writes: its 24-byte header, then its page. A commit of ten
+ * pages is twenty pwrite calls, on the writer thread, before the fsync. This
+ * VFS gathers writes that follow one another in a WAL file in a buffer and
+ * writes the buffer in one pwrite when SQLite syncs the file, or sooner when
+ * it must: before any other operation on the file that could see or change
+ * what is buffered (a read of a buffered range, a write elsewhere, the size,
+ * a truncation, a file control, closing), and when the buffer is full.
+ *
+ * Why this loses nothing: the buffer holds only what SQLite has not yet
+ * synced, and nothing unsynced was promised to anyone. With synchronous=FULL
+ * SQLite syncs the WAL at every commit before it publishes the new frames in
+ * the WAL index, so another connection never reads a frame this connection
+ * still holds. That ordering is the precondition: only a connection that
+ * commits with synchronous=FULL (or EXTRA) may be opened on this VFS, and
+ * the store opens only its writer connection on it. A write error found at
+ * the flush comes back from the call that flushed (the sync of a commit,
+ * most often), so the commit fails as if the write itself had failed.
+ */
+#include "sqlite_wal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The buffer, and so the most one write hands the default VFS: its writes
+ * must stay under 128 KiB (unixWrite masks a larger count with 0x1ffff, and
+ * a write of 256 KiB would write nothing). 64 KiB holds a commit of 15
+ * pages of 4 KiB; a bigger one takes a write per 64 KiB. */
+#define WAL_BUF_CAP (64 * 1024)
+
+struct wal_file {
+    sqlite3_file base;
+    sqlite3_file *real; /* the default VFS's file, in the same allocation */
+    char *buf;          /* NULL for files other than a WAL: no buffering */
+    size_t len;
+    sqlite3_int64 off;  /* where buf[0] goes in the file */
+};
+
+static sqlite3_vfs wal_vfs;
+static sqlite3_vfs *base_vfs;
+static int register_rc = SQLITE_ERROR;
+static pthread_once_t register_once = PTHREAD_ONCE_INIT;
+
+static struct wal_file *wf(sqlite3_file *f)
+{
+    return (struct wal_file *)f;
+}
+
+static int flush(struct wal_file *w)
+{
+    if (!w->len)
+        return SQLITE_OK;
+    int rc = w->real->pMethods->xWrite(w->real, w->buf, (int)w->len, w->off);
+    w->len = 0;
+    return rc;
+}
+
+static int wal_close(sqlite3_file *f)
+{
+    struct wal_file *w = wf(f);
+    int rc = flush(w);
+    int rc2 = w->real->pMethods->xClose(w->real);
+    free(w->buf);
+    w->buf = NULL;
+    return rc != SQLITE_OK ? rc : rc2;
+}
+
+static int wal_read(sqlite3_file *f, void *dst, int n, sqlite3_int64 off)
+{
+    struct wal_file *w = wf(f);
+    if (w->len && off < w->off + (sqlite3_int64)w->len && w->off < off + n) {
+        int rc = flush(w);
+        if (rc != SQLITE_OK)
+            return rc;
+    }
+    return w->real->pMethods->xRead(w->real, dst, n, off);
+}
+
+static int wal_write(sqlite3_file *f, const void *src, int n, sqlite3_int64 off)
+{
+    struct wal_file *w = wf(f);
+    if (w->len && (off != w->off + (sqlite3_int64)w->len || w->len + (size_t)n > WAL_BUF_CAP)) {
+        int rc = flush(w);
+        if (rc != SQLITE_OK)
+            return rc;
+    }
+    if ((size_t)n > WAL_BUF_CAP)
+        return w->real->pMethods->xWrite(w->real, src, n, off);
+    if (!w->len)
+        w->off = off;
+    memcpy(w->buf + w->len, src, (size_t)n);
+    w->len += (size_t)n;
+    return SQLITE_OK;
+}
+
+static int wal_truncate(sqlite3_file *f, sqlite3_int64 size)
+{
+    struct wal_file *w = wf(f);
+    int rc = flush(w);
+    return rc != SQLITE_OK ? rc : w->real->pMethods->xTruncate(w->real, size);
+}
+
+static int wal_sync(sqlite3_file *f, int flags)
+{
+    struct wal_file *w = wf(f);
+    int rc = flush(w);
+    return rc != SQLITE_OK ? rc : w->real->pMethods->xSync(w->real, flags);
+}
+
+static int wal_file_size(sqlite3_file *f, sqlite3_int64 *size)
+{
+    struct wal_file *w = wf(f);
+    int rc = flush(w);
+    return rc != SQLITE_OK ? rc : w->real->pMethods->xFileSize(w->real, size);
+}
+
+static int wal_lock(sqlite3_file *f, int level)
+{
+    return wf(f)->real->pMethods->xLock(wf(f)->real, level);
+}
+
+static int wal_unlock(sqlite3_file *f, int level)
+{
+    return wf(f)->real->pMethods->xUnlock(wf(f)->real, level);
+}
+
+static int wal_check_reserved(sqlite3_file *f, int *out)
+{
+    return wf(f)->real->pMethods->xCheckReservedLock(wf(f)->real, out);
+}
+
+static int wal_file_control(sqlite3_file *f, int op, void *arg)
+{
+    struct wal_file *w = wf(f);
+    int rc = flush(w);
+    return rc != SQLITE_OK ? rc : w->real->pMethods->xFileControl(w->real, op, arg);
+}
+
+static int wal_sector_size(sqlite3_file *f)
+{
+    return wf(f)->real->pMethods->xSectorSize(wf(f)->real);
+}
+
+static int wal_device_characteristics(sqlite3_file *f)
+{
+    return wf(f)->real->pMethods->xDeviceCharacteristics(wf(f)->real);
+}
+
+/* Only the methods of version 1: a WAL file is never mapped into memory nor
+ * has shared memory of its own (that is the database file's -shm). */
+static const sqlite3_io_methods wal_methods = {
+    .iVersion = 1,
+    .xClose = wal_close,
+    .xRead = wal_read,
+    .xWrite = wal_write,
+    .xTruncate = wal_truncate,
+    .xSync = wal_sync,
+    .xFileSize = wal_file_size,
+    .xLock = wal_lock,
+    .xUnlock = wal_unlock,
+    .xCheckReservedLock = wal_check_reserved,
+    .xFileControl = wal_file_control,
+    .xSectorSize = wal_sector_size,
+    .xDeviceCharacteristics = wal_device_characteristics,
+};
+
+static size_t real_offset(void)
+{
+    size_t a = sizeof(void *) * 2; /* what SQLite's allocations promise */
+    return (sizeof(struct wal_file) + a - 1) / a * a;
+}
+
+static int wal_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags, int *out_flags)
+{
+    (void)vfs;
+    if (!(flags & SQLITE_OPEN_WAL))
+        return base_vfs->xOpen(base_vfs, name, f, flags, out_flags);
+    struct wal_file *w = wf(f);
+    memset(w, 0, sizeof *w);
+    w->real = (sqlite3_file *)((char *)f + real_offset());
+    if (!(w->buf = malloc(WAL_BUF_CAP)))
+        return SQLITE_NOMEM;
+    int rc = base_vfs->xOpen(base_vfs, name, w->real, flags, out_flags);
+    if (rc != SQLITE_OK) {
+        /* The default VFS leaves pMethods NULL when it fails, and SQLite
+         * calls no method then. */
+        free(w->buf);
+        w->buf = NULL;
+        return rc;
+    }
+    w->base.pMethods = &wal_methods;
+    return SQLITE_OK;
+}
+
+static int vfs_delete(sqlite3_vfs *v, const char *name, int sync_dir)
+{
+    (void)v;
+    return base_vfs->xDelete(base_vfs, name, sync_dir);
+}
+
+static int vfs_access(sqlite3_vfs *v, const char *name, int flags, int *out)
+{
+    (void)v;
+    return base_vfs->xAccess(base_vfs, name, flags, out);
+}
+
+static int vfs_full_pathname(sqlite3_vfs *v, const char *name, int n, char *out)
+{
+    (void)v;
+    return base_vfs->xFullPathname(base_vfs, name, n, out);
+}
+
+static void *vfs_dl_open(sqlite3_vfs *v, const char *name)
+{
+    (void)v;
+    return base_vfs->xDlOpen(base_vfs, name);
+}
+
+static void vfs_dl_error(sqlite3_vfs *v, int n, char *msg)
+{
+    (void)v;
+    base_vfs->xDlError(base_vfs, n, msg);
+}
+
+static void (*vfs_dl_sym(sqlite3_vfs *v, void *h, const char *sym))(void)
+{
+    (void)v;
+    return base_vfs->xDlSym(base_vfs, h, sym);
+}
+
+static void vfs_dl_close(sqlite3_vfs *v, void *h)
+{
+    (void)v;
+    base_vfs->xDlClose(base_vfs, h);
+}
+
+static int vfs_randomness(sqlite3_vfs *v, int n, char *out)
+{
+    (void)v;
+    return base_vfs->xRandomness(base_vfs, n, out);
+}
+
+static int vfs_sleep(sqlite3_vfs *v, int us)
+{
+    (void)v;
+    return base_vfs->xSleep(base_vfs, us);
+}
+
+static int vfs_current_time(sqlite3_vfs *v, double *out)
+{
+    (void)v;
+    return base_vfs->xCurrentTime(base_vfs, out);
+}
+
+static int vfs_get_last_error(sqlite3_vfs *v, int n, char *out)
+{
+    (void)v;
+    return base_vfs->xGetLastError(base_vfs, n, out);
+}
+
+static int vfs_current_time_int64(sqlite3_vfs *v, sqlite3_int64 *out)
+{
+    (void)v;
+    return base_vfs->xCurrentTimeInt64(base_vfs, out);
+}
+
+static void register_vfs(void)
+{
+    base_vfs = sqlite3_vfs_find(NULL);
+    if (!base_vfs || base_vfs->iVersion < 2 || !base_vfs->xCurrentTimeInt64)
+        return;
+    size_t sz = real_offset() + (size_t)base_vfs->szOsFile;
+    if (sz < (size_t)base_vfs->szOsFile) /* the default VFS's own files go in it too */
+        return;
+    wal_vfs = (sqlite3_vfs){
+        .iVersion = 2,
+        .szOsFile = (int)sz,
+        .mxPathname = base_vfs->mxPathname,
+        .zName = IDEM_SQLITE_WAL_VFS,
+        .xOpen = wal_open,
+        .xDelete = vfs_delete,
+        .xAccess = vfs_access,
+        .xFullPathname = vfs_full_pathname,
+        .xDlOpen = vfs_dl_open,
+        .xDlError = vfs_dl_error,
+        .xDlSym = vfs_dl_sym,
+        .xDlClose = vfs_dl_close,
+        .xRandomness = vfs_randomness,
+        .xSleep = vfs_sleep,
+        .xCurrentTime = vfs_current_time,
+        .xGetLastError = vfs_get_last_error,
+        .xCurrentTimeInt64 = vfs_current_time_int64,
+    };
+    register_rc = sqlite3_vfs_register(&wal_vfs, 0);
+}
+
+int idem__sqlite_wal_vfs(void)
+{
+    pthread_once(&register_once, register_vfs);
+    return register_rc;
+}
