@@ -70,6 +70,7 @@ for v in seconds rounds conns wthreads idem_workers seed_keys fresh_pct instance
     [[ ${!v} =~ ^[0-9]+$ && ${!v} -gt 0 ]] || die "$v must be a positive integer (got '${!v}')"
 done
 ((seed_keys >= 100)) || die "IDEM_GW_SEED_KEYS must be at least 100"
+((rounds % 2 == 1)) || die "IDEM_GW_ROUNDS must be odd, so that a median is one round's figure (got $rounds)"
 ((fresh_pct <= 100)) || die "IDEM_GW_FRESH_PCT must be 1..100"
 [[ $nginx_workers == auto || $nginx_workers =~ ^[1-9][0-9]*$ ]] ||
     die "IDEM_GW_NGINX_WORKERS must be a number or auto"
@@ -553,10 +554,16 @@ keep_round() {
     for ((i = $3; i < ${#problems[@]}; i++)); do problems[i]="round $round: ${problems[i]}"; done
     for ((i = $4; i < ${#notes[@]}; i++)); do notes[i]="round $round: ${notes[i]}"; done
 }
-# median VALUE...: the middle value (of an even count, the mean of the two).
-median() {
-    printf '%s\n' "$@" | sort -g |
-        awk '{ v[NR] = $1 } END { m = int((NR + 1) / 2); printf "%.2f\n", NR % 2 ? v[m] : (v[m] + v[m + 1]) / 2 }'
+# median VALUE...: the middle value (the count is odd).
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[(NR + 1) / 2] }'; }
+# per_round FORMULA RUN.FIELD RUN.FIELD: FORMULA of a and b (awk, to two
+# decimals) in each round, each from that round's own measurements.
+per_round() {
+    local f=$1 a=$2 b=$3 r
+    for ((r = 1; r <= rounds; r++)); do
+        awk -v a="${R[${a%%.*}@$r.${a#*.}]}" -v b="${R[${b%%.*}@$r.${b#*.}]}" \
+            "BEGIN { printf \"%.2f\\n\", $f }"
+    done
 }
 
 for ((round = 1; round <= rounds; round++)); do
@@ -568,12 +575,12 @@ for ((round = 1; round <= rounds; round++)); do
     done
 done
 # Each run's figures in R[run.field] become those of its median round by
-# req/s (of an even count, the slower middle one): every figure in its row
-# comes from that one measurement.
+# req/s: every figure in its row comes from that one measurement, but for
+# the ratio to the proxy, the median of the rounds' own ratios.
 for run in $runs; do
     pairs=()
     for ((round = 1; round <= rounds; round++)); do pairs+=("${R[$run@$round.rps]} $round"); done
-    mid=$(printf '%s\n' "${pairs[@]}" | sort -g | awk '{ r[NR] = $2 } END { print r[int((NR + 1) / 2)] }')
+    mid=$(printf '%s\n' "${pairs[@]}" | sort -g | awk '{ r[NR] = $2 } END { print r[(NR + 1) / 2] }')
     for k in "${!R[@]}"; do
         [[ $k == "$run@$mid".* ]] && R[$run.${k#"$run@$mid".}]=${R[$k]}
     done
@@ -637,7 +644,7 @@ mkdir -p "$(dirname "$out")"
             cu=${R[$run.idem_cpu_us]} cx=${R[$run.ctxsw]}
         fi
         px="–"
-        have proxy && px=$(ratio "${R[$run.rps]}" "${R[proxy.rps]}")
+        have proxy && px="$(median $(per_round "a / b" "$run.rps" proxy.rps))×"
         cpu_idem=${R[$run.cpu_idem]}
         [[ -z $store_pids ]] || cpu_idem+=" / ${R[$run.cpu_store]}"
         printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s / %s / %s | %s | %s |\n' \
@@ -651,17 +658,15 @@ mkdir -p "$(dirname "$out")"
     printf '\n## Targets\n\n'
     if ((rounds > 1)); then
         printf 'Each figure is computed within each round, from that round'"'"'s measurements; the value is\n'
-        printf 'the median over the %d rounds, and "met" judges that median.\n\n' "$rounds"
+        printf 'the median over the %d rounds, and "met" judges that median (as the × nginx proxy column).\n\n' "$rounds"
     fi
     printf '| figure | value | target | met | each round | met in |\n|---|---:|---:|:---:|---|---:|\n'
     met() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { ok = op == ">=" ? v >= t : v <= t; print ok ? "yes" : "**no**" }'; }
     target_row() { # LABEL UNIT TARGET OP FORMULA A-FIELD B-FIELD: a row over the rounds
-        local label=$1 unit=$2 t=$3 op=$4 f=$5 a=$6 b=$7 r v vals=() hit=0 sym=≥
+        local label=$1 unit=$2 t=$3 op=$4 f=$5 a=$6 b=$7 v vals hit=0 sym=≥
         [[ $op == ">=" ]] || sym=≤
-        for ((r = 1; r <= rounds; r++)); do
-            v=$(awk -v a="${R[${a%%.*}@$r.${a#*.}]}" -v b="${R[${b%%.*}@$r.${b#*.}]}" \
-                "BEGIN { printf \"%.2f\", $f }")
-            vals+=("$v")
+        vals=($(per_round "$f" "$a" "$b"))
+        for v in "${vals[@]}"; do
             [[ $(met "$v" "$t" "$op") == yes ]] && hit=$((hit + 1))
         done
         v=$(median "${vals[@]}")
@@ -693,11 +698,12 @@ mkdir -p "$(dirname "$out")"
             printf '\n'
         done
     fi
-    printf '\nFor reference, not targets (from each run'"'"'s median round):\n\n| figure | value |\n|---|---:|\n'
+    printf '\nFor reference, not targets (p99 added: the median of the rounds'"'"' own; operations per commit:\n'
+    printf 'from each run'"'"'s median round):\n\n| figure | value |\n|---|---:|\n'
     for run in proxy record-mix record-replay lock-unique lock-mix; do
         have "$run" && have direct || continue
         printf '| %s: p99 added over direct | %s ms |\n' "$(describe "$run")" \
-            "$(awk -v a="${R[$run.p99_us]}" -v b="${R[direct.p99_us]}" 'BEGIN { printf "%.2f", (a - b) / 1000 }')"
+            "$(median $(per_round "(a - b) / 1000" "$run.p99_us" direct.p99_us))"
     done
     for run in record-unique record-mix lock-unique lock-mix; do
         have "$run" || continue
