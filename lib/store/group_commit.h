@@ -66,7 +66,9 @@ idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job);
 /* Queue a job and return without waiting: its on_done runs exactly once, on
  * the writer thread, after the job's batch; the job must stay valid until
  * then. IDEM_ECLOSING once the writer is stopping (then on_done never runs).
- * (idem__gc_submit queues through here, with no on_done, and waits.) */
+ * A job queued while a batch's jobs run, from any thread, the writer's own
+ * included, may join that batch, after them. (idem__gc_submit queues
+ * through here, with no on_done, and waits.) */
 idem_rc idem__gc_queue(struct idem__gc *gc, struct idem__gc_job *job);
 /* 1 on the writer thread itself. */
 int idem__gc_on_writer(struct idem__gc *gc);

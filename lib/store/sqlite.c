@@ -143,7 +143,16 @@ static idem_rc exec_stmt(struct sqlite_db *d, int which)
 /* ---- the group-commit driver ---- */
 
 static idem_rc drv_begin(void *ctx) { return exec_stmt(ctx, ST_BEGIN); }
-static idem_rc drv_commit(void *ctx) { return exec_stmt(ctx, ST_COMMIT); }
+/* The COMMIT's WAL frames reach the kernel in one write (sqlite_wal.c). */
+static idem_rc drv_commit(void *ctx)
+{
+    struct sqlite_db *d = ctx;
+    idem__sqlite_wal_gather(d->conn);
+    idem_rc rc = exec_stmt(d, ST_COMMIT);
+    if (idem__sqlite_wal_gathered(d->conn, rc == IDEM_OK) != SQLITE_OK && rc == IDEM_OK)
+        rc = idem__fail(IDEM_ESTORE, "sqlite: writing the WAL after a commit failed");
+    return rc;
+}
 static idem_rc drv_savepoint(void *ctx) { return exec_stmt(ctx, ST_SAVEPOINT); }
 static idem_rc drv_release(void *ctx) { return exec_stmt(ctx, ST_RELEASE); }
 
@@ -732,9 +741,9 @@ idem_rc idem__sqlite_open(const idem_options *o, const struct idem__db_ops **ops
     }
     int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
     /* The writer's connection on the VFS that writes a commit's WAL frames
-     * in one call: prepare_file sets synchronous=FULL, its precondition
-     * (sqlite_wal.c), before anything is written. The readers stay on the
-     * default VFS. */
+     * in one call (drv_commit): prepare_file sets synchronous=FULL, its
+     * precondition (sqlite_wal.c), and it is the only connection that
+     * commits with it. The readers stay on the default VFS. */
     const char *vfs = idem__sqlite_wal_vfs() == SQLITE_OK ? IDEM_SQLITE_WAL_VFS : NULL;
     if (sqlite3_open_v2(o->path, &d->conn, flags, vfs) != SQLITE_OK) {
         rc = d->conn ? db_error(d->conn, o->path)

@@ -5,21 +5,31 @@
  * SQLite appends a commit to the write-ahead log frame by frame, and each
  * frame in two writes: its 24-byte header, then its page. A commit of ten
  * pages is twenty pwrite calls, on the writer thread, before the fsync. This
- * VFS gathers writes that follow one another in a WAL file in a buffer and
- * writes the buffer in one pwrite when SQLite syncs the file, or sooner when
- * it must: before any other operation on the file that could see or change
- * what is buffered (a read of a buffered range, a write elsewhere, the size,
- * a truncation, a file control, closing), and when the buffer is full.
+ * VFS gathers the writes that follow one another in a WAL file in a buffer
+ * and writes the buffer in one pwrite when SQLite syncs the file, or sooner
+ * when it must: before any other operation on the file that could see or
+ * change what is buffered (a read of a buffered range, a write elsewhere,
+ * the size, a truncation, a file control, closing), and when the buffer is
+ * full.
  *
- * Why this loses nothing: the buffer holds only what SQLite has not yet
- * synced, and nothing unsynced was promised to anyone. With synchronous=FULL
- * SQLite syncs the WAL at every commit before it publishes the new frames in
- * the WAL index, so another connection never reads a frame this connection
- * still holds. That ordering is the precondition: only a connection that
- * commits with synchronous=FULL (or EXTRA) may be opened on this VFS, and
- * the store opens only its writer connection on it. A write error found at
- * the flush comes back from the call that flushed (the sync of a commit,
- * most often), so the commit fails as if the write itself had failed.
+ * It gathers only while its connection runs a COMMIT, between
+ * idem__sqlite_wal_gather() and idem__sqlite_wal_gathered(); at any other
+ * time writes go straight through. Within a COMMIT the buffer holds only
+ * what SQLite has not yet synced, and nothing unsynced was promised to
+ * anyone: with synchronous=FULL SQLite syncs the WAL at every commit before
+ * it publishes the new frames in the WAL index, so another connection never
+ * needs a frame this one still holds. That ordering is the precondition:
+ * only a connection that commits with synchronous=FULL (or EXTRA) may gather,
+ * and the store gathers only on its writer connection. Scoping it to the
+ * COMMIT keeps two things out of the buffer: pages a transaction spills to
+ * the WAL before its COMMIT (a failed write there is SQLite's own to handle,
+ * as without this VFS), and what a failed COMMIT leaves behind, which is
+ * dropped when the COMMIT ends, never written later over frames another
+ * connection may have committed meanwhile.
+ *
+ * A failed flush is final for the COMMIT: every later call that flushes
+ * fails too, the sync among them, so the COMMIT cannot succeed with frames
+ * missing from the file.
  */
 #include "sqlite_wal.h"
 
@@ -36,9 +46,11 @@
 struct wal_file {
     sqlite3_file base;
     sqlite3_file *real; /* the default VFS's file, in the same allocation */
-    char *buf;          /* NULL for files other than a WAL: no buffering */
+    char *buf;
     size_t len;
     sqlite3_int64 off;  /* where buf[0] goes in the file */
+    int gathering;      /* a COMMIT runs: writes may be held in buf */
+    int failed;         /* a flush failed during this COMMIT */
 };
 
 static sqlite3_vfs wal_vfs;
@@ -53,11 +65,20 @@ static struct wal_file *wf(sqlite3_file *f)
 
 static int flush(struct wal_file *w)
 {
+    if (w->failed)
+        return SQLITE_IOERR_WRITE;
     if (!w->len)
         return SQLITE_OK;
     int rc = w->real->pMethods->xWrite(w->real, w->buf, (int)w->len, w->off);
     w->len = 0;
-    return rc;
+    if (rc != SQLITE_OK) {
+        /* What was buffered is gone: nothing may succeed in this COMMIT. A
+         * read error would not stop SQLite, so every caller sees a write
+         * error, which puts SQLite's pager into its error state. */
+        w->failed = 1;
+        return SQLITE_IOERR_WRITE;
+    }
+    return SQLITE_OK;
 }
 
 static int wal_close(sqlite3_file *f)
@@ -84,12 +105,13 @@ static int wal_read(sqlite3_file *f, void *dst, int n, sqlite3_int64 off)
 static int wal_write(sqlite3_file *f, const void *src, int n, sqlite3_int64 off)
 {
     struct wal_file *w = wf(f);
-    if (w->len && (off != w->off + (sqlite3_int64)w->len || w->len + (size_t)n > WAL_BUF_CAP)) {
+    if (w->failed ||
+        (w->len && (off != w->off + (sqlite3_int64)w->len || w->len + (size_t)n > WAL_BUF_CAP))) {
         int rc = flush(w);
         if (rc != SQLITE_OK)
             return rc;
     }
-    if ((size_t)n > WAL_BUF_CAP)
+    if (!w->gathering || (size_t)n > WAL_BUF_CAP)
         return w->real->pMethods->xWrite(w->real, src, n, off);
     if (!w->len)
         w->off = off;
@@ -169,10 +191,11 @@ static const sqlite3_io_methods wal_methods = {
     .xDeviceCharacteristics = wal_device_characteristics,
 };
 
+/* Where the default VFS's file starts in ours: a multiple of 16 bytes after
+ * it, so as aligned as the memory SQLite hands us (8 bytes at least). */
 static size_t real_offset(void)
 {
-    size_t a = sizeof(void *) * 2; /* what SQLite's allocations promise */
-    return (sizeof(struct wal_file) + a - 1) / a * a;
+    return (sizeof(struct wal_file) + 15) / 16 * 16;
 }
 
 static int wal_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int flags, int *out_flags)
@@ -274,9 +297,8 @@ static void register_vfs(void)
     base_vfs = sqlite3_vfs_find(NULL);
     if (!base_vfs || base_vfs->iVersion < 2 || !base_vfs->xCurrentTimeInt64)
         return;
+    /* Big enough for the default VFS's files too: they are opened in it. */
     size_t sz = real_offset() + (size_t)base_vfs->szOsFile;
-    if (sz < (size_t)base_vfs->szOsFile) /* the default VFS's own files go in it too */
-        return;
     wal_vfs = (sqlite3_vfs){
         .iVersion = 2,
         .szOsFile = (int)sz,
@@ -303,4 +325,35 @@ int idem__sqlite_wal_vfs(void)
 {
     pthread_once(&register_once, register_vfs);
     return register_rc;
+}
+
+/* conn's WAL file, if it is open on this VFS. */
+static struct wal_file *wal_of(sqlite3 *conn)
+{
+    sqlite3_file *f = NULL;
+    if (sqlite3_file_control(conn, "main", SQLITE_FCNTL_JOURNAL_POINTER, &f) != SQLITE_OK ||
+        !f || f->pMethods != &wal_methods)
+        return NULL;
+    return wf(f);
+}
+
+void idem__sqlite_wal_gather(sqlite3 *conn)
+{
+    struct wal_file *w = wal_of(conn);
+    if (w)
+        w->gathering = 1;
+}
+
+int idem__sqlite_wal_gathered(sqlite3 *conn, int committed)
+{
+    struct wal_file *w = wal_of(conn);
+    if (!w)
+        return SQLITE_OK;
+    /* After a COMMIT that succeeded, its sync has emptied the buffer; after
+     * one that failed, what is left is of a transaction rolled back. */
+    int rc = committed ? flush(w) : SQLITE_OK;
+    w->len = 0;
+    w->failed = 0;
+    w->gathering = 0;
+    return rc;
 }

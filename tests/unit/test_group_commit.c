@@ -36,6 +36,7 @@ static idem_rc exec(sqlite3 *db, const char *sql)
  * meanwhile goes to the next one. */
 static sem_t *commit_hold;
 static sem_t commit_entered;
+static int fail_next_commit; /* the next COMMIT fails without committing */
 static int commits_done; /* COMMITs returned: a job run reads its batch's number */
 
 static idem_rc drv_begin(void *ctx) { return exec(ctx, "BEGIN"); }
@@ -47,6 +48,10 @@ static idem_rc drv_commit(void *ctx)
         sem_post(&commit_entered);
         while (sem_wait(hold) != 0)
             ;
+    }
+    if (fail_next_commit) {
+        fail_next_commit = 0;
+        return idem__fail(IDEM_ESTORE, "the test failed this COMMIT");
     }
     idem_rc rc = exec(ctx, "COMMIT");
     commits_done++;
@@ -350,12 +355,54 @@ static void test_late_joiners(void **state)
     remove_db(path);
 }
 
+/* Late joiners share their batch's fate: its COMMIT fails, and every job
+ * of it, those that joined late too, is told so and left nothing. */
+static void test_late_joiners_fail_with_their_batch(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/idem-gc-XXXXXX";
+    sqlite3 *db = open_db(path, "CREATE TABLE t (id INTEGER, v BLOB)");
+    struct idem__gc *gc;
+    assert_int_equal(idem__gc_start(&driver, db, 64, &gc), IDEM_OK);
+    sem_t gate, entered;
+    sem_init(&gate, 0, 0);
+    sem_init(&entered, 0, 0);
+    struct insert_job jobs[3];
+    init_insert_jobs(jobs, 3);
+    jobs[0].gate = &gate;
+    jobs[0].entered = &entered;
+    assert_int_equal(idem__gc_queue(gc, &jobs[0].job), IDEM_OK);
+    wait_sem(&entered);
+    for (int i = 1; i < 3; i++)
+        assert_int_equal(idem__gc_queue(gc, &jobs[i].job), IDEM_OK);
+    fail_next_commit = 1;
+    sem_post(&gate);
+    for (int i = 0; i < 3; i++) {
+        wait_sem(&jobs[i].finished);
+        assert_int_equal(jobs[i].job.rc, IDEM_ESTORE);
+        assert_non_null(strstr(jobs[i].job.detail, "the test failed this COMMIT"));
+    }
+    assert_int_equal(count_rows(path, "1"), 0);
+    uint64_t commits, ops;
+    idem__gc_stats(gc, &commits, &ops);
+    assert_int_equal(commits, 0);
+
+    idem__gc_stop(gc);
+    sqlite3_close(db);
+    for (int i = 0; i < 3; i++)
+        sem_destroy(&jobs[i].finished);
+    sem_destroy(&gate);
+    sem_destroy(&entered);
+    remove_db(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_batch_rolled_back_by_sqlite),
         cmocka_unit_test(test_single_write_fails_alone),
         cmocka_unit_test(test_late_joiners),
+        cmocka_unit_test(test_late_joiners_fail_with_their_batch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
