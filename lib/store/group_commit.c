@@ -160,6 +160,8 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
         else
             sem_post(&j->done);
     }
+    if (d->after_batch)
+        d->after_batch(gc->ctx);
 }
 
 static void *writer(void *arg)

@@ -48,6 +48,9 @@ struct idem__gc_driver {
      * back by itself on some errors (SQLite: disk full, I/O error), taking
      * every job's write with it: the batch then fails as a whole. */
     int (*in_transaction)(void *ctx);
+    /* Optional: on the writer, after each batch's callers are answered,
+     * outside any transaction: upkeep that no caller should wait for. */
+    void (*after_batch)(void *ctx);
 };
 
 struct idem__gc;

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -590,6 +591,34 @@ static void test_group_commit_shares_commits(void **state)
     assert_string_equal(rec.state, "SUCCEEDED");
     assert_memory_equal(rec.result, "gc-63-19", 8);
     idem_record_clear(&rec);
+}
+
+/* The writer checkpoints the WAL as SQLite's automatic checkpoint would, at
+ * 1000 frames (after the batch's callers are answered, which this cannot
+ * see): one caller's 2000 begins and completes, about 4000 commits of a few
+ * pages each, about 40 MB of frames, leave a WAL of about 1000 frames. */
+static void test_wal_checkpointed(void **state)
+{
+    idem *h = *state;
+    if (is_postgres() || strcmp(store_where, "file") != 0)
+        skip();
+    for (int i = 0; i < 2000; i++) {
+        char key[32];
+        idem_outcome o;
+        idem_record rec;
+        snprintf(key, sizeof key, "ck-%d", i);
+        assert_idem_ok(idem_record_begin(h, "pay", key, NULL, "w", 30000, &o, &rec));
+        assert_outcome(o, IDEM_NEW);
+        assert_idem_ok(idem_record_complete(h, "pay", key, rec.epoch, key, strlen(key), 0, &o));
+        idem_record_clear(&rec);
+    }
+    char wal[sizeof db_path + 8];
+    snprintf(wal, sizeof wal, "%s-wal", db_path);
+    struct stat st;
+    assert_int_equal(stat(wal, &st), 0);
+    if (st.st_size > 6 * 1024 * 1024)
+        fail_msg("the WAL is %lld bytes after 4000 commits: not checkpointed",
+                 (long long)st.st_size);
 }
 
 /* ---- async record calls ----------------------------------------------- */
@@ -1961,6 +1990,7 @@ int main(int argc, char **argv)
         T(test_purge),
         T(test_record_bad_input),
         T(test_group_commit_shares_commits),
+        T(test_wal_checkpointed),
         T(test_async_begin_storm),
         T(test_async_same_batch_sees_itself),
         T(test_async_done_after_commit),
