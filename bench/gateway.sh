@@ -40,8 +40,8 @@
 #   IDEM_GW_STORE_PIDS [none]    the main process ids of the store's servers
 #                                (with their children), to show their CPU
 #                                apart from the rest
-# Needs wrk, nginx, curl and the build dependencies. Takes about 3.5 minutes
-# a round on a 2-core VM: 10 minutes with the default 3 rounds.
+# Needs wrk, nginx, curl and the build dependencies. Takes about 2.3 minutes
+# a round on a 2-core VM: 7 minutes with the default 3 rounds.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
