@@ -35,7 +35,8 @@ static idem_rc exec(sqlite3 *db, const char *sql)
  * and waits on commit_hold first: the batch is closed, and what is queued
  * meanwhile goes to the next one. */
 static sem_t *commit_hold;
-static sem_t commit_entered;
+static sem_t commit_entered; /* set up once, in main: never destroyed while
+                              * the writer may still be in its sem_post */
 static int fail_next_commit; /* the next COMMIT fails without committing */
 static int commits_done; /* COMMITs returned: a job run reads its batch's number */
 
@@ -149,11 +150,9 @@ static void wait_sem(sem_t *s)
  * COMMIT it, until hold is posted. */
 static void hold_in_commit(struct idem__gc *gc, struct idem__gc_job *job, sem_t *hold)
 {
-    sem_init(&commit_entered, 0, 0);
     commit_hold = hold;
     assert_int_equal(idem__gc_queue(gc, job), IDEM_OK);
     wait_sem(&commit_entered);
-    sem_destroy(&commit_entered);
 }
 
 static void remove_db(const char *path)
@@ -325,7 +324,6 @@ static void test_late_joiners(void **state)
     wait_sem(&entered); /* job 0 runs, alone in its batch so far */
     for (int i = 1; i < 4; i++)
         assert_int_equal(idem__gc_queue(gc, &jobs[i].job), IDEM_OK);
-    sem_init(&commit_entered, 0, 0);
     commit_hold = &commit_gate;
     sem_post(&gate);
     wait_sem(&commit_entered); /* the first batch is closed */
@@ -348,7 +346,6 @@ static void test_late_joiners(void **state)
     sqlite3_close(db);
     for (int i = 0; i < 5; i++)
         sem_destroy(&jobs[i].finished);
-    sem_destroy(&commit_entered);
     sem_destroy(&gate);
     sem_destroy(&entered);
     sem_destroy(&commit_gate);
@@ -404,5 +401,6 @@ int main(void)
         cmocka_unit_test(test_late_joiners),
         cmocka_unit_test(test_late_joiners_fail_with_their_batch),
     };
+    sem_init(&commit_entered, 0, 0);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
