@@ -722,6 +722,10 @@ int serve_main(int argc, char **argv)
             goto out;
         }
         s->loops[i].running = 1;
+        /* Loop 0 is the main thread, which keeps the program's name. */
+        char name[16];
+        snprintf(name, sizeof name, "idem-loop-%d", i);
+        pthread_setname_np(s->loops[i].thread, name);
     }
 
     char admin[300] = "";

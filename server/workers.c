@@ -45,9 +45,11 @@ struct workers *workers_start(int n)
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 512 * 1024);
-    for (; ws->n < n; ws->n++)
+    for (; ws->n < n; ws->n++) {
         if (pthread_create(&ws->threads[ws->n], &attr, worker_main, ws) != 0)
             break;
+        pthread_setname_np(ws->threads[ws->n], "idem-worker"); /* for top -H, perf, gdb */
+    }
     pthread_attr_destroy(&attr);
     if (ws->n < n) {
         workers_stop(ws);

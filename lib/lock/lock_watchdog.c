@@ -153,6 +153,7 @@ static idem_rc watchdog_get(idem *h, struct idem__watchdog **out)
             rc = idem__fail(IDEM_ENOMEM, "watchdog: cannot start its thread");
             goto out;
         }
+        pthread_setname_np(wd->thread, "idem-watchdog"); /* for top -H, perf, gdb */
         h->watchdog = wd;
     }
     *out = wd;

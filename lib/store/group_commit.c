@@ -202,6 +202,7 @@ idem_rc idem__gc_start(const struct idem__gc_driver *drv, void *ctx,
         idem__free(gc);
         return idem__fail(IDEM_ENOMEM, "group commit: cannot start the writer thread");
     }
+    pthread_setname_np(gc->thread, "idem-writer"); /* for top -H, perf, gdb */
     *out = gc;
     return IDEM_OK;
 }

@@ -1824,6 +1824,7 @@ idem_rc idem__postgres_open(const idem_options *o, const struct idem__db_ops **o
             goto fail;
         }
         w->started = 1;
+        pthread_setname_np(w->thread, "idem-pg-writer"); /* for top -H, perf, gdb */
     }
     *ops = &postgres_ops;
     *out = d;

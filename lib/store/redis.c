@@ -1289,6 +1289,7 @@ idem_rc idem__redis_open(const idem_options *o, const struct idem__kv_ops **ops,
             goto fail;
         }
         r->io[i].started = 1;
+        pthread_setname_np(r->io[i].thread, "idem-redis-io"); /* for top -H, perf, gdb */
     }
     *ops = &redis_ops;
     *out = r;

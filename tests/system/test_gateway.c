@@ -10,6 +10,7 @@
  * after, so tests do not depend on each other.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -1789,6 +1790,46 @@ static void test_connection_limit_burst(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* How many of pid's threads are named name (their /proc comm). */
+static int threads_named(pid_t pid, const char *name)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char comm_path[sizeof path + sizeof e->d_name + 8], comm[32] = "";
+        snprintf(comm_path, sizeof comm_path, "%s/%s/comm", path, e->d_name);
+        FILE *f = fopen(comm_path, "r");
+        if (f && fgets(comm, sizeof comm, f))
+            comm[strcspn(comm, "\n")] = '\0';
+        if (f)
+            fclose(f);
+        n += strcmp(comm, name) == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The daemon's threads say what they are (top -H, perf, gdb): the event
+ * loops past the first (which is the main thread), the store's writer, the
+ * workers. */
+static void test_thread_names(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, burst_routes, "names.db");
+    assert_int_equal(threads_named(gw.pid, "idem-loop-1"), 1);
+    assert_int_equal(threads_named(gw.pid, "idem-loop-3"), 1);
+    assert_int_equal(threads_named(gw.pid, "idem-loop-4"), 0);
+    assert_int_equal(threads_named(gw.pid, "idem-writer"), 1);
+    assert_true(threads_named(gw.pid, "idem-worker") >= 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static const char in_flight_routes[] =
     "event_loops: 2\n"
     "limits:\n"
@@ -2142,6 +2183,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_expect_continue),
         cmocka_unit_test(test_connection_limits),
         cmocka_unit_test(test_connection_limit_burst),
+        cmocka_unit_test(test_thread_names),
         cmocka_unit_test(test_in_flight_limit),
         cmocka_unit_test(test_admin_limits_apart),
         cmocka_unit_test(test_hop_by_hop_never_forwarded_nor_stored),
