@@ -722,8 +722,9 @@ int serve_main(int argc, char **argv)
             goto out;
         }
         s->loops[i].running = 1;
-        /* Loop 0 is the main thread, which keeps the program's name. */
-        char name[16];
+        /* Loop 0 is the main thread, which keeps the program's name. (A
+         * thread's name is 15 bytes at most: event_loops is 16 at most.) */
+        char name[32];
         snprintf(name, sizeof name, "idem-loop-%d", i);
         pthread_setname_np(s->loops[i].thread, name);
     }
