@@ -139,6 +139,19 @@ static int after_item(struct scan *s, char close)
     return -1;
 }
 
+/* Past a container's opening bracket at s->p: 1 if close follows at once
+ * (the container is empty, and read), 0 if its first item does. */
+static int opened_empty(struct scan *s, char close)
+{
+    s->p++;
+    skip_ws(s);
+    if (s->p < s->end && *s->p == close) {
+        s->p++;
+        return 1;
+    }
+    return 0;
+}
+
 /* An object at s->p. matched: how many parts of the path lead here along
  * objects, or -1 off the path. */
 static int object(struct scan *s, int depth, int matched)
@@ -146,12 +159,8 @@ static int object(struct scan *s, int depth, int matched)
     const char *name[MEMBERS_MAX];
     size_t name_len[MEMBERS_MAX];
     int members = 0;
-    s->p++;
-    skip_ws(s);
-    if (s->p < s->end && *s->p == '}') {
-        s->p++;
+    if (opened_empty(s, '}'))
         return 1;
-    }
     for (;;) {
         if (s->p >= s->end || *s->p != '"' || members == MEMBERS_MAX)
             return 0;
@@ -183,12 +192,8 @@ static int object(struct scan *s, int depth, int matched)
 
 static int array(struct scan *s, int depth)
 {
-    s->p++;
-    skip_ws(s);
-    if (s->p < s->end && *s->p == ']') {
-        s->p++;
+    if (opened_empty(s, ']'))
         return 1;
-    }
     for (;;) {
         if (!value(s, depth + 1, -1))
             return 0;
@@ -302,14 +307,14 @@ enum json_scan json_scan_field(const char *body, size_t len, const char *path, c
         out[s.val_len] = '\0';
         return JSON_SCAN_FOUND;
     case K_INT: {
+        if (cap < 21)
+            return JSON_SCAN_UNSURE;
         /* As the full parse writes it: "-0" is 0. */
         const char *p = s.val;
         int neg = *p == '-';
         uint64_t v = 0;
         for (p += neg; p < s.val + s.val_len; p++)
             v = v * 10 + (uint64_t)(*p - '0');
-        if (cap < 21)
-            return JSON_SCAN_UNSURE;
         char *o = out;
         if (neg && v)
             *o++ = '-';
