@@ -21,13 +21,12 @@
 #include "json_scan.h"
 #include "put.h"
 
-void request_path(const char *target, char *out, size_t cap)
+size_t request_path(const char *target, char *out, size_t cap)
 {
-    size_t n = strcspn(target, "?#");
-    if (n >= cap)
-        n = cap - 1;
+    size_t len = strcspn(target, "?#"), n = len < cap ? len : cap - 1;
     memcpy(out, target, n);
     out[n] = '\0';
+    return len;
 }
 
 int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_is_space)

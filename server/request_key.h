@@ -46,7 +46,9 @@ int request_fingerprint(const struct route *rt, const struct http_msg *m,
  * %-escape is broken, or it is %00. */
 int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_is_space);
 
-/* The path part of a request target (before '?'), copied into out. */
-void request_path(const char *target, char *out, size_t cap);
+/* The path part of a request target (before '?' or '#'), copied into out
+ * (cap bytes), cut to fit. Returns its whole length: cap or more means it
+ * was cut. */
+size_t request_path(const char *target, char *out, size_t cap);
 
 #endif

@@ -154,7 +154,7 @@ void daemon_handle(void *arg, struct front_request *req)
      * longer than this buffer is refused, never cut (a cut path would be
      * keyed and routed as another request than the one forwarded). */
     char path[8192];
-    if (strcspn(req->msg->target, "?#") >= sizeof path) {
+    if (request_path(req->msg->target, path, sizeof path) >= sizeof path) {
         daemon_answer(lc, req,
                       problem(414, "path_too_long",
                               "the request's path (the target before any '?') is longer than "
@@ -162,7 +162,6 @@ void daemon_handle(void *arg, struct front_request *req)
                               sizeof path - 1));
         return;
     }
-    request_path(req->msg->target, path, sizeof path);
     int api = strcmp(path, "/_idem/v1") == 0 || strncmp(path, "/_idem/v1/", 10) == 0;
     if (d->admin_listener && api != req->admin) {
         /* With admin_listen, each listener serves its own half only. */
