@@ -220,104 +220,19 @@ static int wal_open(sqlite3_vfs *vfs, const char *name, sqlite3_file *f, int fla
     return SQLITE_OK;
 }
 
-static int vfs_delete(sqlite3_vfs *v, const char *name, int sync_dir)
-{
-    (void)v;
-    return base_vfs->xDelete(base_vfs, name, sync_dir);
-}
-
-static int vfs_access(sqlite3_vfs *v, const char *name, int flags, int *out)
-{
-    (void)v;
-    return base_vfs->xAccess(base_vfs, name, flags, out);
-}
-
-static int vfs_full_pathname(sqlite3_vfs *v, const char *name, int n, char *out)
-{
-    (void)v;
-    return base_vfs->xFullPathname(base_vfs, name, n, out);
-}
-
-static void *vfs_dl_open(sqlite3_vfs *v, const char *name)
-{
-    (void)v;
-    return base_vfs->xDlOpen(base_vfs, name);
-}
-
-static void vfs_dl_error(sqlite3_vfs *v, int n, char *msg)
-{
-    (void)v;
-    base_vfs->xDlError(base_vfs, n, msg);
-}
-
-static void (*vfs_dl_sym(sqlite3_vfs *v, void *h, const char *sym))(void)
-{
-    (void)v;
-    return base_vfs->xDlSym(base_vfs, h, sym);
-}
-
-static void vfs_dl_close(sqlite3_vfs *v, void *h)
-{
-    (void)v;
-    base_vfs->xDlClose(base_vfs, h);
-}
-
-static int vfs_randomness(sqlite3_vfs *v, int n, char *out)
-{
-    (void)v;
-    return base_vfs->xRandomness(base_vfs, n, out);
-}
-
-static int vfs_sleep(sqlite3_vfs *v, int us)
-{
-    (void)v;
-    return base_vfs->xSleep(base_vfs, us);
-}
-
-static int vfs_current_time(sqlite3_vfs *v, double *out)
-{
-    (void)v;
-    return base_vfs->xCurrentTime(base_vfs, out);
-}
-
-static int vfs_get_last_error(sqlite3_vfs *v, int n, char *out)
-{
-    (void)v;
-    return base_vfs->xGetLastError(base_vfs, n, out);
-}
-
-static int vfs_current_time_int64(sqlite3_vfs *v, sqlite3_int64 *out)
-{
-    (void)v;
-    return base_vfs->xCurrentTimeInt64(base_vfs, out);
-}
-
+/* The default VFS with its files opened here: every other method is its
+ * own, which needs nothing of the copy but what it copied (its pAppData). */
 static void register_vfs(void)
 {
     base_vfs = sqlite3_vfs_find(NULL);
-    if (!base_vfs || base_vfs->iVersion < 2 || !base_vfs->xCurrentTimeInt64)
+    if (!base_vfs)
         return;
+    wal_vfs = *base_vfs;
+    wal_vfs.pNext = NULL;
+    wal_vfs.zName = IDEM_SQLITE_WAL_VFS;
     /* Big enough for the default VFS's files too: they are opened in it. */
-    size_t sz = real_offset() + (size_t)base_vfs->szOsFile;
-    wal_vfs = (sqlite3_vfs){
-        .iVersion = 2,
-        .szOsFile = (int)sz,
-        .mxPathname = base_vfs->mxPathname,
-        .zName = IDEM_SQLITE_WAL_VFS,
-        .xOpen = wal_open,
-        .xDelete = vfs_delete,
-        .xAccess = vfs_access,
-        .xFullPathname = vfs_full_pathname,
-        .xDlOpen = vfs_dl_open,
-        .xDlError = vfs_dl_error,
-        .xDlSym = vfs_dl_sym,
-        .xDlClose = vfs_dl_close,
-        .xRandomness = vfs_randomness,
-        .xSleep = vfs_sleep,
-        .xCurrentTime = vfs_current_time,
-        .xGetLastError = vfs_get_last_error,
-        .xCurrentTimeInt64 = vfs_current_time_int64,
-    };
+    wal_vfs.szOsFile = (int)(real_offset() + (size_t)base_vfs->szOsFile);
+    wal_vfs.xOpen = wal_open;
     register_rc = sqlite3_vfs_register(&wal_vfs, 0);
 }
 
