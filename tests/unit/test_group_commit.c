@@ -12,6 +12,7 @@
  * while it commits wait for the next one.
  */
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +36,10 @@ static idem_rc exec(sqlite3 *db, const char *sql)
  * and waits on commit_hold first: the batch is closed, and what is queued
  * meanwhile goes to the next one. */
 static sem_t *commit_hold;
-static sem_t commit_entered; /* set up once, in main: never destroyed while
-                              * the writer may still be in its sem_post */
+/* Set up once, in main, never destroyed while the writer may still be in
+ * its sem_post: the writer posts commit_entered when held in a COMMIT, and
+ * job_entered when a job held on its gate starts. */
+static sem_t commit_entered, job_entered;
 static int fail_next_commit; /* the next COMMIT fails without committing */
 static int commits_done; /* COMMITs returned: a job run reads its batch's number */
 
@@ -72,6 +75,22 @@ static void drv_rollback_to(void *ctx)
 }
 static int drv_in_transaction(void *ctx) { return !sqlite3_get_autocommit(ctx); }
 
+/* Batches answered so far (each job's on_done counts itself first), and
+ * what after_batch saw when after_batch_ran is set: the answers counted,
+ * and whether a transaction was open. */
+static atomic_int dones;
+static sem_t *after_batch_ran;
+static int dones_at_after_batch, in_transaction_at_after_batch;
+
+static void drv_after_batch(void *ctx)
+{
+    if (!after_batch_ran)
+        return;
+    dones_at_after_batch = atomic_load(&dones);
+    in_transaction_at_after_batch = drv_in_transaction(ctx);
+    sem_post(after_batch_ran);
+}
+
 static const struct idem__gc_driver driver = {
     .begin = drv_begin,
     .commit = drv_commit,
@@ -80,6 +99,7 @@ static const struct idem__gc_driver driver = {
     .release = drv_release,
     .rollback_to = drv_rollback_to,
     .in_transaction = drv_in_transaction,
+    .after_batch = drv_after_batch,
 };
 
 struct insert_job {
@@ -108,6 +128,7 @@ static idem_rc run_insert(struct idem__gc_job *job, void *ctx)
 
 static void on_done(struct idem__gc_job *job)
 {
+    atomic_fetch_add(&dones, 1);
     sem_post(&((struct insert_job *)job)->finished);
 }
 
@@ -153,6 +174,19 @@ static void hold_in_commit(struct idem__gc *gc, struct idem__gc_job *job, sem_t 
     commit_hold = hold;
     assert_int_equal(idem__gc_queue(gc, job), IDEM_OK);
     wait_sem(&commit_entered);
+}
+
+/* Queue jobs[0], held running until gate is posted, and once it runs,
+ * jobs[1..n-1]: queued while a job of the batch runs. */
+static void queue_while_first_runs(struct idem__gc *gc, struct insert_job *jobs, int n,
+                                   sem_t *gate)
+{
+    jobs[0].gate = gate;
+    jobs[0].entered = &job_entered;
+    assert_int_equal(idem__gc_queue(gc, &jobs[0].job), IDEM_OK);
+    wait_sem(&job_entered);
+    for (int i = 1; i < n; i++)
+        assert_int_equal(idem__gc_queue(gc, &jobs[i].job), IDEM_OK);
 }
 
 static void remove_db(const char *path)
@@ -312,18 +346,12 @@ static void test_late_joiners(void **state)
     assert_int_equal(idem__gc_start(&driver, db, 3, &gc), IDEM_OK);
     commits_done = 0;
 
-    sem_t gate, entered, commit_gate;
+    sem_t gate, commit_gate;
     sem_init(&gate, 0, 0);
-    sem_init(&entered, 0, 0);
     sem_init(&commit_gate, 0, 0);
     struct insert_job jobs[5];
     init_insert_jobs(jobs, 5);
-    jobs[0].gate = &gate;
-    jobs[0].entered = &entered;
-    assert_int_equal(idem__gc_queue(gc, &jobs[0].job), IDEM_OK);
-    wait_sem(&entered); /* job 0 runs, alone in its batch so far */
-    for (int i = 1; i < 4; i++)
-        assert_int_equal(idem__gc_queue(gc, &jobs[i].job), IDEM_OK);
+    queue_while_first_runs(gc, jobs, 4, &gate);
     commit_hold = &commit_gate;
     sem_post(&gate);
     wait_sem(&commit_entered); /* the first batch is closed */
@@ -347,7 +375,6 @@ static void test_late_joiners(void **state)
     for (int i = 0; i < 5; i++)
         sem_destroy(&jobs[i].finished);
     sem_destroy(&gate);
-    sem_destroy(&entered);
     sem_destroy(&commit_gate);
     remove_db(path);
 }
@@ -361,17 +388,11 @@ static void test_late_joiners_fail_with_their_batch(void **state)
     sqlite3 *db = open_db(path, "CREATE TABLE t (id INTEGER, v BLOB)");
     struct idem__gc *gc;
     assert_int_equal(idem__gc_start(&driver, db, 64, &gc), IDEM_OK);
-    sem_t gate, entered;
+    sem_t gate;
     sem_init(&gate, 0, 0);
-    sem_init(&entered, 0, 0);
     struct insert_job jobs[3];
     init_insert_jobs(jobs, 3);
-    jobs[0].gate = &gate;
-    jobs[0].entered = &entered;
-    assert_int_equal(idem__gc_queue(gc, &jobs[0].job), IDEM_OK);
-    wait_sem(&entered);
-    for (int i = 1; i < 3; i++)
-        assert_int_equal(idem__gc_queue(gc, &jobs[i].job), IDEM_OK);
+    queue_while_first_runs(gc, jobs, 3, &gate);
     fail_next_commit = 1;
     sem_post(&gate);
     for (int i = 0; i < 3; i++) {
@@ -389,7 +410,43 @@ static void test_late_joiners_fail_with_their_batch(void **state)
     for (int i = 0; i < 3; i++)
         sem_destroy(&jobs[i].finished);
     sem_destroy(&gate);
-    sem_destroy(&entered);
+    remove_db(path);
+}
+
+/* The driver's after_batch runs once the batch's callers are answered
+ * (the store checkpoints there, so that none of them waits for it), and
+ * outside any transaction. */
+static void test_after_batch_after_answers(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/idem-gc-XXXXXX";
+    sqlite3 *db = open_db(path, "CREATE TABLE t (id INTEGER, v BLOB)");
+    struct idem__gc *gc;
+    assert_int_equal(idem__gc_start(&driver, db, 64, &gc), IDEM_OK);
+    sem_t gate, ran;
+    sem_init(&gate, 0, 0);
+    sem_init(&ran, 0, 0);
+    struct insert_job jobs[3];
+    init_insert_jobs(jobs, 3);
+    atomic_store(&dones, 0);
+    after_batch_ran = &ran;
+    queue_while_first_runs(gc, jobs, 3, &gate); /* one batch of three */
+    sem_post(&gate);
+    wait_sem(&ran);
+    after_batch_ran = NULL;
+    assert_int_equal(dones_at_after_batch, 3);
+    assert_int_equal(in_transaction_at_after_batch, 0);
+    for (int i = 0; i < 3; i++) {
+        wait_sem(&jobs[i].finished);
+        assert_int_equal(jobs[i].job.rc, IDEM_OK);
+    }
+
+    idem__gc_stop(gc);
+    sqlite3_close(db);
+    for (int i = 0; i < 3; i++)
+        sem_destroy(&jobs[i].finished);
+    sem_destroy(&gate);
+    sem_destroy(&ran);
     remove_db(path);
 }
 
@@ -400,7 +457,9 @@ int main(void)
         cmocka_unit_test(test_single_write_fails_alone),
         cmocka_unit_test(test_late_joiners),
         cmocka_unit_test(test_late_joiners_fail_with_their_batch),
+        cmocka_unit_test(test_after_batch_after_answers),
     };
     sem_init(&commit_entered, 0, 0);
+    sem_init(&job_entered, 0, 0);
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
