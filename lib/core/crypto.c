@@ -85,20 +85,9 @@ idem_rc idem__random_token(char out[IDEM_TOKEN_LEN + 1])
 static EVP_MD *sha256;
 static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
 
-static pthread_key_t ctx_key;
-
-static void free_ctx(void *ctx)
-{
-    EVP_MD_CTX_free(ctx);
-}
-
 static void fetch_sha256(void)
 {
     sha256 = EVP_MD_fetch(NULL, "SHA2-256", NULL);
-    if (sha256 && pthread_key_create(&ctx_key, free_ctx) != 0) {
-        EVP_MD_free(sha256);
-        sha256 = NULL;
-    }
 }
 
 IDEM_EXTERN idem_rc idem_fingerprint(const void *data, size_t len,
@@ -110,21 +99,16 @@ IDEM_EXTERN idem_rc idem_fingerprint(const void *data, size_t len,
     pthread_once(&sha256_once, fetch_sha256);
     if (!sha256)
         return idem__fail(IDEM_ESTORE, "SHA-256 is not available from OpenSSL");
-    /* One context per thread, kept until the thread ends: EVP_Digest would
-     * allocate and free one per call. */
-    EVP_MD_CTX *ctx = pthread_getspecific(ctx_key);
-    if (!ctx) {
-        if (!(ctx = EVP_MD_CTX_new()))
-            return idem__fail(IDEM_ENOMEM, "fingerprint: allocating a digest context");
-        if (pthread_setspecific(ctx_key, ctx) != 0) {
-            EVP_MD_CTX_free(ctx);
-            return idem__fail(IDEM_ENOMEM, "fingerprint: keeping a digest context");
-        }
-    }
+    /* A context per call: two small allocations, against a context kept
+     * per thread, whose destructor would be left in unmapped code by a
+     * host that unloads the library while those threads live on. */
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!ctx)
+        return idem__fail(IDEM_ENOMEM, "fingerprint: allocating a digest context");
     unsigned int n = 0;
-    if (EVP_DigestInit_ex2(ctx, sha256, NULL) != 1 ||
-        EVP_DigestUpdate(ctx, data ? data : "", len) != 1 ||
-        EVP_DigestFinal_ex(ctx, out, &n) != 1 || n != IDEM_FINGERPRINT_LEN)
-        return idem__fail(IDEM_ESTORE, "SHA-256 failed");
-    return IDEM_OK;
+    int ok = EVP_DigestInit_ex2(ctx, sha256, NULL) == 1 &&
+             EVP_DigestUpdate(ctx, data ? data : "", len) == 1 &&
+             EVP_DigestFinal_ex(ctx, out, &n) == 1 && n == IDEM_FINGERPRINT_LEN;
+    EVP_MD_CTX_free(ctx);
+    return ok ? IDEM_OK : idem__fail(IDEM_ESTORE, "SHA-256 failed");
 }
