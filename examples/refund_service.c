@@ -321,6 +321,15 @@ static void on_count(struct evhttp_request *req)
     reply(req, 200, "text/plain", text);
 }
 
+/* /orders/<order_no>/refunds: a refund filed under its order, one segment. */
+static bool order_refund(const char *path)
+{
+    if (strncmp(path, "/orders/", 8) != 0)
+        return false;
+    size_t n = strcspn(path + 8, "/");
+    return n > 0 && strcmp(path + 8 + n, "/refunds") == 0;
+}
+
 static void on_request(struct evhttp_request *req, void *arg)
 {
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
@@ -332,10 +341,11 @@ static void on_request(struct evhttp_request *req, void *arg)
 
     /* Exact paths: a service that took any path ending in these would take
      * /x/callbacks/payment too, which no gateway route matches. */
-    if (strcmp(path, "/refunds") == 0 || strcmp(path, "/payments") == 0 ||
-        strcmp(path, "/callbacks/payment") == 0 || strcmp(path, "/admin/payments/repush") == 0) {
+    bool refund = strcmp(path, "/refunds") == 0 || order_refund(path);
+    if (refund || strcmp(path, "/payments") == 0 || strcmp(path, "/callbacks/payment") == 0 ||
+        strcmp(path, "/admin/payments/repush") == 0) {
         if (post)
-            on_write(req, strcmp(path, "/refunds") == 0 ? &refunds : &payments);
+            on_write(req, refund ? &refunds : &payments);
         else
             reply_error(req, 405, "use POST");
     } else if (strncmp(path, "/refunds/", 9) == 0 && path[9]) {

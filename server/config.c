@@ -1009,13 +1009,36 @@ static int get_match(struct ctx *c, const yaml_node_t *n, const char *path,
     r->prefix = len >= 2 && s[len - 2] == '/' && s[len - 1] == '*';
     if (r->prefix)
         len--;
-    if (memchr(s, '*', len))
-        return fail(c, v, fpath, "%s: '*' is only allowed as a final /* (a "
-                    "prefix match)", quote(c, s));
-    if (!(r->path = strndup(s, len)) || !(r->folded_path = malloc(len + 1)))
+    for (size_t i = 0; i < len; i++)
+        if (s[i] == '*' && (s[i - 1] != '/' || (i + 1 < len && s[i + 1] != '/')))
+            return fail(c, v, fpath, "%s: '*' stands for a whole segment (/orders/*/refunds) "
+                        "or, last, for every path below (/refunds/*), never for part of one",
+                        quote(c, s));
+    if (!(r->path = strndup(s, len)) || !(r->folded_path = malloc(len + 2)))
         return oom(c);
+    /* Folding drops a final '/', which a prefix needs: it is put back. */
     config_fold_path(r->path, r->folded_path, len + 1); /* never longer */
+    size_t flen = strlen(r->folded_path);
+    if (r->prefix && r->folded_path[flen - 1] != '/')
+        memcpy(r->folded_path + flen, "/", 2);
     return 0;
+}
+
+int config_path_match(const char *pattern, int prefix, const char *path)
+{
+    for (const char *p = pattern; *p; p++) {
+        if (*p == '*' && p[-1] == '/' && (p[1] == '/' || !p[1])) {
+            /* One segment, whatever it holds, but something. */
+            if (!*path || *path == '/')
+                return 0;
+            path += strcspn(path, "/");
+            continue;
+        }
+        if (*p != *path)
+            return 0;
+        path++;
+    }
+    return prefix || !*path;
 }
 
 void config_fold_path(const char *path, char *out, size_t cap)
@@ -1028,7 +1051,7 @@ void config_fold_path(const char *path, char *out, size_t cap)
             int v = http_hex_value((unsigned char)c[1]) * 16 +
                     http_hex_value((unsigned char)c[2]);
             if ((v >= 'A' && v <= 'Z') || (v >= 'a' && v <= 'z') || (v >= '0' && v <= '9') ||
-                v == '-' || v == '.' || v == '_' || v == '~') {
+                v == '-' || v == '.' || v == '_' || v == '~' || v == '/') {
                 ch = v;
                 c += 2;
             }

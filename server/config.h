@@ -42,9 +42,11 @@ struct upstream_url {
 struct route {
     char *name;              /* required; unique */
     char *method;            /* match.method, upper case; NULL: any */
-    char *path;              /* match.path without the trailing "*" */
+    char *path;              /* match.path without the trailing "*"; a '*'
+                              * segment in it stands for any one segment */
     int prefix;              /* match.path ended in slash-star: a prefix match */
-    char *folded_path;       /* path through config_fold_path() */
+    char *folded_path;       /* path through config_fold_path(), a prefix's
+                              * final '/' kept */
     struct upstream_url upstream;   /* required */
     struct key_part *key;    /* one part, or several for a composite key */
     size_t key_parts;        /* >= 1; required */
@@ -128,9 +130,14 @@ int config_parse(const char *yaml, size_t len, const char *name,
 int config_resolve(struct server_config *cfg, char *err, size_t errlen);
 
 /* A path as a lenient upstream reads it, for telling spellings of one path
- * apart: letters in lower case, %-escapes of unreserved characters decoded,
- * no trailing slash. Never longer than path; out holds cap bytes. */
+ * apart: letters in lower case, %-escapes of unreserved characters and of
+ * '/' decoded (nginx, for one, routes on %2F as a '/'), no trailing slash.
+ * Never longer than path; out holds cap bytes. */
 void config_fold_path(const char *path, char *out, size_t cap);
+/* 1 when path is matched by a route's path (or folded path) pattern: its
+ * characters as they are, but a '*' segment for any one segment that is not
+ * empty, and with prefix, anything after all that. */
+int config_path_match(const char *pattern, int prefix, const char *path);
 
 /* The configuration with every default and no routes (no file given). */
 struct server_config *config_default(void);

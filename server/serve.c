@@ -108,10 +108,7 @@ static const struct route *route_spelt_otherwise(const struct server_config *cfg
         const struct route *rt = &cfg->routes[i];
         if (rt->method && strcasecmp(rt->method, m->method) != 0)
             continue;
-        const char *theirs = rt->folded_path; /* a prefix lost its last '/' */
-        size_t n = strlen(theirs);
-        if (rt->prefix ? strncmp(mine, theirs, n) == 0 && mine[n] == '/'
-                       : strcmp(mine, theirs) == 0)
+        if (config_path_match(rt->folded_path, rt->prefix, mine))
             return rt;
     }
     return NULL;
@@ -124,8 +121,7 @@ static const struct route *match_route(const struct server_config *cfg, const st
         const struct route *rt = &cfg->routes[i];
         if (rt->method && strcmp(rt->method, m->method) != 0)
             continue;
-        if (rt->prefix ? strncmp(path, rt->path, strlen(rt->path)) == 0
-                       : strcmp(path, rt->path) == 0)
+        if (config_path_match(rt->path, rt->prefix, path))
             return rt;
     }
     return NULL;

@@ -500,12 +500,16 @@ static void test_match(void **state)
               "  - name: s\n    match: { method: GET, path: refunds }\n"
               "    upstream: http://h\n    key: { query: id }\n",
               "idem.yaml:8: routes[1].match.path:", "must start with /");
-    parse_bad("routes:\n  - name: r\n    match: { path: /a*b }\n"
-              "    upstream: http://h\n    key: { query: id }\n",
-              "idem.yaml:3: routes[0].match.path:", "final /*");
-    parse_bad("routes:\n  - name: r\n    match: { path: /a/*/b }\n"
-              "    upstream: http://h\n    key: { query: id }\n",
-              "idem.yaml:3: routes[0].match.path:", "final /*");
+    /* '*' is a whole segment or nothing. */
+    static const char *const part[] = {"/a*b", "/a/b*", "/a/*b/c", "/a/**/b", "/*x", "/a/b**"};
+    for (size_t i = 0; i < sizeof part / sizeof part[0]; i++) {
+        char yaml[256];
+        snprintf(yaml, sizeof yaml,
+                 "routes:\n  - name: r\n    match: { path: \"%s\" }\n"
+                 "    upstream: http://h\n    key: { query: id }\n",
+                 part[i]);
+        parse_bad(yaml, "idem.yaml:3: routes[0].match.path:", "whole segment");
+    }
     parse_bad("routes:\n  - name: r\n    match: { path: \"/a?b=1\" }\n"
               "    upstream: http://h\n    key: { query: id }\n",
               "idem.yaml:3: routes[0].match.path:", "query");
@@ -529,9 +533,65 @@ static void test_match(void **state)
         ROUTE "  - name: s\n    match: { path: /x/* }\n"
         "    upstream: http://h\n    key: { query: id }\n"
         "  - name: t\n    match: { method: GET, path: /x }\n"
-        "    upstream: http://h\n    key: { query: id }\n");
-    assert_int_equal(c->route_count, 3);
+        "    upstream: http://h\n    key: { query: id }\n"
+        "  - name: u\n    match: { path: /Orders/*/Refunds }\n"
+        "    upstream: http://h\n    key: { path_segment: 2 }\n"
+        "  - name: v\n    match: { path: /v1/*/items/*/* }\n"
+        "    upstream: http://h\n    key: { path_segment: 2 }\n");
+    assert_int_equal(c->route_count, 5);
+    assert_string_equal(c->routes[3].path, "/Orders/*/Refunds");
+    assert_int_equal(c->routes[3].prefix, 0);
+    assert_string_equal(c->routes[3].folded_path, "/orders/*/refunds");
+    assert_string_equal(c->routes[4].path, "/v1/*/items/*/");
+    assert_int_equal(c->routes[4].prefix, 1);
+    /* A prefix's folded path keeps its final '/'. */
+    assert_string_equal(c->routes[1].folded_path, "/x/");
     config_free(c);
+}
+
+/* How a route's path matches a request's. */
+static void test_path_match(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *pattern;
+        int prefix;
+        const char *path;
+        int match;
+    } cases[] = {
+        {"/refunds", 0, "/refunds", 1},
+        {"/refunds", 0, "/refunds/", 0},
+        {"/refunds", 0, "/refund", 0},
+        {"/refunds", 0, "/refundsx", 0},
+        {"/refunds/", 1, "/refunds/", 1},
+        {"/refunds/", 1, "/refunds/R-1/x", 1},
+        {"/refunds/", 1, "/refunds", 0},
+        {"/refunds/", 1, "/refundsx/1", 0},
+        {"/", 1, "/anything/at/all", 1},
+        {"/orders/*/refunds", 0, "/orders/O-1/refunds", 1},
+        {"/orders/*/refunds", 0, "/orders/O%2F1/refunds", 1},
+        {"/orders/*/refunds", 0, "/orders//refunds", 0},      /* a segment, not empty */
+        {"/orders/*/refunds", 0, "/orders/a/b/refunds", 0},   /* one segment */
+        {"/orders/*/refunds", 0, "/orders/O-1/refunds/", 0},
+        {"/orders/*/refunds", 0, "/orders/O-1/refundsx", 0},
+        {"/orders/*/refunds", 0, "/orders/O-1", 0},
+        {"/orders/*/refunds", 0, "/orders/O-1/cancel", 0},
+        {"/orders/*/items/", 1, "/orders/O-1/items/7", 1},
+        {"/orders/*/items/", 1, "/orders/O-1/items", 0},
+        {"/*/x", 0, "/a/x", 1},
+        {"/*/x", 0, "/x", 0},
+        {"/a/*", 0, "/a/b", 1}, /* as a pattern: a prefix is stored as "/a/" */
+        {"/a/*", 0, "/a/", 0},
+        {"/a/*", 0, "/a/b/c", 0},
+        {"/a/*/*/", 1, "/a/b/c/d/e", 1},
+        {"/a/*/*/", 1, "/a/b/c", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (config_path_match(cases[i].pattern, cases[i].prefix, cases[i].path) !=
+            cases[i].match)
+            fail_msg("%s%s against %s: expected %s", cases[i].pattern,
+                     cases[i].prefix ? " (prefix)" : "", cases[i].path,
+                     cases[i].match ? "a match" : "none");
 }
 
 static void test_keys(void **state)
@@ -1135,6 +1195,7 @@ int main(void)
         cmocka_unit_test(test_upstream),
         cmocka_unit_test(test_default_upstream),
         cmocka_unit_test(test_match),
+        cmocka_unit_test(test_path_match),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_layers),
         cmocka_unit_test(test_replay_headers),
