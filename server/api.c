@@ -240,6 +240,76 @@ static struct http_response *health(struct daemon *d)
     return json_response(rc == IDEM_OK && wr == IDEM_OK ? 200 : 503, j);
 }
 
+/* GET /_idem/v1/metrics: the counters of health, in Prometheus's text
+ * format (0.0.4), read without touching the store, so a scrape every few
+ * seconds costs nothing and works while the store is down. */
+static struct http_response *metrics(struct daemon *d)
+{
+    idem_stats st;
+    idem_get_stats(d->h, &st);
+    const struct {
+        const char *name, *type, *help;
+        uint64_t value;
+    } m[] = {
+        {"idem_gateway_requests_total", "counter", "Requests that matched a route.",
+         atomic_load(&d->n.requests)},
+        {"idem_gateway_executions_total", "counter",
+         "Requests forwarded to their upstream under a claimed record.",
+         atomic_load(&d->n.executions)},
+        {"idem_gateway_replays_total", "counter", "Requests answered with a stored answer.",
+         atomic_load(&d->n.replays)},
+        {"idem_gateway_in_flight_rejections_total", "counter",
+         "Duplicates answered 409 while the first request ran.",
+         atomic_load(&d->n.in_flight_409)},
+        {"idem_gateway_mismatches_total", "counter",
+         "Keys reused with another payload, answered 422.", atomic_load(&d->n.mismatches)},
+        {"idem_gateway_store_errors_total", "counter",
+         "Requests the store failed, answered 503 (never forwarded unclaimed).",
+         atomic_load(&d->n.store_errors)},
+        {"idem_gateway_unknown_outcomes_total", "counter",
+         "Requests sent upstream with no answer (timeout, lost connection): left claimed "
+         "until their lease ends.",
+         atomic_load(&d->n.upstream_unknown)},
+        {"idem_gateway_passthrough_total", "counter",
+         "Requests that matched no route, proxied untouched.", atomic_load(&d->n.passthrough)},
+        {"idem_gateway_redis_down_skips_total", "counter",
+         "Requests that went on without the token and lock layers while Redis was down.",
+         atomic_load(&d->n.redis_down_skips)},
+        {"idem_record_conflicts_total", "counter",
+         "Finishes or transitions refused because another claim or state won: alert on "
+         "any.",
+         st.conflicts},
+        {"idem_record_takeovers_total", "counter",
+         "Records claimed again after their lease ran out.", st.takeovers},
+        {"idem_store_commits_total", "counter", "Durable store transactions (group commits).",
+         st.commits},
+        {"idem_store_committed_ops_total", "counter", "Writes carried by those transactions.",
+         st.committed_ops},
+        {"idem_store_writes_failing", "gauge",
+         "1 after a gateway write to the store failed, until one succeeds again.",
+         (uint64_t)(atomic_load(&d->writes_failing) != 0)},
+    };
+    char buf[6144];
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+        n += (size_t)snprintf(buf + n, sizeof buf - n, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n",
+                              m[i].name, m[i].help, m[i].name, m[i].type, m[i].name,
+                              (unsigned long long)m[i].value);
+    n += (size_t)snprintf(buf + n, sizeof buf - n,
+                          "# HELP idem_build_info The running version and store.\n"
+                          "# TYPE idem_build_info gauge\n"
+                          "idem_build_info{version=\"%s\",store=\"%s\"} 1\n",
+                          idem_version(), idem_store_name(d->h));
+    struct http_response *r = response_new(200);
+    if (!r || n >= sizeof buf ||
+        response_add_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8") ||
+        response_set_body(r, buf, n)) {
+        response_free(r);
+        return NULL; /* 503, as for any response that cannot be built */
+    }
+    return r;
+}
+
 /* GET /_idem/v1/records/{space}/{key} */
 static struct http_response *get_record(struct daemon *d, const char *rest)
 {
@@ -462,7 +532,7 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
     if (*rest == '/')
         rest++;
     int post_ep = is_post_endpoint(rest);
-    int get_ep = !post_ep && (strcmp(rest, "health") == 0 ||
+    int get_ep = !post_ep && (strcmp(rest, "health") == 0 || strcmp(rest, "metrics") == 0 ||
                               (strncmp(rest, "records/", 8) == 0 && strchr(rest + 8, '/')));
     int get = strcmp(m->method, "GET") == 0 || strcmp(m->method, "HEAD") == 0;
     if (!post_ep && !get_ep) {
@@ -476,6 +546,8 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
     } else if (post_ep) {
         req->resp = post(d, cfg, rest, m);
     } else {
-        req->resp = strcmp(rest, "health") == 0 ? health(d) : get_record(d, rest + 8);
+        req->resp = strcmp(rest, "health") == 0    ? health(d)
+                    : strcmp(rest, "metrics") == 0 ? metrics(d)
+                                                   : get_record(d, rest + 8);
     }
 }

@@ -286,6 +286,19 @@ static void test_replay_mismatch_missing_key(void **state)
     assert_non_null(strstr(e.m->body, "R-seq"));
     assert_null(sys_header(&e, "Idempotent-Replayed"));
     sys_resp_free(&e);
+    /* The same counts, in Prometheus's format. */
+    sys_http(gw.port, "GET", "/_idem/v1/metrics", NULL, NULL, 5000, &e);
+    assert_int_equal(e.status, 200);
+    assert_string_equal(sys_header(&e, "Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+    static const char *const counts[] = {
+        "\nidem_gateway_executions_total 1\n", "\nidem_gateway_replays_total 3\n",
+        "\nidem_gateway_mismatches_total 1\n", "\nidem_gateway_passthrough_total 1\n",
+        "\nidem_gateway_store_errors_total 0\n", "\nidem_record_conflicts_total 0\n",
+        "# TYPE idem_gateway_requests_total counter\n", "idem_build_info{version=\""};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
+        if (!strstr(e.m->body, counts[i]))
+            fail_msg("no %s in:\n%s", counts[i], e.m->body);
+    sys_resp_free(&e);
     sys_resp_free(&a);
     sys_resp_free(&c);
     sys_resp_free(&d);
