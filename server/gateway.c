@@ -360,14 +360,36 @@ static int skip_kv_layer(struct gw *g, const char *layer)
     return 1;
 }
 
-static struct http_response *in_flight(const char *what)
+/* Seconds a duplicate should wait before it retries, from the claim it met
+ * (rec: PROCESSING, or none found). A live claim is renewed by its
+ * watchdog every lease/3, and its request usually ends within a second. One
+ * not renewed for longer is not running here any more: an unknown outcome
+ * (held, or left to its lease), or a gateway that died. Nothing changes for
+ * it until its lease ends (or an operator finishes it), so the wait is what
+ * is left of the lease. The store's times are the wall clock's. */
+static long retry_after_s(const idem_record *rec, int64_t lease_ms)
+{
+    if (!rec || strcmp(rec->state, IDEM_STATE_PROCESSING) != 0)
+        return 1;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    if (now - rec->updated_ms <= lease_ms / 3 + 1000)
+        return 1;
+    int64_t left = rec->lease_until_ms - now;
+    return left <= 1000 ? 1 : (long)((left + 999) / 1000);
+}
+
+static struct http_response *in_flight(const char *what, const idem_record *rec, int64_t lease_ms)
 {
     struct http_response *r =
         problem(409, "request_in_flight",
                 "a request with this idempotency key is being processed (%s); retry later",
                 what);
+    char secs[24];
+    snprintf(secs, sizeof secs, "%ld", retry_after_s(rec, lease_ms));
     if (r)
-        response_add_header(r, "Retry-After", "1");
+        response_add_header(r, "Retry-After", secs);
     return r;
 }
 
@@ -505,7 +527,8 @@ static void after_busy_get(struct gw *g)
     }
     if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
         atomic_fetch_add(&g->d->n.in_flight_409, 1);
-        g->out = in_flight("its lock is held");
+        const idem_record *rec = g->rc == IDEM_OK && g->o == IDEM_FOUND ? &g->rec : NULL;
+        g->out = in_flight("its lock is held", rec, g->rt->lease_ms);
         g->give_token_back = 1;
         finish(g);
         return;
@@ -582,7 +605,7 @@ static void after_begin(struct gw *g)
     default: /* IN_PROGRESS */
         if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
             atomic_fetch_add(&g->d->n.in_flight_409, 1);
-            g->out = in_flight("its record is PROCESSING");
+            g->out = in_flight("its record is PROCESSING", &g->rec, g->rt->lease_ms);
             finish(g);
             return;
         }
