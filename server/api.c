@@ -291,15 +291,16 @@ static struct http_response *metrics(struct daemon *d)
     };
     char buf[6144];
     size_t n = 0;
-    for (size_t i = 0; i < sizeof m / sizeof m[0]; i++)
+    for (size_t i = 0; i < sizeof m / sizeof m[0] && n < sizeof buf; i++)
         n += (size_t)snprintf(buf + n, sizeof buf - n, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n",
                               m[i].name, m[i].help, m[i].name, m[i].type, m[i].name,
                               (unsigned long long)m[i].value);
-    n += (size_t)snprintf(buf + n, sizeof buf - n,
-                          "# HELP idem_build_info The running version and store.\n"
-                          "# TYPE idem_build_info gauge\n"
-                          "idem_build_info{version=\"%s\",store=\"%s\"} 1\n",
-                          idem_version(), idem_store_name(d->h));
+    if (n < sizeof buf)
+        n += (size_t)snprintf(buf + n, sizeof buf - n,
+                              "# HELP idem_build_info The running version and store.\n"
+                              "# TYPE idem_build_info gauge\n"
+                              "idem_build_info{version=\"%s\",store=\"%s\"} 1\n",
+                              idem_version(), idem_store_name(d->h));
     struct http_response *r = response_new(200);
     if (!r || n >= sizeof buf ||
         response_add_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8") ||

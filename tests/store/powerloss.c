@@ -294,7 +294,7 @@ static size_t cut_file(struct entry **u, size_t k, double keep, unsigned *seed)
     for (size_t i = 0; i < k; i++) {
         if (u[i]->r.old_size > cap)
             cap = u[i]->r.old_size;
-        if (u[i]->r.off + u[i]->r.len > cap)
+        if (u[i]->r.off + u[i]->r.len > cap) /* a write's end, or a truncation's size */
             cap = u[i]->r.off + u[i]->r.len;
     }
     unsigned char *img = calloc(1, (size_t)cap + 1);
