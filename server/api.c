@@ -218,7 +218,7 @@ static struct http_response *health(struct daemon *d)
     idem_get_stats(d->h, &st);
     json_t *j = json_pack(
         "{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I}, "
-        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
+        "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
         "status", rc != IDEM_OK || wr != IDEM_OK ? "store_unavailable"
                   : kv != IDEM_OK                ? "degraded"
                                                  : "ok",
@@ -236,7 +236,8 @@ static struct http_response *health(struct daemon *d)
         (json_int_t)atomic_load(&d->n.store_errors), "upstream_unknown",
         (json_int_t)atomic_load(&d->n.upstream_unknown), "passthrough",
         (json_int_t)atomic_load(&d->n.passthrough), "redis_down_skips",
-        (json_int_t)atomic_load(&d->n.redis_down_skips));
+        (json_int_t)atomic_load(&d->n.redis_down_skips), "answers_not_kept",
+        (json_int_t)atomic_load(&d->unkept_count));
     return json_response(rc == IDEM_OK && wr == IDEM_OK ? 200 : 503, j);
 }
 
@@ -285,6 +286,10 @@ static struct http_response *metrics(struct daemon *d)
          st.commits},
         {"idem_store_committed_ops_total", "counter", "Writes carried by those transactions.",
          st.committed_ops},
+        {"idem_gateway_answers_not_kept", "gauge",
+         "Requests executed whose answer the store has not kept yet: each holds its claim "
+         "and writes it again until the store takes it.",
+         atomic_load(&d->unkept_count)},
         {"idem_store_writes_failing", "gauge",
          "1 after a gateway write to the store failed, until one succeeds again.",
          (uint64_t)(atomic_load(&d->writes_failing) != 0)},

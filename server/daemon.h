@@ -67,7 +67,15 @@ struct daemon {
      * reads may still work (a full disk, a store gone read-only), so the
      * health check then tries a write of its own. */
     atomic_int writes_failing;
+    /* Requests whose upstream answered but whose answer the store failed to
+     * keep: each retries until it is kept, and no request for its key is
+     * begun here meanwhile (gateway.c, "answers not kept yet"). */
+    pthread_mutex_t unkept_mu;
+    struct gw *unkept;
+    atomic_ulong unkept_count;
 };
+
+struct gw;
 
 struct live_config *daemon_config_get(struct daemon *d);
 void daemon_config_put(struct live_config *lc);

@@ -38,12 +38,16 @@
  *        ├── not sent (refused) ► db: fail(retryable), token back ► 502 upstream_unreachable
  *        ├── sent, no answer ───► record stays PROCESSING ────────► 504 outcome_unknown
  *        └── answer too big ────► db: fail(final) with a 502 problem (it did execute)
+ *        (a finish the store fails, but a release: the claim, lock and client
+ *         are kept and the finish written again until it is kept; see
+ *         "answers not kept yet")
  *   CLEANUP  kv: stop the watchdog, release the lock, give the token back
  *   answer
  *
- * Store trouble at any step is 503, and the request is never forwarded
- * without its record claimed: FORWARD starts only from a begin whose step
- * reported success, which on the embedded store means its batch is durable.
+ * Store trouble at any step before FORWARD is 503, and the request is never
+ * forwarded without its record claimed: FORWARD starts only from a begin
+ * whose step reported success, which on the embedded store means its batch
+ * is durable.
  *
  * If the daemon stops while a request is parked (its upstream exchange, a
  * wait), or its step comes back after the loops stopped, the request is
@@ -135,16 +139,78 @@ struct gw {
     char *stored;              /* what the record is finished with */
     size_t stored_len;
     struct http_response *out; /* the answer */
+    /* The store failed to keep the answer: on the daemon's list (unkept),
+     * trying again every retry_ms. */
+    int unkept;
+    unsigned tries;
+    int64_t retry_ms;
+    struct gw *unkept_next;
 };
+
+static void unkept_remove(struct gw *g);
 
 static void gw_free(struct gw *g)
 {
+    unkept_remove(g); /* other loops look at the list */
     event_del(g->timer); /* in g's own block */
     idem_record_clear(&g->rec);
     free(g->stored);
     response_free(g->out);
     daemon_config_put(g->lc);
     free(g);
+}
+
+/* ---- answers not kept yet ----
+ *
+ * The upstream has executed and answered, and the write that finishes the
+ * record failed (a full disk, an I/O error, the store unreachable). The claim
+ * must not end then: its lease would run out, and the next duplicate would
+ * take the record over and execute again. So the request keeps its claim,
+ * its lock and its client, and writes the finish again, every 100 ms at
+ * first, then every 2 s, until the store keeps it; its client gets the
+ * answer then, the kept one. Meanwhile no request for its key is begun in
+ * this daemon (it is in flight here: 409, or a wait), even after the
+ * record's lease has run out. A daemon that stops before the answer is kept
+ * leaves the record PROCESSING until its lease ends, as after a crash. */
+
+static void unkept_add(struct gw *g)
+{
+    struct daemon *d = g->d;
+    pthread_mutex_lock(&d->unkept_mu);
+    g->unkept_next = d->unkept;
+    d->unkept = g;
+    atomic_fetch_add(&d->unkept_count, 1);
+    pthread_mutex_unlock(&d->unkept_mu);
+    g->unkept = 1;
+}
+
+static void unkept_remove(struct gw *g)
+{
+    struct daemon *d = g->d;
+    if (!g->unkept)
+        return;
+    pthread_mutex_lock(&d->unkept_mu);
+    for (struct gw **p = &d->unkept; *p; p = &(*p)->unkept_next)
+        if (*p == g) {
+            *p = g->unkept_next;
+            break;
+        }
+    atomic_fetch_sub(&d->unkept_count, 1);
+    pthread_mutex_unlock(&d->unkept_mu);
+    g->unkept = 0;
+}
+
+/* Is a request for this key waiting for its answer to be kept? Any loop. */
+static int unkept_has(struct daemon *d, const char *space, const char *key)
+{
+    if (atomic_load(&d->unkept_count) == 0)
+        return 0;
+    int found = 0;
+    pthread_mutex_lock(&d->unkept_mu);
+    for (struct gw *g = d->unkept; g && !found; g = g->unkept_next)
+        found = strcmp(g->key, key) == 0 && strcmp(g->rt->space, space) == 0;
+    pthread_mutex_unlock(&d->unkept_mu);
+    return found;
 }
 
 static void answer(struct gw *g)
@@ -169,8 +235,16 @@ static void abandon(struct gw *g)
         idem_lock_release(g->d->h, g->rt->space, g->key, g->owner, &o);
     }
     /* An answer already settled (a replay, a 409, the upstream's answer
-     * once the record was finished) stands. */
-    if (g->out && (g->step != do_finish || g->rc == IDEM_OK)) {
+     * once the record was finished) stands. So does one the store has not
+     * kept yet: the record stays PROCESSING until its lease ends, and a
+     * client told the real outcome has no reason to retry into that. */
+    int was_unkept = g->unkept;
+    if (g->unkept && g->rc != IDEM_OK)
+        daemon_log("%s/%s: stopping before its answer was kept (%u tries): the record stays "
+                   "PROCESSING until its lease ends, and a retry then executes again",
+                   g->rt->space, g->key, g->tries);
+    unkept_remove(g);
+    if (g->out && (g->step != do_finish || g->rc == IDEM_OK || was_unkept)) {
         answer(g);
         return;
     }
@@ -572,6 +646,19 @@ static void forward(struct gw *g);
 
 static void reading_found(struct daemon *d, int found);
 
+/* The key is claimed by a request still running: 409, or wait and begin
+ * again, as the route says. rec: the claim, if it was read. */
+static void in_flight_elsewhere(struct gw *g, const char *why, const idem_record *rec)
+{
+    if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
+        atomic_fetch_add(&g->d->n.in_flight_409, 1);
+        g->out = in_flight(why, rec, g->rt->lease_ms);
+        finish(g);
+        return;
+    }
+    wait_then(g, begin_again);
+}
+
 static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
@@ -603,18 +690,18 @@ static void after_begin(struct gw *g)
         finish(g);
         return;
     default: /* IN_PROGRESS */
-        if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
-            atomic_fetch_add(&g->d->n.in_flight_409, 1);
-            g->out = in_flight("its record is PROCESSING", &g->rec, g->rt->lease_ms);
-            finish(g);
-            return;
-        }
-        wait_then(g, begin_again);
+        in_flight_elsewhere(g, "its record is PROCESSING", &g->rec);
     }
 }
 
 static void begin_again(struct gw *g)
 {
+    if (unkept_has(g->d, g->rt->space, g->key)) {
+        /* Executed here; its answer is being kept (the record's lease may
+         * have run out meanwhile: a begin could take it over). */
+        in_flight_elsewhere(g, "it was executed and its answer is being stored", NULL);
+        return;
+    }
     db_step(g, do_begin, after_begin);
 }
 
@@ -726,8 +813,42 @@ static struct http_response *from_upstream(const struct http_msg *m)
     return r;
 }
 
+static void after_finish(struct gw *g);
+
+static void retry_finish(struct gw *g)
+{
+    db_step(g, do_finish, after_finish);
+}
+
 static void after_finish(struct gw *g)
 {
+    if (g->rc != IDEM_OK && g->finish != FINISH_FAIL_RETRYABLE && !front_closing(g->req)) {
+        /* Executed (or held as unknown): try again until it is kept (see
+         * "answers not kept yet"). A failed release needs none of this: its
+         * lease ending lets the retry execute, as the release would have. */
+        daemon_write_failed(g->d, g->rc);
+        g->tries++;
+        if (!g->unkept) {
+            daemon_log("%s/%s: keeping the answer failed: %s: %s; the claim is kept, and "
+                       "the answer is written again until the store takes it",
+                       g->rt->space, g->key, idem_strerror(g->rc), g->detail);
+            unkept_add(g);
+            g->retry_ms = 100;
+        } else {
+            g->retry_ms = g->retry_ms * 2 > 2000 ? 2000 : g->retry_ms * 2;
+        }
+        struct timeval tv = ms_timeval(g->retry_ms);
+        g->then = retry_finish;
+        g->timer_ticks = 0;
+        g->req->on_abort = on_abort;
+        evtimer_add(g->timer, &tv);
+        return;
+    }
+    if (g->unkept && g->rc == IDEM_OK) {
+        daemon_log("%s/%s: the answer is kept after %u failed tries", g->rt->space, g->key,
+                   g->tries);
+        unkept_remove(g);
+    }
     if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE)
         /* Durable and final: duplicates from now on are answered with it. */
         keep_answer(g, g->has_fp ? g->fp : NULL, g->stored, g->stored_len);

@@ -626,6 +626,7 @@ int serve_main(int argc, char **argv)
     lc->c = cfg;
     atomic_init(&lc->refs, 1);
     pthread_mutex_init(&s->d.cfg_mu, NULL);
+    pthread_mutex_init(&s->d.unkept_mu, NULL);
     s->d.live = lc;
     s->start = daemon_config_get(&s->d); /* what SIGHUP compares with */
     s->limits = &cfg->limits;
@@ -774,6 +775,7 @@ out:
     daemon_config_put(s->start);
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);
+    pthread_mutex_destroy(&s->d.unkept_mu);
     free(s);
     return rc;
 }

@@ -857,6 +857,84 @@ static void test_health_sees_failing_writes(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* The upstream executed, and the store fails to keep the answer (here
+ * another process holds the SQLite file's write lock until the finish has
+ * failed; a full disk looks the same). The claim's lease runs out meanwhile,
+ * yet no duplicate may take it over and execute again: the gateway keeps the
+ * claim and writes the answer again until the store takes it, answers
+ * duplicates 409 until then, and gives its client the answer once kept. */
+static void *slow_post_main(void *arg)
+{
+    struct bg_post *b = arg;
+    sys_http(b->port, "POST", "/refunds", b->headers, b->body, 60000, &b->resp);
+    return NULL;
+}
+
+static long metric(int port, const char *name)
+{
+    struct sys_resp r;
+    sys_http(port, "GET", "/_idem/v1/metrics", NULL, NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    char line[128];
+    snprintf(line, sizeof line, "\n%s ", name);
+    const char *at = strstr(r.m->body, line);
+    long v = at ? atol(at + strlen(line)) : -1;
+    sys_resp_free(&r);
+    return v;
+}
+
+static void test_answer_kept_after_store_failure(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw,
+               "routes:\n" REFUND_ROUTE "    in_flight: reject\n    lease: 1s\n"
+               "    upstream_timeout: 30s\n",
+               "unkept.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 1500", NULL};
+    const char *body = "{\"refund_no\":\"R-unkept\",\"amount\":\"1.00\"}";
+    struct bg_post b = {.port = gw.port, .headers = slow, .body = body};
+    pthread_create(&b.t, NULL, slow_post_main, &b);
+    sleep_ms(300); /* claimed and forwarded */
+    char db[4200];
+    snprintf(db, sizeof db, "%s/unkept.db", dir);
+    sqlite3 *holder = NULL;
+    assert_int_equal(sqlite3_open(db, &holder), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(holder, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+    /* The lease extensions, then the finish, each wait out the store's busy
+     * timeout (5 s) and fail. */
+    int waited = 0;
+    while (metric(gw.port, "idem_gateway_answers_not_kept") != 1 && waited < 30000) {
+        sleep_ms(100);
+        waited += 100;
+    }
+    assert_int_equal(metric(gw.port, "idem_gateway_answers_not_kept"), 1);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    /* The lease ran out long ago: a begin now could take the record over. */
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 409);
+    assert_non_null(strstr(r.m->body, "being stored"));
+    sys_resp_free(&r);
+    /* The store comes back: the answer is kept, and its client gets it. */
+    assert_int_equal(sqlite3_exec(holder, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(holder);
+    pthread_join(b.t, NULL);
+    assert_int_equal(b.resp.status, 201);
+    assert_null(sys_header(&b.resp, "Idempotent-Replayed"));
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 201);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    assert_int_equal(r.m->body_len, b.resp.m->body_len);
+    assert_memory_equal(r.m->body, b.resp.m->body, r.m->body_len);
+    sys_resp_free(&r);
+    sys_resp_free(&b.resp);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(metric(gw.port, "idem_gateway_answers_not_kept"), 0);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_sigterm_with_claims_queued_on_writer(void **state)
 {
     (void)state;
@@ -2252,6 +2330,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigterm_past_timeout_abandons),
         cmocka_unit_test(test_sigterm_with_claims_queued_on_writer),
         cmocka_unit_test(test_health_sees_failing_writes),
+        cmocka_unit_test(test_answer_kept_after_store_failure),
         cmocka_unit_test(test_half_closed_client_answered),
         cmocka_unit_test(test_client_reset_mid_request),
         cmocka_unit_test(test_replays_on_kept_alive_connection),
