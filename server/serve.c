@@ -13,6 +13,8 @@
  */
 #include <event2/event.h>
 #include <event2/thread.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <openssl/rand.h>
 #include <signal.h>
@@ -20,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -254,6 +257,38 @@ struct loop {
     int running;
 };
 
+/* One daemon per embedded store file: its tokens and locks (layers 1 and
+ * 2) live in the process, so a second idem serve on the same file — started
+ * by mistake, and taking half the connections, since the listeners share
+ * their port — would split them. The file itself is flock()ed, which
+ * SQLite's own (fcntl) locks do not see. The descriptor stays open until
+ * the store is closed: closing any descriptor of a file drops the process's
+ * fcntl locks on it, SQLite's included. 0, or -1 with the reason printed. */
+static int lock_store_file(const struct server_config *cfg, int *fd)
+{
+    const char *path = cfg->storage_path;
+    if (strcmp(cfg->storage_kind, "embedded") != 0 || strcmp(path, ":memory:") == 0 ||
+        strncmp(path, "file:", 5) == 0)
+        return 0;
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (*fd < 0) {
+        fprintf(stderr, "idem serve: opening the embedded store at %s: %s\n", path,
+                strerror(errno));
+        return -1;
+    }
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        fprintf(stderr,
+                "idem serve: %s is in use by another idem serve%s: an embedded store has one "
+                "daemon, whose tokens and locks live in its process. Stop that one first, or "
+                "run several on the distributed store\n",
+                path, errno == EWOULDBLOCK ? "" : " (or cannot be locked)");
+        close(*fd);
+        *fd = -1;
+        return -1;
+    }
+    return 0;
+}
+
 struct serve {
     struct daemon d;
     const struct server_limits *limits; /* start's: fixed for the life of the process */
@@ -267,6 +302,7 @@ struct serve {
     struct live_config *start;       /* the configuration it started with (kept) */
     struct work purge_work;
     int purge_running;
+    int store_lock;                  /* the embedded store's file, flock()ed; -1 */
     struct work reload_work; /* SIGHUP's reload, on a worker */
     int reload_running, reload_again;
 };
@@ -637,6 +673,9 @@ int serve_main(int argc, char **argv)
     snprintf(s->d.instance, sizeof s->d.instance, "idem-%02x%02x%02x%02x%02x%02x", raw[0], raw[1],
              raw[2], raw[3], raw[4], raw[5]);
 
+    s->store_lock = -1;
+    if (lock_store_file(cfg, &s->store_lock) != 0)
+        goto out;
     idem_options o;
     idem_options_init(&o);
     o.store = cfg->storage_kind;
@@ -772,6 +811,8 @@ out:
         }
     }
     idem_close(s->d.h); /* the last group commit completes here */
+    if (s->store_lock >= 0)
+        close(s->store_lock); /* after the store's own connections: see lock_store_file */
     daemon_config_put(s->start);
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);

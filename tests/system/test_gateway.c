@@ -1273,6 +1273,29 @@ static void test_slow_client_cut_off(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* A second idem serve on the same embedded store file is refused: the two
+ * would share the port and split the tokens and locks between them. The
+ * first goes on serving. */
+static void test_second_daemon_on_one_store_refused(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, reject_routes, "one.db");
+    char path[4200], db[4200], err[4096], listen[64];
+    snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, config_seq);
+    snprintf(db, sizeof db, "%s/one.db", dir);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", gw.port);
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, "--listen", listen, NULL};
+    assert_int_equal(sys_run_fail(argv, err, sizeof err), 1);
+    assert_non_null(strstr(err, "in use by another idem serve"));
+    post_expect(gw.port, "{\"refund_no\":\"R-one\",\"amount\":\"1.00\"}", 201, 0);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    /* Once it is gone, the file is free again. */
+    start_idem(&gw, reject_routes, "one.db");
+    post_expect(gw.port, "{\"refund_no\":\"R-one\",\"amount\":\"1.00\"}", 201, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_bad_config_refused(void **state)
 {
     (void)state;
@@ -2338,6 +2361,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_limits_and_malformed),
         cmocka_unit_test(test_slow_client_cut_off),
         cmocka_unit_test(test_bad_config_refused),
+        cmocka_unit_test(test_second_daemon_on_one_store_refused),
         cmocka_unit_test(test_sighup_reloads_routes),
         cmocka_unit_test(test_upstream_names),
         cmocka_unit_test(test_json_api),
