@@ -8,6 +8,8 @@
  */
 #include <inttypes.h>
 #include <jansson.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -241,41 +243,65 @@ static struct http_response *health(struct daemon *d)
     return json_response(rc == IDEM_OK && wr == IDEM_OK ? 200 : 503, j);
 }
 
+/* Text appended to buf at *n, while it has room (the caller checks). */
+static void add(char *buf, size_t cap, size_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void add(char *buf, size_t cap, size_t *n, const char *fmt, ...)
+{
+    if (*n >= cap)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf + *n, cap - *n, fmt, ap);
+    va_end(ap);
+    *n += k > 0 ? (size_t)k : 0;
+}
+
 /* GET /_idem/v1/metrics: the counters of health, in Prometheus's text
  * format (0.0.4), read without touching the store, so a scrape every few
- * seconds costs nothing and works while the store is down. */
+ * seconds costs nothing and works while the store is down. The gateway's
+ * counters are per route (label route), kept across reloads by name. */
 static struct http_response *metrics(struct daemon *d)
 {
+    static const struct {
+        const char *name, *help;
+        size_t field; /* in struct daemon_counters */
+    } per_route[] = {
+        {"idem_gateway_requests_total", "Requests that matched the route.",
+         offsetof(struct daemon_counters, requests)},
+        {"idem_gateway_executions_total",
+         "Requests forwarded to the upstream under a claimed record.",
+         offsetof(struct daemon_counters, executions)},
+        {"idem_gateway_replays_total", "Requests answered with a stored answer.",
+         offsetof(struct daemon_counters, replays)},
+        {"idem_gateway_in_flight_rejections_total",
+         "Duplicates answered 409 while the first request ran.",
+         offsetof(struct daemon_counters, in_flight_409)},
+        {"idem_gateway_mismatches_total", "Keys reused with another payload, answered 422.",
+         offsetof(struct daemon_counters, mismatches)},
+        {"idem_gateway_store_errors_total",
+         "Requests the store failed, answered 503 (never forwarded unclaimed).",
+         offsetof(struct daemon_counters, store_errors)},
+        {"idem_gateway_unknown_outcomes_total",
+         "Requests sent upstream with no answer (timeout, lost connection): left claimed "
+         "until their lease ends.",
+         offsetof(struct daemon_counters, upstream_unknown)},
+        {"idem_gateway_redis_down_skips_total",
+         "Requests that went on without the token and lock layers while Redis was down.",
+         offsetof(struct daemon_counters, redis_down_skips)},
+    };
     idem_stats st;
     idem_get_stats(d->h, &st);
     const struct {
         const char *name, *type, *help;
         uint64_t value;
-    } m[] = {
-        {"idem_gateway_requests_total", "counter", "Requests that matched a route.",
-         atomic_load(&d->n.requests)},
-        {"idem_gateway_executions_total", "counter",
-         "Requests forwarded to their upstream under a claimed record.",
-         atomic_load(&d->n.executions)},
-        {"idem_gateway_replays_total", "counter", "Requests answered with a stored answer.",
-         atomic_load(&d->n.replays)},
-        {"idem_gateway_in_flight_rejections_total", "counter",
-         "Duplicates answered 409 while the first request ran.",
-         atomic_load(&d->n.in_flight_409)},
-        {"idem_gateway_mismatches_total", "counter",
-         "Keys reused with another payload, answered 422.", atomic_load(&d->n.mismatches)},
-        {"idem_gateway_store_errors_total", "counter",
-         "Requests the store failed, answered 503 (never forwarded unclaimed).",
-         atomic_load(&d->n.store_errors)},
-        {"idem_gateway_unknown_outcomes_total", "counter",
-         "Requests sent upstream with no answer (timeout, lost connection): left claimed "
-         "until their lease ends.",
-         atomic_load(&d->n.upstream_unknown)},
+    } whole[] = {
         {"idem_gateway_passthrough_total", "counter",
          "Requests that matched no route, proxied untouched.", atomic_load(&d->n.passthrough)},
-        {"idem_gateway_redis_down_skips_total", "counter",
-         "Requests that went on without the token and lock layers while Redis was down.",
-         atomic_load(&d->n.redis_down_skips)},
+        {"idem_gateway_answers_not_kept", "gauge",
+         "Requests executed whose answer the store has not kept yet: each holds its claim "
+         "and writes it again until the store takes it.",
+         atomic_load(&d->unkept_count)},
         {"idem_record_conflicts_total", "counter",
          "Finishes or transitions refused because another claim or state won: alert on "
          "any.",
@@ -286,33 +312,48 @@ static struct http_response *metrics(struct daemon *d)
          st.commits},
         {"idem_store_committed_ops_total", "counter", "Writes carried by those transactions.",
          st.committed_ops},
-        {"idem_gateway_answers_not_kept", "gauge",
-         "Requests executed whose answer the store has not kept yet: each holds its claim "
-         "and writes it again until the store takes it.",
-         atomic_load(&d->unkept_count)},
         {"idem_store_writes_failing", "gauge",
          "1 after a gateway write to the store failed, until one succeeds again.",
          (uint64_t)(atomic_load(&d->writes_failing) != 0)},
     };
-    char buf[6144];
-    size_t n = 0;
-    for (size_t i = 0; i < sizeof m / sizeof m[0] && n < sizeof buf; i++)
-        n += (size_t)snprintf(buf + n, sizeof buf - n, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n",
-                              m[i].name, m[i].help, m[i].name, m[i].type, m[i].name,
-                              (unsigned long long)m[i].value);
-    if (n < sizeof buf)
-        n += (size_t)snprintf(buf + n, sizeof buf - n,
-                              "# HELP idem_build_info The running version and store.\n"
-                              "# TYPE idem_build_info gauge\n"
-                              "idem_build_info{version=\"%s\",store=\"%s\"} 1\n",
-                              idem_version(), idem_store_name(d->h));
-    struct http_response *r = response_new(200);
-    if (!r || n >= sizeof buf ||
-        response_add_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8") ||
-        response_set_body(r, buf, n)) {
-        response_free(r);
+    pthread_mutex_lock(&d->routes_mu);
+    /* Room for every line: the help texts, and per route a line per family
+     * of at most 40 + 64 (the name) + 20 (the value) bytes. */
+    size_t routes = 0, n = 0;
+    for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
+        routes++;
+    size_t cap = 8192 + routes * (sizeof per_route / sizeof per_route[0]) * 128;
+    char *buf = malloc(cap);
+    if (!buf) {
+        pthread_mutex_unlock(&d->routes_mu);
         return NULL; /* 503, as for any response that cannot be built */
     }
+    for (size_t i = 0; i < sizeof per_route / sizeof per_route[0]; i++) {
+        add(buf, cap, &n, "# HELP %s %s\n# TYPE %s counter\n", per_route[i].name,
+            per_route[i].help, per_route[i].name);
+        for (const struct route_counters *rc = d->route_n; rc; rc = rc->next) {
+            const atomic_ulong *v =
+                (const atomic_ulong *)((const char *)&rc->n + per_route[i].field);
+            add(buf, cap, &n, "%s{route=\"%s\"} %lu\n", per_route[i].name, rc->name,
+                atomic_load(v));
+        }
+    }
+    pthread_mutex_unlock(&d->routes_mu);
+    for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++)
+        add(buf, cap, &n, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", whole[i].name, whole[i].help,
+            whole[i].name, whole[i].type, whole[i].name, (unsigned long long)whole[i].value);
+    add(buf, cap, &n,
+        "# HELP idem_build_info The running version and store.\n"
+        "# TYPE idem_build_info gauge\n"
+        "idem_build_info{version=\"%s\",store=\"%s\"} 1\n",
+        idem_version(), idem_store_name(d->h));
+    struct http_response *r = n < cap ? response_new(200) : NULL;
+    if (!r || response_add_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8") ||
+        response_set_body(r, buf, n)) {
+        response_free(r);
+        r = NULL;
+    }
+    free(buf);
     return r;
 }
 

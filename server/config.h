@@ -39,6 +39,8 @@ struct upstream_url {
     struct upstream_addrs *addrs;  /* looked up by config_resolve(); NULL before */
 };
 
+struct daemon_counters;
+
 struct route {
     char *name;              /* required; unique */
     char *method;            /* match.method, upper case; NULL: any */
@@ -47,6 +49,8 @@ struct route {
     int prefix;              /* match.path ended in slash-star: a prefix match */
     char *folded_path;       /* path through config_fold_path(), a prefix's
                               * final '/' kept */
+    struct daemon_counters *n; /* the daemon's counters for this route's name:
+                                * set by the daemon, not the parser */
     struct upstream_url upstream;   /* required */
     struct key_part *key;    /* one part, or several for a composite key */
     size_t key_parts;        /* >= 1; required */

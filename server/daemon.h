@@ -31,6 +31,14 @@ struct daemon_counters {
     atomic_ulong redis_down_skips; /* token or lock layer skipped: Redis down */
 };
 
+/* A route's counters, by its name: a reload that keeps a route's name keeps
+ * its counts. Made when a configuration is loaded, kept until exit. */
+struct route_counters {
+    struct route_counters *next;
+    char name[65];
+    struct daemon_counters n;
+};
+
 /* One event loop's own: its base, its upstream connections (every request
  * of the loop gets it as req->loop_ctx). */
 struct daemon_loop {
@@ -73,11 +81,19 @@ struct daemon {
     pthread_mutex_t unkept_mu;
     struct gw *unkept;
     atomic_ulong unkept_count;
+    /* Each route's counters (route->n points into this list), and where
+     * a route's go when there is no memory for its own. */
+    pthread_mutex_t routes_mu;
+    struct route_counters *route_n;
+    struct daemon_counters n_unlisted;
 };
 
 struct gw;
 
 struct live_config *daemon_config_get(struct daemon *d);
+/* Point each route of cfg at its counters (made for a new name). Before
+ * cfg is live. */
+void daemon_attach_counters(struct daemon *d, struct server_config *cfg);
 void daemon_config_put(struct live_config *lc);
 
 /* Answer req with r (NULL: 503) before anything else holds the request,

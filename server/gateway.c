@@ -72,6 +72,10 @@
 #include "stored.h"
 #include "upstream.h"
 
+/* A gateway counter: the daemon's, and the route's. */
+#define COUNT(d, rt, field)                                                                   \
+    (atomic_fetch_add(&(d)->n.field, 1), atomic_fetch_add(&(rt)->n->field, 1))
+
 struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what)
 {
     if (rc == IDEM_EINVAL || rc == IDEM_ETOOBIG)
@@ -426,6 +430,7 @@ static int skip_kv_layer(struct gw *g, const char *layer)
 {
     if (g->rt->on_redis_down_reject || (g->rc != IDEM_EUNAVAILABLE && g->rc != IDEM_ETIMEDOUT))
         return 0;
+    atomic_fetch_add(&g->rt->n->redis_down_skips, 1);
     unsigned long n = atomic_fetch_add(&g->d->n.redis_down_skips, 1) + 1;
     /* Every skip is counted; the log says so for the 1st, 2nd, 4th, 8th... */
     if ((n & (n - 1)) == 0)
@@ -480,14 +485,14 @@ static struct http_response *decode_replay(const void *stored, size_t len)
 }
 
 /* The answer to a duplicate: the replay r, counted, or the problem. */
-static struct http_response *counted_replay(struct daemon *d, struct http_response *r,
-                                            const char *state)
+static struct http_response *counted_replay(struct daemon *d, const struct route *rt,
+                                            struct http_response *r, const char *state)
 {
     if (!r)
         return problem(500, "stored_result_unreadable",
                        "the record is %s but its stored result is not a response Idem stored",
                        state);
-    atomic_fetch_add(&d->n.replays, 1);
+    COUNT(d, rt, replays);
     return r;
 }
 
@@ -507,7 +512,7 @@ static struct http_response *replay(struct gw *g, const idem_record *rec)
     if (r)
         keep_answer(g, rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
                     rec->result_len);
-    return counted_replay(g->d, r, rec->state);
+    return counted_replay(g->d, g->rt, r, rec->state);
 }
 
 /* The stored answer if the record read is finished — and its payload
@@ -574,7 +579,7 @@ static void after_token(struct gw *g)
     }
     if (g->rc != IDEM_OK) {
         if (!skip_kv_layer(g, "the token layer")) {
-            atomic_fetch_add(&g->d->n.store_errors, 1);
+            COUNT(g->d, g->rt, store_errors);
             g->out = problem_from_rc(g->rc, g->detail, "consuming the token");
             answer(g);
             return;
@@ -600,7 +605,7 @@ static void after_busy_get(struct gw *g)
         return;
     }
     if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
-        atomic_fetch_add(&g->d->n.in_flight_409, 1);
+        COUNT(g->d, g->rt, in_flight_409);
         const idem_record *rec = g->rc == IDEM_OK && g->o == IDEM_FOUND ? &g->rec : NULL;
         g->out = in_flight("its lock is held", rec, g->rt->lease_ms);
         g->give_token_back = 1;
@@ -620,7 +625,7 @@ static void after_lock(struct gw *g)
         return;
     }
     if (g->rc != IDEM_OK) {
-        atomic_fetch_add(&g->d->n.store_errors, 1);
+        COUNT(g->d, g->rt, store_errors);
         g->out = problem_from_rc(g->rc, g->detail, "taking the business-key lock");
         g->give_token_back = 1;
         finish(g);
@@ -651,7 +656,7 @@ static void reading_found(struct daemon *d, int found);
 static void in_flight_elsewhere(struct gw *g, const char *why, const idem_record *rec)
 {
     if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
-        atomic_fetch_add(&g->d->n.in_flight_409, 1);
+        COUNT(g->d, g->rt, in_flight_409);
         g->out = in_flight(why, rec, g->rt->lease_ms);
         finish(g);
         return;
@@ -662,7 +667,7 @@ static void in_flight_elsewhere(struct gw *g, const char *why, const idem_record
 static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
-        atomic_fetch_add(&g->d->n.store_errors, 1);
+        COUNT(g->d, g->rt, store_errors);
         daemon_write_failed(g->d, g->rc);
         g->out = problem_from_rc(g->rc, g->detail, "claiming the record");
         g->give_token_back = 1;
@@ -683,7 +688,7 @@ static void after_begin(struct gw *g)
         finish(g);
         return;
     case IDEM_MISMATCH:
-        atomic_fetch_add(&g->d->n.mismatches, 1);
+        COUNT(g->d, g->rt, mismatches);
         g->out = problem(422, "key_reused",
                          "the idempotency key %s was already used with another payload", g->key);
         g->give_token_back = 1;
@@ -927,7 +932,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         break;
     case UPSTREAM_TIMEOUT:
     case UPSTREAM_UNKNOWN:
-        atomic_fetch_add(&g->d->n.upstream_unknown, 1);
+        COUNT(g->d, g->rt, upstream_unknown);
         if (rt->unknown_hold) {
             g->out = problem(504, "outcome_unknown",
                              "%s; the request may have been executed. Its record is held "
@@ -973,7 +978,7 @@ static void forward(struct gw *g)
         .timeout_ms = rt->upstream_timeout_ms,
         .response_max = g->lc->c->limits.response_max,
     };
-    atomic_fetch_add(&g->d->n.executions, 1);
+    COUNT(g->d, g->rt, executions);
     g->forwarded = 1;
     g->call = upstream_call_start(loop->upstreams, rt->upstream.addrs, &rq, on_upstream, g);
     if (!g->call) {
@@ -1039,12 +1044,12 @@ static int answer_kept(struct daemon *d, struct live_config *lc, const struct ro
     }
     if (raw && kept.wire_len) {
         response_free(r);
-        atomic_fetch_add(&d->n.replays, 1);
+        COUNT(d, rt, replays);
         daemon_config_put(lc);
         front_answer_raw(req, kept.wire, kept.wire_len);
         return 1;
     }
-    daemon_answer(lc, req, counted_replay(d, r, "finished"));
+    daemon_answer(lc, req, counted_replay(d, rt, r, "finished"));
     return 1;
 }
 
@@ -1057,7 +1062,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
     int has_fp = 0;
     const char *type = NULL;
-    atomic_fetch_add(&d->n.requests, 1);
+    COUNT(d, rt, requests);
     const char *subject;
     int status = request_subject(m, cfg->subject_header, &subject, detail, sizeof detail);
     if (status)

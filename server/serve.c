@@ -32,6 +32,24 @@
 #include "serve.h"
 #include "upstream.h"
 
+void daemon_attach_counters(struct daemon *d, struct server_config *cfg)
+{
+    pthread_mutex_lock(&d->routes_mu);
+    for (size_t i = 0; i < cfg->route_count; i++) {
+        struct route *rt = &cfg->routes[i];
+        struct route_counters *rc = d->route_n;
+        while (rc && strcmp(rc->name, rt->name) != 0)
+            rc = rc->next;
+        if (!rc && (rc = calloc(1, sizeof *rc)) != NULL) {
+            snprintf(rc->name, sizeof rc->name, "%s", rt->name);
+            rc->next = d->route_n;
+            d->route_n = rc;
+        }
+        rt->n = rc ? &rc->n : &d->n_unlisted;
+    }
+    pthread_mutex_unlock(&d->routes_mu);
+}
+
 struct live_config *daemon_config_get(struct daemon *d)
 {
     pthread_mutex_lock(&d->cfg_mu);
@@ -503,6 +521,7 @@ static void reload(struct serve *s)
                    waits);
     warn_new_keys(cur->c, next);
     next->limits = *s->limits;
+    daemon_attach_counters(&s->d, next);
     lc->c = next;
     atomic_init(&lc->refs, 1);
     pthread_mutex_lock(&s->d.cfg_mu);
@@ -663,6 +682,8 @@ int serve_main(int argc, char **argv)
     atomic_init(&lc->refs, 1);
     pthread_mutex_init(&s->d.cfg_mu, NULL);
     pthread_mutex_init(&s->d.unkept_mu, NULL);
+    pthread_mutex_init(&s->d.routes_mu, NULL);
+    daemon_attach_counters(&s->d, cfg);
     s->d.live = lc;
     s->start = daemon_config_get(&s->d); /* what SIGHUP compares with */
     s->limits = &cfg->limits;
@@ -817,6 +838,12 @@ out:
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);
     pthread_mutex_destroy(&s->d.unkept_mu);
+    pthread_mutex_destroy(&s->d.routes_mu);
+    while (s->d.route_n) {
+        struct route_counters *dead = s->d.route_n;
+        s->d.route_n = dead->next;
+        free(dead);
+    }
     free(s);
     return rc;
 }

@@ -291,9 +291,11 @@ static void test_replay_mismatch_missing_key(void **state)
     assert_int_equal(e.status, 200);
     assert_string_equal(sys_header(&e, "Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
     static const char *const counts[] = {
-        "\nidem_gateway_executions_total 1\n", "\nidem_gateway_replays_total 3\n",
-        "\nidem_gateway_mismatches_total 1\n", "\nidem_gateway_passthrough_total 1\n",
-        "\nidem_gateway_store_errors_total 0\n", "\nidem_record_conflicts_total 0\n",
+        "\nidem_gateway_executions_total{route=\"refund\"} 1\n",
+        "\nidem_gateway_replays_total{route=\"refund\"} 3\n",
+        "\nidem_gateway_mismatches_total{route=\"refund\"} 1\n",
+        "\nidem_gateway_store_errors_total{route=\"refund\"} 0\n",
+        "\nidem_gateway_passthrough_total 1\n", "\nidem_record_conflicts_total 0\n",
         "# TYPE idem_gateway_requests_total counter\n", "idem_build_info{version=\""};
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         if (!strstr(e.m->body, counts[i]))
@@ -1435,6 +1437,13 @@ static void test_sighup_reloads_routes(void **state)
             assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
         sys_resp_free(&r);
     }
+    /* The metrics count per route, and a route that keeps its name across
+     * the reload keeps its counts. */
+    assert_int_equal(metric(gw.port, "idem_gateway_executions_total{route=\"refund\"}"), 1);
+    assert_int_equal(metric(gw.port, "idem_gateway_requests_total{route=\"payment-callback\"}"),
+                     2);
+    assert_int_equal(metric(gw.port, "idem_gateway_replays_total{route=\"payment-callback\"}"), 1);
+    assert_int_equal(metric(gw.port, "idem_gateway_passthrough_total"), 1);
     /* Only the routes changed: the reload applied --listen and --db again
      * and did not claim that anything waits for a restart. */
     char *log = sys_read_file(gw.log);
