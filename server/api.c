@@ -317,12 +317,14 @@ static struct http_response *metrics(struct daemon *d)
          (uint64_t)(atomic_load(&d->writes_failing) != 0)},
     };
     pthread_mutex_lock(&d->routes_mu);
-    /* Room for every line: the help texts, and per route a line per family
-     * of at most 40 + 64 (the name) + 20 (the value) bytes. */
+    /* Room for every line: the help texts, and per route a line per counter
+     * and per bucket of the histogram, each at most 60 + 64 (the name) + 20
+     * (the value) bytes. */
     size_t routes = 0, n = 0;
     for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
         routes++;
-    size_t cap = 8192 + routes * (sizeof per_route / sizeof per_route[0]) * 128;
+    size_t lines = sizeof per_route / sizeof per_route[0] + LATENCY_BUCKETS + 2;
+    size_t cap = 8192 + routes * lines * 160;
     char *buf = malloc(cap);
     if (!buf) {
         pthread_mutex_unlock(&d->routes_mu);
@@ -337,6 +339,26 @@ static struct http_response *metrics(struct daemon *d)
             add(buf, cap, &n, "%s{route=\"%s\"} %lu\n", per_route[i].name, rc->name,
                 atomic_load(v));
         }
+    }
+    const char *dur = "idem_gateway_request_duration_seconds";
+    add(buf, cap, &n,
+        "# HELP %s From a request's arrival at the route to its answer (the upstream's time "
+        "included).\n# TYPE %s histogram\n",
+        dur, dur);
+    for (const struct route_counters *rc = d->route_n; rc; rc = rc->next) {
+        unsigned long total = 0;
+        for (int b = 0; b < LATENCY_BUCKETS; b++) {
+            total += atomic_load(&rc->n.latency[b]);
+            if (b < LATENCY_BUCKETS - 1)
+                add(buf, cap, &n, "%s_bucket{route=\"%s\",le=\"%g\"} %lu\n", dur, rc->name,
+                    (double)daemon_latency_bounds_us[b] / 1e6, total);
+            else
+                add(buf, cap, &n, "%s_bucket{route=\"%s\",le=\"+Inf\"} %lu\n", dur, rc->name,
+                    total);
+        }
+        unsigned long sum_us = atomic_load(&rc->n.latency_sum_us);
+        add(buf, cap, &n, "%s_sum{route=\"%s\"} %lu.%06lu\n%s_count{route=\"%s\"} %lu\n", dur,
+            rc->name, sum_us / 1000000, sum_us % 1000000, dur, rc->name, total);
     }
     pthread_mutex_unlock(&d->routes_mu);
     for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++)

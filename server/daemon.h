@@ -19,6 +19,11 @@ struct live_config {
     atomic_int refs;
 };
 
+/* How long gateway requests took, from their arrival to their answer: a
+ * count per bucket, each bucket up to its bound in daemon_latency_bounds_us
+ * (the last has none). */
+#define LATENCY_BUCKETS 15
+
 struct daemon_counters {
     atomic_ulong requests;     /* gateway requests */
     atomic_ulong executions;   /* forwarded to the upstream under a claim */
@@ -29,7 +34,11 @@ struct daemon_counters {
     atomic_ulong upstream_unknown; /* sent, outcome unknown: left PROCESSING */
     atomic_ulong passthrough;  /* no route: proxied untouched */
     atomic_ulong redis_down_skips; /* token or lock layer skipped: Redis down */
+    atomic_ulong latency[LATENCY_BUCKETS];
+    atomic_ulong latency_sum_us;
 };
+
+extern const int64_t daemon_latency_bounds_us[LATENCY_BUCKETS - 1];
 
 /* A route's counters, by its name: a reload that keeps a route's name keeps
  * its counts. Made when a configuration is loaded, kept until exit. */
@@ -99,6 +108,10 @@ void daemon_config_put(struct live_config *lc);
 /* Answer req with r (NULL: 503) before anything else holds the request,
  * and drop the configuration reference taken for it. */
 void daemon_answer(struct live_config *lc, struct front_request *req, struct http_response *r);
+
+/* A gateway request that arrived at start_us (mono_us()) is answered now:
+ * counted in its route's durations (rt may be NULL: none). */
+void daemon_observe(const struct route *rt, int64_t start_us);
 
 /* What became of a record write (a begin or a finish), for the health
  * check. Any thread. */

@@ -126,6 +126,7 @@ struct gw {
     idem_watch *watch;
     int64_t deadline, backoff_ms;
     unsigned long replay_gen; /* the daemon's, when the request came */
+    int64_t t0;               /* mono_us() when it came */
 
     /* The step under way, what follows it on the loop, and what it found. */
     gw_fn step, then;
@@ -219,6 +220,7 @@ static int unkept_has(struct daemon *d, const char *space, const char *key)
 
 static void answer(struct gw *g)
 {
+    daemon_observe(g->rt, g->t0);
     struct front_request *req = g->req;
     req->resp = g->out;
     g->out = NULL;
@@ -1024,7 +1026,7 @@ static void reading_found(struct daemon *d, int found)
  * builds the bytes the next ones get. */
 static int answer_kept(struct daemon *d, struct live_config *lc, const struct route *rt,
                        struct front_request *req, const char *key, const uint8_t *fp,
-                       unsigned long gen)
+                       unsigned long gen, int64_t t0)
 {
     struct daemon_loop *loop = req->loop_ctx;
     struct replay_kept kept;
@@ -1042,6 +1044,7 @@ static int answer_kept(struct daemon *d, struct live_config *lc, const struct ro
             replay_cache_add_wire(loop->replays, &kept, wire, len);
         free(wire);
     }
+    daemon_observe(rt, t0);
     if (raw && kept.wire_len) {
         response_free(r);
         COUNT(d, rt, replays);
@@ -1062,6 +1065,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     uint8_t fp[IDEM_FINGERPRINT_LEN] = {0};
     int has_fp = 0;
     const char *type = NULL;
+    int64_t t0 = mono_us();
     COUNT(d, rt, requests);
     const char *subject;
     int status = request_subject(m, cfg->subject_header, &subject, detail, sizeof detail);
@@ -1070,10 +1074,12 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     else
         status = request_key(rt, m, subject, key, &type, detail, sizeof detail);
     if (status) {
+        daemon_observe(rt, t0);
         daemon_answer(lc, req, problem(status, type, "%s", detail));
         return;
     }
     if ((status = request_fingerprint(rt, m, fp, &has_fp, detail, sizeof detail)) != 0) {
+        daemon_observe(rt, t0);
         daemon_answer(lc, req, problem(status, "fingerprint_unavailable", "%s", detail));
         return;
     }
@@ -1087,12 +1093,13 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
         replay_cache_clear(loop->replays); /* all of it is stale now */
         loop->replay_gen = gen;
     }
-    if (!rt->layer_token && answer_kept(d, lc, rt, req, key, has_fp ? fp : NULL, gen))
+    if (!rt->layer_token && answer_kept(d, lc, rt, req, key, has_fp ? fp : NULL, gen, t0))
         return;
     /* The request's state and its timer in one block. */
     size_t head = (sizeof(struct gw) + 15) & ~(size_t)15;
     struct gw *g = calloc(1, head + event_get_struct_event_size());
     if (!g) {
+        daemon_observe(rt, t0);
         daemon_answer(lc, req, NULL); /* 503 */
         return;
     }
@@ -1108,6 +1115,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     memcpy(g->fp, fp, sizeof fp);
     g->has_fp = has_fp;
     g->replay_gen = gen;
+    g->t0 = t0;
     if (d->reads_dont_block && !rt->layer_token && worth_reading(d)) {
         idem_outcome o;
         if (idem_record_get(d->h, rt->space, g->key, &o, &g->rec) == IDEM_OK &&

@@ -1,6 +1,7 @@
 /*
- * mono.h — the daemon's clock for deadlines and timers: CLOCK_MONOTONIC in
- * milliseconds, and a duration as libevent's struct timeval (daemon).
+ * mono.h — the daemon's clock for deadlines, timers and durations:
+ * CLOCK_MONOTONIC in milliseconds (or microseconds), and a duration as
+ * libevent's struct timeval (daemon).
  */
 #ifndef IDEM_SERVER_MONO_H
 #define IDEM_SERVER_MONO_H
@@ -14,6 +15,13 @@ static inline int64_t mono_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static inline int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 /* ms (negative: 0) as a struct timeval. */

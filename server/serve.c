@@ -27,10 +27,28 @@
 
 #include "daemon.h"
 #include "log.h"
+#include "mono.h"
 #include "replay_cache.h"
 #include "request_key.h"
 #include "serve.h"
 #include "upstream.h"
+
+const int64_t daemon_latency_bounds_us[LATENCY_BUCKETS - 1] = {
+    500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000, 2500000,
+    5000000, 10000000,
+};
+
+void daemon_observe(const struct route *rt, int64_t start_us)
+{
+    if (!rt || !rt->n)
+        return;
+    int64_t us = mono_us() - start_us;
+    int b = 0;
+    while (b < LATENCY_BUCKETS - 1 && us > daemon_latency_bounds_us[b])
+        b++;
+    atomic_fetch_add(&rt->n->latency[b], 1);
+    atomic_fetch_add(&rt->n->latency_sum_us, (unsigned long)(us > 0 ? us : 0));
+}
 
 void daemon_attach_counters(struct daemon *d, struct server_config *cfg)
 {

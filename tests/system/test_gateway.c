@@ -296,7 +296,9 @@ static void test_replay_mismatch_missing_key(void **state)
         "\nidem_gateway_mismatches_total{route=\"refund\"} 1\n",
         "\nidem_gateway_store_errors_total{route=\"refund\"} 0\n",
         "\nidem_gateway_passthrough_total 1\n", "\nidem_record_conflicts_total 0\n",
-        "# TYPE idem_gateway_requests_total counter\n", "idem_build_info{version=\""};
+        "# TYPE idem_gateway_requests_total counter\n", "idem_build_info{version=\"",
+        "\nidem_gateway_request_duration_seconds_count{route=\"refund\"} 6\n",
+        "\nidem_gateway_request_duration_seconds_bucket{route=\"refund\",le=\"+Inf\"} 6\n"};
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         if (!strstr(e.m->body, counts[i]))
             fail_msg("no %s in:\n%s", counts[i], e.m->body);
@@ -934,6 +936,13 @@ static void test_answer_kept_after_store_failure(void **state)
     sys_resp_free(&b.resp);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(metric(gw.port, "idem_gateway_answers_not_kept"), 0);
+    /* Three requests; the first took over 5 s (the store's busy timeout,
+     * twice), the 409 and the replay far less. */
+    assert_int_equal(
+        metric(gw.port, "idem_gateway_request_duration_seconds_count{route=\"refund\"}"), 3);
+    assert_int_equal(
+        metric(gw.port, "idem_gateway_request_duration_seconds_bucket{route=\"refund\",le=\"5\"}"),
+        2);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
