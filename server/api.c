@@ -261,7 +261,7 @@ static void add(char *buf, size_t cap, size_t *n, const char *fmt, ...)
  * format (0.0.4), read without touching the store, so a scrape every few
  * seconds costs nothing and works while the store is down. The gateway's
  * counters are per route (label route), kept across reloads by name. */
-static struct http_response *metrics(struct daemon *d)
+struct http_response *api_metrics(struct daemon *d)
 {
     static const struct {
         const char *name, *help;
@@ -616,7 +616,7 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
         req->resp = post(d, cfg, rest, m);
     } else {
         req->resp = strcmp(rest, "health") == 0    ? health(d)
-                    : strcmp(rest, "metrics") == 0 ? metrics(d)
+                    : strcmp(rest, "metrics") == 0 ? api_metrics(d)
                                                    : get_record(d, rest + 8);
     }
 }

@@ -84,11 +84,13 @@ struct daemon {
      * reads may still work (a full disk, a store gone read-only), so the
      * health check then tries a write of its own. */
     atomic_int writes_failing;
-    /* Requests whose upstream answered but whose answer the store failed to
-     * keep: each retries until it is kept, and no request for its key is
-     * begun here meanwhile (gateway.c, "answers not kept yet"). */
-    pthread_mutex_t unkept_mu;
-    struct gw *unkept;
+    /* The keys claimed by this daemon's requests, from their begin to their
+     * answer: no other request for one is begun here meanwhile, whatever
+     * its record's lease says. unkept_count: those whose answer the store
+     * failed to keep, which write it again until it is (gateway.c, "claims
+     * held here"). */
+    pthread_mutex_t claims_mu;
+    struct gw *claims;
     atomic_ulong unkept_count;
     /* Each route's counters (route->n points into this list), and where
      * a route's go when there is no memory for its own. */
@@ -129,6 +131,8 @@ void passthrough_start(struct daemon *d, const struct server_config *cfg,
                        struct front_request *req);
 /* In api.c, on a worker thread. */
 void api_handle(struct daemon *d, const struct server_config *cfg, struct front_request *req);
+/* GET /_idem/v1/metrics: reads memory only, so any thread, a loop's too. */
+struct http_response *api_metrics(struct daemon *d);
 
 /* The problem for a failed Idem call: 400 for bad input, 503 for the store. */
 struct http_response *problem_from_idem(idem_rc rc, const char *what);

@@ -40,7 +40,7 @@
  *        └── answer too big ────► db: fail(final) with a 502 problem (it did execute)
  *        (a finish the store fails, but a release: the claim, lock and client
  *         are kept and the finish written again until it is kept; see
- *         "answers not kept yet")
+ *         "claims held here")
  *   CLEANUP  kv: stop the watchdog, release the lock, give the token back
  *   answer
  *
@@ -144,19 +144,21 @@ struct gw {
     char *stored;              /* what the record is finished with */
     size_t stored_len;
     struct http_response *out; /* the answer */
-    /* The store failed to keep the answer: on the daemon's list (unkept),
-     * trying again every retry_ms. */
-    int unkept;
+    /* Our claim, on the daemon's list from the begin that made it to the
+     * answer (see "claims held here"); unkept while the store fails to keep
+     * its answer, trying again every retry_ms. held_here: the begin found
+     * the key claimed by another request of this daemon. */
+    int claimed, unkept, held_here;
+    struct gw *claim_next;
     unsigned tries;
     int64_t retry_ms;
-    struct gw *unkept_next;
 };
 
-static void unkept_remove(struct gw *g);
+static void claim_remove(struct gw *g);
 
 static void gw_free(struct gw *g)
 {
-    unkept_remove(g); /* other loops look at the list */
+    claim_remove(g); /* other threads look at the list */
     event_del(g->timer); /* in g's own block */
     idem_record_clear(&g->rec);
     free(g->stored);
@@ -165,56 +167,81 @@ static void gw_free(struct gw *g)
     free(g);
 }
 
-/* ---- answers not kept yet ----
+/* ---- claims held here ----
  *
- * The upstream has executed and answered, and the write that finishes the
- * record failed (a full disk, an I/O error, the store unreachable). The claim
- * must not end then: its lease would run out, and the next duplicate would
- * take the record over and execute again. So the request keeps its claim,
- * its lock and its client, and writes the finish again, every 100 ms at
- * first, then every 2 s, until the store keeps it; its client gets the
- * answer then, the kept one. Meanwhile no request for its key is begun in
- * this daemon (it is in flight here: 409, or a wait), even after the
- * record's lease has run out. A daemon that stops before the answer is kept
- * leaves the record PROCESSING until its lease ends, as after a crash. */
+ * A request that claimed its key (a begin that answered NEW or TAKEN_OVER)
+ * is on the daemon's list until it is answered, and no other request for
+ * that key is begun in this daemon meanwhile: it is in flight here (409, or
+ * a wait), whatever the record's lease says. The begin checks the list where
+ * it runs (the writer, or a worker), so a begin queued before the claim was
+ * listed is held too.
+ *
+ * That matters when the lease runs out under a live claim. The upstream
+ * has executed and answered, and the write that finishes the record fails
+ * (a full disk, an I/O error, the store unreachable); the lease extensions
+ * fail as well. The claim must not end then: the next duplicate would take
+ * the record over and execute again. So the request keeps its claim, its
+ * lock and its client, and writes the finish again, every 100 ms at first,
+ * then every 2 s, until the store keeps it (unkept meanwhile); its client
+ * gets the answer then, the kept one. A daemon that stops before the answer
+ * is kept gives its client the upstream's answer and leaves the record
+ * PROCESSING until its lease ends, as a crash would. The list is this
+ * daemon's: on the distributed store another instance can still take such
+ * a claim over once its lease ends (the lock layer keeps it out while Redis
+ * works). */
 
-static void unkept_add(struct gw *g)
+static void claim_add(struct gw *g)
 {
     struct daemon *d = g->d;
-    pthread_mutex_lock(&d->unkept_mu);
-    g->unkept_next = d->unkept;
-    d->unkept = g;
-    atomic_fetch_add(&d->unkept_count, 1);
-    pthread_mutex_unlock(&d->unkept_mu);
-    g->unkept = 1;
+    pthread_mutex_lock(&d->claims_mu);
+    g->claim_next = d->claims;
+    d->claims = g;
+    g->claimed = 1;
+    pthread_mutex_unlock(&d->claims_mu);
 }
 
-static void unkept_remove(struct gw *g)
+static void set_unkept(struct gw *g, int unkept)
 {
     struct daemon *d = g->d;
-    if (!g->unkept)
+    if (g->unkept == unkept)
         return;
-    pthread_mutex_lock(&d->unkept_mu);
-    for (struct gw **p = &d->unkept; *p; p = &(*p)->unkept_next)
+    pthread_mutex_lock(&d->claims_mu);
+    g->unkept = unkept;
+    if (unkept)
+        atomic_fetch_add(&d->unkept_count, 1);
+    else
+        atomic_fetch_sub(&d->unkept_count, 1);
+    pthread_mutex_unlock(&d->claims_mu);
+}
+
+static void claim_remove(struct gw *g)
+{
+    struct daemon *d = g->d;
+    set_unkept(g, 0);
+    if (!g->claimed)
+        return;
+    pthread_mutex_lock(&d->claims_mu);
+    for (struct gw **p = &d->claims; *p; p = &(*p)->claim_next)
         if (*p == g) {
-            *p = g->unkept_next;
+            *p = g->claim_next;
             break;
         }
-    atomic_fetch_sub(&d->unkept_count, 1);
-    pthread_mutex_unlock(&d->unkept_mu);
-    g->unkept = 0;
+    g->claimed = 0;
+    pthread_mutex_unlock(&d->claims_mu);
 }
 
-/* Is a request for this key waiting for its answer to be kept? Any loop. */
-static int unkept_has(struct daemon *d, const char *space, const char *key)
+/* Is this key claimed by another request of this daemon? 0: no; 1: yes;
+ * 2: yes, and its answer waits to be kept. Any thread. */
+static int claimed_here(struct gw *self)
 {
-    if (atomic_load(&d->unkept_count) == 0)
-        return 0;
+    struct daemon *d = self->d;
     int found = 0;
-    pthread_mutex_lock(&d->unkept_mu);
-    for (struct gw *g = d->unkept; g && !found; g = g->unkept_next)
-        found = strcmp(g->key, key) == 0 && strcmp(g->rt->space, space) == 0;
-    pthread_mutex_unlock(&d->unkept_mu);
+    pthread_mutex_lock(&d->claims_mu);
+    for (struct gw *g = d->claims; g && !found; g = g->claim_next)
+        if (g != self && strcmp(g->key, self->key) == 0 &&
+            strcmp(g->rt->space, self->rt->space) == 0)
+            found = g->unkept ? 2 : 1;
+    pthread_mutex_unlock(&d->claims_mu);
     return found;
 }
 
@@ -244,13 +271,13 @@ static void abandon(struct gw *g)
      * once the record was finished) stands. So does one the store has not
      * kept yet: the record stays PROCESSING until its lease ends, and a
      * client told the real outcome has no reason to retry into that. */
-    int was_unkept = g->unkept;
-    if (g->unkept && g->rc != IDEM_OK)
-        daemon_log("%s/%s: stopping before its answer was kept (%u tries): the record stays "
-                   "PROCESSING until its lease ends, and a retry then executes again",
+    int executed = g->finish == FINISH_COMPLETE || g->finish == FINISH_FAIL_FINAL ||
+                   g->finish == FINISH_HOLD;
+    if (g->out && g->step == do_finish && g->rc != IDEM_OK && executed)
+        daemon_log("%s/%s: stopping before its answer was kept (%u failed tries): the record "
+                   "stays PROCESSING until its lease ends, and a retry then executes again",
                    g->rt->space, g->key, g->tries);
-    unkept_remove(g);
-    if (g->out && (g->step != do_finish || g->rc == IDEM_OK || was_unkept)) {
+    if (g->out && (g->step != do_finish || g->rc == IDEM_OK || executed)) {
         answer(g);
         return;
     }
@@ -388,10 +415,18 @@ static void do_get(struct gw *g)
     keep_rc(g, idem_record_get(g->d->h, g->rt->space, g->key, &g->o, &g->rec));
 }
 
+/* Where the begin runs (the store's writer, or a worker): a key claimed by
+ * another request of this daemon is in flight, even if its lease ran out. */
 static void do_begin(struct gw *g)
 {
+    if ((g->held_here = claimed_here(g)) != 0) {
+        g->rc = IDEM_OK;
+        return;
+    }
     keep_rc(g, idem_record_begin(g->d->h, g->rt->space, g->key, g->has_fp ? g->fp : NULL,
                                  g->owner, g->rt->lease_ms, &g->o, &g->rec));
+    if (g->rc == IDEM_OK && (g->o == IDEM_NEW || g->o == IDEM_TAKEN_OVER))
+        claim_add(g);
 }
 
 static void do_finish(struct gw *g)
@@ -653,6 +688,12 @@ static void forward(struct gw *g);
 
 static void reading_found(struct daemon *d, int found);
 
+static const char *held_why(int held)
+{
+    return held == 2 ? "it was executed here and its answer is being stored"
+                     : "this server is running a request with this key";
+}
+
 /* The key is claimed by a request still running: 409, or wait and begin
  * again, as the route says. rec: the claim, if it was read. */
 static void in_flight_elsewhere(struct gw *g, const char *why, const idem_record *rec)
@@ -674,6 +715,10 @@ static void after_begin(struct gw *g)
         g->out = problem_from_rc(g->rc, g->detail, "claiming the record");
         g->give_token_back = 1;
         finish(g);
+        return;
+    }
+    if (g->held_here) { /* decided without the store: see do_begin */
+        in_flight_elsewhere(g, held_why(g->held_here), NULL);
         return;
     }
     daemon_write_ok(g->d);
@@ -703,10 +748,9 @@ static void after_begin(struct gw *g)
 
 static void begin_again(struct gw *g)
 {
-    if (unkept_has(g->d, g->rt->space, g->key)) {
-        /* Executed here; its answer is being kept (the record's lease may
-         * have run out meanwhile: a begin could take it over). */
-        in_flight_elsewhere(g, "it was executed and its answer is being stored", NULL);
+    int held = claimed_here(g);
+    if (held) {
+        in_flight_elsewhere(g, held_why(held), NULL);
         return;
     }
     db_step(g, do_begin, after_begin);
@@ -827,11 +871,36 @@ static void retry_finish(struct gw *g)
     db_step(g, do_finish, after_finish);
 }
 
+/* A retried finish was refused (CONFLICT): the record is not PROCESSING at
+ * our epoch any more. Finished at our epoch: an earlier try was written
+ * after all, and the answer is kept. Otherwise another claim took it over:
+ * the alert below, and the client gets the answer of its own execution. */
+static void after_conflict_read(struct gw *g)
+{
+    if (g->rc != IDEM_OK) { /* the store fails again: so does this try */
+        idem_record_clear(&g->rec);
+        g->step = do_finish;
+        after_finish(g);
+        return;
+    }
+    int kept = g->rc == IDEM_OK && g->o == IDEM_FOUND && g->rec.epoch == g->epoch &&
+               strcmp(g->rec.state, IDEM_STATE_PROCESSING) != 0;
+    if (kept)
+        daemon_log("%s/%s: the answer is kept: an earlier of %u failed tries was written",
+                   g->rt->space, g->key, g->tries);
+    set_unkept(g, 0);
+    idem_record_clear(&g->rec);
+    g->step = do_finish;
+    g->rc = IDEM_OK;
+    g->o = !kept ? IDEM_CONFLICT : g->finish == FINISH_HOLD ? IDEM_RENEWED : IDEM_COMPLETED;
+    after_finish(g);
+}
+
 static void after_finish(struct gw *g)
 {
     if (g->rc != IDEM_OK && g->finish != FINISH_FAIL_RETRYABLE && !front_closing(g->req)) {
         /* Executed (or held as unknown): try again until it is kept (see
-         * "answers not kept yet"). A failed release needs none of this: its
+         * "claims held here"). A failed release needs none of this: its
          * lease ending lets the retry execute, as the release would have. */
         daemon_write_failed(g->d, g->rc);
         g->tries++;
@@ -839,7 +908,7 @@ static void after_finish(struct gw *g)
             daemon_log("%s/%s: keeping the answer failed: %s: %s; the claim is kept, and "
                        "the answer is written again until the store takes it",
                        g->rt->space, g->key, idem_strerror(g->rc), g->detail);
-            unkept_add(g);
+            set_unkept(g, 1);
             g->retry_ms = 100;
         } else {
             g->retry_ms = g->retry_ms * 2 > 2000 ? 2000 : g->retry_ms * 2;
@@ -851,10 +920,16 @@ static void after_finish(struct gw *g)
         evtimer_add(g->timer, &tv);
         return;
     }
+    if (g->unkept && g->rc == IDEM_OK && g->o == IDEM_CONFLICT) {
+        /* A try that failed may have been written all the same (a reply
+         * lost on the way back): read what the record holds. */
+        db_step(g, do_get, after_conflict_read);
+        return;
+    }
     if (g->unkept && g->rc == IDEM_OK) {
         daemon_log("%s/%s: the answer is kept after %u failed tries", g->rt->space, g->key,
                    g->tries);
-        unkept_remove(g);
+        set_unkept(g, 0);
     }
     if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE)
         /* Durable and final: duplicates from now on are answered with it. */

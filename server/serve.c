@@ -208,6 +208,12 @@ void daemon_handle(void *arg, struct front_request *req)
                                            "the JSON API is not served on this listener"));
         return;
     }
+    if (api && strcmp(path, "/_idem/v1/metrics") == 0 &&
+        (strcmp(req->msg->method, "GET") == 0 || strcmp(req->msg->method, "HEAD") == 0)) {
+        /* Memory only: answered here, not behind workers a store holds up. */
+        daemon_answer(lc, req, api_metrics(d));
+        return;
+    }
     if (api) {
         req->state = lc;
         if (front_work(req, api_on_worker, api_answer) != 0) {
@@ -217,6 +223,12 @@ void daemon_handle(void *arg, struct front_request *req)
         return;
     }
     const char *why = path_not_plain(path);
+    int slashes = 0; /* the dots and empty segments show once %2F is read as '/' */
+    if (!why && strcasestr(path, "%2f")) {
+        char folded[8192];
+        config_fold_path(path, folded, sizeof folded);
+        slashes = (why = path_not_plain(folded)) != NULL;
+    }
     const struct route *rt = why ? NULL : match_route(cfg, req->msg, path);
     const struct route *near = why || rt || !cfg->has_upstream
                                    ? NULL
@@ -224,9 +236,9 @@ void daemon_handle(void *arg, struct front_request *req)
     if (why || near) {
         daemon_answer(lc, req,
                       why ? problem(400, "path_not_canonical",
-                                    "the path holds %s, which servers resolve differently: "
+                                    "the path holds %s%s, which servers resolve differently: "
                                     "send the path it stands for",
-                                    why)
+                                    why, slashes ? " once its %2F are read as '/'" : "")
                           : problem(400, "path_not_canonical",
                                     "%s is another spelling of route %s's path %s%s: send it "
                                     "as that, or the request would reach the upstream "
@@ -699,7 +711,7 @@ int serve_main(int argc, char **argv)
     lc->c = cfg;
     atomic_init(&lc->refs, 1);
     pthread_mutex_init(&s->d.cfg_mu, NULL);
-    pthread_mutex_init(&s->d.unkept_mu, NULL);
+    pthread_mutex_init(&s->d.claims_mu, NULL);
     pthread_mutex_init(&s->d.routes_mu, NULL);
     daemon_attach_counters(&s->d, cfg);
     s->d.live = lc;
@@ -855,7 +867,7 @@ out:
     daemon_config_put(s->start);
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);
-    pthread_mutex_destroy(&s->d.unkept_mu);
+    pthread_mutex_destroy(&s->d.claims_mu);
     pthread_mutex_destroy(&s->d.routes_mu);
     while (s->d.route_n) {
         struct route_counters *dead = s->d.route_n;

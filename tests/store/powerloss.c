@@ -322,11 +322,8 @@ static size_t cut_file(struct entry **u, size_t k, double keep, unsigned *seed)
     size_t lost = 0;
     for (size_t i = 0; i < k; i++) {
         struct entry *e = u[i];
-        if (e->last) {
-            /* Whether, or how much of, it happened is unknown: lost. */
-            lost += e->r.kind == 'T' ? 1 : (size_t)((e->r.len + SECTOR - 1) / SECTOR);
-            continue;
-        }
+        if (e->last)
+            continue; /* whether, or how much of, it happened is unknown: dropped, not counted */
         if (e->r.kind == 'T') {
             if ((double)rand_r(seed) / RAND_MAX < keep) {
                 if (e->r.off < size)

@@ -31,10 +31,11 @@ void powerloss_record(const char *undo_path, unsigned long die_at);
 
 /* After that process is dead: undo, in each file it wrote, what a power cut
  * could have lost. Each sector written since the file's last sync mark
- * survives with probability keep (0: none does); so does nothing of the
- * last change logged (the kill may have come before or during it). Returns
- * how many sectors were lost; *files_touched is how many files had
- * unsynced changes, *logged how many changes and syncs the log held. */
+ * survives with probability keep (0: none does); nothing of the last change
+ * logged does (the kill may have come before or during it). Returns how
+ * many sectors were lost, not counting that last change's (which may never
+ * have been written); *files_touched is how many files had unsynced
+ * changes, *logged how many changes and syncs the log held. */
 size_t powerloss_apply(const char *undo_path, double keep, unsigned *seed, size_t *files_touched,
                        size_t *logged);
 

@@ -368,7 +368,8 @@ static void test_ambiguous_requests_refused(void **state)
     static const char *const variants[] = {
         "/./callbacks/payment", "/x/../callbacks/payment", "/x/%2e%2e/callbacks/payment",
         "//callbacks/payment",  "/Callbacks/Payment",      "/callbacks/payment/",
-        "/callbacks/%70ayment", "/callbacks%2Fpayment",
+        "/callbacks/%70ayment", "/callbacks%2Fpayment", "/%2Fcallbacks/payment",
+        "/x/..%2Fcallbacks/payment", "/.%2Fcallbacks/payment",
     };
     static const char *const key[] = {"Idempotency-Key: K-var", NULL};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
@@ -457,9 +458,10 @@ static void test_segment_wildcard_route(void **state)
     /* Another spelling of the route's path, an escaped '/' among them (an
      * upstream behind nginx would read /orders/O-1%2Frefunds as the route's
      * own path): refused. */
-    static const char *const spelt[] = {"/Orders/O-1/Refunds", "/orders/O-1/refunds/",
-                                        "/orders/O-1%2Frefunds", "/orders/O-1/r%65funds",
-                                        "/orders//refunds"};
+    static const char *const spelt[] = {
+        "/Orders/O-1/Refunds",     "/orders/O-1/refunds/",     "/orders/O-1%2Frefunds",
+        "/orders/O-1/r%65funds",   "/%2Forders/O-1/refunds",   "/orders/O-1/..%2Frefunds",
+        "/orders%2F%2FO-1/refunds", "/orders/x%2F..%2FO-1/refunds"};
     for (size_t i = 0; i < sizeof spelt / sizeof spelt[0]; i++) {
         sys_http(gw.port, "POST", spelt[i], NULL, body, 5000, &b);
         if (b.status != 400 || !strstr(b.m->body, "path_not_canonical"))
@@ -874,6 +876,13 @@ static void *slow_post_main(void *arg)
     return NULL;
 }
 
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 static long metric(int port, const char *name)
 {
     struct sys_resp r;
@@ -907,7 +916,18 @@ static void test_answer_kept_after_store_failure(void **state)
     assert_int_equal(sqlite3_open(db, &holder), SQLITE_OK);
     assert_int_equal(sqlite3_exec(holder, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
     /* The lease extensions, then the finish, each wait out the store's busy
-     * timeout (5 s) and fail. */
+     * timeout (5 s) and fail. The lease (1 s) runs out while the finish has
+     * not failed yet: a duplicate's begin, queued now, would run once the
+     * store is back and take the record over. It is not begun: the key is
+     * claimed by a request of this daemon. */
+    sleep_ms(1500);
+    struct sys_resp r;
+    int64_t t = mono_ms();
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 409);
+    assert_non_null(strstr(r.m->body, "running a request with this key"));
+    assert_true(mono_ms() - t < 2000); /* not queued behind the store */
+    sys_resp_free(&r);
     int waited = 0;
     while (metric(gw.port, "idem_gateway_answers_not_kept") != 1 && waited < 30000) {
         sleep_ms(100);
@@ -915,8 +935,7 @@ static void test_answer_kept_after_store_failure(void **state)
     }
     assert_int_equal(metric(gw.port, "idem_gateway_answers_not_kept"), 1);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
-    /* The lease ran out long ago: a begin now could take the record over. */
-    struct sys_resp r;
+    /* The finish failed: the answer waits to be kept, and says so. */
     sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
     assert_int_equal(r.status, 409);
     assert_non_null(strstr(r.m->body, "being stored"));
@@ -936,13 +955,13 @@ static void test_answer_kept_after_store_failure(void **state)
     sys_resp_free(&b.resp);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(metric(gw.port, "idem_gateway_answers_not_kept"), 0);
-    /* Three requests; the first took over 5 s (the store's busy timeout,
-     * twice), the 409 and the replay far less. */
+    /* Four requests; the first took over 5 s (the store's busy timeout,
+     * twice), the two 409s and the replay far less. */
     assert_int_equal(
-        metric(gw.port, "idem_gateway_request_duration_seconds_count{route=\"refund\"}"), 3);
+        metric(gw.port, "idem_gateway_request_duration_seconds_count{route=\"refund\"}"), 4);
     assert_int_equal(
         metric(gw.port, "idem_gateway_request_duration_seconds_bucket{route=\"refund\",le=\"5\"}"),
-        2);
+        3);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
