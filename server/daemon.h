@@ -90,7 +90,7 @@ struct daemon {
      * failed to keep, which write it again until it is (gateway.c, "claims
      * held here"). */
     pthread_mutex_t claims_mu;
-    struct gw *claims;
+    struct gw *claims[1024]; /* by the hash of space and key */
     atomic_ulong unkept_count;
     /* Each route's counters (route->n points into this list), and where
      * a route's go when there is no memory for its own. */

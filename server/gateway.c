@@ -150,6 +150,7 @@ struct gw {
      * the key claimed by another request of this daemon. */
     int claimed, unkept, held_here;
     struct gw *claim_next;
+    uint64_t key_hash; /* of space and key: the list is scanned by it */
     unsigned tries;
     int64_t retry_ms;
 };
@@ -190,12 +191,18 @@ static void gw_free(struct gw *g)
  * a claim over once its lease ends (the lock layer keeps it out while Redis
  * works). */
 
+static struct gw **claim_bucket(struct daemon *d, uint64_t hash)
+{
+    return &d->claims[hash % (sizeof d->claims / sizeof d->claims[0])];
+}
+
 static void claim_add(struct gw *g)
 {
     struct daemon *d = g->d;
     pthread_mutex_lock(&d->claims_mu);
-    g->claim_next = d->claims;
-    d->claims = g;
+    struct gw **b = claim_bucket(d, g->key_hash);
+    g->claim_next = *b;
+    *b = g;
     g->claimed = 1;
     pthread_mutex_unlock(&d->claims_mu);
 }
@@ -221,7 +228,7 @@ static void claim_remove(struct gw *g)
     if (!g->claimed)
         return;
     pthread_mutex_lock(&d->claims_mu);
-    for (struct gw **p = &d->claims; *p; p = &(*p)->claim_next)
+    for (struct gw **p = claim_bucket(d, g->key_hash); *p; p = &(*p)->claim_next)
         if (*p == g) {
             *p = g->claim_next;
             break;
@@ -237,8 +244,8 @@ static int claimed_here(struct gw *self)
     struct daemon *d = self->d;
     int found = 0;
     pthread_mutex_lock(&d->claims_mu);
-    for (struct gw *g = d->claims; g && !found; g = g->claim_next)
-        if (g != self && strcmp(g->key, self->key) == 0 &&
+    for (struct gw *g = *claim_bucket(d, self->key_hash); g && !found; g = g->claim_next)
+        if (g->key_hash == self->key_hash && g != self && strcmp(g->key, self->key) == 0 &&
             strcmp(g->rt->space, self->rt->space) == 0)
             found = g->unkept ? 2 : 1;
     pthread_mutex_unlock(&d->claims_mu);
@@ -1191,6 +1198,13 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     g->has_fp = has_fp;
     g->replay_gen = gen;
     g->t0 = t0;
+    uint64_t h = 14695981039346656037ull; /* FNV-1a */
+    for (const char *c = rt->space; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull; /* no name holds 0xff: space/key apart */
+    for (const char *c = g->key; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    g->key_hash = h;
     if (d->reads_dont_block && !rt->layer_token && worth_reading(d)) {
         idem_outcome o;
         if (idem_record_get(d->h, rt->space, g->key, &o, &g->rec) == IDEM_OK &&
