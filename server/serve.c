@@ -634,6 +634,7 @@ static void usage(FILE *out)
           "  -l, --listen H:P     listen here instead of the file's listen (admin_listen\n"
           "                       stays; the two must not overlap)\n"
           "      --db PATH        the embedded store's SQLite file instead of the file's\n"
+          "                       (one idem serve per file: a second one is refused)\n"
           "      --check          check the configuration (upstream host names are\n"
           "                       looked up too), say whether it is valid, and exit\n"
           "                       (0 valid, 2 not): run it before a SIGHUP\n"
