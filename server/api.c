@@ -184,6 +184,8 @@ static json_t *record_json(const idem_record *r)
     return j;
 }
 
+#define TOTAL(d, field) ((json_int_t)daemon_total(d, offsetof(struct daemon_counters, field)))
+
 static struct http_response *health(struct daemon *d)
 {
     idem_stats st;
@@ -230,16 +232,11 @@ static struct http_response *health(struct daemon *d)
         "version", idem_version(), "store_stats", "conflicts", (json_int_t)st.conflicts,
         "takeovers", (json_int_t)st.takeovers, "commits", (json_int_t)st.commits,
         "committed_ops", (json_int_t)st.committed_ops, "gateway", "requests",
-        (json_int_t)atomic_load(&d->n.requests), "executions",
-        (json_int_t)atomic_load(&d->n.executions), "replays",
-        (json_int_t)atomic_load(&d->n.replays), "in_flight_409",
-        (json_int_t)atomic_load(&d->n.in_flight_409), "mismatches",
-        (json_int_t)atomic_load(&d->n.mismatches), "store_errors",
-        (json_int_t)atomic_load(&d->n.store_errors), "upstream_unknown",
-        (json_int_t)atomic_load(&d->n.upstream_unknown), "passthrough",
-        (json_int_t)atomic_load(&d->n.passthrough), "redis_down_skips",
-        (json_int_t)atomic_load(&d->n.redis_down_skips), "answers_not_kept",
-        (json_int_t)atomic_load(&d->unkept_count));
+        TOTAL(d, requests), "executions", TOTAL(d, executions), "replays", TOTAL(d, replays),
+        "in_flight_409", TOTAL(d, in_flight_409), "mismatches", TOTAL(d, mismatches),
+        "store_errors", TOTAL(d, store_errors), "upstream_unknown", TOTAL(d, upstream_unknown),
+        "passthrough", (json_int_t)atomic_load(&d->passthrough), "redis_down_skips",
+        TOTAL(d, redis_down_skips), "answers_not_kept", (json_int_t)atomic_load(&d->unkept_count));
     return json_response(rc == IDEM_OK && wr == IDEM_OK ? 200 : 503, j);
 }
 
@@ -297,7 +294,7 @@ struct http_response *api_metrics(struct daemon *d)
         uint64_t value;
     } whole[] = {
         {"idem_gateway_passthrough_total", "counter",
-         "Requests that matched no route, proxied untouched.", atomic_load(&d->n.passthrough)},
+         "Requests that matched no route, proxied untouched.", atomic_load(&d->passthrough)},
         {"idem_gateway_answers_not_kept", "gauge",
          "Requests executed whose answer the store has not kept yet: each holds its claim "
          "and writes it again until the store takes it.",
@@ -333,12 +330,9 @@ struct http_response *api_metrics(struct daemon *d)
     for (size_t i = 0; i < sizeof per_route / sizeof per_route[0]; i++) {
         add(buf, cap, &n, "# HELP %s %s\n# TYPE %s counter\n", per_route[i].name,
             per_route[i].help, per_route[i].name);
-        for (const struct route_counters *rc = d->route_n; rc; rc = rc->next) {
-            const atomic_ulong *v =
-                (const atomic_ulong *)((const char *)&rc->n + per_route[i].field);
+        for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
             add(buf, cap, &n, "%s{route=\"%s\"} %lu\n", per_route[i].name, rc->name,
-                atomic_load(v));
-        }
+                daemon_counter(&rc->n, per_route[i].field));
     }
     const char *dur = "idem_gateway_request_duration_seconds";
     add(buf, cap, &n,

@@ -24,6 +24,7 @@ struct live_config {
  * (the last has none). */
 #define LATENCY_BUCKETS 15
 
+/* A route's counters (the daemon's totals are their sums). */
 struct daemon_counters {
     atomic_ulong requests;     /* gateway requests */
     atomic_ulong executions;   /* forwarded to the upstream under a claim */
@@ -32,7 +33,6 @@ struct daemon_counters {
     atomic_ulong mismatches;
     atomic_ulong store_errors;
     atomic_ulong upstream_unknown; /* sent, outcome unknown: left PROCESSING */
-    atomic_ulong passthrough;  /* no route: proxied untouched */
     atomic_ulong redis_down_skips; /* token or lock layer skipped: Redis down */
     atomic_ulong latency[LATENCY_BUCKETS];
     atomic_ulong latency_sum_us;
@@ -79,7 +79,7 @@ struct daemon {
     /* Raised by a transition made through the JSON API: the loops' replay
      * caches drop what they kept before it. */
     atomic_ulong replay_gen;
-    struct daemon_counters n;
+    atomic_ulong passthrough;  /* requests on no route: proxied untouched */
     /* The gateway's last record write failed (and none has worked since):
      * reads may still work (a full disk, a store gone read-only), so the
      * health check then tries a write of its own. */
@@ -102,6 +102,15 @@ struct daemon {
 struct gw;
 
 struct live_config *daemon_config_get(struct daemon *d);
+/* The sum over every route of the counter at offset field of struct
+ * daemon_counters (offsetof). */
+unsigned long daemon_total(struct daemon *d, size_t field);
+/* The counter at offset field of n. */
+static inline unsigned long daemon_counter(const struct daemon_counters *n, size_t field)
+{
+    return atomic_load((const atomic_ulong *)((const char *)n + field));
+}
+
 /* Point each route of cfg at its counters (made for a new name). Before
  * cfg is live. */
 void daemon_attach_counters(struct daemon *d, struct server_config *cfg);

@@ -72,9 +72,8 @@
 #include "stored.h"
 #include "upstream.h"
 
-/* A gateway counter: the daemon's, and the route's. */
-#define COUNT(d, rt, field)                                                                   \
-    (atomic_fetch_add(&(d)->n.field, 1), atomic_fetch_add(&(rt)->n->field, 1))
+/* A gateway counter: the route's (the daemon's totals are their sums). */
+#define COUNT(rt, field) atomic_fetch_add(&(rt)->n->field, 1)
 
 struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what)
 {
@@ -474,9 +473,8 @@ static int skip_kv_layer(struct gw *g, const char *layer)
 {
     if (g->rt->on_redis_down_reject || (g->rc != IDEM_EUNAVAILABLE && g->rc != IDEM_ETIMEDOUT))
         return 0;
-    atomic_fetch_add(&g->rt->n->redis_down_skips, 1);
-    unsigned long n = atomic_fetch_add(&g->d->n.redis_down_skips, 1) + 1;
-    /* Every skip is counted; the log says so for the 1st, 2nd, 4th, 8th... */
+    unsigned long n = COUNT(g->rt, redis_down_skips) + 1;
+    /* Every skip is counted; the log says so for the route's 1st, 2nd, 4th... */
     if ((n & (n - 1)) == 0)
         daemon_log("route %s: %s skipped, the store is down (%s: %s); %lu skipped so far",
                    g->rt->name, layer, idem_strerror(g->rc), g->detail, n);
@@ -489,14 +487,12 @@ static int skip_kv_layer(struct gw *g, const char *layer)
  * not renewed for longer is not running here any more: an unknown outcome
  * (held, or left to its lease), or a gateway that died. Nothing changes for
  * it until its lease ends (or an operator finishes it), so the wait is what
- * is left of the lease. The store's times are the wall clock's. */
+ * is left of the lease. */
 static long retry_after_s(const idem_record *rec, int64_t lease_ms)
 {
     if (!rec || strcmp(rec->state, IDEM_STATE_PROCESSING) != 0)
         return 1;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int64_t now = wall_ms();
     if (now - rec->updated_ms <= lease_ms / 3 + 1000)
         return 1;
     int64_t left = rec->lease_until_ms - now;
@@ -529,14 +525,14 @@ static struct http_response *decode_replay(const void *stored, size_t len)
 }
 
 /* The answer to a duplicate: the replay r, counted, or the problem. */
-static struct http_response *counted_replay(struct daemon *d, const struct route *rt,
-                                            struct http_response *r, const char *state)
+static struct http_response *counted_replay(const struct route *rt, struct http_response *r,
+                                            const char *state)
 {
     if (!r)
         return problem(500, "stored_result_unreadable",
                        "the record is %s but its stored result is not a response Idem stored",
                        state);
-    COUNT(d, rt, replays);
+    COUNT(rt, replays);
     return r;
 }
 
@@ -556,7 +552,7 @@ static struct http_response *replay(struct gw *g, const idem_record *rec)
     if (r)
         keep_answer(g, rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
                     rec->result_len);
-    return counted_replay(g->d, g->rt, r, rec->state);
+    return counted_replay(g->rt, r, rec->state);
 }
 
 /* The stored answer if the record read is finished — and its payload
@@ -623,7 +619,7 @@ static void after_token(struct gw *g)
     }
     if (g->rc != IDEM_OK) {
         if (!skip_kv_layer(g, "the token layer")) {
-            COUNT(g->d, g->rt, store_errors);
+            COUNT(g->rt, store_errors);
             g->out = problem_from_rc(g->rc, g->detail, "consuming the token");
             answer(g);
             return;
@@ -649,7 +645,7 @@ static void after_busy_get(struct gw *g)
         return;
     }
     if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
-        COUNT(g->d, g->rt, in_flight_409);
+        COUNT(g->rt, in_flight_409);
         const idem_record *rec = g->rc == IDEM_OK && g->o == IDEM_FOUND ? &g->rec : NULL;
         g->out = in_flight("its lock is held", rec, g->rt->lease_ms);
         g->give_token_back = 1;
@@ -669,7 +665,7 @@ static void after_lock(struct gw *g)
         return;
     }
     if (g->rc != IDEM_OK) {
-        COUNT(g->d, g->rt, store_errors);
+        COUNT(g->rt, store_errors);
         g->out = problem_from_rc(g->rc, g->detail, "taking the business-key lock");
         g->give_token_back = 1;
         finish(g);
@@ -706,7 +702,7 @@ static const char *held_why(int held)
 static void in_flight_elsewhere(struct gw *g, const char *why, const idem_record *rec)
 {
     if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
-        COUNT(g->d, g->rt, in_flight_409);
+        COUNT(g->rt, in_flight_409);
         g->out = in_flight(why, rec, g->rt->lease_ms);
         finish(g);
         return;
@@ -717,7 +713,7 @@ static void in_flight_elsewhere(struct gw *g, const char *why, const idem_record
 static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
-        COUNT(g->d, g->rt, store_errors);
+        COUNT(g->rt, store_errors);
         daemon_write_failed(g->d, g->rc);
         g->out = problem_from_rc(g->rc, g->detail, "claiming the record");
         g->give_token_back = 1;
@@ -742,7 +738,7 @@ static void after_begin(struct gw *g)
         finish(g);
         return;
     case IDEM_MISMATCH:
-        COUNT(g->d, g->rt, mismatches);
+        COUNT(g->rt, mismatches);
         g->out = problem(422, "key_reused",
                          "the idempotency key %s was already used with another payload", g->key);
         g->give_token_back = 1;
@@ -890,7 +886,7 @@ static void after_conflict_read(struct gw *g)
         after_finish(g);
         return;
     }
-    int kept = g->rc == IDEM_OK && g->o == IDEM_FOUND && g->rec.epoch == g->epoch &&
+    int kept = g->o == IDEM_FOUND && g->rec.epoch == g->epoch &&
                strcmp(g->rec.state, IDEM_STATE_PROCESSING) != 0;
     if (kept)
         daemon_log("%s/%s: the answer is kept: an earlier of %u failed tries was written",
@@ -1016,7 +1012,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         break;
     case UPSTREAM_TIMEOUT:
     case UPSTREAM_UNKNOWN:
-        COUNT(g->d, g->rt, upstream_unknown);
+        COUNT(g->rt, upstream_unknown);
         if (rt->unknown_hold) {
             g->out = problem(504, "outcome_unknown",
                              "%s; the request may have been executed. Its record is held "
@@ -1062,7 +1058,7 @@ static void forward(struct gw *g)
         .timeout_ms = rt->upstream_timeout_ms,
         .response_max = g->lc->c->limits.response_max,
     };
-    COUNT(g->d, g->rt, executions);
+    COUNT(g->rt, executions);
     g->forwarded = 1;
     g->call = upstream_call_start(loop->upstreams, rt->upstream.addrs, &rq, on_upstream, g);
     if (!g->call) {
@@ -1106,6 +1102,15 @@ static void reading_found(struct daemon *d, int found)
 /* Answer a duplicate from the loop's replay cache, if its answer is kept
  * there: 1 when answered. The first duplicate on a kept-alive connection
  * builds the bytes the next ones get. */
+/* An answer given before the request's state exists (see answer() for the
+ * others): timed, then sent. */
+static void answer_early(struct live_config *lc, const struct route *rt,
+                         struct front_request *req, struct http_response *r, int64_t t0)
+{
+    daemon_observe(rt, t0);
+    daemon_answer(lc, req, r);
+}
+
 static int answer_kept(struct daemon *d, struct live_config *lc, const struct route *rt,
                        struct front_request *req, const char *key, const uint8_t *fp,
                        unsigned long gen, int64_t t0)
@@ -1126,15 +1131,15 @@ static int answer_kept(struct daemon *d, struct live_config *lc, const struct ro
             replay_cache_add_wire(loop->replays, &kept, wire, len);
         free(wire);
     }
-    daemon_observe(rt, t0);
     if (raw && kept.wire_len) {
         response_free(r);
-        COUNT(d, rt, replays);
+        COUNT(rt, replays);
+        daemon_observe(rt, t0);
         daemon_config_put(lc);
         front_answer_raw(req, kept.wire, kept.wire_len);
         return 1;
     }
-    daemon_answer(lc, req, counted_replay(d, rt, r, "finished"));
+    answer_early(lc, rt, req, counted_replay(rt, r, "finished"), t0);
     return 1;
 }
 
@@ -1148,7 +1153,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     int has_fp = 0;
     const char *type = NULL;
     int64_t t0 = mono_us();
-    COUNT(d, rt, requests);
+    COUNT(rt, requests);
     const char *subject;
     int status = request_subject(m, cfg->subject_header, &subject, detail, sizeof detail);
     if (status)
@@ -1156,13 +1161,11 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     else
         status = request_key(rt, m, subject, key, &type, detail, sizeof detail);
     if (status) {
-        daemon_observe(rt, t0);
-        daemon_answer(lc, req, problem(status, type, "%s", detail));
+        answer_early(lc, rt, req, problem(status, type, "%s", detail), t0);
         return;
     }
     if ((status = request_fingerprint(rt, m, fp, &has_fp, detail, sizeof detail)) != 0) {
-        daemon_observe(rt, t0);
-        daemon_answer(lc, req, problem(status, "fingerprint_unavailable", "%s", detail));
+        answer_early(lc, rt, req, problem(status, "fingerprint_unavailable", "%s", detail), t0);
         return;
     }
     /* A finished record: its answer kept from a moment ago — answered here,
@@ -1181,8 +1184,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     size_t head = (sizeof(struct gw) + 15) & ~(size_t)15;
     struct gw *g = calloc(1, head + event_get_struct_event_size());
     if (!g) {
-        daemon_observe(rt, t0);
-        daemon_answer(lc, req, NULL); /* 503 */
+        answer_early(lc, rt, req, NULL, t0); /* 503 */
         return;
     }
     g->timer = (struct event *)((char *)g + head);
@@ -1298,7 +1300,7 @@ void passthrough_start(struct daemon *d, const struct server_config *cfg,
         front_answer(req); /* resp NULL: 503 */
         return;
     }
-    atomic_fetch_add(&d->n.passthrough, 1);
+    atomic_fetch_add(&d->passthrough, 1);
     p->req = req;
     req->state = p;
     req->on_abort = on_pass_abort;

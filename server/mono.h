@@ -1,7 +1,8 @@
 /*
- * mono.h — the daemon's clock for deadlines, timers and durations:
- * CLOCK_MONOTONIC in milliseconds (or microseconds), and a duration as
- * libevent's struct timeval (daemon).
+ * mono.h — the daemon's clocks: CLOCK_MONOTONIC in milliseconds (or
+ * microseconds) for deadlines, timers and durations, the wall clock for
+ * comparing with the store's times, and a duration as libevent's struct
+ * timeval (daemon).
  */
 #ifndef IDEM_SERVER_MONO_H
 #define IDEM_SERVER_MONO_H
@@ -22,6 +23,14 @@ static inline int64_t mono_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* The wall clock in milliseconds, as the store's times are kept. */
+static inline int64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* ms (negative: 0) as a struct timeval. */

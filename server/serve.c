@@ -50,6 +50,16 @@ void daemon_observe(const struct route *rt, int64_t start_us)
     atomic_fetch_add(&rt->n->latency_sum_us, (unsigned long)(us > 0 ? us : 0));
 }
 
+unsigned long daemon_total(struct daemon *d, size_t field)
+{
+    pthread_mutex_lock(&d->routes_mu);
+    unsigned long sum = daemon_counter(&d->n_unlisted, field);
+    for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
+        sum += daemon_counter(&rc->n, field);
+    pthread_mutex_unlock(&d->routes_mu);
+    return sum;
+}
+
 void daemon_attach_counters(struct daemon *d, struct server_config *cfg)
 {
     pthread_mutex_lock(&d->routes_mu);
@@ -106,31 +116,39 @@ void daemon_write_failed(struct daemon *d, idem_rc rc)
         atomic_store(&d->writes_failing, 1);
 }
 
+/* An escaped '/' (%2F): some servers decode it before they resolve a
+ * path (nginx does), so it ends a segment as a '/' does. */
+static int escaped_slash(const char *p)
+{
+    return p[0] == '%' && p[1] == '2' && (p[2] == 'f' || p[2] == 'F');
+}
+
 /* A path an upstream may read as another: a "." or ".." segment (also
- * spelt %2e) or an empty one ("//"), which most servers resolve or merge.
- * Routes match the path as sent, so /x/../refunds would miss the refund
- * route and reach the refund handler unclaimed. NULL, or what is wrong. */
+ * spelt %2e) or an empty one ("//"), segments ending at '/' or %2F, which
+ * most servers resolve or merge. Routes match the path as sent, so
+ * /x/../refunds (or /x/..%2Frefunds) would miss the refund route and reach
+ * the refund handler unclaimed. NULL, or what is wrong. */
 static const char *path_not_plain(const char *path)
 {
-    for (const char *p = path; *p == '/';) {
-        const char *seg = p + 1, *end = seg + strcspn(seg, "/");
-        if (end == seg && *end == '/')
-            return "an empty segment (//)";
+    const char *p = path;
+    while (*p == '/' || escaped_slash(p)) {
+        p += *p == '/' ? 1 : 3;
         size_t dots = 0, n = 0;
-        for (const char *c = seg; c < end; n++) {
-            if (*c == '.') {
+        for (; *p && *p != '/' && !escaped_slash(p); n++) {
+            if (*p == '.') {
                 dots++;
-                c++;
-            } else if (c[0] == '%' && c[1] == '2' && (c[2] == 'e' || c[2] == 'E')) {
+                p++;
+            } else if (p[0] == '%' && p[1] == '2' && (p[2] == 'e' || p[2] == 'E')) {
                 dots++;
-                c += 3;
+                p += 3;
             } else {
-                c++;
+                p++;
             }
         }
+        if (n == 0 && *p)
+            return "an empty segment (//)";
         if (n > 0 && dots == n && n <= 2)
             return "a \".\" or \"..\" segment";
-        p = end;
     }
     return NULL;
 }
@@ -223,12 +241,6 @@ void daemon_handle(void *arg, struct front_request *req)
         return;
     }
     const char *why = path_not_plain(path);
-    int slashes = 0; /* the dots and empty segments show once %2F is read as '/' */
-    if (!why && strcasestr(path, "%2f")) {
-        char folded[8192];
-        config_fold_path(path, folded, sizeof folded);
-        slashes = (why = path_not_plain(folded)) != NULL;
-    }
     const struct route *rt = why ? NULL : match_route(cfg, req->msg, path);
     const struct route *near = why || rt || !cfg->has_upstream
                                    ? NULL
@@ -236,9 +248,9 @@ void daemon_handle(void *arg, struct front_request *req)
     if (why || near) {
         daemon_answer(lc, req,
                       why ? problem(400, "path_not_canonical",
-                                    "the path holds %s%s, which servers resolve differently: "
+                                    "the path holds %s, which servers resolve differently: "
                                     "send the path it stands for",
-                                    why, slashes ? " once its %2F are read as '/'" : "")
+                                    why)
                           : problem(400, "path_not_canonical",
                                     "%s is another spelling of route %s's path %s%s: send it "
                                     "as that, or the request would reach the upstream "
@@ -312,11 +324,19 @@ struct loop {
  * SQLite's own (fcntl) locks do not see. The descriptor stays open until
  * the store is closed: closing any descriptor of a file drops the process's
  * fcntl locks on it, SQLite's included. 0, or -1 with the reason printed. */
+/* The embedded store in a file named by its path (not :memory:, nor a
+ * file: URI). */
+static int store_is_file(const struct server_config *cfg)
+{
+    return strcmp(cfg->storage_kind, "embedded") == 0 &&
+           strcmp(cfg->storage_path, ":memory:") != 0 &&
+           strncmp(cfg->storage_path, "file:", 5) != 0;
+}
+
 static int lock_store_file(const struct server_config *cfg, int *fd)
 {
     const char *path = cfg->storage_path;
-    if (strcmp(cfg->storage_kind, "embedded") != 0 || strcmp(path, ":memory:") == 0 ||
-        strncmp(path, "file:", 5) == 0)
+    if (!store_is_file(cfg))
         return 0;
     *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (*fd < 0) {
@@ -755,8 +775,7 @@ int serve_main(int argc, char **argv)
     /* Reads of a file store go to read-only connections, never waiting for
      * the writer: finished records can be replayed on the loop thread. */
     int embedded = strcmp(cfg->storage_kind, "embedded") == 0;
-    s->d.reads_dont_block = embedded && strcmp(cfg->storage_path, ":memory:") != 0 &&
-                            strncmp(cfg->storage_path, "file:", 5) != 0;
+    s->d.reads_dont_block = store_is_file(cfg);
     s->d.db_async = embedded;
     s->d.kv_local = embedded;
     s->d.workers = s->workers;
