@@ -419,6 +419,20 @@ echo "== nginx $nginx_version upstream :$upstream_port, proxy :$proxy_port" \
      "(worker_processes $nginx_workers); wrk $wrk_version -t$wthreads -c$conns" \
      "-d${seconds}s; temp dir $work ($fstype)" >&2
 
+# The disk's own durable write, for reference: PostgreSQL's pg_test_fsync
+# (one 8 kB write and fdatasync, 1 s, alone) on the temp dir's disk. It stops
+# after that figure (about 3 s); skipped when it is not installed.
+fsync_us=""
+if [[ $store == embedded ]]; then
+    ptf=$(ls /usr/lib/postgresql/*/bin/pg_test_fsync 2>/dev/null | tail -n 1 || true)
+    if [[ -n $ptf ]]; then
+        echo "-- the disk: $ptf -s 1, its one-8kB-write fdatasync" >&2
+        fsync_us=$("$ptf" -s 1 -f "$work/pg_test_fsync.probe" 2>/dev/null |
+            awk '/^ *fdatasync / { print $(NF - 1); exit }' || true)
+        rm -f "$work/pg_test_fsync.probe"
+    fi
+fi
+
 problems=() # anything unexpected, for the report
 notes=()    # expected by the configuration, but worth saying
 
@@ -477,7 +491,7 @@ run_one() {
     if [[ -n $layers ]]; then
         h1=$(health "${ports[@]}")
         for f in requests executions replays in_flight_409 mismatches store_errors \
-            upstream_unknown commits committed_ops conflicts takeovers; do
+            upstream_unknown commits committed_ops commit_us conflicts takeovers; do
             R[$run.h_$f]=$(($(hget "$h1" "$f") - $(hget "$h0" "$f")))
         done
         # Per request idem handled: CPU time, and thread context switches.
@@ -698,7 +712,7 @@ mkdir -p "$(dirname "$out")"
             printf '\n'
         done
     fi
-    printf '\nFor reference, not targets (p99 added: the median of the rounds'"'"' own; operations per commit:\n'
+    printf '\nFor reference, not targets (p99 added: the median of the rounds'"'"' own; operations and time per commit:\n'
     printf 'from each run'"'"'s median round):\n\n| figure | value |\n|---|---:|\n'
     for run in proxy record-mix record-replay lock-unique lock-mix; do
         have "$run" && have direct || continue
@@ -709,7 +723,13 @@ mkdir -p "$(dirname "$out")"
         have "$run" || continue
         printf '| %s: store operations per %s (`committed_ops / commits`) | %s |\n' "$(describe "$run")" "$commit_what" \
             "$(awk -v o="${R[$run.h_committed_ops]}" -v c="${R[$run.h_commits]}" 'BEGIN { if (c > 0) printf "%.1f", o / c; else printf "n/a" }')"
+        printf '| %s: mean time of a %s, from its first statement to durable (`commit_us / commits`) | %s ms |\n' "$(describe "$run")" "$commit_what" \
+            "$(awk -v u="${R[$run.h_commit_us]}" -v c="${R[$run.h_commits]}" 'BEGIN { if (c > 0) printf "%.2f", u / c / 1000; else printf "n/a" }')"
     done
+    if [[ -n $fsync_us ]]; then
+        printf '| the disk alone: one 8 kB write + `fdatasync` (`pg_test_fsync -s 1`); an idem request waits for two durable writes | %s ms |\n' \
+            "$(awk -v u="$fsync_us" 'BEGIN { printf "%.2f", u / 1000 }')"
+    fi
     printf '\nidem executions / replays: deltas of `GET /_idem/v1/health` `gateway` counters over the\n'
     if [[ $store == embedded ]]; then
         printf 'measurement (a fresh idem serve and SQLite file per run; the mix and replay runs first execute\n'
@@ -752,7 +772,7 @@ if [[ -n $out_raw ]]; then
                 errors_write errors_timeout wrk_cpu cpu_wrk cpu_upstream cpu_proxy cpu_idem \
                 cpu_store cpu_other idem_cpu_us ctxsw h_requests h_executions h_replays \
                 h_in_flight_409 h_mismatches h_store_errors h_upstream_unknown h_commits \
-                h_committed_ops h_conflicts h_takeovers; do
+                h_committed_ops h_commit_us h_conflicts h_takeovers; do
                 # The health counters (h_*) as idem_*, apart from wrk's figures.
                 [[ -n ${R[$run.$f]:-} ]] && printf ',"%s":%s' "${f/#h_/idem_}" "${R[$run.$f]}"
             done

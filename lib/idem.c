@@ -186,5 +186,5 @@ IDEM_EXTERN void idem_get_stats(idem *h, idem_stats *out)
         return;
     out->conflicts = atomic_load(&h->conflicts);
     out->takeovers = atomic_load(&h->takeovers);
-    h->db_ops->commit_stats(h->db, &out->commits, &out->committed_ops);
+    h->db_ops->commit_stats(h->db, out);
 }

@@ -221,7 +221,7 @@ static struct http_response *health(struct daemon *d)
     }
     idem_get_stats(d->h, &st);
     json_t *j = json_pack(
-        "{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I}, "
+        "{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I, s:I}, "
         "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
         "status", rc != IDEM_OK || wr != IDEM_OK ? "store_unavailable"
                   : kv != IDEM_OK                ? "degraded"
@@ -231,7 +231,8 @@ static struct http_response *health(struct daemon *d)
         "store", idem_store_name(d->h),
         "version", idem_version(), "store_stats", "conflicts", (json_int_t)st.conflicts,
         "takeovers", (json_int_t)st.takeovers, "commits", (json_int_t)st.commits,
-        "committed_ops", (json_int_t)st.committed_ops, "gateway", "requests",
+        "committed_ops", (json_int_t)st.committed_ops, "commit_us", (json_int_t)st.commit_us,
+        "gateway", "requests",
         TOTAL(d, requests), "executions", TOTAL(d, executions), "replays", TOTAL(d, replays),
         "in_flight_409", TOTAL(d, in_flight_409), "mismatches", TOTAL(d, mismatches),
         "store_errors", TOTAL(d, store_errors), "upstream_unknown", TOTAL(d, upstream_unknown),
@@ -252,6 +253,29 @@ static void add(char *buf, size_t cap, size_t *n, const char *fmt, ...)
     int k = vsnprintf(buf + *n, cap - *n, fmt, ap);
     va_end(ap);
     *n += k > 0 ? (size_t)k : 0;
+}
+
+/* A histogram's lines: counts[b] observations in bucket b (not cumulative),
+ * the last of nb without a bound; labels ("route=\"x\"" or "") on each. */
+static void add_histogram(char *buf, size_t cap, size_t *n, const char *name, const char *labels,
+                          const uint64_t *counts, const uint64_t *bounds_us, int nb,
+                          uint64_t sum_us)
+{
+    const char *comma = *labels ? "," : "";
+    uint64_t total = 0;
+    for (int b = 0; b < nb; b++) {
+        total += counts[b];
+        if (b < nb - 1)
+            add(buf, cap, n, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, comma,
+                (double)bounds_us[b] / 1e6, (unsigned long long)total);
+        else
+            add(buf, cap, n, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, comma,
+                (unsigned long long)total);
+    }
+    const char *open = *labels ? "{" : "", *close = *labels ? "}" : "";
+    add(buf, cap, n, "%s_sum%s%s%s %llu.%06llu\n%s_count%s%s%s %llu\n", name, open, labels, close,
+        (unsigned long long)(sum_us / 1000000), (unsigned long long)(sum_us % 1000000), name, open,
+        labels, close, (unsigned long long)total);
 }
 
 /* GET /_idem/v1/metrics: the counters of health, in Prometheus's text
@@ -339,22 +363,28 @@ struct http_response *api_metrics(struct daemon *d)
         "# HELP %s From a request's arrival at the route to its answer (the upstream's time "
         "included).\n# TYPE %s histogram\n",
         dur, dur);
+    uint64_t bounds[IDEM_COMMIT_BUCKETS > LATENCY_BUCKETS ? IDEM_COMMIT_BUCKETS : LATENCY_BUCKETS];
+    uint64_t counts[sizeof bounds / sizeof bounds[0]];
+    for (int b = 0; b < LATENCY_BUCKETS - 1; b++)
+        bounds[b] = (uint64_t)daemon_latency_bounds_us[b];
     for (const struct route_counters *rc = d->route_n; rc; rc = rc->next) {
-        unsigned long total = 0;
-        for (int b = 0; b < LATENCY_BUCKETS; b++) {
-            total += atomic_load(&rc->n.latency[b]);
-            if (b < LATENCY_BUCKETS - 1)
-                add(buf, cap, &n, "%s_bucket{route=\"%s\",le=\"%g\"} %lu\n", dur, rc->name,
-                    (double)daemon_latency_bounds_us[b] / 1e6, total);
-            else
-                add(buf, cap, &n, "%s_bucket{route=\"%s\",le=\"+Inf\"} %lu\n", dur, rc->name,
-                    total);
-        }
-        unsigned long sum_us = atomic_load(&rc->n.latency_sum_us);
-        add(buf, cap, &n, "%s_sum{route=\"%s\"} %lu.%06lu\n%s_count{route=\"%s\"} %lu\n", dur,
-            rc->name, sum_us / 1000000, sum_us % 1000000, dur, rc->name, total);
+        char labels[IDEM_NAME_MAX + 16];
+        snprintf(labels, sizeof labels, "route=\"%s\"", rc->name);
+        for (int b = 0; b < LATENCY_BUCKETS; b++)
+            counts[b] = atomic_load(&rc->n.latency[b]);
+        add_histogram(buf, cap, &n, dur, labels, counts, bounds, LATENCY_BUCKETS,
+                      atomic_load(&rc->n.latency_sum_us));
     }
     pthread_mutex_unlock(&d->routes_mu);
+    const char *commit = "idem_store_commit_duration_seconds";
+    add(buf, cap, &n,
+        "# HELP %s Durable store transactions, from a batch's first statement to its durable "
+        "COMMIT (the fsync included): every durable write waits for one.\n# TYPE %s histogram\n",
+        commit, commit);
+    for (int b = 0; b < IDEM_COMMIT_BUCKETS - 1; b++)
+        bounds[b] = idem_commit_bucket_us((unsigned)b);
+    add_histogram(buf, cap, &n, commit, "", st.commit_hist, bounds, IDEM_COMMIT_BUCKETS,
+                  st.commit_us);
     for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++)
         add(buf, cap, &n, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", whole[i].name, whole[i].help,
             whole[i].name, whole[i].type, whole[i].name, (unsigned long long)whole[i].value);

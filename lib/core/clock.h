@@ -14,6 +14,14 @@ static inline int64_t idem__mono_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Microseconds on CLOCK_MONOTONIC. */
+static inline int64_t idem__mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* CLOCK_MONOTONIC ms from now, for pthread_cond_timedwait (on a condition
  * set to that clock) and sem_clockwait. */
 static inline struct timespec idem__mono_after(int64_t ms)

@@ -29,7 +29,9 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/error.h"
+#include "core/stats.h"
 #include "core/str.h"
 
 struct idem__gc {
@@ -41,7 +43,7 @@ struct idem__gc {
     const struct idem__gc_driver *drv;
     void *ctx;
     unsigned batch_max;
-    uint64_t commits, ops;
+    struct idem__commit_stats stats; /* under mu */
     int in_job; /* writer thread only: one of a batch's jobs is running */
 };
 
@@ -115,6 +117,7 @@ static void take_late_joiners(struct idem__gc *gc, struct idem__gc_job *last, un
 static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
 {
     const struct idem__gc_driver *d = gc->drv;
+    int64_t t0 = idem__mono_us();
     idem_rc rc = d->begin(gc->ctx);
     unsigned n = 0;
     if (rc == IDEM_OK) {
@@ -144,11 +147,10 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
             keep_detail(j);
         }
     }
+    int64_t took = idem__mono_us() - t0;
     pthread_mutex_lock(&gc->mu);
-    if (rc == IDEM_OK) {
-        gc->commits++;
-        gc->ops += n;
-    }
+    if (rc == IDEM_OK)
+        idem__commit_stats_add(&gc->stats, n, took);
     pthread_mutex_unlock(&gc->mu);
     /* Wake each caller alone, with no mutex held: a broadcast would wake
      * every waiting caller, and a wake under the mutex would have the caller
@@ -273,10 +275,9 @@ void idem__gc_stop(struct idem__gc *gc)
     idem__free(gc);
 }
 
-void idem__gc_stats(struct idem__gc *gc, uint64_t *commits, uint64_t *ops)
+void idem__gc_stats(struct idem__gc *gc, idem_stats *out)
 {
     pthread_mutex_lock(&gc->mu);
-    *commits = gc->commits;
-    *ops = gc->ops;
+    idem__commit_stats_get(&gc->stats, out);
     pthread_mutex_unlock(&gc->mu);
 }

@@ -78,6 +78,8 @@ int idem__gc_on_writer(struct idem__gc *gc);
 /* Finish every submitted and queued job (calling their on_done), stop the
  * writer, free. NULL is a no-op. */
 void idem__gc_stop(struct idem__gc *gc);
-void idem__gc_stats(struct idem__gc *gc, uint64_t *commits, uint64_t *ops);
+/* The commit fields of *out: durable commits so far, their writes, their
+ * durations. */
+void idem__gc_stats(struct idem__gc *gc, idem_stats *out);
 
 #endif

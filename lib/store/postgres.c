@@ -93,6 +93,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/stats.h"
 #include "store.h"
 
 #define SCHEMA_VERSION 1
@@ -276,7 +277,7 @@ struct pg_db {
     struct job *head, **tail;
     uint64_t seq;
     int stopping;
-    uint64_t commits, ops;
+    struct idem__commit_stats stats; /* under mu */
     struct writer writers[WRITERS];
 
     atomic_int peek_skip, peek_streak; /* see rec_peek */
@@ -1102,6 +1103,7 @@ static void run_batch(struct writer *w, struct job **jobs, unsigned n)
     }
     if (n == 0)
         goto answer;
+    int64_t t0 = idem__mono_us();
     for (;;) {
         struct batch_error e;
         rc = run_once(w, jobs, n, deadline, &e);
@@ -1132,14 +1134,16 @@ static void run_batch(struct writer *w, struct job **jobs, unsigned n)
             job_fail(jobs[i], rc, detail);
         break;
     }
-answer:
-    pthread_mutex_lock(&d->mu);
     if (rc == IDEM_OK && n) {
-        d->commits++;
+        unsigned ok = 0;
         for (unsigned i = 0; i < n; i++)
-            d->ops += jobs[i]->rc == IDEM_OK;
+            ok += jobs[i]->rc == IDEM_OK;
+        int64_t took = idem__mono_us() - t0;
+        pthread_mutex_lock(&d->mu);
+        idem__commit_stats_add(&d->stats, ok, took);
+        pthread_mutex_unlock(&d->mu);
     }
-    pthread_mutex_unlock(&d->mu);
+answer:
     /* Wake each caller alone; a job may be gone once its caller runs. */
     for (unsigned i = 0; i < all; i++)
         sem_post(&jobs[i]->done);
@@ -1623,12 +1627,11 @@ static idem_rc inbox_cas(void *db, const struct idem__inbox_cas *c, int *changed
 
 /* ---- open and close ---- */
 
-static void commit_stats(void *db, uint64_t *commits, uint64_t *ops)
+static void commit_stats(void *db, idem_stats *out)
 {
     struct pg_db *d = db;
     pthread_mutex_lock(&d->mu);
-    *commits = d->commits;
-    *ops = d->ops;
+    idem__commit_stats_get(&d->stats, out);
     pthread_mutex_unlock(&d->mu);
 }
 

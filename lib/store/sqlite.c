@@ -676,10 +676,10 @@ static idem_rc run_async(void *db, idem *h, idem_async_fn fn,
 
 /* ---- open and close ---- */
 
-static void commit_stats(void *db, uint64_t *commits, uint64_t *ops)
+static void commit_stats(void *db, idem_stats *out)
 {
     struct sqlite_db *d = db;
-    idem__gc_stats(d->gc, commits, ops);
+    idem__gc_stats(d->gc, out);
 }
 
 static void sqlite_close(void *db)

@@ -136,8 +136,9 @@ struct idem__db_ops {
     idem_rc (*inbox_cas)(void *db, const struct idem__inbox_cas *c,
                          int *changed, int *found, idem_inbox_entry *cur);
 
-    /* Durable commits so far, and the writes they carried. */
-    void (*commit_stats)(void *db, uint64_t *commits, uint64_t *ops);
+    /* Durable commits so far, the writes they carried and how long they
+     * took: the commit fields of *out. */
+    void (*commit_stats)(void *db, idem_stats *out);
 
     void (*close)(void *db);
 

@@ -583,6 +583,13 @@ static void test_group_commit_shares_commits(void **state)
     assert_int_equal(ops, 64 * 20 * 2);
     /* 64 callers at once: batches carry more than one write each. */
     assert_true(commits < ops);
+    /* Each commit was timed, into one bucket, and took some time. */
+    uint64_t timed = 0;
+    for (unsigned b = 0; b < IDEM_COMMIT_BUCKETS; b++)
+        timed += after.commit_hist[b] - before.commit_hist[b];
+    assert_int_equal(timed, commits);
+    assert_true(after.commit_us - before.commit_us >= commits);
+    assert_true(idem_commit_bucket_us(IDEM_COMMIT_BUCKETS - 1) == UINT64_MAX);
     /* And every write is there. */
     idem_outcome o;
     idem_record rec;

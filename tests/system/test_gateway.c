@@ -1472,6 +1472,14 @@ static void test_sighup_reloads_routes(void **state)
                      2);
     assert_int_equal(metric(gw.port, "idem_gateway_replays_total{route=\"payment-callback\"}"), 1);
     assert_int_equal(metric(gw.port, "idem_gateway_passthrough_total"), 1);
+    /* Every durable commit of the store is timed into its histogram. */
+    long commits = metric(gw.port, "idem_store_commits_total");
+    assert_true(commits >= 4);
+    assert_int_equal(metric(gw.port, "idem_store_commit_duration_seconds_count"), commits);
+    assert_int_equal(metric(gw.port, "idem_store_commit_duration_seconds_bucket{le=\"+Inf\"}"),
+                     commits);
+    long fast = metric(gw.port, "idem_store_commit_duration_seconds_bucket{le=\"0.0001\"}");
+    assert_true(fast >= 0 && fast <= commits);
     /* Only the routes changed: the reload applied --listen and --db again
      * and did not claim that anything waits for a restart. */
     char *log = sys_read_file(gw.log);

@@ -356,6 +356,7 @@ static void test_late_joiners(void **state)
     sem_post(&gate);
     wait_sem(&commit_entered); /* the first batch is closed */
     assert_int_equal(idem__gc_queue(gc, &jobs[4].job), IDEM_OK);
+    usleep(30 * 1000); /* the first COMMIT takes 30 ms at least */
     sem_post(&commit_gate);
     for (int i = 0; i < 5; i++)
         wait_sem(&jobs[i].finished);
@@ -364,10 +365,20 @@ static void test_late_joiners(void **state)
         assert_int_equal(jobs[i].job.rc, IDEM_OK);
         assert_int_equal(jobs[i].batch, i < 3 ? 0 : 1);
     }
-    uint64_t commits, ops;
-    idem__gc_stats(gc, &commits, &ops);
-    assert_int_equal(commits, 2);
-    assert_int_equal(ops, 5);
+    idem_stats st = {0};
+    idem__gc_stats(gc, &st);
+    assert_int_equal(st.commits, 2);
+    assert_int_equal(st.committed_ops, 5);
+    /* Both commits are in the histogram, the held one past 30 ms. */
+    uint64_t counted = 0, slow = 0;
+    for (unsigned b = 0; b < IDEM_COMMIT_BUCKETS; b++) {
+        counted += st.commit_hist[b];
+        if (idem_commit_bucket_us(b) >= 30000) /* (25 ms, 50 ms] and up */
+            slow += st.commit_hist[b];
+    }
+    assert_int_equal(counted, 2);
+    assert_true(slow >= 1);
+    assert_true(st.commit_us >= 30000);
     assert_int_equal(count_rows(path, "id BETWEEN 0 AND 4"), 5);
 
     idem__gc_stop(gc);
@@ -401,9 +412,10 @@ static void test_late_joiners_fail_with_their_batch(void **state)
         assert_non_null(strstr(jobs[i].job.detail, "the test failed this COMMIT"));
     }
     assert_int_equal(count_rows(path, "1"), 0);
-    uint64_t commits, ops;
-    idem__gc_stats(gc, &commits, &ops);
-    assert_int_equal(commits, 0);
+    idem_stats st = {0};
+    idem__gc_stats(gc, &st);
+    assert_int_equal(st.commits, 0);
+    assert_int_equal(st.commit_us, 0);
 
     idem__gc_stop(gc);
     sqlite3_close(db);

@@ -1,0 +1,35 @@
+/* stats.c — the durable-commit counters behind idem_stats (core layer). */
+#include "stats.h"
+
+#include <string.h>
+
+/* Upper bounds of the buckets but the last, in microseconds. */
+static const uint64_t bounds_us[IDEM_COMMIT_BUCKETS - 1] = {
+    100,   250,    500,    1000,   2500,    5000,    10000,    25000,
+    50000, 100000, 250000, 500000, 1000000, 2500000, 10000000,
+};
+
+IDEM_EXTERN uint64_t idem_commit_bucket_us(unsigned i)
+{
+    return i < IDEM_COMMIT_BUCKETS - 1 ? bounds_us[i] : UINT64_MAX;
+}
+
+void idem__commit_stats_add(struct idem__commit_stats *s, unsigned ops, int64_t us)
+{
+    uint64_t u = us > 0 ? (uint64_t)us : 0;
+    unsigned b = 0;
+    while (b < IDEM_COMMIT_BUCKETS - 1 && u > bounds_us[b])
+        b++;
+    s->commits++;
+    s->ops += ops;
+    s->us += u;
+    s->hist[b]++;
+}
+
+void idem__commit_stats_get(const struct idem__commit_stats *s, idem_stats *out)
+{
+    out->commits = s->commits;
+    out->committed_ops = s->ops;
+    out->commit_us = s->us;
+    memcpy(out->commit_hist, s->hist, sizeof out->commit_hist);
+}
