@@ -61,6 +61,13 @@ struct daemon_loop {
 struct daemon {
     idem *h;
     struct workers *workers;
+    /* The distributed store's record calls and lease renewals run on a pool
+     * of their own: a Redis that stops answering holds each token or lock
+     * call on a worker for up to twice the store's timeout, and with every
+     * worker so held a renewal queued behind them would come too late, and
+     * another instance could take a running claim over. NULL on the
+     * embedded store (its record calls are the writer's jobs). */
+    struct workers *record_workers;
     pthread_mutex_t cfg_mu;
     struct live_config *live;
     char instance[24];         /* random, names this process in record owners */

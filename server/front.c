@@ -256,12 +256,18 @@ static void run_on_worker(struct work *w)
     front_resume(req, req->resume_with);
 }
 
-int front_work(struct front_request *req, front_step_fn blocking, front_step_fn then)
+int front_work_in(struct front_request *req, struct workers *ws, front_step_fn blocking,
+                  front_step_fn then)
 {
     req->worker_step = blocking;
     req->resume_with = then;
     req->work.run = run_on_worker;
-    return req->front->closing ? -1 : workers_submit(req->front->workers, &req->work);
+    return req->front->closing ? -1 : workers_submit(ws ? ws : req->front->workers, &req->work);
+}
+
+int front_work(struct front_request *req, front_step_fn blocking, front_step_fn then)
+{
+    return front_work_in(req, NULL, blocking, then);
 }
 
 int front_closing(const struct front_request *req)

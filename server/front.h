@@ -67,6 +67,9 @@ void front_resume(struct front_request *req, front_step_fn step);
 /* Run blocking on a worker thread, then then on the loop thread. 0, or -1
  * when the workers are stopping (nothing runs). Loop thread only. */
 int front_work(struct front_request *req, front_step_fn blocking, front_step_fn then);
+/* The same on another pool than the front's own (NULL: the front's). */
+int front_work_in(struct front_request *req, struct workers *ws, front_step_fn blocking,
+                  front_step_fn then);
 
 /* 1 when the loop is being torn down: a step that sees it must free what it
  * holds and front_answer() without starting anything new. */

@@ -364,9 +364,9 @@ static void start_step(struct gw *g, gw_fn step, gw_fn then)
     idem_record_clear(&g->rec);
 }
 
-static void to_worker(struct gw *g)
+static void to_worker(struct gw *g, struct workers *ws)
 {
-    if (front_work(g->req, run_step, resume) != 0) {
+    if (front_work_in(g->req, ws, run_step, resume) != 0) {
         g->rc = IDEM_ECLOSING;
         snprintf(g->detail, sizeof g->detail, "the server is shutting down");
         g->then(g);
@@ -377,7 +377,7 @@ static void db_step(struct gw *g, gw_fn step, gw_fn then)
 {
     start_step(g, step, then);
     if (!g->d->db_async) {
-        to_worker(g);
+        to_worker(g, g->d->record_workers);
         return;
     }
     /* Each step is one record call, whose result it returns. */
@@ -392,7 +392,7 @@ static void kv_step(struct gw *g, gw_fn step, gw_fn then)
 {
     start_step(g, step, then);
     if (!g->d->kv_local) {
-        to_worker(g);
+        to_worker(g, g->d->workers);
         return;
     }
     step(g); /* in memory: as quick as a step's hand-off */
@@ -838,7 +838,7 @@ static void tick(struct gw *g)
         t->lease_ms = g->rt->lease_ms;
         t->work.run = tick_on_worker;
         if (g->d->db_async ? idem_record_async_one(g->d->h, tick_on_writer, tick_written, t)
-                           : workers_submit(g->d->workers, &t->work))
+                           : workers_submit(g->d->record_workers, &t->work))
             free(t);
     }
     struct timeval tv = ms_timeval(tick_ms(g->rt));
@@ -869,9 +869,25 @@ static struct http_response *from_upstream(const struct http_msg *m)
 
 static void after_finish(struct gw *g);
 
+static void do_extend(struct gw *g)
+{
+    keep_rc(g, idem_record_extend(g->d->h, g->rt->space, g->key, g->epoch, g->rt->lease_ms,
+                                  &g->o));
+}
+
+static void after_retry_extend(struct gw *g)
+{
+    /* Whatever it says: a store still failing fails the finish too, and a
+     * claim no longer ours (CONFLICT) is the finish's to find out. */
+    db_step(g, do_finish, after_finish);
+}
+
+/* While an answer is not kept nothing else renews the claim's lease, and
+ * once it ran out another instance could take the claim over and execute
+ * again: each try extends it first. */
 static void retry_finish(struct gw *g)
 {
-    db_step(g, do_finish, after_finish);
+    db_step(g, do_extend, after_retry_extend);
 }
 
 /* A retried finish was refused (CONFLICT): the record is not PROCESSING at
@@ -914,7 +930,12 @@ static void after_finish(struct gw *g)
             set_unkept(g, 1);
             g->retry_ms = 100;
         } else {
-            g->retry_ms = g->retry_ms * 2 > 2000 ? 2000 : g->retry_ms * 2;
+            /* Doubling, up to 2 s and to a sixth of the lease: a store back
+             * within the lease is tried (and the lease extended) before it
+             * runs out, the store's own reconnecting included. */
+            int64_t cap = tick_ms(g->rt) / 2;
+            cap = cap < 100 ? 100 : cap > 2000 ? 2000 : cap;
+            g->retry_ms = g->retry_ms * 2 > cap ? cap : g->retry_ms * 2;
         }
         struct timeval tv = ms_timeval(g->retry_ms);
         g->then = retry_finish;

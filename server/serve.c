@@ -364,7 +364,7 @@ struct serve {
     int nloops;
     struct front_counts counts;  /* all loops' connections and requests */
     struct event_base *base;     /* loops[0].ctx.base */
-    struct workers *workers;
+    struct workers *workers, *record_workers;
     struct event *sig_term, *sig_int, *sig_hup, *purge_timer;
     const char *listen_arg, *db_arg; /* --listen and --db, or NULL */
     struct live_config *start;       /* the configuration it started with (kept) */
@@ -775,10 +775,15 @@ int serve_main(int argc, char **argv)
     /* Reads of a file store go to read-only connections, never waiting for
      * the writer: finished records can be replayed on the loop thread. */
     int embedded = strcmp(cfg->storage_kind, "embedded") == 0;
+    if (!embedded && !(s->record_workers = workers_start(cfg->workers))) {
+        fprintf(stderr, "idem serve: cannot start %d workers for records\n", cfg->workers);
+        goto out;
+    }
     s->d.reads_dont_block = store_is_file(cfg);
     s->d.db_async = embedded;
     s->d.kv_local = embedded;
     s->d.workers = s->workers;
+    s->d.record_workers = s->record_workers;
     front_counts_init(&s->counts);
     s->nloops = loop_count(cfg);
     int port = cfg->listen_port, admin_port = cfg->admin_port;
@@ -863,6 +868,7 @@ out:
     for (int i = 0; i < s->nloops; i++)
         front_abort_parked(s->loops[i].front);
     workers_stop(s->workers);
+    workers_stop(s->record_workers);
     store_barrier(&s->d);
     for (int i = 0; i < s->nloops; i++)
         front_free(s->loops[i].front);

@@ -88,19 +88,43 @@ void test_run_threads(int n, void (*fn)(void *arg, int i), void *arg)
     free(s);
 }
 
+/* A connection to the Redis at url (redis://host:port/db), on its db. */
+static redisContext *redis_at(const char *url)
+{
+    char host[256] = "127.0.0.1";
+    int port = 6379, dbno = 0;
+    sscanf(url, "redis://%255[^:/]:%d/%d", host, &port, &dbno);
+    redisContext *c = redisConnect(host, port);
+    if (!c || c->err)
+        fail_msg("connecting to Redis at %s:%d: %s", host, port, c ? c->errstr : "no memory");
+    redisReply *r = redisCommand(c, "SELECT %d", dbno);
+    assert_non_null(r);
+    freeReplyObject(r);
+    return c;
+}
+
+void test_redis_command(const char *redis_url, const char *command)
+{
+    char words[256];
+    const char *argv[8];
+    int argc = 0;
+    snprintf(words, sizeof words, "%s", command);
+    char *save = NULL;
+    for (char *w = strtok_r(words, " ", &save); w && argc < 8; w = strtok_r(NULL, " ", &save))
+        argv[argc++] = w;
+    redisContext *c = redis_at(redis_url);
+    redisReply *r = redisCommandArgv(c, argc, argv, NULL);
+    if (!r || r->type == REDIS_REPLY_ERROR)
+        fail_msg("Redis %s: %s", command, r ? r->str : c->errstr);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
 void test_wipe_servers(const char *redis_url, const char *postgres_url)
 {
     if (redis_url) {
-        char host[256] = "127.0.0.1";
-        int port = 6379, dbno = 0;
-        sscanf(redis_url, "redis://%255[^:/]:%d/%d", host, &port, &dbno);
-        redisContext *c = redisConnect(host, port);
-        if (!c || c->err)
-            fail_msg("wiping Redis at %s:%d: %s", host, port, c ? c->errstr : "no memory");
-        redisReply *r = redisCommand(c, "SELECT %d", dbno);
-        assert_non_null(r);
-        freeReplyObject(r);
-        r = redisCommand(c, "FLUSHDB");
+        redisContext *c = redis_at(redis_url);
+        redisReply *r = redisCommand(c, "FLUSHDB");
         assert_true(r && r->type == REDIS_REPLY_STATUS);
         freeReplyObject(r);
         redisFree(c);

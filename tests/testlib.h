@@ -29,6 +29,10 @@ void test_run_threads(int n, void (*fn)(void *arg, int i), void *arg);
  * the Redis URL's database, and schema public dropped and made anew in the
  * PostgreSQL database. Only for servers the tests started themselves. */
 void test_wipe_servers(const char *redis_url, const char *postgres_url);
+/* One command, its words apart by spaces (at most 8), to the Redis at
+ * redis_url; fails the test when it cannot be sent or Redis answers an
+ * error. */
+void test_redis_command(const char *redis_url, const char *command);
 
 /* Assert an idem call succeeded, printing the error and its detail if not. */
 #define assert_idem_ok(call)                                                     \

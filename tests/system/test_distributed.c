@@ -13,6 +13,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -413,6 +414,96 @@ static void test_paused_holder_is_fenced(void **state)
     assert_int_equal(sys_stop(&b, SIGTERM), 0);
 }
 
+struct flood {
+    int port;
+    atomic_int stop;
+};
+
+static void flood_one(void *arg, int i)
+{
+    struct flood *f = arg;
+    for (int n = 0; !atomic_load(&f->stop); n++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"refund_no\":\"R-flood-%d-%d\",\"amount\":\"1.00\"}", i,
+                 n);
+        struct sys_resp r;
+        sys_http(f->port, "POST", "/refunds", NULL, body, 60000, &r);
+        sys_resp_free(&r);
+    }
+}
+
+static void *flood_main(void *arg)
+{
+    test_run_threads(32, flood_one, arg);
+    return NULL;
+}
+
+/* Redis stops answering commands (CLIENT PAUSE WRITE: connections and
+ * SCRIPT LOAD work, every script waits) while A runs a slow request with a
+ * 3 s lease, and 32 clients keep A's one worker busy with token and lock
+ * calls that each wait out the store's 1 s timeout. A's lease renewals and
+ * its finish do not queue behind them, so its claim is live, or finished,
+ * when a duplicate comes to B 4 s later: B neither takes it over nor
+ * forwards it (before, B forwarded it: its lease had run out). */
+static void test_renewals_not_starved_by_stuck_redis(void **state)
+{
+    (void)state;
+    static const char routes[] =
+        "workers: 1\n"
+        "routes:\n"
+        "  - name: refund\n"
+        "    match: { method: POST, path: /refunds }\n"
+        "    upstream: @UP@\n"
+        "    key: { json: refund_no }\n"
+        "    layers: [lock, record]\n"
+        "    in_flight: reject\n"
+        "    on_redis_down: skip\n"
+        "    lease: 3s\n"
+        "    upstream_timeout: 30s\n";
+    struct proc a, b;
+    start_idem(&a, routes);
+    start_idem(&b, routes);
+    static const char *const slow[] = {"X-Delay-Ms: 5000", NULL};
+    struct bg_post pa = {.port = a.port, .headers = slow,
+                         .body = "{\"refund_no\":\"R-starved\",\"amount\":\"5.00\"}"};
+    pthread_create(&pa.t, NULL, bg_post_main, &pa);
+    sleep_ms(300); /* A holds the lock and the claim and calls the service */
+    test_redis_command(redis_url, "CLIENT PAUSE 10000 WRITE");
+    struct flood f = {.port = a.port};
+    pthread_t ft;
+    pthread_create(&ft, NULL, flood_main, &f);
+    sleep_ms(3700); /* past the lease, had nothing renewed it */
+    struct bg_post pb = {.port = b.port, .body = pa.body};
+    pthread_create(&pb.t, NULL, bg_post_main, &pb);
+    pthread_join(pb.t, NULL); /* B waits out its lock call, then begins */
+    long takeovers = health_stat(b.port, "store_stats", "takeovers", NULL);
+    atomic_store(&f.stop, 1);
+    test_redis_command(redis_url, "CLIENT UNPAUSE");
+    pthread_join(pa.t, NULL);
+    pthread_join(ft, NULL);
+
+    /* B found the claim live (409) or finished (a replay), never gone. */
+    assert_int_equal(takeovers, 0);
+    assert_int_equal(pa.resp.status, 201);
+    if (pb.resp.status == 201)
+        assert_string_equal(sys_header(&pb.resp, "Idempotent-Replayed"), "true");
+    else if (pb.resp.status != 409 || !strstr(pb.resp.m->body, "request_in_flight"))
+        fail_msg("B answered %d %.*s", pb.resp.status, (int)pb.resp.m->body_len,
+                 pb.resp.m->body);
+    struct sys_resp r;
+    sys_http(b.port, "POST", "/refunds", NULL, pa.body, 10000, &r);
+    assert_int_equal(r.status, 201);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    assert_int_equal(r.m->body_len, pa.resp.m->body_len);
+    assert_memory_equal(r.m->body, pa.resp.m->body, r.m->body_len);
+    sys_resp_free(&r);
+    assert_int_equal(health_stat(a.port, "store_stats", "conflicts", NULL), 0);
+    sys_resp_free(&pa.resp);
+    sys_resp_free(&pb.resp);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+    assert_int_equal(sys_stop(&b, SIGTERM), 0);
+}
+
 /* A URL with a password never reaches a log or an error message. */
 static void test_password_never_logged(void **state)
 {
@@ -470,6 +561,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_redis_down_reject, setup),
         cmocka_unit_test_setup(test_postgres_stopped, setup),
         cmocka_unit_test_setup(test_paused_holder_is_fenced, setup),
+        cmocka_unit_test_setup(test_renewals_not_starved_by_stuck_redis, setup),
         cmocka_unit_test_setup(test_password_never_logged, setup),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
