@@ -227,6 +227,14 @@ static int is_tchar(unsigned char c)
     return c != 0 && strchr("!#$%&'*+-.^_`|~", c) != NULL;
 }
 
+int http_is_token(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (!is_tchar((unsigned char)s[i]))
+            return 0;
+    return len > 0;
+}
+
 /* What a line of the head may contain: HTAB, SP, visible ASCII and obs-text.
  * Every other control character (NUL above all, which C code downstream
  * would read as the end of a string) is refused wherever it appears. */

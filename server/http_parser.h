@@ -142,6 +142,9 @@ int http_name_alike(const char *a, const char *b);
 /* How many headers have a name alike to this one. */
 size_t http_msg_header_alike_count(const struct http_msg *m, const char *name);
 
+/* s[0..len) is a token (RFC 9110 §5.6.2: a method, a header name): not empty. */
+int http_is_token(const char *s, size_t len);
+
 /* The value of a hexadecimal digit, or -1 (chunk sizes, %-escapes). */
 int http_hex_value(unsigned char c);
 

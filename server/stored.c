@@ -6,8 +6,9 @@
  *   <body bytes>
  *
  * Header names and values come from the strict parser, so they hold no CR or
- * LF; decoding checks every count and length anyway, because a record may
- * have been written by another program through the JSON API.
+ * LF; decoding checks every count and length anyway, and that each header is
+ * one a reply may carry, because a record may have been written by another
+ * program through the JSON API: what it decodes is sent to clients as is.
  */
 #include "stored.h"
 
@@ -18,36 +19,40 @@
 
 #include "put.h"
 
-static char *encode(int status, const struct http_header *h, size_t nh,
+/* Header h[i] is stored: one of keep (all, without keep), and not a
+ * hop-by-hop header of m's (the names its Connection header lists are, and
+ * the client that was answered first did not get them either). */
+static int stored_header(const struct http_msg *m, const struct http_header *h,
+                         const char *const *keep, size_t nkeep)
+{
+    int kept = !keep;
+    for (size_t k = 0; keep && k < nkeep && !kept; k++)
+        kept = strcasecmp(h->name, keep[k]) == 0;
+    return kept && !(m && http_is_hop_by_hop(m, h->name));
+}
+
+static char *encode(int status, const struct http_msg *m, const struct http_header *h, size_t nh,
                     const char *const *keep, size_t nkeep, const char *body, size_t body_len,
                     size_t *len)
 {
     size_t cap = 64 + body_len, n = 0;
     for (size_t i = 0; i < nh; i++)
         cap += strlen(h[i].name) + strlen(h[i].value) + 3;
-    for (size_t i = 0; i < nh; i++) {
-        int kept = !keep;
-        for (size_t k = 0; keep && k < nkeep && !kept; k++)
-            kept = strcasecmp(h[i].name, keep[k]) == 0;
-        n += kept;
-    }
+    for (size_t i = 0; i < nh; i++)
+        n += stored_header(m, &h[i], keep, nkeep);
     char *out = malloc(cap), *o = out;
     if (!out)
         return NULL;
     o = put(o, "IDEM1 ", 6);
-    o = put_uint(o, (unsigned)status); /* 100..599 */
+    o = put_uint(o, (unsigned)status); /* 200..599 */
     *o++ = ' ';
     o = put_uint(o, n);
     *o++ = ' ';
     o = put_uint(o, body_len);
     *o++ = '\n';
-    for (size_t i = 0; i < nh; i++) {
-        int kept = !keep;
-        for (size_t k = 0; keep && k < nkeep && !kept; k++)
-            kept = strcasecmp(h[i].name, keep[k]) == 0;
-        if (kept)
+    for (size_t i = 0; i < nh; i++)
+        if (stored_header(m, &h[i], keep, nkeep))
             o = put_field(o, h[i].name, h[i].value, "\n");
-    }
     if (body_len)
         memcpy(o, body, body_len);
     *len = (size_t)(o - out) + body_len;
@@ -56,14 +61,15 @@ static char *encode(int status, const struct http_header *h, size_t nh,
 
 char *stored_encode(const struct route *rt, int status, const struct http_msg *resp, size_t *len)
 {
-    return encode(status, resp->headers, resp->header_count,
+    return encode(status, resp, resp->headers, resp->header_count,
                   (const char *const *)rt->replay_headers, rt->replay_header_count, resp->body,
                   resp->body_len, len);
 }
 
 char *stored_encode_response(const struct http_response *r, size_t *len)
 {
-    return encode(r->status, r->headers, r->header_count, NULL, 0, r->body, r->body_len, len);
+    return encode(r->status, NULL, r->headers, r->header_count, NULL, 0, r->body, r->body_len,
+                  len);
 }
 
 /* A number as stored_encode writes it: decimal digits, no leading zero, at
@@ -82,6 +88,30 @@ static int take_number(const char **p, const char *end, char stop, unsigned long
     return 0;
 }
 
+/* A header line a replay may send: a token for a name; a value of visible
+ * bytes, spaces and tabs (a CR or LF would let whoever wrote the record add
+ * headers to every replay, a NUL cut it short); and not one that frames the
+ * message or belongs to one connection (Content-Length is the body's, set
+ * for each reply; Transfer-Encoding, Connection and the other hop-by-hop
+ * headers would have the client, or a proxy before it, read the reply
+ * otherwise than Idem sends it). */
+static int replayable(const char *name, size_t name_len, const char *value, size_t value_len)
+{
+    char lower[32];
+    if (!http_is_token(name, name_len))
+        return 0;
+    for (size_t i = 0; i < value_len; i++) {
+        unsigned char c = (unsigned char)value[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return 0;
+    }
+    if (name_len >= sizeof lower)
+        return 1; /* longer than every name below */
+    memcpy(lower, name, name_len);
+    lower[name_len] = '\0';
+    return !http_is_hop_by_hop(NULL, lower) && !http_name_alike(lower, "content-length");
+}
+
 struct http_response *stored_decode(const void *bytes, size_t len)
 {
     const char *p = bytes, *end = p + len;
@@ -91,7 +121,7 @@ struct http_response *stored_decode(const void *bytes, size_t len)
         return NULL;
     p += 6;
     if (take_number(&p, end, ' ', &status) || take_number(&p, end, ' ', &nh) ||
-        take_number(&p, end, '\n', &body_len) || status < 100 || status > 599 || nh > 1000)
+        take_number(&p, end, '\n', &body_len) || status < 200 || status > 599 || nh > 1000)
         return NULL;
     struct http_response *r = response_new((int)status);
     if (!r)
@@ -99,13 +129,9 @@ struct http_response *stored_decode(const void *bytes, size_t len)
     for (unsigned long long i = 0; i < nh; i++) {
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *colon = nl ? memchr(p, ':', (size_t)(nl - p)) : NULL;
-        if (!colon || colon == p || colon + 1 >= nl || colon[1] != ' ')
+        if (!colon || colon == p || colon + 1 >= nl || colon[1] != ' ' ||
+            !replayable(p, (size_t)(colon - p), colon + 2, (size_t)(nl - colon - 2)))
             goto bad;
-        /* No control byte may reach a header we send: a CR would let
-         * whoever wrote the record inject headers into every replay. */
-        for (const char *c = p; c < nl; c++)
-            if ((unsigned char)*c < 0x20 || *c == 0x7f)
-                goto bad;
         if (response_add_header_n(r, p, (size_t)(colon - p), colon + 2,
                                   (size_t)(nl - colon - 2)))
             goto bad;

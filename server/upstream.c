@@ -286,9 +286,16 @@ static int answer_feed(struct answer *a, const char *buf, ssize_t n, char *detai
         off += used;
         if (st != HTTP_DONE || a->parser.error_status)
             break;
-        /* A 1xx answer is informational: the real one follows. */
+        /* A 1xx answer is informational: the real one follows. But after a
+         * 101 what follows is another protocol, never an answer: nothing
+         * asked to switch, and its bytes must not be read as the answer. */
         if (!a->parser.msg || a->parser.msg->status >= 200) /* the message about to be taken */
             break;
+        if (a->parser.msg->status == 101) {
+            snprintf(detail, dlen, "upstream %s:%d: answered 101 Switching Protocols, which "
+                     "nothing asked for", a->host, a->port);
+            return 1; /* result stays UNKNOWN */
+        }
         http_msg_free(http_parser_take(&a->parser));
         http_parser_reset(&a->parser);
         a->parser.response_to_head = a->head;

@@ -2238,6 +2238,103 @@ static void test_hop_by_hop_never_forwarded_nor_stored(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* Write a finished record through the JSON API, holding result. */
+static void api_write_record(int port, const char *key, const char *result_json)
+{
+    char body[1024];
+    snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"%s\",\"owner\":\"t\"}", key);
+    struct sys_resp b;
+    sys_http(port, "POST", "/_idem/v1/records/begin", NULL, body, 5000, &b);
+    assert_int_equal(b.status, 200);
+    assert_non_null(strstr(b.m->body, "\"outcome\":\"NEW\""));
+    long long epoch = atoll(strstr(b.m->body, "\"epoch\":") + 8);
+    sys_resp_free(&b);
+    snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"%s\",\"epoch\":%lld,\"result\":%s}",
+             key, epoch, result_json);
+    sys_http(port, "POST", "/_idem/v1/records/complete", NULL, body, 5000, &b);
+    assert_int_equal(b.status, 200);
+    assert_non_null(strstr(b.m->body, "\"outcome\":\"COMPLETED\""));
+    sys_resp_free(&b);
+}
+
+/* A replay sends what the first client got, header for header: a tab in a
+ * value is kept (the parser takes it, so the store must give it back), and
+ * a header the upstream's Connection names is hop-by-hop for the replay too.
+ * A stored answer that Idem would not have written (through the JSON API)
+ * is never sent as is: framing and hop-by-hop headers, a name that is no
+ * token, an interim status give 500 stored_result_unreadable. An upstream
+ * that answers 101 has not answered: 504, the outcome unknown. */
+static void test_replay_sends_what_was_answered(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct raw_upstream u;
+    raw_upstream_start(&u, "HTTP/1.1 201 Created\r\nContent-Type: text/plain;\tcharset=utf-8\r\n"
+                           "X-Kept: hop-here\r\nConnection: X-Kept\r\n"
+                           "Content-Length: 2\r\n\r\nok");
+    start_idem_on(&gw, u.port, "    fingerprint: none\n", "replay-as-sent.db");
+    static const char *const hdrs[] = {"Idempotency-Key: T-1", NULL};
+    struct sys_resp first, again;
+    sys_http(gw.port, "POST", "/refunds", hdrs, "{}", 5000, &first);
+    raw_upstream_stop(&u);
+    assert_int_equal(first.status, 201);
+    assert_string_equal(sys_header(&first, "Content-Type"), "text/plain;\tcharset=utf-8");
+    assert_null(sys_header(&first, "X-Kept"));
+    for (int i = 0; i < 2; i++) {
+        sys_http(gw.port, "POST", "/refunds", hdrs, "{}", 5000, &again);
+        assert_int_equal(again.status, 201);
+        assert_string_equal(sys_header(&again, "Idempotent-Replayed"), "true");
+        assert_string_equal(sys_header(&again, "Content-Type"), "text/plain;\tcharset=utf-8");
+        assert_null(sys_header(&again, "X-Kept"));
+        expect_replay_of(&first, &again);
+        sys_resp_free(&again);
+    }
+    sys_resp_free(&first);
+
+    static const char *const forged[] = {
+        "\"IDEM1 200 2 5\\nContent-Length: 0\\nTransfer-Encoding: chunked\\nhello\"",
+        "\"IDEM1 200 1 5\\nConnection: close\\nhello\"",
+        "\"IDEM1 200 1 5\\nContent_Length: 9\\nhello\"",
+        "\"IDEM1 200 1 5\\nBad Name(x): 1\\nhello\"",
+        "\"IDEM1 200 1 5\\nX-A: \\u0001\\nhello\"",
+        "\"IDEM1 100 0 5\\nhello\"",
+    };
+    for (size_t i = 0; i < sizeof forged / sizeof forged[0]; i++) {
+        char key[32], kh[64];
+        snprintf(key, sizeof key, "F-%zu", i);
+        snprintf(kh, sizeof kh, "Idempotency-Key: %s", key);
+        const char *fh[] = {kh, NULL};
+        api_write_record(gw.port, key, forged[i]);
+        sys_http(gw.port, "POST", "/refunds", fh, "{}", 5000, &again);
+        if (again.status != 500 || !strstr(again.m->body, "stored_result_unreadable"))
+            fail_msg("stored %s replayed as %d %.*s", forged[i], again.status,
+                     (int)again.m->body_len, again.m->body);
+        assert_null(sys_header(&again, "Transfer-Encoding"));
+        sys_resp_free(&again);
+    }
+    /* One Idem would have written replays. */
+    api_write_record(gw.port, "OK-1", "\"IDEM1 202 1 5\\nX-Tab: a\\tb\\nhello\"");
+    static const char *const okh[] = {"Idempotency-Key: OK-1", NULL};
+    sys_http(gw.port, "POST", "/refunds", okh, "{}", 5000, &again);
+    assert_int_equal(again.status, 202);
+    assert_string_equal(sys_header(&again, "X-Tab"), "a\tb");
+    assert_memory_equal(again.m->body, "hello", 5);
+    sys_resp_free(&again);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+
+    raw_upstream_start(&u, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n"
+                           "Connection: Upgrade\r\n\r\n"
+                           "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok");
+    start_idem_on(&gw, u.port, "    upstream_timeout: 2s\n", "replay-101.db");
+    static const char *const sw[] = {"Idempotency-Key: S-1", NULL};
+    sys_http(gw.port, "POST", "/refunds", sw, "{}", 5000, &again);
+    raw_upstream_stop(&u);
+    assert_int_equal(again.status, 504);
+    assert_non_null(strstr(again.m->body, "outcome_unknown"));
+    sys_resp_free(&again);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* A target as long as request_line_max allows reaches the upstream whole:
  * the gateway used to copy it into a 16 KiB buffer, which cut a longer one
  * (the upstream would have run another request than the one keyed). A path
@@ -2420,6 +2517,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_in_flight_limit),
         cmocka_unit_test(test_admin_limits_apart),
         cmocka_unit_test(test_hop_by_hop_never_forwarded_nor_stored),
+        cmocka_unit_test(test_replay_sends_what_was_answered),
         cmocka_unit_test(test_long_target_forwarded_whole),
         cmocka_unit_test(test_upstream_timeout_after_send),
         cmocka_unit_test(test_unknown_outcome_held),
