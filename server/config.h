@@ -90,6 +90,7 @@ struct server_limits {
     int64_t idle_timeout_ms;    /* keep-alive connection idle; default 60 s */
     int64_t header_timeout_ms;  /* a request's head must arrive within; default 10 s */
     int64_t body_timeout_ms;    /* its body within; default 30 s */
+    int64_t send_timeout_ms;    /* a client reads nothing of its answer; default 60 s */
     size_t in_flight_max;       /* requests being handled at once; default 1024 */
     int64_t shutdown_timeout_ms; /* SIGTERM: how long in-flight requests may finish; default 30 s */
     size_t replay_cache;        /* finished answers kept per event loop; default 16 MiB, 0: off */

@@ -27,7 +27,8 @@
  *    │  LINGERING ── our side shut; what the peer still sends is read and
  *    │    │          dropped (up to LINGER_MS), so that closing with unread
  *    │    ▼          input cannot reset the connection and lose our answer
- *    └─► CLOSED ◄── timeout, peer gone, write error
+ *    └─► CLOSED ◄── timeout, peer gone, write error, nothing of an answer
+ *                   read for send_timeout
  *
  * A peer that goes away while its request is HANDLING does not stop the
  * work: the record is finished regardless. A reset connection is freed when
@@ -499,14 +500,19 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     (void)bev;
     /* The client shut its side after its request(s): it may still read our
      * answers (a half-close). The requests already in the input buffer are
-     * answered in order, then the connection closes (process_input). */
+     * answered in order, then the connection closes (process_input). Seen
+     * while READING too: an answer given at once (a replay, a 4xx) left the
+     * next pipelined request to be parsed later, after this event. */
     if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR) &&
-        (c->state == HANDLING || c->state == WRITING)) {
+        (c->state == HANDLING || c->state == WRITING || c->state == READING)) {
         c->peer_eof = 1;
         bufferevent_disable(c->bev, EV_READ);
+        if (c->state == READING)
+            process_input(c); /* frees c once nothing whole is left */
         return;
     }
-    /* An error: the peer is gone. */
+    /* An error, or send_timeout: the peer is gone, or reads nothing of what
+     * it is sent. */
     if (c->state == HANDLING) {
         set_state(c, ORPHANED); /* freed at front_answer() */
         return;
@@ -618,6 +624,11 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     }
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
     bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
+    /* What does not go out at once is written as the peer reads; a peer that
+     * reads nothing for send_timeout is cut off (BEV_EVENT_TIMEOUT), or it
+     * would hold the connection, and its answers in memory, for ever. */
+    struct timeval send_tv = ms_timeval(f->limits->send_timeout_ms);
+    bufferevent_set_timeouts(c->bev, NULL, &send_tv);
     if (over) {
         /* Answered and closed, without reading a request. */
         c->close_after_write = 1;

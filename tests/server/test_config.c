@@ -67,6 +67,7 @@ static const char full_example[] =
     "  idle_timeout: 60s\n"
     "  header_timeout: 10s\n"
     "  body_timeout: 30s\n"
+    "  send_timeout: 45s\n"
     "  in_flight_max: 1024\n"
     "  shutdown_timeout: 30s\n"
     "  replay_cache: 4MiB\n"
@@ -109,6 +110,7 @@ static void test_full_example(void **state)
     assert_int_equal(c->limits.idle_timeout_ms, 60000);
     assert_int_equal(c->limits.header_timeout_ms, 10000);
     assert_int_equal(c->limits.body_timeout_ms, 30000);
+    assert_int_equal(c->limits.send_timeout_ms, 45000);
     assert_int_equal(c->limits.in_flight_max, 1024);
     assert_int_equal(c->limits.shutdown_timeout_ms, 30000);
     assert_int_equal(c->limits.replay_cache, 4 * 1024 * 1024);
@@ -818,6 +820,12 @@ static void test_wrong_types_and_ranges(void **state)
               "not a size");
     parse_bad("limits:\n  body_max: 2GiB\n", "idem.yaml:2: limits.body_max:",
               "must be 1B to 1GiB");
+    /* What the store can keep, status and headers included: --check says
+     * so, rather than the daemon at its start. */
+    parse_bad("limits:\n  response_max: 64MiB\n", "idem.yaml:2: limits.response_max:",
+              "must be 1B to 63MiB");
+    parse_bad("limits:\n  send_timeout: 0\n", "idem.yaml:2: limits.send_timeout:",
+              "out of range");
     parse_bad("limits:\n  request_line_max: 100\n",
               "idem.yaml:2: limits.request_line_max:", "256B to 1MiB");
     parse_bad("limits:\n  header_count_max: 1k\n",
