@@ -60,6 +60,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "mono.h"
 
 enum conn_state { READING, HANDLING, WRITING, ORPHANED, LINGERING };
@@ -67,6 +68,8 @@ enum conn_state { READING, HANDLING, WRITING, ORPHANED, LINGERING };
 #define LINGER_MS 2000
 #define INPUT_HIGH (64 * 1024) /* input buffered while a request is handled */
 #define OVER_LIMIT_GRACE 1024 /* connections answered 503 while over the limit */
+#define ACCEPT_PAUSE_MS 100   /* accept() failed (out of descriptors): listen again after */
+#define ACCEPT_LOG_MS 10000   /* and say so at most this often */
 
 struct conn {
     struct front *f;
@@ -92,6 +95,9 @@ struct front {
     struct evconnlistener *admin_listener; /* admin_listen, or NULL */
     struct event *done_ev;
     struct event *drain_ev;
+    struct event *accept_pause_ev;  /* listening again after a failed accept() */
+    unsigned long accept_failures;  /* since the last log line */
+    int64_t accept_logged_ms;
     const struct server_limits *limits;
     struct http_limits parse_limits;
     struct workers *workers;
@@ -640,6 +646,49 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     set_state(c, READING);
 }
 
+/* accept() failed: out of file descriptors, most likely (EMFILE, ENFILE),
+ * or of memory. The listening socket stays readable, so trying again at once
+ * would spin (and log each failure): the loop stops accepting for
+ * ACCEPT_PAUSE_MS, the waiting clients stay in the backlog meanwhile, and
+ * the failures are logged at most every ACCEPT_LOG_MS. */
+static void on_accept_error(struct evconnlistener *l, void *arg)
+{
+    struct front *f = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    (void)l;
+    f->accept_failures++;
+    int64_t now = mono_ms();
+    if (!f->accept_logged_ms || now - f->accept_logged_ms >= ACCEPT_LOG_MS) {
+        daemon_log("accepting connections failed: %s (%lu times%s); pausing %d ms each time%s",
+                   evutil_socket_error_to_string(err), f->accept_failures,
+                   f->accept_logged_ms ? " since the last line" : "", ACCEPT_PAUSE_MS,
+                   err == EMFILE || err == ENFILE
+                       ? ": out of file descriptors (raise the limit, ulimit -n or "
+                         "LimitNOFILE, or lower connections_max)"
+                       : "");
+        f->accept_logged_ms = now;
+        f->accept_failures = 0;
+    }
+    if (f->listener)
+        evconnlistener_disable(f->listener);
+    if (f->admin_listener)
+        evconnlistener_disable(f->admin_listener);
+    struct timeval tv = ms_timeval(ACCEPT_PAUSE_MS);
+    evtimer_add(f->accept_pause_ev, &tv);
+}
+
+static void on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+    struct front *f = arg;
+    (void)fd;
+    (void)what;
+    /* (Gone if the front drained meanwhile.) */
+    if (f->listener)
+        evconnlistener_enable(f->listener);
+    if (f->admin_listener)
+        evconnlistener_enable(f->admin_listener);
+}
+
 static void on_drain(evutil_socket_t fd, short what, void *arg)
 {
     struct front *f = arg;
@@ -670,7 +719,8 @@ struct front *front_new(struct event_base *base, const struct server_limits *lim
     f->counts = &f->own_counts;
     f->done_ev = event_new(base, -1, 0, on_done, f);
     f->drain_ev = event_new(base, -1, 0, on_drain, f);
-    if (!f->done_ev || !f->drain_ev) {
+    f->accept_pause_ev = evtimer_new(base, on_accept_resume, f);
+    if (!f->done_ev || !f->drain_ev || !f->accept_pause_ev) {
         front_free(f);
         return NULL;
     }
@@ -774,6 +824,7 @@ int front_listen(struct front *f, const char *host, int port, int admin, char *e
         snprintf(err, errlen, "%s:%d: %s", host, port, strerror(errno));
         return -1;
     }
+    evconnlistener_set_error_cb(l, on_accept_error);
     struct sockaddr_storage bound;
     bound_address(l, &bound);
     int bound_port = address_port(&bound);
@@ -880,6 +931,8 @@ void front_free(struct front *f)
         event_free(f->done_ev);
     if (f->drain_ev)
         event_free(f->drain_ev);
+    if (f->accept_pause_ev)
+        event_free(f->accept_pause_ev);
     pthread_mutex_destroy(&f->mu);
     free(f);
 }

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "daemon.h"
@@ -331,6 +332,32 @@ static int store_is_file(const struct server_config *cfg)
     return strcmp(cfg->storage_kind, "embedded") == 0 &&
            strcmp(cfg->storage_path, ":memory:") != 0 &&
            strncmp(cfg->storage_path, "file:", 5) != 0;
+}
+
+/* Each client connection, each upstream call and the store's files take a
+ * file descriptor. The soft limit is raised to the hard one (a shell's 1024
+ * is far below connections_max's default), and what is still short is said
+ * at the start: past the limit, accept() fails and new clients wait. */
+static void raise_fd_limit(const struct server_config *cfg)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            rl.rlim_cur = was;
+    }
+    const struct server_limits *l = &cfg->limits;
+    unsigned long long need = (unsigned long long)l->connections_max + l->admin_connections_max +
+                              l->in_flight_max + 64;
+    if (rl.rlim_cur != RLIM_INFINITY && need > rl.rlim_cur)
+        daemon_log("warning: connections_max %zu, admin_connections_max %zu and in_flight_max "
+                   "%zu (an upstream connection each) need about %llu file descriptors; the "
+                   "limit is %llu (ulimit -n, LimitNOFILE): past it new clients wait",
+                   l->connections_max, l->admin_connections_max, l->in_flight_max, need,
+                   (unsigned long long)rl.rlim_cur);
 }
 
 static int lock_store_file(const struct server_config *cfg, int *fd)
@@ -745,6 +772,7 @@ int serve_main(int argc, char **argv)
     snprintf(s->d.instance, sizeof s->d.instance, "idem-%02x%02x%02x%02x%02x%02x", raw[0], raw[1],
              raw[2], raw[3], raw[4], raw[5]);
 
+    raise_fd_limit(cfg);
     s->store_lock = -1;
     if (lock_store_file(cfg, &s->store_lock) != 0)
         goto out;

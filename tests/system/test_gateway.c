@@ -2320,6 +2320,53 @@ static void test_client_that_never_reads_cut_off(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* Out of file descriptors (a limit of 100, which the daemon cannot raise,
+ * and 150 clients): it says so at the start and once when accept() fails,
+ * rather than retrying (and logging) in a loop, and serves new clients
+ * again once connections close. */
+static void test_out_of_descriptors_said_once(void **state)
+{
+    (void)state;
+    char path[4200], db[4200], log[4200];
+    snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, ++config_seq);
+    snprintf(db, sizeof db, "%s/nofile.db", dir);
+    snprintf(log, sizeof log, "%s/idem-%d.log", dir, config_seq);
+    write_config(path, reject_routes);
+    char *argv[] = {"/bin/sh", "-c", "ulimit -n 100 && exec \"$0\" \"$@\"", (char *)idem_bin,
+                    "serve", "-c", path, "--db", db, "--listen", "127.0.0.1:0", NULL};
+    struct proc gw;
+    sys_start(&gw, argv, log);
+    enum { CLIENTS = 150 };
+    int fds[CLIENTS];
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)gw.port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    for (int i = 0; i < CLIENTS; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        assert_true(fds[i] >= 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0); /* the backlog */
+    }
+    sleep_ms(1500);
+    char *text = sys_read_file(gw.log);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "need about"));
+    int failures = 0;
+    for (const char *p = text; (p = strstr(p, "accept")) != NULL; p++)
+        failures++;
+    if (failures < 1 || failures > 4)
+        fail_msg("%d lines about accept() in the log:\n%.2000s", failures, text);
+    assert_non_null(strstr(text, "out of file descriptors"));
+    free(text);
+    for (int i = 0; i < CLIENTS; i++)
+        close(fds[i]);
+    sleep_ms(500);
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-fd\",\"amount\":\"1.00\"}",
+             5000, &r);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* Write a finished record through the JSON API, holding result. */
 static void api_write_record(int port, const char *key, const char *result_json)
 {
@@ -2601,6 +2648,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_hop_by_hop_never_forwarded_nor_stored),
         cmocka_unit_test(test_replay_sends_what_was_answered),
         cmocka_unit_test(test_client_that_never_reads_cut_off),
+        cmocka_unit_test(test_out_of_descriptors_said_once),
         cmocka_unit_test(test_long_target_forwarded_whole),
         cmocka_unit_test(test_upstream_timeout_after_send),
         cmocka_unit_test(test_unknown_outcome_held),
