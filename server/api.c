@@ -88,13 +88,15 @@ static int hex_fingerprint(struct args *a, uint8_t fp[IDEM_FINGERPRINT_LEN])
         a->err = problem(400, "invalid_field", "field fingerprint: 64 hex digits (SHA-256)");
         return 0;
     }
+    /* Digits only: not sscanf's "%2x", which takes a sign, spaces or 0x. */
     for (int i = 0; i < IDEM_FINGERPRINT_LEN; i++) {
-        unsigned v;
-        if (sscanf(hex + 2 * i, "%2x", &v) != 1) {
+        int hi = http_hex_value((unsigned char)hex[2 * i]);
+        int lo = http_hex_value((unsigned char)hex[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
             a->err = problem(400, "invalid_field", "field fingerprint: not hexadecimal");
             return 0;
         }
-        fp[i] = (uint8_t)v;
+        fp[i] = (uint8_t)(hi << 4 | lo);
     }
     return 1;
 }
@@ -143,11 +145,20 @@ static unsigned char *get_result(struct args *a, size_t *len)
     }
     if (b && json_is_string(b)) {
         const char *s = json_string_value(b);
-        size_t n = json_string_length(b);
+        size_t n = json_string_length(b), pad = 0;
+        /* RFC 4648 base64: at most two '=', at the end, and only where they
+         * complete the last group of four; without them, no group of one. */
+        while (pad < n && pad < 3 && s[n - 1 - pad] == '=')
+            pad++;
+        if (pad > 2 || (pad && n % 4) || (!pad && n % 4 == 1)) {
+            a->err = problem(400, "invalid_field", "field result_base64: not base64");
+            return NULL;
+        }
+        n -= pad;
         unsigned char *out = malloc(n / 4 * 3 + 3);
         unsigned acc = 0;
         int bits = 0;
-        for (size_t i = 0; out && i < n && s[i] != '='; i++) {
+        for (size_t i = 0; out && i < n; i++) {
             const char *pos = strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
                                      "0123456789+/",
                                      s[i]);

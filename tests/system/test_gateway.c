@@ -1600,6 +1600,15 @@ static void test_json_api(void **state)
     snprintf(quoted, sizeof quoted,
              "{\"space\":\"pay\",\"key\":\"P-2\",\"epoch\":%lld,\"retryable\":\"true\"}", epoch);
     api_expect(p, "/_idem/v1/records/fail", quoted, 400, "field retryable");
+    /* base64 is RFC 4648's: padding only at the end, completing a group. */
+    static const char *const not_base64[] = {"QQ==garbage!", "QQ=", "Q", "QQ=A", "QQ===",
+                                             "QQ?="};
+    for (size_t i = 0; i < sizeof not_base64 / sizeof not_base64[0]; i++) {
+        snprintf(quoted, sizeof quoted,
+                 "{\"space\":\"pay\",\"key\":\"P-2\",\"epoch\":%lld,\"result_base64\":\"%s\"}",
+                 epoch, not_base64[i]);
+        api_expect(p, "/_idem/v1/records/fail", quoted, 400, "field result_base64");
+    }
     api_expect(p, "/_idem/v1/records/fail", body, 200, "\"outcome\":\"COMPLETED\"");
     char next[64];
     snprintf(next, sizeof next, "\"epoch\":%lld", epoch + 1);
@@ -1621,6 +1630,18 @@ static void test_json_api(void **state)
     api_expect(p, "/_idem/v1/locks/acquire", "{\"space\":\"acct\",\"key\":7,\"owner\":\"w1\"}", 400,
                "field key: must be a string");
     api_expect(p, "/_idem/v1/records/begin", "not json", 400, "urn:idem:invalid_json");
+    /* A fingerprint is 64 hex digits: no sign, space or 0x slips through. */
+    static const char *const not_hex[] = {
+        "0x112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+        " 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1 1",
+        "-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1-1",
+        "00112233445566778899aabbccddeeff00112233445566778899aabbccddee0g"};
+    for (size_t i = 0; i < sizeof not_hex / sizeof not_hex[0]; i++) {
+        snprintf(body, sizeof body,
+                 "{\"space\":\"pay\",\"key\":\"P-hex\",\"owner\":\"o\",\"fingerprint\":\"%s\"}",
+                 not_hex[i]);
+        api_expect(p, "/_idem/v1/records/begin", body, 400, "field fingerprint");
+    }
     api_expect(p, "/_idem/v1/records/begin",
                "{\"space\":\"bad space\",\"key\":\"k\",\"owner\":\"o\"}", 400, "space");
     api_expect(p, "/_idem/v1/records/complete", "{\"space\":\"pay\",\"key\":\"P-1\",\"epoch\":0}",
