@@ -360,6 +360,10 @@ static void test_ambiguous_requests_refused(void **state)
                    "key_invalid");
     expect_refused(gw.port, "/refunds", two_subjects,
                    "{\"refund_no\":\"R-a3\",\"amount\":\"1.00\"}", "subject_invalid");
+    /* JSON with a number past what Idem reads: not "not JSON", nor forwarded. */
+    expect_refused(gw.port, "/refunds", alice,
+                   "{\"refund_no\":\"R-big\",\"amount\":12345678901234567890}", "Idem cannot "
+                   "read exactly");
     expect_refused(gw.port, "/callbacks/payment", two_keys, payment, "key_invalid");
     /* Spelt with '_', the same header to a CGI-style upstream. */
     expect_refused(gw.port, "/refunds", alike_subjects,
