@@ -800,13 +800,15 @@ int serve_main(int argc, char **argv)
         fprintf(stderr, "idem serve: cannot start %d workers\n", cfg->workers);
         goto out;
     }
-    /* Reads of a file store go to read-only connections, never waiting for
-     * the writer: finished records can be replayed on the loop thread. */
+    /* On the distributed store the gateway's record calls and lease
+     * renewals have a pool of their own (see daemon.h). */
     int embedded = strcmp(cfg->storage_kind, "embedded") == 0;
     if (!embedded && !(s->record_workers = workers_start(cfg->workers))) {
         fprintf(stderr, "idem serve: cannot start %d workers for records\n", cfg->workers);
         goto out;
     }
+    /* Reads of a file store go to read-only connections, never waiting for
+     * the writer: finished records can be replayed on the loop thread. */
     s->d.reads_dont_block = store_is_file(cfg);
     s->d.db_async = embedded;
     s->d.kv_local = embedded;

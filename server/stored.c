@@ -97,7 +97,7 @@ static int take_number(const char **p, const char *end, char stop, unsigned long
  * otherwise than Idem sends it). */
 static int replayable(const char *name, size_t name_len, const char *value, size_t value_len)
 {
-    char lower[32];
+    char copy[32]; /* NUL-terminated, for the name checks */
     if (!http_is_token(name, name_len))
         return 0;
     for (size_t i = 0; i < value_len; i++) {
@@ -105,11 +105,11 @@ static int replayable(const char *name, size_t name_len, const char *value, size
         if ((c < 0x20 && c != '\t') || c == 0x7f)
             return 0;
     }
-    if (name_len >= sizeof lower)
+    if (name_len >= sizeof copy)
         return 1; /* longer than every name below */
-    memcpy(lower, name, name_len);
-    lower[name_len] = '\0';
-    return !http_is_hop_by_hop(NULL, lower) && !http_name_alike(lower, "content-length");
+    memcpy(copy, name, name_len);
+    copy[name_len] = '\0';
+    return !http_is_hop_by_hop(NULL, copy) && !http_name_alike(copy, "content-length");
 }
 
 struct http_response *stored_decode(const void *bytes, size_t len)
