@@ -596,27 +596,34 @@ IDEM_EXTERN idem_rc idem_inbox_fail(idem *h, const char *group,
 /* ------------------------------------------------------------------------- */
 /* Counters, for operators. Monotonic since idem_open(). */
 
-/* How long the durable transactions took, from a batch's first statement to
- * its durable COMMIT (the fsync included; on the distributed store, every
- * round trip to PostgreSQL of the batch), as a histogram: commit_hist[i]
- * counts those that took more than idem_commit_bucket_us(i - 1) and at most
- * idem_commit_bucket_us(i) microseconds; the last bucket has no bound. A
- * rising commit time is the disk (or PostgreSQL) slowing down: every durable
- * write waits for one. */
-#define IDEM_COMMIT_BUCKETS 16
-
 typedef struct idem_stats {
     uint64_t conflicts;      /* complete/fail/transition/inbox refused: alerts */
     uint64_t takeovers;      /* abandoned records re-claimed */
     uint64_t commits;        /* durable transactions (fsyncs) */
     uint64_t committed_ops;  /* writes carried by those transactions */
-    uint64_t commit_us;      /* their durations, summed, in microseconds */
-    uint64_t commit_hist[IDEM_COMMIT_BUCKETS]; /* their durations, bucketed */
 } idem_stats;
 
 IDEM_EXTERN void idem_get_stats(idem *h, idem_stats *out);
 
-/* The upper bound of commit_hist[i] in microseconds: 100 us to 10 s, and
+/* How long the durable transactions took, from a batch's first statement to
+ * its durable COMMIT (the fsync included; on the distributed store, every
+ * round trip to PostgreSQL of the batch), as a histogram: hist[i] counts
+ * those that took more than idem_commit_bucket_us(i - 1) and at most
+ * idem_commit_bucket_us(i) microseconds; the last bucket has no bound. A
+ * rising commit time is the disk (or PostgreSQL) slowing down: every durable
+ * write waits for one. (A struct and a call of their own: idem_stats keeps
+ * its size for programs built against an earlier libidem.) */
+#define IDEM_COMMIT_BUCKETS 16
+
+typedef struct idem_commit_times {
+    uint64_t commits;                   /* as idem_stats.commits, at the same instant */
+    uint64_t us;                        /* their durations, summed, in microseconds */
+    uint64_t hist[IDEM_COMMIT_BUCKETS]; /* their durations, bucketed */
+} idem_commit_times;
+
+IDEM_EXTERN void idem_get_commit_times(idem *h, idem_commit_times *out);
+
+/* The upper bound of hist[i] in microseconds: 100 us to 10 s, and
  * UINT64_MAX for the last bucket (and past it). */
 IDEM_EXTERN uint64_t idem_commit_bucket_us(unsigned i);
 

@@ -231,6 +231,8 @@ static struct http_response *health(struct daemon *d)
         }
     }
     idem_get_stats(d->h, &st);
+    idem_commit_times ct;
+    idem_get_commit_times(d->h, &ct);
     json_t *j = json_pack(
         "{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I, s:I}, "
         "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
@@ -242,7 +244,7 @@ static struct http_response *health(struct daemon *d)
         "store", idem_store_name(d->h),
         "version", idem_version(), "store_stats", "conflicts", (json_int_t)st.conflicts,
         "takeovers", (json_int_t)st.takeovers, "commits", (json_int_t)st.commits,
-        "committed_ops", (json_int_t)st.committed_ops, "commit_us", (json_int_t)st.commit_us,
+        "committed_ops", (json_int_t)st.committed_ops, "commit_us", (json_int_t)ct.us,
         "gateway", "requests",
         TOTAL(d, requests), "executions", TOTAL(d, executions), "replays", TOTAL(d, replays),
         "in_flight_409", TOTAL(d, in_flight_409), "mismatches", TOTAL(d, mismatches),
@@ -324,6 +326,8 @@ struct http_response *api_metrics(struct daemon *d)
     };
     idem_stats st;
     idem_get_stats(d->h, &st);
+    idem_commit_times ct;
+    idem_get_commit_times(d->h, &ct);
     const struct {
         const char *name, *type, *help;
         uint64_t value;
@@ -394,8 +398,7 @@ struct http_response *api_metrics(struct daemon *d)
         commit, commit);
     for (int b = 0; b < IDEM_COMMIT_BUCKETS - 1; b++)
         bounds[b] = idem_commit_bucket_us((unsigned)b);
-    add_histogram(buf, cap, &n, commit, "", st.commit_hist, bounds, IDEM_COMMIT_BUCKETS,
-                  st.commit_us);
+    add_histogram(buf, cap, &n, commit, "", ct.hist, bounds, IDEM_COMMIT_BUCKETS, ct.us);
     for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++)
         add(buf, cap, &n, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", whole[i].name, whole[i].help,
             whole[i].name, whole[i].type, whole[i].name, (unsigned long long)whole[i].value);

@@ -1183,11 +1183,6 @@ static int get_layers(struct ctx *c, const yaml_node_t *n, const char *path,
     return 0;
 }
 
-static const char *const hop_by_hop[] = {
-    "connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
-    "proxy-authenticate", "proxy-authorization",
-};
-
 static int get_replay_headers(struct ctx *c, const yaml_node_t *n, const char *path,
                               struct route *r)
 {
@@ -1211,13 +1206,14 @@ static int get_replay_headers(struct ctx *c, const yaml_node_t *n, const char *p
         if (!(h = lower_dup(s)))
             return oom(c);
         r->replay_headers[r->replay_header_count++] = h;
-        for (size_t j = 0; j < sizeof hop_by_hop / sizeof hop_by_hop[0]; j++)
-            if (!strcmp(h, hop_by_hop[j]))
-                return fail(c, v, ipath, "%s is a hop-by-hop header: it is never "
-                            "stored, so it cannot be replayed", h);
-        if (!strcmp(h, "content-length"))
-            return fail(c, v, ipath, "content-length is computed for each reply; "
-                        "leave it out");
+        /* The names the store never keeps (http_is_replayable_name), each
+         * also spelt with '_' (Keep_Alive), as CGI-style upstreams read it. */
+        if (http_is_hop_by_hop(NULL, h))
+            return fail(c, v, ipath, "%s is a hop-by-hop header: it is never "
+                        "stored, so it cannot be replayed", h);
+        if (http_name_alike(h, "content-length"))
+            return fail(c, v, ipath, "%s is computed for each reply; "
+                        "leave it out", h);
         for (size_t j = 0; j + 1 < r->replay_header_count; j++)
             if (!strcmp(h, r->replay_headers[j]))
                 return fail(c, v, ipath, "%s is listed twice", h);

@@ -57,6 +57,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -80,6 +81,8 @@ struct conn {
     int timer_is_request; /* the timer is a request deadline, not idle: 1 for
                              its head (header_timeout), 2 for its body */
     int close_after_write;
+    size_t unsent;        /* WRITING: bytes not yet taken by the peer, last seen */
+    int64_t sent_ms;      /* when that last went down (send_timeout counts from it) */
     int peer_eof;         /* the client shut its sending side: read no more */
     int head_request;
     int admin;            /* accepted on the admin listener */
@@ -138,6 +141,25 @@ static void arm_timer(struct conn *c, int64_t ms, int is_request)
     evtimer_add(c->timer, &tv);
 }
 
+/* The bytes of answers the peer has not taken (acknowledged) yet: what the
+ * output buffer holds, and what the socket has not sent or had
+ * acknowledged. It goes down as, and only as, the peer reads. */
+static size_t unsent_bytes(struct conn *c)
+{
+    int queued = 0;
+    if (ioctl(bufferevent_getfd(c->bev), TIOCOUTQ, &queued) != 0 || queued < 0)
+        queued = 0;
+    return evbuffer_get_length(bufferevent_get_output(c->bev)) + (size_t)queued;
+}
+
+/* How often a WRITING connection is looked at: a quarter of send_timeout,
+ * from 10 ms to 1 s. */
+static int64_t send_check_ms(const struct conn *c)
+{
+    int64_t ms = c->f->limits->send_timeout_ms / 4;
+    return ms < 10 ? 10 : ms > 1000 ? 1000 : ms;
+}
+
 static void set_state(struct conn *c, enum conn_state s)
 {
     c->state = s;
@@ -154,7 +176,15 @@ static void set_state(struct conn *c, enum conn_state s)
         evtimer_del(c->timer);
         break;
     case WRITING:
-        evtimer_del(c->timer);
+        /* An answer the socket took whole is done; one it did not is
+         * watched: the peer must keep taking it (send_timeout). */
+        if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+            evtimer_del(c->timer);
+        } else {
+            c->unsent = SIZE_MAX;
+            c->sent_ms = mono_ms();
+            arm_timer(c, send_check_ms(c), 0);
+        }
         break;
     case ORPHANED:
         evtimer_del(c->timer);
@@ -517,8 +547,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
             process_input(c); /* frees c once nothing whole is left */
         return;
     }
-    /* An error, or send_timeout: the peer is gone, or reads nothing of what
-     * it is sent. */
+    /* An error: the peer is gone. */
     if (c->state == HANDLING) {
         set_state(c, ORPHANED); /* freed at front_answer() */
         return;
@@ -532,6 +561,22 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     if (c->state == LINGERING) {
+        conn_free(c);
+        return;
+    }
+    if (c->state == WRITING) {
+        /* Cut off once the peer has taken nothing for send_timeout: one that
+         * never reads would hold its connection, and its answers, for ever. */
+        size_t unsent = unsent_bytes(c);
+        int64_t now = mono_ms();
+        if (unsent < c->unsent) {
+            c->unsent = unsent;
+            c->sent_ms = now;
+        }
+        if (now - c->sent_ms < c->f->limits->send_timeout_ms) {
+            arm_timer(c, send_check_ms(c), 0);
+            return;
+        }
         conn_free(c);
         return;
     }
@@ -630,11 +675,6 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     }
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
     bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
-    /* What does not go out at once is written as the peer reads; a peer that
-     * reads nothing for send_timeout is cut off (BEV_EVENT_TIMEOUT), or it
-     * would hold the connection, and its answers in memory, for ever. */
-    struct timeval send_tv = ms_timeval(f->limits->send_timeout_ms);
-    bufferevent_set_timeouts(c->bev, NULL, &send_tv);
     if (over) {
         /* Answered and closed, without reading a request. */
         c->close_after_write = 1;

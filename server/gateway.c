@@ -869,25 +869,9 @@ static struct http_response *from_upstream(const struct http_msg *m)
 
 static void after_finish(struct gw *g);
 
-static void do_extend(struct gw *g)
-{
-    keep_rc(g, idem_record_extend(g->d->h, g->rt->space, g->key, g->epoch, g->rt->lease_ms,
-                                  &g->o));
-}
-
-static void after_retry_extend(struct gw *g)
-{
-    /* Whatever it says: a store still failing fails the finish too, and a
-     * claim no longer ours (CONFLICT) is the finish's to find out. */
-    db_step(g, do_finish, after_finish);
-}
-
-/* While an answer is not kept nothing else renews the claim's lease, and
- * once it ran out another instance could take the claim over and execute
- * again: each try extends it first. */
 static void retry_finish(struct gw *g)
 {
-    db_step(g, do_extend, after_retry_extend);
+    db_step(g, do_finish, after_finish);
 }
 
 /* A retried finish was refused (CONFLICT): the record is not PROCESSING at
@@ -930,9 +914,10 @@ static void after_finish(struct gw *g)
             set_unkept(g, 1);
             g->retry_ms = 100;
         } else {
-            /* Doubling, up to 2 s and to a sixth of the lease: a store back
-             * within the lease is tried (and the lease extended) before it
-             * runs out, the store's own reconnecting included. */
+            /* Doubling, up to 2 s and to a sixth of the lease: nothing renews
+             * the lease meanwhile (a store that fails the finish fails a
+             * renewal too), so a store back before the lease runs out is
+             * tried again in time, its own reconnecting included. */
             int64_t cap = tick_ms(g->rt) / 2;
             cap = cap < 100 ? 100 : cap > 2000 ? 2000 : cap;
             g->retry_ms = g->retry_ms * 2 > cap ? cap : g->retry_ms * 2;

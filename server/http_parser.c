@@ -1005,6 +1005,11 @@ size_t http_msg_header_alike_count(const struct http_msg *m, const char *name)
     return n;
 }
 
+int http_is_replayable_name(const struct http_msg *m, const char *name)
+{
+    return !http_is_hop_by_hop(m, name) && !http_name_alike(name, "content-length");
+}
+
 int http_is_hop_by_hop(const struct http_msg *m, const char *name)
 {
     if (!name)

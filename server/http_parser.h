@@ -152,4 +152,9 @@ int http_hex_value(unsigned char c);
  * message's own Connection header): never forwarded, never stored. */
 int http_is_hop_by_hop(const struct http_msg *m, const char *name);
 
+/* A header a stored answer may keep and a replay send: not hop-by-hop for
+ * m (NULL: by its name alone), and not Content-Length, which is computed for
+ * each reply (both also spelt with '_'). */
+int http_is_replayable_name(const struct http_msg *m, const char *name);
+
 #endif

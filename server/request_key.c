@@ -246,8 +246,8 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
                     /* JSON, but not all of it can be read exactly. */
                     status = bad(type, "key_invalid", detail, dlen,
                                  "the key is the JSON field %s, and the body holds a number "
-                                 "Idem cannot read exactly (an integer past 64 bits, or a real "
-                                 "past a double's range): %s",
+                                 "Idem cannot read exactly (an integer past 9223372036854775807 "
+                                 "or below its negative, or a real past a double's range): %s",
                                  kp->name, err.text);
                     goto out;
                 }
@@ -365,7 +365,7 @@ int request_fingerprint(const struct route *rt, const struct http_msg *m,
                  json_error_code(&err) == json_error_duplicate_key
                      ? " with each member once (which value counts cannot be told)"
                  : json_error_code(&err) == json_error_numeric_overflow
-                     ? " Idem can read exactly (a number is past 64 bits or a double's range)"
+                     ? " Idem can read exactly (a number is past 9223372036854775807 or a double's range)"
                      : "",
                  err.text);
         return 400;

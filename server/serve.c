@@ -235,7 +235,11 @@ void daemon_handle(void *arg, struct front_request *req)
     }
     if (api) {
         req->state = lc;
-        if (front_work(req, api_on_worker, api_answer) != 0) {
+        /* The record endpoints (a service finishing its own claims among
+         * them) on the pool that Redis calls cannot hold up, as the
+         * gateway's record calls (daemon.h). */
+        struct workers *ws = strncmp(path, "/_idem/v1/records/", 18) == 0 ? d->record_workers : NULL;
+        if (front_work_in(req, ws, api_on_worker, api_answer) != 0) {
             req->resp = problem(503, "shutting_down", "the server is shutting down");
             api_answer(req);
         }
@@ -350,12 +354,17 @@ static void raise_fd_limit(const struct server_config *cfg)
             rl.rlim_cur = was;
     }
     const struct server_limits *l = &cfg->limits;
+    /* Past connections_max, up to 1024 more are accepted to be answered
+     * 503 (OVER_LIMIT_GRACE in front.c); 64 for the store's files, the
+     * listeners, the loops' own, and idle upstream connections beyond the
+     * in-flight ones at most as many again. */
     unsigned long long need = (unsigned long long)l->connections_max + l->admin_connections_max +
-                              l->in_flight_max + 64;
+                              2ull * l->in_flight_max + 1024 + 64;
     if (rl.rlim_cur != RLIM_INFINITY && need > rl.rlim_cur)
         daemon_log("warning: connections_max %zu, admin_connections_max %zu and in_flight_max "
-                   "%zu (an upstream connection each) need about %llu file descriptors; the "
-                   "limit is %llu (ulimit -n, LimitNOFILE): past it new clients wait",
+                   "%zu (upstream connections, in use and idle) need up to %llu file "
+                   "descriptors; the limit is %llu (ulimit -n, LimitNOFILE): past it new "
+                   "clients wait",
                    l->connections_max, l->admin_connections_max, l->in_flight_max, need,
                    (unsigned long long)rl.rlim_cur);
 }

@@ -6,9 +6,9 @@
  *   <body bytes>
  *
  * Header names and values come from the strict parser, so they hold no CR or
- * LF; decoding checks every count and length anyway, and that each header is
- * one a reply may carry, because a record may have been written by another
- * program through the JSON API: what it decodes is sent to clients as is.
+ * LF; decoding checks every count and length anyway, and each header line,
+ * because a record may have been written by another program through the
+ * JSON API, or by an earlier Idem: what it decodes is sent to clients.
  */
 #include "stored.h"
 
@@ -28,7 +28,7 @@ static int stored_header(const struct http_msg *m, const struct http_header *h,
     int kept = !keep;
     for (size_t k = 0; keep && k < nkeep && !kept; k++)
         kept = strcasecmp(h->name, keep[k]) == 0;
-    return kept && !(m && http_is_hop_by_hop(m, h->name));
+    return kept && http_is_replayable_name(m, h->name);
 }
 
 static char *encode(int status, const struct http_msg *m, const struct http_header *h, size_t nh,
@@ -88,16 +88,11 @@ static int take_number(const char **p, const char *end, char stop, unsigned long
     return 0;
 }
 
-/* A header line a replay may send: a token for a name; a value of visible
- * bytes, spaces and tabs (a CR or LF would let whoever wrote the record add
- * headers to every replay, a NUL cut it short); and not one that frames the
- * message or belongs to one connection (Content-Length is the body's, set
- * for each reply; Transfer-Encoding, Connection and the other hop-by-hop
- * headers would have the client, or a proxy before it, read the reply
- * otherwise than Idem sends it). */
-static int replayable(const char *name, size_t name_len, const char *value, size_t value_len)
+/* A header line Idem could have stored: a token for a name, and a value of
+ * visible bytes, spaces and tabs (a CR or LF would let whoever wrote the
+ * record add headers to every replay, a NUL cut it short). */
+static int well_formed(const char *name, size_t name_len, const char *value, size_t value_len)
 {
-    char copy[32]; /* NUL-terminated, for the name checks */
     if (!http_is_token(name, name_len))
         return 0;
     for (size_t i = 0; i < value_len; i++) {
@@ -105,11 +100,22 @@ static int replayable(const char *name, size_t name_len, const char *value, size
         if ((c < 0x20 && c != '\t') || c == 0x7f)
             return 0;
     }
+    return 1;
+}
+
+/* And one a replay sends: not one that frames the message or belongs to one
+ * connection. Content-Length is set for each reply; Transfer-Encoding,
+ * Connection and the other hop-by-hop headers would have the client, or a
+ * proxy before it, read the reply otherwise than Idem sends it. Such a line
+ * (from the JSON API, or an earlier Idem) is left out of the replay. */
+static int sent(const char *name, size_t name_len)
+{
+    char copy[32]; /* NUL-terminated, for the name checks */
     if (name_len >= sizeof copy)
-        return 1; /* longer than every name below */
+        return 1; /* longer than every name they refuse */
     memcpy(copy, name, name_len);
     copy[name_len] = '\0';
-    return !http_is_hop_by_hop(NULL, copy) && !http_name_alike(copy, "content-length");
+    return http_is_replayable_name(NULL, copy);
 }
 
 struct http_response *stored_decode(const void *bytes, size_t len)
@@ -130,9 +136,10 @@ struct http_response *stored_decode(const void *bytes, size_t len)
         const char *nl = memchr(p, '\n', (size_t)(end - p));
         const char *colon = nl ? memchr(p, ':', (size_t)(nl - p)) : NULL;
         if (!colon || colon == p || colon + 1 >= nl || colon[1] != ' ' ||
-            !replayable(p, (size_t)(colon - p), colon + 2, (size_t)(nl - colon - 2)))
+            !well_formed(p, (size_t)(colon - p), colon + 2, (size_t)(nl - colon - 2)))
             goto bad;
-        if (response_add_header_n(r, p, (size_t)(colon - p), colon + 2,
+        if (sent(p, (size_t)(colon - p)) &&
+            response_add_header_n(r, p, (size_t)(colon - p), colon + 2,
                                   (size_t)(nl - colon - 2)))
             goto bad;
         p = nl + 1;

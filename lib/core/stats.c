@@ -26,10 +26,16 @@ void idem__commit_stats_add(struct idem__commit_stats *s, unsigned ops, int64_t 
     s->hist[b]++;
 }
 
-void idem__commit_stats_get(const struct idem__commit_stats *s, idem_stats *out)
+void idem__commit_stats_get(const struct idem__commit_stats *s, idem_stats *stats,
+                            idem_commit_times *times)
 {
-    out->commits = s->commits;
-    out->committed_ops = s->ops;
-    out->commit_us = s->us;
-    memcpy(out->commit_hist, s->hist, sizeof out->commit_hist);
+    if (stats) {
+        stats->commits = s->commits;
+        stats->committed_ops = s->ops;
+    }
+    if (times) {
+        times->commits = s->commits;
+        times->us = s->us;
+        memcpy(times->hist, s->hist, sizeof times->hist);
+    }
 }

@@ -17,7 +17,8 @@ struct idem__commit_stats {
 /* One durable transaction that carried ops writes and took us microseconds. */
 void idem__commit_stats_add(struct idem__commit_stats *s, unsigned ops, int64_t us);
 
-/* Copy into the commit fields of *out. */
-void idem__commit_stats_get(const struct idem__commit_stats *s, idem_stats *out);
+/* The figures of s in the public structs (either may be NULL). */
+void idem__commit_stats_get(const struct idem__commit_stats *s, idem_stats *stats,
+                            idem_commit_times *times);
 
 #endif

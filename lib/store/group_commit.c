@@ -275,9 +275,9 @@ void idem__gc_stop(struct idem__gc *gc)
     idem__free(gc);
 }
 
-void idem__gc_stats(struct idem__gc *gc, idem_stats *out)
+void idem__gc_stats(struct idem__gc *gc, idem_stats *stats, idem_commit_times *times)
 {
     pthread_mutex_lock(&gc->mu);
-    idem__commit_stats_get(&gc->stats, out);
+    idem__commit_stats_get(&gc->stats, stats, times);
     pthread_mutex_unlock(&gc->mu);
 }

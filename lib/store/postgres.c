@@ -1627,11 +1627,11 @@ static idem_rc inbox_cas(void *db, const struct idem__inbox_cas *c, int *changed
 
 /* ---- open and close ---- */
 
-static void commit_stats(void *db, idem_stats *out)
+static void commit_stats(void *db, idem_stats *stats, idem_commit_times *times)
 {
     struct pg_db *d = db;
     pthread_mutex_lock(&d->mu);
-    idem__commit_stats_get(&d->stats, out);
+    idem__commit_stats_get(&d->stats, stats, times);
     pthread_mutex_unlock(&d->mu);
 }
 

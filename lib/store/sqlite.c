@@ -676,10 +676,10 @@ static idem_rc run_async(void *db, idem *h, idem_async_fn fn,
 
 /* ---- open and close ---- */
 
-static void commit_stats(void *db, idem_stats *out)
+static void commit_stats(void *db, idem_stats *stats, idem_commit_times *times)
 {
     struct sqlite_db *d = db;
-    idem__gc_stats(d->gc, out);
+    idem__gc_stats(d->gc, stats, times);
 }
 
 static void sqlite_close(void *db)

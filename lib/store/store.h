@@ -137,8 +137,8 @@ struct idem__db_ops {
                          int *changed, int *found, idem_inbox_entry *cur);
 
     /* Durable commits so far, the writes they carried and how long they
-     * took: the commit fields of *out. */
-    void (*commit_stats)(void *db, idem_stats *out);
+     * took (either may be NULL). */
+    void (*commit_stats)(void *db, idem_stats *stats, idem_commit_times *times);
 
     void (*close)(void *db);
 

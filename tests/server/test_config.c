@@ -816,7 +816,13 @@ static void test_wrong_types_and_ranges(void **state)
               "not reject or wait");
     parse_bad(ROUTE "    on_upstream_5xx: retry\n",
               "idem.yaml:6: routes[0].on_upstream_5xx:", "not release or store");
-    parse_bad("limits:\n  body_max: lots\n", "idem.yaml:2: limits.body_max:",
+        parse_bad(ROUTE "    replay_headers: [content_length]\n",
+              "idem.yaml:6: routes[0].replay_headers[0]:", "computed for each reply");
+    parse_bad(ROUTE "    replay_headers: [proxy-connection]\n",
+              "idem.yaml:6: routes[0].replay_headers[0]:", "hop-by-hop");
+    parse_bad(ROUTE "    replay_headers: [keep_alive]\n",
+              "idem.yaml:6: routes[0].replay_headers[0]:", "hop-by-hop");
+parse_bad("limits:\n  body_max: lots\n", "idem.yaml:2: limits.body_max:",
               "not a size");
     parse_bad("limits:\n  body_max: 2GiB\n", "idem.yaml:2: limits.body_max:",
               "must be 1B to 1GiB");
