@@ -243,6 +243,14 @@ static int is_line_char(unsigned char c)
     return c == '\t' || (c >= 0x20 && c != 0x7f);
 }
 
+int http_is_field_text(const char *s, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if (!is_line_char((unsigned char)s[i]))
+            return 0;
+    return 1;
+}
+
 static int is_ws(char c)
 {
     return c == ' ' || c == '\t';

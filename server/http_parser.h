@@ -144,6 +144,9 @@ size_t http_msg_header_alike_count(const struct http_msg *m, const char *name);
 
 /* s[0..len) is a token (RFC 9110 §5.6.2: a method, a header name): not empty. */
 int http_is_token(const char *s, size_t len);
+/* s[0..len) is what the parser takes in a header value: HTAB, SP, visible
+ * ASCII and obs-text, no other control character. */
+int http_is_field_text(const char *s, size_t len);
 
 /* The value of a hexadecimal digit, or -1 (chunk sizes, %-escapes). */
 int http_hex_value(unsigned char c);

@@ -238,7 +238,9 @@ void daemon_handle(void *arg, struct front_request *req)
         /* The record endpoints (a service finishing its own claims among
          * them) on the pool that Redis calls cannot hold up, as the
          * gateway's record calls (daemon.h). */
-        struct workers *ws = strncmp(path, "/_idem/v1/records/", 18) == 0 ? d->record_workers : NULL;
+        static const char records[] = "/_idem/v1/records/";
+        struct workers *ws =
+            strncmp(path, records, sizeof records - 1) == 0 ? d->record_workers : NULL;
         if (front_work_in(req, ws, api_on_worker, api_answer) != 0) {
             req->resp = problem(503, "shutting_down", "the server is shutting down");
             api_answer(req);

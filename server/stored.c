@@ -88,19 +88,12 @@ static int take_number(const char **p, const char *end, char stop, unsigned long
     return 0;
 }
 
-/* A header line Idem could have stored: a token for a name, and a value of
- * visible bytes, spaces and tabs (a CR or LF would let whoever wrote the
+/* A header line Idem could have stored: what the parser takes, a token for
+ * a name and field text for a value (a CR or LF would let whoever wrote the
  * record add headers to every replay, a NUL cut it short). */
 static int well_formed(const char *name, size_t name_len, const char *value, size_t value_len)
 {
-    if (!http_is_token(name, name_len))
-        return 0;
-    for (size_t i = 0; i < value_len; i++) {
-        unsigned char c = (unsigned char)value[i];
-        if ((c < 0x20 && c != '\t') || c == 0x7f)
-            return 0;
-    }
-    return 1;
+    return http_is_token(name, name_len) && http_is_field_text(value, value_len);
 }
 
 /* And one a replay sends: not one that frames the message or belongs to one

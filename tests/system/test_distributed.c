@@ -111,25 +111,25 @@ static void post_until(int port, const char *path, const char *body, int status,
     fail_msg("POST %s: still %d after 10 s", path, last);
 }
 
-static const char wait_routes[] =
-    "routes:\n"
-    "  - name: refund\n"
-    "    match: { method: POST, path: /refunds }\n"
-    "    upstream: @UP@\n"
-    "    key: { json: refund_no }\n"
+/* The refund route with both record and lock layers, which every
+ * configuration here starts with. */
+#define LOCKED_REFUND_ROUTE                                                    \
+    "routes:\n"                                                               \
+    "  - name: refund\n"                                                      \
+    "    match: { method: POST, path: /refunds }\n"                           \
+    "    upstream: @UP@\n"                                                    \
+    "    key: { json: refund_no }\n"                                          \
     "    layers: [lock, record]\n"
+
+static const char wait_routes[] =
+    LOCKED_REFUND_ROUTE
     "    in_flight: wait\n"
     "    wait_timeout: 15s\n"
     "    lease: 10s\n"
     "    upstream_timeout: 5s\n";
 
 static const char reject_routes[] =
-    "routes:\n"
-    "  - name: refund\n"
-    "    match: { method: POST, path: /refunds }\n"
-    "    upstream: @UP@\n"
-    "    key: { json: refund_no }\n"
-    "    layers: [lock, record]\n"
+    LOCKED_REFUND_ROUTE
     "    in_flight: reject\n"
     "    on_redis_down: reject\n";
 
@@ -358,12 +358,7 @@ static void test_paused_holder_is_fenced(void **state)
 {
     (void)state;
     static const char short_lease[] =
-        "routes:\n"
-        "  - name: refund\n"
-        "    match: { method: POST, path: /refunds }\n"
-        "    upstream: @UP@\n"
-        "    key: { json: refund_no }\n"
-        "    layers: [lock, record]\n"
+        LOCKED_REFUND_ROUTE
         "    in_flight: reject\n"
         "    lease: 1s\n"
         "    upstream_timeout: 10s\n";
@@ -450,12 +445,7 @@ static void test_renewals_not_starved_by_stuck_redis(void **state)
     (void)state;
     static const char routes[] =
         "workers: 1\n"
-        "routes:\n"
-        "  - name: refund\n"
-        "    match: { method: POST, path: /refunds }\n"
-        "    upstream: @UP@\n"
-        "    key: { json: refund_no }\n"
-        "    layers: [lock, record]\n"
+        LOCKED_REFUND_ROUTE
         "    in_flight: reject\n"
         "    on_redis_down: skip\n"
         "    lease: 3s\n"
