@@ -122,6 +122,7 @@ struct gw {
     uint8_t fp[IDEM_FINGERPRINT_LEN];
     int has_fp;
     int token_spent, locked, give_token_back;
+    int token_rode; /* went on with a token spent on this key by another request */
     idem_watch *watch;
     int64_t deadline, backoff_ms;
     unsigned long replay_gen; /* the daemon's, when the request came */
@@ -626,7 +627,9 @@ static void after_token(struct gw *g)
         }
     } else if (g->o == IDEM_CONSUMED) {
         g->token_spent = 1;
-    } else if (!(g->o == IDEM_ALREADY_CONSUMED && strcmp(g->spent, g->key) == 0)) {
+    } else if (g->o == IDEM_ALREADY_CONSUMED && strcmp(g->spent, g->key) == 0) {
+        g->token_rode = 1; /* a late retry: the record decides */
+    } else {
         g->out = problem(409, "token_spent",
                          "this form was already submitted, or its token expired: "
                          "refresh and retry");
@@ -647,8 +650,11 @@ static void after_busy_get(struct gw *g)
     if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
         COUNT(g->rt, in_flight_409);
         const idem_record *rec = g->rc == IDEM_OK && g->o == IDEM_FOUND ? &g->rec : NULL;
+        /* The token stays spent on this key, as with the record's 409: a
+         * retry with it and the key goes on to the record. Given back, it
+         * could be spent on another key while the request holding the lock
+         * executes this one on it (after_reconsume). */
         g->out = in_flight("its lock is held", rec, g->rt->lease_ms);
-        g->give_token_back = 1;
         finish(g);
         return;
     }
@@ -710,6 +716,38 @@ static void in_flight_elsewhere(struct gw *g, const char *why, const idem_record
     wait_then(g, begin_again);
 }
 
+static void finish_record(struct gw *g, enum finish_kind kind);
+
+/* A request that went on with a token another request had spent on its key
+ * now executes: the spend must be there while it does, or the token could
+ * be spent again on another key. The spender gives it back before it
+ * releases the record (finish_record), so here it is either back (take it),
+ * still spent on this key (a request waiting behind this one spent it
+ * since, and keeps it spent: after_busy_get), or spent on another key or
+ * gone (this request must not execute). */
+static void after_reconsume(struct gw *g)
+{
+    if (g->rc == IDEM_OK && g->o == IDEM_CONSUMED) {
+        g->token_spent = 1;
+        forward(g);
+        return;
+    }
+    if ((g->rc == IDEM_OK && g->o == IDEM_ALREADY_CONSUMED && strcmp(g->spent, g->key) == 0) ||
+        (g->rc != IDEM_OK && g->rc != IDEM_EINVAL && skip_kv_layer(g, "the token layer"))) {
+        forward(g);
+        return;
+    }
+    if (g->rc == IDEM_OK || g->rc == IDEM_EINVAL) {
+        g->out = problem(409, "token_spent",
+                         "this form's token was given back and then spent on another request, "
+                         "or it expired: refresh and retry");
+    } else {
+        COUNT(g->rt, store_errors);
+        g->out = problem_from_rc(g->rc, g->detail, "consuming the token");
+    }
+    finish_record(g, FINISH_FAIL_RETRYABLE); /* not executed: release the claim */
+}
+
 static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
@@ -730,6 +768,10 @@ static void after_begin(struct gw *g)
     case IDEM_TAKEN_OVER:
         g->epoch = g->rec.epoch;
         idem_record_clear(&g->rec);
+        if (g->token_rode) {
+            kv_step(g, do_token, after_reconsume);
+            return;
+        }
         forward(g);
         return;
     case IDEM_DONE:
@@ -956,11 +998,28 @@ static void after_finish(struct gw *g)
     finish(g);
 }
 
+static void do_give_back(struct gw *g)
+{
+    idem_outcome o;
+    idem_token_give_back(g->d->h, g->subject, g->rt->token_scene, g->token, g->key, &o);
+    g->token_spent = 0; /* back: nothing left for do_cleanup to give */
+}
+
+static void release_record(struct gw *g)
+{
+    db_step(g, do_finish, after_finish);
+}
+
 static void finish_record(struct gw *g, enum finish_kind kind)
 {
     g->finish = kind;
     if (kind == FINISH_NONE)
         finish(g);
+    else if (kind == FINISH_FAIL_RETRYABLE && g->token_spent && g->give_token_back)
+        /* The token first: a retry riding on its spend (same token, same
+         * key) waits for the record, and once the record is released it
+         * must find the token back to take it (after_reconsume). */
+        kv_step(g, do_give_back, release_record);
     else
         db_step(g, do_finish, after_finish);
 }

@@ -660,6 +660,53 @@ static void *bg_post_main(void *arg)
     return NULL;
 }
 
+/* A token spent on a request that fails retryably goes back; a retry riding
+ * on that spend (same token, same key, waiting behind it) then executes,
+ * and must hold the token while it does: before, the token was back and
+ * unspent after that execution, and one token paid for two keys. */
+static void test_token_given_back_under_a_waiting_retry(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, token_routes, "giveback.db");
+    long before = sys_stat(service.port, "executions");
+    struct sys_resp tok, r;
+    static const char *const dave[] = {"X-Subject: dave", NULL};
+    sys_http(gw.port, "POST", "/_idem/v1/tokens", dave, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
+             5000, &tok);
+    assert_int_equal(tok.status, 201);
+    char th[128];
+    snprintf(th, sizeof th, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&tok);
+    const char *failing[] = {"X-Subject: dave", th, "X-Fail: 500", "X-Delay-Ms: 1000", NULL};
+    const char *plain[] = {"X-Subject: dave", th, NULL};
+    const char *body = "{\"refund_no\":\"R-giveback\",\"amount\":\"4.00\"}";
+    struct bg_post a = {.port = gw.port, .headers = failing, .body = body};
+    pthread_create(&a.t, NULL, bg_post_main, &a);
+    sleep_ms(300); /* a has spent the token and waits for the upstream */
+    /* b: the same token and key, a retry; it waits for a, then executes. */
+    sys_http(gw.port, "POST", "/refunds", plain, body, 10000, &r);
+    pthread_join(a.t, NULL);
+    assert_int_equal(a.resp.status, 500);
+    assert_int_equal(r.status, 201);
+    assert_null(sys_header(&r, "Idempotent-Replayed"));
+    sys_resp_free(&a.resp);
+    sys_resp_free(&r);
+    /* The token paid for b's execution: not for another key, */
+    sys_http(gw.port, "POST", "/refunds", plain, "{\"refund_no\":\"R-giveback-2\",\"amount\":\"4.00\"}",
+             5000, &r);
+    assert_int_equal(r.status, 409);
+    assert_non_null(strstr(r.m->body, "urn:idem:token_spent"));
+    sys_resp_free(&r);
+    /* and a late retry of b gets b's answer. */
+    sys_http(gw.port, "POST", "/refunds", plain, body, 5000, &r);
+    assert_int_equal(r.status, 201);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2); /* a's, then b's */
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_upstream_killed_mid_request(void **state)
 {
     (void)state;
@@ -2692,6 +2739,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_token_flow),
         cmocka_unit_test(test_upstream_5xx_release),
         cmocka_unit_test(test_upstream_unreachable),
+        cmocka_unit_test(test_token_given_back_under_a_waiting_retry),
         cmocka_unit_test(test_upstream_killed_mid_request),
         cmocka_unit_test(test_daemon_killed_mid_request),
         cmocka_unit_test(test_sigterm_drains),
