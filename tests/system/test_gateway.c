@@ -548,20 +548,30 @@ static void test_subject_scope(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* Issue a refund-scene token for subject (the X-Subject header) and put its
+ * "Idem-Token: ..." header line in th. */
+static void issue_token(int port, const char *subject, char *th, size_t cap)
+{
+    struct sys_resp tok;
+    char sh[96];
+    snprintf(sh, sizeof sh, "X-Subject: %s", subject);
+    const char *h[] = {sh, NULL};
+    sys_http(port, "POST", "/_idem/v1/tokens", h, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
+             5000, &tok);
+    assert_int_equal(tok.status, 201);
+    snprintf(th, cap, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&tok);
+}
+
 static void test_token_flow(void **state)
 {
     (void)state;
     struct proc gw;
     start_idem(&gw, token_routes, "token.db");
     long before = sys_stat(service.port, "executions");
-    struct sys_resp tok, r;
-    static const char *const carol[] = {"X-Subject: carol", NULL};
-    sys_http(gw.port, "POST", "/_idem/v1/tokens", carol, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
-             5000, &tok);
-    assert_int_equal(tok.status, 201);
+    struct sys_resp r;
     char th[128];
-    snprintf(th, sizeof th, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
-    sys_resp_free(&tok);
+    issue_token(gw.port, "carol", th, sizeof th);
     const char *h[] = {"X-Subject: carol", th, "X-Delay-Ms: 200", NULL};
     /* A double submit with one token: one execution. */
     struct storm *s = calloc(1, sizeof *s);
@@ -670,14 +680,9 @@ static void test_token_given_back_under_a_waiting_retry(void **state)
     struct proc gw;
     start_idem(&gw, token_routes, "giveback.db");
     long before = sys_stat(service.port, "executions");
-    struct sys_resp tok, r;
-    static const char *const dave[] = {"X-Subject: dave", NULL};
-    sys_http(gw.port, "POST", "/_idem/v1/tokens", dave, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
-             5000, &tok);
-    assert_int_equal(tok.status, 201);
+    struct sys_resp r;
     char th[128];
-    snprintf(th, sizeof th, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
-    sys_resp_free(&tok);
+    issue_token(gw.port, "dave", th, sizeof th);
     const char *failing[] = {"X-Subject: dave", th, "X-Fail: 500", "X-Delay-Ms: 1000", NULL};
     const char *plain[] = {"X-Subject: dave", th, NULL};
     const char *body = "{\"refund_no\":\"R-giveback\",\"amount\":\"4.00\"}";
