@@ -251,6 +251,7 @@ struct server_config *config_default(void)
         .in_flight_max = 1024,
         .shutdown_timeout_ms = 30 * MS_SEC,
         .replay_cache = 16 * MIB,
+        .tokens_per_scene = 16,
     };
     if (!c->listen_host || !c->storage_kind || !c->storage_path ||
         !c->subject_header) {
@@ -1392,7 +1393,19 @@ static int get_routes(struct ctx *c, const yaml_node_t *n, struct server_config 
             return -1;
         for (size_t j = 0; j < i; j++) {
             char fpath[48];
-            if (!same_match(&cfg->routes[i], &cfg->routes[j]))
+            const struct route *a = &cfg->routes[i], *b = &cfg->routes[j];
+            if (a->layer_token && b->layer_token && !strcmp(a->token_scene, b->token_scene) &&
+                strcmp(a->space, b->space)) {
+                join(fpath, sizeof fpath, path, "token_scene");
+                /* Names: get_name let only plain characters through. */
+                return fail(c, rn, fpath, "\"%s\", as routes[%zu] (line %lu), whose space is "
+                            "\"%s\", not \"%s\": a token spent on a key in one space would "
+                            "let that key through in the other; give the two routes one space "
+                            "or different token scenes",
+                            a->token_scene, j, (unsigned long)node(c, it[j])->start_mark.line + 1,
+                            b->space, a->space);
+            }
+            if (!same_match(a, b))
                 continue;
             join(fpath, sizeof fpath, path, "match");
             return fail(c, field(c, rn, "match"), fpath, "the same method and path "
@@ -1433,6 +1446,7 @@ static const struct limit_field limit_fields[] = {
     LIMIT("in_flight_max", in_flight_max, 'n', 1, 1000000),
     LIMIT("shutdown_timeout", shutdown_timeout_ms, 't', 0, MS_HOUR),
     LIMIT("replay_cache", replay_cache, 's', 0, (int64_t)GIB),
+    LIMIT("tokens_per_scene", tokens_per_scene, 'n', 1, 100000),
 };
 #undef LIMIT
 #define N_LIMITS (sizeof limit_fields / sizeof limit_fields[0])

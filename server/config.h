@@ -94,6 +94,7 @@ struct server_limits {
     size_t in_flight_max;       /* requests being handled at once; default 1024 */
     int64_t shutdown_timeout_ms; /* SIGTERM: how long in-flight requests may finish; default 30 s */
     size_t replay_cache;        /* finished answers kept per event loop; default 16 MiB, 0: off */
+    size_t tokens_per_scene;    /* unspent tokens per subject and scene; default 16 */
 };
 
 struct server_config {

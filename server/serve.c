@@ -798,6 +798,7 @@ int serve_main(int argc, char **argv)
     char where[1100];
     config_storage_where(cfg, where, sizeof where);
     o.result_max = cfg->limits.response_max + 65536; /* status and headers around the body */
+    o.tokens_per_scene = (unsigned)cfg->limits.tokens_per_scene;
     o.log = on_idem_log;
     if (idem_open(&o, &s->d.h) != IDEM_OK) {
         fprintf(stderr, "idem serve: opening the %s store at %s: %s\n", cfg->storage_kind,

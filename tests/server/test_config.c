@@ -71,6 +71,7 @@ static const char full_example[] =
     "  in_flight_max: 1024\n"
     "  shutdown_timeout: 30s\n"
     "  replay_cache: 4MiB\n"
+    "  tokens_per_scene: 64\n"
     "routes:\n"
     "  - name: refund\n"
     "    match: { method: POST, path: /refunds }\n"
@@ -114,6 +115,7 @@ static void test_full_example(void **state)
     assert_int_equal(c->limits.in_flight_max, 1024);
     assert_int_equal(c->limits.shutdown_timeout_ms, 30000);
     assert_int_equal(c->limits.replay_cache, 4 * 1024 * 1024);
+    assert_int_equal(c->limits.tokens_per_scene, 64);
 
     assert_int_equal(c->route_count, 1);
     const struct route *r = &c->routes[0];
@@ -168,6 +170,7 @@ static void check_default_limits(const struct server_config *c)
     assert_int_equal(c->limits.in_flight_max, 1024);
     assert_int_equal(c->limits.shutdown_timeout_ms, 30000);
     assert_int_equal(c->limits.replay_cache, 16 * 1024 * 1024);
+    assert_int_equal(c->limits.tokens_per_scene, 16);
 }
 
 static void test_defaults(void **state)
@@ -728,6 +731,29 @@ static void test_names(void **state)
     /* Duplicate names. */
     parse_bad(ROUTE "  - name: r\n    match: { path: /y }\n",
               "idem.yaml:6: routes[1].name:", "already the name of routes[0] (line 2)");
+    /* One token scene, two spaces: a token spent on a key in one space
+     * would let the same key through in the other. */
+#define TOKEN_ROUTE(name, path, space)                                           \
+    "  - name: " name "\n"                                                       \
+    "    match: { path: " path " }\n"                                           \
+    "    upstream: http://127.0.0.1:9000\n"                                      \
+    "    key: { header: Idempotency-Key }\n"                                     \
+    "    layers: [token, record]\n"                                              \
+    "    token_scene: pay\n"                                                     \
+    "    space: " space "\n"
+    parse_bad("routes:\n" TOKEN_ROUTE("a", "/a", "pay") TOKEN_ROUTE("b", "/b", "refund"),
+              "idem.yaml:9: routes[1].token_scene: \"pay\", as routes[0] (line 2), whose space "
+              "is \"pay\", not \"refund\"",
+              "give the two routes one space or different token scenes");
+    /* One scene and one space is fine, and so is a route without the token
+     * layer. */
+    c = parse_ok("routes:\n" TOKEN_ROUTE("a", "/a", "pay") TOKEN_ROUTE("b", "/b", "pay")
+                 "  - name: c\n    match: { path: /c }\n    upstream: http://127.0.0.1:9000\n"
+                 "    key: { header: Idempotency-Key }\n    token_scene: pay\n"
+                 "    space: other\n");
+    assert_int_equal(c->route_count, 3);
+    config_free(c);
+#undef TOKEN_ROUTE
 }
 
 static void test_unknown_fields(void **state)
@@ -847,6 +873,8 @@ parse_bad("limits:\n  body_max: lots\n", "idem.yaml:2: limits.body_max:",
     struct server_config *c = parse_ok("limits:\n  shutdown_timeout: 0\n");
     assert_int_equal(c->limits.shutdown_timeout_ms, 0);
     config_free(c);
+    parse_bad("limits:\n  tokens_per_scene: 0\n", "idem.yaml:2: limits.tokens_per_scene:",
+              "1 to 100000");
     c = parse_ok("limits:\n  replay_cache: 0\n");
     assert_int_equal(c->limits.replay_cache, 0);
     config_free(c);

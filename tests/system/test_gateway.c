@@ -670,6 +670,40 @@ static void *bg_post_main(void *arg)
     return NULL;
 }
 
+/* limits.tokens_per_scene reaches the token store: with 20, the first of 20
+ * tokens issued for one subject and scene is still there (with the default
+ * 16 it would have been dropped), and the 21st unspent one drops the
+ * oldest. */
+static void test_tokens_per_scene(void **state)
+{
+    (void)state;
+    struct proc gw;
+    char cfg[2048];
+    snprintf(cfg, sizeof cfg, "limits:\n  tokens_per_scene: 20\n%s", token_routes);
+    start_idem(&gw, cfg, "tokens20.db");
+    char first[128], second[128], th[128];
+    issue_token(gw.port, "erin", first, sizeof first);
+    issue_token(gw.port, "erin", second, sizeof second);
+    for (int i = 2; i < 20; i++)
+        issue_token(gw.port, "erin", th, sizeof th);
+    const char *h[] = {"X-Subject: erin", first, NULL};
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", h, "{\"refund_no\":\"R-tokens20\",\"amount\":\"1.00\"}",
+             5000, &r);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
+    /* 19 unspent left: two more, and the oldest, the second, is gone. */
+    issue_token(gw.port, "erin", th, sizeof th);
+    issue_token(gw.port, "erin", th, sizeof th);
+    const char *h2[] = {"X-Subject: erin", second, NULL};
+    sys_http(gw.port, "POST", "/refunds", h2, "{\"refund_no\":\"R-tokens20-2\",\"amount\":\"1.00\"}",
+             5000, &r);
+    assert_int_equal(r.status, 409);
+    assert_non_null(strstr(r.m->body, "urn:idem:token_spent"));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* A token spent on a request that fails retryably goes back; a retry riding
  * on that spend (same token, same key, waiting behind it) then executes,
  * and must hold the token while it does: before, the token was back and
@@ -2745,6 +2779,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_upstream_5xx_release),
         cmocka_unit_test(test_upstream_unreachable),
         cmocka_unit_test(test_token_given_back_under_a_waiting_retry),
+        cmocka_unit_test(test_tokens_per_scene),
         cmocka_unit_test(test_upstream_killed_mid_request),
         cmocka_unit_test(test_daemon_killed_mid_request),
         cmocka_unit_test(test_sigterm_drains),
