@@ -184,6 +184,14 @@ int request_subject(const struct http_msg *m, const char *header, const char **s
     return 400;
 }
 
+static int has_control(const char *s)
+{
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+        if (*c < 0x20 || *c == 0x7f)
+            return 1;
+    return 0;
+}
+
 int request_key(const struct route *rt, const struct http_msg *m, const char *subject, char *key,
                 const char **type, char *detail, size_t dlen)
 {
@@ -191,6 +199,20 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
     json_t *body = NULL;
     int status = 0;
     key[0] = '\0';
+    /* The token layer hands the subject to the token store whatever the
+     * scope, and it holds subjects as keys: said here, not taken for a bad
+     * token. */
+    if (rt->layer_token && subject && strlen(subject) > IDEM_KEY_MAX) {
+        status = bad(type, "subject_invalid", detail, dlen,
+                     "the subject header is %zu bytes; the token layer takes at most %d",
+                     strlen(subject), IDEM_KEY_MAX);
+        goto out;
+    }
+    if ((rt->scope_subject || rt->layer_token) && subject && has_control(subject)) {
+        status = bad(type, "subject_invalid", detail, dlen,
+                     "the subject header holds a control character");
+        goto out;
+    }
     if (rt->scope_subject) {
         if (!subject || !*subject) {
             status = bad(type, "subject_missing", detail, dlen,
@@ -198,12 +220,6 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
                          rt->name);
             goto out;
         }
-        for (const unsigned char *c = (const unsigned char *)subject; *c; c++)
-            if (*c < 0x20 || *c == 0x7f) {
-                status = bad(type, "subject_invalid", detail, dlen,
-                             "the subject header holds a control character");
-                goto out;
-            }
         if (append_escaped(key, &len, subject) || len + 1 > IDEM_KEY_MAX) {
             status = bad(type, "key_invalid", detail, dlen, "the subject is too long");
             goto out;

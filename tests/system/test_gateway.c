@@ -670,6 +670,29 @@ static void *bg_post_main(void *arg)
     return NULL;
 }
 
+/* On a global route the token layer still takes the subject: one it cannot
+ * hold is a bad subject (400), not a bad token (409 "refresh and retry"). */
+static void test_token_subject_checked(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, "routes:\n" REFUND_ROUTE "    layers: [token, record]\n", "tokensubj.db");
+    long before = sys_stat(service.port, "executions");
+    char th[128], long_subject[320];
+    issue_token(gw.port, "frank", th, sizeof th);
+    memset(long_subject, 0, sizeof long_subject);
+    memcpy(long_subject, "X-Subject: ", 11);
+    memset(long_subject + 11, 'f', 300);
+    const char *h[] = {long_subject, th, NULL};
+    expect_refused(gw.port, "/refunds", h, "{\"refund_no\":\"R-subj\",\"amount\":\"1.00\"}",
+                   "the token layer takes at most 255");
+    const char *tab[] = {"X-Subject: fr\tank", th, NULL};
+    expect_refused(gw.port, "/refunds", tab, "{\"refund_no\":\"R-subj\",\"amount\":\"1.00\"}",
+                   "subject_invalid");
+    assert_int_equal(sys_stat(service.port, "executions") - before, 0);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* limits.tokens_per_scene reaches the token store: with 20, the first of 20
  * tokens issued for one subject and scene is still there (with the default
  * 16 it would have been dropped), and the 21st unspent one drops the
@@ -2780,6 +2803,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_upstream_unreachable),
         cmocka_unit_test(test_token_given_back_under_a_waiting_retry),
         cmocka_unit_test(test_tokens_per_scene),
+        cmocka_unit_test(test_token_subject_checked),
         cmocka_unit_test(test_upstream_killed_mid_request),
         cmocka_unit_test(test_daemon_killed_mid_request),
         cmocka_unit_test(test_sigterm_drains),
