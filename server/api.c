@@ -452,7 +452,7 @@ static const struct {
     {"tokens/give_back", {"scene", "token", "key"}},
     {"locks/acquire", {"space", "key", "owner", "ttl_ms"}},
     {"locks/renew", {"space", "key", "owner", "ttl_ms"}},
-    {"locks/release", {"space", "key", "owner", "ttl_ms"}},
+    {"locks/release", {"space", "key", "owner"}},
     {"records/begin", {"space", "key", "owner", "lease_ms", "fingerprint"}},
     {"records/complete", {"space", "key", "epoch", "result", "result_base64", "retention_ms"}},
     {"records/fail",

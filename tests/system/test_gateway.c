@@ -1660,6 +1660,10 @@ static void test_json_api(void **state)
                200, "\"holder\":\"w1\"");
     api_expect(p, "/_idem/v1/locks/release", "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w2\"}",
                200, "\"outcome\":\"NOT_HELD\"");
+    /* A release has no ttl_ms to take: refused, not ignored. */
+    api_expect(p, "/_idem/v1/locks/release",
+               "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w1\",\"ttl_ms\":5}", 400,
+               "locks/release takes no such field");
     api_expect(p, "/_idem/v1/locks/renew", "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w1\"}",
                200, "\"outcome\":\"RENEWED\"");
     api_expect(p, "/_idem/v1/locks/release", "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w1\"}",
