@@ -545,6 +545,11 @@ static void warn_new_keys(const struct server_config *was, const struct server_c
                            "key, scope or subject_header changed): duplicates of requests "
                            "recorded before, or still in flight, execute again",
                            n->name);
+            if (w->layer_token && n->layer_token && strcmp(w->token_scene, n->token_scene))
+                daemon_log("SIGHUP: route %s: its token_scene is %s now, not %s: tokens "
+                           "issued for %s are refused on it, and retries with a token spent "
+                           "on it before get 409 token_spent",
+                           n->name, n->token_scene, w->token_scene, w->token_scene);
             break;
         }
     }

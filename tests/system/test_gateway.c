@@ -1623,6 +1623,18 @@ static void test_sighup_reloads_routes(void **state)
     log = await_log(gw.log, "SIGHUP: route refund: its records are keyed differently");
     assert_non_null(log);
     free(log);
+    /* A new token scene: the tokens issued for the old one are refused from
+     * now on, and that is said too. */
+    write_config(path, "routes:\n" REFUND_ROUTE "    space: refund-v2\n"
+                       "    layers: [token, record]\n");
+    kill(gw.pid, SIGHUP);
+    await_reloads(gw.log, 3);
+    write_config(path, "routes:\n" REFUND_ROUTE "    space: refund-v2\n"
+                       "    layers: [token, record]\n    token_scene: refund-v2\n");
+    kill(gw.pid, SIGHUP);
+    log = await_log(gw.log, "SIGHUP: route refund: its token_scene is refund-v2 now, not refund");
+    assert_non_null(log);
+    free(log);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
