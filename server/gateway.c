@@ -461,8 +461,6 @@ static void do_cleanup(struct gw *g)
     if (g->locked)
         idem_lock_release(g->d->h, g->rt->space, g->key, g->owner, &o);
     g->locked = 0;
-    if (g->token_spent && g->give_token_back)
-        idem_token_give_back(g->d->h, g->subject, g->rt->token_scene, g->token, g->key, &o);
 }
 
 /* ---- decisions, on the loop ---- */
@@ -573,7 +571,7 @@ static struct http_response *replay_finished(struct gw *g, idem_outcome o,
 /* Everything ends here: give back what we hold, then answer. */
 static void finish(struct gw *g)
 {
-    if (g->watch || g->locked || (g->token_spent && g->give_token_back))
+    if (g->watch || g->locked)
         kv_step(g, do_cleanup, answer);
     else
         answer(g);
@@ -651,9 +649,8 @@ static void after_busy_get(struct gw *g)
         COUNT(g->rt, in_flight_409);
         const idem_record *rec = g->rc == IDEM_OK && g->o == IDEM_FOUND ? &g->rec : NULL;
         /* The token stays spent on this key, as with the record's 409: a
-         * retry with it and the key goes on to the record. Given back, it
-         * could be spent on another key while the request holding the lock
-         * executes this one on it (after_reconsume). */
+         * retry with it and the key goes on to the record (finish_record
+         * says why it is not given back). */
         g->out = in_flight("its lock is held", rec, g->rt->lease_ms);
         finish(g);
         return;
@@ -673,8 +670,7 @@ static void after_lock(struct gw *g)
     if (g->rc != IDEM_OK) {
         COUNT(g->rt, store_errors);
         g->out = problem_from_rc(g->rc, g->detail, "taking the business-key lock");
-        g->give_token_back = 1;
-        finish(g);
+        finish(g); /* the token stays spent on the key: see finish_record */
         return;
     }
     if (g->o == IDEM_ACQUIRED) {
@@ -721,10 +717,10 @@ static void finish_record(struct gw *g, enum finish_kind kind);
 /* A request that went on with a token another request had spent on its key
  * now executes: the spend must be there while it does, or the token could
  * be spent again on another key. The spender gives it back before it
- * releases the record (finish_record), so here it is either back (take it),
- * still spent on this key (a request waiting behind this one spent it
- * since, and keeps it spent: after_busy_get), or spent on another key or
- * gone (this request must not execute). */
+ * releases the record, and only then (finish_record), so here it is either
+ * back (take it), still spent on this key (by a request that spent it
+ * since, which does not hold the claim and so never gives it back), or
+ * spent on another key or gone (this request must not execute). */
 static void after_reconsume(struct gw *g)
 {
     if (g->rc == IDEM_OK && g->o == IDEM_CONSUMED) {
@@ -754,8 +750,7 @@ static void after_begin(struct gw *g)
         COUNT(g->rt, store_errors);
         daemon_write_failed(g->d, g->rc);
         g->out = problem_from_rc(g->rc, g->detail, "claiming the record");
-        g->give_token_back = 1;
-        finish(g);
+        finish(g); /* the token stays spent on the key: see finish_record */
         return;
     }
     if (g->held_here) { /* decided without the store: see do_begin */
@@ -783,8 +778,7 @@ static void after_begin(struct gw *g)
         COUNT(g->rt, mismatches);
         g->out = problem(422, "key_reused",
                          "the idempotency key %s was already used with another payload", g->key);
-        g->give_token_back = 1;
-        finish(g);
+        finish(g); /* the token stays spent on the key: see finish_record */
         return;
     default: /* IN_PROGRESS */
         in_flight_elsewhere(g, "its record is PROCESSING", &g->rec);
@@ -1016,9 +1010,15 @@ static void finish_record(struct gw *g, enum finish_kind kind)
     if (kind == FINISH_NONE)
         finish(g);
     else if (kind == FINISH_FAIL_RETRYABLE && g->token_spent && g->give_token_back)
-        /* The token first: a retry riding on its spend (same token, same
-         * key) waits for the record, and once the record is released it
-         * must find the token back to take it (after_reconsume). */
+        /* The only place a token is given back: by the request that spent
+         * it, holding the key's claim, which it has not executed on (or
+         * whose execution failed retryably), before it releases the claim.
+         * A request riding on that spend (same token, same key) executes
+         * only once it holds the claim itself, after taking the token again
+         * (after_reconsume); and a spender that does not hold the claim (a
+         * 409, a 422, store trouble before the claim) never gives its token
+         * back, since a rider may be executing on it: a retry with the token
+         * and the key goes on to the record instead. */
         kv_step(g, do_give_back, release_record);
     else
         db_step(g, do_finish, after_finish);

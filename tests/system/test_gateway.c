@@ -693,6 +693,85 @@ static void test_token_subject_checked(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+static int64_t mono_ms(void);
+
+/* One client sending the same request over and over until until_ms. */
+struct resubmits {
+    int port;
+    const char *const *headers;
+    const char *body;
+    int64_t until_ms;
+    int first_hand; /* 201s that were not replays: executions paid for */
+    pthread_t t;
+};
+
+static void *resubmits_main(void *arg)
+{
+    struct resubmits *e = arg;
+    while (mono_ms() < e->until_ms) {
+        struct sys_resp r;
+        sys_http(e->port, "POST", "/refunds", e->headers, e->body, 10000, &r);
+        e->first_hand += r.status == 201 && !sys_header(&r, "Idempotent-Replayed");
+        sys_resp_free(&r);
+    }
+    return NULL;
+}
+
+/* One token pays for at most one key, whoever spends it and whatever
+ * refuses whom. Here the first request fails (5xx) and gives its token
+ * back while a retry waits to execute on it, and meanwhile the same form,
+ * edited (another amount, so 422 once the retry's answer is stored), and
+ * another form with the same token (another key) are submitted again and
+ * again. Before, a resubmit that spent the token in the moment it was back
+ * gave it back with its 422 while the retry executed on it, and the other
+ * key then executed too. */
+static void test_one_token_one_key_under_resubmits(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw,
+               "routes:\n" REFUND_ROUTE "    scope: subject\n    layers: [token, record]\n"
+               "    in_flight: wait\n    wait_timeout: 5s\n",
+               "resubmits.db");
+    long before = sys_stat(service.port, "executions");
+    char th[128];
+    issue_token(gw.port, "gina", th, sizeof th);
+    const char *failing[] = {"X-Subject: gina", th, "X-Fail: 500", "X-Delay-Ms: 300", NULL};
+    const char *slow[] = {"X-Subject: gina", th, "X-Delay-Ms: 800", NULL};
+    const char *plain[] = {"X-Subject: gina", th, NULL};
+    const char *body = "{\"refund_no\":\"R-ride\",\"amount\":\"1.00\"}";
+    int64_t t0 = mono_ms();
+    struct bg_post a = {.port = gw.port, .headers = failing, .body = body};
+    pthread_create(&a.t, NULL, bg_post_main, &a);
+    sleep_ms(50);
+    struct bg_post b = {.port = gw.port, .headers = slow, .body = body};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(200);
+    struct resubmits edited = {.port = gw.port, .headers = plain, .until_ms = t0 + 1500,
+                               .body = "{\"refund_no\":\"R-ride\",\"amount\":\"9.00\"}"};
+    struct resubmits other = {.port = gw.port, .headers = plain, .until_ms = t0 + 1600,
+                              .body = "{\"refund_no\":\"R-ride-2\",\"amount\":\"1.00\"}"};
+    pthread_create(&edited.t, NULL, resubmits_main, &edited);
+    sleep_ms(100);
+    pthread_create(&other.t, NULL, resubmits_main, &other);
+    pthread_join(a.t, NULL);
+    pthread_join(b.t, NULL);
+    pthread_join(edited.t, NULL);
+    pthread_join(other.t, NULL);
+    assert_int_equal(a.resp.status, 500);
+    int b_first = b.resp.status == 201 && !sys_header(&b.resp, "Idempotent-Replayed");
+    sys_resp_free(&a.resp);
+    sys_resp_free(&b.resp);
+    int r_ride = b_first + edited.first_hand, r_ride_2 = other.first_hand;
+    if (r_ride + r_ride_2 != 1)
+        fail_msg("one token paid for %d executions: R-ride %d (the retry %d, the edited form "
+                 "%d), R-ride-2 %d",
+                 r_ride + r_ride_2, r_ride, b_first, edited.first_hand, r_ride_2);
+    /* The failed first one, and the one the token paid for. */
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* limits.tokens_per_scene reaches the token store: with 20, the first of 20
  * tokens issued for one subject and scene is still there (with the default
  * 16 it would have been dropped), and the 21st unspent one drops the
@@ -2818,6 +2897,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_upstream_5xx_release),
         cmocka_unit_test(test_upstream_unreachable),
         cmocka_unit_test(test_token_given_back_under_a_waiting_retry),
+        cmocka_unit_test(test_one_token_one_key_under_resubmits),
         cmocka_unit_test(test_tokens_per_scene),
         cmocka_unit_test(test_token_subject_checked),
         cmocka_unit_test(test_upstream_killed_mid_request),
