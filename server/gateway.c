@@ -992,16 +992,51 @@ static void after_finish(struct gw *g)
     finish(g);
 }
 
-static void do_give_back(struct gw *g)
-{
-    idem_outcome o;
-    idem_token_give_back(g->d->h, g->subject, g->rt->token_scene, g->token, g->key, &o);
-    g->token_spent = 0; /* back: nothing left for do_cleanup to give */
-}
-
 static void release_record(struct gw *g)
 {
     db_step(g, do_finish, after_finish);
+}
+
+/* The claim, still this request's for another lease? Taken over meanwhile
+ * (a pause or a store outage longer than the lease, on the distributed
+ * store another instance), the token may be paying for the new holder's
+ * execution, and must stay spent. */
+static void do_confirm_claim(struct gw *g)
+{
+    keep_rc(g, idem_record_extend(g->d->h, g->rt->space, g->key, g->epoch, g->rt->lease_ms,
+                                  &g->o));
+}
+
+static void do_give_back(struct gw *g)
+{
+    idem_outcome o;
+    keep_rc(g, idem_token_give_back(g->d->h, g->subject, g->rt->token_scene, g->token, g->key,
+                                    &o));
+    g->token_spent = 0;
+}
+
+static void after_give_back(struct gw *g)
+{
+    if (g->rc != IDEM_OK) {
+        /* A store that did not answer may still give the token back later:
+         * were the record released now, a retry could execute on the token
+         * meanwhile. The claim stays until its lease ends. */
+        daemon_log("%s/%s: giving the token back failed (%s: %s): the record stays "
+                   "PROCESSING until its lease ends",
+                   g->rt->space, g->key, idem_strerror(g->rc), g->detail);
+        g->finish = FINISH_NONE;
+        finish(g);
+        return;
+    }
+    release_record(g);
+}
+
+static void after_confirm_claim(struct gw *g)
+{
+    if (g->rc == IDEM_OK && g->o == IDEM_RENEWED)
+        kv_step(g, do_give_back, after_give_back);
+    else
+        release_record(g); /* the token stays spent on the key */
 }
 
 static void finish_record(struct gw *g, enum finish_kind kind)
@@ -1019,7 +1054,7 @@ static void finish_record(struct gw *g, enum finish_kind kind)
          * 409, a 422, store trouble before the claim) never gives its token
          * back, since a rider may be executing on it: a retry with the token
          * and the key goes on to the record instead. */
-        kv_step(g, do_give_back, release_record);
+        db_step(g, do_confirm_claim, after_confirm_claim);
     else
         db_step(g, do_finish, after_finish);
 }

@@ -409,6 +409,63 @@ static void test_paused_holder_is_fenced(void **state)
     assert_int_equal(sys_stop(&b, SIGTERM), 0);
 }
 
+/* A token's spender paused past its lease, then failing: its claim was
+ * taken over by a retry that executed on the token (on another instance),
+ * so it must not give the token back. Before, it did, and the token then
+ * paid for a second key. */
+static void test_taken_over_spender_keeps_token(void **state)
+{
+    (void)state;
+    static const char routes[] =
+        "routes:\n"
+        "  - name: refund\n"
+        "    match: { method: POST, path: /refunds }\n"
+        "    upstream: @UP@\n"
+        "    key: { json: refund_no }\n"
+        "    layers: [token, lock, record]\n"
+        "    in_flight: wait\n"
+        "    wait_timeout: 10s\n"
+        "    lease: 1s\n"
+        "    upstream_timeout: 10s\n";
+    struct proc a, b;
+    start_idem(&a, routes);
+    start_idem(&b, routes);
+    long before = sys_stat(service.port, "executions");
+    struct sys_resp r;
+    sys_http(b.port, "POST", "/_idem/v1/tokens", NULL, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
+             5000, &r);
+    assert_int_equal(r.status, 201);
+    char th[128];
+    snprintf(th, sizeof th, "Idem-Token: %.32s", strstr(r.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&r);
+    const char *failing[] = {th, "X-Fail: 500", "X-Delay-Ms: 2500", NULL};
+    const char *plain[] = {th, NULL};
+    struct bg_post pa = {.port = a.port, .headers = failing,
+                         .body = "{\"refund_no\":\"R-spender\",\"amount\":\"5.00\"}"};
+    pthread_create(&pa.t, NULL, bg_post_main, &pa);
+    sleep_ms(300); /* A has spent the token, claimed the record, called the service */
+    assert_int_equal(kill(a.pid, SIGSTOP), 0);
+    sleep_ms(1600); /* A's lock and lease run out */
+    /* A retry on B rides on A's spend, takes the claim over and executes. */
+    sys_http(b.port, "POST", "/refunds", plain, pa.body, 10000, &r);
+    assert_int_equal(r.status, 201);
+    assert_null(sys_header(&r, "Idempotent-Replayed"));
+    sys_resp_free(&r);
+    assert_int_equal(kill(a.pid, SIGCONT), 0);
+    pthread_join(pa.t, NULL); /* A's 500: its claim is no longer its own */
+    assert_int_equal(pa.resp.status, 500);
+    sys_resp_free(&pa.resp);
+    /* The token paid for R-spender: not for another key. */
+    sys_http(b.port, "POST", "/refunds", plain, "{\"refund_no\":\"R-spender-2\",\"amount\":\"5.00\"}",
+             10000, &r);
+    assert_int_equal(r.status, 409);
+    assert_non_null(strstr(r.m->body, "urn:idem:token_spent"));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+    assert_int_equal(sys_stop(&b, SIGTERM), 0);
+}
+
 struct flood {
     int port;
     atomic_int stop;
@@ -551,6 +608,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_redis_down_reject, setup),
         cmocka_unit_test_setup(test_postgres_stopped, setup),
         cmocka_unit_test_setup(test_paused_holder_is_fenced, setup),
+        cmocka_unit_test_setup(test_taken_over_spender_keeps_token, setup),
         cmocka_unit_test_setup(test_renewals_not_starved_by_stuck_redis, setup),
         cmocka_unit_test_setup(test_password_never_logged, setup),
     };

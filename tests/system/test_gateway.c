@@ -685,10 +685,13 @@ static void test_token_subject_checked(void **state)
     memset(long_subject + 11, 'f', 300);
     const char *h[] = {long_subject, th, NULL};
     expect_refused(gw.port, "/refunds", h, "{\"refund_no\":\"R-subj\",\"amount\":\"1.00\"}",
-                   "the token layer takes at most 255");
+                   "the subject header: longer than 255 bytes");
     const char *tab[] = {"X-Subject: fr\tank", th, NULL};
     expect_refused(gw.port, "/refunds", tab, "{\"refund_no\":\"R-subj\",\"amount\":\"1.00\"}",
                    "subject_invalid");
+    const char *latin1[] = {"X-Subject: caf\xe9", th, NULL};
+    expect_refused(gw.port, "/refunds", latin1, "{\"refund_no\":\"R-subj\",\"amount\":\"1.00\"}",
+                   "is not valid UTF-8");
     assert_int_equal(sys_stat(service.port, "executions") - before, 0);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
