@@ -1017,7 +1017,9 @@ static void do_give_back(struct gw *g)
 
 static void after_give_back(struct gw *g)
 {
-    if (g->rc != IDEM_OK) {
+    /* IDEM_EUNAVAILABLE: never sent, so never done; the token stays spent
+     * on the key, and the record is released as without the token layer. */
+    if (g->rc != IDEM_OK && g->rc != IDEM_EUNAVAILABLE) {
         /* A store that did not answer may still give the token back later:
          * were the record released now, a retry could execute on the token
          * meanwhile. The claim stays until its lease ends. */

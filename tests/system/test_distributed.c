@@ -351,6 +351,59 @@ static void *bg_post_main(void *arg)
     return NULL;
 }
 
+/* Issue a refund-scene token (no subject) and put its "Idem-Token: ..."
+ * header line in th. */
+static void issue_token(int port, char *th, size_t cap)
+{
+    struct sys_resp r;
+    sys_http(port, "POST", "/_idem/v1/tokens", NULL, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
+             5000, &r);
+    assert_int_equal(r.status, 201);
+    snprintf(th, cap, "Idem-Token: %.32s", strstr(r.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&r);
+}
+
+/* Redis stopped while a request holds a token: its upstream's 5xx cannot
+ * give the token back, and the give-back was never sent, so the token stays
+ * spent on the key and the record is released at once; with on_redis_down:
+ * skip, a retry executes (had the give-back been sent and not answered, the
+ * record would stay PROCESSING until its lease ended). */
+static void test_give_back_never_sent_releases(void **state)
+{
+    (void)state;
+    static const char routes[] =
+        "routes:\n"
+        "  - name: refund\n"
+        "    match: { method: POST, path: /refunds }\n"
+        "    upstream: @UP@\n"
+        "    key: { json: refund_no }\n"
+        "    layers: [token, record]\n"
+        "    in_flight: reject\n"
+        "    lease: 30s\n";
+    struct proc a;
+    start_idem(&a, routes);
+    long before = sys_stat(service.port, "executions");
+    struct sys_resp r;
+    char th[128];
+    issue_token(a.port, th, sizeof th);
+    const char *failing[] = {th, "X-Fail: 500", "X-Delay-Ms: 1500", NULL};
+    const char *plain[] = {th, NULL};
+    struct bg_post pa = {.port = a.port, .headers = failing,
+                         .body = "{\"refund_no\":\"R-nogiveback\",\"amount\":\"1.00\"}"};
+    pthread_create(&pa.t, NULL, bg_post_main, &pa);
+    sleep_ms(300); /* the token is spent, the request is in the service's hands */
+    services("redis-stop");
+    pthread_join(pa.t, NULL);
+    assert_int_equal(pa.resp.status, 500);
+    sys_resp_free(&pa.resp);
+    sys_http(a.port, "POST", "/refunds", plain, pa.body, 10000, &r);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
+    services("redis-start");
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+}
+
 /* Fencing: instance A is paused (SIGSTOP) past its lease while its upstream
  * call runs; B takes the abandoned claim over and finishes it. A, resumed,
  * cannot complete: its epoch is stale, the record keeps B's answer. */
@@ -432,12 +485,8 @@ static void test_taken_over_spender_keeps_token(void **state)
     start_idem(&b, routes);
     long before = sys_stat(service.port, "executions");
     struct sys_resp r;
-    sys_http(b.port, "POST", "/_idem/v1/tokens", NULL, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
-             5000, &r);
-    assert_int_equal(r.status, 201);
     char th[128];
-    snprintf(th, sizeof th, "Idem-Token: %.32s", strstr(r.m->body, "\"token\":\"") + 9);
-    sys_resp_free(&r);
+    issue_token(b.port, th, sizeof th);
     const char *failing[] = {th, "X-Fail: 500", "X-Delay-Ms: 2500", NULL};
     const char *plain[] = {th, NULL};
     struct bg_post pa = {.port = a.port, .headers = failing,
@@ -609,6 +658,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_postgres_stopped, setup),
         cmocka_unit_test_setup(test_paused_holder_is_fenced, setup),
         cmocka_unit_test_setup(test_taken_over_spender_keeps_token, setup),
+        cmocka_unit_test_setup(test_give_back_never_sent_releases, setup),
         cmocka_unit_test_setup(test_renewals_not_starved_by_stuck_redis, setup),
         cmocka_unit_test_setup(test_password_never_logged, setup),
     };
