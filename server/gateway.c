@@ -21,7 +21,8 @@
  *   [token]  kv: consume Idem-Token ── unknown, or spent on another key ► 409
  *        │   Redis down (layers 1 and 2): on_redis_down skip ── the layer is
  *        │   skipped, logged, counted; reject ── 503
- *        │   (spent on this same key: a late retry, go on)
+ *        │   (spent on this same key: a late retry, go on; if it gets to
+ *        │    execute, it takes the token again first: after_reconsume)
  *   [lock]   kv: acquire ── busy ── db: finished? ── yes ─────► replay
  *        │        ▲                       └── no: reject ──────► 409 + Retry-After
  *        │        └────────── wait (timer, backoff) ◄─ wait ───┘ until wait_timeout
@@ -34,14 +35,15 @@
  *        │   lease/3, as a db step of its own)
  *        ├── answer < 500, or 5xx with on_upstream_5xx: store ─► db: complete/fail(final)
  *        │                                                       with the stored answer
- *        ├── 5xx with release ──► db: fail(retryable), token back ► the 5xx as is
- *        ├── not sent (refused) ► db: fail(retryable), token back ► 502 upstream_unreachable
+ *        ├── 5xx with release ──► token back, db: fail(retryable) ► the 5xx as is
+ *        ├── not sent (refused) ► token back, db: fail(retryable) ► 502 upstream_unreachable
+ *        │   (token back: only once the claim is confirmed ours; see finish_record)
  *        ├── sent, no answer ───► record stays PROCESSING ────────► 504 outcome_unknown
  *        └── answer too big ────► db: fail(final) with a 502 problem (it did execute)
  *        (a finish the store fails, but a release: the claim, lock and client
  *         are kept and the finish written again until it is kept; see
  *         "claims held here")
- *   CLEANUP  kv: stop the watchdog, release the lock, give the token back
+ *   CLEANUP  kv: stop the watchdog, release the lock
  *   answer
  *
  * Store trouble at any step before FORWARD is 503, and the request is never
@@ -121,7 +123,7 @@ struct gw {
     char spent[IDEM_KEY_MAX + 1];
     uint8_t fp[IDEM_FINGERPRINT_LEN];
     int has_fp;
-    int token_spent, locked, give_token_back;
+    int token_spent, locked;
     int token_rode; /* went on with a token spent on this key by another request */
     idem_watch *watch;
     int64_t deadline, backoff_ms;
@@ -1046,10 +1048,10 @@ static void finish_record(struct gw *g, enum finish_kind kind)
     g->finish = kind;
     if (kind == FINISH_NONE)
         finish(g);
-    else if (kind == FINISH_FAIL_RETRYABLE && g->token_spent && g->give_token_back)
+    else if (kind == FINISH_FAIL_RETRYABLE && g->token_spent)
         /* The only place a token is given back: by the request that spent
-         * it, holding the key's claim, which it has not executed on (or
-         * whose execution failed retryably), before it releases the claim.
+         * it, holding the key's claim, as it releases the claim because it
+         * did not execute or failed retryably, before the release.
          * A request riding on that spend (same token, same key) executes
          * only once it holds the claim itself, after taking the token again
          * (after_reconsume); and a spender that does not hold the claim (a
@@ -1089,7 +1091,6 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     case UPSTREAM_OK:
         g->out = from_upstream(resp);
         if (resp->status >= 500 && !rt->on_5xx_store) {
-            g->give_token_back = 1;
             finish_record(g, FINISH_FAIL_RETRYABLE);
             break;
         }
@@ -1107,7 +1108,6 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         }
         break;
     case UPSTREAM_NOT_SENT:
-        g->give_token_back = 1;
         g->out = problem(502, "upstream_unreachable",
                          "%s; the request was not executed and may be retried", detail);
         finish_record(g, FINISH_FAIL_RETRYABLE);
@@ -1165,7 +1165,6 @@ static void forward(struct gw *g)
     g->call = upstream_call_start(loop->upstreams, rt->upstream.addrs, &rq, on_upstream, g);
     if (!g->call) {
         g->forwarded = 0;
-        g->give_token_back = 1;
         finish_record(g, FINISH_FAIL_RETRYABLE);
         return;
     }
