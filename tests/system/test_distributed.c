@@ -404,6 +404,47 @@ static void test_give_back_never_sent_releases(void **state)
     assert_int_equal(sys_stop(&a, SIGTERM), 0);
 }
 
+/* The same, with Redis taking the give-back and not answering it (CLIENT
+ * PAUSE WRITE: every script waits): it may still give the token back, so
+ * the record is not released but held until its lease ends, and a retry
+ * meanwhile gets 409 instead of executing on a token that may come back. */
+static void test_give_back_unanswered_holds(void **state)
+{
+    (void)state;
+    static const char routes[] =
+        "routes:\n"
+        "  - name: refund\n"
+        "    match: { method: POST, path: /refunds }\n"
+        "    upstream: @UP@\n"
+        "    key: { json: refund_no }\n"
+        "    layers: [token, record]\n"
+        "    in_flight: reject\n"
+        "    lease: 30s\n";
+    struct proc a;
+    start_idem(&a, routes);
+    long before = sys_stat(service.port, "executions");
+    char th[128];
+    issue_token(a.port, th, sizeof th);
+    const char *failing[] = {th, "X-Fail: 500", "X-Delay-Ms: 1000", NULL};
+    const char *plain[] = {th, NULL};
+    struct bg_post pa = {.port = a.port, .headers = failing,
+                         .body = "{\"refund_no\":\"R-unanswered\",\"amount\":\"1.00\"}"};
+    pthread_create(&pa.t, NULL, bg_post_main, &pa);
+    sleep_ms(300); /* the token is spent, the request is in the service's hands */
+    test_redis_command(redis_url, "CLIENT PAUSE 5000 WRITE");
+    pthread_join(pa.t, NULL); /* its give-back waits out the store's 1 s timeout */
+    assert_int_equal(pa.resp.status, 500);
+    sys_resp_free(&pa.resp);
+    struct sys_resp r;
+    sys_http(a.port, "POST", "/refunds", plain, pa.body, 10000, &r);
+    test_redis_command(redis_url, "CLIENT UNPAUSE");
+    assert_int_equal(r.status, 409);
+    assert_non_null(strstr(r.m->body, "PROCESSING"));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+}
+
 /* Fencing: instance A is paused (SIGSTOP) past its lease while its upstream
  * call runs; B takes the abandoned claim over and finishes it. A, resumed,
  * cannot complete: its epoch is stale, the record keeps B's answer. */
@@ -659,6 +700,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_paused_holder_is_fenced, setup),
         cmocka_unit_test_setup(test_taken_over_spender_keeps_token, setup),
         cmocka_unit_test_setup(test_give_back_never_sent_releases, setup),
+        cmocka_unit_test_setup(test_give_back_unanswered_holds, setup),
         cmocka_unit_test_setup(test_renewals_not_starved_by_stuck_redis, setup),
         cmocka_unit_test_setup(test_password_never_logged, setup),
     };
