@@ -1063,16 +1063,19 @@ static void finish_record(struct gw *g, enum finish_kind kind)
         db_step(g, do_finish, after_finish);
 }
 
-/* The answer was too big to keep: the record is finished with a problem
- * (the request did execute), and the client gets that problem. */
-static void finish_too_big(struct gw *g)
+/* The answer was too big to keep (why says how): the record is finished
+ * with a problem (the request did execute), and the client gets that
+ * problem. */
+static void finish_too_big(struct gw *g, const char *why)
 {
     const struct server_config *cfg = g->lc->c;
     response_free(g->out);
     g->out = problem(502, "upstream_response_too_large",
-                     "the upstream executed the request and answered with more than "
-                     "response_max (%zu bytes); the answer was not kept",
-                     cfg->limits.response_max);
+                     "the upstream executed the request, and its answer was too big to keep "
+                     "(%s; a body may have up to response_max, %zu bytes, a head up to %d "
+                     "fields and %d bytes); the answer was not kept",
+                     why, cfg->limits.response_max, UPSTREAM_HEAD_FIELDS_MAX,
+                     UPSTREAM_HEAD_BYTES_MAX);
     free(g->stored);
     g->stored = g->out ? stored_encode_response(g->out, &g->stored_len) : NULL;
     finish_record(g, g->stored ? FINISH_FAIL_FINAL : FINISH_NONE);
@@ -1102,7 +1105,8 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
             g->out = NULL;
             finish_record(g, FINISH_NONE);
         } else if (g->stored_len > cfg->limits.response_max + 65536) {
-            finish_too_big(g);
+            finish_too_big(g, "its body and the headers to keep come to more than "
+                              "response_max and 64 KiB");
         } else {
             finish_record(g, resp->status >= 500 ? FINISH_FAIL_FINAL : FINISH_COMPLETE);
         }
@@ -1131,7 +1135,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         finish_record(g, FINISH_NONE);
         break;
     case UPSTREAM_TOO_BIG:
-        finish_too_big(g);
+        finish_too_big(g, detail);
         break;
     }
     http_msg_free(resp);

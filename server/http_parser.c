@@ -174,12 +174,13 @@ static int reserve(struct http_parser *p, char **buf, size_t *cap, size_t need, 
 /* ---- errors -------------------------------------------------------------- */
 
 /* Refuse the message: status to answer, a sentence for the problem detail.
- * Whatever an upstream gets wrong, the client is told 502; a body over the
- * limit stays 413 (the upstream did answer: its request executed). */
+ * Whatever an upstream gets wrong, the client is told 502; a body or a head
+ * over the limits stays 413 or 431 (the upstream did answer: its request
+ * executed). */
 __attribute__((format(printf, 3, 4))) static enum http_parse_status
 fail(struct http_parser *p, int status, const char *fmt, ...)
 {
-    if (p->mode == HTTP_PARSE_RESPONSE && status != 500 && status != 413)
+    if (p->mode == HTTP_PARSE_RESPONSE && status != 500 && status != 413 && status != 431)
         status = 502;
     p->error_status = status;
     va_list ap;

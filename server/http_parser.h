@@ -70,7 +70,9 @@ enum http_parse_status {
 
 struct http_parser {
     /* Set on HTTP_ERROR: the status to answer (400, 413, 414, 431, 501,
-     * 505; in response mode 502, or 413 for a body over body_max) and what was wrong, for the problem detail. */
+     * 505; in response mode 502, or 413 for a body over body_max and 431
+     * for a head over the field limits) and what was wrong, for the problem
+     * detail. */
     int error_status;
     char error_detail[160];
 

@@ -243,8 +243,8 @@ static void answer_init(struct answer *a, const struct upstream_request *rq, con
 {
     struct http_limits limits = {
         .request_line_max = 8192,
-        .header_count_max = 200,
-        .header_bytes_max = 64 * 1024,
+        .header_count_max = UPSTREAM_HEAD_FIELDS_MAX,
+        .header_bytes_max = UPSTREAM_HEAD_BYTES_MAX,
         .body_max = rq->response_max,
     };
     *a = (struct answer){.head = strcmp(rq->method, "HEAD") == 0,
@@ -305,11 +305,14 @@ static int answer_feed(struct answer *a, const char *buf, ssize_t n, char *detai
         return 0;
     a->result = UPSTREAM_UNKNOWN;
     if (st == HTTP_ERROR) {
-        if (a->parser.error_status == 413)
+        /* A body or a head over the limits (413, 431) is an answer, only too
+         * big to keep: the upstream did execute. Anything else malformed may
+         * not be an answer at all. */
+        int status = a->parser.error_status;
+        if (status == 413 || status == 431)
             a->result = UPSTREAM_TOO_BIG;
         snprintf(detail, dlen, "upstream %s:%d: %s", a->host, a->port,
-                 a->result == UPSTREAM_TOO_BIG ? "response body over response_max"
-                                               : a->parser.error_detail);
+                 status == 413 ? "response body over response_max" : a->parser.error_detail);
         return 1;
     }
     if (st != HTTP_DONE)

@@ -25,8 +25,15 @@ enum upstream_result {
     UPSTREAM_UNKNOWN,   /* sent, then the connection failed or the answer was
                            malformed: the upstream may have executed */
     UPSTREAM_TIMEOUT,   /* sent, no whole answer within the timeout */
-    UPSTREAM_TOO_BIG,   /* answered (so executed) with a body over the limit */
+    UPSTREAM_TOO_BIG,   /* answered (so executed) with a body over the limit,
+                           or a head over the limits below */
 };
+
+/* The most an upstream's answer head may hold: header fields, and bytes of
+ * them. An answer over either is too big (UPSTREAM_TOO_BIG), as is one with
+ * a body over the request's response_max. */
+#define UPSTREAM_HEAD_FIELDS_MAX 200
+#define UPSTREAM_HEAD_BYTES_MAX (64 * 1024)
 
 struct upstream_request {
     const char *method;

@@ -782,9 +782,17 @@ static void malformed_responses(void **state)
     response_refused(S("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nabc"), "closed in the middle");
     response_refused(S("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nokX"), "CRLF");
     response_refused(S("HTTP/1.1 200 OK\r\nX: \0\r\n\r\n"), "NUL");
-    char buf[256];
+    char buf[512];
     int n = snprintf(buf, sizeof buf, "HTTP/1.1 200 %060d\r\n\r\n", 0);
     response_refused(buf, (size_t)n, "status line is longer than 64");
+    /* A head over the field limits stays 431, as a body over its limit
+     * stays 413: the upstream did answer. */
+    refused_as(HTTP_PARSE_RESPONSE,
+               S("HTTP/1.1 200 OK\r\nA: 1\r\nB: 1\r\nC: 1\r\nD: 1\r\nE: 1\r\nF: 1\r\nG: 1\r\n"
+                 "H: 1\r\nI: 1\r\nContent-Length: 0\r\n\r\n"),
+               1, 431, "more than 8 header fields");
+    n = snprintf(buf, sizeof buf, "HTTP/1.1 200 OK\r\nX: %0300d\r\nContent-Length: 0\r\n\r\n", 0);
+    refused_as(HTTP_PARSE_RESPONSE, buf, (size_t)n, 1, 431, "larger than 256 bytes");
 }
 
 /* ---- headers of a message -------------------------------------------------- */

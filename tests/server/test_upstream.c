@@ -704,6 +704,43 @@ static void body_over_limit_too_big(void **state)
     http_msg_free(call_ok(f, &rq));
 }
 
+/* 6b. A head over the limits is an answer too, only too big to keep:
+ * TOO_BIG (the upstream executed), never UNKNOWN, which would have the
+ * gateway let a retry execute again. At the limits it is an answer. */
+static void head_over_limits_too_big(void **state)
+{
+    struct fixture *f = *state;
+    static char *answer[2];
+    size_t cap = UPSTREAM_HEAD_BYTES_MAX + 4096;
+    char *a = answer[0] = malloc(cap);
+    assert_non_null(a);
+    start(f, serve_parts, (const char *const *)answer, 0);
+    struct upstream_request rq = get_rq;
+    rq.timeout_ms = 5000;
+    for (int fields = UPSTREAM_HEAD_FIELDS_MAX; fields <= UPSTREAM_HEAD_FIELDS_MAX + 1; fields++) {
+        size_t n = (size_t)snprintf(a, cap, "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n");
+        for (int i = 1; i < fields; i++)
+            n += (size_t)snprintf(a + n, cap - n, "X-F%d: v\r\n", i);
+        snprintf(a + n, cap - n, "\r\nok");
+        struct done_rec d = call(f, &rq);
+        assert_result(d.r, fields > UPSTREAM_HEAD_FIELDS_MAX ? UPSTREAM_TOO_BIG : UPSTREAM_OK,
+                      d.detail);
+        http_msg_free(d.resp);
+    }
+    /* One field of nearly the whole byte limit, then over it. */
+    size_t n = (size_t)snprintf(a, cap, "HTTP/1.1 201 Created\r\nContent-Length: 2\r\nX-Big: ");
+    memset(a + n, 'v', UPSTREAM_HEAD_BYTES_MAX + 100);
+    snprintf(a + n + UPSTREAM_HEAD_BYTES_MAX + 100, cap - n - UPSTREAM_HEAD_BYTES_MAX - 100,
+             "\r\n\r\nok");
+    struct done_rec d = call(f, &rq);
+    assert_result(d.r, UPSTREAM_TOO_BIG, d.detail);
+    assert_non_null(strstr(d.detail, "bytes"));
+    server_stop(&f->srv); /* before its answer goes */
+    f->started = 0;
+    free(a);
+    answer[0] = NULL;
+}
+
 /* 7. 1xx answers are skipped, in the same read as each other and in a
  * read of their own. */
 static void informational_skipped(void **state)
@@ -993,6 +1030,7 @@ int main(void)
         LOOP(decided_at_start_comes_later),
         LOOP(silent_times_out),
         LOOP(closed_after_read_unknown),
+        LOOP(head_over_limits_too_big),
         LOOP(body_over_limit_too_big),
         LOOP(informational_skipped),
         LOOP(idle_closed_by_server_fresh),
