@@ -1048,6 +1048,12 @@ void config_fold_path(const char *path, char *out, size_t cap)
     size_t o = 0;
     for (const char *c = path; *c && o + 1 < cap; c++) {
         int ch = (unsigned char)*c;
+        if (ch == ';') {
+            /* A path parameter, dropped to the segment's end. */
+            while (c[1] && c[1] != '/' && !(c[1] == '%' && c[2] == '2' && (c[3] | 32) == 'f'))
+                c++;
+            continue;
+        }
         if (ch == '%' && http_hex_value((unsigned char)c[1]) >= 0 &&
             http_hex_value((unsigned char)c[2]) >= 0) {
             int v = http_hex_value((unsigned char)c[1]) * 16 +

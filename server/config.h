@@ -137,8 +137,9 @@ int config_resolve(struct server_config *cfg, char *err, size_t errlen);
 
 /* A path as a lenient upstream reads it, for telling spellings of one path
  * apart: letters in lower case, %-escapes of unreserved characters and of
- * '/' decoded (nginx, for one, routes on %2F as a '/'), no trailing slash.
- * Never longer than path; out holds cap bytes. */
+ * '/' decoded (nginx, for one, routes on %2F as a '/'), path parameters (a
+ * ';' to its segment's end) dropped (servlet containers map a path without
+ * them), no trailing slash. Never longer than path; out holds cap bytes. */
 void config_fold_path(const char *path, char *out, size_t cap);
 /* 1 when path is matched by a route's path (or folded path) pattern: its
  * characters as they are, but a '*' segment for any one segment that is not

@@ -249,6 +249,13 @@ void daemon_handle(void *arg, struct front_request *req)
     }
     const char *why = path_not_plain(path);
     const struct route *rt = why ? NULL : match_route(cfg, req->msg, path);
+    /* Servlet containers (Tomcat, Jetty) drop a segment's path parameters
+     * before they map it, others keep them: /orders/O-1;a/refunds may be
+     * order O-1 to the upstream, and another key here. */
+    if (rt && strchr(path, ';')) {
+        rt = NULL;
+        why = "a ';' (path parameters, which some servers drop)";
+    }
     const struct route *near = why || rt || !cfg->has_upstream
                                    ? NULL
                                    : route_spelt_otherwise(cfg, req->msg, path);

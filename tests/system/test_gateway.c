@@ -380,6 +380,9 @@ static void test_ambiguous_requests_refused(void **state)
         "//callbacks/payment",  "/Callbacks/Payment",      "/callbacks/payment/",
         "/callbacks/%70ayment", "/callbacks%2Fpayment", "/%2Fcallbacks/payment",
         "/x/..%2Fcallbacks/payment", "/.%2Fcallbacks/payment",
+        /* Path parameters, which servlet containers drop. */
+        "/callbacks/payment;a=1", "/callbacks;x/payment", "/callbacks/payment;",
+        "/callbacks/p%61yment;x", "/callbacks;x%2Fpayment",
     };
     static const char *const key[] = {"Idempotency-Key: K-var", NULL};
     for (size_t i = 0; i < sizeof variants / sizeof variants[0]; i++) {
@@ -468,7 +471,11 @@ static void test_segment_wildcard_route(void **state)
     static const char *const spelt[] = {
         "/Orders/O-1/Refunds",     "/orders/O-1/refunds/",     "/orders/O-1%2Frefunds",
         "/orders/O-1/r%65funds",   "/%2Forders/O-1/refunds",   "/orders/O-1/..%2Frefunds",
-        "/orders%2F%2FO-1/refunds", "/orders/x%2F..%2FO-1/refunds"};
+        "/orders%2F%2FO-1/refunds", "/orders/x%2F..%2FO-1/refunds",
+        /* Path parameters: a servlet container reads order O-1 in each,
+         * which would be other keys here. */
+        "/orders/O-1;a/refunds", "/orders/O-1;/refunds", "/orders/O-1/refunds;b",
+        "/orders;c/O-1/refunds"};
     for (size_t i = 0; i < sizeof spelt / sizeof spelt[0]; i++) {
         sys_http(gw.port, "POST", spelt[i], NULL, body, 5000, &b);
         if (b.status != 400 || !strstr(b.m->body, "path_not_canonical"))
