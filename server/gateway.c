@@ -1360,8 +1360,14 @@ static void pass_answer(struct pass *p, struct http_response *r)
 static void on_pass_abort(struct front_request *req)
 {
     struct pass *p = req->state;
+    int sent = upstream_call_sent(p->call);
     upstream_call_cancel(p->call);
-    pass_answer(p, problem(503, "shutting_down", "the server stopped before the request finished"));
+    pass_answer(p, sent ? problem(504, "outcome_unknown",
+                                  "the server stopped while the upstream had the request; it "
+                                  "may have been executed (passed through: nothing recorded)")
+                        : problem(503, "shutting_down",
+                                  "the server stopped before the request was sent to the "
+                                  "upstream; it was not executed"));
 }
 
 static void on_passed(void *arg, enum upstream_result ur, struct http_msg *resp, const char *detail)

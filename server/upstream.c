@@ -831,6 +831,11 @@ struct upstream_call *upstream_call_start(struct upstream_loop *ul, struct upstr
     return c;
 }
 
+int upstream_call_sent(const struct upstream_call *c)
+{
+    return c->sent > 0;
+}
+
 void upstream_call_cancel(struct upstream_call *c)
 {
     if (!c)

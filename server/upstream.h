@@ -100,6 +100,10 @@ struct upstream_call *upstream_call_start(struct upstream_loop *ul, struct upstr
                                           const struct upstream_request *rq,
                                           upstream_done_fn done, void *arg);
 
+/* 1 once a byte of the request has gone out: the upstream may have it, and
+ * may execute it whatever happens to the call now. */
+int upstream_call_sent(const struct upstream_call *c);
+
 /* Abandon a call before done ran: its connection is closed (whatever was
  * sent may have reached the upstream), done never runs, the call is gone.
  * NULL is a no-op. */

@@ -664,6 +664,7 @@ static void test_upstream_unreachable(void **state)
 
 struct bg_post {
     int port;
+    const char *path; /* NULL: /refunds */
     const char *body;
     const char *const *headers;
     struct sys_resp resp;
@@ -673,7 +674,8 @@ struct bg_post {
 static void *bg_post_main(void *arg)
 {
     struct bg_post *b = arg;
-    sys_http(b->port, "POST", "/refunds", b->headers, b->body, 15000, &b->resp);
+    sys_http(b->port, "POST", b->path ? b->path : "/refunds", b->headers, b->body, 15000,
+             &b->resp);
     return NULL;
 }
 
@@ -971,7 +973,8 @@ static void test_sigterm_drains(void **state)
 /* SIGTERM with a request that outlives shutdown_timeout: the daemon stops
  * on time without waiting for the upstream, the client is told the outcome
  * is unknown, and the claim stays PROCESSING — a retry after the restart is
- * refused, not run a second time. */
+ * refused, not run a second time. A request passed through is told the
+ * outcome is unknown too, not "shutting down", which reads as not done. */
 static const char abandon_routes[] =
     "limits:\n"
     "  shutdown_timeout: 300ms\n"
@@ -991,14 +994,22 @@ static void test_sigterm_past_timeout_abandons(void **state)
     static const char *const slow[] = {"X-Delay-Ms: 3000", NULL};
     struct bg_post b = {.port = gw.port, .headers = slow,
                         .body = "{\"refund_no\":\"R-abandon\",\"amount\":\"1.00\"}"};
+    struct bg_post pass = {.port = gw.port, .headers = slow, .path = "/callbacks/payment",
+                           .body = "{\"serial_no\":\"CH-abandon\",\"amount\":\"1.00\"}"};
+    long payments = sys_stat(service.port, "payment_executions");
     pthread_create(&b.t, NULL, bg_post_main, &b);
+    pthread_create(&pass.t, NULL, bg_post_main, &pass);
     sleep_ms(300);
     kill(gw.pid, SIGTERM);
     pthread_join(b.t, NULL);
+    pthread_join(pass.t, NULL);
     /* Answered before the upstream was: told the outcome is unknown. */
     assert_int_equal(b.resp.status, 504);
     assert_non_null(strstr(b.resp.m->body, "outcome_unknown"));
     sys_resp_free(&b.resp);
+    assert_int_equal(pass.resp.status, 504);
+    assert_non_null(strstr(pass.resp.m->body, "outcome_unknown"));
+    sys_resp_free(&pass.resp);
     assert_int_equal(sys_stop(&gw, 0), 0);
     /* The upstream is still working on it: the claim holds after a
      * restart, and the retry is refused. */
@@ -1007,6 +1018,7 @@ static void test_sigterm_past_timeout_abandons(void **state)
     sleep_ms(3000); /* the upstream finishes the first request */
     post_expect(gw.port, b.body, 409, ANY); /* the lease (8 s) still holds */
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stat(service.port, "payment_executions") - payments, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
