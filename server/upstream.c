@@ -25,7 +25,8 @@
  * which then fails before its first byte, and another connection is used.)
  *
  * A connection goes back to its pool only if the answer ended exactly where
- * the bytes read did and keep-alive holds.
+ * the bytes read did and keep-alive holds, and not after an answer an
+ * upstream may yet send a body for (to HEAD; a 204 or 304 with a length).
  */
 #include "upstream.h"
 
@@ -260,6 +261,15 @@ static void answer_free(struct answer *a)
     http_parser_free(&a->parser);
 }
 
+/* A 204 or 304 (which have no body) that says how long its body is. */
+static int bodiless_but_framed(const struct http_msg *m)
+{
+    if (m->status != 204 && m->status != 304)
+        return 0;
+    const char *cl = http_msg_header(m, "Content-Length");
+    return (cl && strcmp(cl, "0") != 0) || http_msg_header(m, "Transfer-Encoding") != NULL;
+}
+
 /* Feed what one recv() returned: n bytes of buf, 0 when the peer closed,
  * < 0 when the connection failed (errno). 0: read more. 1: decided, see
  * result (and resp and reusable); detail says what went wrong otherwise. */
@@ -323,8 +333,13 @@ static int answer_feed(struct answer *a, const char *buf, ssize_t n, char *detai
         return 1;
     }
     a->result = UPSTREAM_OK;
-    /* Reusable only if the answer ended exactly where the bytes did. */
-    a->reusable = a->resp->keep_alive && n > 0 && off == (size_t)n;
+    /* Reusable only if the answer ended exactly where the bytes did, and
+     * the upstream is not likely to send more later: after an answer to
+     * HEAD, or a 204 or 304 with a length or chunking of its own, an
+     * upstream that sends the body anyway would have it read as the answer
+     * to the next request on the connection. */
+    a->reusable = a->resp->keep_alive && n > 0 && off == (size_t)n && !a->head &&
+                  !bodiless_but_framed(a->resp);
     return 1;
 }
 

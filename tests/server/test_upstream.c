@@ -575,8 +575,9 @@ static void stray_bytes_not_reused(void **state)
     assert_int_equal(atomic_load(&f->srv.accepts), 2);
 }
 
-/* A HEAD answer has no body, whatever its Content-Length says, and the
- * connection carries the next request. */
+/* A HEAD answer has no body, whatever its Content-Length says; the
+ * connection does not carry the next request, since an upstream that sent
+ * the body anyway, a moment later, would have it read as the next answer. */
 static void head_has_no_body(void **state)
 {
     struct fixture *f = *state;
@@ -588,6 +589,38 @@ static void head_has_no_body(void **state)
     for (int i = 0; i < 2; i++) {
         struct http_msg *resp = call_ok(f, &rq);
         assert_int_equal(resp->body_len, 0);
+        http_msg_free(resp);
+    }
+    assert_int_equal(atomic_load(&f->srv.accepts), 2);
+}
+
+/* A 204 that gives a length, then sends that body a moment later: the
+ * body must not be read as the next request's answer. Each call gets a
+ * connection of its own and the upstream's own answer. A plain 204 leaves
+ * the connection reusable. */
+static void bodiless_with_length_not_reused(void **state)
+{
+    struct fixture *f = *state;
+    static const char *const answer[] = {
+        "HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", "HELLO", NULL};
+    start(f, serve_parts, answer, 0);
+    for (int i = 0; i < 3; i++) {
+        sleep_ms(10); /* the body comes 30 ms after the head: call in between */
+        struct http_msg *resp = call_ok(f, &get_rq);
+        assert_int_equal(resp->status, 204);
+        http_msg_free(resp);
+    }
+    assert_int_equal(atomic_load(&f->srv.accepts), 3);
+}
+
+static void bodiless_plain_reused(void **state)
+{
+    struct fixture *f = *state;
+    static const char *const answer[] = {"HTTP/1.1 204 No Content\r\n\r\n", NULL};
+    start(f, serve_parts, answer, 0);
+    for (int i = 0; i < 2; i++) {
+        struct http_msg *resp = call_ok(f, &get_rq);
+        assert_int_equal(resp->status, 204);
         http_msg_free(resp);
     }
     assert_int_equal(atomic_load(&f->srv.accepts), 1);
@@ -1031,6 +1064,8 @@ int main(void)
         LOOP(silent_times_out),
         LOOP(closed_after_read_unknown),
         LOOP(head_over_limits_too_big),
+        LOOP(bodiless_with_length_not_reused),
+        LOOP(bodiless_plain_reused),
         LOOP(body_over_limit_too_big),
         LOOP(informational_skipped),
         LOOP(idle_closed_by_server_fresh),
