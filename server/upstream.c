@@ -447,7 +447,7 @@ static void conn_close(struct loop_conn *k)
     free(k);
 }
 
-static void read_some(struct upstream_call *c);
+static int read_some(struct upstream_call *c);
 
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
@@ -456,7 +456,7 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     if (k->call) {
-        read_some(k->call);
+        (void)read_some(k->call);
         return;
     }
     /* Closed by the upstream (or sent to unasked) while idle: gone. */
@@ -718,16 +718,20 @@ static void send_some(struct upstream_call *c)
     decide(c, c->sent == 0 ? UPSTREAM_NOT_SENT : UPSTREAM_UNKNOWN, NULL);
 }
 
-static void read_some(struct upstream_call *c)
+/* One recv of the answer. 1: the call is decided (and may be gone); 0:
+ * nothing more to read now; 2: something was read, there may be more. */
+static int read_some(struct upstream_call *c)
 {
     char buf[16384];
     if (c->state != READING)
-        return; /* not before the request is out (see send_some) */
+        return 0; /* not before the request is out (see send_some) */
     ssize_t n = recv(c->conn->fd, buf, sizeof buf, 0);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR))
-        return;
+    if (n < 0 && errno == EINTR)
+        return 2;
+    if (n < 0 && errno == EAGAIN)
+        return 0;
     if (!answer_feed(&c->answer, buf, n, c->detail, sizeof c->detail))
-        return;
+        return 2;
     if (c->answer.reusable) {
         pool_put(c->pool, c->conn);
         c->conn = NULL;
@@ -735,6 +739,7 @@ static void read_some(struct upstream_call *c)
     struct http_msg *resp = c->answer.resp;
     c->answer.resp = NULL;
     decide(c, c->answer.result, resp);
+    return 1;
 }
 
 static void on_io(evutil_socket_t fd, short what, void *arg)
@@ -768,7 +773,7 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
         send_some(c);
         break;
     case READING:
-        read_some(c);
+        (void)read_some(c);
         break;
     case DECIDED:
         break;
@@ -799,11 +804,21 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
                  strerror(ETIMEDOUT));
         decide(c, c->sent == 0 ? UPSTREAM_NOT_SENT : UPSTREAM_TIMEOUT, NULL);
         break;
-    case READING:
+    case READING: {
+        /* An answer that came in time may be unread yet: after the whole
+         * process stood still (stopped, or starved of CPU) past the
+         * deadline, the loop can run this timer before the read. Read what
+         * is there first; a whole answer is the upstream's, not a timeout. */
+        int r;
+        while ((r = read_some(c)) == 2)
+            ;
+        if (r == 1)
+            return;
         snprintf(c->detail, sizeof c->detail, "upstream %s:%d: no answer within %lld ms", host,
                  port, (long long)c->timeout_ms);
         decide(c, UPSTREAM_TIMEOUT, NULL);
         break;
+    }
     case DECIDED:
         deliver(c);
         break;

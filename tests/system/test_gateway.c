@@ -1022,6 +1022,40 @@ static void test_sigterm_past_timeout_abandons(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* The daemon stands still (SIGSTOP) from before the upstream's answer came
+ * until past upstream_timeout. The answer came in time and waits in the
+ * socket: it is the request's answer, not a timeout that would leave the
+ * outcome unknown and let a retry execute again after the lease. */
+static const char stall_routes[] =
+    "routes:\n"
+    REFUND_ROUTE
+    "    in_flight: reject\n"
+    "    lease: 1s\n"
+    "    upstream_timeout: 1500ms\n";
+
+static void test_answer_in_time_read_after_stall(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, stall_routes, "stall.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 500", NULL};
+    struct bg_post b = {.port = gw.port, .headers = slow,
+                        .body = "{\"refund_no\":\"R-stall\",\"amount\":\"1.00\"}"};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(200);
+    kill(gw.pid, SIGSTOP);
+    sleep_ms(2000); /* the answer comes at 500 ms, the deadline is at 1500 */
+    kill(gw.pid, SIGCONT);
+    pthread_join(b.t, NULL);
+    assert_int_equal(b.resp.status, 201);
+    sys_resp_free(&b.resp);
+    sleep_ms(1200); /* past the lease: a claim left PROCESSING would be taken over */
+    post_expect(gw.port, b.body, 201, 1);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* SIGTERM while the requests' claims wait on the store's writer: another
  * process (an operator's sqlite3 shell, say) holds the file's write lock, so
  * the claims are queued behind it when the daemon is told to stop, and still
@@ -2926,6 +2960,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_daemon_killed_mid_request),
         cmocka_unit_test(test_sigterm_drains),
         cmocka_unit_test(test_sigterm_past_timeout_abandons),
+        cmocka_unit_test(test_answer_in_time_read_after_stall),
         cmocka_unit_test(test_sigterm_with_claims_queued_on_writer),
         cmocka_unit_test(test_health_sees_failing_writes),
         cmocka_unit_test(test_answer_kept_after_store_failure),
