@@ -96,11 +96,13 @@ struct gw;
 typedef void (*gw_fn)(struct gw *g);
 
 /* How long on_unknown_outcome: hold keeps a claim: retention, and no more
- * than the longest lease a record takes (a day, idem.h). */
+ * than the longest lease a record takes (a day, idem.h) — but never less
+ * than the lease, which expire would have kept it for. */
 static int64_t hold_ms(const struct route *rt)
 {
     const int64_t day = 24 * 3600 * 1000LL;
-    return rt->retention_ms < day ? rt->retention_ms : day;
+    int64_t ms = rt->retention_ms < day ? rt->retention_ms : day;
+    return ms > rt->lease_ms ? ms : rt->lease_ms;
 }
 
 enum finish_kind {

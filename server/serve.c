@@ -415,6 +415,7 @@ struct serve {
     struct live_config *start;       /* the configuration it started with (kept) */
     struct work purge_work;
     int purge_running;
+    int purge_stop;                  /* set at SIGTERM: a running purge ends */
     int store_lock;                  /* the embedded store's file, flock()ed; -1 */
     struct work reload_work; /* SIGHUP's reload, on a worker */
     int reload_running, reload_again;
@@ -452,6 +453,7 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
             sig == SIGINT ? "SIGINT" : "SIGTERM", in_flight(s),
             (long long)s->limits->shutdown_timeout_ms);
     event_del(s->purge_timer);
+    __atomic_store_n(&s->purge_stop, 1, __ATOMIC_RELEASE);
     for (int i = 1; i < s->nloops; i++) {
         struct drain_order *o = malloc(sizeof *o);
         if (!o) {
@@ -662,11 +664,20 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     }
 }
 
+/* Each minute, every record whose retention has run out goes, PURGE_BATCH
+ * at a time: each batch is one store call, so the requests' writes take
+ * turns with it, never waiting behind one long delete. A stop (SIGTERM)
+ * ends the round between batches. */
+#define PURGE_BATCH 1000
+
 static void run_purge(struct work *w)
 {
     struct serve *s = (struct serve *)((char *)w - offsetof(struct serve, purge_work));
-    unsigned n = 0;
-    idem_rc rc = idem_record_purge(s->d.h, 10000, &n);
+    unsigned n = PURGE_BATCH;
+    idem_rc rc = IDEM_OK;
+    while (n == PURGE_BATCH && rc == IDEM_OK &&
+           !__atomic_load_n(&s->purge_stop, __ATOMIC_ACQUIRE))
+        rc = idem_record_purge(s->d.h, PURGE_BATCH, &n);
     if (rc != IDEM_OK)
         daemon_log("purging expired records: %s: %s", idem_strerror(rc),
                 idem_errdetail());

@@ -2895,6 +2895,26 @@ static void test_unknown_outcome_held(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* hold with a retention shorter than the lease holds the claim for the
+ * lease at least: never shorter than expire would. */
+static void test_unknown_outcome_held_lease_at_least(void **state)
+{
+    (void)state;
+    struct proc gw;
+    static const char *const hdrs[] = {"Idempotency-Key: T-hold-short", NULL};
+    post_to_silent_upstream(&gw,
+                            "    upstream_timeout: 400ms\n    lease: 4s\n"
+                            "    on_unknown_outcome: hold\n    retention: 500ms\n",
+                            "held-short.db", hdrs, "is held PROCESSING");
+    sleep_ms(1500); /* past the retention, inside the lease */
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
+    assert_int_equal(r.status, 409);
+    assert_non_null(strstr(r.m->body, "request_in_flight"));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_upstream_timeout_after_send(void **state)
 {
     (void)state;
@@ -2991,6 +3011,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_long_target_forwarded_whole),
         cmocka_unit_test(test_upstream_timeout_after_send),
         cmocka_unit_test(test_unknown_outcome_held),
+        cmocka_unit_test(test_unknown_outcome_held_lease_at_least),
     };
     return cmocka_run_group_tests_name("gateway", tests, group_setup, group_teardown);
 }
