@@ -1679,6 +1679,10 @@ static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config
             return fail(c, v, "storage.path", "longer than %d bytes", FS_PATH_MAX);
         if (has_control(s))
             return fail(c, v, "storage.path", "%s holds a control character", quote(c, s));
+        if (strncmp(s, "file:", 5) == 0)
+            return fail(c, v, "storage.path", "%s is a SQLite URI; give the file's path (the "
+                        "daemon locks the file against a second idem serve by its path)",
+                        quote(c, s));
         if (set_string(&cfg->storage_path, s))
             return oom(c);
     }

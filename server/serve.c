@@ -338,13 +338,12 @@ struct loop {
  * SQLite's own (fcntl) locks do not see. The descriptor stays open until
  * the store is closed: closing any descriptor of a file drops the process's
  * fcntl locks on it, SQLite's included. 0, or -1 with the reason printed. */
-/* The embedded store in a file named by its path (not :memory:, nor a
- * file: URI). */
+/* The embedded store in a file named by its path (not :memory:; a file:
+ * URI is refused with the configuration). */
 static int store_is_file(const struct server_config *cfg)
 {
     return strcmp(cfg->storage_kind, "embedded") == 0 &&
-           strcmp(cfg->storage_path, ":memory:") != 0 &&
-           strncmp(cfg->storage_path, "file:", 5) != 0;
+           strcmp(cfg->storage_path, ":memory:") != 0;
 }
 
 /* Each client connection, each upstream call and the store's files take a
@@ -500,6 +499,11 @@ static int finish_loading(struct server_config *cfg, const char *listen, const c
     if (db && strcmp(cfg->storage_kind, "embedded") != 0) {
         snprintf(err, errlen, "--db is for the embedded store; %s keeps storage.kind: %s",
                  cfg->path ? cfg->path : "the configuration", cfg->storage_kind);
+        return 2;
+    }
+    if (db && strncmp(db, "file:", 5) == 0) {
+        snprintf(err, errlen, "--db %s is a SQLite URI; give the file's path (the daemon locks "
+                 "the file against a second idem serve by its path)", db);
         return 2;
     }
     if (db) {

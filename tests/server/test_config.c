@@ -798,6 +798,8 @@ static void test_wrong_types_and_ranges(void **state)
               "idem.yaml:5: routes[0].key:", "got a single value");
     parse_bad("storage: { kind: redis }\n", "idem.yaml:1: storage.kind:", "embedded");
     parse_bad("storage: { path: \"\" }\n", "idem.yaml:1: storage.path:", "empty");
+    parse_bad("storage: { path: \"file:/var/lib/idem/idem.db\" }\n", "idem.yaml:1: storage.path:",
+              "SQLite URI");
     parse_bad("[1, 2]\n", "idem.yaml:1:", "top level must be a mapping");
     parse_bad("hello\n", "idem.yaml:1:", "top level must be a mapping");
     parse_bad("workers: 0\n", "idem.yaml:1: workers:", "1 to 4096");
