@@ -94,6 +94,12 @@ void front_counts_init(struct front_counts *n);
  * all loops (a front counts on its own until this is called). */
 void front_share_counts(struct front *f, struct front_counts *counts);
 
+/* Whether host:port is free of other processes' listeners, before the
+ * loops listen there: SO_REUSEPORT would let a second daemon (of the same
+ * user) bind the port too, and the kernel would split the clients between
+ * the two. 0, or -1 with err filled. */
+int front_address_free(const char *host, int port, char *err, size_t errlen);
+
 /* Listen on host:port (SO_REUSEPORT: every loop listens on the same port
  * and the kernel spreads connections). A front has up to two listeners: the
  * main one, and with admin set the admin one, whose requests carry

@@ -857,6 +857,12 @@ int serve_main(int argc, char **argv)
     s->nloops = loop_count(cfg);
     int port = cfg->listen_port, admin_port = cfg->admin_port;
     s->d.admin_listener = cfg->admin_host != NULL;
+    if ((port && front_address_free(cfg->listen_host, port, err, sizeof err) != 0) ||
+        (cfg->admin_host && admin_port &&
+         front_address_free(cfg->admin_host, admin_port, err, sizeof err) != 0)) {
+        fprintf(stderr, "idem serve: listen: %s\n", err);
+        goto out;
+    }
     for (int i = 0; i < s->nloops; i++) {
         struct loop *l = &s->loops[i];
         l->ctx.d = &s->d;

@@ -1568,8 +1568,8 @@ static void test_slow_client_cut_off(void **state)
 }
 
 /* A second idem serve on the same embedded store file is refused: the two
- * would share the port and split the tokens and locks between them. The
- * first goes on serving. */
+ * would share the port and split the tokens and locks between them. So is
+ * one on the same port with another file. The first goes on serving. */
 static void test_second_daemon_on_one_store_refused(void **state)
 {
     (void)state;
@@ -1582,6 +1582,11 @@ static void test_second_daemon_on_one_store_refused(void **state)
     char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, "--listen", listen, NULL};
     assert_int_equal(sys_run_fail(argv, err, sizeof err), 1);
     assert_non_null(strstr(err, "in use by another idem serve"));
+    /* Nor on the same port with a file of its own: the kernel would split
+     * the clients between two daemons, each with its own records. */
+    snprintf(db, sizeof db, "%s/other.db", dir);
+    assert_int_equal(sys_run_fail(argv, err, sizeof err), 1);
+    assert_non_null(strstr(err, "in use by another process"));
     post_expect(gw.port, "{\"refund_no\":\"R-one\",\"amount\":\"1.00\"}", 201, 0);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
     /* Once it is gone, the file is free again. */
