@@ -242,7 +242,9 @@ static void claim_remove(struct gw *g)
 }
 
 /* Is this key claimed by another request of this daemon? 0: no; 1: yes;
- * 2: yes, and its answer waits to be kept. Any thread. */
+ * 2: yes, and its answer waits to be kept; 3: yes, with another payload
+ * (the claim's fingerprint differs), which the record would refuse as
+ * well. Any thread. */
 static int claimed_here(struct gw *self)
 {
     struct daemon *d = self->d;
@@ -251,7 +253,11 @@ static int claimed_here(struct gw *self)
     for (struct gw *g = *claim_bucket(d, self->key_hash); g && !found; g = g->claim_next)
         if (g->key_hash == self->key_hash && g != self && strcmp(g->key, self->key) == 0 &&
             strcmp(g->rt->space, self->rt->space) == 0)
-            found = g->unkept ? 2 : 1;
+            found = g->has_fp && self->has_fp &&
+                            memcmp(g->fp, self->fp, IDEM_FINGERPRINT_LEN) != 0
+                        ? 3
+                    : g->unkept ? 2
+                                : 1;
     pthread_mutex_unlock(&d->claims_mu);
     return found;
 }
@@ -748,6 +754,25 @@ static void after_reconsume(struct gw *g)
     finish_record(g, FINISH_FAIL_RETRYABLE); /* not executed: release the claim */
 }
 
+/* The key was used with another payload: 422. */
+static void key_reused(struct gw *g)
+{
+    COUNT(g->rt, mismatches);
+    g->out = problem(422, "key_reused",
+                     "the idempotency key %s was already used with another payload", g->key);
+    finish(g); /* the token stays spent on the key: see finish_record */
+}
+
+/* Another request of this daemon holds the key's claim (held, as
+ * claimed_here says): in flight, or refused at once for another payload. */
+static void held_elsewhere(struct gw *g, int held)
+{
+    if (held == 3)
+        key_reused(g);
+    else
+        in_flight_elsewhere(g, held_why(held), NULL);
+}
+
 static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
@@ -758,7 +783,7 @@ static void after_begin(struct gw *g)
         return;
     }
     if (g->held_here) { /* decided without the store: see do_begin */
-        in_flight_elsewhere(g, held_why(g->held_here), NULL);
+        held_elsewhere(g, g->held_here);
         return;
     }
     daemon_write_ok(g->d);
@@ -779,10 +804,7 @@ static void after_begin(struct gw *g)
         finish(g);
         return;
     case IDEM_MISMATCH:
-        COUNT(g->rt, mismatches);
-        g->out = problem(422, "key_reused",
-                         "the idempotency key %s was already used with another payload", g->key);
-        finish(g); /* the token stays spent on the key: see finish_record */
+        key_reused(g);
         return;
     default: /* IN_PROGRESS */
         in_flight_elsewhere(g, "its record is PROCESSING", &g->rec);
@@ -793,7 +815,7 @@ static void begin_again(struct gw *g)
 {
     int held = claimed_here(g);
     if (held) {
-        in_flight_elsewhere(g, held_why(held), NULL);
+        held_elsewhere(g, held);
         return;
     }
     db_step(g, do_begin, after_begin);

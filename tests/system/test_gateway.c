@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1020,6 +1021,58 @@ static void test_sigterm_past_timeout_abandons(void **state)
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stat(service.port, "payment_executions") - payments, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+/* Another payload under a key whose request is still running here is 422
+ * at once, as the record would say: not 409 "retry later" (reject), nor a
+ * wait for the first request to end (wait). */
+struct bg_done {
+    struct bg_post post;
+    atomic_int done;
+};
+
+static void *bg_done_main(void *arg)
+{
+    struct bg_done *b = arg;
+    bg_post_main(&b->post);
+    atomic_store(&b->done, 1);
+    return NULL;
+}
+
+static void test_other_payload_in_flight_422(void **state)
+{
+    (void)state;
+    static const char *const modes[] = {"    in_flight: reject\n",
+                                        "    in_flight: wait\n    wait_timeout: 10s\n"};
+    static const char *const slow[] = {"X-Delay-Ms: 1500", NULL};
+    for (int m = 0; m < 2; m++) {
+        struct proc gw;
+        char routes[512];
+        snprintf(routes, sizeof routes, "routes:\n" REFUND_ROUTE "%s", modes[m]);
+        start_idem(&gw, routes, m ? "mismatch-wait.db" : "mismatch-reject.db");
+        long before = sys_stat(service.port, "executions");
+        struct bg_done first = {.post = {.port = gw.port, .headers = slow,
+                                         .body = m ? "{\"refund_no\":\"R-mm-w\",\"amount\":\"1.00\"}"
+                                                   : "{\"refund_no\":\"R-mm-r\",\"amount\":\"1.00\"}"}};
+        atomic_init(&first.done, 0);
+        pthread_create(&first.post.t, NULL, bg_done_main, &first);
+        sleep_ms(300);
+        struct sys_resp r;
+        sys_http(gw.port, "POST", "/refunds", NULL,
+                 m ? "{\"refund_no\":\"R-mm-w\",\"amount\":\"2.00\"}"
+                   : "{\"refund_no\":\"R-mm-r\",\"amount\":\"2.00\"}",
+                 5000, &r);
+        assert_int_equal(r.status, 422);
+        assert_non_null(strstr(r.m->body, "key_reused"));
+        sys_resp_free(&r);
+        /* Answered while the first was still at the upstream (1.5 s). */
+        assert_int_equal(atomic_load(&first.done), 0);
+        pthread_join(first.post.t, NULL);
+        assert_int_equal(first.post.resp.status, 201);
+        sys_resp_free(&first.post.resp);
+        assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+        assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    }
 }
 
 /* The daemon stands still (SIGSTOP) from before the upstream's answer came
@@ -2986,6 +3039,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigterm_drains),
         cmocka_unit_test(test_sigterm_past_timeout_abandons),
         cmocka_unit_test(test_answer_in_time_read_after_stall),
+        cmocka_unit_test(test_other_payload_in_flight_422),
         cmocka_unit_test(test_sigterm_with_claims_queued_on_writer),
         cmocka_unit_test(test_health_sees_failing_writes),
         cmocka_unit_test(test_answer_kept_after_store_failure),
