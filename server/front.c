@@ -444,7 +444,6 @@ static void process_input(struct conn *c)
 {
     struct evbuffer *in = bufferevent_get_input(c->bev);
     while (c->state == READING && evbuffer_get_length(in) > 0) {
-        int was_in_message = http_parser_in_message(&c->parser);
         /* Feed contiguous chunks without copying. */
         struct evbuffer_iovec v[8];
         int n = evbuffer_peek(in, -1, NULL, v, 8);
@@ -477,7 +476,11 @@ static void process_input(struct conn *c)
             dispatch(c, msg);
             return;
         }
-        if (!was_in_message && http_parser_in_message(&c->parser))
+        /* The head's deadline runs from the request's first byte, empty
+         * lines before it included: the parser skips those and is then out
+         * of a message again, and arming at each new start would let a
+         * client sending a CRLF now and then keep its connection for good. */
+        if (c->timer_is_request == 0 && total > 0)
             arm_timer(c, c->f->limits->header_timeout_ms, 1);
         if (c->timer_is_request == 1 && http_parser_in_body(&c->parser))
             arm_timer(c, c->f->limits->body_timeout_ms, 2);

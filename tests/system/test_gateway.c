@@ -2182,6 +2182,28 @@ static void read_until(int fd, char *buf, size_t cap, const char *want, int ms)
     }
 }
 
+/* Empty lines before a request line do not put header_timeout off: it runs
+ * from the first byte, so a client that sends a CRLF now and then, and never
+ * a request, is answered 408 and closed (600 ms here), not kept until
+ * idle_timeout (60 s). */
+static void test_empty_lines_no_reprieve(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, limit_routes, "crlf.db");
+    int fd;
+    open_idle_now(gw.port, &fd);
+    char buf[2048] = "";
+    for (int i = 0; i < 10 && !strstr(buf, "408"); i++) { /* 3 s: 5 header_timeouts */
+        (void)send(fd, "\r\n", 2, MSG_NOSIGNAL);
+        read_until(fd, buf, sizeof buf, "408", 300);
+    }
+    if (!strstr(buf, "HTTP/1.1 408"))
+        fail_msg("no 408 after 10 empty lines 300 ms apart: \"%s\"", buf);
+    close(fd);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* A client that sends "Expect: 100-continue" and waits before its body
  * (curl does for large bodies, for a second) is told to go on at once. */
 static void test_expect_continue(void **state)
@@ -3049,6 +3071,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_upstream_answer_too_large),
         cmocka_unit_test(test_limits_and_malformed),
         cmocka_unit_test(test_slow_client_cut_off),
+        cmocka_unit_test(test_empty_lines_no_reprieve),
         cmocka_unit_test(test_bad_config_refused),
         cmocka_unit_test(test_second_daemon_on_one_store_refused),
         cmocka_unit_test(test_sighup_reloads_routes),
