@@ -908,14 +908,17 @@ static void tick(struct gw *g)
 }
 
 /* A response to the client from an upstream answer (hop-by-hop removed). */
-static struct http_response *from_upstream(const struct http_msg *m)
+/* The upstream's answer m as the client's; head: it answers a HEAD, whose
+ * Content-Length (what GET would have) is passed on as the upstream gave it. */
+static struct http_response *from_upstream(const struct http_msg *m, int head)
 {
     struct http_response *r = response_new(m->status);
     if (!r)
         return NULL;
+    r->upstream_head = head;
     for (size_t i = 0; i < m->header_count; i++) {
         const char *n = m->headers[i].name;
-        if (http_is_hop_by_hop(m, n) || strcasecmp(n, "content-length") == 0)
+        if (http_is_hop_by_hop(m, n) || (!head && strcasecmp(n, "content-length") == 0))
             continue;
         if (response_add_header(r, n, m->headers[i].value)) {
             response_free(r);
@@ -1116,7 +1119,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     evtimer_del(g->timer);
     switch (ur) {
     case UPSTREAM_OK:
-        g->out = from_upstream(resp);
+        g->out = from_upstream(resp, strcmp(g->req->msg->method, "HEAD") == 0);
         if (resp->status >= 500 && !rt->on_5xx_store) {
             finish_record(g, FINISH_FAIL_RETRYABLE);
             break;
@@ -1398,7 +1401,8 @@ static void on_passed(void *arg, enum upstream_result ur, struct http_msg *resp,
 {
     struct pass *p = arg;
     p->req->on_abort = NULL;
-    pass_answer(p, ur == UPSTREAM_OK ? from_upstream(resp)
+    int head = strcmp(p->req->msg->method, "HEAD") == 0;
+    pass_answer(p, ur == UPSTREAM_OK ? from_upstream(resp, head)
                                      : problem(ur == UPSTREAM_TIMEOUT ? 504 : 502,
                                                "upstream_failed", "%s", detail));
     http_msg_free(resp);

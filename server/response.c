@@ -134,7 +134,7 @@ char *response_serialize(const struct http_response *r, int head_request, size_t
         p = put_field(p, r->headers[i].name, r->headers[i].value, "\r\n");
     /* 1xx, 204 and 304 carry no body and no Content-Length. */
     int bodiless = r->status < 200 || r->status == 204 || r->status == 304;
-    if (!bodiless) {
+    if (!bodiless && !(head_request && r->upstream_head)) {
         p = put(p, "Content-Length: ", 16);
         p = put_uint(p, r->body_len);
         p = put(p, "\r\n", 2);

@@ -17,6 +17,10 @@ struct http_response {
     char *body;                  /* owned */
     size_t body_len;
     int close;                   /* send Connection: close and close after */
+    int upstream_head;           /* an upstream's answer to HEAD, passed on: its
+                                    own Content-Length (the length GET would
+                                    have), if it gave one, is among the
+                                    headers, and no other is sent */
 };
 
 /* A new response with this status and no headers or body; NULL on OOM. */

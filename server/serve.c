@@ -164,7 +164,7 @@ static const struct route *route_spelt_otherwise(const struct server_config *cfg
     config_fold_path(path, mine, sizeof mine);
     for (size_t i = 0; i < cfg->route_count; i++) {
         const struct route *rt = &cfg->routes[i];
-        if (rt->method && strcasecmp(rt->method, m->method) != 0)
+        if (rt->method ? strcasecmp(rt->method, m->method) != 0 : strcmp(m->method, "HEAD") == 0)
             continue;
         if (config_path_match(rt->folded_path, rt->prefix, mine))
             return rt;
@@ -172,12 +172,14 @@ static const struct route *route_spelt_otherwise(const struct server_config *cfg
     return NULL;
 }
 
+/* A route without a method takes every method but HEAD, whose answer has
+ * no body to store or replay: a HEAD goes past such a route untouched. */
 static const struct route *match_route(const struct server_config *cfg, const struct http_msg *m,
                                        const char *path)
 {
     for (size_t i = 0; i < cfg->route_count; i++) {
         const struct route *rt = &cfg->routes[i];
-        if (rt->method && strcmp(rt->method, m->method) != 0)
+        if (rt->method ? strcmp(rt->method, m->method) != 0 : strcmp(m->method, "HEAD") == 0)
             continue;
         if (config_path_match(rt->path, rt->prefix, path))
             return rt;

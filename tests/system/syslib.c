@@ -214,6 +214,7 @@ static void http_raw(int port, const char *bytes, size_t len, int timeout_ms, in
     struct http_limits lim = {65536, 1000, 1 << 20, 64 << 20};
     struct http_parser p;
     http_parser_init(&p, HTTP_PARSE_RESPONSE, &lim);
+    p.response_to_head = len >= 5 && memcmp(bytes, "HEAD ", 5) == 0; /* no body follows */
     long long deadline = mono_ms() + timeout_ms;
     char buf[65536];
     for (;;) {
