@@ -14,6 +14,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include <strings.h>
 
 #include "put.h"
 #include "utf8.h"
@@ -178,10 +179,11 @@ static int object(struct scan *s, int depth, int matched)
             return 0;
         s->p++;
         skip_ws(s);
-        int next = matched >= 0 && matched < s->parts && s->part_len[matched] == len &&
-                           memcmp(s->part[matched], n, len) == 0
-                       ? matched + 1
-                       : -1;
+        int on_path = matched >= 0 && matched < s->parts && s->part_len[matched] == len;
+        if (on_path && memcmp(s->part[matched], n, len) != 0 &&
+            strncasecmp(s->part[matched], n, len) == 0)
+            return 0; /* the name in another case: the full parse says so */
+        int next = on_path && memcmp(s->part[matched], n, len) == 0 ? matched + 1 : -1;
         if (!value(s, depth + 1, next))
             return 0;
         int more = after_item(s, '}');

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "json_scan.h"
 #include "put.h"
@@ -112,6 +113,27 @@ static json_t *json_path(json_t *root, const char *name)
          part = strtok_r(NULL, ".", &save))
         v = json_is_object(v) ? json_object_get(v, part) : NULL;
     return v;
+}
+
+/* A member on the way to name ("payer.account") spelt in another case,
+ * or NULL: an upstream that reads JSON names whatever their case (ASP.NET
+ * Core's web defaults do) may take its value instead of the one at name. */
+static const char *json_path_alike(json_t *root, const char *name)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s", name);
+    json_t *v = root;
+    for (char *save = NULL, *part = strtok_r(path, ".", &save); part && json_is_object(v);
+         part = strtok_r(NULL, ".", &save)) {
+        const char *k;
+        json_t *x;
+        json_object_foreach(v, k, x) {
+            if (strcasecmp(k, part) == 0 && strcmp(k, part) != 0)
+                return k;
+        }
+        v = json_object_get(v, part);
+    }
+    return NULL;
 }
 
 int request_json_field(json_t *root, const char *name, char *out, size_t cap)
@@ -259,6 +281,17 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
                     status = bad(type, "key_missing", detail, dlen,
                                  "the key is the JSON field %s, and the body is not JSON: %s",
                                  kp->name, err.text);
+                    goto out;
+                }
+            }
+            {
+                const char *alike = json_path_alike(body, kp->name);
+                if (alike) {
+                    status = bad(type, "key_invalid", detail, dlen,
+                                 "the key is the JSON field %s, and the body also has a member "
+                                 "%s: an upstream that reads names whatever their case may "
+                                 "take either, so which value counts cannot be told",
+                                 kp->name, alike);
                     goto out;
                 }
             }

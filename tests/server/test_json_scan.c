@@ -84,6 +84,8 @@ static void test_leaves_the_rest_to_the_full_parse(void **state)
         "{\"id\":\"x\"",
         "{'id':'x'}",
         "{\"a\":[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]],\"id\":\"x\"}", /* deep */
+        "{\"id\":\"x\",\"ID\":\"y\"}",         /* the name in another case */
+        "{\"Id\":\"y\",\"id\":\"x\"}",
     };
     for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
         char out[766];

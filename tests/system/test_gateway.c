@@ -359,6 +359,11 @@ static void test_ambiguous_requests_refused(void **state)
     expect_refused(gw.port, "/refunds", alice,
                    "{\"refund_no\":\"R-a1\",\"refund_no\":\"R-a2\",\"amount\":\"1.00\"}",
                    "key_invalid");
+    /* The key's name in another case: an upstream reading names whatever
+     * their case (ASP.NET Core's web defaults) may take that value. */
+    expect_refused(gw.port, "/refunds", alice,
+                   "{\"refund_no\":\"R-c1\",\"Refund_No\":\"R-c2\",\"amount\":\"1.00\"}",
+                   "Refund_No");
     expect_refused(gw.port, "/refunds", two_subjects,
                    "{\"refund_no\":\"R-a3\",\"amount\":\"1.00\"}", "subject_invalid");
     /* JSON with a number past what Idem reads: not "not JSON", nor forwarded. */
