@@ -335,7 +335,7 @@ static void on_request(struct evhttp_request *req, void *arg)
     const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
     bool post = evhttp_request_get_command(req) == EVHTTP_REQ_POST;
     enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
-    bool get = cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD; /* HEAD: as GET, without the body */
+    bool get = cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD; /* HEAD: GET without a body */
     (void)arg;
     if (!path)
         path = "/";

@@ -907,9 +907,9 @@ static void tick(struct gw *g)
     evtimer_add(g->timer, &tv);
 }
 
-/* A response to the client from an upstream answer (hop-by-hop removed). */
-/* The upstream's answer m as the client's; head: it answers a HEAD, whose
- * Content-Length (what GET would have) is passed on as the upstream gave it. */
+/* A response to the client from an upstream answer m (hop-by-hop removed);
+ * head: m answers a HEAD, whose Content-Length (what GET would have) is
+ * passed on as the upstream gave it. */
 static struct http_response *from_upstream(const struct http_msg *m, int head)
 {
     struct http_response *r = response_new(m->status);
