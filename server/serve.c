@@ -670,7 +670,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     }
 }
 
-/* Each minute, every record whose retention has run out goes, PURGE_BATCH
+/* At start and each minute, every record whose retention has run out goes, PURGE_BATCH
  * at a time: each batch is one store call, so the requests' writes take
  * turns with it, never waiting behind one long delete. A stop (SIGTERM)
  * ends the round between batches. */
@@ -904,6 +904,7 @@ int serve_main(int argc, char **argv)
     event_add(s->sig_int, NULL);
     event_add(s->sig_hup, NULL);
     event_add(s->purge_timer, &minute);
+    on_purge(-1, EV_TIMEOUT, s); /* and once now: what expired while it was down */
     for (int i = 1; i < s->nloops; i++) {
         if (pthread_create(&s->loops[i].thread, NULL, loop_main, &s->loops[i]) != 0) {
             fprintf(stderr, "idem serve: cannot start the thread of event loop %d\n", i);

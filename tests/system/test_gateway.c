@@ -2229,6 +2229,53 @@ static void test_head_passed_through(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* Records past their retention are purged at start and each minute, all of
+ * them, however many (1000 per store call): 2500 expired records go in one
+ * round, a live one stays. */
+static long count_records(const char *db)
+{
+    sqlite3 *c = NULL;
+    sqlite3_stmt *st = NULL;
+    long n = -1;
+    if (sqlite3_open_v2(db, &c, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(c, "SELECT count(*) FROM idem_record", -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(c);
+    return n;
+}
+
+static void test_expired_records_purged(void **state)
+{
+    (void)state;
+    struct proc gw;
+    char db[4200];
+    snprintf(db, sizeof db, "%s/purge.db", dir);
+    start_idem(&gw, "routes:\n" REFUND_ROUTE, "purge.db"); /* makes the file */
+    post_expect(gw.port, "{\"refund_no\":\"R-live\",\"amount\":\"1.00\"}", 201, 0);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    sqlite3 *c;
+    assert_int_equal(sqlite3_open(db, &c), SQLITE_OK);
+    assert_int_equal(
+        sqlite3_exec(c,
+                     "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                     "WHERE i < 2500) INSERT INTO idem_record (space, key, state, epoch, owner, "
+                     "lease_until, created_ms, updated_ms, expires_ms) SELECT 'refund', "
+                     "'P-' || i, 'SUCCEEDED', 1, 'o', 0, 1, 1, 1 FROM n",
+                     NULL, NULL, NULL),
+        SQLITE_OK);
+    sqlite3_close(c);
+    assert_int_equal(count_records(db), 2501);
+    start_idem(&gw, "routes:\n" REFUND_ROUTE, "purge.db");
+    long n = -1;
+    for (int i = 0; i < 100 && (n = count_records(db)) != 1; i++)
+        sleep_ms(100);
+    assert_int_equal(n, 1);
+    post_expect(gw.port, "{\"refund_no\":\"R-live\",\"amount\":\"1.00\"}", 201, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* Empty lines before a request line do not put header_timeout off: it runs
  * from the first byte, so a client that sends a CRLF now and then, and never
  * a request, is answered 408 and closed (600 ms here), not kept until
@@ -3120,6 +3167,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_slow_client_cut_off),
         cmocka_unit_test(test_empty_lines_no_reprieve),
         cmocka_unit_test(test_head_passed_through),
+        cmocka_unit_test(test_expired_records_purged),
         cmocka_unit_test(test_bad_config_refused),
         cmocka_unit_test(test_second_daemon_on_one_store_refused),
         cmocka_unit_test(test_sighup_reloads_routes),
