@@ -760,7 +760,7 @@ static void head_over_limits_too_big(void **state)
                       d.detail);
         http_msg_free(d.resp);
     }
-    /* One field of nearly the whole byte limit, then over it. */
+    /* One field that takes the head past the byte limit. */
     size_t n = (size_t)snprintf(a, cap, "HTTP/1.1 201 Created\r\nContent-Length: 2\r\nX-Big: ");
     memset(a + n, 'v', UPSTREAM_HEAD_BYTES_MAX + 100);
     snprintf(a + n + UPSTREAM_HEAD_BYTES_MAX + 100, cap - n - UPSTREAM_HEAD_BYTES_MAX - 100,
