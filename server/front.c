@@ -844,7 +844,8 @@ static int listeners_overlap(struct evconnlistener *x, struct evconnlistener *y)
            (address_is_any(&b) && wildcard_covers(y, &b, x, &a));
 }
 
-int front_address_free(const char *host, int port, char *err, size_t errlen)
+/* host:port's first address to listen on, or NULL with err filled. */
+static struct addrinfo *listen_address(const char *host, int port, char *err, size_t errlen)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
@@ -854,14 +855,22 @@ int front_address_free(const char *host, int port, char *err, size_t errlen)
     int gai = getaddrinfo(host, ports, &hints, &ai);
     if (gai != 0) {
         snprintf(err, errlen, "%s:%d: %s", host, port, gai_strerror(gai));
-        return -1;
+        return NULL;
     }
+    return ai;
+}
+
+int front_address_free(const char *host, int port, char *err, size_t errlen)
+{
+    struct addrinfo *ai = listen_address(host, port, err, errlen);
+    if (!ai)
+        return -1;
     /* Without SO_REUSEPORT, a bind fails where anyone listens (SO_REUSEADDR
      * only passes over connections of an earlier process in TIME_WAIT). */
     int rc = 0, one = 1;
     int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-                    bind(fd, ai->ai_addr, ai->ai_addrlen) != 0)) {
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
         rc = -1;
         if (errno == EADDRINUSE)
             snprintf(err, errlen, "%s:%d: in use by another process (a second idem serve? "
@@ -879,16 +888,9 @@ int front_address_free(const char *host, int port, char *err, size_t errlen)
 int front_listen(struct front *f, const char *host, int port, int admin, char *err,
                  size_t errlen)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
-                    *ai = NULL;
-    char ports[16];
-    snprintf(ports, sizeof ports, "%d", port);
-    int gai = getaddrinfo(host, ports, &hints, &ai);
-    if (gai != 0) {
-        snprintf(err, errlen, "%s:%d: %s", host, port, gai_strerror(gai));
+    struct addrinfo *ai = listen_address(host, port, err, errlen);
+    if (!ai)
         return -1;
-    }
     struct evconnlistener *l = evconnlistener_new_bind(
         f->base, on_accept, f,
         LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_REUSEABLE_PORT |

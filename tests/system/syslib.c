@@ -336,6 +336,19 @@ void sys_http(int port, const char *method, const char *target, const char *cons
     free(req);
 }
 
+void sys_issue_token(int port, const char *subject, char *th, size_t cap)
+{
+    struct sys_resp r;
+    char sh[96];
+    snprintf(sh, sizeof sh, "X-Subject: %s", subject ? subject : "");
+    const char *h[] = {sh, NULL};
+    sys_http(port, "POST", "/_idem/v1/tokens", subject ? h : NULL,
+             "{\"scene\":\"refund\",\"ttl_ms\":60000}", 5000, &r);
+    assert_int_equal(r.status, 201);
+    snprintf(th, cap, "Idem-Token: %.32s", strstr(r.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&r);
+}
+
 void sys_resp_free(struct sys_resp *r)
 {
     http_msg_free(r->m);

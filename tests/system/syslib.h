@@ -81,6 +81,11 @@ void sys_resp_free(struct sys_resp *r);
 /* A header of the response, or NULL. */
 const char *sys_header(const struct sys_resp *r, const char *name);
 
+/* Issue a refund-scene token on idem serve's JSON API for subject (the
+ * X-Subject header; NULL: none) and put its "Idem-Token: ..." header line
+ * in th. */
+void sys_issue_token(int port, const char *subject, char *th, size_t cap);
+
 /* The refund service's GET /stats field (executions, refunds, payments...). */
 long sys_stat(int upstream_port, const char *field);
 

@@ -111,15 +111,15 @@ static void post_until(int port, const char *path, const char *body, int status,
     fail_msg("POST %s: still %d after 10 s", path, last);
 }
 
-/* The refund route with both record and lock layers, which every
- * configuration here starts with. */
-#define LOCKED_REFUND_ROUTE                                                    \
+/* The refund route's first lines, which every configuration here starts
+ * with; most add both record and lock layers. */
+#define REFUND_ROUTE                                                           \
     "routes:\n"                                                               \
     "  - name: refund\n"                                                      \
     "    match: { method: POST, path: /refunds }\n"                           \
     "    upstream: @UP@\n"                                                    \
-    "    key: { json: refund_no }\n"                                          \
-    "    layers: [lock, record]\n"
+    "    key: { json: refund_no }\n"
+#define LOCKED_REFUND_ROUTE REFUND_ROUTE "    layers: [lock, record]\n"
 
 static const char wait_routes[] =
     LOCKED_REFUND_ROUTE
@@ -351,18 +351,6 @@ static void *bg_post_main(void *arg)
     return NULL;
 }
 
-/* Issue a refund-scene token (no subject) and put its "Idem-Token: ..."
- * header line in th. */
-static void issue_token(int port, char *th, size_t cap)
-{
-    struct sys_resp r;
-    sys_http(port, "POST", "/_idem/v1/tokens", NULL, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
-             5000, &r);
-    assert_int_equal(r.status, 201);
-    snprintf(th, cap, "Idem-Token: %.32s", strstr(r.m->body, "\"token\":\"") + 9);
-    sys_resp_free(&r);
-}
-
 /* Redis stopped while a request holds a token: its upstream's 5xx cannot
  * give the token back, and the give-back was never sent, so the token stays
  * spent on the key and the record is released at once; with on_redis_down:
@@ -372,11 +360,7 @@ static void test_give_back_never_sent_releases(void **state)
 {
     (void)state;
     static const char routes[] =
-        "routes:\n"
-        "  - name: refund\n"
-        "    match: { method: POST, path: /refunds }\n"
-        "    upstream: @UP@\n"
-        "    key: { json: refund_no }\n"
+        REFUND_ROUTE
         "    layers: [token, record]\n"
         "    in_flight: reject\n"
         "    lease: 30s\n";
@@ -385,7 +369,7 @@ static void test_give_back_never_sent_releases(void **state)
     long before = sys_stat(service.port, "executions");
     struct sys_resp r;
     char th[128];
-    issue_token(a.port, th, sizeof th);
+    sys_issue_token(a.port, NULL, th, sizeof th);
     const char *failing[] = {th, "X-Fail: 500", "X-Delay-Ms: 1500", NULL};
     const char *plain[] = {th, NULL};
     struct bg_post pa = {.port = a.port, .headers = failing,
@@ -412,11 +396,7 @@ static void test_give_back_unanswered_holds(void **state)
 {
     (void)state;
     static const char routes[] =
-        "routes:\n"
-        "  - name: refund\n"
-        "    match: { method: POST, path: /refunds }\n"
-        "    upstream: @UP@\n"
-        "    key: { json: refund_no }\n"
+        REFUND_ROUTE
         "    layers: [token, record]\n"
         "    in_flight: reject\n"
         "    lease: 30s\n";
@@ -424,7 +404,7 @@ static void test_give_back_unanswered_holds(void **state)
     start_idem(&a, routes);
     long before = sys_stat(service.port, "executions");
     char th[128];
-    issue_token(a.port, th, sizeof th);
+    sys_issue_token(a.port, NULL, th, sizeof th);
     const char *failing[] = {th, "X-Fail: 500", "X-Delay-Ms: 1000", NULL};
     const char *plain[] = {th, NULL};
     struct bg_post pa = {.port = a.port, .headers = failing,
@@ -511,11 +491,7 @@ static void test_taken_over_spender_keeps_token(void **state)
 {
     (void)state;
     static const char routes[] =
-        "routes:\n"
-        "  - name: refund\n"
-        "    match: { method: POST, path: /refunds }\n"
-        "    upstream: @UP@\n"
-        "    key: { json: refund_no }\n"
+        REFUND_ROUTE
         "    layers: [token, lock, record]\n"
         "    in_flight: wait\n"
         "    wait_timeout: 10s\n"
@@ -527,7 +503,7 @@ static void test_taken_over_spender_keeps_token(void **state)
     long before = sys_stat(service.port, "executions");
     struct sys_resp r;
     char th[128];
-    issue_token(b.port, th, sizeof th);
+    sys_issue_token(b.port, NULL, th, sizeof th);
     const char *failing[] = {th, "X-Fail: 500", "X-Delay-Ms: 2500", NULL};
     const char *plain[] = {th, NULL};
     struct bg_post pa = {.port = a.port, .headers = failing,

@@ -561,21 +561,6 @@ static void test_subject_scope(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
-/* Issue a refund-scene token for subject (the X-Subject header) and put its
- * "Idem-Token: ..." header line in th. */
-static void issue_token(int port, const char *subject, char *th, size_t cap)
-{
-    struct sys_resp tok;
-    char sh[96];
-    snprintf(sh, sizeof sh, "X-Subject: %s", subject);
-    const char *h[] = {sh, NULL};
-    sys_http(port, "POST", "/_idem/v1/tokens", h, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
-             5000, &tok);
-    assert_int_equal(tok.status, 201);
-    snprintf(th, cap, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
-    sys_resp_free(&tok);
-}
-
 static void test_token_flow(void **state)
 {
     (void)state;
@@ -584,7 +569,7 @@ static void test_token_flow(void **state)
     long before = sys_stat(service.port, "executions");
     struct sys_resp r;
     char th[128];
-    issue_token(gw.port, "carol", th, sizeof th);
+    sys_issue_token(gw.port, "carol", th, sizeof th);
     const char *h[] = {"X-Subject: carol", th, "X-Delay-Ms: 200", NULL};
     /* A double submit with one token: one execution. */
     struct storm *s = calloc(1, sizeof *s);
@@ -694,7 +679,7 @@ static void test_token_subject_checked(void **state)
     start_idem(&gw, "routes:\n" REFUND_ROUTE "    layers: [token, record]\n", "tokensubj.db");
     long before = sys_stat(service.port, "executions");
     char th[128], long_subject[320];
-    issue_token(gw.port, "frank", th, sizeof th);
+    sys_issue_token(gw.port, "frank", th, sizeof th);
     memset(long_subject, 0, sizeof long_subject);
     memcpy(long_subject, "X-Subject: ", 11);
     memset(long_subject + 11, 'f', 300);
@@ -753,7 +738,7 @@ static void test_one_token_one_key_under_resubmits(void **state)
                "resubmits.db");
     long before = sys_stat(service.port, "executions");
     char th[128];
-    issue_token(gw.port, "gina", th, sizeof th);
+    sys_issue_token(gw.port, "gina", th, sizeof th);
     const char *failing[] = {"X-Subject: gina", th, "X-Fail: 500", "X-Delay-Ms: 300", NULL};
     const char *slow[] = {"X-Subject: gina", th, "X-Delay-Ms: 800", NULL};
     const char *plain[] = {"X-Subject: gina", th, NULL};
@@ -802,10 +787,10 @@ static void test_tokens_per_scene(void **state)
     snprintf(cfg, sizeof cfg, "limits:\n  tokens_per_scene: 20\n%s", token_routes);
     start_idem(&gw, cfg, "tokens20.db");
     char first[128], second[128], th[128];
-    issue_token(gw.port, "erin", first, sizeof first);
-    issue_token(gw.port, "erin", second, sizeof second);
+    sys_issue_token(gw.port, "erin", first, sizeof first);
+    sys_issue_token(gw.port, "erin", second, sizeof second);
     for (int i = 2; i < 20; i++)
-        issue_token(gw.port, "erin", th, sizeof th);
+        sys_issue_token(gw.port, "erin", th, sizeof th);
     const char *h[] = {"X-Subject: erin", first, NULL};
     struct sys_resp r;
     sys_http(gw.port, "POST", "/refunds", h, "{\"refund_no\":\"R-tokens20\",\"amount\":\"1.00\"}",
@@ -813,8 +798,8 @@ static void test_tokens_per_scene(void **state)
     assert_int_equal(r.status, 201);
     sys_resp_free(&r);
     /* 19 unspent left: two more, and the oldest, the second, is gone. */
-    issue_token(gw.port, "erin", th, sizeof th);
-    issue_token(gw.port, "erin", th, sizeof th);
+    sys_issue_token(gw.port, "erin", th, sizeof th);
+    sys_issue_token(gw.port, "erin", th, sizeof th);
     const char *h2[] = {"X-Subject: erin", second, NULL};
     sys_http(gw.port, "POST", "/refunds", h2, "{\"refund_no\":\"R-tokens20-2\",\"amount\":\"1.00\"}",
              5000, &r);
@@ -836,7 +821,7 @@ static void test_token_given_back_under_a_waiting_retry(void **state)
     long before = sys_stat(service.port, "executions");
     struct sys_resp r;
     char th[128];
-    issue_token(gw.port, "dave", th, sizeof th);
+    sys_issue_token(gw.port, "dave", th, sizeof th);
     const char *failing[] = {"X-Subject: dave", th, "X-Fail: 500", "X-Delay-Ms: 1000", NULL};
     const char *plain[] = {"X-Subject: dave", th, NULL};
     const char *body = "{\"refund_no\":\"R-giveback\",\"amount\":\"4.00\"}";
