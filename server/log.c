@@ -1,14 +1,78 @@
-/* log.c — timestamped log lines on stderr (daemon). */
+/* log.c — timestamped log lines on stderr (daemon).
+ *
+ * Much of what a line says comes from clients: keys, subjects, paths, a
+ * route's upstream's words. A line is escaped whole as it is written, so no
+ * caller can forget to: a control character, a byte that is not UTF-8, or a
+ * character that moves or hides text on a terminal or in a log viewer (C1
+ * controls such as U+0085 NEL and U+009B CSI, the line and paragraph
+ * separators U+2028 and U+2029, the bidirectional overrides such as U+202E)
+ * is written as an escape, and a backslash as two, so that every line read
+ * back is one line and says what was sent. */
 #include "log.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "utf8.h"
+
+/* A code point a reader must not see as such. */
+static int hidden(uint32_t v)
+{
+    return (v >= 0x80 && v <= 0x9f) || v == 0x61c || v == 0x200e || v == 0x200f ||
+           (v >= 0x2028 && v <= 0x202e) || (v >= 0x2066 && v <= 0x2069) || v == 0xfeff;
+}
+
+static uint32_t decode(const unsigned char *p, size_t n)
+{
+    uint32_t v = n == 2 ? p[0] & 0x1fu : n == 3 ? p[0] & 0x0fu : p[0] & 0x07u;
+    for (size_t i = 1; i < n; i++)
+        v = v << 6 | (p[i] & 0x3fu);
+    return v;
+}
+
+size_t log_escape(const char *in, size_t n, char *out, size_t cap)
+{
+    const unsigned char *p = (const unsigned char *)in, *end = p + n;
+    size_t o = 0;
+    if (cap == 0)
+        return 0;
+    while (p < end) {
+        char esc[16];
+        size_t len = 1, elen = 0;
+        const unsigned char *copy = p;
+        if (*p == '\\') {
+            esc[0] = esc[1] = '\\';
+            elen = 2;
+        } else if (*p < 0x20 || *p == 0x7f) {
+            elen = (size_t)snprintf(esc, sizeof esc, "\\x%02x", *p);
+        } else if (*p >= 0x80) {
+            len = utf8_seq_len(p, end);
+            if (len == 0) {
+                len = 1;
+                elen = (size_t)snprintf(esc, sizeof esc, "\\x%02x", *p);
+            } else if (hidden(decode(p, len))) {
+                elen = (size_t)snprintf(esc, sizeof esc, "\\u%04x", (unsigned)decode(p, len));
+            }
+        }
+        const void *src = elen ? (const void *)esc : (const void *)copy;
+        size_t sn = elen ? elen : len;
+        if (o + sn >= cap)
+            break; /* cut between characters, never inside one */
+        for (size_t i = 0; i < sn; i++)
+            out[o + i] = ((const char *)src)[i];
+        o += sn;
+        p += len;
+    }
+    out[o] = '\0';
+    return o;
+}
+
 void daemon_log(const char *fmt, ...)
 {
-    char line[1024];
+    char msg[1024], line[1200];
     struct timespec ts;
     struct tm tm;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -17,9 +81,10 @@ void daemon_log(const char *fmt, ...)
     n += (size_t)snprintf(line + n, sizeof line - n, ".%03ldZ idem: ", ts.tv_nsec / 1000000);
     va_list ap;
     va_start(ap, fmt);
-    int m = vsnprintf(line + n, sizeof line - n - 1, fmt, ap);
+    int m = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    n = m < 0 ? n : n + (size_t)m < sizeof line - 1 ? n + (size_t)m : sizeof line - 2;
+    size_t mlen = m < 0 ? 0 : (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
+    n += log_escape(msg, mlen, line + n, sizeof line - n - 1);
     line[n++] = '\n';
     ssize_t w = write(2, line, n);
     (void)w;

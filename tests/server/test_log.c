@@ -1,0 +1,59 @@
+/*
+ * test_log.c — the daemon's log escapes what clients control
+ * (server/log.c): nothing a key, subject or path holds can end a line,
+ * forge one, or hide or reorder text in a terminal or a log viewer.
+ */
+#include <string.h>
+
+#include "log.h"
+#include "testlib.h"
+
+static void expect(const char *in, const char *want)
+{
+    char out[256];
+    size_t n = log_escape(in, strlen(in), out, sizeof out);
+    assert_string_equal(out, want);
+    assert_int_equal(n, strlen(want));
+}
+
+static void test_controls_and_separators_escaped(void **state)
+{
+    (void)state;
+    expect("R-1", "R-1");
+    expect("caf\xc3\xa9 \xe4\xb8\xad", "caf\xc3\xa9 \xe4\xb8\xad"); /* text stays text */
+    expect("a\nb\r\x1b[2Jc\x7f", "a\\x0ab\\x0d\\x1b[2Jc\\x7f");
+    expect("K\xc2\x85" "forged", "K\\u0085forged");        /* NEL */
+    expect("K\xc2\x9b" "31m", "K\\u009b31m");              /* CSI */
+    expect("K\xe2\x80\xa8" "x", "K\\u2028x");              /* LINE SEPARATOR */
+    expect("K\xe2\x80\xa9" "x", "K\\u2029x");              /* PARAGRAPH SEPARATOR */
+    expect("K\xe2\x80\xae" "gnp.exe", "K\\u202egnp.exe");  /* RIGHT-TO-LEFT OVERRIDE */
+    expect("K\xe2\x81\xa6" "x", "K\\u2066x");              /* LEFT-TO-RIGHT ISOLATE */
+    expect("\xef\xbb\xbfK", "\\ufeffK");
+    /* Bytes that are not UTF-8, and the backslash itself: an escape read
+     * back is always one that was made here. */
+    expect("\xff\xc0\xaf", "\\xff\\xc0\\xaf");
+    expect("\xe2\x80", "\\xe2\\x80");
+    expect("a\\x0ab", "a\\\\x0ab");
+}
+
+static void test_cut_between_characters(void **state)
+{
+    (void)state;
+    char out[8];
+    /* "ab" then an escape of 6 that does not fit in the 5 left. */
+    assert_int_equal(log_escape("ab\xc2\x85zz", 6, out, sizeof out), 2);
+    assert_string_equal(out, "ab");
+    assert_int_equal(log_escape("abc\xc3\xa9x", 6, out, 6), 5);
+    assert_string_equal(out, "abc\xc3\xa9");
+    assert_int_equal(log_escape("abc\xc3\xa9x", 6, out, 5), 3); /* é would not fit whole */
+    assert_string_equal(out, "abc");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_controls_and_separators_escaped),
+        cmocka_unit_test(test_cut_between_characters),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
