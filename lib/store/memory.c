@@ -7,7 +7,12 @@
  * so every operation takes exactly one mutex and never two. Entries expire by
  * the handle's clock; expired entries are dropped when touched, a few at a
  * time from the oldest end of each shard's age list on every insert, and all
- * at once when the store reaches its capacity.
+ * at once when the store reaches its capacity. That sweep walks everything
+ * held, so it is not made again while nothing can have expired since: the
+ * store keeps a bound below which no entry expires (the sweep's soonest
+ * survivor, lowered by every expiry set after it), and an insert that finds
+ * the store full before that time is refused at once. A client filling the
+ * table costs each refusal microseconds, not a walk over a million entries.
  *
  * Fencing tokens come from one counter shared by all spaces: a sequence that
  * is strictly increasing overall is strictly increasing within each space. It
@@ -88,6 +93,8 @@ struct memory {
     struct shard shards[NSHARDS];
     size_t tokens_max, locks_max;
     atomic_size_t ntokens, nlocks;
+    /* No token (lock) held expires before this: see the top of the file. */
+    _Atomic int64_t tok_soonest, lock_soonest;
     atomic_uint_fast64_t fence;
 };
 
@@ -166,7 +173,20 @@ static void tok_drop(struct memory *m, struct shard *sh, struct tok *t)
     atomic_fetch_sub(&m->ntokens, 1);
 }
 
-static void tok_sweep(struct memory *m, struct shard *sh, int64_t now, size_t max)
+/* bound lowered to at most expires. */
+static void lower(_Atomic int64_t *bound, int64_t expires)
+{
+    int64_t was = atomic_load_explicit(bound, memory_order_relaxed);
+    while (expires < was &&
+           !atomic_compare_exchange_weak_explicit(bound, &was, expires, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
+
+/* Drops up to max expired tokens of sh from the oldest end; with soonest,
+ * walks them all and lowers *soonest to the first expiry of those left. */
+static void tok_sweep(struct memory *m, struct shard *sh, int64_t now, size_t max,
+                      int64_t *soonest)
 {
     struct age *a = sh->tok_age.next, *next;
     for (; a != &sh->tok_age && max; a = next, max--) {
@@ -174,25 +194,33 @@ static void tok_sweep(struct memory *m, struct shard *sh, int64_t now, size_t ma
         struct tok *t = CONTAINER(a, struct tok, age);
         if (t->expires <= now)
             tok_drop(m, sh, t);
+        else if (soonest && t->expires < *soonest)
+            *soonest = t->expires;
     }
 }
 
 /* Reserve room for one more entry in a store-wide count, sweeping every
- * shard once when the store is full. */
+ * shard once when the store is full and something may have expired (now
+ * at or past *soonest). The sweep's soonest survivor becomes the bound,
+ * unless an expiry set meanwhile lowered it (then that one stands). */
 static int reserve(struct memory *m, atomic_size_t *count, size_t max,
-                   void (*sweep)(struct memory *, struct shard *, int64_t, size_t),
-                   int64_t now)
+                   void (*sweep)(struct memory *, struct shard *, int64_t, size_t, int64_t *),
+                   _Atomic int64_t *soonest, int64_t now)
 {
     for (int pass = 0; pass < 2; pass++) {
         if (atomic_fetch_add(count, 1) < max)
             return 1;
         atomic_fetch_sub(count, 1);
-        if (pass == 0)
-            for (int i = 0; i < NSHARDS; i++) {
-                pthread_mutex_lock(&m->shards[i].mu);
-                sweep(m, &m->shards[i], now, (size_t)-1);
-                pthread_mutex_unlock(&m->shards[i].mu);
-            }
+        int64_t was = atomic_load(soonest);
+        if (pass == 1 || now < was)
+            break;
+        int64_t first = INT64_MAX;
+        for (int i = 0; i < NSHARDS; i++) {
+            pthread_mutex_lock(&m->shards[i].mu);
+            sweep(m, &m->shards[i], now, (size_t)-1, &first);
+            pthread_mutex_unlock(&m->shards[i].mu);
+        }
+        atomic_compare_exchange_strong(soonest, &was, first);
     }
     return 0;
 }
@@ -207,7 +235,7 @@ static idem_rc token_put(void *kv, const char *subject, const char *scene,
     size_t sublen = strlen(subject), scenelen = strlen(scene);
     idem_rc rc = IDEM_OK;
 
-    if (!reserve(m, &m->ntokens, m->tokens_max, tok_sweep, now))
+    if (!reserve(m, &m->ntokens, m->tokens_max, tok_sweep, &m->tok_soonest, now))
         return idem__fail(IDEM_EFULL, "tokens: %zu held, the limit", m->tokens_max);
     struct tok *t = idem__calloc(1, sizeof *t);
     struct slot *fresh = idem__malloc(sizeof *fresh + sublen + scenelen + 2);
@@ -219,9 +247,10 @@ static idem_rc token_put(void *kv, const char *subject, const char *scene,
     t->node.hash = idem__hash2(token, "");
     t->ttl = ttl_ms;
     t->expires = t->issued_until = now + ttl_ms;
+    lower(&m->tok_soonest, t->expires);
 
     pthread_mutex_lock(&sh->mu);
-    tok_sweep(m, sh, now, SWEEP_ON_INSERT);
+    tok_sweep(m, sh, now, SWEEP_ON_INSERT, NULL);
     struct slot_key k = {subject, scene};
     struct idem__hnode **link = idem__htab_find(&sh->slots, sh_hash, slot_eq, &k);
     struct slot *s;
@@ -309,6 +338,7 @@ static idem_rc token_consume(void *kv, const char *subject, const char *scene,
         t->spent_key = copy;
         copy = NULL;
         t->expires = now + t->ttl;
+        lower(&m->tok_soonest, t->expires);
         age_unlink(&t->age);
         age_push(&sh->tok_age, &t->age);
         *out = IDEM_CONSUMED;
@@ -334,6 +364,7 @@ static idem_rc token_give_back(void *kv, const char *subject, const char *scene,
         idem__free(t->spent_key);
         t->spent_key = NULL;
         t->expires = t->issued_until;
+        lower(&m->tok_soonest, t->expires);
         slot_push_tok(t->slot, t);
         *out = IDEM_RESTORED;
     }
@@ -363,7 +394,8 @@ static void lock_drop(struct memory *m, struct shard *sh, struct idem__hnode **l
     atomic_fetch_sub(&m->nlocks, 1);
 }
 
-static void lock_sweep(struct memory *m, struct shard *sh, int64_t now, size_t max)
+static void lock_sweep(struct memory *m, struct shard *sh, int64_t now, size_t max,
+                       int64_t *soonest)
 {
     struct age *a = sh->lock_age.next, *next;
     for (; a != &sh->lock_age && max; a = next, max--) {
@@ -372,6 +404,8 @@ static void lock_sweep(struct memory *m, struct shard *sh, int64_t now, size_t m
         if (l->expires <= now) {
             struct lock_key k = {l->space, l->key};
             lock_drop(m, sh, idem__htab_find(&sh->locks, l->node.hash, lock_eq, &k));
+        } else if (soonest && l->expires < *soonest) {
+            *soonest = l->expires;
         }
     }
 }
@@ -412,6 +446,7 @@ static idem_rc lock_acquire(void *kv, const char *space, const char *key,
         struct lk *l = CONTAINER(*link, struct lk, node);
         if (strcmp(l->owner, owner) == 0) {
             l->expires = now + ttl_ms;
+            lower(&m->lock_soonest, l->expires);
             *out = IDEM_ACQUIRED;
             if (info) {
                 info->fence = l->fence;
@@ -432,7 +467,7 @@ static idem_rc lock_acquire(void *kv, const char *space, const char *key,
     }
     pthread_mutex_unlock(&sh->mu);
 
-    if (!reserve(m, &m->nlocks, m->locks_max, lock_sweep, now)) {
+    if (!reserve(m, &m->nlocks, m->locks_max, lock_sweep, &m->lock_soonest, now)) {
         idem__free(fresh);
         return idem__fail(IDEM_EFULL, "locks: %zu held, the limit", m->locks_max);
     }
@@ -443,6 +478,7 @@ static idem_rc lock_acquire(void *kv, const char *space, const char *key,
     memcpy(fresh->owner, owner, ol + 1);
     fresh->node.hash = hash;
     fresh->expires = now + ttl_ms;
+    lower(&m->lock_soonest, fresh->expires);
 
     /* The mutex was dropped for the reservation: look again. */
     link = lock_find(m, space, key, now, &sh, &hash);
@@ -452,7 +488,7 @@ static idem_rc lock_acquire(void *kv, const char *space, const char *key,
         idem__free(fresh);
         return lock_acquire(kv, space, key, owner, ttl_ms, now, out, info);
     }
-    lock_sweep(m, sh, now, SWEEP_ON_INSERT);
+    lock_sweep(m, sh, now, SWEEP_ON_INSERT, NULL);
     fresh->fence = atomic_fetch_add(&m->fence, 1) + 1;
     idem__htab_insert(&sh->locks, &fresh->node);
     age_push(&sh->lock_age, &fresh->age);
@@ -479,6 +515,7 @@ static idem_rc lock_renew(void *kv, const char *space, const char *key,
         struct lk *l = CONTAINER(*link, struct lk, node);
         if (strcmp(l->owner, owner) == 0) {
             l->expires = now + ttl_ms;
+            lower(&m->lock_soonest, l->expires);
             *out = IDEM_RENEWED;
         }
     }
@@ -547,6 +584,8 @@ idem_rc idem__memory_open(const idem_options *o, const struct idem__kv_ops **ops
         return idem__fail(IDEM_ENOMEM, "memory store: allocating");
     m->tokens_max = o->tokens_max;
     m->locks_max = o->locks_max;
+    atomic_init(&m->tok_soonest, INT64_MAX);
+    atomic_init(&m->lock_soonest, INT64_MAX);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     atomic_init(&m->fence, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec);

@@ -1311,6 +1311,59 @@ static void test_token_cap_per_scene(void **state)
     assert_outcome(o, IDEM_CONSUMED);
 }
 
+/* The embedded store's token table full: an issue is refused (EFULL)
+ * while nothing held can have expired, and takes the room of one that has
+ * as soon as the clock passes its TTL; a token spent or given back with a
+ * shorter life than what was swept counts too. Locks alike. */
+static void test_kv_full(void **state)
+{
+    (void)state;
+    if (is_redis())
+        skip(); /* Redis's own memory limit applies there */
+    idem_options o;
+    idem_options_init(&o);
+    store_options(&o, 1);
+    o.clock = test_clock;
+    o.tokens_max = 200;
+    o.locks_max = 200;
+    idem *h = open_with(&o);
+    char tok[IDEM_TOKEN_LEN + 1], subject[32];
+    idem_outcome out;
+    for (int i = 0; i < 200; i++) {
+        snprintf(subject, sizeof subject, "s-%d", i);
+        assert_idem_ok(idem_token_issue(h, subject, "form", i < 100 ? 60000 : 600000, tok));
+    }
+    for (int i = 0; i < 1000; i++)
+        assert_int_equal(idem_token_issue(h, "other", "form", 60000, tok), IDEM_EFULL);
+    /* A token issued later with a shorter life lowers the bound: the sweep
+     * must not wait for the first ones' minute. */
+    test_clock_advance(59000);
+    assert_int_equal(idem_token_issue(h, "other", "form", 60000, tok), IDEM_EFULL);
+    test_clock_advance(1001); /* the first 100 are gone */
+    for (int i = 0; i < 100; i++) {
+        snprintf(subject, sizeof subject, "t-%d", i);
+        assert_idem_ok(idem_token_issue(h, subject, "form", 1000, tok));
+    }
+    assert_int_equal(idem_token_issue(h, "other", "form", 60000, tok), IDEM_EFULL);
+    test_clock_advance(1000); /* those 100 of a second are gone too */
+    assert_idem_ok(idem_token_issue(h, "other", "form", 60000, tok));
+    /* Locks: the same bound, lowered by a renewal that shortens one. */
+    idem_lock_info info;
+    char key[32];
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof key, "k-%d", i);
+        assert_idem_ok(idem_lock_acquire(h, "acct", key, "w", 60000, &out, &info));
+        assert_outcome(out, IDEM_ACQUIRED);
+    }
+    assert_int_equal(idem_lock_acquire(h, "acct", "more", "w", 60000, &out, &info), IDEM_EFULL);
+    assert_idem_ok(idem_lock_renew(h, "acct", "k-7", "w", 10, &out));
+    assert_int_equal(idem_lock_acquire(h, "acct", "more", "w", 60000, &out, &info), IDEM_EFULL);
+    test_clock_advance(11);
+    assert_idem_ok(idem_lock_acquire(h, "acct", "more", "w", 60000, &out, &info));
+    assert_outcome(out, IDEM_ACQUIRED);
+    idem_close(h);
+}
+
 static void test_token_bad_input(void **state)
 {
     idem *h = *state;
@@ -2013,6 +2066,7 @@ int main(int argc, char **argv)
         T(test_token_storm),
         T(test_token_give_back_and_expiry),
         T(test_token_cap_per_scene),
+        T(test_kv_full),
         T(test_token_bad_input),
         T(test_lock_counter),
         T(test_lock_owner_rules),
