@@ -106,6 +106,10 @@ fi
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/idem-gw.XXXXXX")
+# The admin listener's key for the health counters: made for this run.
+IDEM_BENCH_KEY=$(openssl rand -hex 32)
+export IDEM_BENCH_KEY
+declare -A admin_socket # by idem's main port
 pgids=() # process groups we started (each server is a session leader)
 stop_group() { # pgid: TERM, wait up to 10 s, then KILL
     local g=$1 i
@@ -292,8 +296,10 @@ start_idem() {
             storage="{ kind: distributed, redis: $(yaml_quote "$redis_url"), postgres: $(yaml_quote "$pg_url") }"
         fi
         sed -e "s|@PORT@|$idem_port|" -e "s|@STORAGE@|$(sed_repl "$storage")|" -e "s|@WORKERS@|$idem_workers|" \
+            -e "s|@DIR@|$(sed_repl "$d")|" \
             -e "s|@UPSTREAM_PORT@|$upstream_port|" -e "s|@LAYERS@|$layers|" \
             bench/gateway/idem.yaml.in >"$d/idem.yaml"
+        admin_socket[$idem_port]=$d/idem-admin.sock
         start_bg "$d/idem.log" "$idem_bin" serve -c "$d/idem.yaml"
         wait_http "http://127.0.0.1:$idem_port/_idem/v1/health" GET "$d/idem.log" \
             "$started_pid" && return 0
@@ -317,7 +323,9 @@ stop_idem() { # pid: SIGTERM (drains), and the exit status must be 0
 health() {
     local j p
     for p in "$@"; do
-        j=$(curl -s --max-time 10 "http://127.0.0.1:$p/_idem/v1/health") || die "health on :$p failed"
+        j=$(curl -s --max-time 10 --unix-socket "${admin_socket[$p]}" \
+              -H "Authorization: Bearer $IDEM_BENCH_KEY" "http://idem/_idem/v1/health") ||
+            die "health on :$p failed"
         [[ $j == *'"status":"ok"'* ]] || die "health on :$p is not ok: $j"
         grep -o '"[a-z_0-9]*":[0-9][0-9]*' <<<"$j" | tr -d '"' | tr ':' '='
     done | awk -F= '!($1 in s) { k[++n] = $1 } { s[$1] += $2 }

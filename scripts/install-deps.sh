@@ -8,7 +8,7 @@ packages=(
   libsqlite3-dev sqlite3                # embedded store
   libhiredis-dev libpq-dev              # distributed store: Redis, PostgreSQL
   postgresql                            # distributed tests (server, pgbench)
-  libssl-dev                            # SHA-256, CSPRNG
+  libssl-dev openssl                    # SHA-256, CSPRNG; openssl(1) makes API keys
   libevent-dev libjansson-dev libyaml-dev  # idem serve: event loop, JSON, YAML
   libcmocka-dev                         # tests
   curl                                  # system tests

@@ -197,7 +197,15 @@ static json_t *record_json(const idem_record *r)
 
 #define TOTAL(d, field) ((json_int_t)daemon_total(d, offsetof(struct daemon_counters, field)))
 
-static struct http_response *health(struct daemon *d)
+/* GET /_idem/v1/health/live: the process answers. */
+static struct http_response *live(void)
+{
+    return json_response(200, json_pack("{s:s}", "status", "ok"));
+}
+
+/* GET /_idem/v1/health (and health/ready): whether requests can be served.
+ * On the main listener only the verdicts; the counters are the admin's. */
+static struct http_response *health(struct daemon *d, int admin)
 {
     idem_stats st;
     idem_outcome o;
@@ -230,15 +238,23 @@ static struct http_response *health(struct daemon *d)
             daemon_write_failed(d, wr);
         }
     }
+    const char *status = rc != IDEM_OK || wr != IDEM_OK ? "store_unavailable"
+                         : kv != IDEM_OK                ? "degraded"
+                                                        : "ok";
+    int code = rc == IDEM_OK && wr == IDEM_OK ? 200 : 503;
+    if (!admin)
+        return json_response(code, json_pack("{s:s, s:s, s:s}", "status", status, "records",
+                                             rc == IDEM_OK && wr == IDEM_OK ? "ok"
+                                                                            : "unavailable",
+                                             "tokens_and_locks",
+                                             kv == IDEM_OK ? "ok" : "unavailable"));
     idem_get_stats(d->h, &st);
     idem_commit_times ct;
     idem_get_commit_times(d->h, &ct);
     json_t *j = json_pack(
         "{s:s, s:s, s:s, s:s, s:s, s:s, s:{s:I, s:I, s:I, s:I, s:I}, "
         "s:{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}}",
-        "status", rc != IDEM_OK || wr != IDEM_OK ? "store_unavailable"
-                  : kv != IDEM_OK                ? "degraded"
-                                                 : "ok",
+        "status", status,
         "records", rc == IDEM_OK ? "ok" : idem_errname(rc), "record_writes", writes,
         "tokens_and_locks", kv == IDEM_OK ? "ok" : idem_errname(kv),
         "store", idem_store_name(d->h),
@@ -251,7 +267,7 @@ static struct http_response *health(struct daemon *d)
         "store_errors", TOTAL(d, store_errors), "upstream_unknown", TOTAL(d, upstream_unknown),
         "passthrough", (json_int_t)atomic_load(&d->passthrough), "redis_down_skips",
         TOTAL(d, redis_down_skips), "answers_not_kept", (json_int_t)atomic_load(&d->unkept_count));
-    return json_response(rc == IDEM_OK && wr == IDEM_OK ? 200 : 503, j);
+    return json_response(code, j);
 }
 
 /* Text appended to buf at *n, while it has room (the caller checks). */
@@ -348,6 +364,13 @@ struct http_response *api_metrics(struct daemon *d)
          st.commits},
         {"idem_store_committed_ops_total", "counter", "Writes carried by those transactions.",
          st.committed_ops},
+        {"idem_admin_auth_failures_total", "counter",
+         "Requests on the admin listener refused 401: no API key, or a wrong one.",
+         atomic_load(&d->auth_failures)},
+        {"idem_tokens_rate_limited_total", "counter",
+         "Token requests on the main listener refused 429 (token_rate_subject, "
+         "token_rate_peer).",
+         atomic_load(&d->tokens_refused)},
         {"idem_store_writes_failing", "gauge",
          "1 after a gateway write to the store failed, until one succeeds again.",
          (uint64_t)(atomic_load(&d->writes_failing) != 0)},
@@ -486,8 +509,18 @@ static struct http_response *unknown_field(const char *op, json_t *body)
     return NULL;
 }
 
+/* A scene some route with the token layer uses: the only ones the main
+ * listener issues tokens for. */
+static int route_scene(const struct server_config *cfg, const char *scene)
+{
+    for (size_t i = 0; i < cfg->route_count; i++)
+        if (cfg->routes[i].layer_token && strcmp(cfg->routes[i].token_scene, scene) == 0)
+            return 1;
+    return 0;
+}
+
 static struct http_response *post(struct daemon *d, const struct server_config *cfg,
-                                  const char *op, const struct http_msg *m)
+                                  const char *op, const struct http_msg *m, int admin)
 {
     json_error_t jerr;
     struct args a = {.body = json_loadb(m->body, m->body_len, JSON_REJECT_DUPLICATES, &jerr)};
@@ -516,6 +549,13 @@ static struct http_response *post(struct daemon *d, const struct server_config *
         const char *scene = str_field(&a, "scene", 1);
         int64_t ttl = int_field(&a, "ttl_ms", 0, 300000);
         char token[IDEM_TOKEN_LEN + 1];
+        if (!a.err && !admin && !route_scene(cfg, scene))
+            a.err = problem(400, "invalid_field", "field scene: no route takes tokens of "
+                            "scene %s (a route's token_scene, with layers: [token, ...])",
+                            scene);
+        if (!a.err && !admin && ttl > cfg->limits.token_ttl_max_ms)
+            a.err = problem(400, "invalid_field", "field ttl_ms: at most %lld here "
+                            "(limits.token_ttl_max)", (long long)cfg->limits.token_ttl_max_ms);
         if (!a.err && (rc = idem_token_issue(d->h, subject, scene, ttl, token)) == IDEM_OK)
             r = json_response(201, json_pack("{s:s, s:I}", "token", token, "expires_in_ms",
                                              (json_int_t)ttl));
@@ -621,6 +661,12 @@ static struct http_response *post(struct daemon *d, const struct server_config *
     return r;
 }
 
+int api_public_endpoint(const char *rest)
+{
+    return strcmp(rest, "tokens") == 0 || strcmp(rest, "health") == 0 ||
+           strcmp(rest, "health/live") == 0 || strcmp(rest, "health/ready") == 0;
+}
+
 /* The endpoints taking POST, under PREFIX/: those with fields. */
 static int is_post_endpoint(const char *rest)
 {
@@ -638,9 +684,12 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
     const char *rest = path + strlen(PREFIX);
     if (*rest == '/')
         rest++;
-    int post_ep = is_post_endpoint(rest);
-    int get_ep = !post_ep && (strcmp(rest, "health") == 0 || strcmp(rest, "metrics") == 0 ||
-                              (strncmp(rest, "records/", 8) == 0 && strchr(rest + 8, '/')));
+    int health_ep = strcmp(rest, "health") == 0 || strcmp(rest, "health/ready") == 0;
+    int post_ep = is_post_endpoint(rest) && (req->admin || strcmp(rest, "tokens") == 0);
+    int get_ep = !post_ep && (health_ep || strcmp(rest, "health/live") == 0 ||
+                              (req->admin && (strcmp(rest, "metrics") == 0 ||
+                                              (strncmp(rest, "records/", 8) == 0 &&
+                                               strchr(rest + 8, '/')))));
     int get = strcmp(m->method, "GET") == 0 || strcmp(m->method, "HEAD") == 0;
     if (!post_ep && !get_ep) {
         req->resp = problem(404, "no_such_endpoint", "%s %s is not an endpoint", m->method, path);
@@ -651,10 +700,11 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
         if (req->resp)
             response_add_header(req->resp, "Allow", allow);
     } else if (post_ep) {
-        req->resp = post(d, cfg, rest, m);
+        req->resp = post(d, cfg, rest, m, req->admin);
     } else {
-        req->resp = strcmp(rest, "health") == 0    ? health(d)
-                    : strcmp(rest, "metrics") == 0 ? api_metrics(d)
-                                                   : get_record(d, rest + 8);
+        req->resp = health_ep                          ? health(d, req->admin)
+                    : strcmp(rest, "health/live") == 0 ? live()
+                    : strcmp(rest, "metrics") == 0     ? api_metrics(d)
+                                                       : get_record(d, rest + 8);
     }
 }

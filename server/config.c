@@ -14,8 +14,10 @@
  */
 #include "config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,10 +28,13 @@
 #include <yaml.h>
 
 #include "http_parser.h"
+#include "idem.h"
 #include "upstream.h"
 
 #define FILE_MAX (1024 * 1024)
 #define ROUTES_MAX 1000
+#define API_KEYS_MAX 100
+#define API_KEY_MIN 16 /* bytes: a key shorter than that is a password, not a key */
 #define KEY_PARTS_MAX 8
 #define LIST_MAX 64        /* replay_headers, fingerprint fields */
 #define NAME_MAX_LEN 64    /* route names, spaces, scenes: Idem's names */
@@ -208,6 +213,11 @@ void config_free(struct server_config *c)
     free(c->path);
     free(c->listen_host);
     free(c->admin_host);
+    free(c->admin_unix);
+    free(c->state_dir);
+    for (size_t i = 0; i < c->api_key_count; i++)
+        free(c->api_keys[i].name);
+    free(c->api_keys);
     free(c->storage_kind);
     free(c->storage_path);
     free(c->redis_url);
@@ -252,6 +262,9 @@ struct server_config *config_default(void)
         .shutdown_timeout_ms = 30 * MS_SEC,
         .replay_cache = 16 * MIB,
         .tokens_per_scene = 16,
+        .token_ttl_max_ms = MS_HOUR,
+        .token_rate_subject = 10,
+        .token_rate_peer = 100,
     };
     if (!c->listen_host || !c->storage_kind || !c->storage_path ||
         !c->subject_header) {
@@ -827,15 +840,127 @@ static const char *parse_listen_address(const char *s, char **host, int *port)
 
 #define LISTEN_FORMS "use host:port, [::1]:port, :port or port"
 
-/* listen and admin_listen. */
-static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path, char **host,
-                      int *port)
+/* A Unix socket's path fits in sun_path with its NUL. */
+#define UNIX_PATH_MAX 107
+
+static int get_bool(struct ctx *c, const yaml_node_t *n, const char *path, int *out)
 {
-    const char *s, *why;
-    if (scalar(c, n, path, "an address like 127.0.0.1:8080", &s))
+    const char *s;
+    if (scalar(c, n, path, "true or false", &s))
         return -1;
+    if (strcmp(s, "true") != 0 && strcmp(s, "false") != 0)
+        return fail(c, n, path, "%s: expected true or false", quote(c, s));
+    *out = strcmp(s, "true") == 0;
+    return 0;
+}
+
+/* listen and admin_listen: an address, or { address: ..., allow_plaintext:
+ * true } for one that others than this machine reach. admin_listen also
+ * takes unix:PATH (unix_path non-NULL). */
+static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path, char **host,
+                      int *port, char **unix_path, int *plaintext)
+{
+    static const char *const known[] = {"address", "allow_plaintext"};
+    const char *s, *why;
+    char fpath[48];
+    const yaml_node_t *a = n;
+    if (n->type == YAML_MAPPING_NODE) {
+        const yaml_node_t *v;
+        if (check_fields(c, n, path, known, 2))
+            return -1;
+        pathf(fpath, sizeof fpath, "%s.allow_plaintext", path);
+        if ((v = field(c, n, "allow_plaintext")) && get_bool(c, v, fpath, plaintext))
+            return -1;
+        if (!(a = field(c, n, "address")))
+            return fail(c, n, path, "no address (give address: HOST:PORT)");
+        pathf(fpath, sizeof fpath, "%s.address", path);
+        path = fpath;
+    }
+    if (scalar(c, a, path, "an address like 127.0.0.1:8080", &s))
+        return -1;
+    if (unix_path && strncmp(s, "unix:", 5) == 0) {
+        if (!s[5])
+            return fail(c, a, path, "unix: without a path (give unix:/run/idem/admin.sock)");
+        if (strlen(s + 5) > UNIX_PATH_MAX)
+            return fail(c, a, path, "the socket's path is longer than %d bytes, the most a "
+                        "Unix socket's path may be", UNIX_PATH_MAX);
+        if (has_control(s))
+            return fail(c, a, path, "%s holds a control character", quote(c, s));
+        free(*host);
+        *host = NULL;
+        return set_string(unix_path, s + 5) ? oom(c) : 0;
+    }
     if ((why = parse_listen_address(s, host, port)))
-        return fail(c, n, path, "%s: %s (" LISTEN_FORMS ")", quote(c, s), why);
+        return fail(c, a, path, "%s: %s (" LISTEN_FORMS "%s)", quote(c, s), why,
+                    unix_path ? ", or unix:PATH" : "");
+    if (unix_path) {
+        free(*unix_path);
+        *unix_path = NULL;
+    }
+    return 0;
+}
+
+int config_is_loopback(const char *host)
+{
+    unsigned char a[16];
+    struct in_addr v4;
+    if (strcmp(host, "localhost") == 0)
+        return 1;
+    /* inet_aton, not inet_pton: it reads 127.1 and 0x7f.1 as the resolver
+     * that binds them will. */
+    if (inet_aton(host, &v4) != 0)
+        return (ntohl(v4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, a) == 1)
+        return IN6_IS_ADDR_LOOPBACK((const struct in6_addr *)(const void *)a);
+    return 0;
+}
+
+/* The advice of an exposed plain-text listener. */
+#define EXPOSED "%s %s:%d is not a loopback address, and it would speak plain HTTP: " \
+                "anyone on the network between could read and change what passes. "   \
+                "Listen on loopback behind a TLS proxy on this machine, or, on a "    \
+                "network you trust, say so: %s: { address: \"%s:%d\", "             \
+                "allow_plaintext: true }"
+
+int config_finish(struct server_config *cfg, char *err, size_t errlen)
+{
+    if (!cfg->state_dir) {
+        const char *p = cfg->storage_path, *slash = NULL;
+        int file = strcmp(cfg->storage_kind, "embedded") == 0 && strcmp(p, ":memory:") != 0;
+        if (file)
+            slash = strrchr(p, '/');
+        cfg->state_dir = slash ? strndup(p, slash == p ? 1 : (size_t)(slash - p)) : strdup(".");
+        if (!cfg->state_dir) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    if (!cfg->admin_host && !cfg->admin_unix) {
+        size_t n = strlen(cfg->state_dir) + sizeof "/idem-admin.sock";
+        if (n - 1 > UNIX_PATH_MAX) {
+            snprintf(err, errlen, "admin_listen: its default, the Unix socket idem-admin.sock "
+                     "in %s, would have a path longer than %d bytes, the most a Unix socket's "
+                     "path may be: give admin_listen: unix:PATH (or state_dir) a shorter one",
+                     cfg->state_dir, UNIX_PATH_MAX);
+            return -1;
+        }
+        if (!(cfg->admin_unix = malloc(n))) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+        snprintf(cfg->admin_unix, n, "%s/idem-admin.sock", cfg->state_dir);
+    }
+    if (!cfg->listen_plaintext && !config_is_loopback(cfg->listen_host)) {
+        snprintf(err, errlen, EXPOSED, "listen", cfg->listen_host, cfg->listen_port, "listen",
+                 cfg->listen_host, cfg->listen_port);
+        return -1;
+    }
+    if (cfg->admin_host && !cfg->admin_plaintext && !config_is_loopback(cfg->admin_host)) {
+        snprintf(err, errlen, EXPOSED " (and the admin listener changes records: it belongs "
+                 "on loopback or a Unix socket)", "admin_listen", cfg->admin_host,
+                 cfg->admin_port, "admin_listen", cfg->admin_host, cfg->admin_port);
+        return -1;
+    }
     return 0;
 }
 
@@ -1453,6 +1578,9 @@ static const struct limit_field limit_fields[] = {
     LIMIT("shutdown_timeout", shutdown_timeout_ms, 't', 0, MS_HOUR),
     LIMIT("replay_cache", replay_cache, 's', 0, (int64_t)GIB),
     LIMIT("tokens_per_scene", tokens_per_scene, 'n', 1, 100000),
+    LIMIT("token_ttl_max", token_ttl_max_ms, 't', 1000, 7 * MS_DAY),
+    LIMIT("token_rate_subject", token_rate_subject, 'n', 1, 1000000),
+    LIMIT("token_rate_peer", token_rate_peer, 'n', 1, 1000000),
 };
 #undef LIMIT
 #define N_LIMITS (sizeof limit_fields / sizeof limit_fields[0])
@@ -1548,18 +1676,17 @@ void config_storage_where(const struct server_config *c, char *buf, size_t size)
 
 #define SECRET_MAX 4096
 
-/* storage.redis / storage.postgres: a URL written out, or { env: NAME } or
- * { file: PATH } for one that holds a password, which is then read from the
- * environment or the file (its first line) and never printed. */
-static int get_server_url(struct ctx *c, const yaml_node_t *n, const char *path,
-                          const char *example, char **dst)
+/* A secret from { env: NAME } or { file: PATH } (its first line) in n, a
+ * mapping whose other fields are in known (env and file among them), into
+ * buf (SECRET_MAX + 2 bytes). 0, or -1 having said why. */
+static int get_secret(struct ctx *c, const yaml_node_t *n, const char *path,
+                      const char *const *known, size_t nknown, char *buf)
 {
-    static const char *const known[] = {"env", "file"};
     const char *s;
-    char buf[SECRET_MAX + 2], fpath[64];
-    if (n->type == YAML_MAPPING_NODE) {
+    char fpath[64];
+    {
         const yaml_node_t *env, *file;
-        if (check_fields(c, n, path, known, 2))
+        if (check_fields(c, n, path, known, nknown))
             return -1;
         env = field(c, n, "env");
         file = field(c, n, "file");
@@ -1576,7 +1703,7 @@ static int get_server_url(struct ctx *c, const yaml_node_t *n, const char *path,
             if (strlen(val) > SECRET_MAX)
                 return fail(c, env, fpath, "the value of %s is longer than %d bytes",
                             quote(c, s), SECRET_MAX);
-            snprintf(buf, sizeof buf, "%s", val);
+            snprintf(buf, SECRET_MAX + 2, "%s", val);
         } else {
             /* A regular file only: a FIFO or a device could block. */
             int fd = open(s, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -1588,7 +1715,7 @@ static int get_server_url(struct ctx *c, const yaml_node_t *n, const char *path,
                 return fail(c, file, fpath, "cannot read %s: %s", quote(c, s),
                             e ? strerror(e) : "not a regular file");
             }
-            ssize_t r = read(fd, buf, sizeof buf - 1);
+            ssize_t r = read(fd, buf, SECRET_MAX + 1);
             close(fd);
             size_t got = r > 0 ? (size_t)r : 0;
             buf[got] = '\0';
@@ -1600,7 +1727,23 @@ static int get_server_url(struct ctx *c, const yaml_node_t *n, const char *path,
                 return fail(c, file, fpath, "%s is empty", quote(c, s));
         }
         if (has_control(buf))
-            return fail(c, n, fpath, "the URL holds a control character");
+            return fail(c, n, fpath, "the secret holds a control character");
+    }
+    return 0;
+}
+
+/* storage.redis / storage.postgres: a URL written out, or { env: NAME } or
+ * { file: PATH } for one that holds a password, which is then read from the
+ * environment or the file (its first line) and never printed. */
+static int get_server_url(struct ctx *c, const yaml_node_t *n, const char *path,
+                          const char *example, char **dst)
+{
+    static const char *const known[] = {"env", "file"};
+    const char *s;
+    char buf[SECRET_MAX + 2];
+    if (n->type == YAML_MAPPING_NODE) {
+        if (get_secret(c, n, path, known, 2, buf))
+            return -1;
         return set_string(dst, buf) ? oom(c) : 0;
     }
     if (scalar(c, n, path, example, &s))
@@ -1615,6 +1758,95 @@ static int get_server_url(struct ctx *c, const yaml_node_t *n, const char *path,
         return fail(c, n, path, "the URL holds a password: keep it out of this file "
                     "with { env: NAME } or { file: PATH }");
     return set_string(dst, s) ? oom(c) : 0;
+}
+
+/* api_keys: [{ name, scope: read | write, env: NAME | file: PATH }], the
+ * admin listener's keys. Their text comes from the environment or a file,
+ * never from this one, and only its SHA-256 is kept. */
+static int get_api_keys(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+{
+    static const char *const known[] = {"env", "file", "name", "scope"};
+    yaml_node_item_t *it = NULL;
+    size_t count = 0;
+    char path[32], fpath[48], text[SECRET_MAX + 2];
+    int rc = -1;
+    if (list_items(c, n, "api_keys", "a list of { name, scope, env or file }", &it, &count))
+        return -1;
+    if (count > API_KEYS_MAX)
+        return fail(c, n, "api_keys", "%zu keys; at most %d", count, API_KEYS_MAX);
+    if (count && !(cfg->api_keys = calloc(count, sizeof *cfg->api_keys)))
+        return oom(c);
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *kn = node(c, it[i]), *v;
+        struct api_key *k = &cfg->api_keys[i];
+        const char *s;
+        cfg->api_key_count = i + 1;
+        k->line = (unsigned long)kn->start_mark.line + 1;
+        pathf(path, sizeof path, "api_keys[%zu]", i);
+        if (kn->type != YAML_MAPPING_NODE) {
+            fail(c, kn, path, "expected { name: ..., scope: read or write, env: NAME or "
+                 "file: PATH }, got %s", kind_name(kn));
+            goto out;
+        }
+        if ((v = field(c, kn, "key")) || (v = field(c, kn, "value"))) {
+            fail(c, v, path, "a key's text never sits in this file: give env: NAME or "
+                 "file: PATH, which holds it");
+            goto out;
+        }
+        pathf(fpath, sizeof fpath, "%s.name", path);
+        if (!(v = field(c, kn, "name"))) {
+            fail(c, kn, fpath, "missing (a name for the log, say ops or grafana)");
+            goto out;
+        }
+        if (get_name(c, v, fpath, &k->name))
+            goto out;
+        pathf(fpath, sizeof fpath, "%s.scope", path);
+        if (!(v = field(c, kn, "scope"))) {
+            fail(c, kn, fpath, "missing (read: GET records and metrics; write: everything)");
+            goto out;
+        }
+        if (scalar(c, v, fpath, "read or write", &s))
+            goto out;
+        if (strcmp(s, "read") != 0 && strcmp(s, "write") != 0) {
+            fail(c, v, fpath, "%s is not a scope (read or write)", quote(c, s));
+            goto out;
+        }
+        k->write = strcmp(s, "write") == 0;
+        if (get_secret(c, kn, path, known, 4, text))
+            goto out;
+        size_t len = strlen(text);
+        for (size_t j = 0; j < len; j++)
+            if ((unsigned char)text[j] <= ' ' || (unsigned char)text[j] >= 0x7f) {
+                fail(c, kn, path, "the key holds a space or a character outside printable "
+                     "ASCII (make one with: openssl rand -hex 32)");
+                goto out;
+            }
+        if (len < API_KEY_MIN) {
+            fail(c, kn, path, "the key is %zu bytes; at least %d (make one with: openssl "
+                 "rand -hex 32)", len, API_KEY_MIN);
+            goto out;
+        }
+        idem_fingerprint(text, len, k->hash);
+        pathf(fpath, sizeof fpath, "%s.name", path);
+        for (size_t j = 0; j < i; j++) {
+            if (strcmp(cfg->api_keys[j].name, k->name) == 0) {
+                fail(c, kn, fpath, "the name %s is api_keys[%zu]'s too (line %lu): each "
+                     "key has a name of its own", k->name, j, cfg->api_keys[j].line);
+                goto out;
+            }
+            if (memcmp(cfg->api_keys[j].hash, k->hash, sizeof k->hash) == 0) {
+                fail(c, kn, path, "the same key as api_keys[%zu] (line %lu): each name "
+                     "needs a key of its own", j, cfg->api_keys[j].line);
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    /* The text is gone once hashed. */
+    memset(text, 0, sizeof text);
+    __asm__ __volatile__("" : : "r"(text) : "memory");
+    return rc;
 }
 
 static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
@@ -1691,9 +1923,9 @@ static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config
 
 static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config *cfg)
 {
-    static const char *const known[] = {"listen", "admin_listen", "storage", "subject_header",
-                                        "upstream", "workers", "event_loops", "limits",
-                                        "routes"};
+    static const char *const known[] = {"listen", "admin_listen", "api_keys", "state_dir",
+                                        "storage", "subject_header", "upstream", "workers",
+                                        "event_loops", "limits", "routes"};
     const yaml_node_t *v;
     const char *s;
     uint64_t workers, loops;
@@ -1703,16 +1935,29 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
     if (check_fields(c, root, "", known, sizeof known / sizeof known[0]))
         return -1;
     if ((v = field(c, root, "listen")) &&
-        get_listen(c, v, "listen", &cfg->listen_host, &cfg->listen_port))
+        get_listen(c, v, "listen", &cfg->listen_host, &cfg->listen_port, NULL,
+                   &cfg->listen_plaintext))
         return -1;
     if ((v = field(c, root, "admin_listen"))) {
-        if (get_listen(c, v, "admin_listen", &cfg->admin_host, &cfg->admin_port))
+        if (get_listen(c, v, "admin_listen", &cfg->admin_host, &cfg->admin_port,
+                       &cfg->admin_unix, &cfg->admin_plaintext))
             return -1;
         if (same_listen_address(cfg))
             return fail(c, v, "admin_listen", "would share connections with listen (the same "
                         "address, or a wildcard, on the same port): the JSON API gets a "
-                        "listener of its own, or omit admin_listen to serve it on listen");
+                        "listener of its own (another port, or a Unix socket)");
     }
+    if ((v = field(c, root, "state_dir"))) {
+        if (scalar(c, v, "state_dir", "a directory", &s))
+            return -1;
+        if (!*s || strlen(s) > FS_PATH_MAX || has_control(s))
+            return fail(c, v, "state_dir", "%s: expected a directory's path (at most %d "
+                        "bytes, no control characters)", quote(c, s), FS_PATH_MAX);
+        if (set_string(&cfg->state_dir, s))
+            return oom(c);
+    }
+    if ((v = field(c, root, "api_keys")) && get_api_keys(c, v, cfg))
+        return -1;
     if ((v = field(c, root, "storage")) && get_storage(c, v, cfg))
         return -1;
     if ((v = field(c, root, "subject_header"))) {

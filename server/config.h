@@ -95,14 +95,36 @@ struct server_limits {
     int64_t shutdown_timeout_ms; /* SIGTERM: how long in-flight requests may finish; default 30 s */
     size_t replay_cache;        /* finished answers kept per event loop; default 16 MiB, 0: off */
     size_t tokens_per_scene;    /* unspent tokens per subject and scene; default 16 */
+    int64_t token_ttl_max_ms;   /* a token issued on listen lives at most; default 1 h */
+    size_t token_rate_subject;  /* tokens issued on listen per second, per subject; 10 */
+    size_t token_rate_peer;     /* the same per client address; default 100 */
+};
+
+/* An API key of the admin listener: its name (logged on use), its scope,
+ * and the SHA-256 of its text (the text itself is not kept). */
+struct api_key {
+    char *name;
+    int write;               /* scope: write (1: everything) or read (0: GET only) */
+    unsigned char hash[32];
+    unsigned long line;      /* where the file gives it */
+    int64_t logged_ms;       /* when its use was last logged (serve.c) */
 };
 
 struct server_config {
     char *path;               /* the file it came from (for reload), or NULL */
     char *listen_host;        /* default 127.0.0.1 */
     int listen_port;          /* default 8080 */
-    char *admin_host;         /* admin_listen: the JSON API's own listener, */
-    int admin_port;           /* or NULL: the API is on listen */
+    int listen_plaintext;     /* listen.allow_plaintext: a non-loopback address is
+                                 allowed without TLS */
+    char *admin_host;         /* admin_listen as host:port, */
+    int admin_port;
+    char *admin_unix;         /* or as unix:PATH (the default: state_dir's
+                                 idem-admin.sock); exactly one of the two is set
+                                 once config_finish() has run */
+    int admin_plaintext;      /* admin_listen.allow_plaintext */
+    char *state_dir;          /* default: the embedded store file's directory, or . */
+    struct api_key *api_keys; /* the admin listener's keys; none: it refuses all */
+    size_t api_key_count;
     char *storage_kind;       /* "embedded" (default) or "distributed" */
     char *storage_path;       /* embedded: default ./idem.db */
     char *redis_url;          /* distributed: secret when it holds a password */
@@ -156,6 +178,16 @@ int config_set_listen(struct server_config *cfg, const char *s, char *err, size_
 /* What a command-line change can break across fields (admin_listen spelled
  * as listen). 0, or -1 with err. */
 int config_check_addresses(const struct server_config *cfg, char *err, size_t errlen);
+
+/* After --listen and --db are applied: admin_listen's default (the Unix
+ * socket idem-admin.sock in state_dir), and the exposure check: listen or
+ * admin_listen on an address other than loopback is refused unless the file
+ * says allow_plaintext: true for it. 0, or -1 with err saying why and what
+ * to write instead. */
+int config_finish(struct server_config *cfg, char *err, size_t errlen);
+
+/* 1 for an address only this machine reaches: 127.0.0.0/8, ::1, localhost. */
+int config_is_loopback(const char *host);
 
 void config_free(struct server_config *c);
 

@@ -76,8 +76,11 @@ struct daemon {
                                   (idem_record_async): the embedded store */
     int kv_local;              /* token and lock calls are in memory, never
                                   block: the embedded store */
-    int admin_listener;        /* the JSON API has a listener of its own
-                                  (admin_listen, fixed at start) */
+    /* The main listener's token issuance, by subject and by client
+     * address; the admin listener's failed API keys, by client address. */
+    struct rate_table *issued_by_subject, *issued_by_peer, *auth_failures_by_peer;
+    atomic_ulong auth_failures; /* 401s on the admin listener */
+    atomic_ulong tokens_refused; /* 429s of the token issuance on listen */
     atomic_ulong seq;
     /* The loop's read for finished records: how often it found one lately
      * (a score, see worth_reading() in gateway.c). */
@@ -145,8 +148,13 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
                    struct front_request *req);
 void passthrough_start(struct daemon *d, const struct server_config *cfg,
                        struct front_request *req);
-/* In api.c, on a worker thread. */
+/* In api.c, on a worker thread: the whole JSON API for a request of the
+ * admin listener; for one of the main listener, only what clients may do
+ * there (api_public_endpoint). */
 void api_handle(struct daemon *d, const struct server_config *cfg, struct front_request *req);
+/* 1 for the endpoints of the main listener: health, and token issuance
+ * (rest is the path after /_idem/v1/). */
+int api_public_endpoint(const char *rest);
 /* GET /_idem/v1/metrics: reads memory only, so any thread, a loop's too. */
 struct http_response *api_metrics(struct daemon *d);
 

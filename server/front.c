@@ -59,6 +59,8 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -633,6 +635,9 @@ static void format_peer(const struct sockaddr *sa, char *out, size_t cap)
         const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)(const void *)sa;
         inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
         port = ntohs(s->sin6_port);
+    } else if (sa->sa_family == AF_UNIX) {
+        snprintf(out, cap, "unix");
+        return;
     }
     snprintf(out, cap, "%s:%d", host, port);
 }
@@ -658,7 +663,8 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         return;
     }
     int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (sa->sa_family != AF_UNIX)
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     c->f = f;
     c->admin = admin;
     c->bev = bufferevent_socket_new(f->base, fd, BEV_OPT_CLOSE_ON_FREE);
@@ -920,6 +926,60 @@ int front_listen(struct front *f, const char *host, int port, int admin, char *e
         f->listener = l;
         f->port = bound_port;
     }
+    return 0;
+}
+
+int front_listen_unix(struct front *f, const char *path, char *err, size_t errlen)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct stat st;
+    int fd = -1;
+    if (strlen(path) >= sizeof sa.sun_path) {
+        snprintf(err, errlen, "unix:%s: longer than a Unix socket's path may be", path);
+        return -1;
+    }
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    /* A socket left by a daemon that died is taken over; one that a live
+     * process answers on is not, nor is anything that is not a socket. */
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            snprintf(err, errlen, "unix:%s: exists and is not a socket", path);
+            return -1;
+        }
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof sa) == 0;
+        if (probe >= 0)
+            close(probe);
+        if (live) {
+            snprintf(err, errlen, "unix:%s: in use by another process (a second idem serve "
+                     "in one state directory?)", path);
+            return -1;
+        }
+        unlink(path);
+    }
+    /* Made 0600 from the start (umask), not chmod()ed after: no instant in
+     * which another user could connect. */
+    mode_t was = umask(0177);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int rc = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 ? 0 : -1;
+    umask(was);
+    if (rc != 0 || listen(fd, 128) != 0) {
+        snprintf(err, errlen, "unix:%s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    struct evconnlistener *l =
+        evconnlistener_new(f->base, on_accept, f, LEV_OPT_CLOSE_ON_FREE, -1, fd);
+    if (!l) {
+        snprintf(err, errlen, "unix:%s: %s", path, strerror(errno));
+        close(fd);
+        unlink(path);
+        return -1;
+    }
+    evconnlistener_set_error_cb(l, on_accept_error);
+    f->admin_listener = l;
+    f->admin_port = 0;
     return 0;
 }
 

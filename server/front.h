@@ -108,6 +108,14 @@ int front_address_free(const char *host, int port, char *err, size_t errlen);
 int front_listen(struct front *f, const char *host, int port, int admin, char *err,
                  size_t errlen);
 
+/* The admin listener on a Unix socket at path, mode 0600, on this front
+ * only (the kernel spreads no connections of a Unix socket over several
+ * listeners: one loop takes them all). A socket file left by a daemon that
+ * died is replaced; one that a live process listens on, or a file that is
+ * not a socket, is refused. The caller unlinks it at exit. 0, or -1 with err
+ * filled. */
+int front_listen_unix(struct front *f, const char *path, char *err, size_t errlen);
+
 /* The port actually bound (for port 0), of the main or the admin listener. */
 int front_port(const struct front *f, int admin);
 

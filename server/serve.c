@@ -26,9 +26,11 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "daemon.h"
 #include "log.h"
 #include "mono.h"
+#include "rate.h"
 #include "replay_cache.h"
 #include "request_key.h"
 #include "serve.h"
@@ -188,6 +190,162 @@ static const struct route *match_route(const struct server_config *cfg, const st
 }
 
 /* The JSON API calls the blocking primitives: on a worker. */
+static void api_on_worker(struct front_request *req);
+static void api_answer(struct front_request *req);
+
+/* The JSON API for req (its endpoint checked by the caller), which keeps
+ * lc: memory-only answers on the loop, the rest on a worker. */
+static void to_api(struct daemon *d, struct live_config *lc, struct front_request *req,
+                   const char *path)
+{
+    if (req->admin && strcmp(path, "/_idem/v1/metrics") == 0 &&
+        (strcmp(req->msg->method, "GET") == 0 || strcmp(req->msg->method, "HEAD") == 0)) {
+        /* Memory only: answered here, not behind workers a store holds up. */
+        daemon_answer(lc, req, api_metrics(d));
+        return;
+    }
+    req->state = lc;
+    /* The record endpoints (a service finishing its own claims among
+     * them) on the pool that Redis calls cannot hold up, as the gateway's
+     * record calls (daemon.h). */
+    static const char records[] = "/_idem/v1/records/";
+    struct workers *ws =
+        strncmp(path, records, sizeof records - 1) == 0 ? d->record_workers : NULL;
+    if (front_work_in(req, ws, api_on_worker, api_answer) != 0) {
+        req->resp = problem(503, "shutting_down", "the server is shutting down");
+        api_answer(req);
+    }
+}
+
+/* A token issued on the main listener takes one from its subject's bucket
+ * and one from its client address's (limits.token_rate_subject and
+ * token_rate_peer, each a second's worth at most at once): a client that
+ * varies its subject header still has one address, and what it can hold
+ * at once is bounded by its rate times token_ttl_max. NULL, or the 429. */
+static struct http_response *issue_rate_refusal(struct daemon *d, const struct server_config *cfg,
+                                                struct front_request *req)
+{
+    const char *subject = http_msg_header(req->msg, cfg->subject_header);
+    int64_t now = mono_us(), wait;
+    const char *by = "client address";
+    double peer_rate = (double)cfg->limits.token_rate_peer;
+    double subject_rate = (double)cfg->limits.token_rate_subject;
+    wait = rate_take(d->issued_by_peer, req->peer, admin_peer_host(req->peer), peer_rate,
+                     peer_rate, now);
+    if (wait == 0 && subject) {
+        by = "subject";
+        wait = rate_take(d->issued_by_subject, subject, strlen(subject), subject_rate,
+                         subject_rate, now);
+    }
+    if (wait == 0)
+        return NULL;
+    atomic_fetch_add(&d->tokens_refused, 1);
+    struct http_response *r =
+        problem(429, "too_many_tokens",
+                "tokens are issued here at most %zu a second per %s: retry in %lld ms",
+                by[0] == 's' ? cfg->limits.token_rate_subject : cfg->limits.token_rate_peer, by,
+                (long long)wait);
+    char secs[24];
+    snprintf(secs, sizeof secs, "%lld", (long long)(wait + 999) / 1000);
+    if (r)
+        response_add_header(r, "Retry-After", secs);
+    return r;
+}
+
+/* A refused API key's answer, held back a second once its client address
+ * has failed more than AUTH_FAILURE_BURST times lately (one more each
+ * AUTH_FAILURE_EVERY_S seconds): guessing is slowed to the admin
+ * listener's connections a second, while a right key is never held. */
+#define AUTH_FAILURE_BURST 10
+#define AUTH_FAILURE_EVERY_S 6
+#define AUTH_FAILURE_HOLD_MS 1000
+
+struct held_answer {
+    struct event *ev;
+    struct live_config *lc;
+    struct http_response *r;
+};
+
+static void release_held(struct front_request *req)
+{
+    struct held_answer *h = req->state;
+    req->on_abort = NULL;
+    event_free(h->ev);
+    struct live_config *lc = h->lc;
+    struct http_response *r = h->r;
+    free(h);
+    daemon_answer(lc, req, r);
+}
+
+static void on_held(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    release_held(arg);
+}
+
+static void answer_refused_key(struct daemon *d, struct live_config *lc, struct front_request *req,
+                               struct http_response *r)
+{
+    struct daemon_loop *loop = req->loop_ctx;
+    atomic_fetch_add(&d->auth_failures, 1);
+    struct held_answer *h = NULL;
+    if (rate_take(d->auth_failures_by_peer, req->peer, admin_peer_host(req->peer),
+                  1.0 / AUTH_FAILURE_EVERY_S, AUTH_FAILURE_BURST, mono_us()) == 0 ||
+        !(h = calloc(1, sizeof *h)) ||
+        !(h->ev = evtimer_new(loop->base, on_held, req))) {
+        free(h);
+        daemon_answer(lc, req, r);
+        return;
+    }
+    h->lc = lc;
+    h->r = r;
+    req->state = h;
+    req->on_abort = release_held;
+    struct timeval tv = {AUTH_FAILURE_HOLD_MS / 1000, (AUTH_FAILURE_HOLD_MS % 1000) * 1000};
+    evtimer_add(h->ev, &tv);
+}
+
+/* Each key's use is logged, at most once a minute per key (a service on
+ * the JSON API makes a call per operation of its own). */
+static void log_key_use(const struct api_key *k, const struct front_request *req,
+                        const char *path)
+{
+    int64_t now = mono_ms();
+    int64_t *at = (int64_t *)&k->logged_ms; /* the key's own, made by calloc */
+    int64_t was = __atomic_load_n(at, __ATOMIC_RELAXED);
+    if ((was && now - was < 60000) ||
+        !__atomic_compare_exchange_n(at, &was, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return;
+    daemon_log("admin: API key %s (scope %s) in use: %s %s from %s%s", k->name,
+               k->write ? "write" : "read", req->msg->method, path, req->peer,
+               was ? " (logged once a minute)" : "");
+}
+
+/* A request on the admin listener: its key first, then the JSON API. */
+static void admin_handle(struct daemon *d, struct live_config *lc, struct front_request *req,
+                         const char *path, int api)
+{
+    const struct server_config *cfg = lc->c;
+    const struct api_key *key = admin_key(cfg, req->msg);
+    struct http_response *r = admin_refusal(cfg, key, req->msg);
+    if (r || !key) {
+        if (!key)
+            answer_refused_key(d, lc, req, r);
+        else
+            daemon_answer(lc, req, r);
+        return;
+    }
+    if (!api) {
+        daemon_answer(lc, req, problem(404, "no_such_endpoint",
+                                       "this is the admin listener: it serves the JSON API, "
+                                       "under /_idem/v1/"));
+        return;
+    }
+    log_key_use(key, req, path);
+    to_api(d, lc, req, path);
+}
+
 static void api_on_worker(struct front_request *req)
 {
     struct daemon_loop *loop = req->loop_ctx;
@@ -219,34 +377,29 @@ void daemon_handle(void *arg, struct front_request *req)
         return;
     }
     int api = strcmp(path, "/_idem/v1") == 0 || strncmp(path, "/_idem/v1/", 10) == 0;
-    if (d->admin_listener && api != req->admin) {
-        /* With admin_listen, each listener serves its own half only. */
-        daemon_answer(lc, req,
-                      req->admin ? problem(404, "no_such_endpoint",
-                                           "this is the admin listener: it serves only the "
-                                           "JSON API, under /_idem/v1/")
-                                 : problem(404, "no_such_endpoint",
-                                           "the JSON API is not served on this listener"));
-        return;
-    }
-    if (api && strcmp(path, "/_idem/v1/metrics") == 0 &&
-        (strcmp(req->msg->method, "GET") == 0 || strcmp(req->msg->method, "HEAD") == 0)) {
-        /* Memory only: answered here, not behind workers a store holds up. */
-        daemon_answer(lc, req, api_metrics(d));
+    if (req->admin) {
+        admin_handle(d, lc, req, path, api);
         return;
     }
     if (api) {
-        req->state = lc;
-        /* The record endpoints (a service finishing its own claims among
-         * them) on the pool that Redis calls cannot hold up, as the
-         * gateway's record calls (daemon.h). */
-        static const char records[] = "/_idem/v1/records/";
-        struct workers *ws =
-            strncmp(path, records, sizeof records - 1) == 0 ? d->record_workers : NULL;
-        if (front_work_in(req, ws, api_on_worker, api_answer) != 0) {
-            req->resp = problem(503, "shutting_down", "the server is shutting down");
-            api_answer(req);
+        const char *rest = path + (path[9] == '/' ? 10 : 9);
+        if (!api_public_endpoint(rest)) {
+            daemon_answer(lc, req,
+                          problem(404, "no_such_endpoint",
+                                  "%s is not served on this listener: clients get health and "
+                                  "POST /_idem/v1/tokens here; the rest of the JSON API is on "
+                                  "the admin listener (admin_listen), behind an API key",
+                                  path));
+            return;
         }
+        if (strcmp(rest, "tokens") == 0 && strcmp(req->msg->method, "POST") == 0) {
+            struct http_response *r = issue_rate_refusal(d, cfg, req);
+            if (r) {
+                daemon_answer(lc, req, r);
+                return;
+            }
+        }
+        to_api(d, lc, req, path);
         return;
     }
     const char *why = path_not_plain(path);
@@ -418,6 +571,7 @@ struct serve {
     int purge_running;
     int purge_stop;                  /* set at SIGTERM: a running purge ends */
     int store_lock;                  /* the embedded store's file, flock()ed; -1 */
+    const char *admin_socket;        /* the Unix socket made (start's config), unlinked at exit */
     struct work reload_work; /* SIGHUP's reload, on a worker */
     int reload_running, reload_again;
 };
@@ -517,7 +671,7 @@ static int finish_loading(struct server_config *cfg, const char *listen, const c
         free(cfg->storage_path);
         cfg->storage_path = copy;
     }
-    return config_resolve(cfg, err, errlen) != 0 ? 2 : 0;
+    return config_finish(cfg, err, errlen) != 0 || config_resolve(cfg, err, errlen) != 0 ? 2 : 0;
 }
 
 /* Two configured addresses, either host possibly NULL (none). */
@@ -613,7 +767,8 @@ static void reload(struct serve *s)
     } fixed[] = {
         {!same_address(next->listen_host, next->listen_port, st->listen_host, st->listen_port),
          "listen"},
-        {!same_address(next->admin_host, next->admin_port, st->admin_host, st->admin_port),
+        {!same_address(next->admin_host, next->admin_port, st->admin_host, st->admin_port) ||
+             !same_address(next->admin_unix, 0, st->admin_unix, 0),
          "admin_listen"},
         {strcmp(next->storage_kind, st->storage_kind) || strcmp(was, now), "storage"},
         {next->workers != st->workers, "workers"},
@@ -858,7 +1013,13 @@ int serve_main(int argc, char **argv)
     front_counts_init(&s->counts);
     s->nloops = loop_count(cfg);
     int port = cfg->listen_port, admin_port = cfg->admin_port;
-    s->d.admin_listener = cfg->admin_host != NULL;
+    s->d.issued_by_subject = rate_table_new(65536);
+    s->d.issued_by_peer = rate_table_new(4096);
+    s->d.auth_failures_by_peer = rate_table_new(1024);
+    if (!s->d.issued_by_subject || !s->d.issued_by_peer || !s->d.auth_failures_by_peer) {
+        fprintf(stderr, "idem serve: out of memory\n");
+        goto out;
+    }
     if ((port && front_address_free(cfg->listen_host, port, err, sizeof err) != 0) ||
         (cfg->admin_host && admin_port &&
          front_address_free(cfg->admin_host, admin_port, err, sizeof err) != 0)) {
@@ -892,6 +1053,12 @@ int serve_main(int argc, char **argv)
                 goto out;
             }
             admin_port = front_port(l->front, 1);
+        } else if (i == 0) {
+            if (front_listen_unix(l->front, cfg->admin_unix, err, sizeof err) != 0) {
+                fprintf(stderr, "idem serve: admin_listen: %s\n", err);
+                goto out;
+            }
+            s->admin_socket = cfg->admin_unix;
         }
     }
     s->base = s->loops[0].ctx.base;
@@ -918,9 +1085,14 @@ int serve_main(int argc, char **argv)
         pthread_setname_np(s->loops[i].thread, name);
     }
 
-    char admin[300] = "";
+    char admin[300];
     if (cfg->admin_host)
         snprintf(admin, sizeof admin, ", JSON API on %s:%d", cfg->admin_host, admin_port);
+    else
+        snprintf(admin, sizeof admin, ", JSON API on unix:%s", cfg->admin_unix);
+    if (cfg->api_key_count == 0)
+        daemon_log("api_keys: none, so the admin listener refuses every request (401); add a "
+                   "key to read or change records, locks and tokens there");
     printf("idem: listening on %s:%d%s, %s store at %s, %zu routes, %d event loops\n",
            cfg->listen_host, port, admin, idem_store_name(s->d.h), where, cfg->route_count,
            s->nloops);
@@ -965,6 +1137,11 @@ out:
             event_base_free(s->loops[i].ctx.base);
         }
     }
+    if (s->admin_socket)
+        unlink(s->admin_socket);
+    rate_table_free(s->d.issued_by_subject);
+    rate_table_free(s->d.issued_by_peer);
+    rate_table_free(s->d.auth_failures_by_peer);
     idem_close(s->d.h); /* the last group commit completes here */
     if (s->store_lock >= 0)
         close(s->store_lock); /* after the store's own connections: see lock_store_file */

@@ -376,6 +376,143 @@ static void test_sizes(void **state)
     }
 }
 
+/* parse, then config_finish() as idem serve does: 0, or -1 with err. */
+static int finish(const char *yaml, struct server_config **out, char *err, size_t errlen)
+{
+    struct server_config *c = parse_ok(yaml);
+    int rc = config_finish(c, err, errlen);
+    if (out && rc == 0)
+        *out = c;
+    else
+        config_free(c);
+    return rc;
+}
+
+/* The admin listener's default, and addresses off loopback refused
+ * without allow_plaintext (the message says what to write). */
+static void test_exposure(void **state)
+{
+    (void)state;
+    char err[1024];
+    struct server_config *c;
+    assert_int_equal(finish("storage: { path: /var/lib/idem/idem.db }\n", &c, err, sizeof err), 0);
+    assert_string_equal(c->admin_unix, "/var/lib/idem/idem-admin.sock");
+    assert_null(c->admin_host);
+    config_free(c);
+    assert_int_equal(finish("state_dir: /run/idem\n", &c, err, sizeof err), 0);
+    assert_string_equal(c->admin_unix, "/run/idem/idem-admin.sock");
+    config_free(c);
+    assert_int_equal(finish("storage: { path: idem.db }\n", &c, err, sizeof err), 0);
+    assert_string_equal(c->admin_unix, "./idem-admin.sock");
+    config_free(c);
+    assert_int_equal(finish("admin_listen: unix:/tmp/a.sock\n", &c, err, sizeof err), 0);
+    assert_string_equal(c->admin_unix, "/tmp/a.sock");
+    config_free(c);
+    assert_int_equal(finish("admin_listen: 127.0.0.1:9\n", &c, err, sizeof err), 0);
+    assert_null(c->admin_unix);
+    config_free(c);
+    static const char *const exposed[] = {
+        "listen: 0.0.0.0:8080\n", "listen: \"[::]:8080\"\n", "listen: 10.0.0.5:8080\n",
+        "listen: gw.internal:8080\n", "listen: { address: \"0.0.0.0:8080\" }\n",
+        "listen: { address: \"0.0.0.0:8080\", allow_plaintext: false }\n",
+    };
+    for (size_t i = 0; i < sizeof exposed / sizeof exposed[0]; i++) {
+        if (finish(exposed[i], NULL, err, sizeof err) == 0)
+            fail_msg("accepted %s", exposed[i]);
+        assert_non_null(strstr(err, "is not a loopback address"));
+        assert_non_null(strstr(err, "allow_plaintext: true"));
+    }
+    assert_int_equal(finish("listen: { address: \"0.0.0.0:8080\", allow_plaintext: true }\n",
+                            &c, err, sizeof err),
+                     0);
+    assert_string_equal(c->listen_host, "0.0.0.0");
+    config_free(c);
+    assert_int_equal(finish("listen: { address: \"0.0.0.0:8080\", allow_plaintext: true }\n"
+                            "admin_listen: 0.0.0.0:8081\n",
+                            NULL, err, sizeof err),
+                     -1);
+    assert_non_null(strstr(err, "admin_listen 0.0.0.0:8081 is not a loopback"));
+    /* --listen comes through the same check. */
+    c = parse_ok("");
+    assert_int_equal(config_set_listen(c, "0.0.0.0:1", err, sizeof err), 0);
+    assert_int_equal(config_finish(c, err, sizeof err), -1);
+    config_free(c);
+    parse_bad("listen: { address: \"0.0.0.0:8080\", allow_plaintext: yes }\n",
+              "idem.yaml:1: listen.allow_plaintext:", "true or false");
+    parse_bad("listen: { allow_plaintext: true }\n", "idem.yaml:1: listen:", "no address");
+    parse_bad("listen: unix:/tmp/x.sock\n", "idem.yaml:1: listen:", "the port must be");
+    parse_bad("admin_listen: \"unix:\"\n", "idem.yaml:1: admin_listen:", "without a path");
+    char longer[256];
+    snprintf(longer, sizeof longer, "admin_listen: unix:/%0120d\n", 0);
+    parse_bad(longer, "idem.yaml:1: admin_listen:", "longer than 107 bytes");
+    snprintf(longer, sizeof longer, "state_dir: /%0100d\n", 0);
+    assert_int_equal(finish(longer, NULL, err, sizeof err), -1);
+    assert_non_null(strstr(err, "longer than 107 bytes"));
+    assert_true(config_is_loopback("127.0.0.1") && config_is_loopback("127.3.2.1") &&
+                config_is_loopback("127.1") &&
+                config_is_loopback("::1") && config_is_loopback("localhost"));
+    assert_false(config_is_loopback("0.0.0.0") || config_is_loopback("::") ||
+                 config_is_loopback("128.0.0.1") || config_is_loopback("localhost.evil"));
+}
+
+/* API keys: from the environment or a file, hashed; their text never in
+ * the file; names and keys unique; a scope each. */
+static void test_api_keys(void **state)
+{
+    (void)state;
+    setenv("IDEM_TEST_K1", "0123456789abcdef0123", 1);
+    setenv("IDEM_TEST_SHORT", "0123456789", 1);
+    setenv("IDEM_TEST_SPACE", "0123456789 abcdef0123", 1);
+    char *dir = test_mkdtemp(), path[4200], yaml[8400];
+    snprintf(path, sizeof path, "%s/k2", dir);
+    FILE *f = fopen(path, "w");
+    fputs("fedcba9876543210fedcba\nsecond line ignored\n", f);
+    fclose(f);
+    snprintf(yaml, sizeof yaml,
+             "api_keys:\n  - { name: ops, scope: write, env: IDEM_TEST_K1 }\n"
+             "  - { name: graf, scope: read, file: %s }\n",
+             path);
+    struct server_config *c = parse_ok(yaml);
+    assert_int_equal(c->api_key_count, 2);
+    assert_string_equal(c->api_keys[0].name, "ops");
+    assert_int_equal(c->api_keys[0].write, 1);
+    assert_int_equal(c->api_keys[1].write, 0);
+    uint8_t want[32];
+    idem_fingerprint("fedcba9876543210fedcba", 22, want);
+    assert_memory_equal(c->api_keys[1].hash, want, 32);
+    config_free(c);
+    parse_bad("api_keys:\n  - { name: ops, scope: write, key: 0123456789abcdef0123 }\n",
+              "idem.yaml:2: api_keys[0]:", "never sits in this file");
+    parse_bad("api_keys:\n  - { name: ops, scope: admin, env: IDEM_TEST_K1 }\n",
+              "idem.yaml:2: api_keys[0].scope:", "read or write");
+    parse_bad("api_keys:\n  - { scope: read, env: IDEM_TEST_K1 }\n",
+              "idem.yaml:2: api_keys[0].name:", "missing");
+    parse_bad("api_keys:\n  - { name: a, scope: read }\n", "idem.yaml:2: api_keys[0]:",
+              "exactly one of env");
+    parse_bad("api_keys:\n  - { name: a, scope: read, env: IDEM_TEST_UNSET_X }\n",
+              "idem.yaml:2: api_keys[0].env:", "not set");
+    parse_bad("api_keys:\n  - { name: a, scope: read, env: IDEM_TEST_SHORT }\n",
+              "idem.yaml:2: api_keys[0]:", "at least 16");
+    parse_bad("api_keys:\n  - { name: a, scope: read, env: IDEM_TEST_SPACE }\n",
+              "idem.yaml:2: api_keys[0]:", "printable ASCII");
+    parse_bad("api_keys:\n  - { name: a, scope: read, env: IDEM_TEST_K1 }\n"
+              "  - { name: a, scope: write, file: /dev/null }\n",
+              "idem.yaml:3: api_keys[1]", "");
+    snprintf(yaml, sizeof yaml,
+             "api_keys:\n  - { name: a, scope: read, env: IDEM_TEST_K1 }\n"
+             "  - { name: a, scope: write, file: %s }\n", path);
+    parse_bad(yaml, "idem.yaml:3: api_keys[1].name:", "each key has a name of its own");
+    snprintf(path, sizeof path, "%s/k1", dir);
+    f = fopen(path, "w");
+    fputs("0123456789abcdef0123\n", f);
+    fclose(f);
+    snprintf(yaml, sizeof yaml,
+             "api_keys:\n  - { name: a, scope: read, env: IDEM_TEST_K1 }\n"
+             "  - { name: b, scope: write, file: %s }\n", path);
+    parse_bad(yaml, "idem.yaml:3: api_keys[1]:", "the same key as api_keys[0]");
+    test_rmdir(dir);
+}
+
 static void test_listen(void **state)
 {
     static const struct { const char *s, *host; int port; } good[] = {
@@ -769,7 +906,8 @@ static void test_unknown_fields(void **state)
     parse_bad("routes:\n  - name: r\n    match: { path: /x, host: a }\n",
               "idem.yaml:3: routes[0].match.host: unknown field", NULL);
     parse_bad("tls: on\n", "idem.yaml:1: tls: unknown field",
-              "known here: listen, admin_listen, storage, subject_header, upstream, workers,"
+              "known here: listen, admin_listen, api_keys, state_dir, storage, subject_header, "
+              "upstream, workers,"
               " event_loops, limits, routes");
     parse_bad("? [a, b]\n: 1\n", "idem.yaml:1:", "plain strings");
     /* Given twice. */
@@ -1212,12 +1350,16 @@ static void test_shipped_example(void **state)
 
     snprintf(path, sizeof path, "%.*sexamples/idem-distributed.yaml", (int)(at - file), file);
     setenv("IDEM_POSTGRES_URL", "postgresql://idem:pw@db.internal/idem", 1);
+    setenv("IDEM_OPS_KEY", "0123456789abcdef0123456789abcdef", 1);
     if (config_load(path, &c, err, sizeof err) != 0)
         fail_msg("%s", err);
     unsetenv("IDEM_POSTGRES_URL");
+    unsetenv("IDEM_OPS_KEY");
     assert_string_equal(c->storage_kind, "distributed");
-    assert_string_equal(c->admin_host, "127.0.0.1");
-    assert_int_equal(c->admin_port, 8081);
+    assert_null(c->admin_host);
+    assert_int_equal(c->api_key_count, 1);
+    assert_int_equal(config_finish(c, err, sizeof err), 0);
+    assert_string_equal(c->admin_unix, "/var/lib/idem/idem-admin.sock");
     assert_string_equal(c->postgres_url, "postgresql://idem:pw@db.internal/idem");
     assert_int_equal(c->route_count, 3);
     assert_int_equal(c->routes[0].on_redis_down_reject, 1);
@@ -1236,6 +1378,8 @@ int main(void)
         cmocka_unit_test(test_durations),
         cmocka_unit_test(test_sizes),
         cmocka_unit_test(test_listen),
+        cmocka_unit_test(test_exposure),
+        cmocka_unit_test(test_api_keys),
         cmocka_unit_test(test_upstream),
         cmocka_unit_test(test_default_upstream),
         cmocka_unit_test(test_match),

@@ -86,6 +86,7 @@ void sys_start(struct proc *p, char *const argv[], const char *log_path)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        setenv(SYS_ADMIN_KEY_ENV, SYS_ADMIN_KEY, 1);
         dup2(pipefd[1], 1);
         int log = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (log >= 0)
@@ -134,6 +135,7 @@ int sys_run_fail(char *const argv[], char *err, size_t errlen)
     assert_int_equal(pipe(pipefd), 0);
     pid_t pid = fork();
     if (pid == 0) {
+        setenv(SYS_ADMIN_KEY_ENV, SYS_ADMIN_KEY, 1);
         dup2(pipefd[1], 2);
         int devnull = open("/dev/null", O_WRONLY);
         dup2(devnull, 1);
@@ -334,6 +336,13 @@ void sys_http(int port, const char *method, const char *target, const char *cons
     }
     sys_http_raw(port, req, (size_t)(o - req), timeout_ms, r);
     free(req);
+}
+
+void sys_admin_http(int admin_port, const char *method, const char *target, const char *body,
+                    int timeout_ms, struct sys_resp *r)
+{
+    const char *h[] = {"Authorization: Bearer " SYS_ADMIN_KEY, NULL};
+    sys_http(admin_port, method, target, h, body, timeout_ms, r);
 }
 
 void sys_issue_token(int port, const char *subject, char *th, size_t cap)

@@ -61,6 +61,20 @@ struct sys_resp {
 void sys_http(int port, const char *method, const char *target, const char *const *headers,
               const char *body, int timeout_ms, struct sys_resp *r);
 
+/* The write-scope API key the system tests' daemons take from the
+ * environment (SYS_ADMIN_KEY_ENV), and the configuration lines that give
+ * them an admin listener on a free loopback port with it. */
+#define SYS_ADMIN_KEY "test-admin-key-0123456789abcdef"
+#define SYS_ADMIN_KEY_ENV "IDEM_TEST_ADMIN_KEY"
+#define SYS_ADMIN_YAML                                                       \
+    "admin_listen: 127.0.0.1:0\n"                                            \
+    "api_keys:\n"                                                            \
+    "  - { name: test, scope: write, env: " SYS_ADMIN_KEY_ENV " }\n"
+
+/* sys_http on the admin listener, with the test key. */
+void sys_admin_http(int admin_port, const char *method, const char *target, const char *body,
+                    int timeout_ms, struct sys_resp *r);
+
 /* Raw bytes on a fresh connection; reads one answer (or the close). */
 void sys_http_raw(int port, const char *bytes, size_t len, int timeout_ms, struct sys_resp *r);
 /* The same, shutting the client's sending side once the bytes are out (a

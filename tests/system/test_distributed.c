@@ -53,7 +53,7 @@ static void start_idem(struct proc *p, const char *routes)
     snprintf(up, sizeof up, "http://127.0.0.1:%d", service.port);
     char *o = text;
     o += sprintf(o, "storage:\n  kind: distributed\n  redis: %s\n  postgres: %s\n"
-                    "  timeout: 1s\n",
+                    "  timeout: 1s\n" SYS_ADMIN_YAML,
                  redis_url, pg_url);
     for (const char *s = routes; *s;) {
         if (strncmp(s, "@UP@", 4) == 0) {
@@ -73,7 +73,7 @@ static void start_idem(struct proc *p, const char *routes)
 static long health_stat(int port, const char *section, const char *field, int *status)
 {
     struct sys_resp r;
-    sys_http(port, "GET", "/_idem/v1/health", NULL, NULL, 5000, &r);
+    sys_admin_http(port, "GET", "/_idem/v1/health", NULL, 5000, &r);
     if (status)
         *status = r.status;
     json_t *j = r.m ? json_loadb(r.m->body, r.m->body_len, 0, NULL) : NULL;
@@ -97,7 +97,10 @@ static void post_until(int port, const char *path, const char *body, int status,
     int last = 0;
     for (int i = 0; i < 100; i++) {
         struct sys_resp r;
-        sys_http(port, "POST", path, NULL, body, 10000, &r);
+        if (strncmp(path, "/_idem/", 7) == 0)
+            sys_admin_http(port, "POST", path, body, 10000, &r);
+        else
+            sys_http(port, "POST", path, NULL, body, 10000, &r);
         last = r.status;
         int ok = r.status == status && (!word || strstr(r.m->body, word));
         if (!ok && r.status != 503)
@@ -245,19 +248,19 @@ static void test_redis_killed_mid_storm_skip(void **state)
         sys_resp_free(&r);
     }
     assert_int_equal(sys_stat(service.port, "executions") - before, 2);
-    assert_true(health_stat(a.port, "gateway", "redis_down_skips", NULL) +
-                    health_stat(b.port, "gateway", "redis_down_skips", NULL) >= 3);
+    assert_true(health_stat(a.admin_port, "gateway", "redis_down_skips", NULL) +
+                    health_stat(b.admin_port, "gateway", "redis_down_skips", NULL) >= 3);
 
     /* Redis back: the lock layer works again in the same processes. */
     services("redis-start");
     const char *lock = "{\"space\":\"refund\",\"key\":\"probe\",\"owner\":\"t\",\"ttl_ms\":5000}";
-    post_until(a.port, "/_idem/v1/locks/acquire", lock, 200, "\"ACQUIRED\"");
+    post_until(a.admin_port, "/_idem/v1/locks/acquire", lock, 200, "\"ACQUIRED\"");
     /* ...and the lock is real, shared: the other instance sees it held
      * (once its own connections are back: they reconnect with backoff). */
     const char *other = "{\"space\":\"refund\",\"key\":\"probe\",\"owner\":\"u\",\"ttl_ms\":5000}";
-    post_until(b.port, "/_idem/v1/locks/acquire", other, 200, "\"BUSY\"");
+    post_until(b.admin_port, "/_idem/v1/locks/acquire", other, 200, "\"BUSY\"");
     /* Tokens too: one issued by A is spent once, through B. */
-    sys_http(a.port, "POST", "/_idem/v1/tokens", NULL, "{\"scene\":\"refund\"}", 5000, &r);
+    sys_admin_http(a.admin_port, "POST", "/_idem/v1/tokens", "{\"scene\":\"refund\"}", 5000, &r);
     assert_int_equal(r.status, 201);
     json_t *issued = json_loadb(r.m->body, r.m->body_len, 0, NULL);
     const char *token = json_string_value(json_object_get(issued, "token"));
@@ -267,17 +270,17 @@ static void test_redis_killed_mid_storm_skip(void **state)
     json_decref(issued);
     sys_resp_free(&r);
     for (int i = 0; i < 2; i++) {
-        sys_http(b.port, "POST", "/_idem/v1/tokens/consume", NULL, spend, 5000, &r);
+        sys_admin_http(b.admin_port, "POST", "/_idem/v1/tokens/consume", spend, 5000, &r);
         assert_int_equal(r.status, 200);
         assert_non_null(strstr(r.m->body, i == 0 ? "\"CONSUMED\"" : "\"ALREADY_CONSUMED\""));
         sys_resp_free(&r);
     }
-    long skips = health_stat(a.port, "gateway", "redis_down_skips", NULL);
+    long skips = health_stat(a.admin_port, "gateway", "redis_down_skips", NULL);
     sys_http(a.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-after\",\"amount\":\"1\"}",
              5000, &r);
     assert_int_equal(r.status, 201);
     sys_resp_free(&r);
-    assert_int_equal(health_stat(a.port, "gateway", "redis_down_skips", NULL), skips);
+    assert_int_equal(health_stat(a.admin_port, "gateway", "redis_down_skips", NULL), skips);
     assert_int_equal(sys_stop(&a, SIGTERM), 0);
     assert_int_equal(sys_stop(&b, SIGTERM), 0);
 }
@@ -300,7 +303,7 @@ static void test_redis_down_reject(void **state)
     }
     assert_int_equal(sys_stat(service.port, "executions") - before, 0);
     int status;
-    health_stat(a.port, "gateway", "requests", &status);
+    health_stat(a.admin_port, "gateway", "requests", &status);
     assert_int_equal(status, 200); /* degraded, not down: records are served */
     services("redis-start");
     post_until(a.port, "/refunds", body, 201, NULL);
@@ -326,7 +329,7 @@ static void test_postgres_stopped(void **state)
         sys_resp_free(&r);
     }
     int status;
-    health_stat(a.port, "gateway", "requests", &status);
+    health_stat(a.admin_port, "gateway", "requests", &status);
     assert_int_equal(status, 503);
     assert_int_equal(sys_stat(service.port, "executions") - before, 0);
     services("pg-start");
@@ -456,13 +459,13 @@ static void test_paused_holder_is_fenced(void **state)
     snprintf(b_body, sizeof b_body, "%.*s", (int)r.m->body_len, r.m->body);
     sys_resp_free(&r);
     assert_true(b_status < 500);
-    assert_int_equal(health_stat(b.port, "store_stats", "takeovers", NULL), 1);
+    assert_int_equal(health_stat(b.admin_port, "store_stats", "takeovers", NULL), 1);
 
     assert_int_equal(kill(a.pid, SIGCONT), 0);
     pthread_join(pa.t, NULL); /* A's service call returns; its complete is refused */
     sys_resp_free(&pa.resp);
     /* (Its lease extensions, late, are refused too, and counted.) */
-    assert_true(health_stat(a.port, "store_stats", "conflicts", NULL) >= 1);
+    assert_true(health_stat(a.admin_port, "store_stats", "conflicts", NULL) >= 1);
     char log[16384] = "";
     FILE *f = fopen(a.log, "r");
     assert_non_null(f);
@@ -589,7 +592,7 @@ static void test_renewals_not_starved_by_stuck_redis(void **state)
     struct bg_post pb = {.port = b.port, .body = pa.body};
     pthread_create(&pb.t, NULL, bg_post_main, &pb);
     pthread_join(pb.t, NULL); /* B waits out its lock call, then begins */
-    long takeovers = health_stat(b.port, "store_stats", "takeovers", NULL);
+    long takeovers = health_stat(b.admin_port, "store_stats", "takeovers", NULL);
     atomic_store(&f.stop, 1);
     test_redis_command(redis_url, "CLIENT UNPAUSE");
     pthread_join(pa.t, NULL);
@@ -610,7 +613,7 @@ static void test_renewals_not_starved_by_stuck_redis(void **state)
     assert_int_equal(r.m->body_len, pa.resp.m->body_len);
     assert_memory_equal(r.m->body, pa.resp.m->body, r.m->body_len);
     sys_resp_free(&r);
-    assert_int_equal(health_stat(a.port, "store_stats", "conflicts", NULL), 0);
+    assert_int_equal(health_stat(a.admin_port, "store_stats", "conflicts", NULL), 0);
     sys_resp_free(&pa.resp);
     sys_resp_free(&pb.resp);
     assert_int_equal(sys_stop(&a, SIGTERM), 0);

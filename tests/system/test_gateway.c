@@ -16,6 +16,8 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <signal.h>
@@ -79,6 +81,12 @@ static void write_config(const char *path, const char *yaml_routes)
     const char *s = yaml_routes;
     char *o = text;
     o += sprintf(o, "subject_header: X-Subject\nupstream: %s\n", up);
+    /* The JSON API on a loopback port of its own, with the tests' key. */
+    if (!strstr(yaml_routes, "admin_listen"))
+        o += sprintf(o, "%s", SYS_ADMIN_YAML);
+    else if (!strstr(yaml_routes, "api_keys"))
+        o += sprintf(o, "api_keys:\n  - { name: test, scope: write, env: %s }\n",
+                     SYS_ADMIN_KEY_ENV);
     while (*s) {
         if (strncmp(s, "@UP@", 4) == 0) {
             o += sprintf(o, "%s", up);
@@ -294,7 +302,7 @@ static void test_replay_mismatch_missing_key(void **state)
     assert_null(sys_header(&e, "Idempotent-Replayed"));
     sys_resp_free(&e);
     /* The same counts, in Prometheus's format. */
-    sys_http(gw.port, "GET", "/_idem/v1/metrics", NULL, NULL, 5000, &e);
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/metrics", NULL, 5000, &e);
     assert_int_equal(e.status, 200);
     assert_string_equal(sys_header(&e, "Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
     static const char *const counts[] = {
@@ -784,7 +792,8 @@ static void test_tokens_per_scene(void **state)
     (void)state;
     struct proc gw;
     char cfg[2048];
-    snprintf(cfg, sizeof cfg, "limits:\n  tokens_per_scene: 20\n%s", token_routes);
+    snprintf(cfg, sizeof cfg, "limits:\n  tokens_per_scene: 20\n  token_rate_subject: 100\n%s",
+             token_routes);
     start_idem(&gw, cfg, "tokens20.db");
     char first[128], second[128], th[128];
     sys_issue_token(gw.port, "erin", first, sizeof first);
@@ -890,7 +899,7 @@ static void test_upstream_killed_mid_request(void **state)
     assert_int_equal(r.status, 409);
     sys_resp_free(&r);
     assert_int_equal(sys_stat(port, "executions") - before, 0);
-    sys_http(gw.port, "GET", "/_idem/v1/records/refund/R-killed", NULL, NULL, 5000, &r);
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/refund/R-killed", NULL, 5000, &r);
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.m->body, "\"state\":\"PROCESSING\""));
     sys_resp_free(&r);
@@ -1125,7 +1134,7 @@ static void test_health_sees_failing_writes(void **state)
     struct proc gw;
     start_idem(&gw, reject_routes, "writes.db");
     struct sys_resp r;
-    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 5000, &r);
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/health", NULL, 5000, &r);
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.m->body, "\"record_writes\":\"ok\""));
     sys_resp_free(&r);
@@ -1140,7 +1149,7 @@ static void test_health_sees_failing_writes(void **state)
     assert_int_equal(r.status, 503);
     assert_non_null(strstr(r.m->body, "store_unavailable"));
     sys_resp_free(&r);
-    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 15000, &r);
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/health", NULL, 15000, &r);
     assert_int_equal(r.status, 503);
     assert_non_null(strstr(r.m->body, "\"status\":\"store_unavailable\""));
     assert_non_null(strstr(r.m->body, "\"records\":\"ok\"")); /* reads still work */
@@ -1149,7 +1158,7 @@ static void test_health_sees_failing_writes(void **state)
     assert_int_equal(sqlite3_exec(holder, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
     sqlite3_close(holder);
     /* Writes work again: the health check's own write says so. */
-    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 15000, &r);
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/health", NULL, 15000, &r);
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.m->body, "\"record_writes\":\"ok\""));
     sys_resp_free(&r);
@@ -1180,7 +1189,7 @@ static int64_t mono_ms(void)
 static long metric(int port, const char *name)
 {
     struct sys_resp r;
-    sys_http(port, "GET", "/_idem/v1/metrics", NULL, NULL, 5000, &r);
+    sys_admin_http(port, "GET", "/_idem/v1/metrics", NULL, 5000, &r);
     assert_int_equal(r.status, 200);
     char line[128];
     snprintf(line, sizeof line, "\n%s ", name);
@@ -1223,11 +1232,11 @@ static void test_answer_kept_after_store_failure(void **state)
     assert_true(mono_ms() - t < 2000); /* not queued behind the store */
     sys_resp_free(&r);
     int waited = 0;
-    while (metric(gw.port, "idem_gateway_answers_not_kept") != 1 && waited < 30000) {
+    while (metric(gw.admin_port, "idem_gateway_answers_not_kept") != 1 && waited < 30000) {
         sleep_ms(100);
         waited += 100;
     }
-    assert_int_equal(metric(gw.port, "idem_gateway_answers_not_kept"), 1);
+    assert_int_equal(metric(gw.admin_port, "idem_gateway_answers_not_kept"), 1);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     /* The finish failed: the answer waits to be kept, and says so. */
     sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
@@ -1245,13 +1254,13 @@ static void test_answer_kept_after_store_failure(void **state)
     sys_resp_free(&r);
     sys_resp_free(&b.resp);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
-    assert_int_equal(metric(gw.port, "idem_gateway_answers_not_kept"), 0);
+    assert_int_equal(metric(gw.admin_port, "idem_gateway_answers_not_kept"), 0);
     /* Four requests; the first took over 5 s (the store's busy timeout,
      * twice), the two 409s and the replay far less. */
     assert_int_equal(
-        metric(gw.port, "idem_gateway_request_duration_seconds_count{route=\"refund\"}"), 4);
+        metric(gw.admin_port, "idem_gateway_request_duration_seconds_count{route=\"refund\"}"), 4);
     assert_int_equal(
-        metric(gw.port, "idem_gateway_request_duration_seconds_bucket{route=\"refund\",le=\"5\"}"),
+        metric(gw.admin_port, "idem_gateway_request_duration_seconds_bucket{route=\"refund\",le=\"5\"}"),
         3);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
@@ -1779,18 +1788,18 @@ static void test_sighup_reloads_routes(void **state)
     }
     /* The metrics count per route, and a route that keeps its name across
      * the reload keeps its counts. */
-    assert_int_equal(metric(gw.port, "idem_gateway_executions_total{route=\"refund\"}"), 1);
-    assert_int_equal(metric(gw.port, "idem_gateway_requests_total{route=\"payment-callback\"}"),
+    assert_int_equal(metric(gw.admin_port, "idem_gateway_executions_total{route=\"refund\"}"), 1);
+    assert_int_equal(metric(gw.admin_port, "idem_gateway_requests_total{route=\"payment-callback\"}"),
                      2);
-    assert_int_equal(metric(gw.port, "idem_gateway_replays_total{route=\"payment-callback\"}"), 1);
-    assert_int_equal(metric(gw.port, "idem_gateway_passthrough_total"), 1);
+    assert_int_equal(metric(gw.admin_port, "idem_gateway_replays_total{route=\"payment-callback\"}"), 1);
+    assert_int_equal(metric(gw.admin_port, "idem_gateway_passthrough_total"), 1);
     /* Every durable commit of the store is timed into its histogram. */
-    long commits = metric(gw.port, "idem_store_commits_total");
+    long commits = metric(gw.admin_port, "idem_store_commits_total");
     assert_true(commits >= 4);
-    assert_int_equal(metric(gw.port, "idem_store_commit_duration_seconds_count"), commits);
-    assert_int_equal(metric(gw.port, "idem_store_commit_duration_seconds_bucket{le=\"+Inf\"}"),
+    assert_int_equal(metric(gw.admin_port, "idem_store_commit_duration_seconds_count"), commits);
+    assert_int_equal(metric(gw.admin_port, "idem_store_commit_duration_seconds_bucket{le=\"+Inf\"}"),
                      commits);
-    long fast = metric(gw.port, "idem_store_commit_duration_seconds_bucket{le=\"0.0001\"}");
+    long fast = metric(gw.admin_port, "idem_store_commit_duration_seconds_bucket{le=\"0.0001\"}");
     assert_true(fast >= 0 && fast <= commits);
     /* Only the routes changed: the reload applied --listen and --db again
      * and did not claim that anything waits for a restart. */
@@ -1827,7 +1836,7 @@ static void test_sighup_reloads_routes(void **state)
 static struct sys_resp api(int port, const char *path, const char *body)
 {
     struct sys_resp r;
-    sys_http(port, body ? "POST" : "GET", path, NULL, body, 5000, &r);
+    sys_admin_http(port, body ? "POST" : "GET", path, body, 5000, &r);
     return r;
 }
 
@@ -1846,7 +1855,7 @@ static void test_json_api(void **state)
     (void)state;
     struct proc gw;
     start_idem(&gw, reject_routes, "api.db");
-    int p = gw.port;
+    int p = gw.admin_port;
     /* Locks. */
     api_expect(p, "/_idem/v1/locks/acquire",
                "{\"space\":\"acct\",\"key\":\"A-1\",\"owner\":\"w1\",\"ttl_ms\":30000}", 200,
@@ -1992,81 +2001,262 @@ static void test_json_api(void **state)
              epoch);
     api_expect(p, "/_idem/v1/records/complete", body, 200, "\"outcome\":\"COMPLETED\"");
     struct sys_resp inj;
-    sys_http(p, "POST", "/refunds", NULL, "{\"refund_no\":\"R-inject\",\"amount\":\"1\"}", 5000,
-             &inj);
+    sys_http(gw.port, "POST", "/refunds", NULL, "{\"refund_no\":\"R-inject\",\"amount\":\"1\"}",
+             5000, &inj);
     assert_int_equal(inj.status, 500);
     assert_null(sys_header(&inj, "Set-Cookie"));
     assert_non_null(strstr(inj.m->body, "urn:idem:stored_result_unreadable"));
     sys_resp_free(&inj);
     struct sys_resp d;
-    sys_http(p, "DELETE", "/_idem/v1/health", NULL, NULL, 5000, &d);
+    sys_admin_http(p, "DELETE", "/_idem/v1/health", NULL, 5000, &d);
     assert_int_equal(d.status, 405);
     assert_string_equal(sys_header(&d, "Allow"), "GET, HEAD");
     sys_resp_free(&d);
-    sys_http(p, "POST", "/_idem/v1/health", NULL, "{}", 5000, &d);
+    sys_admin_http(p, "POST", "/_idem/v1/health", "{}", 5000, &d);
     assert_int_equal(d.status, 405);
     assert_string_equal(sys_header(&d, "Allow"), "GET, HEAD");
     sys_resp_free(&d);
-    sys_http(p, "PUT", "/_idem/v1/tokens", NULL, "{}", 5000, &d);
+    sys_admin_http(p, "PUT", "/_idem/v1/tokens", "{}", 5000, &d);
     assert_int_equal(d.status, 405);
     assert_string_equal(sys_header(&d, "Allow"), "POST");
     sys_resp_free(&d);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
-/* admin_listen: the JSON API moves to a listener of its own, and the main
- * listener (the one clients reach) no longer answers it. */
-static void test_admin_listener(void **state)
+/* One request over a Unix socket; the whole answer (until the close),
+ * NUL-terminated, in out. */
+static void unix_http(const char *path, const char *request, char *out, size_t cap)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
+        fail_msg("connect %s: %s", path, strerror(errno));
+    assert_int_equal(send(fd, request, strlen(request), 0), (ssize_t)strlen(request));
+    size_t n = 0;
+    ssize_t got;
+    while (n + 1 < cap && (got = recv(fd, out + n, cap - 1 - n, 0)) > 0)
+        n += (size_t)got;
+    out[n] = '\0';
+    close(fd);
+}
+
+/* The shipped example configuration, as a newcomer starts it: on the main
+ * listener nothing under /_idem/v1/ answers but health and token issuance
+ * (every endpoint tried, none had an effect); the JSON API is on a Unix
+ * socket of mode 0600 beside the store, which without a key refuses all. */
+static void test_example_config_exposes_nothing(void **state)
 {
     (void)state;
-    static const char routes[] = "admin_listen: 127.0.0.1:0\n"
-                                 "routes:\n" REFUND_ROUTE "    scope: subject\n"
-                                 "    layers: [token, record]\n";
+    char db[4200], log[4200], sock[4200];
+    snprintf(db, sizeof db, "%s/example.db", dir);
+    snprintf(log, sizeof log, "%s/example.log", dir);
+    snprintf(sock, sizeof sock, "%s/idem-admin.sock", dir);
+    char *argv[] = {(char *)idem_bin, "serve", "-c", IDEM_SOURCE_DIR "/examples/idem.yaml",
+                    "--db", db, "--listen", "127.0.0.1:0", NULL};
     struct proc gw;
-    start_idem(&gw, routes, "admin.db");
+    sys_start(&gw, argv, log);
+    assert_non_null(strstr(gw.ready, "JSON API on unix:"));
+    static const char *const privileged[] = {
+        "POST /_idem/v1/records/begin", "POST /_idem/v1/records/complete",
+        "POST /_idem/v1/records/fail", "POST /_idem/v1/records/transition",
+        "GET /_idem/v1/records/refund/alice%2FR-1", "GET /_idem/v1/records/payment/CH-1",
+        "POST /_idem/v1/locks/acquire", "POST /_idem/v1/locks/renew",
+        "POST /_idem/v1/locks/release", "POST /_idem/v1/tokens/consume",
+        "POST /_idem/v1/tokens/give_back", "GET /_idem/v1/metrics", "GET /_idem/v1",
+        "GET /_idem/v1/", "GET /_idem/v1/nope", "POST /_idem/v1/inbox/claim",
+    };
+    static const char begin[] =
+        "{\"space\":\"payment\",\"key\":\"CH-1\",\"owner\":\"mallory\",\"lease_ms\":60000}";
+    for (size_t i = 0; i < sizeof privileged / sizeof privileged[0]; i++) {
+        char method[8], target[64];
+        sscanf(privileged[i], "%7s %63s", method, target);
+        struct sys_resp r;
+        sys_http(gw.port, method, target, NULL, method[0] == 'P' ? begin : NULL, 5000, &r);
+        if (r.status != 404 || !strstr(r.m->body, "urn:idem:no_such_endpoint"))
+            fail_msg("%s on the main listener: %d %s", privileged[i], r.status,
+                     r.m ? r.m->body : "");
+        sys_resp_free(&r);
+    }
+    /* Health and token issuance stay; the health says no counts. */
+    struct sys_resp r;
+    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(r.m->body, "{\"status\":\"ok\",\"records\":\"ok\",\"tokens_and_locks\":\"ok\"}");
+    sys_resp_free(&r);
+    sys_http(gw.port, "GET", "/_idem/v1/health/live", NULL, NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    sys_resp_free(&r);
+    char th[128];
+    sys_issue_token(gw.port, "alice", th, sizeof th);
+    /* The admin socket: the daemon's user only, and no key, no answer. */
+    struct stat st;
+    assert_int_equal(stat(sock, &st), 0);
+    assert_true(S_ISSOCK(st.st_mode));
+    assert_int_equal(st.st_mode & 0777, 0600);
+    char out[4096];
+    unix_http(sock, "GET /_idem/v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", out,
+              sizeof out);
+    assert_non_null(strstr(out, "HTTP/1.1 401 "));
+    assert_non_null(strstr(out, "WWW-Authenticate: Bearer"));
+    unix_http(sock,
+              "POST /_idem/v1/records/begin HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+              "Authorization: Bearer not-a-key-of-this-daemon\r\nContent-Length: 2\r\n\r\n{}",
+              out, sizeof out);
+    assert_non_null(strstr(out, "HTTP/1.1 401 "));
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    /* The socket goes with the daemon. */
+    assert_int_equal(stat(sock, &st), -1);
+}
+
+/* The two surfaces with keys: an attacker on the main listener can read,
+ * begin, finish, transition, lock or consume nothing (each tried, and the
+ * effect looked for on the admin side); on the admin listener a request
+ * without a key is 401, with a read key it may read and not write (403),
+ * with a write key it does everything; keys are logged by name. */
+static void test_two_surfaces(void **state)
+{
+    (void)state;
+    char rpath[4200];
+    snprintf(rpath, sizeof rpath, "%s/read.key", dir);
+    sys_write_file(rpath, "read-key-0123456789abcdef-0123456789\n");
+    char routes[8192];
+    snprintf(routes, sizeof routes,
+             SYS_ADMIN_YAML
+             "  - { name: grafana, scope: read, file: %s }\n"
+             "routes:\n" REFUND_ROUTE "    scope: subject\n"
+             "    layers: [token, record]\n",
+             rpath);
+    struct proc gw;
+    start_idem(&gw, routes, "surfaces.db");
     int p = gw.port, a = gw.admin_port;
     assert_true(a > 0 && a != p);
     long before = sys_stat(service.port, "executions");
-    /* On the main listener the API is not there, and what it was asked did
-     * not happen: the token issued through it does not exist. */
-    api_expect(p, "/_idem/v1/health", NULL, 404, "urn:idem:no_such_endpoint");
-    static const char *const dave[] = {"X-Subject: dave", NULL};
-    struct sys_resp tok, r;
-    sys_http(p, "POST", "/_idem/v1/tokens", dave, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
-             5000, &tok);
-    assert_int_equal(tok.status, 404);
-    sys_resp_free(&tok);
-    api_expect(p, "/_idem/v1/records/begin",
-               "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"owner\":\"x\",\"lease_ms\":60000}",
-               404, "urn:idem:no_such_endpoint");
+    /* Mallory, on the main listener, tries every privileged endpoint. */
+    static const char *const tries[][2] = {
+        {"/_idem/v1/records/begin",
+         "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"owner\":\"m\",\"lease_ms\":60000}"},
+        {"/_idem/v1/records/complete",
+         "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"epoch\":1,\"result\":\"x\"}"},
+        {"/_idem/v1/records/fail", "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"epoch\":1}"},
+        {"/_idem/v1/records/transition",
+         "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"from\":\"A\",\"to\":\"B\"}"},
+        {"/_idem/v1/locks/acquire",
+         "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"owner\":\"m\",\"ttl_ms\":60000}"},
+        {"/_idem/v1/locks/release", "{\"space\":\"refund\",\"key\":\"k\",\"owner\":\"m\"}"},
+        {"/_idem/v1/tokens/consume", "{\"scene\":\"refund\",\"token\":\"x\"}"},
+        {"/_idem/v1/records/refund/dave%2FR-adm", NULL},
+    };
+    static const char *const mallory[] = {"X-Subject: dave", NULL};
+    for (size_t i = 0; i < sizeof tries / sizeof tries[0]; i++) {
+        struct sys_resp r;
+        sys_http(p, tries[i][1] ? "POST" : "GET", tries[i][0], mallory, tries[i][1], 5000, &r);
+        if (r.status != 404)
+            fail_msg("%s on the main listener: %d", tries[i][0], r.status);
+        sys_resp_free(&r);
+    }
+    /* None of it happened: no record, and the lock is free for another. */
     api_expect(a, "/_idem/v1/records/refund/dave%2FR-adm", NULL, 404, "record_not_found");
-    /* On the admin listener: the API, and nothing else. */
-    api_expect(a, "/_idem/v1/health", NULL, 200, "\"status\"");
-    sys_http(a, "POST", "/_idem/v1/tokens", dave, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
+    api_expect(a, "/_idem/v1/locks/acquire",
+               "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"owner\":\"ops\"}", 200,
+               "\"ACQUIRED\"");
+    /* A token issued to dave on the main listener is dave's: mallory's
+     * consume above did not touch it, and the gateway takes it once. */
+    struct sys_resp tok, r;
+    sys_http(p, "POST", "/_idem/v1/tokens", mallory, "{\"scene\":\"refund\",\"ttl_ms\":60000}",
              5000, &tok);
     assert_int_equal(tok.status, 201);
     char th[128];
     snprintf(th, sizeof th, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
     sys_resp_free(&tok);
+    /* Only for a scene a route uses, and not for longer than token_ttl_max. */
+    sys_http(p, "POST", "/_idem/v1/tokens", mallory, "{\"scene\":\"other\"}", 5000, &tok);
+    assert_int_equal(tok.status, 400);
+    sys_resp_free(&tok);
+    sys_http(p, "POST", "/_idem/v1/tokens", mallory,
+             "{\"scene\":\"refund\",\"ttl_ms\":604800000}", 5000, &tok);
+    assert_int_equal(tok.status, 400);
+    assert_non_null(strstr(tok.m->body, "token_ttl_max"));
+    sys_resp_free(&tok);
     const char *h[] = {"X-Subject: dave", th, NULL};
     const char *body = "{\"refund_no\":\"R-adm\",\"amount\":\"4.00\"}";
-    sys_http(a, "POST", "/refunds", h, body, 5000, &r);
+    /* The admin listener is no gateway. */
+    sys_admin_http(a, "POST", "/refunds", body, 5000, &r);
     assert_int_equal(r.status, 404);
-    assert_non_null(strstr(r.m->body, "urn:idem:no_such_endpoint"));
-    sys_resp_free(&r);
-    assert_int_equal(sys_stat(service.port, "executions") - before, 0);
-    /* The gateway on the main listener, with the token from the admin one;
-     * the record it wrote is read back through the admin listener. */
-    sys_http(p, "POST", "/refunds", h, body, 5000, &r);
-    assert_int_equal(r.status, 201);
     sys_resp_free(&r);
     sys_http(p, "POST", "/refunds", h, body, 5000, &r);
     assert_int_equal(r.status, 201);
-    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
     sys_resp_free(&r);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
-    api_expect(a, "/_idem/v1/records/refund/dave%2FR-adm", NULL, 200,
-               "\"state\":\"SUCCEEDED\"");
+    /* The admin listener: no key, a wrong key, a read key, a write key. */
+    sys_http(a, "GET", "/_idem/v1/records/refund/dave%2FR-adm", NULL, NULL, 5000, &r);
+    assert_int_equal(r.status, 401);
+    assert_non_null(strstr(r.m->body, "urn:idem:unauthorized"));
+    assert_string_equal(sys_header(&r, "WWW-Authenticate"), "Bearer realm=\"idem\"");
+    sys_resp_free(&r);
+    static const char *const wrong[] = {"Authorization: Bearer read-key-0123456789abcdef-012345678",
+                                        NULL};
+    sys_http(a, "GET", "/_idem/v1/metrics", wrong, NULL, 5000, &r);
+    assert_int_equal(r.status, 401);
+    sys_resp_free(&r);
+    static const char *const reader[] = {"Authorization: bearer read-key-0123456789abcdef-0123456789",
+                                         NULL};
+    sys_http(a, "GET", "/_idem/v1/records/refund/dave%2FR-adm", reader, NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"state\":\"SUCCEEDED\""));
+    sys_resp_free(&r);
+    sys_http(a, "GET", "/_idem/v1/metrics", reader, NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\nidem_admin_auth_failures_total 2\n"));
+    sys_resp_free(&r);
+    sys_http(a, "POST", "/_idem/v1/records/transition", reader,
+             "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"from\":\"SUCCEEDED\","
+             "\"to\":\"RELEASED\"}",
+             5000, &r);
+    assert_int_equal(r.status, 403);
+    assert_non_null(strstr(r.m->body, "urn:idem:insufficient_scope"));
+    sys_resp_free(&r);
+    api_expect(a, "/_idem/v1/records/refund/dave%2FR-adm", NULL, 200, "\"state\":\"SUCCEEDED\"");
+    api_expect(a, "/_idem/v1/records/transition",
+               "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"from\":\"SUCCEEDED\","
+               "\"to\":\"RELEASED\"}",
+               200, "\"APPLIED\"");
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    char *text = sys_read_file(gw.log);
+    assert_non_null(strstr(text, "admin: API key grafana (scope read) in use: GET"));
+    assert_non_null(strstr(text, "admin: API key test (scope write) in use:"));
+    assert_null(strstr(text, "read-key-0123456789abcdef")); /* never the key itself */
+    free(text);
+}
+
+/* Failed API keys from one address are slowed down: past a burst, each
+ * refusal waits a second; a right key is never held. */
+static void test_failed_keys_slowed(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, "routes: []\n", "slowed.db");
+    static const char *const wrong[] = {"Authorization: Bearer wrong-key-0123456789abcdef",
+                                        NULL};
+    int64_t slow = 0;
+    for (int i = 0; i < 14; i++) {
+        struct sys_resp r;
+        int64_t t0 = mono_ms();
+        sys_http(gw.admin_port, "GET", "/_idem/v1/metrics", wrong, NULL, 5000, &r);
+        assert_int_equal(r.status, 401);
+        sys_resp_free(&r);
+        slow += mono_ms() - t0 >= 900;
+    }
+    if (slow < 3)
+        fail_msg("%lld of 14 failures were held back; past the burst of 10 each should be",
+                 (long long)slow);
+    struct sys_resp r;
+    int64_t t0 = mono_ms();
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/metrics", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_true(mono_ms() - t0 < 900);
+    sys_resp_free(&r);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
@@ -2128,7 +2318,7 @@ static void test_transition_reaches_replays(void **state)
     struct sys_resp r;
     for (int i = 0; i < 6; i++) /* one execution, then replays */
         post_expect(gw.port, body, 201, i ? 1 : ANY);
-    api_expect(gw.port, "/_idem/v1/records/transition",
+    api_expect(gw.admin_port, "/_idem/v1/records/transition",
                "{\"space\":\"refund\",\"key\":\"R-rerun\",\"from\":\"SUCCEEDED\","
                "\"to\":\"RELEASED\"}",
                200, "\"outcome\":\"APPLIED\"");
@@ -2353,7 +2543,7 @@ static void test_connection_limits(void **state)
 static void expect_status(int port, const char *path, int status)
 {
     struct sys_resp r;
-    sys_http(port, "GET", path, NULL, NULL, 3000, &r);
+    sys_admin_http(port, "GET", path, NULL, 3000, &r);
     if (r.status != status)
         fail_msg("GET %s on %d: %d, expected %d", path, port, r.status, status);
     if (status == 503)
@@ -2366,7 +2556,7 @@ static void expect_status_soon(int port, const char *path, int status)
 {
     for (int i = 0; i < 60; i++) {
         struct sys_resp r;
-        sys_http(port, "GET", path, NULL, NULL, 3000, &r);
+        sys_admin_http(port, "GET", path, NULL, 3000, &r);
         int got = r.status;
         sys_resp_free(&r);
         if (got == status)
@@ -2843,14 +3033,14 @@ static void api_write_record(int port, const char *key, const char *result_json)
     char body[1024];
     snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"%s\",\"owner\":\"t\"}", key);
     struct sys_resp b;
-    sys_http(port, "POST", "/_idem/v1/records/begin", NULL, body, 5000, &b);
+    sys_admin_http(port, "POST", "/_idem/v1/records/begin", body, 5000, &b);
     assert_int_equal(b.status, 200);
     assert_non_null(strstr(b.m->body, "\"outcome\":\"NEW\""));
     long long epoch = atoll(strstr(b.m->body, "\"epoch\":") + 8);
     sys_resp_free(&b);
     snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"%s\",\"epoch\":%lld,\"result\":%s}",
              key, epoch, result_json);
-    sys_http(port, "POST", "/_idem/v1/records/complete", NULL, body, 5000, &b);
+    sys_admin_http(port, "POST", "/_idem/v1/records/complete", body, 5000, &b);
     assert_int_equal(b.status, 200);
     assert_non_null(strstr(b.m->body, "\"outcome\":\"COMPLETED\""));
     sys_resp_free(&b);
@@ -2858,15 +3048,15 @@ static void api_write_record(int port, const char *key, const char *result_json)
 
 /* Key <prefix>-<i>: a finished record holding result (JSON), written
  * through the JSON API, then a duplicate of it through the gateway. */
-static void replay_of_written(int port, const char *prefix, size_t i, const char *result,
-                              struct sys_resp *r)
+static void replay_of_written(const struct proc *gw, const char *prefix, size_t i,
+                              const char *result, struct sys_resp *r)
 {
     char key[32], kh[64];
     snprintf(key, sizeof key, "%s-%zu", prefix, i);
     snprintf(kh, sizeof kh, "Idempotency-Key: %s", key);
     const char *hdrs[] = {kh, NULL};
-    api_write_record(port, key, result);
-    sys_http(port, "POST", "/refunds", hdrs, "{}", 5000, r);
+    api_write_record(gw->admin_port, key, result);
+    sys_http(gw->port, "POST", "/refunds", hdrs, "{}", 5000, r);
 }
 
 /* A replay sends what the first client got, header for header: a tab in a
@@ -2911,7 +3101,7 @@ static void test_replay_sends_what_was_answered(void **state)
         "\"IDEM1 200 2 5\\nProxy-Connection: close\\nX-B: 1\\nhello\"",
     };
     for (size_t i = 0; i < sizeof framing / sizeof framing[0]; i++) {
-        replay_of_written(gw.port, "H", i, framing[i], &again);
+        replay_of_written(&gw, "H", i, framing[i], &again);
         if (again.status != 200 || again.m->body_len != 5 ||
             memcmp(again.m->body, "hello", 5) != 0 || !sys_header(&again, "X-B") ||
             sys_header(&again, "Transfer-Encoding") || sys_header(&again, "Content_Length") ||
@@ -2927,7 +3117,7 @@ static void test_replay_sends_what_was_answered(void **state)
         "\"IDEM1 100 0 5\\nhello\"",
     };
     for (size_t i = 0; i < sizeof forged / sizeof forged[0]; i++) {
-        replay_of_written(gw.port, "F", i, forged[i], &again);
+        replay_of_written(&gw, "F", i, forged[i], &again);
         if (again.status != 500 || !strstr(again.m->body, "stored_result_unreadable"))
             fail_msg("stored %s replayed as %d %.*s", forged[i], again.status,
                      (int)again.m->body_len, again.m->body);
@@ -2935,7 +3125,7 @@ static void test_replay_sends_what_was_answered(void **state)
         sys_resp_free(&again);
     }
     /* One Idem would have written replays. */
-    api_write_record(gw.port, "OK-1", "\"IDEM1 202 1 5\\nX-Tab: a\\tb\\nhello\"");
+    api_write_record(gw.admin_port, "OK-1", "\"IDEM1 202 1 5\\nX-Tab: a\\tb\\nhello\"");
     static const char *const okh[] = {"Idempotency-Key: OK-1", NULL};
     sys_http(gw.port, "POST", "/refunds", okh, "{}", 5000, &again);
     assert_int_equal(again.status, 202);
@@ -3036,7 +3226,7 @@ static void test_unknown_outcome_held(void **state)
         fail_msg("Retry-After: %ld", wait);
     sys_resp_free(&r);
     /* The operator decides it did not happen, and releases it. */
-    sys_http(gw.port, "GET", "/_idem/v1/records/refund/T-hold", NULL, NULL, 5000, &r);
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/refund/T-hold", NULL, 5000, &r);
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.m->body, "\"state\":\"PROCESSING\""));
     long long epoch = atoll(strstr(r.m->body, "\"epoch\":") + 8);
@@ -3045,7 +3235,7 @@ static void test_unknown_outcome_held(void **state)
     snprintf(body, sizeof body,
              "{\"space\":\"refund\",\"key\":\"T-hold\",\"epoch\":%lld,\"retryable\":true}",
              epoch);
-    api_expect(gw.port, "/_idem/v1/records/fail", body, 200, "\"outcome\":\"COMPLETED\"");
+    api_expect(gw.admin_port, "/_idem/v1/records/fail", body, 200, "\"outcome\":\"COMPLETED\"");
     sys_http(gw.port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
     /* Forwarded now (the upstream is gone: 502 or 504), not refused 409. */
     assert_true(r.status == 502 || r.status == 504);
@@ -3120,6 +3310,9 @@ int main(int argc, char **argv)
     setenv("RES_OPTIONS", "timeout:1 attempts:1", 1);
     service_bin = argv[2];
     signal(SIGPIPE, SIG_IGN);
+    /* IDEM_TEST_FILTER=test_two_* runs only the tests it matches. */
+    if (getenv("IDEM_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("IDEM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_storm_wait_one_execution),
         cmocka_unit_test(test_storm_reject),
@@ -3158,7 +3351,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sighup_reloads_routes),
         cmocka_unit_test(test_upstream_names),
         cmocka_unit_test(test_json_api),
-        cmocka_unit_test(test_admin_listener),
+        cmocka_unit_test(test_example_config_exposes_nothing),
+        cmocka_unit_test(test_two_surfaces),
+        cmocka_unit_test(test_failed_keys_slowed),
         cmocka_unit_test(test_admin_listen_overlap_refused),
         cmocka_unit_test(test_transition_reaches_replays),
         cmocka_unit_test(test_expect_continue),

@@ -1,0 +1,26 @@
+/*
+ * admin.h — the admin listener's door (daemon): which API key a request
+ * carries, and whether its scope lets it through.
+ */
+#ifndef IDEM_SERVER_ADMIN_H
+#define IDEM_SERVER_ADMIN_H
+
+#include "config.h"
+#include "http_parser.h"
+#include "response.h"
+
+/* The key of cfg that m's "Authorization: Bearer KEY" names, or NULL. Every
+ * key is compared, each in constant time, whichever matches: how long a
+ * refusal takes says nothing of how close a guess came. */
+const struct api_key *admin_key(const struct server_config *cfg, const struct http_msg *m);
+
+/* NULL when key may make request m, else the answer: 401 without a key
+ * (key NULL), 403 for a read key asked to change something. */
+struct http_response *admin_refusal(const struct server_config *cfg, const struct api_key *key,
+                                    const struct http_msg *m);
+
+/* The address part of a peer's name ("127.0.0.1" of "127.0.0.1:5311",
+ * "unix"): what failures are counted by. Its length. */
+size_t admin_peer_host(const char *peer);
+
+#endif
