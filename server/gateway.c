@@ -31,6 +31,7 @@
  *        │        ├── MISMATCH ──────────────────────────────► 422
  *        │        └── IN_PROGRESS: reject, or wait (timer) ──► 409
  *        │   NEW / TAKEN_OVER: we hold the claim (epoch), durably
+ *        │   (TAKEN_OVER on an on_unknown_outcome: hold route: held ──► 409)
  *   FORWARD  upstream, on the loop (a timer extends the claim's lease every
  *        │   lease/3, as a db step of its own)
  *        ├── answer < 500, or 5xx with on_upstream_5xx: store ─► db: complete/fail(final)
@@ -773,6 +774,35 @@ static void held_elsewhere(struct gw *g, int held)
         in_flight_elsewhere(g, held_why(held), NULL);
 }
 
+/* On a route with on_unknown_outcome: hold, no retry takes a claim over
+ * and executes: a claim whose lease ran out was left by a daemon that died
+ * mid-request (kill -9, a lost machine: whichever instance finds it) or is
+ * a hold that ran its time, and either way whether it executed is unknown.
+ * The begin took the claim at a new epoch; it is held as an unknown
+ * outcome is, for hold_ms, and the retry is told 409 until an operator
+ * finishes the record. */
+static void hold_abandoned(struct gw *g)
+{
+    const struct route *rt = g->rt;
+    g->epoch = g->rec.epoch;
+    idem_record_clear(&g->rec);
+    COUNT(rt, in_flight_409);
+    daemon_log("%s/%s: a claim whose lease ran out, its outcome unknown, is held at epoch "
+               "%" PRIu64 " for %" PRId64 " ms (on_unknown_outcome: hold): an operator "
+               "finishes it through the JSON API",
+               rt->space, g->key, g->epoch, hold_ms(rt));
+    g->out = problem(409, "request_in_flight",
+                     "an earlier request with this idempotency key was left unfinished (its "
+                     "lease ran out) and may have been executed: its record is held PROCESSING "
+                     "(epoch %" PRIu64 ") until an operator finishes it",
+                     g->epoch);
+    char secs[24];
+    snprintf(secs, sizeof secs, "%" PRId64, hold_ms(rt) / 1000);
+    if (g->out)
+        response_add_header(g->out, "Retry-After", secs);
+    finish_record(g, FINISH_HOLD);
+}
+
 static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
@@ -788,8 +818,13 @@ static void after_begin(struct gw *g)
     }
     daemon_write_ok(g->d);
     switch (g->o) {
-    case IDEM_NEW:
     case IDEM_TAKEN_OVER:
+        if (g->rt->unknown_hold) {
+            hold_abandoned(g);
+            return;
+        }
+        /* fall through */
+    case IDEM_NEW:
         g->epoch = g->rec.epoch;
         idem_record_clear(&g->rec);
         if (g->token_rode) {

@@ -3264,6 +3264,50 @@ static void test_unknown_outcome_held_lease_at_least(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* on_unknown_outcome: hold across a crash: idem serve killed (-9) while
+ * its upstream runs a hold route's request; after a restart and the lease,
+ * a retry is held 409, not taken over and executed again (it was, before:
+ * only an unknown outcome the daemon saw itself was held). */
+static void test_hold_survives_crash(void **state)
+{
+    (void)state;
+    static const char routes[] =
+        "routes:\n" REFUND_ROUTE "    lease: 1s\n    on_unknown_outcome: hold\n";
+    struct proc gw;
+    start_idem(&gw, routes, "held-crash.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 800", NULL};
+    struct bg_post b = {.port = gw.port, .headers = slow,
+                        .body = "{\"refund_no\":\"R-held-crash\",\"amount\":\"1.00\"}"};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(300); /* the request is in the service's hands */
+    sys_stop(&gw, SIGKILL);
+    pthread_join(b.t, NULL);
+    sys_resp_free(&b.resp);
+    sleep_ms(1000); /* the service has executed it; the lease has run out */
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    start_idem(&gw, routes, "held-crash.db");
+    for (int i = 0; i < 2; i++) {
+        struct sys_resp r;
+        sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
+        /* The first finds the claim abandoned and holds it; the next, past
+         * the lease again, finds it held. */
+        if (r.status != 409 || (i == 0 && !strstr(r.m->body, "held PROCESSING")))
+            fail_msg("retry %d after the crash: %d %s", i, r.status, r.m ? r.m->body : "");
+        sys_resp_free(&r);
+        sleep_ms(1200);
+    }
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    struct sys_resp r;
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/refund/R-held-crash", NULL, 5000, &r);
+    assert_non_null(strstr(r.m->body, "\"state\":\"PROCESSING\""));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    char *text = sys_read_file(gw.log);
+    assert_non_null(strstr(text, "refund/R-held-crash: a claim whose lease ran out"));
+    free(text);
+}
+
 static void test_upstream_timeout_after_send(void **state)
 {
     (void)state;
@@ -3370,6 +3414,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_upstream_timeout_after_send),
         cmocka_unit_test(test_unknown_outcome_held),
         cmocka_unit_test(test_unknown_outcome_held_lease_at_least),
+        cmocka_unit_test(test_hold_survives_crash),
     };
     return cmocka_run_group_tests_name("gateway", tests, group_setup, group_teardown);
 }
