@@ -1,5 +1,5 @@
 /*
- * conformance.c — the contract of ../shared/DESIGN.md §3, written once
+ * conformance.c — the contract of include/idem.h, written once
  * against the public API and run against every store:
  *
  *   conformance embedded :memory:     records in an in-memory SQLite
