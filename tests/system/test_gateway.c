@@ -706,6 +706,13 @@ static void test_token_subject_checked(void **state)
 
 static int64_t mono_ms(void);
 
+static int64_t mono_us_test(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* One client sending the same request over and over until until_ms. */
 struct resubmits {
     int port;
@@ -2230,6 +2237,195 @@ static void test_two_surfaces(void **state)
     free(text);
 }
 
+/* A connection to 127.0.0.1:port from the loopback address src (so that
+ * the daemon sees several clients), or -1. */
+static int connect_from(const char *src, int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, src, &a.sin_addr);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons((uint16_t)port);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+struct flood {
+    int port, id;
+    long requests;
+    long issued, refused, other; /* 201, 429, anything else */
+    pthread_t t;
+};
+
+/* requests token requests, each under a subject of its own, pipelined in
+ * batches on one keep-alive connection; the answers counted by status. */
+static void *flood_main(void *arg)
+{
+    struct flood *f = arg;
+    enum { BATCH = 200 };
+    static __thread char out[BATCH * 160], in[1 << 16];
+    int fd = connect_from("127.0.0.1", f->port);
+    assert_true(fd >= 0);
+    size_t have = 0;
+    for (long sent = 0; sent < f->requests;) {
+        size_t n = 0;
+        long batch = f->requests - sent < BATCH ? f->requests - sent : BATCH;
+        for (long i = 0; i < batch; i++)
+            n += (size_t)sprintf(out + n,
+                                 "POST /_idem/v1/tokens HTTP/1.1\r\nHost: x\r\n"
+                                 "X-Subject: flood-%d-%ld\r\nContent-Length: 18\r\n\r\n"
+                                 "{\"scene\":\"refund\"}",
+                                 f->id, sent + i);
+        for (size_t off = 0; off < n;) {
+            ssize_t w = send(fd, out + off, n - off, MSG_NOSIGNAL);
+            assert_true(w > 0);
+            off += (size_t)w;
+        }
+        sent += batch;
+        /* Read the batch's answers: each a head with a Content-Length. */
+        for (long got = 0; got < batch;) {
+            char *end = memmem(in, have, "\r\n\r\n", 4);
+            const char *cl = end ? memmem(in, (size_t)(end - in), "Content-Length: ", 16) : NULL;
+            size_t whole = end && cl ? (size_t)(end + 4 - in) + (size_t)atol(cl + 16) : 0;
+            if (!whole || whole > have) {
+                ssize_t r = recv(fd, in + have, sizeof in - have, 0);
+                if (r <= 0)
+                    fail_msg("flood %d: connection closed after %ld answers", f->id,
+                             sent - batch + got);
+                have += (size_t)r;
+                continue;
+            }
+            int status = atoi(in + 9);
+            if (status == 201)
+                f->issued++;
+            else if (status == 429)
+                f->refused++;
+            else
+                f->other++;
+            memmove(in, in + whole, have - whole);
+            have -= whole;
+            got++;
+        }
+    }
+    close(fd);
+    return NULL;
+}
+
+/* One request from the loopback address src; its status, and the time it
+ * took (ms) in *ms. */
+static int timed_post(const char *src, int port, const char *req, double *ms)
+{
+    int64_t t0 = mono_us_test();
+    int fd = connect_from(src, port);
+    if (fd < 0)
+        return -1;
+    send(fd, req, strlen(req), MSG_NOSIGNAL);
+    char buf[4096];
+    ssize_t n = recv(fd, buf, sizeof buf - 1, 0);
+    close(fd);
+    *ms = (double)(mono_us_test() - t0) / 1000.0;
+    if (n < 12)
+        return -1;
+    buf[n] = '\0';
+    return atoi(buf + 9);
+}
+
+/* A POST to the plain payment route, a key of its own, Connection: close. */
+static void payment_request(char *req, size_t cap, const char *tag, int i)
+{
+    char body[64];
+    snprintf(body, sizeof body, "{\"serial_no\":\"FL-%s-%04d\",\"amount\":\"1\"}", tag, i);
+    snprintf(req, cap,
+             "POST /callbacks/payment HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+             "Content-Length: %zu\r\n\r\n%s",
+             strlen(body), body);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* 1,000,000 token requests on the main listener, each under another
+ * subject, from one client address: issued at token_rate_peer, the rest
+ * refused 429 at once; meanwhile a client at another address gets every
+ * token it asks for, and the gateway's requests take at most twice as long
+ * as idle (with 5 ms for this machine's noise). Before the rates, such a
+ * flood filled the daemon-wide token table in about a minute, every
+ * subject's request was refused for the tokens' TTL, and each refusal
+ * cost 0.3 s of CPU. */
+static void test_token_flood(void **state)
+{
+    (void)state;
+    static const char routes[] =
+        "limits:\n  requests_per_connection: 100000000\n"
+        "routes:\n" REFUND_ROUTE "    layers: [token, record]\n"
+        "  - name: plain\n    match: { method: POST, path: /callbacks/payment }\n"
+        "    upstream: @UP@\n    key: { json: serial_no }\n    space: payment\n";
+    struct proc gw;
+    start_idem(&gw, routes, "flood.db");
+    long total = getenv("IDEM_TEST_FLOOD") ? atol(getenv("IDEM_TEST_FLOOD")) : 1000000;
+    char req[512];
+    double idle[21], busy[21];
+    for (int i = 0; i < 21; i++) {
+        payment_request(req, sizeof req, "idle", i);
+        assert_int_equal(timed_post("127.0.0.3", gw.port, req, &idle[i]), 201);
+    }
+    /* One flooding connection: on two cores, a second would take the
+     * processor from the daemon rather than test it. */
+    struct flood f[1];
+    int64_t t0 = mono_us_test();
+    f[0] = (struct flood){.port = gw.port, .id = 0, .requests = total};
+    pthread_create(&f[0].t, NULL, flood_main, &f[0]);
+    sleep_ms(200);
+    int alice = 0, probes = 0;
+    for (; probes < 21; probes++) {
+        payment_request(req, sizeof req, "busy", probes);
+        assert_int_equal(timed_post("127.0.0.3", gw.port, req, &busy[probes]), 201);
+        double ms;
+        alice += timed_post("127.0.0.2", gw.port,
+                            "POST /_idem/v1/tokens HTTP/1.1\r\nHost: x\r\nX-Subject: alice\r\n"
+                            "Connection: close\r\nContent-Length: 18\r\n\r\n{\"scene\":\"refund\"}",
+                            &ms) == 201;
+        sleep_ms(150); /* alice at under her 10 a second */
+    }
+    pthread_join(f[0].t, NULL);
+    double secs = (double)(mono_us_test() - t0) / 1e6;
+    long issued = f[0].issued, refused = f[0].refused;
+    printf("# %ld token requests in %.1f s: %ld issued, %ld refused, %ld other\n", total, secs,
+           issued, refused, f[0].other);
+    assert_int_equal(f[0].other, 0);
+    assert_int_equal(issued + refused, total);
+    /* The peer's rate (100 a second) and its burst: no more. */
+    if (issued > (long)(100 * secs) + 100 + 10)
+        fail_msg("%ld tokens issued to one address in %.1f s", issued, secs);
+    assert_int_equal(alice, probes);
+    qsort(idle, 21, sizeof idle[0], cmp_double);
+    qsort(busy, 21, sizeof busy[0], cmp_double);
+    printf("# gateway p50 idle %.2f ms, during the flood %.2f ms\n", idle[10], busy[10]);
+    if (busy[10] > 2 * idle[10] + 5)
+        fail_msg("p50 %.2f ms during the flood, %.2f idle", busy[10], idle[10]);
+    /* And after it, a new subject gets a token at once (from an address of
+     * its own: the flood's is out of tokens for a second). */
+    double ms;
+    assert_int_equal(timed_post("127.0.0.4", gw.port,
+                                "POST /_idem/v1/tokens HTTP/1.1\r\nHost: x\r\nX-Subject: bob\r\n"
+                                "Connection: close\r\nContent-Length: 18\r\n\r\n"
+                                "{\"scene\":\"refund\"}",
+                                &ms),
+                     201);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* Failed API keys from one address are slowed down: past a burst, each
  * refusal waits a second; a right key is never held. */
 static void test_failed_keys_slowed(void **state)
@@ -3398,6 +3594,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_example_config_exposes_nothing),
         cmocka_unit_test(test_two_surfaces),
         cmocka_unit_test(test_failed_keys_slowed),
+        cmocka_unit_test(test_token_flood),
         cmocka_unit_test(test_admin_listen_overlap_refused),
         cmocka_unit_test(test_transition_reaches_replays),
         cmocka_unit_test(test_expect_continue),
