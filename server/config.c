@@ -215,6 +215,13 @@ void config_free(struct server_config *c)
     free(c->admin_host);
     free(c->admin_unix);
     free(c->state_dir);
+    free(c->tls_ca);
+    struct tls_files *tf[] = {&c->listen_tls, &c->admin_tls};
+    for (int i = 0; i < 2; i++) {
+        free(tf[i]->cert);
+        free(tf[i]->key);
+        free(tf[i]->client_ca);
+    }
     for (size_t i = 0; i < c->api_key_count; i++)
         free(c->api_keys[i].name);
     free(c->api_keys);
@@ -854,22 +861,67 @@ static int get_bool(struct ctx *c, const yaml_node_t *n, const char *path, int *
     return 0;
 }
 
-/* listen and admin_listen: an address, or { address: ..., allow_plaintext:
- * true } for one that others than this machine reach. admin_listen also
- * takes unix:PATH (unix_path non-NULL). */
-static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path, char **host,
-                      int *port, char **unix_path, int *plaintext)
+/* A file the daemon reads (a certificate, a key, a CA): a path, checked
+ * for what a path may hold; whether it reads is the TLS setup's to say. */
+static int get_file(struct ctx *c, const yaml_node_t *n, const char *path, char **dst)
 {
-    static const char *const known[] = {"address", "allow_plaintext"};
+    const char *s;
+    if (scalar(c, n, path, "a file path", &s))
+        return -1;
+    if (!*s || strlen(s) > FS_PATH_MAX || has_control(s))
+        return fail(c, n, path, "%s: expected a file's path (at most %d bytes, no control "
+                    "characters)", quote(c, s), FS_PATH_MAX);
+    return set_string(dst, s) ? oom(c) : 0;
+}
+
+/* listen.tls / admin_listen.tls: { cert, key } (and for the admin
+ * listener client_ca, with_ca set). */
+static int get_tls_files(struct ctx *c, const yaml_node_t *n, const char *path, int with_ca,
+                         struct tls_files *t)
+{
+    static const char *const known[] = {"cert", "key", "client_ca"};
+    const yaml_node_t *v;
+    char fpath[64];
+    if (n->type != YAML_MAPPING_NODE)
+        return fail(c, n, path, "expected { cert: FILE, key: FILE%s }, got %s",
+                    with_ca ? ", client_ca: FILE" : "", kind_name(n));
+    if (check_fields(c, n, path, known, with_ca ? 3 : 2))
+        return -1;
+    char **dst[] = {&t->cert, &t->key, &t->client_ca};
+    for (int i = 0; i < 3; i++) {
+        pathf(fpath, sizeof fpath, "%s.%s", path, known[i]);
+        if (!(v = field(c, n, known[i]))) {
+            if (i < 2)
+                return fail(c, n, fpath, "missing (the %s's PEM file)",
+                            i == 0 ? "certificate chain" : "private key");
+            continue;
+        }
+        if (get_file(c, v, fpath, dst[i]))
+            return -1;
+    }
+    return 0;
+}
+
+/* listen and admin_listen: an address, or { address: ..., tls: { cert,
+ * key }, allow_plaintext: true } (the last for one that others than this
+ * machine reach without TLS). admin_listen also takes unix:PATH (unix_path
+ * non-NULL) and tls.client_ca. */
+static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path, char **host,
+                      int *port, char **unix_path, int *plaintext, struct tls_files *tls)
+{
+    static const char *const known[] = {"address", "allow_plaintext", "tls"};
     const char *s, *why;
     char fpath[48];
     const yaml_node_t *a = n;
     if (n->type == YAML_MAPPING_NODE) {
         const yaml_node_t *v;
-        if (check_fields(c, n, path, known, 2))
+        if (check_fields(c, n, path, known, 3))
             return -1;
         pathf(fpath, sizeof fpath, "%s.allow_plaintext", path);
         if ((v = field(c, n, "allow_plaintext")) && get_bool(c, v, fpath, plaintext))
+            return -1;
+        pathf(fpath, sizeof fpath, "%s.tls", path);
+        if ((v = field(c, n, "tls")) && get_tls_files(c, v, fpath, unix_path != NULL, tls))
             return -1;
         if (!(a = field(c, n, "address")))
             return fail(c, n, path, "no address (give address: HOST:PORT)");
@@ -878,6 +930,8 @@ static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path, cha
     }
     if (scalar(c, a, path, "an address like 127.0.0.1:8080", &s))
         return -1;
+    if (unix_path && strncmp(s, "unix:", 5) == 0 && tls->cert)
+        return fail(c, a, path, "a Unix socket takes no tls (only this machine reaches it)");
     if (unix_path && strncmp(s, "unix:", 5) == 0) {
         if (!s[5])
             return fail(c, a, path, "unix: without a path (give unix:/run/idem/admin.sock)");
@@ -918,9 +972,9 @@ int config_is_loopback(const char *host)
 /* The advice of an exposed plain-text listener. */
 #define EXPOSED "%s %s:%d is not a loopback address, and it would speak plain HTTP: " \
                 "anyone on the network between could read and change what passes. "   \
-                "Listen on loopback behind a TLS proxy on this machine, or, on a "    \
-                "network you trust, say so: %s: { address: \"%s:%d\", "             \
-                "allow_plaintext: true }"
+                "Give it tls: { cert: FILE, key: FILE }, or listen on loopback behind " \
+                "a TLS proxy, or, on a network you trust, say so: %s: { address: "    \
+                "\"%s:%d\", allow_plaintext: true }"
 
 int config_finish(struct server_config *cfg, char *err, size_t errlen)
 {
@@ -950,12 +1004,13 @@ int config_finish(struct server_config *cfg, char *err, size_t errlen)
         }
         snprintf(cfg->admin_unix, n, "%s/idem-admin.sock", cfg->state_dir);
     }
-    if (!cfg->listen_plaintext && !config_is_loopback(cfg->listen_host)) {
+    if (!cfg->listen_plaintext && !cfg->listen_tls.cert && !config_is_loopback(cfg->listen_host)) {
         snprintf(err, errlen, EXPOSED, "listen", cfg->listen_host, cfg->listen_port, "listen",
                  cfg->listen_host, cfg->listen_port);
         return -1;
     }
-    if (cfg->admin_host && !cfg->admin_plaintext && !config_is_loopback(cfg->admin_host)) {
+    if (cfg->admin_host && !cfg->admin_plaintext && !cfg->admin_tls.cert &&
+        !config_is_loopback(cfg->admin_host)) {
         snprintf(err, errlen, EXPOSED " (and the admin listener changes records: it belongs "
                  "on loopback or a Unix socket)", "admin_listen", cfg->admin_host,
                  cfg->admin_port, "admin_listen", cfg->admin_host, cfg->admin_port);
@@ -1019,14 +1074,11 @@ static int get_upstream(struct ctx *c, const yaml_node_t *n, const char *path,
     if (scalar(c, n, path, "a URL like http://127.0.0.1:9000", &url))
         return -1;
     s = url;
-    if (has_prefix_nocase(s, "https://"))
-        return fail(c, n, path, "%s: https is not supported: Idem forwards plain "
-                    "HTTP, so run the upstream on a trusted network and give its "
-                    "http:// address", quote(c, s));
-    if (!has_prefix_nocase(s, "http://"))
+    u->tls = has_prefix_nocase(s, "https://");
+    if (!u->tls && !has_prefix_nocase(s, "http://"))
         return fail(c, n, path, "%s is not an upstream URL (use http://host[:port]"
-                    "[/base])", quote(c, s));
-    s += 7;
+                    "[/base] or https://...)", quote(c, s));
+    s += u->tls ? 8 : 7;
     rest = s + strcspn(s, "/?#");
     if (strpbrk(s, "?#"))
         why = "a query or fragment is not allowed (use http://host[:port][/base])";
@@ -1037,7 +1089,7 @@ static int get_upstream(struct ctx *c, const yaml_node_t *n, const char *path,
     if (!why && !(authority = strndup(s, (size_t)(rest - s))))
         return oom(c);
     if (!why) {
-        u->port = 80;
+        u->port = u->tls ? 443 : 80;
         why = parse_hostport(authority, 0, 0, &u->host, &u->port);
         free(authority);
     }
@@ -1071,10 +1123,12 @@ static int resolve_one(const struct server_config *cfg, struct upstream_url *u,
     /* Routes sharing an upstream share one lookup. */
     for (size_t i = 0; i < cfg->route_count && !u->addrs; i++) {
         const struct upstream_url *o = &cfg->routes[i].upstream;
-        if (o != u && o->addrs && o->port == u->port && strcmp(o->host, u->host) == 0)
+        if (o != u && o->addrs && o->port == u->port && o->tls == u->tls &&
+            strcmp(o->host, u->host) == 0)
             u->addrs = upstream_addrs_get(o->addrs);
     }
-    if (u->addrs || (u->addrs = upstream_resolve(u->host, u->port, detail, sizeof detail)))
+    if (u->addrs ||
+        (u->addrs = upstream_resolve(u->host, u->port, u->tls, detail, sizeof detail)))
         return 0;
     snprintf(err, errlen, "%s:%lu: %s: %s", cfg->path ? cfg->path : "(configuration)",
              u->line, field, detail);
@@ -1924,8 +1978,8 @@ static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config
 static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config *cfg)
 {
     static const char *const known[] = {"listen", "admin_listen", "api_keys", "state_dir",
-                                        "storage", "subject_header", "upstream", "workers",
-                                        "event_loops", "limits", "routes"};
+                                        "tls_ca", "storage", "subject_header", "upstream",
+                                        "workers", "event_loops", "limits", "routes"};
     const yaml_node_t *v;
     const char *s;
     uint64_t workers, loops;
@@ -1936,11 +1990,11 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
         return -1;
     if ((v = field(c, root, "listen")) &&
         get_listen(c, v, "listen", &cfg->listen_host, &cfg->listen_port, NULL,
-                   &cfg->listen_plaintext))
+                   &cfg->listen_plaintext, &cfg->listen_tls))
         return -1;
     if ((v = field(c, root, "admin_listen"))) {
         if (get_listen(c, v, "admin_listen", &cfg->admin_host, &cfg->admin_port,
-                       &cfg->admin_unix, &cfg->admin_plaintext))
+                       &cfg->admin_unix, &cfg->admin_plaintext, &cfg->admin_tls))
             return -1;
         if (same_listen_address(cfg))
             return fail(c, v, "admin_listen", "would share connections with listen (the same "
@@ -1957,6 +2011,8 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
             return oom(c);
     }
     if ((v = field(c, root, "api_keys")) && get_api_keys(c, v, cfg))
+        return -1;
+    if ((v = field(c, root, "tls_ca")) && get_file(c, v, "tls_ca", &cfg->tls_ca))
         return -1;
     if ((v = field(c, root, "storage")) && get_storage(c, v, cfg))
         return -1;

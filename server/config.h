@@ -33,13 +33,21 @@ struct upstream_addrs;
 
 struct upstream_url {
     char *host;       /* "127.0.0.1" */
-    int port;         /* 80 when not given */
+    int port;         /* 80 (https: 443) when not given */
+    int tls;          /* https://: the certificate checked (tls_ca) */
     char *base_path;  /* "" or "/api" (no trailing slash): prefixed to the path */
     unsigned long line;            /* where the file gives it */
     struct upstream_addrs *addrs;  /* looked up by config_resolve(); NULL before */
 };
 
 struct daemon_counters;
+
+/* A listener's TLS: its certificate chain and key (PEM files), and for the
+ * admin listener a CA whose client certificates it requires. cert NULL:
+ * plain HTTP. */
+struct tls_files {
+    char *cert, *key, *client_ca;
+};
 
 struct route {
     char *name;              /* required; unique */
@@ -116,6 +124,8 @@ struct server_config {
     int listen_port;          /* default 8080 */
     int listen_plaintext;     /* listen.allow_plaintext: a non-loopback address is
                                  allowed without TLS */
+    struct tls_files listen_tls, admin_tls; /* listen.tls, admin_listen.tls */
+    char *tls_ca;             /* CAs for https:// upstreams; NULL: the system's */
     char *admin_host;         /* admin_listen as host:port, */
     int admin_port;
     char *admin_unix;         /* or as unix:PATH (the default: state_dir's

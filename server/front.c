@@ -48,6 +48,7 @@
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/listener.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -63,8 +64,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <openssl/ssl.h>
+
 #include "log.h"
 #include "mono.h"
+#include "tls.h"
 
 enum conn_state { READING, HANDLING, WRITING, ORPHANED, LINGERING };
 
@@ -88,6 +92,7 @@ struct conn {
     int peer_eof;         /* the client shut its sending side: read no more */
     int head_request;
     int admin;            /* accepted on the admin listener */
+    int tls;              /* c->bev is an OpenSSL bufferevent */
     unsigned requests;
     char peer[64];
     struct front_request req;
@@ -98,6 +103,7 @@ struct front {
     struct event_base *base;
     struct evconnlistener *listener;
     struct evconnlistener *admin_listener; /* admin_listen, or NULL */
+    struct tls_server *tls, *admin_tls;    /* the listeners' TLS, or NULL */
     struct event *done_ev;
     struct event *drain_ev;
     struct event *accept_pause_ev;  /* listening again after a failed accept() */
@@ -197,6 +203,8 @@ static void set_state(struct conn *c, enum conn_state s)
          * INPUT_HIGH, maybe) goes on until the peer's EOF. */
         struct evbuffer *in = bufferevent_get_input(c->bev);
         evbuffer_drain(in, evbuffer_get_length(in));
+        if (c->tls) /* the answer is whole: close_notify says so */
+            SSL_shutdown(bufferevent_openssl_get_ssl(c->bev));
         shutdown(bufferevent_getfd(c->bev), SHUT_WR);
         arm_timer(c, LINGER_MS, 0);
         bufferevent_enable(c->bev, EV_READ);
@@ -212,7 +220,7 @@ static void set_state(struct conn *c, enum conn_state s)
 static int send_now(struct conn *c, const char *bytes, size_t len)
 {
     ssize_t n = 0;
-    if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+    if (!c->tls && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
         n = send(bufferevent_getfd(c->bev), bytes, len, MSG_NOSIGNAL);
     if (n < 0)
         n = 0;
@@ -539,6 +547,8 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
 {
     struct conn *c = arg;
     (void)bev;
+    if (what == BEV_EVENT_CONNECTED)
+        return; /* a TLS handshake done: requests come through on_read */
     /* The client shut its side after its request(s): it may still read our
      * answers (a half-close). The requests already in the input buffer are
      * answered in order, then the connection closes (process_input). Seen
@@ -667,7 +677,18 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     c->f = f;
     c->admin = admin;
-    c->bev = bufferevent_socket_new(f->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    struct tls_server *tls = admin ? f->admin_tls : f->tls;
+    SSL *ssl = tls ? tls_server_ssl(tls) : NULL;
+    c->tls = tls != NULL;
+    if (tls && !ssl)
+        c->bev = NULL; /* out of memory: closed below */
+    else if (tls)
+        c->bev = bufferevent_openssl_socket_new(f->base, fd, ssl, BUFFEREVENT_SSL_ACCEPTING,
+                                                BEV_OPT_CLOSE_ON_FREE);
+    else
+        c->bev = bufferevent_socket_new(f->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (c->bev && tls) /* a client that closes without close_notify is gone, not an attack */
+        bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
     c->timer = evtimer_new(f->base, on_timer, c);
     http_parser_init(&c->parser, HTTP_PARSE_REQUEST, &f->parse_limits);
     format_peer(sa, c->peer, sizeof c->peer);
@@ -679,6 +700,8 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     if (!c->bev || !c->timer) {
         if (!c->bev)
             evutil_closesocket(fd);
+        if (!c->bev && ssl)
+            SSL_free(ssl);
         conn_free(c);
         return;
     }
@@ -891,8 +914,8 @@ int front_address_free(const char *host, int port, char *err, size_t errlen)
     return rc;
 }
 
-int front_listen(struct front *f, const char *host, int port, int admin, char *err,
-                 size_t errlen)
+int front_listen(struct front *f, const char *host, int port, int admin, struct tls_server *tls,
+                 char *err, size_t errlen)
 {
     struct addrinfo *ai = listen_address(host, port, err, errlen);
     if (!ai)
@@ -922,9 +945,11 @@ int front_listen(struct front *f, const char *host, int port, int admin, char *e
     if (admin) {
         f->admin_listener = l;
         f->admin_port = bound_port;
+        f->admin_tls = tls;
     } else {
         f->listener = l;
         f->port = bound_port;
+        f->tls = tls;
     }
     return 0;
 }

@@ -103,10 +103,12 @@ int front_address_free(const char *host, int port, char *err, size_t errlen);
 /* Listen on host:port (SO_REUSEPORT: every loop listens on the same port
  * and the kernel spreads connections). A front has up to two listeners: the
  * main one, and with admin set the admin one, whose requests carry
- * req->admin. 0, or -1 with err filled ("127.0.0.1:8080: Address already
+ * req->admin. With tls (which must outlive the front), every connection
+ * speaks TLS. 0, or -1 with err filled ("127.0.0.1:8080: Address already
  * in use"). */
-int front_listen(struct front *f, const char *host, int port, int admin, char *err,
-                 size_t errlen);
+struct tls_server;
+int front_listen(struct front *f, const char *host, int port, int admin, struct tls_server *tls,
+                 char *err, size_t errlen);
 
 /* The admin listener on a Unix socket at path, mode 0600, on this front
  * only (the kernel spreads no connections of a Unix socket over several

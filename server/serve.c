@@ -34,6 +34,7 @@
 #include "replay_cache.h"
 #include "request_key.h"
 #include "serve.h"
+#include "tls.h"
 #include "upstream.h"
 
 const int64_t daemon_latency_bounds_us[LATENCY_BUCKETS - 1] = {
@@ -572,6 +573,8 @@ struct serve {
     int purge_stop;                  /* set at SIGTERM: a running purge ends */
     int store_lock;                  /* the embedded store's file, flock()ed; -1 */
     const char *admin_socket;        /* the Unix socket made (start's config), unlinked at exit */
+    struct tls_server *tls, *admin_tls; /* listen.tls, admin_listen.tls; or NULL */
+    SSL_CTX *upstream_tls;           /* https:// upstreams: tls_ca (or the system's) */
     struct work reload_work; /* SIGHUP's reload, on a worker */
     int reload_running, reload_again;
 };
@@ -674,6 +677,38 @@ static int finish_loading(struct server_config *cfg, const char *listen, const c
     return config_finish(cfg, err, errlen) != 0 || config_resolve(cfg, err, errlen) != 0 ? 2 : 0;
 }
 
+/* The TLS contexts cfg asks for: the listeners' (their files read and
+ * checked: a key that does not match its certificate is refused here, at
+ * start and by --check), and the upstreams' when a route or the default
+ * upstream is https://. 0, or -1 with err. */
+static int open_tls(const struct server_config *cfg, struct tls_server *tls[2],
+                    SSL_CTX **upstream, char *err, size_t errlen)
+{
+    const struct tls_files *f[2] = {&cfg->listen_tls, &cfg->admin_tls};
+    static const char *const name[2] = {"listen.tls", "admin_listen.tls"};
+    char why[400];
+    for (int i = 0; i < 2; i++) {
+        if (f[i]->cert && !(tls[i] = tls_server_new(f[i]->cert, f[i]->key, f[i]->client_ca, why,
+                                                    sizeof why))) {
+            snprintf(err, errlen, "%s: %s", name[i], why);
+            goto fail;
+        }
+    }
+    int https = cfg->has_upstream && cfg->upstream.tls;
+    for (size_t i = 0; i < cfg->route_count; i++)
+        https |= cfg->routes[i].upstream.tls;
+    if ((https || cfg->tls_ca) && !(*upstream = tls_client_ctx(cfg->tls_ca, why, sizeof why))) {
+        snprintf(err, errlen, "tls_ca: %s", why);
+        goto fail;
+    }
+    return 0;
+fail:
+    tls_server_free(tls[0]);
+    tls_server_free(tls[1]);
+    tls[0] = tls[1] = NULL;
+    return -1;
+}
+
 /* Two configured addresses, either host possibly NULL (none). */
 static int same_address(const char *h1, int p1, const char *h2, int p2)
 {
@@ -774,6 +809,11 @@ static void reload(struct serve *s)
         {next->workers != st->workers, "workers"},
         {loop_count(next) != s->nloops, "event_loops"},
         {memcmp(&next->limits, s->limits, sizeof *s->limits) != 0, "limits"},
+        {!next->listen_tls.cert != !st->listen_tls.cert, "listen.tls (on or off)"},
+        {!next->admin_tls.cert != !st->admin_tls.cert ||
+             !next->admin_tls.client_ca != !st->admin_tls.client_ca,
+         "admin_listen.tls (on or off, client_ca)"},
+        {!same_address(next->tls_ca, 0, st->tls_ca, 0), "tls_ca"},
     };
     for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
         if (fixed[i].changed)
@@ -783,6 +823,19 @@ static void reload(struct serve *s)
         daemon_log("SIGHUP: %s: changed in the file; the running ones stay until a restart",
                    waits);
     warn_new_keys(cur->c, next);
+    /* Certificates are read again (renewed ones taken), for the
+     * connections accepted from now on. */
+    struct {
+        struct tls_server *t;
+        const struct tls_files *f;
+        const char *name;
+    } certs[] = {{s->tls, &next->listen_tls, "listen"}, {s->admin_tls, &next->admin_tls,
+                                                        "admin_listen"}};
+    for (int i = 0; i < 2; i++)
+        if (certs[i].t && certs[i].f->cert &&
+            tls_server_reload(certs[i].t, certs[i].f->cert, certs[i].f->key,
+                              certs[i].f->client_ca, err, sizeof err) != 0)
+            daemon_log("SIGHUP: %s.tls: %s; its certificate stays", certs[i].name, err);
     next->limits = *s->limits;
     daemon_attach_counters(&s->d, next);
     lc->c = next;
@@ -933,9 +986,19 @@ int serve_main(int argc, char **argv)
         config_free(cfg);
         return bad;
     }
+    struct tls_server *tls[2] = {NULL, NULL};
+    SSL_CTX *upstream_tls = NULL;
+    if (open_tls(cfg, tls, &upstream_tls, err, sizeof err) != 0) {
+        fprintf(stderr, "idem serve: %s\n", err);
+        config_free(cfg);
+        return 2;
+    }
     if (check) {
         /* What SIGHUP would load, checked without touching the store or
          * the ports: before a reload or a restart. */
+        tls_server_free(tls[0]);
+        tls_server_free(tls[1]);
+        tls_client_ctx_free(upstream_tls);
         printf("idem serve: %s is valid: %zu routes\n", config_path ? config_path : "(defaults)",
                cfg->route_count);
         config_free(cfg);
@@ -949,10 +1012,16 @@ int serve_main(int argc, char **argv)
         free(lc);
         config_free(cfg);
         free(s);
+        tls_server_free(tls[0]);
+        tls_server_free(tls[1]);
+        tls_client_ctx_free(upstream_tls);
         return 1;
     }
     lc->c = cfg;
     atomic_init(&lc->refs, 1);
+    s->tls = tls[0];
+    s->admin_tls = tls[1];
+    s->upstream_tls = upstream_tls;
     pthread_mutex_init(&s->d.cfg_mu, NULL);
     pthread_mutex_init(&s->d.claims_mu, NULL);
     pthread_mutex_init(&s->d.routes_mu, NULL);
@@ -1030,7 +1099,7 @@ int serve_main(int argc, char **argv)
         struct loop *l = &s->loops[i];
         l->ctx.d = &s->d;
         l->ctx.base = event_base_new();
-        l->ctx.upstreams = l->ctx.base ? upstream_loop_new(l->ctx.base) : NULL;
+        l->ctx.upstreams = l->ctx.base ? upstream_loop_new(l->ctx.base, s->upstream_tls) : NULL;
         /* Without memory for it, the loop runs without a replay cache. */
         l->ctx.replays = replay_cache_new(s->limits->replay_cache);
         l->front = l->ctx.upstreams ? front_new(l->ctx.base, s->limits, s->workers,
@@ -1042,13 +1111,14 @@ int serve_main(int argc, char **argv)
         }
         front_share_counts(l->front, &s->counts);
         /* Every loop listens on the port the first one got (port 0). */
-        if (front_listen(l->front, cfg->listen_host, port, 0, err, sizeof err) != 0) {
+        if (front_listen(l->front, cfg->listen_host, port, 0, s->tls, err, sizeof err) != 0) {
             fprintf(stderr, "idem serve: listen: %s\n", err);
             goto out;
         }
         port = front_port(l->front, 0);
         if (cfg->admin_host) {
-            if (front_listen(l->front, cfg->admin_host, admin_port, 1, err, sizeof err) != 0) {
+            if (front_listen(l->front, cfg->admin_host, admin_port, 1, s->admin_tls, err,
+                             sizeof err) != 0) {
                 fprintf(stderr, "idem serve: admin_listen: %s\n", err);
                 goto out;
             }
@@ -1139,6 +1209,9 @@ out:
     }
     if (s->admin_socket)
         unlink(s->admin_socket);
+    tls_server_free(s->tls);
+    tls_server_free(s->admin_tls);
+    tls_client_ctx_free(s->upstream_tls);
     rate_table_free(s->d.issued_by_subject);
     rate_table_free(s->d.issued_by_peer);
     rate_table_free(s->d.auth_failures_by_peer);

@@ -27,6 +27,13 @@
  * A connection goes back to its pool only if the answer ended exactly where
  * the bytes read did and keep-alive holds, and not after an answer an
  * upstream may yet send a body for (to HEAD; a 204 or 304 with a length).
+ *
+ * An https:// upstream's connection has a TLS handshake between connecting
+ * and sending (HANDSHAKING below), and the certificate must be one the CA
+ * file vouches for, for the upstream's host name: a handshake that fails,
+ * or a certificate that does not pass, is NOT_SENT like a refused connect.
+ * The bytes then go through OpenSSL; what "sent" means is unchanged (the
+ * first byte of the request out, encrypted).
  */
 #include "upstream.h"
 
@@ -45,9 +52,13 @@
 #include <unistd.h>
 
 #include <event2/event.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 
 #include "mono.h"
 #include "put.h"
+#include "tls.h"
 
 #define IDLE_MAX 64
 #define IDLE_REUSE_MS 2000
@@ -59,10 +70,12 @@ struct upstream_addrs {
     atomic_int refs;
     char *host;
     int port;
+    int tls;
     struct addrinfo *ai; /* at least one */
 };
 
-struct upstream_addrs *upstream_resolve(const char *host, int port, char *detail, size_t dlen)
+struct upstream_addrs *upstream_resolve(const char *host, int port, int tls, char *detail,
+                                        size_t dlen)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     char service[16];
@@ -82,6 +95,7 @@ struct upstream_addrs *upstream_resolve(const char *host, int port, char *detail
     }
     atomic_init(&a->refs, 1);
     a->port = port;
+    a->tls = tls;
     a->ai = ai;
     return a;
 }
@@ -354,13 +368,15 @@ static int answer_feed(struct answer *a, const char *buf, ssize_t n, char *detai
  *     │  ▲                                      ▼
  *     │  └── pooled, failed before a byte ── SENDING ── all out ──► READING
  *     ▼                                         ▲                      │
- *   CONNECTING ── connected ────────────────────┘       a whole answer, or the close
- *     ↺ the next address on failure                                    ▼
+ *   CONNECTING ── connected ──(https)─► HANDSHAKING       a whole answer, or the close
+ *     ↺ the next address on failure   (plain) ──┘                      ▼
  *   any state ── failure or the deadline ─────────────────────────► DECIDED ──► done runs
  *
  *   attach()        → SENDING with a pooled connection, else → CONNECTING
  *                     to the call's addresses through connect_next()
- *   on_io()         CONNECTING → SENDING once connected; connect_next() on failure
+ *   on_io()         CONNECTING → SENDING (or HANDSHAKING) once connected;
+ *                   connect_next() on failure
+ *   handshake()     HANDSHAKING → SENDING once the certificate passed, else decide()
  *   send_some()     SENDING → READING, or back to attach(), or decide()
  *   read_some()     READING → decide() once the answer is whole or cut short
  *   on_timer()      the deadline → decide()
@@ -374,6 +390,9 @@ static int answer_feed(struct answer *a, const char *buf, ssize_t n, char *detai
  *               socket is full. A failure: NOT_SENT if c->sent == 0 (after
  *               trying another connection if this one was pooled), else
  *               UNKNOWN; the deadline: NOT_SENT or TIMEOUT likewise.
+ *   HANDSHAKING c->conn connected, its SSL's handshake under way: its EV_READ
+ *               and, while OpenSSL wants to write, c->io's EV_WRITE drive
+ *               it. Nothing sent: a failure or the deadline is NOT_SENT.
  *   READING     EV_READ feeds the answer; the deadline: TIMEOUT.
  *   DECIDED     the connection is closed or back in the pool; result and
  *               resp wait for deliver(), which runs at once, or from the
@@ -395,6 +414,7 @@ struct upstream_call;
 struct loop_conn {
     struct loop_pool *pool;
     int fd;
+    SSL *ssl;                   /* an https:// upstream's; else NULL */
     int64_t since;              /* idle since (monotonic ms) */
     struct event *readable;     /* EV_READ | EV_PERSIST, for the conn's life */
     struct upstream_call *call; /* NULL while idle */
@@ -405,16 +425,19 @@ struct loop_pool {
     struct event_base *base;
     char *host;
     int port;
+    int tls;                    /* https:// (pools apart from http:// ones) */
+    SSL_CTX *tls_ctx;           /* the loop's, when tls */
     struct loop_conn *idle[IDLE_MAX]; /* newest last */
     int nidle;
 };
 
 struct upstream_loop {
     struct event_base *base;
+    SSL_CTX *tls;
     struct loop_pool *pools;
 };
 
-enum call_state { CONNECTING, SENDING, READING, DECIDED };
+enum call_state { CONNECTING, HANDSHAKING, SENDING, READING, DECIDED };
 
 struct upstream_call {
     struct loop_pool *pool;
@@ -443,11 +466,13 @@ struct upstream_call {
 static void conn_close(struct loop_conn *k)
 {
     event_free(k->readable);
+    SSL_free(k->ssl); /* no close_notify: the socket goes either way */
     close(k->fd);
     free(k);
 }
 
 static int read_some(struct upstream_call *c);
+static void handshake(struct upstream_call *c);
 
 static void on_readable(evutil_socket_t fd, short what, void *arg)
 {
@@ -456,7 +481,13 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     if (k->call) {
-        (void)read_some(k->call);
+        if (k->call->state == HANDSHAKING) {
+            handshake(k->call);
+            return;
+        }
+        /* OpenSSL may hold decrypted bytes the socket no longer shows. */
+        while (read_some(k->call) == 2 && k->ssl && SSL_pending(k->ssl) > 0)
+            ;
         return;
     }
     /* Closed by the upstream (or sent to unasked) while idle: gone. */
@@ -518,11 +549,12 @@ static struct loop_conn *pool_take(struct loop_pool *p)
     return NULL;
 }
 
-static struct loop_pool *loop_pool_get(struct upstream_loop *ul, const char *host, int port)
+static struct loop_pool *loop_pool_get(struct upstream_loop *ul, const char *host, int port,
+                                       int tls)
 {
     struct loop_pool *p = ul->pools;
     for (; p; p = p->next)
-        if (p->port == port && strcmp(p->host, host) == 0)
+        if (p->port == port && p->tls == tls && strcmp(p->host, host) == 0)
             return p;
     if ((p = calloc(1, sizeof *p)) == NULL)
         return NULL;
@@ -532,16 +564,20 @@ static struct loop_pool *loop_pool_get(struct upstream_loop *ul, const char *hos
     }
     p->base = ul->base;
     p->port = port;
+    p->tls = tls;
+    p->tls_ctx = ul->tls;
     p->next = ul->pools;
     ul->pools = p;
     return p;
 }
 
-struct upstream_loop *upstream_loop_new(struct event_base *base)
+struct upstream_loop *upstream_loop_new(struct event_base *base, SSL_CTX *tls)
 {
     struct upstream_loop *ul = calloc(1, sizeof *ul);
-    if (ul)
+    if (ul) {
         ul->base = base;
+        ul->tls = tls;
+    }
     return ul;
 }
 
@@ -672,6 +708,80 @@ static void connect_next(struct upstream_call *c)
     decide(c, UPSTREAM_NOT_SENT, NULL);
 }
 
+/* SSL_write as send(): bytes written, or -1 with errno (EAGAIN while
+ * OpenSSL waits for the socket). */
+static ssize_t tls_send(SSL *ssl, const char *bytes, size_t len)
+{
+    size_t n = 0;
+    ERR_clear_error();
+    if (SSL_write_ex(ssl, bytes, len, &n) == 1)
+        return (ssize_t)n;
+    int e = SSL_get_error(ssl, 0);
+    errno = e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ ? EAGAIN
+            : e == SSL_ERROR_SYSCALL && errno                     ? errno
+                                                                  : EPROTO;
+    return -1;
+}
+
+/* SSL_read as recv(): bytes read, 0 at the upstream's close_notify, -1 with
+ * errno (EAGAIN: nothing decrypted yet; a close without close_notify is a
+ * reset, ECONNRESET: an answer framed by the close may be cut short). */
+static ssize_t tls_recv(SSL *ssl, char *buf, size_t len)
+{
+    size_t n = 0;
+    ERR_clear_error();
+    if (SSL_read_ex(ssl, buf, len, &n) == 1)
+        return (ssize_t)n;
+    switch (SSL_get_error(ssl, 0)) {
+    case SSL_ERROR_ZERO_RETURN:
+        return 0;
+    case SSL_ERROR_WANT_READ:
+    case SSL_ERROR_WANT_WRITE:
+        errno = EAGAIN;
+        return -1;
+    case SSL_ERROR_SYSCALL:
+        errno = errno ? errno : ECONNRESET;
+        return -1;
+    default:
+        errno = EPROTO;
+        return -1;
+    }
+}
+
+/* HANDSHAKING: one more step of it, driven by the connection's EV_READ and,
+ * while OpenSSL wants to write, c->io. */
+static void handshake(struct upstream_call *c)
+{
+    SSL *ssl = c->conn->ssl;
+    ERR_clear_error();
+    int r = SSL_do_handshake(ssl);
+    if (r == 1) {
+        event_del(c->io);
+        c->state = SENDING;
+        send_some(c);
+        return;
+    }
+    int e = SSL_get_error(ssl, r);
+    if (e == SSL_ERROR_WANT_READ) {
+        event_del(c->io);
+        return;
+    }
+    if (e == SSL_ERROR_WANT_WRITE && watch_writable(c, c->conn->fd, -1) == 0)
+        return;
+    char why[256];
+    long verify = SSL_get_verify_result(ssl);
+    if (verify != X509_V_OK)
+        snprintf(why, sizeof why, "the certificate was refused: %s",
+                 X509_verify_cert_error_string(verify));
+    else if (e == SSL_ERROR_SYSCALL)
+        snprintf(why, sizeof why, "%s", errno ? strerror(errno) : "the connection closed");
+    else
+        tls_error(why, sizeof why);
+    snprintf(c->detail, sizeof c->detail, "upstream %s:%d: TLS handshake: %.160s",
+             c->pool->host, c->pool->port, why);
+    decide(c, UPSTREAM_NOT_SENT, NULL);
+}
+
 /* While the socket is full, its EV_READ is off: an early answer or a close
  * is seen by the next send, or read once everything is out. */
 static void send_some(struct upstream_call *c)
@@ -679,7 +789,8 @@ static void send_some(struct upstream_call *c)
     struct loop_conn *k = c->conn;
     int err = 0, waiting = c->waiting_writable;
     while (c->sent < c->len) {
-        ssize_t n = send(k->fd, c->bytes + c->sent, c->len - c->sent, MSG_NOSIGNAL);
+        ssize_t n = k->ssl ? tls_send(k->ssl, c->bytes + c->sent, c->len - c->sent)
+                           : send(k->fd, c->bytes + c->sent, c->len - c->sent, MSG_NOSIGNAL);
         if (n > 0) {
             c->sent += (size_t)n;
         } else if (n < 0 && errno == EINTR) {
@@ -725,7 +836,8 @@ static int read_some(struct upstream_call *c)
     char buf[16384];
     if (c->state != READING)
         return 0; /* not before the request is out (see send_some) */
-    ssize_t n = recv(c->conn->fd, buf, sizeof buf, 0);
+    ssize_t n = c->conn->ssl ? tls_recv(c->conn->ssl, buf, sizeof buf)
+                             : recv(c->conn->fd, buf, sizeof buf, 0);
     if (n < 0 && errno == EINTR)
         return 2;
     if (n < 0 && errno == EAGAIN)
@@ -764,11 +876,33 @@ static void on_io(evutil_socket_t fd, short what, void *arg)
                 break;
             }
             c->conn->call = c;
+            if (c->pool->tls) {
+                c->state = HANDSHAKING;
+                if (!c->pool->tls_ctx) {
+                    snprintf(c->detail, sizeof c->detail,
+                             "upstream %s:%d: https, and TLS was not set up at start (a "
+                             "reload added it: restart)", c->pool->host, c->pool->port);
+                    decide(c, UPSTREAM_NOT_SENT, NULL);
+                    break;
+                }
+                if (!(c->conn->ssl = tls_client_ssl(c->pool->tls_ctx, c->pool->host)) ||
+                    SSL_set_fd(c->conn->ssl, sock) != 1) {
+                    snprintf(c->detail, sizeof c->detail,
+                             "upstream %s:%d: TLS: out of memory", c->pool->host, c->pool->port);
+                    decide(c, UPSTREAM_NOT_SENT, NULL);
+                    break;
+                }
+                handshake(c);
+                break;
+            }
             c->state = SENDING;
             send_some(c);
         }
         break;
     }
+    case HANDSHAKING:
+        handshake(c);
+        break;
     case SENDING:
         send_some(c);
         break;
@@ -797,6 +931,11 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     switch (c->state) {
     case CONNECTING:
         connect_failed(host, port, ETIMEDOUT, c->detail, sizeof c->detail);
+        decide(c, UPSTREAM_NOT_SENT, NULL);
+        break;
+    case HANDSHAKING:
+        snprintf(c->detail, sizeof c->detail, "upstream %s:%d: TLS handshake: %s", host, port,
+                 strerror(ETIMEDOUT));
         decide(c, UPSTREAM_NOT_SENT, NULL);
         break;
     case SENDING:
@@ -829,7 +968,7 @@ struct upstream_call *upstream_call_start(struct upstream_loop *ul, struct upstr
                                           const struct upstream_request *rq,
                                           upstream_done_fn done, void *arg)
 {
-    struct loop_pool *p = loop_pool_get(ul, to->host, to->port);
+    struct loop_pool *p = loop_pool_get(ul, to->host, to->port, to->tls);
     /* The call and its two events in one block: nothing more to allocate
      * per request than the request's bytes. */
     size_t head = (sizeof(struct upstream_call) + 15) & ~(size_t)15;

@@ -18,6 +18,7 @@
 #include "http_parser.h"
 
 struct event_base;
+typedef struct ssl_ctx_st SSL_CTX;
 
 enum upstream_result {
     UPSTREAM_OK,        /* a whole response: *resp */
@@ -56,10 +57,12 @@ struct upstream_request {
  * reload may drop it while calls are under way. */
 struct upstream_addrs;
 
-/* host:port's addresses. The lookup may block on DNS (a numeric address
- * never does). NULL with detail ("upstream svc:9000: Name or service not
- * known") when the name does not resolve, or on OOM. */
-struct upstream_addrs *upstream_resolve(const char *host, int port, char *detail, size_t dlen);
+/* host:port's addresses, reached with TLS when tls is set (https://). The
+ * lookup may block on DNS (a numeric address never does). NULL with detail
+ * ("upstream svc:9000: Name or service not known") when the name does not
+ * resolve, or on OOM. */
+struct upstream_addrs *upstream_resolve(const char *host, int port, int tls, char *detail,
+                                        size_t dlen);
 
 /* Another reference to a (returned). */
 struct upstream_addrs *upstream_addrs_get(struct upstream_addrs *a);
@@ -75,8 +78,11 @@ void upstream_addrs_put(struct upstream_addrs *a);
  * Everything below runs on the loop's thread only: not thread-safe. */
 struct upstream_loop;
 
-/* NULL on OOM. base must outlive the upstream_loop. */
-struct upstream_loop *upstream_loop_new(struct event_base *base);
+/* NULL on OOM. base must outlive the upstream_loop, and tls (NULL: no
+ * https:// upstreams; a call to one is NOT_SENT) too: the context TLS
+ * connections are made with, their certificates checked against it and the
+ * upstream's host name. */
+struct upstream_loop *upstream_loop_new(struct event_base *base, SSL_CTX *tls);
 /* Closes the idle connections. Every call must have finished (done ran) or
  * been cancelled. NULL is a no-op. */
 void upstream_loop_free(struct upstream_loop *ul);

@@ -437,6 +437,23 @@ static void test_exposure(void **state)
     assert_int_equal(config_set_listen(c, "0.0.0.0:1", err, sizeof err), 0);
     assert_int_equal(config_finish(c, err, sizeof err), -1);
     config_free(c);
+    /* TLS on the listener is what an exposed address needs. */
+    assert_int_equal(finish("listen: { address: \"0.0.0.0:8443\", tls: { cert: /c.pem, "
+                            "key: /k.pem } }\nadmin_listen: { address: \"10.0.0.1:9\", "
+                            "tls: { cert: /c.pem, key: /k.pem, client_ca: /ca.pem } }\n",
+                            &c, err, sizeof err),
+                     0);
+    assert_string_equal(c->listen_tls.cert, "/c.pem");
+    assert_null(c->listen_tls.client_ca);
+    assert_string_equal(c->admin_tls.client_ca, "/ca.pem");
+    config_free(c);
+    parse_bad("listen: { address: \"0.0.0.0:8443\", tls: { cert: /c.pem } }\n",
+              "idem.yaml:1: listen.tls.key:", "missing");
+    parse_bad("listen: { address: \"0.0.0.0:8443\", tls: { cert: /c.pem, key: /k.pem, "
+              "client_ca: /ca.pem } }\n",
+              "idem.yaml:1: listen.tls.client_ca:", "unknown field");
+    parse_bad("admin_listen: { address: \"unix:/tmp/a.sock\", tls: { cert: /c, key: /k } }\n",
+              "idem.yaml:1: admin_listen.address:", "takes no tls");
     parse_bad("listen: { address: \"0.0.0.0:8080\", allow_plaintext: yes }\n",
               "idem.yaml:1: listen.allow_plaintext:", "true or false");
     parse_bad("listen: { allow_plaintext: true }\n", "idem.yaml:1: listen:", "no address");
@@ -587,7 +604,10 @@ static void test_default_upstream(void **state)
     assert_int_equal(c->upstream.port, 9000);
     assert_string_equal(c->upstream.base_path, "/api");
     config_free(c);
-    parse_bad("upstream: https://pay\n", "idem.yaml:1: upstream:", "https is not supported");
+    c = parse_ok("upstream: https://pay\n");
+    assert_int_equal(c->upstream.tls, 1);
+    assert_int_equal(c->upstream.port, 443);
+    config_free(c);
     parse_bad("upstream: http://svc:0\n", "idem.yaml:1: upstream:", "1 to 65535");
 }
 
@@ -595,6 +615,8 @@ static void test_upstream(void **state)
 {
     static const struct { const char *s, *host; int port; const char *base; } good[] = {
         {"http://127.0.0.1:9000", "127.0.0.1", 9000, ""},
+        {"https://pay.internal", "pay.internal", 443, ""},
+        {"HTTPS://pay.internal:8443/v1", "pay.internal", 8443, "/v1"},
         {"http://svc", "svc", 80, ""},
         {"http://svc/", "svc", 80, ""},
         {"http://svc:8000/api/", "svc", 8000, "/api"},
@@ -610,10 +632,10 @@ static void test_upstream(void **state)
         assert_string_equal(c->routes[0].upstream.host, good[i].host);
         assert_int_equal(c->routes[0].upstream.port, good[i].port);
         assert_string_equal(c->routes[0].upstream.base_path, good[i].base);
+        assert_int_equal(c->routes[0].upstream.tls, good[i].s[4] == 's' || good[i].s[4] == 'S');
         config_free(c);
     }
     static const struct { const char *s, *want; } bad[] = {
-        {"https://svc", "https is not supported"},
         {"ftp://svc", "http://host[:port][/base]"},
         {"svc:9000", "http://host[:port][/base]"},
         {"http://svc/x?a=1", "query"},
@@ -906,8 +928,8 @@ static void test_unknown_fields(void **state)
     parse_bad("routes:\n  - name: r\n    match: { path: /x, host: a }\n",
               "idem.yaml:3: routes[0].match.host: unknown field", NULL);
     parse_bad("tls: on\n", "idem.yaml:1: tls: unknown field",
-              "known here: listen, admin_listen, api_keys, state_dir, storage, subject_header, "
-              "upstream, workers,"
+              "known here: listen, admin_listen, api_keys, state_dir, tls_ca, storage, "
+              "subject_header, upstream, workers,"
               " event_loops, limits, routes");
     parse_bad("? [a, b]\n: 1\n", "idem.yaml:1:", "plain strings");
     /* Given twice. */

@@ -368,7 +368,7 @@ static struct upstream_call *start_call(struct upstream_loop *ul, int port,
                                         upstream_done_fn done, void *arg)
 {
     char detail[256];
-    struct upstream_addrs *to = upstream_resolve(HOST, port, detail, sizeof detail);
+    struct upstream_addrs *to = upstream_resolve(HOST, port, 0, detail, sizeof detail);
     assert_non_null(to);
     struct upstream_call *c = upstream_call_start(ul, to, rq, done, arg);
     upstream_addrs_put(to);
@@ -426,7 +426,7 @@ static int setup(void **state)
 {
     struct fixture *f = calloc(1, sizeof *f);
     f->base = event_base_new();
-    f->ul = upstream_loop_new(f->base);
+    f->ul = upstream_loop_new(f->base, NULL);
     assert_non_null(f->base);
     assert_non_null(f->ul);
     *state = f;
@@ -648,7 +648,7 @@ static void names_looked_up_first(void **state)
                                          NULL};
     start(f, serve_parts, answer, 0);
     char detail[256];
-    struct upstream_addrs *to = upstream_resolve("localhost", f->srv.port, detail, sizeof detail);
+    struct upstream_addrs *to = upstream_resolve("localhost", f->srv.port, 0, detail, sizeof detail);
     assert_non_null(to);
     struct done_rec d = {0};
     assert_non_null(upstream_call_start(f->ul, to, &get_rq, on_done, &d));
@@ -660,7 +660,7 @@ static void names_looked_up_first(void **state)
     http_msg_free(d.resp);
 
     detail[0] = '\0';
-    assert_null(upstream_resolve("no-such-host.invalid", 80, detail, sizeof detail));
+    assert_null(upstream_resolve("no-such-host.invalid", 80, 0, detail, sizeof detail));
     assert_non_null(strstr(detail, "upstream no-such-host.invalid:80: "));
 }
 

@@ -2426,6 +2426,216 @@ static void test_token_flood(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* ---- TLS: certificates made here with openssl(1) ---- */
+
+/* A shell command, which must succeed. */
+static void run_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void run_sh(const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0)
+        fail_msg("failed: %s", cmd);
+}
+
+/* A certificate dir/NAME.pem (key NAME.key) for cn with the alternative
+ * names san, signed by the CA dir/CA.pem, or the CA itself (ca NULL). */
+static void make_cert(const char *d, const char *name, const char *cn, const char *san,
+                      const char *ca)
+{
+    if (!ca) {
+        run_sh("cd '%s' && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+               "-nodes -keyout %s.key -out %s.pem -days 2 -subj /CN=%s 2>/dev/null",
+               d, name, name, cn);
+        return;
+    }
+    run_sh("cd '%s' && openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+           "-keyout %s.key -out %s.csr -subj /CN=%s 2>/dev/null && "
+           "printf 'subjectAltName=%s\\n' > %s.ext && "
+           "openssl x509 -req -in %s.csr -CA %s.pem -CAkey %s.key -CAcreateserial -out %s.pem "
+           "-days 2 -extfile %s.ext 2>/dev/null",
+           d, name, name, cn, san, name, name, ca, ca, name, name);
+}
+
+/* curl's exit status (0: a whole answer; 35, 56, 60: TLS refused), and the
+ * answer's status in *status. */
+static int curl_status(const char *args, int *status)
+{
+    char cmd[8192], out[64] = "";
+    snprintf(cmd, sizeof cmd, "curl -s -o /dev/null -w '%%{http_code}' --max-time 10 %s", args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    if (!fgets(out, sizeof out, f))
+        out[0] = '\0';
+    int rc = pclose(f);
+    *status = atoi(out);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* The serial of the certificate a TLS server on port shows. */
+static void served_serial(int port, char *out, size_t cap)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "openssl s_client -connect 127.0.0.1:%d -servername localhost </dev/null "
+             "2>/dev/null | openssl x509 -noout -serial",
+             port);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    if (!fgets(out, (int)cap, f))
+        out[0] = '\0';
+    pclose(f);
+}
+
+/* TLS on both listeners and to an upstream, with certificates made for the
+ * test: the gateway (TLS on listen) in front of an https:// upstream (a
+ * second idem serve with TLS, passing through to the refund service).
+ * Works with the right CA and host name; an upstream whose certificate is
+ * for another name, or from a CA not trusted, is refused before anything
+ * is sent: 502, not executed, the claim released (a retry gets 502 again,
+ * not 409). Plain HTTP on a TLS port gets nothing; the admin listener asks
+ * for a client certificate; a SIGHUP takes a renewed certificate. */
+static void test_tls(void **state)
+{
+    (void)state;
+    char d[256], path[512], db[512], log[512], yaml[8192];
+    if ((size_t)snprintf(d, sizeof d, "%s/tls", dir) >= sizeof d)
+        skip();
+    mkdir(d, 0700);
+    make_cert(d, "ca", "idem-test-ca", NULL, NULL);
+    make_cert(d, "other-ca", "someone-else", NULL, NULL);
+    make_cert(d, "srv", "localhost", "DNS:localhost", "ca");
+    make_cert(d, "stranger", "localhost", "DNS:localhost", "other-ca");
+    make_cert(d, "client", "ops", "DNS:ops", "ca");
+    /* The upstream: TLS on its listen, passing everything to the service. */
+    struct proc up, up2, gw;
+    snprintf(path, sizeof path, "%s/up.yaml", d);
+    snprintf(yaml, sizeof yaml,
+             "listen: { address: \"127.0.0.1:0\", tls: { cert: %s/srv.pem, key: %s/srv.key } }\n"
+             "admin_listen: unix:%s/up.sock\nupstream: http://127.0.0.1:%d\n",
+             d, d, d, service.port);
+    sys_write_file(path, yaml);
+    snprintf(db, sizeof db, "%s/up.db", d);
+    snprintf(log, sizeof log, "%s/up.log", d);
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, NULL};
+    sys_start(&up, argv, log);
+    /* The same, showing a certificate of a CA the gateway does not trust. */
+    char path2[512], db2[512], log2[512];
+    snprintf(path2, sizeof path2, "%s/up2.yaml", d);
+    snprintf(yaml, sizeof yaml,
+             "listen: { address: \"127.0.0.1:0\", tls: { cert: %s/stranger.pem, key: "
+             "%s/stranger.key } }\nadmin_listen: unix:%s/up2.sock\nupstream: http://127.0.0.1:%d\n",
+             d, d, d, service.port);
+    sys_write_file(path2, yaml);
+    snprintf(db2, sizeof db2, "%s/up2.db", d);
+    snprintf(log2, sizeof log2, "%s/up2.log", d);
+    char *argv2[] = {(char *)idem_bin, "serve", "-c", path2, "--db", db2, NULL};
+    sys_start(&up2, argv2, log2);
+    /* The gateway: TLS on listen and on admin_listen (client certificates
+     * required), routes to the upstreams by name, by an address the
+     * certificate does not name, and to the stranger. */
+    snprintf(yaml, sizeof yaml,
+             "listen: { address: \"127.0.0.1:0\", tls: { cert: %s/srv.pem, key: %s/srv.key } }\n"
+             "admin_listen: { address: \"127.0.0.1:0\", tls: { cert: %s/srv.pem, key: %s/srv.key, "
+             "client_ca: %s/ca.pem } }\n"
+             "api_keys:\n  - { name: test, scope: write, env: " SYS_ADMIN_KEY_ENV " }\n"
+             "tls_ca: %s/ca.pem\n"
+             "routes:\n"
+             "  - { name: good, match: { method: POST, path: /callbacks/payment }, "
+             "upstream: \"https://localhost:%d\", key: { json: serial_no }, space: tls }\n"
+             "  - { name: by-address, match: { method: POST, path: /by-address }, "
+             "upstream: \"https://127.0.0.1:%d/callbacks/payment\", key: { json: serial_no }, "
+             "space: tls }\n"
+             "  - { name: stranger, match: { method: POST, path: /stranger }, "
+             "upstream: \"https://localhost:%d/callbacks/payment\", key: { json: serial_no }, "
+             "space: tls }\n",
+             d, d, d, d, d, d, up.port, up.port, up2.port);
+    snprintf(path, sizeof path, "%s/gw.yaml", d);
+    sys_write_file(path, yaml);
+    snprintf(db, sizeof db, "%s/gw.db", d);
+    snprintf(log, sizeof log, "%s/gw.log", d);
+    char *gargv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, NULL};
+    sys_start(&gw, gargv, log);
+    long before = sys_stat(service.port, "payment_executions");
+    char args[8192];
+    int status;
+    /* Through TLS both ways: executed once, then replayed. */
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args,
+                 "--cacert %s/ca.pem -X POST -d '{\"serial_no\":\"TLS-1\",\"amount\":\"1\"}' "
+                 "https://localhost:%d/callbacks/payment",
+                 d, gw.port);
+        assert_int_equal(curl_status(args, &status), 0);
+        assert_int_equal(status, 201);
+    }
+    assert_int_equal(sys_stat(service.port, "payment_executions") - before, 1);
+    /* Upstreams whose certificate does not pass: nothing forwarded, and the
+     * claim released (502 again, not 409 in flight). */
+    static const char *const refused[] = {"/by-address", "/stranger"};
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < 2; i++) {
+            snprintf(args, sizeof args,
+                     "--cacert %s/ca.pem -X POST -d '{\"serial_no\":\"TLS-%d\",\"amount\":\"1\"}' "
+                     "https://localhost:%d%s",
+                     d, 2 + r, gw.port, refused[r]);
+            assert_int_equal(curl_status(args, &status), 0);
+            if (status != 502)
+                fail_msg("%s: %d, expected 502", refused[r], status);
+        }
+    assert_int_equal(sys_stat(service.port, "payment_executions") - before, 1);
+    /* A certificate, key or CA file that does not load is refused at the
+     * start, and by --check, naming it. */
+    char bad[512], err[4096];
+    snprintf(bad, sizeof bad, "%s/bad.yaml", d);
+    snprintf(yaml, sizeof yaml,
+             "listen: { address: \"127.0.0.1:0\", tls: { cert: %s/srv.pem, key: %s/client.key } }\n",
+             d, d);
+    sys_write_file(bad, yaml);
+    char *check[] = {(char *)idem_bin, "serve", "-c", bad, "--check", NULL};
+    assert_int_equal(sys_run_fail(check, err, sizeof err), 2);
+    assert_non_null(strstr(err, "listen.tls: TLS: "));
+    assert_non_null(strstr(err, "client.key"));
+    /* Plain HTTP on a TLS listener: no answer. */
+    struct sys_resp r;
+    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 3000, &r);
+    assert_int_equal(r.status, 0);
+    sys_resp_free(&r);
+    /* The admin listener: no client certificate, no handshake; with one
+     * and the key, the API. */
+    snprintf(args, sizeof args,
+             "--cacert %s/ca.pem -H 'Authorization: Bearer " SYS_ADMIN_KEY "' "
+             "https://localhost:%d/_idem/v1/records/tls/TLS-1",
+             d, gw.admin_port);
+    assert_true(curl_status(args, &status) != 0);
+    snprintf(args, sizeof args,
+             "--cacert %s/ca.pem --cert %s/client.pem --key %s/client.key "
+             "-H 'Authorization: Bearer " SYS_ADMIN_KEY "' "
+             "https://localhost:%d/_idem/v1/records/tls/TLS-1",
+             d, d, d, gw.admin_port);
+    assert_int_equal(curl_status(args, &status), 0);
+    assert_int_equal(status, 200);
+    /* A renewed certificate, taken on SIGHUP by new connections. */
+    char was[128], now[128];
+    served_serial(gw.port, was, sizeof was);
+    assert_non_null(strstr(was, "serial="));
+    make_cert(d, "srv", "localhost", "DNS:localhost", "ca");
+    kill(gw.pid, SIGHUP);
+    for (int i = 0; i < 100; i++) {
+        served_serial(gw.port, now, sizeof now);
+        if (strcmp(now, was) != 0)
+            break;
+        sleep_ms(50);
+    }
+    if (strcmp(now, was) == 0)
+        fail_msg("the certificate served after SIGHUP is still %s", was);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    assert_int_equal(sys_stop(&up, SIGTERM), 0);
+    assert_int_equal(sys_stop(&up2, SIGTERM), 0);
+}
+
 /* Failed API keys from one address are slowed down: past a burst, each
  * refusal waits a second; a right key is never held. */
 static void test_failed_keys_slowed(void **state)
@@ -3594,6 +3804,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_example_config_exposes_nothing),
         cmocka_unit_test(test_two_surfaces),
         cmocka_unit_test(test_failed_keys_slowed),
+        cmocka_unit_test(test_tls),
         cmocka_unit_test(test_token_flood),
         cmocka_unit_test(test_admin_listen_overlap_refused),
         cmocka_unit_test(test_transition_reaches_replays),
