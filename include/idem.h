@@ -180,10 +180,12 @@ typedef int64_t (*idem_clock_fn)(void *arg);
 typedef enum idem_log_level {
     IDEM_LOG_INFO = 0,
     IDEM_LOG_WARN = 1,  /* a recovery happened: an abandoned claim taken over */
-    IDEM_LOG_ALERT = 2, /* a conflict: a stale owner tried to finish a record */
+    IDEM_LOG_ALERT = 2, /* a conflict: a stale owner tried to finish a record;
+                           the embedded store's files removed under it */
 } idem_log_level;
 
-/* Receives one line, without a newline, on the thread that made the call.
+/* Receives one line, without a newline, on the thread that made the call
+ * (the embedded store's writer thread for what it finds after a commit).
  * Must be thread-safe and must not call back into Idem. */
 typedef void (*idem_log_fn)(void *arg, idem_log_level level, const char *msg);
 

@@ -15,12 +15,21 @@
  * INSERT ... ON CONFLICT DO NOTHING, then changes() — never a read followed
  * by an insert. Every later change is an UPDATE conditional on the state (and
  * epoch, and lease) the caller last saw.
+ *
+ * The files are the ones opened, or nothing is served: a store file removed
+ * or replaced under the running process (files_gone) fails every write and
+ * read from then on.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/error.h"
 #include "group_commit.h"
 #include "sqlite_wal.h"
@@ -113,6 +122,16 @@ struct reader {
     sqlite3_stmt *get;
 };
 
+/* One of the store's three files (the database, its -wal, its -shm) and the
+ * inode it had once the writer's connection had it open. */
+struct store_file {
+    char *path; /* NULL: not watched (an in-memory database) */
+    dev_t dev;
+    ino_t ino;
+};
+
+enum { F_DB, F_WAL, F_SHM, F_COUNT_ };
+
 struct sqlite_db {
     sqlite3 *conn;
     sqlite3_stmt *st[ST_COUNT_];
@@ -121,6 +140,14 @@ struct sqlite_db {
     pthread_mutex_t readers_mu;
     struct reader *idle_readers; /* opened on demand, kept for reuse */
     int wal_frames;              /* writer only: the WAL's, at the last commit */
+
+    struct store_file files[F_COUNT_];
+    atomic_int gone;                /* a file was seen removed or replaced: for good */
+    char gone_detail[160];          /* why, for each call refused; set before gone */
+    pthread_mutex_t gone_mu;        /* one thread says it, once */
+    _Atomic int64_t files_seen_us;  /* the last look at the files, monotonic */
+    idem_log_fn log;
+    void *log_arg;
 };
 
 static idem_rc db_error(sqlite3 *conn, const char *what)
@@ -141,10 +168,134 @@ static idem_rc exec_stmt(struct sqlite_db *d, int which)
     return IDEM_OK;
 }
 
+/* ---- the files under the store ----
+ *
+ * SQLite opens its files once and never looks at their paths again. Once
+ * one is unlinked, or another file renamed over it (a clean-up script, a
+ * restore, a deploy that replaces the directory), the store would go on
+ * writing to a file no one will open again: every write it acknowledged
+ * would be gone at the next start, and each of those keys would execute
+ * once more. A removed -wal takes what it holds with it at the next crash;
+ * a removed -shm has the next process that opens the database index the
+ * WAL apart from this one. So the store compares each path's inode with the
+ * one it opened, and from the first difference on refuses every write and
+ * read (IDEM_ESTORE), says why once in the log, and waits to be reopened.
+ *
+ * None of the three changes inode by SQLite's own doing while the writer's
+ * connection is open: the WAL and the -shm are opened with the database and
+ * kept until the last connection closes (a checkpoint starts the WAL over
+ * in the same file, and sqlite_wal.c opens the WAL as the default VFS
+ * does, once).
+ *
+ * The writer looks after each COMMIT, before the batch's callers are
+ * answered, so what it acknowledges was written to the files at the
+ * store's paths: a stat() per file per batch. Readers look at most every
+ * FILES_LOOK_US, so that a store no one writes to (a health check's reads)
+ * finds out too. */
+#define FILES_LOOK_US 100000
+
+/* Compare each watched path's inode with the one opened; at the first that
+ * differs, mark the store gone and say why. */
+static void look_at_files(struct sqlite_db *d)
+{
+    for (int i = 0; i < F_COUNT_; i++) {
+        const struct store_file *f = &d->files[i];
+        struct stat st;
+        if (!f->path)
+            continue;
+        int there = stat(f->path, &st) == 0;
+        if (there ? st.st_dev == f->dev && st.st_ino == f->ino
+                  : errno != ENOENT && errno != ENOTDIR)
+            continue; /* the same file, or no answer (EIO, ENOMEM): look again later */
+        char now[32] = "none";
+        if (there)
+            snprintf(now, sizeof now, "%llu", (unsigned long long)st.st_ino);
+        pthread_mutex_lock(&d->gone_mu);
+        int first = !atomic_load(&d->gone);
+        if (first) {
+            /* The detail reaches clients (idem serve's 503): the file by
+             * its part, the path only in the log. */
+            static const char *const part[F_COUNT_] = {"database file", "-wal file",
+                                                       "-shm file"};
+            snprintf(d->gone_detail, sizeof d->gone_detail,
+                     "sqlite: the store's %s was removed or replaced under this process; "
+                     "reopen the store",
+                     part[i]);
+            atomic_store(&d->gone, 1);
+        }
+        pthread_mutex_unlock(&d->gone_mu);
+        if (first && d->log) {
+            char line[512];
+            snprintf(line, sizeof line,
+                     "the store file %s was removed or replaced under the running process "
+                     "(inode %llu -> %s): refusing writes and reads until the store is "
+                     "reopened; restart the daemon",
+                     f->path, (unsigned long long)f->ino, now);
+            d->log(d->log_arg, IDEM_LOG_ALERT, line);
+        }
+        return;
+    }
+}
+
+/* 1, with the thread's error detail set, once the store's files are not the
+ * ones it opened. now: look at them now (the writer); else at most every
+ * FILES_LOOK_US over all the threads that ask. */
+static int files_gone(struct sqlite_db *d, int now)
+{
+    if (!atomic_load(&d->gone)) {
+        int64_t t = idem__mono_us(), seen = atomic_load(&d->files_seen_us);
+        if (now)
+            atomic_store(&d->files_seen_us, t);
+        else if (t - seen < FILES_LOOK_US ||
+                 !atomic_compare_exchange_strong(&d->files_seen_us, &seen, t))
+            return 0;
+        look_at_files(d);
+        if (!atomic_load(&d->gone))
+            return 0;
+    }
+    idem__fail(IDEM_ESTORE, "%s", d->gone_detail);
+    return 1;
+}
+
+/* Watch the files the writer's connection has open: the database and, as
+ * SQLite names them, its -wal and -shm. None for a database in memory. */
+static idem_rc watch_files(struct sqlite_db *d)
+{
+    static const char *const suffix[F_COUNT_] = {"", "-wal", "-shm"};
+    const char *db = sqlite3_db_filename(d->conn, "main");
+    if (!db || !*db)
+        return IDEM_OK;
+    size_t n = strlen(db);
+    for (int i = 0; i < F_COUNT_; i++) {
+        size_t m = strlen(suffix[i]);
+        struct stat st;
+        char *path = idem__malloc(n + m + 1);
+        if (!path)
+            return idem__fail(IDEM_ENOMEM, "sqlite: allocating");
+        memcpy(path, db, n);
+        memcpy(path + n, suffix[i], m + 1);
+        if (stat(path, &st) != 0) {
+            idem__free(path); /* SQLite has none open: nothing to watch */
+            continue;
+        }
+        d->files[i] = (struct store_file){.path = path, .dev = st.st_dev, .ino = st.st_ino};
+    }
+    return IDEM_OK;
+}
+
 /* ---- the group-commit driver ---- */
 
-static idem_rc drv_begin(void *ctx) { return exec_stmt(ctx, ST_BEGIN); }
-/* The COMMIT's WAL frames reach the kernel in one write (sqlite_wal.c). */
+static idem_rc drv_begin(void *ctx)
+{
+    struct sqlite_db *d = ctx;
+    if (atomic_load(&d->gone))
+        return idem__fail(IDEM_ESTORE, "%s", d->gone_detail);
+    return exec_stmt(d, ST_BEGIN);
+}
+
+/* The COMMIT's WAL frames reach the kernel in one write (sqlite_wal.c). A
+ * COMMIT that went to files no longer at the store's paths fails: its
+ * writes are as good as lost, and no caller may be told otherwise. */
 static idem_rc drv_commit(void *ctx)
 {
     struct sqlite_db *d = ctx;
@@ -152,6 +303,8 @@ static idem_rc drv_commit(void *ctx)
     idem_rc rc = exec_stmt(d, ST_COMMIT);
     if (idem__sqlite_wal_gathered(d->conn, rc == IDEM_OK) != SQLITE_OK && rc == IDEM_OK)
         rc = idem__fail(IDEM_ESTORE, "sqlite: writing the WAL after a commit failed");
+    if (rc == IDEM_OK && files_gone(d, 1))
+        rc = IDEM_ESTORE;
     return rc;
 }
 static idem_rc drv_savepoint(void *ctx) { return exec_stmt(ctx, ST_SAVEPOINT); }
@@ -487,6 +640,9 @@ static idem_rc rec_get(void *db, const char *space, const char *key,
                             .key = key, .found = found, .cur = cur};
         return submit_rec(db, &j);
     }
+    /* A reader opened before a file was replaced still reads the old one. */
+    if (files_gone(d, 0))
+        return IDEM_ESTORE;
     struct reader *r = NULL;
     idem_rc rc = reader_take(d, &r);
     if (rc != IDEM_OK)
@@ -694,6 +850,9 @@ static void sqlite_close(void *db)
         reader_free(r);
     }
     pthread_mutex_destroy(&d->readers_mu);
+    pthread_mutex_destroy(&d->gone_mu);
+    for (int i = 0; i < F_COUNT_; i++)
+        idem__free(d->files[i].path);
     idem__free(d->path);
     for (int i = 0; i < ST_COUNT_; i++)
         sqlite3_finalize(d->st[i]);
@@ -763,6 +922,9 @@ idem_rc idem__sqlite_open(const idem_options *o, const struct idem__db_ops **ops
     if (!d)
         return idem__fail(IDEM_ENOMEM, "sqlite: allocating");
     pthread_mutex_init(&d->readers_mu, NULL);
+    pthread_mutex_init(&d->gone_mu, NULL);
+    d->log = o->log;
+    d->log_arg = o->log_arg;
     if (strcmp(o->path, ":memory:") != 0 && strncmp(o->path, "file:", 5) != 0 &&
         !(d->path = idem__strndup(o->path, strlen(o->path)))) {
         sqlite_close(d);
@@ -781,7 +943,7 @@ idem_rc idem__sqlite_open(const idem_options *o, const struct idem__db_ops **ops
     }
     sqlite3_extended_result_codes(d->conn, 1);
     sqlite3_busy_timeout(d->conn, 5000);
-    if ((rc = prepare_file(d, o->path)) != IDEM_OK)
+    if ((rc = prepare_file(d, o->path)) != IDEM_OK || (rc = watch_files(d)) != IDEM_OK)
         goto fail;
     /* In place of SQLite's automatic checkpoint (see drv_after_batch). */
     sqlite3_wal_hook(d->conn, on_wal_commit, d);

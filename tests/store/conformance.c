@@ -15,6 +15,7 @@
  * Each test opens a fresh handle with the test clock, so lease and TTL
  * expiry are tested by moving the clock, not by sleeping.
  */
+#include <errno.h>
 #include <libpq-fe.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -1965,6 +1966,146 @@ static void test_conflicts_are_logged(void **state)
     idem_close(h);
 }
 
+/* ---- the store's files removed or replaced under it (embedded file) ---- */
+
+enum files_fate { ALL_UNLINKED, DB_REPLACED, WAL_UNLINKED, SHM_UNLINKED };
+
+static void store_file_path(char *out, size_t cap, const char *suffix)
+{
+    snprintf(out, cap, "%s%s", db_path, suffix);
+}
+
+static void unlink_store_file(const char *suffix)
+{
+    char p[sizeof db_path + 8];
+    store_file_path(p, sizeof p, suffix);
+    if (unlink(p) != 0)
+        fail_msg("unlink %s: %s", p, strerror(errno));
+}
+
+static void befall(enum files_fate fate)
+{
+    if (fate == ALL_UNLINKED) {
+        unlink_store_file("");
+        unlink_store_file("-wal");
+        unlink_store_file("-shm");
+    } else if (fate == DB_REPLACED) {
+        /* Another SQLite file renamed over it: a restore, a deploy. */
+        char other[sizeof db_path + 8];
+        store_file_path(other, sizeof other, ".new");
+        sqlite3 *db = NULL;
+        assert_int_equal(sqlite3_open(other, &db), SQLITE_OK);
+        assert_int_equal(sqlite3_exec(db, "CREATE TABLE t (x)", NULL, NULL, NULL), SQLITE_OK);
+        sqlite3_close(db);
+        if (rename(other, db_path) != 0)
+            fail_msg("rename %s: %s", other, strerror(errno));
+    } else {
+        unlink_store_file(fate == WAL_UNLINKED ? "-wal" : "-shm");
+    }
+}
+
+/* The first refused call of a loop of them, within a second: begins of new
+ * keys (writes), or reads of a record that is there. IDEM_OK if none was
+ * refused in that second. */
+static idem_rc first_refusal(idem *h, int writes)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int n = 0;; n++) {
+        idem_outcome o;
+        idem_record rec;
+        char key[32];
+        snprintf(key, sizeof key, "after-%d", n);
+        idem_rc rc = writes ? idem_record_begin(h, "pay", key, NULL, "w", 30000, &o, &rec)
+                            : idem_record_get(h, "pay", "before", &o, &rec);
+        if (rc != IDEM_OK)
+            return rc;
+        idem_record_clear(&rec);
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > 1000)
+            return IDEM_OK;
+        struct timespec pause = {0, 10 * 1000000L};
+        nanosleep(&pause, NULL);
+    }
+}
+
+/* Each fate of the files, on a store that holds a record, a claim and an
+ * inbox entry, with a reader open. reads_first: nothing is written after
+ * the fate, so the reads find out by themselves (what a health check does
+ * on an idle daemon). Then every write and read is refused, and the reason
+ * is logged once, naming the file. */
+static void files_befall(enum files_fate fate, int reads_first, const char *which)
+{
+    struct log_capture cap = {0};
+    idem_options opt;
+    idem_options_init(&opt);
+    store_options(&opt, 1);
+    opt.clock = test_clock;
+    opt.log = capture_log;
+    opt.log_arg = &cap;
+    idem *h = open_with(&opt);
+    idem_outcome o;
+    idem_record rec;
+    idem_inbox_entry e;
+    assert_idem_ok(idem_record_begin(h, "pay", "before", NULL, "a", 30000, &o, &rec));
+    assert_idem_ok(idem_record_complete(h, "pay", "before", rec.epoch, "paid", 4, 0, &o));
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_begin(h, "pay", "open", NULL, "a", 30000, &o, &rec));
+    uint64_t open_epoch = rec.epoch;
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_inbox_begin(h, "billing", "m-1", NULL, 30000, 3, &o, &e));
+    assert_idem_ok(idem_record_get(h, "pay", "before", &o, &rec)); /* a reader, kept */
+    assert_outcome(o, IDEM_FOUND);
+    idem_record_clear(&rec);
+
+    befall(fate);
+    if (reads_first)
+        assert_int_equal(first_refusal(h, 0), IDEM_ESTORE);
+    idem_rc rc = first_refusal(h, 1);
+    if (rc != IDEM_ESTORE)
+        fail_msg("%s: new keys still begun a second later (%s)", which, idem_errname(rc));
+    const char *suffix = fate == WAL_UNLINKED ? "-wal" : fate == SHM_UNLINKED ? "-shm" : "";
+    char db_file[sizeof db_path + 8], part[64];
+    store_file_path(db_file, sizeof db_file, suffix);
+    snprintf(part, sizeof part, "the store's %s file was removed or replaced",
+             *suffix ? suffix : "database");
+    if (!strstr(idem_errdetail(), part))
+        fail_msg("%s: the error says \"%s\"", which, idem_errdetail());
+    assert_int_equal(idem_record_begin(h, "pay", "again", NULL, "w", 30000, &o, &rec),
+                     IDEM_ESTORE);
+    assert_int_equal(idem_record_complete(h, "pay", "open", open_epoch, "x", 1, 0, &o),
+                     IDEM_ESTORE);
+    assert_int_equal(idem_record_fail(h, "pay", "open", open_epoch, IDEM_FAIL_RETRYABLE, NULL,
+                                      0, 0, &o),
+                     IDEM_ESTORE);
+    assert_int_equal(idem_record_transition(h, "pay", "before", "SUCCEEDED", "REFUNDED", &o,
+                                            NULL),
+                     IDEM_ESTORE);
+    assert_int_equal(idem_inbox_done(h, "billing", "m-1", 1, &o), IDEM_ESTORE);
+    assert_int_equal(idem_inbox_receive(h, "billing", "m-2", NULL, &o, &e), IDEM_ESTORE);
+    assert_int_equal(idem_record_get(h, "pay", "before", &o, &rec), IDEM_ESTORE);
+    /* Said once, naming the file (the log only: an error's detail may
+     * reach clients). */
+    assert_null(strstr(idem_errdetail(), tmpdir));
+    assert_int_equal(cap.alerts, 1);
+    assert_non_null(strstr(cap.last_alert, db_file));
+    assert_non_null(strstr(cap.last_alert, "removed or replaced under the running process"));
+    idem_close(h);
+}
+
+static void test_files_removed_under_the_store(void **state)
+{
+    (void)state;
+    if (is_postgres() || strcmp(store_where, "file") != 0)
+        skip();
+    files_befall(ALL_UNLINKED, 0, "the three files unlinked");
+    files_befall(ALL_UNLINKED, 1, "the three files unlinked, reads first");
+    files_befall(DB_REPLACED, 0, "the database replaced");
+    files_befall(DB_REPLACED, 1, "the database replaced, reads first");
+    files_befall(WAL_UNLINKED, 0, "the -wal unlinked");
+    files_befall(SHM_UNLINKED, 0, "the -shm unlinked");
+}
+
 static void test_open_errors(void **state)
 {
     (void)state;
@@ -2081,6 +2222,7 @@ int main(int argc, char **argv)
         T(test_fences_survive_a_lost_counter),
         T(test_schema_migrations),
         T(test_conflicts_are_logged),
+        T(test_files_removed_under_the_store),
         T(test_reopen_keeps_records),
 #undef T
     };
