@@ -1173,6 +1173,85 @@ static void test_health_sees_failing_writes(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* The store's three files unlinked under the running daemon (a clean-up
+ * script, a deploy that replaces the directory). Without a look at them the
+ * daemon would go on answering new keys 201 with their claims in files no
+ * one will open again, and after a restart each of those keys would execute
+ * once more. Within a second new keys get 503 and are not forwarded, the
+ * health check says 503, and the log says why; after the restart no key
+ * that was answered 201 executes again, and the refused ones execute once.
+ * (What the deleted files held went with them: that is not the daemon's to
+ * keep.) */
+static void test_store_files_deleted(void **state)
+{
+    (void)state;
+    enum { KEYS_MAX = 1000 };
+    struct proc gw;
+    start_idem(&gw, reject_routes, "deleted.db");
+    long before = sys_stat(service.port, "executions");
+    post_expect(gw.port, "{\"refund_no\":\"R-del-0\",\"amount\":\"1.00\"}", 201, 0);
+    static const char *const suffix[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/deleted.db%s", dir, suffix[i]);
+        if (unlink(path) != 0)
+            fail_msg("unlink %s: %s", path, strerror(errno));
+    }
+    /* New keys one after another until one is refused, a second at most;
+     * those answered 201 meanwhile are kept to be sent again. */
+    int64_t t0 = mono_ms();
+    int n = 1, acked = 0, acked_keys[KEYS_MAX];
+    char body[96];
+    struct sys_resp r;
+    for (;; n++) {
+        snprintf(body, sizeof body, "{\"refund_no\":\"R-del-%d\",\"amount\":\"1.00\"}", n);
+        sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+        if (r.status == 503)
+            break;
+        assert_int_equal(r.status, 201);
+        sys_resp_free(&r);
+        if (mono_ms() - t0 > 1000 || n >= KEYS_MAX)
+            fail_msg("%d new keys answered 201 in the %lld ms since the files were deleted",
+                     n, (long long)(mono_ms() - t0));
+        acked_keys[acked++] = n;
+    }
+    assert_non_null(strstr(r.m->body, "store_unavailable"));
+    assert_non_null(strstr(r.m->body, "removed or replaced"));
+    assert_null(strstr(r.m->body, dir)); /* the path is for the log */
+    sys_resp_free(&r);
+    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 5000, &r);
+    assert_int_equal(r.status, 503);
+    assert_non_null(strstr(r.m->body, "\"status\":\"store_unavailable\""));
+    assert_non_null(strstr(r.m->body, "\"records\":\"ESTORE\""));
+    sys_resp_free(&r);
+    /* Still refused, and never forwarded. */
+    post_expect(gw.port, body, 503, 0);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1 + acked);
+    /* Said once, naming the file. */
+    char *log = sys_read_file(gw.log), said[4300];
+    snprintf(said, sizeof said, "ALERT the store file %s/deleted.db", dir);
+    assert_non_null(log);
+    const char *at = strstr(log, said);
+    if (!at)
+        fail_msg("the log does not say \"%s\":\n%s", said, log);
+    assert_non_null(strstr(at, "removed or replaced under the running process"));
+    assert_null(strstr(at + 1, "ALERT the store file"));
+    free(log);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+
+    start_idem(&gw, reject_routes, "deleted.db");
+    for (int i = 0; i < acked; i++) {
+        snprintf(body, sizeof body, "{\"refund_no\":\"R-del-%d\",\"amount\":\"1.00\"}",
+                 acked_keys[i]);
+        post_expect(gw.port, body, 201, 1);
+    }
+    snprintf(body, sizeof body, "{\"refund_no\":\"R-del-%d\",\"amount\":\"1.00\"}", n);
+    post_expect(gw.port, body, 201, 0);
+    post_expect(gw.port, body, 201, 1);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1 + acked + 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* The upstream executed, and the store fails to keep the answer (here
  * another process holds the SQLite file's write lock until the finish has
  * failed; a full disk looks the same). The claim's lease runs out meanwhile,
@@ -3786,6 +3865,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_other_payload_in_flight_422),
         cmocka_unit_test(test_sigterm_with_claims_queued_on_writer),
         cmocka_unit_test(test_health_sees_failing_writes),
+        cmocka_unit_test(test_store_files_deleted),
         cmocka_unit_test(test_answer_kept_after_store_failure),
         cmocka_unit_test(test_half_closed_client_answered),
         cmocka_unit_test(test_client_reset_mid_request),
