@@ -146,6 +146,8 @@ struct sqlite_db {
     char gone_detail[160];          /* why, for each call refused; set before gone */
     pthread_mutex_t gone_mu;        /* one thread says it, once */
     _Atomic int64_t files_seen_us;  /* the last look at the files, monotonic */
+    struct idem__gc_job wake;       /* a reader that found them gone wakes the writer */
+    int kept;                       /* writer only: keep_acknowledged ran */
     idem_log_fn log;
     void *log_arg;
 };
@@ -180,6 +182,8 @@ static idem_rc exec_stmt(struct sqlite_db *d, int which)
  * WAL apart from this one. So the store compares each path's inode with the
  * one it opened, and from the first difference on refuses every write and
  * read (IDEM_ESTORE), says why once in the log, and waits to be reopened.
+ * With the database file itself still in place, the writer first copies
+ * into it what the WAL it holds open has (keep_acknowledged).
  *
  * None of the three changes inode by SQLite's own doing while the writer's
  * connection is open: the WAL and the -shm are opened with the database and
@@ -224,6 +228,11 @@ static void look_at_files(struct sqlite_db *d)
             atomic_store(&d->gone, 1);
         }
         pthread_mutex_unlock(&d->gone_mu);
+        /* The writer keeps what it acknowledged after its next batch
+         * (keep_acknowledged): an idle one is handed an empty job, whose
+         * batch fails at its begin. */
+        if (first && !idem__gc_on_writer(d->gc))
+            (void)idem__gc_queue(d->gc, &d->wake);
         if (first && d->log) {
             char line[512];
             snprintf(line, sizeof line,
@@ -234,6 +243,57 @@ static void look_at_files(struct sqlite_db *d)
             d->log(d->log_arg, IDEM_LOG_ALERT, line);
         }
         return;
+    }
+}
+
+/* That job: it never runs (its batch is refused), and once done, there is
+ * nothing to free. */
+static idem_rc run_wake(struct idem__gc_job *job, void *ctx)
+{
+    (void)job;
+    (void)ctx;
+    return IDEM_OK;
+}
+
+static void on_wake_done(struct idem__gc_job *job)
+{
+    (void)job;
+}
+
+/* Writer only, after the batch that follows the files found gone. With
+ * the -wal or the -shm gone, the database file at its path is still this
+ * store's, and the WAL the writer holds open has every commit since the
+ * last checkpoint: a crash now would take those of a removed -wal with it,
+ * though each was acknowledged. A full checkpoint copies them into the
+ * database file and syncs it, as the close would, so that none waits for
+ * a clean stop. With the database file gone, its records went with it. */
+static void keep_acknowledged(struct sqlite_db *d)
+{
+    const struct store_file *f = &d->files[F_DB];
+    struct stat st;
+    if (d->kept)
+        return;
+    d->kept = 1;
+    if (!f->path || stat(f->path, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino)
+        return;
+    int frames = -1, copied = -1;
+    int rc = sqlite3_wal_checkpoint_v2(d->conn, NULL, SQLITE_CHECKPOINT_FULL, &frames, &copied);
+    if (!d->log)
+        return;
+    char line[512];
+    if (rc == SQLITE_OK && copied == frames) {
+        snprintf(line, sizeof line,
+                 "the store file %s is still the one opened: every frame of the WAL (%d) "
+                 "is checkpointed into it, and stays there after a crash",
+                 f->path, frames);
+        d->log(d->log_arg, IDEM_LOG_WARN, line);
+    } else {
+        snprintf(line, sizeof line,
+                 "checkpointing the WAL into the store file %s failed (%s, %d of %d frames): "
+                 "what the WAL held since the last checkpoint is lost if the process dies "
+                 "before a clean stop",
+                 f->path, rc == SQLITE_OK ? "busy" : sqlite3_errmsg(d->conn), copied, frames);
+        d->log(d->log_arg, IDEM_LOG_ALERT, line);
     }
 }
 
@@ -349,6 +409,10 @@ static int on_wal_commit(void *ctx, sqlite3 *conn, const char *db, int frames)
 static void drv_after_batch(void *ctx)
 {
     struct sqlite_db *d = ctx;
+    if (atomic_load(&d->gone)) {
+        keep_acknowledged(d);
+        return;
+    }
     if (d->wal_frames < CHECKPOINT_FRAMES)
         return;
     d->wal_frames = 0;
@@ -925,6 +989,8 @@ idem_rc idem__sqlite_open(const idem_options *o, const struct idem__db_ops **ops
     pthread_mutex_init(&d->gone_mu, NULL);
     d->log = o->log;
     d->log_arg = o->log_arg;
+    d->wake.run = run_wake;
+    d->wake.on_done = on_wake_done;
     if (strcmp(o->path, ":memory:") != 0 && strncmp(o->path, "file:", 5) != 0 &&
         !(d->path = idem__strndup(o->path, strlen(o->path)))) {
         sqlite_close(d);

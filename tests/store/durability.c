@@ -22,6 +22,10 @@
  * An acknowledgement given before its write was synced, or a WAL the store
  * let SQLite depend on before it was on the disk, fails the checks.
  *
+ * And a store whose -wal is unlinked under it, then killed before it could
+ * close: what the WAL held was acknowledged, so it must be in the database
+ * file by then (the embedded store alone; not with powerloss).
+ *
  *   durability                                  the embedded store
  *   durability powerloss                        the embedded store, and the
  *                                               power cut too: what was
@@ -42,6 +46,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -359,6 +364,119 @@ static void test_kill_at_random_moments(void **state)
     test_rmdir(dir);
 }
 
+/* ---- the -wal unlinked, then the kill ---- */
+
+#define WAL_KEYS 100 /* a few hundred WAL frames: none checkpointed yet */
+
+static atomic_int wal_kept;
+
+static void note_kept(void *arg, idem_log_level level, const char *msg)
+{
+    (void)arg;
+    (void)level;
+    if (strstr(msg, "checkpointed into it"))
+        atomic_store(&wal_kept, 1);
+}
+
+/* Write WAL_KEYS records, each reported once acknowledged; unlink the
+ * -wal; have the store find out, by a write (the writer) or by reads alone
+ * (a reader, the writer idle); give it up to 5 s to say it checkpointed
+ * (reported as "+kept"); die without closing. */
+static void run_wal_removed_child(int fd, int by_reads)
+{
+    idem_options o;
+    store_options(&o);
+    o.log = note_kept;
+    idem *h;
+    static char result[4096];
+    if (idem_open(&o, &h) != IDEM_OK)
+        _exit(2);
+    for (int n = 0; n < WAL_KEYS; n++) {
+        char key[64], line[80];
+        idem_outcome out;
+        idem_record rec;
+        snprintf(key, sizeof key, "wal-%d", n);
+        size_t len = expected_result(key, result, sizeof result);
+        if (idem_record_begin(h, "dur", key, NULL, "child", 60000, &out, &rec) != IDEM_OK ||
+            out != IDEM_NEW ||
+            idem_record_complete(h, "dur", key, rec.epoch, result, len, 0, &out) != IDEM_OK)
+            _exit(3);
+        idem_record_clear(&rec);
+        int m = snprintf(line, sizeof line, "%s\n", key);
+        if (write(fd, line, (size_t)m) != m)
+            _exit(5);
+    }
+    char wal[sizeof db_path + 8];
+    snprintf(wal, sizeof wal, "%s-wal", db_path);
+    if (unlink(wal) != 0)
+        _exit(6);
+    idem_outcome out;
+    idem_record rec;
+    if (!by_reads) {
+        if (idem_record_begin(h, "dur", "after", NULL, "child", 60000, &out, &rec) != IDEM_ESTORE)
+            _exit(7); /* the store went on writing */
+    } else {
+        int n = 0;
+        for (; n < 300 && idem_record_get(h, "dur", "wal-0", &out, &rec) == IDEM_OK; n++) {
+            idem_record_clear(&rec);
+            sleep_ms(10);
+        }
+        if (n == 300)
+            _exit(8); /* the store went on reading */
+    }
+    for (int n = 0; n < 500 && !atomic_load(&wal_kept); n++)
+        sleep_ms(10);
+    if (atomic_load(&wal_kept) && write(fd, "+kept\n", 6) != 6)
+        _exit(5);
+    kill(getpid(), SIGKILL);
+    _exit(9);
+}
+
+static void test_wal_removed_then_killed(void **state)
+{
+    (void)state;
+    if (postgres_url || power_cut)
+        skip();
+    for (int by_reads = 0; by_reads < 2; by_reads++) {
+        char *dir = test_mkdtemp();
+        snprintf(db_path, sizeof db_path, "%s/wal.db", dir);
+        int p[2];
+        assert_int_equal(pipe(p), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            close(p[0]);
+            run_wal_removed_child(p[1], by_reads);
+        }
+        close(p[1]);
+        struct acks a = {0};
+        char buf[8192];
+        ssize_t n;
+        while ((n = read(p[0], buf, sizeof buf)) > 0)
+            take_acks(&a, buf, (size_t)n);
+        close(p[0]);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        if (!WIFSIGNALED(status))
+            fail_msg("found by %s: the child exited with %d", by_reads ? "reads" : "a write",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        int kept = a.n > 0 && strcmp(a.keys[a.n - 1], "+kept") == 0;
+        if (kept)
+            free(a.keys[--a.n]);
+        assert_int_equal(a.n, WAL_KEYS);
+        check_acknowledged(&a, 0);
+        size_t rows;
+        check_no_torn_rows(&rows);
+        if (!kept)
+            fail_msg("found by %s: the store did not say it kept what the WAL held",
+                     by_reads ? "reads" : "a write");
+        for (size_t i = 0; i < a.n; i++)
+            free(a.keys[i]);
+        free(a.keys);
+        test_rmdir(dir);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "distributed")) {
@@ -378,6 +496,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kill_at_random_moments),
+        cmocka_unit_test(test_wal_removed_then_killed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
