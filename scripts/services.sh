@@ -7,6 +7,8 @@
 #   scripts/services.sh stop  STATE_DIR
 #   scripts/services.sh redis-stop|redis-start STATE_DIR   (fault tests)
 #   scripts/services.sh pg-stop|pg-start STATE_DIR
+#   scripts/services.sh pg-stop-immediate STATE_DIR   (as in a crash: no
+#                                     checkpoint, recovery at the next start)
 #   scripts/services.sh up STATE_DIR      (start whichever is not running)
 #
 # start writes STATE_DIR/env with IDEM_TEST_REDIS and IDEM_TEST_PG, the two
@@ -15,7 +17,7 @@
 # user that Debian's package creates.
 set -euo pipefail
 
-cmd=${1:?usage: services.sh start|stop|redis-stop|redis-start|pg-stop|pg-start STATE_DIR [REDIS_PORT PG_PORT]}
+cmd=${1:?usage: services.sh start|stop|redis-stop|redis-start|pg-stop|pg-stop-immediate|pg-start STATE_DIR [REDIS_PORT PG_PORT]}
 state=${2:?services.sh: missing STATE_DIR}
 pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
 
@@ -72,7 +74,7 @@ pg_stop() {
   [ -f "$state/pg.dir" ] || return 0
   local pg; pg=$(cat "$state/pg.dir")
   [ -f "$pg/data/postmaster.pid" ] || return 0
-  as_pg "$pgbin/pg_ctl" -D "$pg/data" -m fast -w -t 60 stop >/dev/null || true
+  as_pg "$pgbin/pg_ctl" -D "$pg/data" -m "${1:-fast}" -w -t 60 stop >/dev/null || true
 }
 
 case "$cmd" in
@@ -118,5 +120,6 @@ redis-stop) redis_stop ;;
 redis-start) redis_start ;;
 pg-stop) pg_stop ;;
 pg-start) pg_start ;;
+pg-stop-immediate) pg_stop immediate ;;
 *) echo "services.sh: unknown command $cmd" >&2; exit 2 ;;
 esac

@@ -59,19 +59,22 @@
  * prepared once per connection.
  *
  * Failures. Connections are non-blocking, and every round trip polls the
- * socket against a deadline (libpq has no per-command timeout). A write
- * job that waited timeout_ms for a writer fails untried; a batch's round
- * trips get timeout_ms from when the batch starts; a read gets timeout_ms
- * from when it was asked. A timeout drops the
- * connection and fails what was in flight with IDEM_ETIMEDOUT: the server may
- * have committed it, or may yet. A lost or refused connection fails it with
- * IDEM_EUNAVAILABLE. A failed connect starts a backoff (BACKOFF_MIN_MS,
- * doubling to BACKOFF_MAX_MS) shared by the handle's connections; while it
- * runs calls fail at once, and the first connect after it that succeeds puts
- * the handle back to work: nothing needs reopening. An idle connection whose
- * server went away (a restart) is noticed before it is used, and replaced.
- * Messages name the server as host:port, never by its URL, whose password
- * they must not show.
+ * socket against a deadline (libpq has no per-command timeout). A write job
+ * that waited timeout_ms for a writer fails untried; a batch's round trips
+ * get timeout_ms from when the batch starts; a read gets timeout_ms from
+ * when it was asked. A timeout drops the connection and fails what was in
+ * flight with IDEM_ETIMEDOUT: the server may have committed it, or may yet.
+ * So does a connection lost once a batch's COMMIT may have been sent; a
+ * refused connection, or one lost before, fails it with IDEM_EUNAVAILABLE. A
+ * failed connect starts a backoff (BACKOFF_MIN_MS, doubling to
+ * BACKOFF_MAX_MS) shared by the handle's connections; while it runs calls
+ * fail at once, and the first connect after it that succeeds puts the handle
+ * back to work: nothing needs reopening. An idle connection whose server
+ * went away (a restart) is noticed before it is used, and replaced; one that
+ * is found broken only on use, before its batch's COMMIT was queued, costs
+ * nothing either: the batch runs once more on a new connection, as a read
+ * does (see run_batch for why only then). Messages name the server as
+ * host:port, never by its URL, whose password they must not show.
  *
  * Threads: the writers; the callers, who also serve reads. Locks: mu (the
  * write queue, the counters), pool_mu (the read queue, idle connections),
@@ -505,20 +508,23 @@ static void conn_close(PGconn **pg)
     *pg = NULL;
 }
 
-/* An idle connection should have nothing to say. If its socket is readable,
- * the server has gone (a restart sends an error and closes): the connection
- * is closed here and the caller opens another. */
+/* An idle connection is owed nothing, so anything its socket has to read
+ * means the server has ended the session: a shutdown or a crash sends a
+ * notice or an error and closes, a timeout an error. The connection is
+ * closed here, unread, and the caller opens another. Reading it to see
+ * would not do: libpq takes the message and stops short of the end of file
+ * behind it, so the connection still looks good until its next statement
+ * fails. One poll(), no round trip. */
 static void conn_check_idle(PGconn **pg)
 {
     if (!*pg)
         return;
-    if (PQstatus(*pg) != CONNECTION_OK) {
-        conn_close(pg);
-        return;
-    }
     struct pollfd p = {.fd = PQsocket(*pg), .events = POLLIN};
-    if (p.fd < 0 || (poll(&p, 1, 0) > 0 && (!PQconsumeInput(*pg) ||
-                                              PQstatus(*pg) != CONNECTION_OK)))
+    int n = -1;
+    if (PQstatus(*pg) == CONNECTION_OK && p.fd >= 0)
+        while ((n = poll(&p, 1, 0)) < 0 && errno == EINTR)
+            ;
+    if (n != 0)
         conn_close(pg);
 }
 
@@ -882,6 +888,8 @@ static void read_read(struct job *j, const PGresult *r)
 struct batch_error {
     idem_rc rc;            /* IDEM_OK: none failed */
     int job;               /* index of the job, or -1 (BEGIN, COMMIT) */
+    int stale;             /* a connection kept from before broke, and nothing
+                              can have been committed: see run_batch */
     char sqlstate[6];
     char detail[256];
 };
@@ -975,7 +983,15 @@ static idem_rc end_aborted(const struct pg_db *d, PGconn *pg, int64_t deadline)
  * statement per job for rows nobody looks at. IDEM_OK: committed.
  * Otherwise nothing was (or, after a timeout, it is unknown), e says which
  * statement failed if one did, and the connection is dropped unless it is
- * still in step. */
+ * still in step.
+ *
+ * Until COMMIT is queued nothing can be committed, whatever reached the
+ * server: a transaction whose session ends is rolled back. A broken
+ * connection up to there fails the try with IDEM_EUNAVAILABLE, and sets
+ * e->stale when the connection was kept from an earlier batch (it died
+ * while idle, in a way the check before use did not show). From the moment
+ * COMMIT is queued, a broken connection leaves the outcome unknown
+ * (IDEM_ETIMEDOUT). */
 static idem_rc run_once(struct writer *w, struct job **jobs, unsigned n, int64_t deadline,
                         struct batch_error *e)
 {
@@ -986,8 +1002,10 @@ static idem_rc run_once(struct writer *w, struct job **jobs, unsigned n, int64_t
     int committing = 0;
     e->rc = IDEM_OK;
     e->job = -1;
+    e->stale = 0;
     conn_check_idle(&w->pg);
-    if (!w->pg && (rc = writer_connect(w, deadline, 0)) != IDEM_OK)
+    int kept = w->pg != NULL;
+    if (!kept && (rc = writer_connect(w, deadline, 0)) != IDEM_OK)
         return rc;
     PGconn *pg = w->pg;
 
@@ -1013,14 +1031,20 @@ static idem_rc run_once(struct writer *w, struct job **jobs, unsigned n, int64_t
     if (e->rc != IDEM_OK)
         goto aborted;
 
-    /* From here on COMMIT may reach the server: a failure before its
-     * answer leaves the batch's outcome unknown (see drop). */
-    committing = 1;
     sent = 1;
     for (unsigned i = 0; sent && i < n; i++)
         if (needs_read(jobs[i]))
             sent = send_read(pg, jobs[i]);
-    if (!sent || !send_stmt(pg, ST_COMMIT, &none) || !PQpipelineSync(pg)) {
+    /* Queueing the reads may have written to the socket and found it
+     * closed; then COMMIT is never queued. */
+    if (!sent || PQstatus(pg) != CONNECTION_OK) {
+        rc = conn_fail(d, pg, IDEM_EUNAVAILABLE, "sending a batch");
+        goto drop;
+    }
+    /* From here on COMMIT may reach the server: a failure before its
+     * answer leaves the batch's outcome unknown (see drop). */
+    committing = 1;
+    if (!send_stmt(pg, ST_COMMIT, &none) || !PQpipelineSync(pg)) {
         rc = conn_fail(d, pg, IDEM_EUNAVAILABLE, "sending a batch");
         goto drop;
     }
@@ -1052,6 +1076,8 @@ drop:
         snprintf(why, sizeof why, "%s", idem_errdetail());
         rc = idem__fail(IDEM_ETIMEDOUT, "%s; the batch was being committed and may have "
                         "been", why);
+    } else if (!committing && kept && rc == IDEM_EUNAVAILABLE) {
+        e->stale = 1;
     }
     return rc;
 }
@@ -1080,6 +1106,7 @@ static void run_batch(struct writer *w, struct job **jobs, unsigned n)
 {
     struct pg_db *d = w->db;
     unsigned all = n, retries = 0;
+    int resent = 0;
     qsort(jobs, n, sizeof *jobs, job_order);
 
     /* A job that waited timeout_ms for a writer fails without being tried;
@@ -1117,6 +1144,22 @@ static void run_batch(struct writer *w, struct job **jobs, unsigned n)
                                            !strcmp(e.sqlstate, "40P01"));
         int own = e.rc != IDEM_OK && e.job >= 0 &&
                   (!strncmp(e.sqlstate, "22", 2) || !strncmp(e.sqlstate, "23", 2));
+        /* A connection that died while idle (the server restarted since
+         * its last batch) fails a batch that nothing of was committed
+         * (run_once): the batch runs once more, on a new connection. For
+         * the database that is its first run, each write deciding on the
+         * rows as they are now, as it would have: begin's INSERT ... ON
+         * CONFLICT DO NOTHING, and the UPDATEs of a takeover, complete,
+         * fail, extend and transition (and the inbox's), each conditional
+         * on the state, epoch and lease its caller last saw. Not so once
+         * COMMIT may have reached the server: a rerun of a batch that did
+         * commit would meet its own writes and take them for another's
+         * (begin would find its own claim IN_PROGRESS and lose it until its
+         * lease ends; complete would find the record DONE, not PROCESSING,
+         * and answer a conflict for the result it stored). That stays
+         * IDEM_ETIMEDOUT, which callers treat as "may have happened". */
+        if (e.stale && !resent++ && idem__mono_ms() < deadline)
+            continue;
         if (conflict && ++retries < RETRIES_MAX && idem__mono_ms() < deadline)
             continue;
         if (own) {

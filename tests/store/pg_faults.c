@@ -11,6 +11,10 @@
  * raise the SQLSTATE under test. The count lives in a sequence, which a
  * rollback does not undo, so every attempt of the batch uses one up. Records
  * live in PostgreSQL; tokens and locks (not under test) in memory.
+ *
+ * And the store's connections ended by the server while they idle
+ * (pg_terminate_backend, what a restart does to each), which must cost no
+ * call a failure.
  */
 #include <libpq-fe.h>
 #include <pthread.h>
@@ -248,6 +252,49 @@ static void test_own_refusal_fails_alone(void **state)
     free(r);
 }
 
+/* The server ends every session of the store while it idles, as a restart
+ * does (a FATAL error, then the close): each connection is found dead before
+ * it is used again and replaced, and no call fails. Several calls in a row,
+ * so that both writers and a reader meet theirs. */
+static void test_idle_connections_ended(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_record rec;
+    char key[32];
+    for (int i = 0; i < 4; i++) {
+        snprintf(key, sizeof key, "R-before-%d", i);
+        assert_idem_ok(idem_record_begin(h, "refund", key, NULL, "w", 30000, &o, &rec));
+        assert_idem_ok(idem_record_complete(h, "refund", key, rec.epoch, "ok", 2, 0, &o));
+        idem_record_clear(&rec);
+        assert_idem_ok(idem_record_get(h, "refund", key, &o, &rec));
+        idem_record_clear(&rec);
+    }
+    const char *sessions = "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                           "'idem'";
+    assert_true(sql_number(sessions) >= 3); /* two writers, a reader */
+    sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE application_name = 'idem'");
+    for (int i = 0; i < 500 && sql_number(sessions) > 0; i++) {
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    assert_int_equal(sql_number(sessions), 0);
+    for (int i = 0; i < 8; i++) {
+        snprintf(key, sizeof key, "R-after-%d", i);
+        assert_idem_ok(idem_record_begin(h, "refund", key, NULL, "w", 30000, &o, &rec));
+        assert_int_equal(o, IDEM_NEW);
+        assert_idem_ok(idem_record_complete(h, "refund", key, rec.epoch, "ok", 2, 0, &o));
+        assert_int_equal(o, IDEM_COMPLETED);
+        idem_record_clear(&rec);
+        assert_idem_ok(idem_record_get(h, "refund", key, &o, &rec));
+        assert_int_equal(o, IDEM_FOUND);
+        assert_string_equal(rec.state, IDEM_STATE_SUCCEEDED);
+        idem_record_clear(&rec);
+    }
+    assert_int_equal(rows(), 12);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -261,6 +308,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_retries_run_out, setup, teardown),
         cmocka_unit_test_setup_teardown(test_race_under_retries, setup, teardown),
         cmocka_unit_test_setup_teardown(test_own_refusal_fails_alone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_idle_connections_ended, setup, teardown),
     };
     return cmocka_run_group_tests_name("pg_faults", tests, NULL, NULL);
 }

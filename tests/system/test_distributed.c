@@ -11,6 +11,7 @@
  * Both are wiped before each test.
  */
 #include <jansson.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -34,7 +35,7 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* scripts/services.sh redis-stop|redis-start|pg-stop|pg-start */
+/* scripts/services.sh redis-stop|redis-start|pg-stop|pg-stop-immediate|pg-start */
 static void services(const char *what)
 {
     char cmd[8192];
@@ -337,6 +338,167 @@ static void test_postgres_stopped(void **state)
                NULL);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stop(&a, SIGTERM), 0);
+}
+
+/* ---- a steady stream across a restart ---- */
+
+#define STREAM_CLIENTS 8   /* half on each instance */
+#define STREAM_MAX 4000    /* answers kept; the stream ends at this many */
+
+struct shot {
+    int instance;          /* 0 or 1 */
+    int status;
+    long long start, end;  /* monotonic ms */
+    char body[240];        /* of an answer other than 201 */
+};
+
+struct stream {
+    int port[2];
+    const char *tag;
+    atomic_int stop;
+    atomic_int quiet;      /* instance 1's clients hold off */
+    atomic_int busy;       /* instance 1's requests under way */
+    atomic_int n;
+    struct shot shot[STREAM_MAX];
+    pthread_t t;
+};
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* One client: a new key at a time, 20 ms apart, each answer noted. */
+static void stream_one(void *arg, int i)
+{
+    struct stream *s = arg;
+    int inst = i % 2;
+    for (int k = 0; !atomic_load(&s->stop); k++) {
+        /* busy before quiet is read: once the main thread has set quiet
+         * and seen busy at 0, no request of instance 1 is under way. */
+        if (inst == 1) {
+            atomic_fetch_add(&s->busy, 1);
+            if (atomic_load(&s->quiet)) {
+                atomic_fetch_sub(&s->busy, 1);
+                sleep_ms(5);
+                continue;
+            }
+        }
+        char body[128];
+        snprintf(body, sizeof body, "{\"refund_no\":\"R-%s-%d-%d\",\"amount\":\"1.00\"}",
+                 s->tag, i, k);
+        struct sys_resp r;
+        long long start = now_ms();
+        sys_http(s->port[inst], "POST", "/refunds", NULL, body, 10000, &r);
+        int slot = atomic_fetch_add(&s->n, 1);
+        if (slot < STREAM_MAX) {
+            struct shot *t = &s->shot[slot];
+            *t = (struct shot){inst, r.status, start, now_ms(), ""};
+            if (r.status != 201 && r.m)
+                snprintf(t->body, sizeof t->body, "%.*s", (int)r.m->body_len, r.m->body);
+        } else {
+            atomic_store(&s->stop, 1);
+        }
+        sys_resp_free(&r);
+        if (inst == 1)
+            atomic_fetch_sub(&s->busy, 1);
+        sleep_ms(20);
+    }
+}
+
+static void *stream_main(void *arg)
+{
+    test_run_threads(STREAM_CLIENTS, stream_one, arg);
+    return NULL;
+}
+
+/* Stop a server and start it again (services.sh commands) under a stream
+ * of new keys: 1 s before, 200 ms down, 3 s after. Instance 0 is sent
+ * requests throughout; instance 1 none while the server is away, as in a
+ * quiet moment, so that every connection it holds, to Redis or PostgreSQL,
+ * writer's or reader's, outlives the server idle. Only 201 and, while the
+ * server is away, 503 may come back. Instance 0 answers 201 again, and from
+ * its first 201 on nothing else; instance 1 answers 201 to every request
+ * made after the restart, the first on each dead connection included. */
+static void stream_across(const struct proc *a, const struct proc *b, const char *tag,
+                          const char *stop, const char *start)
+{
+    struct stream *s = calloc(1, sizeof *s);
+    s->port[0] = a->port, s->port[1] = b->port;
+    s->tag = tag;
+    pthread_create(&s->t, NULL, stream_main, s);
+    sleep_ms(1000); /* both instances' connections opened, used, idle between */
+    atomic_store(&s->quiet, 1);
+    while (atomic_load(&s->busy) > 0)
+        sleep_ms(1);
+    services(stop);
+    long long down_at = now_ms();
+    sleep_ms(200);
+    services(start);
+    atomic_store(&s->quiet, 0);
+    sleep_ms(3000);
+    atomic_store(&s->stop, 1);
+    pthread_join(s->t, NULL);
+
+    int n = atomic_load(&s->n);
+    if (n > STREAM_MAX)
+        n = STREAM_MAX;
+    for (int inst = 0; inst < 2; inst++) {
+        /* Counted from instance 0's first 201 after the stop, and from
+         * instance 1's first request after it (its clients held off). */
+        long long from = inst == 1 ? down_at : LLONG_MAX, first = LLONG_MAX;
+        int before = 0, after = 0;
+        for (int i = 0; i < n; i++) {
+            const struct shot *t = &s->shot[i];
+            if (t->status != 201 && t->status != 503)
+                fail_msg("%s: instance %d answered %d: %s", stop, t->instance, t->status,
+                         t->body);
+            if (inst == 0 && t->instance == inst && t->status == 201 &&
+                t->start >= down_at && t->end < from)
+                from = t->end;
+            before += t->instance == inst && t->end < down_at && t->status == 201;
+        }
+        if (from == LLONG_MAX)
+            fail_msg("%s: instance %d never answered 201 again", stop, inst);
+        for (int i = 0; i < n; i++) {
+            const struct shot *t = &s->shot[i];
+            if (t->instance != inst || t->start < from)
+                continue;
+            after++;
+            if (t->start < first)
+                first = t->start;
+            if (t->status != 201)
+                fail_msg("%s: instance %d answered %d to a request made %lld ms after "
+                         "the stop, once the server was back: %s", stop, inst, t->status,
+                         t->start - down_at, t->body);
+        }
+        print_message("%s: instance %d: %d answered 201 before the stop; from %lld ms "
+                      "after it, %d answers, all 201\n", stop, inst, before,
+                      first - down_at, after);
+        assert_true(before >= 20);
+        assert_true(after >= 20);
+    }
+    free(s);
+}
+
+/* PostgreSQL crashes (pg_ctl stop -m immediate) and comes back under a
+ * stream from two instances: every pooled connection, the writers' and the
+ * readers', died with it, and none costs a request a 503 once the server is
+ * back. */
+static void test_postgres_restart_no_stale_503(void **state)
+{
+    (void)state;
+    static const char routes[] =
+        LOCKED_REFUND_ROUTE
+        "    in_flight: reject\n";
+    struct proc a, b;
+    start_idem(&a, routes);
+    start_idem(&b, routes);
+    stream_across(&a, &b, "pg-restart", "pg-stop-immediate", "pg-start");
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+    assert_int_equal(sys_stop(&b, SIGTERM), 0);
 }
 
 struct bg_post {
@@ -676,6 +838,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_redis_killed_mid_storm_skip, setup),
         cmocka_unit_test_setup(test_redis_down_reject, setup),
         cmocka_unit_test_setup(test_postgres_stopped, setup),
+        cmocka_unit_test_setup(test_postgres_restart_no_stale_503, setup),
         cmocka_unit_test_setup(test_paused_holder_is_fenced, setup),
         cmocka_unit_test_setup(test_taken_over_spender_keeps_token, setup),
         cmocka_unit_test_setup(test_give_back_never_sent_releases, setup),
