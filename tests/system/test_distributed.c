@@ -501,6 +501,20 @@ static void test_postgres_restart_no_stale_503(void **state)
     assert_int_equal(sys_stop(&b, SIGTERM), 0);
 }
 
+/* The same with Redis killed (kill -9) and started again, on a route that
+ * answers 503 without Redis (on_redis_down: reject): once it is back, every
+ * request takes its lock again. */
+static void test_redis_restart_no_stale_503(void **state)
+{
+    (void)state;
+    struct proc a, b;
+    start_idem(&a, reject_routes);
+    start_idem(&b, reject_routes);
+    stream_across(&a, &b, "redis-restart", "redis-stop", "redis-start");
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+    assert_int_equal(sys_stop(&b, SIGTERM), 0);
+}
+
 struct bg_post {
     pthread_t t;
     int port;
@@ -839,6 +853,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_redis_down_reject, setup),
         cmocka_unit_test_setup(test_postgres_stopped, setup),
         cmocka_unit_test_setup(test_postgres_restart_no_stale_503, setup),
+        cmocka_unit_test_setup(test_redis_restart_no_stale_503, setup),
         cmocka_unit_test_setup(test_paused_holder_is_fenced, setup),
         cmocka_unit_test_setup(test_taken_over_spender_keeps_token, setup),
         cmocka_unit_test_setup(test_give_back_never_sent_releases, setup),
