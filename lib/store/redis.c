@@ -51,16 +51,21 @@
  * concurrent callers share round trips.
  *
  * Faults. A failed write, a read that times out (timeout_ms) or a lost
- * connection drops the connection and fails every job of the round trip:
- * ETIMEDOUT when the command was sent and may have run, EUNAVAILABLE when it
- * was not. A thread without a connection connects again before it takes
- * jobs; when that fails it backs off (BACKOFF_MIN_MS doubling to
+ * connection drops the connection. A command that was sent fails with
+ * ETIMEDOUT: it may have run, and is never sent again (a token consume that
+ * ran must not run twice). One that was not sent whole cannot have run:
+ * when the connection broke under it, it is queued again, once, for the
+ * next connection; when the server stalled, or on its second try, it fails
+ * with EUNAVAILABLE. A thread without a connection connects again before
+ * it takes jobs; when that fails it backs off (BACKOFF_MIN_MS doubling to
  * BACKOFF_MAX_MS), and while no thread is connected, queued jobs fail at
  * once with the last cause. A caller whose job has not been sent after
  * timeout_ms takes it back off the queue (EUNAVAILABLE). So a call answers
  * within about timeout_ms while Redis is down, and the handle recovers by
- * itself once it is back. An idle connection is checked (poll) before each
- * batch, so a server restarted in between costs no failed call.
+ * itself once it is back. An idle connection is checked (poll: one that
+ * owes no reply and has something to read was closed by the server) before
+ * each batch, which then waits for a new connection, so a server restarted
+ * in between costs no failed call.
  *
  * Locking: redis.mu guards the queue, the jobs' state and the shared
  * connection state (nconnected, backoff). A connection is touched only by
@@ -303,6 +308,7 @@ struct job {
     const char *argv[ARGV_MAX];
     size_t len[ARGV_MAX];
     redisReply *reply;    /* rc == IDEM_OK: the reply, the caller's to free */
+    int resent;           /* queued again once after a write that broke */
     idem_rc rc;
     char detail[DETAIL_MAX];
     sem_t done;
@@ -524,12 +530,14 @@ static void fail_queue(struct redis *r, idem_rc rc, const char *detail)
 }
 
 /* Send the thread's batch and read its replies, waking each job as its
- * reply arrives. 0 when the connection was lost (and freed). */
-static int round_trip(struct redis *r, struct io *io, int n)
+ * reply arrives. 0 when the connection was lost (and freed); then the first
+ * *resend jobs of the batch are unanswered, to be queued again. */
+static int round_trip(struct redis *r, struct io *io, int n, int *resend)
 {
     redisContext *c = io->c;
     char why[DETAIL_MAX];
     int i = 0;
+    *resend = 0;
 
     for (; i < n; i++) {
         struct job *j = io->batch[i];
@@ -547,15 +555,30 @@ static int round_trip(struct redis *r, struct io *io, int n)
         if (redisBufferWrite(c, &done) == REDIS_OK)
             continue;
         int e = errno;
-        /* What was written may have run; what was not cannot have. */
+        /* What was written may have run; what was not written whole cannot
+         * have: Redis runs a command once it has all of it. */
         size_t sent = io->end[n - 1] - sdslen(c->obuf);
-        if (c->err == REDIS_ERR_IO && (e == EAGAIN || e == EWOULDBLOCK))
+        int stalled = c->err == REDIS_ERR_IO && (e == EAGAIN || e == EWOULDBLOCK);
+        if (stalled)
             say(why, sizeof why, "redis %s: sending: stalled for %lld ms", r->where,
                      (long long)r->timeout_ms);
         else
             say(why, sizeof why, "redis %s: sending: %s", r->where, c->errstr);
-        for (i = 0; i < n; i++)
-            finish(io->batch[i], io->end[i] <= sent ? IDEM_ETIMEDOUT : IDEM_EUNAVAILABLE, why);
+        /* A connection that broke (the server went away after the check
+         * before use) is replaced, and what it did not take is sent once
+         * more on the next one. Not what a stalled server did not take:
+         * it would stall the next connection as well. */
+        for (i = 0; i < n; i++) {
+            struct job *j = io->batch[i];
+            if (io->end[i] <= sent) {
+                finish(j, IDEM_ETIMEDOUT, why);
+            } else if (!stalled && !j->resent) {
+                j->resent = 1;
+                io->batch[(*resend)++] = j;
+            } else {
+                finish(j, IDEM_EUNAVAILABLE, why);
+            }
+        }
         goto lost;
     }
 
@@ -669,15 +692,17 @@ static void *io_main(void *arg)
             r->tail = &r->head;
         pthread_mutex_unlock(&r->mu);
 
-        int alive = conn_alive(io->c);
+        int alive = conn_alive(io->c), resend = 0;
         if (alive)
-            alive = round_trip(r, io, n);
+            alive = round_trip(r, io, n, &resend);
         pthread_mutex_lock(&r->mu);
         if (!alive) {
             if (io->c) { /* found dead before sending: the jobs wait */
                 redisFree(io->c);
                 io->c = NULL;
                 requeue(r, io, n);
+            } else {     /* lost while sending: what it did not take waits */
+                requeue(r, io, resend);
             }
             r->nconnected--;
         }
@@ -712,6 +737,7 @@ static idem_rc submit(struct redis *r, struct job *j)
     j->next = NULL;
     j->state = QUEUED;
     j->reply = NULL;
+    j->resent = 0;
     j->rc = IDEM_OK;
     j->detail[0] = '\0';
     sem_init(&j->done, 0, 0);
