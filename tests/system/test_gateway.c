@@ -1222,6 +1222,9 @@ static void test_store_files_deleted(void **state)
     sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 5000, &r);
     assert_int_equal(r.status, 503);
     assert_non_null(strstr(r.m->body, "\"status\":\"store_unavailable\""));
+    sys_resp_free(&r);
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/health", NULL, 5000, &r);
+    assert_int_equal(r.status, 503);
     assert_non_null(strstr(r.m->body, "\"records\":\"ESTORE\""));
     sys_resp_free(&r);
     /* Still refused, and never forwarded. */
