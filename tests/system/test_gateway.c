@@ -569,6 +569,67 @@ static void test_subject_scope(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* No two subjects' keys meet in one record, however either is spelt: a
+ * '/' or an escape in the subject against the same bytes split otherwise
+ * between subject and key, letter case, the two Unicode spellings of one
+ * letter (NFC and NFD, which Idem keeps apart as the bytes they are). Each
+ * of the fourteen requests executes once, and each one's replay is its
+ * own answer, never its twin's. */
+static void test_subjects_never_meet(void **state)
+{
+    (void)state;
+    static const char routes[] = "routes:\n" REFUND_ROUTE "    scope: subject\n";
+    struct proc gw;
+    start_idem(&gw, routes, "subjects-meet.db");
+    static const char *const pairs[][2][2] = {
+        {{"alice/x", "y"}, {"alice", "x/y"}},
+        {{"a%2Fb", "k1"}, {"a/b", "k1"}},
+        {{"a%252Fb", "k2"}, {"a%2Fb", "k2"}},
+        {{"Carol", "k3"}, {"carol", "k3"}},
+        {{"Jos\xc3\xa9", "k4"}, {"Jose\xcc\x81", "k4"}},
+        {{"dave", "K5"}, {"dave", "k5"}},
+        {{"erin", "caf\xc3\xa9"}, {"erin", "cafe\xcc\x81"}},
+    };
+    const size_t n = sizeof pairs / sizeof pairs[0];
+    long before = sys_stat(service.port, "executions");
+    struct sys_resp first[7][2];
+    for (size_t i = 0; i < n; i++)
+        for (int j = 0; j < 2; j++) {
+            char sh[128], body[128];
+            snprintf(sh, sizeof sh, "X-Subject: %s", pairs[i][j][0]);
+            /* The service's own refund_no must differ too, or its UNIQUE
+             * answers the twin 409: the amount tells the two answers apart. */
+            snprintf(body, sizeof body, "{\"refund_no\":\"%s\",\"amount\":\"%zu.%d0\"}",
+                     pairs[i][j][1], i + 1, j);
+            const char *h[] = {sh, NULL};
+            sys_http(gw.port, "POST", "/refunds", h, body, 5000, &first[i][j]);
+            if (first[i][j].status != 201 && first[i][j].status != 409)
+                fail_msg("pair %zu/%d: %d %s", i, j, first[i][j].status,
+                         first[i][j].m ? first[i][j].m->body : "");
+            if (sys_header(&first[i][j], "Idempotent-Replayed"))
+                fail_msg("pair %zu/%d: replayed its twin's answer", i, j);
+        }
+    assert_int_equal(sys_stat(service.port, "executions") - before, (long)(2 * n));
+    for (size_t i = 0; i < n; i++)
+        for (int j = 0; j < 2; j++) {
+            char sh[128], body[128];
+            snprintf(sh, sizeof sh, "X-Subject: %s", pairs[i][j][0]);
+            snprintf(body, sizeof body, "{\"refund_no\":\"%s\",\"amount\":\"%zu.%d0\"}",
+                     pairs[i][j][1], i + 1, j);
+            const char *h[] = {sh, NULL};
+            struct sys_resp again;
+            sys_http(gw.port, "POST", "/refunds", h, body, 5000, &again);
+            assert_int_equal(again.status, first[i][j].status);
+            assert_string_equal(sys_header(&again, "Idempotent-Replayed"), "true");
+            assert_int_equal(again.m->body_len, first[i][j].m->body_len);
+            assert_memory_equal(again.m->body, first[i][j].m->body, again.m->body_len);
+            sys_resp_free(&again);
+            sys_resp_free(&first[i][j]);
+        }
+    assert_int_equal(sys_stat(service.port, "executions") - before, (long)(2 * n));
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_token_flow(void **state)
 {
     (void)state;
@@ -3690,6 +3751,56 @@ static void post_to_silent_upstream(struct proc *gw, const char *route_extra, co
     raw_upstream_stop(&u);
 }
 
+/* Keys holding U+0085, U+009B, U+2028 and U+202E pass the key check (they
+ * are no ASCII control) and reach the log (here the line of a hold that
+ * finds an abandoned claim): escaped, never as the bytes that would break
+ * or reorder a log line. The upstream listens and never answers. */
+static void test_log_escapes_keys(void **state)
+{
+    (void)state;
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    getsockname(fd, (struct sockaddr *)&a, &len);
+    struct proc gw;
+    start_idem_on(&gw, ntohs(a.sin_port),
+                  "    upstream_timeout: 300ms\n    lease: 1s\n"
+                  "    on_unknown_outcome: hold\n    retention: 1s\n",
+                  "log-escape.db");
+    static const char *const keys[][2] = {
+        {"K-\xc2\x85-nel", "K-\\u0085-nel"},
+        {"K-\xc2\x9b" "31m-csi", "K-\\u009b31m-csi"},
+        {"K-\xe2\x80\xa8-ls", "K-\\u2028-ls"},
+        {"K-\xe2\x80\xae-rlo", "K-\\u202e-rlo"},
+    };
+    for (int round = 0; round < 2; round++) {
+        if (round)
+            sleep_ms(1500); /* each hold (its lease, 1 s) has run its time */
+        for (int i = 0; i < 4; i++) {
+            char kh[96];
+            snprintf(kh, sizeof kh, "Idempotency-Key: %s", keys[i][0]);
+            const char *h[] = {kh, NULL};
+            struct sys_resp r;
+            sys_http(gw.port, "POST", "/refunds", h, "{\"a\":1}", 5000, &r);
+            assert_int_equal(r.status, round ? 409 : 504);
+            sys_resp_free(&r);
+        }
+    }
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    close(fd);
+    char *log = sys_read_file(gw.log);
+    for (int i = 0; i < 4; i++) {
+        char said[128];
+        snprintf(said, sizeof said, "refund/%s: a claim whose lease ran out", keys[i][1]);
+        if (!strstr(log, said))
+            fail_msg("the log does not say \"%s\":\n%s", said, log);
+        assert_null(strstr(log, keys[i][0]));
+    }
+    free(log);
+}
+
 /* on_unknown_outcome: hold: a request whose outcome is unknown keeps its
  * claim past the lease, until an operator finishes it; then a retry runs. */
 static void test_unknown_outcome_held(void **state)
@@ -3853,6 +3964,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_shared_space_two_routes),
         cmocka_unit_test(test_segment_wildcard_route),
         cmocka_unit_test(test_subject_scope),
+        cmocka_unit_test(test_subjects_never_meet),
         cmocka_unit_test(test_token_flow),
         cmocka_unit_test(test_upstream_5xx_release),
         cmocka_unit_test(test_upstream_unreachable),
@@ -3906,6 +4018,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_unknown_outcome_held),
         cmocka_unit_test(test_unknown_outcome_held_lease_at_least),
         cmocka_unit_test(test_hold_survives_crash),
+        cmocka_unit_test(test_log_escapes_keys),
     };
     return cmocka_run_group_tests_name("gateway", tests, group_setup, group_teardown);
 }
