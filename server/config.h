@@ -93,6 +93,7 @@ struct server_limits {
     size_t body_max;            /* default 1 MiB */
     size_t response_max;        /* stored/forwarded upstream response body; default 1 MiB */
     size_t connections_max;     /* default 10000 */
+    size_t connections_per_peer; /* of those, from one client address; default 1000 */
     size_t admin_connections_max; /* on admin_listen, counted apart; default 64 */
     size_t requests_per_connection; /* default 10000 */
     int64_t idle_timeout_ms;    /* keep-alive connection idle; default 60 s */
@@ -100,6 +101,7 @@ struct server_limits {
     int64_t body_timeout_ms;    /* its body within; default 30 s */
     int64_t send_timeout_ms;    /* a client reads nothing of its answer; default 60 s */
     size_t in_flight_max;       /* requests being handled at once; default 1024 */
+    size_t in_flight_per_peer;  /* of those, from one client address; default 256 */
     int64_t shutdown_timeout_ms; /* SIGTERM: how long in-flight requests may finish; default 30 s */
     size_t replay_cache;        /* finished answers kept per event loop; default 16 MiB, 0: off */
     size_t tokens_per_scene;    /* unspent tokens per subject and scene; default 16 */

@@ -68,6 +68,7 @@
 
 #include "log.h"
 #include "mono.h"
+#include "peers.h"
 #include "tls.h"
 
 enum conn_state { READING, HANDLING, WRITING, ORPHANED, LINGERING };
@@ -93,6 +94,7 @@ struct conn {
     int head_request;
     int admin;            /* accepted on the admin listener */
     int tls;              /* c->bev is an OpenSSL bufferevent */
+    peer_ref peer_slot;   /* the main listener's: its address's counts */
     unsigned requests;
     char peer[64];
     struct front_request req;
@@ -335,8 +337,11 @@ static void handled(struct front_request *req)
     pthread_mutex_lock(&f->mu);
     f->in_flight--;
     pthread_mutex_unlock(&f->mu);
-    if (!req->admin)
+    if (!req->admin) {
         atomic_fetch_sub(&f->counts->in_flight, 1);
+        if (f->counts->peers)
+            peer_request_done(f->counts->peers, req->conn->peer_slot);
+    }
     http_msg_free(req->msg);
     req->msg = NULL;
     req->on_abort = NULL;
@@ -430,6 +435,21 @@ static void dispatch(struct conn *c, struct http_msg *msg)
         struct http_response *r =
             problem(503, "overloaded", "%zu requests are being handled, the in_flight_max limit",
                     f->limits->in_flight_max);
+        if (r)
+            response_add_header(r, "Retry-After", "1");
+        send_response(c, r);
+        response_free(r);
+        return;
+    }
+    /* And one client address, in_flight_per_peer of them: one that waits
+     * on a thousand duplicates does not take in_flight_max from the rest. */
+    if (!c->admin && f->counts->peers &&
+        peer_request_add(f->counts->peers, c->peer_slot, f->limits->in_flight_per_peer) != 0) {
+        atomic_fetch_sub(&f->counts->in_flight, 1);
+        http_msg_free(msg);
+        struct http_response *r =
+            problem(503, "overloaded", "this client address has %zu requests being handled, "
+                    "the in_flight_per_peer limit", f->limits->in_flight_per_peer);
         if (r)
             response_add_header(r, "Retry-After", "1");
         send_response(c, r);
@@ -616,6 +636,8 @@ static void conn_free(struct conn *c)
         c->next->prev = c->prev;
     f->nconns--;
     atomic_fetch_sub(c->admin ? &f->counts->admin_connections : &f->counts->connections, 1);
+    if (!c->admin && f->counts->peers)
+        peer_conn_done(f->counts->peers, c->peer_slot);
     if (c->timer)
         event_free(c->timer);
     if (c->bev)
@@ -666,12 +688,24 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
      * cannot all see room for one more. conn_free() gives it back. */
     size_t open = atomic_fetch_add(count, 1);
     int over = open >= max || f->draining;
+    /* And from one client address, connections_per_peer (main listener). */
+    char peer[64];
+    peer_ref ref = 0;
+    format_peer(sa, peer, sizeof peer);
+    if (!admin && f->counts->peers) {
+        const char *colon = strrchr(peer, ':');
+        over |= peer_conn_add(f->counts->peers, peer, colon ? (size_t)(colon - peer) : strlen(peer),
+                              f->limits->connections_per_peer, &ref);
+    }
     struct conn *c = over && open >= max + OVER_LIMIT_GRACE ? NULL : calloc(1, sizeof *c);
     if (!c) {
         atomic_fetch_sub(count, 1);
+        if (!admin && f->counts->peers)
+            peer_conn_done(f->counts->peers, ref);
         evutil_closesocket(fd); /* out of memory, or a flood: not even an answer */
         return;
     }
+    c->peer_slot = ref;
     int one = 1;
     if (sa->sa_family != AF_UNIX)
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -691,7 +725,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
     c->timer = evtimer_new(f->base, on_timer, c);
     http_parser_init(&c->parser, HTTP_PARSE_REQUEST, &f->parse_limits);
-    format_peer(sa, c->peer, sizeof c->peer);
+    memcpy(c->peer, peer, sizeof c->peer);
     c->next = f->conns;
     if (f->conns)
         f->conns->prev = c;
@@ -1013,6 +1047,7 @@ void front_counts_init(struct front_counts *n)
     atomic_init(&n->connections, 0);
     atomic_init(&n->admin_connections, 0);
     atomic_init(&n->in_flight, 0);
+    n->peers = NULL;
 }
 
 void front_share_counts(struct front *f, struct front_counts *counts)

@@ -86,6 +86,8 @@ struct front_counts {
     atomic_size_t connections;       /* main listener: against connections_max */
     atomic_size_t admin_connections; /* admin listener: admin_connections_max */
     atomic_size_t in_flight;         /* main listener's requests: in_flight_max */
+    struct peer_table *peers;        /* main listener's, by client address: the
+                                        _per_peer limits (NULL: none counted) */
 };
 
 void front_counts_init(struct front_counts *n);

@@ -30,6 +30,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "mono.h"
+#include "peers.h"
 #include "rate.h"
 #include "replay_cache.h"
 #include "request_key.h"
@@ -1080,6 +1081,10 @@ int serve_main(int argc, char **argv)
     s->d.workers = s->workers;
     s->d.record_workers = s->record_workers;
     front_counts_init(&s->counts);
+    if (!(s->counts.peers = peer_table_new(8192))) {
+        fprintf(stderr, "idem serve: out of memory\n");
+        goto out;
+    }
     s->nloops = loop_count(cfg);
     int port = cfg->listen_port, admin_port = cfg->admin_port;
     s->d.issued_by_subject = rate_table_new(65536);
@@ -1209,6 +1214,7 @@ out:
     }
     if (s->admin_socket)
         unlink(s->admin_socket);
+    peer_table_free(s->counts.peers);
     tls_server_free(s->tls);
     tls_server_free(s->admin_tls);
     tls_client_ctx_free(s->upstream_tls);

@@ -2569,6 +2569,47 @@ static void test_token_flood(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* One client address can take connections_per_peer of connections_max and
+ * in_flight_per_peer of in_flight_max, no more: past them it is answered
+ * 503 while another address is served. */
+static void test_per_peer_limits(void **state)
+{
+    (void)state;
+    static const char routes[] = "limits:\n  connections_per_peer: 3\n  in_flight_per_peer: 1\n"
+                                 "routes:\n" REFUND_ROUTE;
+    struct proc gw;
+    start_idem(&gw, routes, "per-peer.db");
+    int idle[3];
+    for (int i = 0; i < 3; i++)
+        assert_true((idle[i] = connect_from("127.0.0.1", gw.port)) >= 0);
+    sleep_ms(100);
+    static const char stats[] = "GET /stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    double ms;
+    assert_int_equal(timed_post("127.0.0.1", gw.port, stats, &ms), 503);
+    assert_int_equal(timed_post("127.0.0.2", gw.port, stats, &ms), 200);
+    for (int i = 0; i < 3; i++)
+        close(idle[i]);
+    sleep_ms(100);
+    assert_int_equal(timed_post("127.0.0.1", gw.port, stats, &ms), 200);
+    /* One request of 127.0.0.1 in flight (slow): its next is refused, and
+     * another address's is not. */
+    static const char *const slow[] = {"X-Delay-Ms: 1500", NULL};
+    struct bg_post b = {.port = gw.port, .headers = slow,
+                        .body = "{\"refund_no\":\"R-per-peer\",\"amount\":\"1.00\"}"};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(400);
+    char req[256];
+    snprintf(req, sizeof req,
+             "POST /refunds HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 43\r\n\r\n"
+             "{\"refund_no\":\"R-per-peer-2\",\"amount\":\"1.0\"}");
+    assert_int_equal(timed_post("127.0.0.1", gw.port, req, &ms), 503);
+    assert_int_equal(timed_post("127.0.0.2", gw.port, req, &ms), 201);
+    pthread_join(b.t, NULL);
+    assert_int_equal(b.resp.status, 201);
+    sys_resp_free(&b.resp);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- TLS: certificates made here with openssl(1) ---- */
 
 /* A shell command, which must succeed. */
@@ -4001,6 +4042,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_failed_keys_slowed),
         cmocka_unit_test(test_tls),
         cmocka_unit_test(test_token_flood),
+        cmocka_unit_test(test_per_peer_limits),
         cmocka_unit_test(test_admin_listen_overlap_refused),
         cmocka_unit_test(test_transition_reaches_replays),
         cmocka_unit_test(test_expect_continue),
