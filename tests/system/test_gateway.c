@@ -2555,7 +2555,14 @@ static void test_token_flood(void **state)
     qsort(idle, 21, sizeof idle[0], cmp_double);
     qsort(busy, 21, sizeof busy[0], cmp_double);
     printf("# gateway p50 idle %.2f ms, during the flood %.2f ms\n", idle[10], busy[10]);
-    if (busy[10] > 2 * idle[10] + 5)
+#ifdef __SANITIZE_ADDRESS__
+    /* Instrumented, every refusal costs the daemon some four times as much
+     * CPU, which the flood and the daemon share on a small machine. */
+    const double factor = 5, slack = 5;
+#else
+    const double factor = 2, slack = 5;
+#endif
+    if (busy[10] > factor * idle[10] + slack)
         fail_msg("p50 %.2f ms during the flood, %.2f idle", busy[10], idle[10]);
     /* And after it, a new subject gets a token at once (from an address of
      * its own: the flood's is out of tokens for a second). */
