@@ -27,6 +27,8 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -183,7 +185,9 @@ static idem_rc exec_stmt(struct sqlite_db *d, int which)
  * one it opened, and from the first difference on refuses every write and
  * read (IDEM_ESTORE), says why once in the log, and waits to be reopened.
  * With the database file itself still in place, the writer first copies
- * into it what the WAL it holds open has (keep_acknowledged).
+ * into it what the WAL it holds open has; with it gone or replaced, it
+ * writes the database it still holds open to a file beside it, and back
+ * at the path when the path is free (keep_acknowledged).
  *
  * None of the three changes inode by SQLite's own doing while the writer's
  * connection is open: the WAL and the -shm are opened with the database and
@@ -260,13 +264,75 @@ static void on_wake_done(struct idem__gc_job *job)
     (void)job;
 }
 
+/* The database file is gone from its path, or another is there: its
+ * records would go with this process, and a restart would execute every
+ * acknowledged key again. The writer still has it open. It checkpoints
+ * the WAL into it (truncating the WAL, so that one left at the path adds
+ * nothing to the copy), copies the whole database with SQLite's backup
+ * into PATH.idem-saved-TIME beside it, and when the path is free links
+ * that copy there (link(), which never replaces a file that appeared
+ * meanwhile). The file now at a taken path is not touched: the operator
+ * is told where the records are. */
+static void save_database(struct sqlite_db *d, const char *path)
+{
+    char saved[4200], line[9000];
+    const char *why = NULL;
+    sqlite3 *dst = NULL;
+    snprintf(saved, sizeof saved, "%s.idem-saved-%lld", path, (long long)time(NULL));
+    sqlite3_wal_checkpoint_v2(d->conn, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+    if (sqlite3_open_v2(saved, &dst, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, "unix") !=
+        SQLITE_OK) {
+        why = dst ? sqlite3_errmsg(dst) : "out of memory";
+    } else {
+        sqlite3_backup *b = sqlite3_backup_init(dst, "main", d->conn, "main");
+        int rc = b ? sqlite3_backup_step(b, -1) : SQLITE_ERROR;
+        if (b)
+            sqlite3_backup_finish(b);
+        if (rc != SQLITE_DONE)
+            why = sqlite3_errmsg(dst);
+        else if (sqlite3_exec(dst, "PRAGMA wal_checkpoint(TRUNCATE)", NULL, NULL, NULL) !=
+                 SQLITE_OK)
+            why = sqlite3_errmsg(dst);
+    }
+    if (why) {
+        snprintf(line, sizeof line,
+                 "saving the records of the store file %s, which is gone, to %s failed (%s): "
+                 "they are lost when this process ends, and their keys execute again",
+                 path, saved, why);
+        sqlite3_close(dst);
+        unlink(saved);
+        if (d->log)
+            d->log(d->log_arg, IDEM_LOG_ALERT, line);
+        return;
+    }
+    sqlite3_close(dst); /* its own -wal, checkpointed and truncated, goes */
+    if (link(saved, path) == 0) {
+        unlink(saved);
+        snprintf(line, sizeof line,
+                 "the store file %s was gone: the records this process holds are written back "
+                 "there; restart the daemon",
+                 path);
+        if (d->log)
+            d->log(d->log_arg, IDEM_LOG_WARN, line);
+        return;
+    }
+    snprintf(line, sizeof line,
+             "the store file %s is another file now: the records this process held are saved "
+             "in %s; put that file back at %s before the daemon starts again, or their keys "
+             "execute again",
+             path, saved, path);
+    if (d->log)
+        d->log(d->log_arg, IDEM_LOG_ALERT, line);
+}
+
 /* Writer only, after the batch that follows the files found gone. With
  * the -wal or the -shm gone, the database file at its path is still this
  * store's, and the WAL the writer holds open has every commit since the
  * last checkpoint: a crash now would take those of a removed -wal with it,
  * though each was acknowledged. A full checkpoint copies them into the
  * database file and syncs it, as the close would, so that none waits for
- * a clean stop. With the database file gone, its records went with it. */
+ * a clean stop. With the database file gone or replaced, its records are
+ * saved (save_database). */
 static void keep_acknowledged(struct sqlite_db *d)
 {
     const struct store_file *f = &d->files[F_DB];
@@ -274,8 +340,12 @@ static void keep_acknowledged(struct sqlite_db *d)
     if (d->kept)
         return;
     d->kept = 1;
-    if (!f->path || stat(f->path, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino)
+    if (!f->path)
         return;
+    if (stat(f->path, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino) {
+        save_database(d, f->path);
+        return;
+    }
     int frames = -1, copied = -1;
     int rc = sqlite3_wal_checkpoint_v2(d->conn, NULL, SQLITE_CHECKPOINT_FULL, &frames, &copied);
     if (!d->log)

@@ -1920,16 +1920,19 @@ static void test_inbox_storm(void **state)
 
 struct log_capture {
     int warns, alerts;
-    char last_alert[512];
+    char first_alert[512], last_alert[512], last_warn[512];
 };
 
 static void capture_log(void *arg, idem_log_level level, const char *msg)
 {
     struct log_capture *c = arg;
-    if (level == IDEM_LOG_WARN)
+    if (level == IDEM_LOG_WARN) {
         c->warns++;
+        snprintf(c->last_warn, sizeof c->last_warn, "%s", msg);
+    }
     if (level == IDEM_LOG_ALERT) {
-        c->alerts++;
+        if (!c->alerts++)
+            snprintf(c->first_alert, sizeof c->first_alert, "%s", msg);
         snprintf(c->last_alert, sizeof c->last_alert, "%s", msg);
     }
 }
@@ -2087,13 +2090,36 @@ static void files_befall(enum files_fate fate, int reads_first, const char *whic
     /* Said once, naming the file (the log only: an error's detail may
      * reach clients). */
     assert_null(strstr(idem_errdetail(), tmpdir));
-    assert_int_equal(cap.alerts, 1);
-    assert_non_null(strstr(cap.last_alert, db_file));
-    assert_non_null(strstr(cap.last_alert, "removed or replaced under the running process"));
+    assert_int_equal(cap.alerts, fate == DB_REPLACED ? 2 : 1);
+    assert_non_null(strstr(cap.first_alert, db_file));
+    assert_non_null(strstr(cap.first_alert, "removed or replaced under the running process"));
     /* With the database file in place, what the WAL held was checkpointed
-     * into it (after the batch that failed, before the later calls'). */
-    assert_int_equal(cap.warns, fate == WAL_UNLINKED || fate == SHM_UNLINKED);
+     * into it (after the batch that failed, before the later calls'); with
+     * it gone, the open database was written back at its path; with
+     * another file there, saved beside it, the file named in the alert. */
+    assert_int_equal(cap.warns, fate != DB_REPLACED);
     idem_close(h);
+    char saved[sizeof db_path + 64];
+    snprintf(saved, sizeof saved, "%s", db_path);
+    if (fate == DB_REPLACED) {
+        const char *at = strstr(cap.last_alert, "are saved in ");
+        assert_non_null(at);
+        at += strlen("are saved in ");
+        snprintf(saved, sizeof saved, "%.*s", (int)strcspn(at, ";"), at);
+    } else if (fate == ALL_UNLINKED) {
+        assert_non_null(strstr(cap.last_warn, "written back there"));
+    }
+    /* Where the records now are, the one finished before is there. */
+    sqlite3 *db = NULL;
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_open_v2(saved, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT state FROM idem_record WHERE key = 'before'",
+                                        -1, &st, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(st, 0), "SUCCEEDED");
+    sqlite3_finalize(st);
+    sqlite3_close(db);
 }
 
 static void test_files_removed_under_the_store(void **state)
