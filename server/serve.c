@@ -921,14 +921,18 @@ static void usage(FILE *out)
 {
     fputs("usage: idem serve [-c FILE] [--listen HOST:PORT] [--db PATH] [--check]\n"
           "\n"
-          "Run the Idem daemon: the idempotency gateway for the routes in FILE, and\n"
-          "the JSON API under /_idem/v1/ (on the same listener, or on admin_listen\n"
-          "when the file sets it). Without -c it runs with every default:\n"
-          "listening on 127.0.0.1:8080, records in ./idem.db, no routes.\n"
+          "Run the Idem daemon: the idempotency gateway for the routes in FILE on\n"
+          "listen (with token issuance and health under /_idem/v1/), and the whole\n"
+          "JSON API on admin_listen, behind the file's api_keys. Without -c it runs\n"
+          "with every default: listening on 127.0.0.1:8080, records in ./idem.db,\n"
+          "the JSON API on the Unix socket ./idem-admin.sock (no keys: it refuses\n"
+          "every request), no routes.\n"
           "\n"
           "  -c, --config FILE    the YAML configuration (docs/configuration.md)\n"
           "  -l, --listen H:P     listen here instead of the file's listen (admin_listen\n"
-          "                       stays; the two must not overlap)\n"
+          "                       stays; the two must not overlap). An address off\n"
+          "                       loopback needs the file's listen to have tls, or\n"
+          "                       allow_plaintext: true (docs/security.md)\n"
           "      --db PATH        the embedded store's SQLite file instead of the file's\n"
           "                       (one idem serve per file: a second one is refused)\n"
           "      --check          check the configuration (upstream host names are\n"
@@ -936,7 +940,8 @@ static void usage(FILE *out)
           "                       (0 valid, 2 not): run it before a SIGHUP\n"
           "  -h, --help           this text\n"
           "\n"
-          "Signals: SIGTERM/SIGINT drain and stop; SIGHUP reloads the routes.\n",
+          "Signals: SIGTERM/SIGINT drain and stop; SIGHUP reloads the routes, the API\n"
+          "keys and the TLS certificates.\n",
           out);
 }
 
