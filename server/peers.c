@@ -14,9 +14,10 @@
  */
 #include "peers.h"
 
-#include <openssl/rand.h>
 #include <pthread.h>
 #include <stdlib.h>
+
+#include "seeded_hash.h"
 
 #define PROBES 16
 
@@ -44,8 +45,7 @@ struct peer_table *peer_table_new(size_t slots)
     }
     pthread_mutex_init(&t->mu, NULL);
     t->mask = n - 1;
-    if (RAND_bytes((unsigned char *)&t->seed, sizeof t->seed) != 1)
-        t->seed = (uint64_t)(uintptr_t)t * 0x9e3779b97f4a7c15u;
+    t->seed = seeded_hash_seed(t);
     return t;
 }
 
@@ -58,21 +58,10 @@ void peer_table_free(struct peer_table *t)
     free(t);
 }
 
-static uint64_t hash(uint64_t seed, const char *s, size_t len)
-{
-    uint64_t h = 0xcbf29ce484222325u ^ seed;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)s[i]) * 0x100000001b3u;
-    h ^= h >> 31;
-    h *= 0xbf58476d1ce4e5b9u;
-    h ^= h >> 29;
-    return h ? h : 1;
-}
-
 int peer_conn_add(struct peer_table *t, const char *host, size_t len, size_t max,
                   peer_ref *ref)
 {
-    uint64_t h = hash(t->seed, host, len);
+    uint64_t h = seeded_hash(t->seed, host, len);
     size_t free_at = 0, at = 0;
     int over = 0;
     pthread_mutex_lock(&t->mu);

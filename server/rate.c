@@ -13,10 +13,11 @@
  */
 #include "rate.h"
 
-#include <openssl/rand.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "seeded_hash.h"
 
 #define WAYS 4
 
@@ -45,8 +46,7 @@ struct rate_table *rate_table_new(size_t slots)
     }
     pthread_mutex_init(&t->mu, NULL);
     t->mask = sets - 1;
-    if (RAND_bytes((unsigned char *)&t->seed, sizeof t->seed) != 1)
-        t->seed = (uint64_t)(uintptr_t)t ^ 0x9e3779b97f4a7c15u;
+    t->seed = seeded_hash_seed(t);
     return t;
 }
 
@@ -59,23 +59,10 @@ void rate_table_free(struct rate_table *t)
     free(t);
 }
 
-/* FNV-1a from the seed, then a final mix: the set's bits depend on all of
- * the name's. */
-static uint64_t hash(uint64_t seed, const char *s, size_t len)
-{
-    uint64_t h = 0xcbf29ce484222325u ^ seed;
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (unsigned char)s[i]) * 0x100000001b3u;
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdu;
-    h ^= h >> 33;
-    return h ? h : 1;
-}
-
 int64_t rate_take(struct rate_table *t, const char *name, size_t len, double rate, double burst,
                   int64_t now_us)
 {
-    uint64_t h = hash(t->seed, name, len);
+    uint64_t h = seeded_hash(t->seed, name, len);
     int64_t wait_ms = 0;
     pthread_mutex_lock(&t->mu);
     struct bucket *set = &t->b[(h & t->mask) * WAYS], *b = NULL, *oldest = set;
