@@ -2687,6 +2687,24 @@ static void served_serial(int port, char *out, size_t cap)
     pclose(f);
 }
 
+/* idem serve named name in d: TLS on its listen with the certificate
+ * d/cert.pem, passing every request through to the refund service. */
+static void start_tls_passthrough(struct proc *p, const char *d, const char *name,
+                                  const char *cert)
+{
+    char path[512], db[512], log[512], yaml[2048];
+    snprintf(path, sizeof path, "%s/%s.yaml", d, name);
+    snprintf(yaml, sizeof yaml,
+             "listen: { address: \"127.0.0.1:0\", tls: { cert: %s/%s.pem, key: %s/%s.key } }\n"
+             "admin_listen: unix:%s/%s.sock\nupstream: http://127.0.0.1:%d\n",
+             d, cert, d, cert, d, name, service.port);
+    sys_write_file(path, yaml);
+    snprintf(db, sizeof db, "%s/%s.db", d, name);
+    snprintf(log, sizeof log, "%s/%s.log", d, name);
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, NULL};
+    sys_start(p, argv, log);
+}
+
 /* TLS on both listeners and to an upstream, with certificates made for the
  * test: the gateway (TLS on listen) in front of an https:// upstream (a
  * second idem serve with TLS, passing through to the refund service).
@@ -2707,30 +2725,11 @@ static void test_tls(void **state)
     make_cert(d, "srv", "localhost", "DNS:localhost", "ca");
     make_cert(d, "stranger", "localhost", "DNS:localhost", "other-ca");
     make_cert(d, "client", "ops", "DNS:ops", "ca");
-    /* The upstream: TLS on its listen, passing everything to the service. */
+    /* The upstream: TLS on its listen, passing everything to the service;
+     * and the same showing a certificate of a CA the gateway does not trust. */
     struct proc up, up2, gw;
-    snprintf(path, sizeof path, "%s/up.yaml", d);
-    snprintf(yaml, sizeof yaml,
-             "listen: { address: \"127.0.0.1:0\", tls: { cert: %s/srv.pem, key: %s/srv.key } }\n"
-             "admin_listen: unix:%s/up.sock\nupstream: http://127.0.0.1:%d\n",
-             d, d, d, service.port);
-    sys_write_file(path, yaml);
-    snprintf(db, sizeof db, "%s/up.db", d);
-    snprintf(log, sizeof log, "%s/up.log", d);
-    char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, NULL};
-    sys_start(&up, argv, log);
-    /* The same, showing a certificate of a CA the gateway does not trust. */
-    char path2[512], db2[512], log2[512];
-    snprintf(path2, sizeof path2, "%s/up2.yaml", d);
-    snprintf(yaml, sizeof yaml,
-             "listen: { address: \"127.0.0.1:0\", tls: { cert: %s/stranger.pem, key: "
-             "%s/stranger.key } }\nadmin_listen: unix:%s/up2.sock\nupstream: http://127.0.0.1:%d\n",
-             d, d, d, service.port);
-    sys_write_file(path2, yaml);
-    snprintf(db2, sizeof db2, "%s/up2.db", d);
-    snprintf(log2, sizeof log2, "%s/up2.log", d);
-    char *argv2[] = {(char *)idem_bin, "serve", "-c", path2, "--db", db2, NULL};
-    sys_start(&up2, argv2, log2);
+    start_tls_passthrough(&up, d, "up", "srv");
+    start_tls_passthrough(&up2, d, "up2", "stranger");
     /* The gateway: TLS on listen and on admin_listen (client certificates
      * required), routes to the upstreams by name, by an address the
      * certificate does not name, and to the stranger. */
