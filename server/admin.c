@@ -6,15 +6,21 @@
  * request's key is hashed once and compared with every configured hash in
  * constant time, so neither which key matched nor how much of a guess did
  * shows in the time an answer takes. A read key may GET and HEAD (records,
- * metrics, health); a write key may do everything. What a refusal costs
- * the refused, and how repeated failures are slowed down, is serve.c's.
+ * metrics, health); a write key may do everything. Refusals are counted,
+ * and past a burst of them from one address held back on a timer of the
+ * loop (admin_door).
  */
 #include "admin.h"
 
+#include <event2/event.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "idem.h"
+#include "log.h"
+#include "mono.h"
+#include "rate.h"
 
 static int same_hash(const unsigned char *a, const unsigned char *b)
 {
@@ -76,4 +82,93 @@ size_t admin_peer_host(const char *peer)
 {
     const char *colon = strrchr(peer, ':');
     return colon ? (size_t)(colon - peer) : strlen(peer);
+}
+
+/* A refused API key's answer, held back a second once its client address
+ * has failed more than AUTH_FAILURE_BURST times lately (one more each
+ * AUTH_FAILURE_EVERY_S seconds): guessing is slowed to the admin
+ * listener's connections a second, while a right key is never held. */
+#define AUTH_FAILURE_BURST 10
+#define AUTH_FAILURE_EVERY_S 6
+#define AUTH_FAILURE_HOLD_MS 1000
+
+struct held_answer {
+    struct event *ev;
+    struct live_config *lc;
+    struct http_response *r;
+};
+
+static void release_held(struct front_request *req)
+{
+    struct held_answer *h = req->state;
+    req->on_abort = NULL;
+    event_free(h->ev);
+    struct live_config *lc = h->lc;
+    struct http_response *r = h->r;
+    free(h);
+    daemon_answer(lc, req, r);
+}
+
+static void on_held(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    release_held(arg);
+}
+
+static void answer_refused_key(struct daemon *d, struct live_config *lc, struct front_request *req,
+                               struct http_response *r)
+{
+    struct daemon_loop *loop = req->loop_ctx;
+    atomic_fetch_add(&d->auth_failures, 1);
+    struct held_answer *h = NULL;
+    if (rate_take(d->auth_failures_by_peer, req->peer, admin_peer_host(req->peer),
+                  1.0 / AUTH_FAILURE_EVERY_S, AUTH_FAILURE_BURST, mono_us()) == 0 ||
+        !(h = calloc(1, sizeof *h)) ||
+        !(h->ev = evtimer_new(loop->base, on_held, req))) {
+        free(h);
+        daemon_answer(lc, req, r);
+        return;
+    }
+    h->lc = lc;
+    h->r = r;
+    req->state = h;
+    req->on_abort = release_held;
+    struct timeval tv = {AUTH_FAILURE_HOLD_MS / 1000, (AUTH_FAILURE_HOLD_MS % 1000) * 1000};
+    evtimer_add(h->ev, &tv);
+}
+
+/* Each key's use is logged, at most once a minute per key (a service on
+ * the JSON API makes a call per operation of its own). */
+static void log_key_use(const struct api_key *k, const struct front_request *req,
+                        const char *path)
+{
+    int64_t now = mono_ms();
+    int64_t *at = (int64_t *)&k->logged_ms; /* the key's own, made by calloc */
+    int64_t was = __atomic_load_n(at, __ATOMIC_RELAXED);
+    if ((was && now - was < 60000) ||
+        !__atomic_compare_exchange_n(at, &was, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        return;
+    daemon_log("admin: API key %s (scope %s) in use: %s %s from %s%s", k->name,
+               k->write ? "write" : "read", req->msg->method, path, req->peer,
+               was ? " (logged once a minute)" : "");
+}
+
+/* A request on the admin listener: its key checked. */
+int admin_door(struct daemon *d, struct live_config *lc, struct front_request *req,
+               const char *path)
+{
+    const struct server_config *cfg = lc->c;
+    const struct api_key *key = admin_key(cfg, req->msg);
+    struct http_response *r = admin_refusal(cfg, key, req->msg);
+    if (!key) {
+        answer_refused_key(d, lc, req, r);
+        return 1;
+    }
+    if (r) {
+        daemon_answer(lc, req, r);
+        return 1;
+    }
+    log_key_use(key, req, path);
+    return 0;
 }

@@ -6,6 +6,7 @@
 #define IDEM_SERVER_ADMIN_H
 
 #include "config.h"
+#include "daemon.h"
 #include "http_parser.h"
 #include "response.h"
 
@@ -18,6 +19,13 @@ const struct api_key *admin_key(const struct server_config *cfg, const struct ht
  * (key NULL), 403 for a read key asked to change something. */
 struct http_response *admin_refusal(const struct server_config *cfg, const struct api_key *key,
                                     const struct http_msg *m);
+
+/* The door of the admin listener, on the loop: req's key checked, refused
+ * with 401 (held back a second past ten failures from its address) or 403,
+ * or let through with its use logged (once a minute per key). 1 when req
+ * is answered (lc given up with it), 0 to go on to the JSON API. */
+int admin_door(struct daemon *d, struct live_config *lc, struct front_request *req,
+               const char *path);
 
 /* The address part of a peer's name ("127.0.0.1" of "127.0.0.1:5311",
  * "unix"): what failures are counted by. Its length. */

@@ -254,97 +254,19 @@ static struct http_response *issue_rate_refusal(struct daemon *d, const struct s
     return r;
 }
 
-/* A refused API key's answer, held back a second once its client address
- * has failed more than AUTH_FAILURE_BURST times lately (one more each
- * AUTH_FAILURE_EVERY_S seconds): guessing is slowed to the admin
- * listener's connections a second, while a right key is never held. */
-#define AUTH_FAILURE_BURST 10
-#define AUTH_FAILURE_EVERY_S 6
-#define AUTH_FAILURE_HOLD_MS 1000
-
-struct held_answer {
-    struct event *ev;
-    struct live_config *lc;
-    struct http_response *r;
-};
-
-static void release_held(struct front_request *req)
-{
-    struct held_answer *h = req->state;
-    req->on_abort = NULL;
-    event_free(h->ev);
-    struct live_config *lc = h->lc;
-    struct http_response *r = h->r;
-    free(h);
-    daemon_answer(lc, req, r);
-}
-
-static void on_held(evutil_socket_t fd, short what, void *arg)
-{
-    (void)fd;
-    (void)what;
-    release_held(arg);
-}
-
-static void answer_refused_key(struct daemon *d, struct live_config *lc, struct front_request *req,
-                               struct http_response *r)
-{
-    struct daemon_loop *loop = req->loop_ctx;
-    atomic_fetch_add(&d->auth_failures, 1);
-    struct held_answer *h = NULL;
-    if (rate_take(d->auth_failures_by_peer, req->peer, admin_peer_host(req->peer),
-                  1.0 / AUTH_FAILURE_EVERY_S, AUTH_FAILURE_BURST, mono_us()) == 0 ||
-        !(h = calloc(1, sizeof *h)) ||
-        !(h->ev = evtimer_new(loop->base, on_held, req))) {
-        free(h);
-        daemon_answer(lc, req, r);
-        return;
-    }
-    h->lc = lc;
-    h->r = r;
-    req->state = h;
-    req->on_abort = release_held;
-    struct timeval tv = {AUTH_FAILURE_HOLD_MS / 1000, (AUTH_FAILURE_HOLD_MS % 1000) * 1000};
-    evtimer_add(h->ev, &tv);
-}
-
-/* Each key's use is logged, at most once a minute per key (a service on
- * the JSON API makes a call per operation of its own). */
-static void log_key_use(const struct api_key *k, const struct front_request *req,
-                        const char *path)
-{
-    int64_t now = mono_ms();
-    int64_t *at = (int64_t *)&k->logged_ms; /* the key's own, made by calloc */
-    int64_t was = __atomic_load_n(at, __ATOMIC_RELAXED);
-    if ((was && now - was < 60000) ||
-        !__atomic_compare_exchange_n(at, &was, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        return;
-    daemon_log("admin: API key %s (scope %s) in use: %s %s from %s%s", k->name,
-               k->write ? "write" : "read", req->msg->method, path, req->peer,
-               was ? " (logged once a minute)" : "");
-}
-
-/* A request on the admin listener: its key first, then the JSON API. */
+/* A request on the admin listener: its key first (admin_door), then the
+ * JSON API. */
 static void admin_handle(struct daemon *d, struct live_config *lc, struct front_request *req,
                          const char *path, int api)
 {
-    const struct server_config *cfg = lc->c;
-    const struct api_key *key = admin_key(cfg, req->msg);
-    struct http_response *r = admin_refusal(cfg, key, req->msg);
-    if (r || !key) {
-        if (!key)
-            answer_refused_key(d, lc, req, r);
-        else
-            daemon_answer(lc, req, r);
+    if (admin_door(d, lc, req, path))
         return;
-    }
     if (!api) {
         daemon_answer(lc, req, problem(404, "no_such_endpoint",
                                        "this is the admin listener: it serves the JSON API, "
                                        "under /_idem/v1/"));
         return;
     }
-    log_key_use(key, req, path);
     to_api(d, lc, req, path);
 }
 
