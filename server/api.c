@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "daemon.h"
+#include "mono.h"
 #include "request_key.h"
 
 #define PREFIX "/_idem/v1"
@@ -196,6 +197,40 @@ static json_t *record_json(const idem_record *r)
 }
 
 #define TOTAL(d, field) ((json_int_t)daemon_total(d, offsetof(struct daemon_counters, field)))
+
+static struct http_response *health(struct daemon *d, int admin);
+
+/* The main listener's health, which anyone there may ask as often as they
+ * like: the store is looked at once a second at most, and the answers in
+ * between are that look's (a load balancer polling, or a client flooding,
+ * costs no store call and no worker's wait). */
+static struct http_response *public_health(struct daemon *d)
+{
+    struct daemon_health *c = &d->public_health;
+    pthread_mutex_lock(&c->mu);
+    int64_t now = mono_ms();
+    if (!c->at_ms || now - c->at_ms >= 1000) {
+        struct http_response *r = health(d, 0);
+        if (!r || r->body_len >= sizeof c->body) {
+            pthread_mutex_unlock(&c->mu);
+            return r;
+        }
+        c->status = r->status;
+        memcpy(c->body, r->body, r->body_len);
+        c->body_len = r->body_len;
+        c->at_ms = now;
+        pthread_mutex_unlock(&c->mu);
+        return r;
+    }
+    struct http_response *r = response_new(c->status);
+    if (r && (response_add_header(r, "Content-Type", "application/json") ||
+              response_set_body(r, c->body, c->body_len))) {
+        response_free(r);
+        r = NULL;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return r;
+}
 
 /* GET /_idem/v1/health/live: the process answers. */
 static struct http_response *live(void)
@@ -702,7 +737,8 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
     } else if (post_ep) {
         req->resp = post(d, cfg, rest, m, req->admin);
     } else {
-        req->resp = health_ep                          ? health(d, req->admin)
+        req->resp = health_ep && !req->admin           ? public_health(d)
+                    : health_ep                        ? health(d, 1)
                     : strcmp(rest, "health/live") == 0 ? live()
                     : strcmp(rest, "metrics") == 0     ? api_metrics(d)
                                                        : get_record(d, rest + 8);

@@ -58,6 +58,15 @@ struct daemon_loop {
     unsigned long replay_gen;     /* the daemon's replay_gen it was last cleared at */
 };
 
+/* The main listener's last health answer (api.c, public_health). */
+struct daemon_health {
+    pthread_mutex_t mu;
+    int64_t at_ms; /* mono_ms() of the look; 0: none yet */
+    int status;
+    char body[160];
+    size_t body_len;
+};
+
 struct daemon {
     idem *h;
     struct workers *workers;
@@ -81,6 +90,7 @@ struct daemon {
     struct rate_table *issued_by_subject, *issued_by_peer, *auth_failures_by_peer;
     atomic_ulong auth_failures; /* 401s on the admin listener */
     atomic_ulong tokens_refused; /* 429s of the token issuance on listen */
+    struct daemon_health public_health;
     atomic_ulong seq;
     /* The loop's read for finished records: how often it found one lately
      * (a score, see worth_reading() in gateway.c). */

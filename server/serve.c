@@ -953,6 +953,7 @@ int serve_main(int argc, char **argv)
     pthread_mutex_init(&s->d.cfg_mu, NULL);
     pthread_mutex_init(&s->d.claims_mu, NULL);
     pthread_mutex_init(&s->d.routes_mu, NULL);
+    pthread_mutex_init(&s->d.public_health.mu, NULL);
     daemon_attach_counters(&s->d, cfg);
     s->d.live = lc;
     s->start = daemon_config_get(&s->d); /* what SIGHUP compares with */
@@ -1156,6 +1157,7 @@ out:
     pthread_mutex_destroy(&s->d.cfg_mu);
     pthread_mutex_destroy(&s->d.claims_mu);
     pthread_mutex_destroy(&s->d.routes_mu);
+    pthread_mutex_destroy(&s->d.public_health.mu);
     while (s->d.route_n) {
         struct route_counters *dead = s->d.route_n;
         s->d.route_n = dead->next;
