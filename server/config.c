@@ -1592,6 +1592,23 @@ static int get_routes(struct ctx *c, const yaml_node_t *n, struct server_config 
                             a->token_scene, j, (unsigned long)node(c, it[j])->start_mark.line + 1,
                             b->space, a->space);
             }
+            /* A subject route's record key is the subject and its parts,
+             * a '/' between; a global route's, its parts: a global route
+             * of one part more would build the same keys from a header
+             * a client sets, and read or block another subject's. */
+            if (!strcmp(a->space, b->space) &&
+                (a->scope_subject != b->scope_subject || a->key_parts != b->key_parts)) {
+                join(fpath, sizeof fpath, path, "space");
+                return fail(c, rn, fpath, "\"%s\", as routes[%zu] (line %lu), with %s and %zu "
+                            "key part%s there and %s and %zu here: one space's keys are built "
+                            "one way, or one route's keys could be another's (a subject's with "
+                            "another subject's); give the two routes one scope and key shape, "
+                            "or spaces of their own",
+                            a->space, j, (unsigned long)node(c, it[j])->start_mark.line + 1,
+                            b->scope_subject ? "scope: subject" : "scope: global", b->key_parts,
+                            b->key_parts == 1 ? "" : "s",
+                            a->scope_subject ? "scope: subject" : "scope: global", a->key_parts);
+            }
             if (!same_match(a, b))
                 continue;
             join(fpath, sizeof fpath, path, "match");

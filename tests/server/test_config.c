@@ -320,6 +320,21 @@ static void test_shared_space(void **state)
     assert_string_equal(c->routes[1].space, "payment");
     assert_string_equal(c->routes[1].token_scene, "payment-repush");
     config_free(c);
+    /* But only with one scope and key shape: a subject route's keys are
+     * subject/part, which a global route of two parts could build from a
+     * header the client chooses. */
+    parse_bad("routes:\n"
+              "  - { name: a, match: { path: /a }, upstream: http://h, key: { json: n },"
+              " space: S, scope: subject }\n"
+              "  - { name: b, match: { path: /b }, upstream: http://h,"
+              " key: [{ header: X-Tenant }, { json: n }], space: S }\n",
+              "idem.yaml:3: routes[1].space:", "one route's keys could be another's");
+    parse_bad("routes:\n"
+              "  - { name: a, match: { path: /a }, upstream: http://h, key: { json: n },"
+              " space: S, scope: subject }\n"
+              "  - { name: b, match: { path: /b }, upstream: http://h, key: { json: n },"
+              " space: S }\n",
+              "idem.yaml:3: routes[1].space:", "scope: subject and 1 key part there");
 }
 
 static void test_durations(void **state)
