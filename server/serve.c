@@ -754,10 +754,13 @@ static void reload(struct serve *s)
         const char *name;
     } certs[] = {{s->tls, &next->listen_tls, "listen"}, {s->admin_tls, &next->admin_tls,
                                                         "admin_listen"}};
+    /* client_ca stays the start's (a restart changes it): a file that
+     * dropped it must not switch client certificates off. */
+    const char *client_ca[2] = {NULL, st->admin_tls.client_ca};
     for (int i = 0; i < 2; i++)
         if (certs[i].t && certs[i].f->cert &&
-            tls_server_reload(certs[i].t, certs[i].f->cert, certs[i].f->key,
-                              certs[i].f->client_ca, err, sizeof err) != 0)
+            tls_server_reload(certs[i].t, certs[i].f->cert, certs[i].f->key, client_ca[i], err,
+                              sizeof err) != 0)
             daemon_log("SIGHUP: %s.tls: %s; its certificate stays", certs[i].name, err);
     next->limits = *s->limits;
     daemon_attach_counters(&s->d, next);

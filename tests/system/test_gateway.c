@@ -2827,6 +2827,31 @@ static void test_tls(void **state)
     }
     if (strcmp(now, was) == 0)
         fail_msg("the certificate served after SIGHUP is still %s", was);
+    /* A file that drops client_ca does not switch client certificates off
+     * on SIGHUP (it takes a restart, and says so). */
+    char *text = sys_read_file(path);
+    char *ca = strstr(text, ", client_ca: ");
+    assert_non_null(ca);
+    char *rest = strstr(ca, " }");
+    memmove(ca, rest, strlen(rest) + 1);
+    assert_null(strstr(text, "client_ca"));
+    sys_write_file(path, text);
+    free(text);
+    kill(gw.pid, SIGHUP);
+    for (int i = 0; i < 100; i++) {
+        text = sys_read_file(gw.log);
+        int reloaded = strstr(text, "SIGHUP: reloaded") != NULL &&
+                       strstr(strstr(text, "SIGHUP: reloaded") + 1, "SIGHUP: reloaded") != NULL;
+        free(text);
+        if (reloaded)
+            break;
+        sleep_ms(50);
+    }
+    snprintf(args, sizeof args,
+             "--cacert %s/ca.pem -H 'Authorization: Bearer " SYS_ADMIN_KEY "' "
+             "https://localhost:%d/_idem/v1/health",
+             d, gw.admin_port);
+    assert_true(curl_status(args, &status) != 0);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
     assert_int_equal(sys_stop(&up, SIGTERM), 0);
     assert_int_equal(sys_stop(&up2, SIGTERM), 0);
