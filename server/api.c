@@ -582,7 +582,12 @@ static struct http_response *post(struct daemon *d, const struct server_config *
 
     if (strcmp(op, "tokens") == 0) {
         const char *scene = str_field(&a, "scene", 1);
-        int64_t ttl = int_field(&a, "ttl_ms", 0, 300000);
+        /* Five minutes unless said, and no more than the main listener's
+         * token_ttl_max there. */
+        int64_t dflt = !admin && cfg->limits.token_ttl_max_ms < 300000
+                           ? cfg->limits.token_ttl_max_ms
+                           : 300000;
+        int64_t ttl = int_field(&a, "ttl_ms", 0, dflt);
         char token[IDEM_TOKEN_LEN + 1];
         if (!a.err && !admin && !route_scene(cfg, scene))
             a.err = problem(400, "invalid_field", "field scene: no route takes tokens of "

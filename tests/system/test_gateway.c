@@ -2281,6 +2281,7 @@ static void test_two_surfaces(void **state)
     snprintf(routes, sizeof routes,
              SYS_ADMIN_YAML
              "  - { name: grafana, scope: read, file: %s }\n"
+             "limits:\n  token_ttl_max: 1m\n"
              "routes:\n" REFUND_ROUTE "    scope: subject\n"
              "    layers: [token, record]\n",
              rpath);
@@ -2325,6 +2326,11 @@ static void test_two_surfaces(void **state)
     assert_int_equal(tok.status, 201);
     char th[128];
     snprintf(th, sizeof th, "Idem-Token: %.32s", strstr(tok.m->body, "\"token\":\"") + 9);
+    sys_resp_free(&tok);
+    /* Without ttl_ms: five minutes, or token_ttl_max if that is less. */
+    sys_http(p, "POST", "/_idem/v1/tokens", mallory, "{\"scene\":\"refund\"}", 5000, &tok);
+    assert_int_equal(tok.status, 201);
+    assert_non_null(strstr(tok.m->body, "\"expires_in_ms\":60000"));
     sys_resp_free(&tok);
     /* Only for a scene a route uses, and not for longer than token_ttl_max. */
     sys_http(p, "POST", "/_idem/v1/tokens", mallory, "{\"scene\":\"other\"}", 5000, &tok);
