@@ -201,32 +201,45 @@ static json_t *record_json(const idem_record *r)
 static struct http_response *health(struct daemon *d, int admin);
 
 /* The main listener's health, which anyone there may ask as often as they
- * like: the store is looked at once a second at most, and the answers in
- * between are that look's (a load balancer polling, or a client flooding,
- * costs no store call and no worker's wait). */
-static struct http_response *public_health(struct daemon *d)
+ * like: the store is looked at once a second at most, by one request; the
+ * others meanwhile get the last look's answer (or, before the first look,
+ * look themselves). A load balancer polling, or a client flooding, costs
+ * no store call and no worker's wait, even while the store is slow. */
+static struct http_response *cached_health(const struct daemon_health *c)
 {
-    struct daemon_health *c = &d->public_health;
-    pthread_mutex_lock(&c->mu);
-    int64_t now = mono_ms();
-    if (!c->at_ms || now - c->at_ms >= 1000) {
-        struct http_response *r = health(d, 0);
-        if (!r || r->body_len >= sizeof c->body) {
-            pthread_mutex_unlock(&c->mu);
-            return r;
-        }
-        c->status = r->status;
-        memcpy(c->body, r->body, r->body_len);
-        c->body_len = r->body_len;
-        c->at_ms = now;
-        pthread_mutex_unlock(&c->mu);
-        return r;
-    }
     struct http_response *r = response_new(c->status);
     if (r && (response_add_header(r, "Content-Type", "application/json") ||
               response_set_body(r, c->body, c->body_len))) {
         response_free(r);
         r = NULL;
+    }
+    return r;
+}
+
+static struct http_response *public_health(struct daemon *d)
+{
+    struct daemon_health *c = &d->public_health;
+    struct http_response *r;
+    pthread_mutex_lock(&c->mu);
+    int64_t now = mono_ms();
+    if (c->at_ms && (now - c->at_ms < 1000 || c->looking)) {
+        r = cached_health(c);
+        pthread_mutex_unlock(&c->mu);
+        return r;
+    }
+    int mine = !c->looking;
+    c->looking = 1;
+    pthread_mutex_unlock(&c->mu);
+    r = health(d, 0);
+    pthread_mutex_lock(&c->mu);
+    if (mine) {
+        c->looking = 0;
+        if (r && r->body_len < sizeof c->body) {
+            c->status = r->status;
+            memcpy(c->body, r->body, r->body_len);
+            c->body_len = r->body_len;
+            c->at_ms = mono_ms();
+        }
     }
     pthread_mutex_unlock(&c->mu);
     return r;

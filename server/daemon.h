@@ -62,6 +62,7 @@ struct daemon_loop {
 struct daemon_health {
     pthread_mutex_t mu;
     int64_t at_ms; /* mono_ms() of the look; 0: none yet */
+    int looking;   /* a request is looking at the store now */
     int status;
     char body[160];
     size_t body_len;
