@@ -461,7 +461,10 @@ static int lock_store_file(const struct server_config *cfg, int *fd)
     const char *path = cfg->storage_path;
     if (!store_is_file(cfg))
         return 0;
-    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    /* Made 0600 (SQLite gives its -wal and -shm the same mode): the
+     * stored answers are the admin listener's to show, and nobody's who
+     * can only list the directory. */
+    *fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (*fd < 0) {
         fprintf(stderr, "idem serve: opening the embedded store at %s: %s\n", path,
                 strerror(errno));

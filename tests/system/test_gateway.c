@@ -2251,6 +2251,15 @@ static void test_example_config_exposes_nothing(void **state)
     assert_int_equal(stat(sock, &st), 0);
     assert_true(S_ISSOCK(st.st_mode));
     assert_int_equal(st.st_mode & 0777, 0600);
+    /* The store's files likewise: the stored answers are nobody else's. */
+    static const char *const suffix[] = {"", "-wal", "-shm"};
+    for (int i = 0; i < 3; i++) {
+        char f[4300];
+        snprintf(f, sizeof f, "%s%s", db, suffix[i]);
+        assert_int_equal(stat(f, &st), 0);
+        if ((st.st_mode & 0777) != 0600)
+            fail_msg("%s has mode %o", f, (unsigned)(st.st_mode & 0777));
+    }
     char out[4096];
     unix_http(sock, "GET /_idem/v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", out,
               sizeof out);
