@@ -6,7 +6,9 @@
  * character that moves or hides text on a terminal or in a log viewer (C1
  * controls such as U+0085 NEL and U+009B CSI, the line and paragraph
  * separators U+2028 and U+2029, the bidirectional overrides such as U+202E)
- * is written as an escape, and a backslash as two, so that every line read
+ * is written as an escape, as are the characters that show nothing (zero
+ * width spaces and joiners, U+00AD, the tag characters U+E0000-E007F that
+ * can carry hidden text), and a backslash as two, so that every line read
  * back is one line and says what was sent. */
 #include "log.h"
 
@@ -18,11 +20,14 @@
 
 #include "utf8.h"
 
-/* A code point a reader must not see as such. */
+/* A code point a reader must not see as such: it moves, hides or joins
+ * text without showing itself. */
 static int hidden(uint32_t v)
 {
-    return (v >= 0x80 && v <= 0x9f) || v == 0x61c || v == 0x200e || v == 0x200f ||
-           (v >= 0x2028 && v <= 0x202e) || (v >= 0x2066 && v <= 0x2069) || v == 0xfeff;
+    return (v >= 0x80 && v <= 0x9f) || v == 0xad || v == 0x34f || v == 0x61c || v == 0x180e ||
+           (v >= 0x200b && v <= 0x200f) || (v >= 0x2028 && v <= 0x202e) ||
+           (v >= 0x2060 && v <= 0x206f) || v == 0xfeff || (v >= 0xfff9 && v <= 0xfffb) ||
+           (v >= 0xe0000 && v <= 0xe007f);
 }
 
 static uint32_t decode(const unsigned char *p, size_t n)

@@ -29,6 +29,11 @@ static void test_controls_and_separators_escaped(void **state)
     expect("K\xe2\x80\xae" "gnp.exe", "K\\u202egnp.exe");  /* RIGHT-TO-LEFT OVERRIDE */
     expect("K\xe2\x81\xa6" "x", "K\\u2066x");              /* LEFT-TO-RIGHT ISOLATE */
     expect("\xef\xbb\xbfK", "\\ufeffK");
+    /* What shows nothing: zero width space and joiner, soft hyphen, word
+     * joiner, a tag character (hidden text), an annotation anchor. */
+    expect("a\xe2\x80\x8b" "b\xe2\x80\x8d" "c\xc2\xad" "d\xe2\x81\xa0" "e",
+           "a\\u200bb\\u200dc\\u00add\\u2060e");
+    expect("x\xf3\xa0\x80\x81" "y\xef\xbf\xb9" "z", "x\\ue0001y\\ufff9z");
     /* Bytes that are not UTF-8, and the backslash itself: an escape read
      * back is always one that was made here. */
     expect("\xff\xc0\xaf", "\\xff\\xc0\\xaf");
