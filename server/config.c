@@ -1773,8 +1773,8 @@ static int get_secret(struct ctx *c, const yaml_node_t *n, const char *path,
         if (env) {
             const char *val = getenv(s);
             if (!val || !*val)
-                return fail(c, env, fpath, "the environment variable %s is not set",
-                            quote(c, s));
+                return fail(c, env, fpath, "the environment variable %s is %s", quote(c, s),
+                            val ? "empty" : "not set");
             if (strlen(val) > SECRET_MAX)
                 return fail(c, env, fpath, "the value of %s is longer than %d bytes",
                             quote(c, s), SECRET_MAX);
