@@ -13,6 +13,7 @@ packages=(
   libcmocka-dev                         # tests
   curl                                  # system tests
   redis-server redis-tools              # distributed tests, redis-benchmark
+  rabbitmq-server librabbitmq-dev amqp-tools  # the message consumers and their tests
 )
 
 missing=()

@@ -10,6 +10,15 @@
 #   scripts/services.sh pg-stop-immediate STATE_DIR   (as in a crash: no
 #                                     checkpoint, recovery at the next start)
 #   scripts/services.sh up STATE_DIR      (start whichever is not running)
+#   scripts/services.sh rabbitmq-start STATE_DIR [AMQP_PORT]
+#   scripts/services.sh rabbitmq-stop|rabbitmq-restart STATE_DIR
+#
+# RabbitMQ, for the message consumers, is started apart (it takes some ten
+# seconds): a node of its own (named after STATE_DIR's port), its own epmd,
+# cookie, data and log in STATE_DIR/rabbitmq, on 127.0.0.1 only; AMQP on
+# AMQP_PORT (default 26672), the Erlang distribution on AMQP_PORT+20000 and
+# epmd on AMQP_PORT+20001. rabbitmq-start writes STATE_DIR/rabbitmq/env
+# with IDEM_TEST_AMQP, its URL.
 #
 # start writes STATE_DIR/env with IDEM_TEST_REDIS and IDEM_TEST_PG, the two
 # URLs, and prints them. Defaults: Redis 26379, PostgreSQL 25432. PostgreSQL
@@ -77,7 +86,80 @@ pg_stop() {
   as_pg "$pgbin/pg_ctl" -D "$pg/data" -m "${1:-fast}" -w -t 60 stop >/dev/null || true
 }
 
+# RabbitMQ: everything of the node's own in $state/rabbitmq, given through
+# the environment (the package's rabbitmq-server wrapper would switch to
+# the rabbitmq user and its HOME, whose cookie is not ours).
+rabbit_env() {
+  local r="$state/rabbitmq" port; port=$(cat "$r/port")
+  export HOME="$r" RABBITMQ_NODENAME="idem$port@localhost" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT=$((port + 20000)) \
+    ERL_EPMD_PORT=$((port + 20001)) RABBITMQ_MNESIA_BASE="$r/mnesia" RABBITMQ_LOG_BASE="$r/log" \
+    RABBITMQ_CONFIG_FILE="$r/rabbitmq" RABBITMQ_ENABLED_PLUGINS_FILE="$r/enabled_plugins" \
+    RABBITMQ_CONF_ENV_FILE="$r/rabbitmq-env.conf" RABBITMQ_PID_FILE="$r/rabbitmq.pid" \
+    RABBITMQ_CTL_DIST_PORT_MIN=$((port + 20002)) RABBITMQ_CTL_DIST_PORT_MAX=$((port + 20010))
+}
+
+rabbit_start() {
+  local r="$state/rabbitmq"
+  rabbit_env
+  epmd -port "$ERL_EPMD_PORT" -address 127.0.0.1 -daemon
+  /usr/lib/rabbitmq/bin/rabbitmq-server >"$r/server.out" 2>&1 &
+  echo $! >"$r/server.pid"
+  # await_startup gives up at once while the node is not up to be asked.
+  for _ in $(seq 120); do
+    if /usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBITMQ_NODENAME" -q await_startup \
+        >/dev/null 2>&1; then
+      return 0
+    fi
+    kill -0 "$(cat "$r/server.pid")" 2>/dev/null || break
+    sleep 0.5
+  done
+  echo "services.sh: RabbitMQ did not start on port $RABBITMQ_NODE_PORT:" >&2
+  tail -20 "$r/server.out" >&2
+  return 1
+}
+
+rabbit_stop() {
+  local r="$state/rabbitmq"
+  [ -f "$r/port" ] || return 0
+  rabbit_env
+  /usr/lib/rabbitmq/bin/rabbitmqctl -n "$RABBITMQ_NODENAME" -q stop >/dev/null 2>&1 || true
+  if [ -f "$r/server.pid" ]; then
+    local pid; pid=$(cat "$r/server.pid")
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+    rm -f "$r/server.pid"
+  fi
+}
+
+# The epmd started for the node, stopped last (nothing else uses its port).
+rabbit_epmd_stop() {
+  [ -f "$state/rabbitmq/port" ] || return 0
+  rabbit_env
+  epmd -port "$ERL_EPMD_PORT" -kill >/dev/null 2>&1 || true
+}
+
 case "$cmd" in
+rabbitmq-start)
+  amqp_port=${3:-26672}
+  [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] ||
+    { echo "services.sh: rabbitmq-server is not installed" >&2; exit 1; }
+  mkdir -p "$state"
+  [ -d "$state/rabbitmq" ] && { rabbit_stop; rabbit_epmd_stop; rm -rf "$state/rabbitmq"; }
+  port_free "$amqp_port" amqp
+  mkdir -p "$state/rabbitmq/log" "$state/rabbitmq/mnesia"
+  echo "$amqp_port" >"$state/rabbitmq/port"
+  echo '[].' >"$state/rabbitmq/enabled_plugins"
+  : >"$state/rabbitmq/rabbitmq-env.conf"
+  : >"$state/rabbitmq/rabbitmq.conf" # the environment says it all
+  od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$state/rabbitmq/.erlang.cookie"
+  chmod 0400 "$state/rabbitmq/.erlang.cookie"
+  rabbit_start
+  echo "IDEM_TEST_AMQP=amqp://guest:guest@127.0.0.1:$amqp_port/%2f" >"$state/rabbitmq/env"
+  cat "$state/rabbitmq/env"
+  ;;
+rabbitmq-stop) rabbit_stop; rabbit_epmd_stop; rm -rf "$state/rabbitmq" ;;
+rabbitmq-restart) rabbit_stop; rabbit_start ;;
 start)
   redis_port=${3:-26379}
   pg_port=${4:-25432}
