@@ -491,7 +491,7 @@ struct serve {
     struct front_counts counts;  /* all loops' connections and requests */
     struct event_base *base;     /* loops[0].ctx.base */
     struct workers *workers, *record_workers;
-    struct event *sig_term, *sig_int, *sig_hup, *purge_timer;
+    struct event *sig_term, *sig_int, *sig_hup, *sig_usr1, *purge_timer;
     const char *listen_arg, *db_arg; /* --listen and --db, or NULL */
     struct live_config *start;       /* the configuration it started with (kept) */
     struct work purge_work;
@@ -778,6 +778,18 @@ static void reload(struct serve *s)
     daemon_config_put(cur);
 }
 
+/* SIGUSR1 is what logrotate's postrotate sends to have log files opened
+ * again. The daemon's log goes to stderr, which it did not open, so there
+ * is nothing to reopen; but the signal's default action would end the
+ * daemon, requests in flight and all. */
+static void on_reopen(evutil_socket_t sig, short what, void *arg)
+{
+    (void)sig;
+    (void)what;
+    (void)arg;
+    daemon_log("SIGUSR1: the log is stderr, which the daemon does not open: nothing to reopen");
+}
+
 /* One reload at a time; a SIGHUP during one asks for another after it. */
 static void run_reload(struct work *w)
 {
@@ -869,7 +881,7 @@ static void usage(FILE *out)
           "  -h, --help           this text\n"
           "\n"
           "Signals: SIGTERM/SIGINT drain and stop; SIGHUP reloads the routes, the API\n"
-          "keys and the TLS certificates.\n",
+          "keys and the TLS certificates; SIGUSR1 (logrotate's) is logged and harmless.\n",
           out);
 }
 
@@ -1074,11 +1086,13 @@ int serve_main(int argc, char **argv)
     s->sig_term = evsignal_new(s->base, SIGTERM, on_stop, s);
     s->sig_int = evsignal_new(s->base, SIGINT, on_stop, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_reload, s);
+    s->sig_usr1 = evsignal_new(s->base, SIGUSR1, on_reopen, s);
     s->purge_timer = event_new(s->base, -1, EV_PERSIST, on_purge, s);
     struct timeval minute = {60, 0};
     event_add(s->sig_term, NULL);
     event_add(s->sig_int, NULL);
     event_add(s->sig_hup, NULL);
+    event_add(s->sig_usr1, NULL);
     event_add(s->purge_timer, &minute);
     on_purge(-1, EV_TIMEOUT, s); /* and once now: what expired while it was down */
     for (int i = 1; i < s->nloops; i++) {
@@ -1137,6 +1151,8 @@ out:
         event_free(s->sig_int);
     if (s->sig_hup)
         event_free(s->sig_hup);
+    if (s->sig_usr1)
+        event_free(s->sig_usr1);
     if (s->purge_timer)
         event_free(s->purge_timer);
     for (int i = 0; i < LOOPS_MAX; i++) {

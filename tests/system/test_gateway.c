@@ -2393,10 +2393,15 @@ static void test_two_surfaces(void **state)
                "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"from\":\"SUCCEEDED\","
                "\"to\":\"RELEASED\"}",
                200, "\"APPLIED\"");
+    /* SIGUSR1, what logrotate sends, is logged and ends nothing. */
+    kill(gw.pid, SIGUSR1);
+    sleep_ms(200);
+    api_expect(a, "/_idem/v1/health", NULL, 200, "\"status\":\"ok\"");
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
     char *text = sys_read_file(gw.log);
     assert_non_null(strstr(text, "admin: API key grafana (scope read) in use: GET"));
     assert_non_null(strstr(text, "admin: API key test (scope write) in use:"));
+    assert_non_null(strstr(text, "SIGUSR1: the log is stderr"));
     assert_null(strstr(text, "read-key-0123456789abcdef")); /* never the key itself */
     free(text);
 }
