@@ -261,6 +261,12 @@ static void admin_handle(struct daemon *d, struct live_config *lc, struct front_
 {
     if (admin_door(d, lc, req, path))
         return;
+    /* Where Prometheus looks by default: the same as /_idem/v1/metrics. */
+    if (strcmp(path, "/metrics") == 0 &&
+        (strcmp(req->msg->method, "GET") == 0 || strcmp(req->msg->method, "HEAD") == 0)) {
+        daemon_answer(lc, req, api_metrics(d));
+        return;
+    }
     if (!api) {
         daemon_answer(lc, req, problem(404, "no_such_endpoint",
                                        "this is the admin listener: it serves the JSON API, "

@@ -2393,6 +2393,15 @@ static void test_two_surfaces(void **state)
                "{\"space\":\"refund\",\"key\":\"dave/R-adm\",\"from\":\"SUCCEEDED\","
                "\"to\":\"RELEASED\"}",
                200, "\"APPLIED\"");
+    /* Where Prometheus looks by default, for a read key too; not on the
+     * main listener. */
+    sys_http(a, "GET", "/metrics", reader, NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\nidem_admin_auth_failures_total 2\n"));
+    sys_resp_free(&r);
+    sys_http(p, "GET", "/metrics", NULL, NULL, 5000, &r);
+    assert_null(r.m ? strstr(r.m->body, "idem_admin_auth_failures_total") : NULL);
+    sys_resp_free(&r);
     /* SIGUSR1, what logrotate sends, is logged and ends nothing. */
     kill(gw.pid, SIGUSR1);
     sleep_ms(200);
