@@ -569,6 +569,19 @@ static void test_subject_scope(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* A refund of refund_no for subject, its amount telling pair i's twin j
+ * apart (the service's own answers differ with it). */
+static void post_as(int port, const char *subject, const char *refund_no, size_t i, int j,
+                    struct sys_resp *r)
+{
+    char sh[128], body[128];
+    snprintf(sh, sizeof sh, "X-Subject: %s", subject);
+    snprintf(body, sizeof body, "{\"refund_no\":\"%s\",\"amount\":\"%zu.%d0\"}", refund_no,
+             i + 1, j);
+    const char *h[] = {sh, NULL};
+    sys_http(port, "POST", "/refunds", h, body, 5000, r);
+}
+
 /* No two subjects' keys meet in one record, however either is spelt: a
  * '/' or an escape in the subject against the same bytes split otherwise
  * between subject and key, letter case, the two Unicode spellings of one
@@ -595,14 +608,7 @@ static void test_subjects_never_meet(void **state)
     struct sys_resp first[7][2];
     for (size_t i = 0; i < n; i++)
         for (int j = 0; j < 2; j++) {
-            char sh[128], body[128];
-            snprintf(sh, sizeof sh, "X-Subject: %s", pairs[i][j][0]);
-            /* The service's own refund_no must differ too, or its UNIQUE
-             * answers the twin 409: the amount tells the two answers apart. */
-            snprintf(body, sizeof body, "{\"refund_no\":\"%s\",\"amount\":\"%zu.%d0\"}",
-                     pairs[i][j][1], i + 1, j);
-            const char *h[] = {sh, NULL};
-            sys_http(gw.port, "POST", "/refunds", h, body, 5000, &first[i][j]);
+            post_as(gw.port, pairs[i][j][0], pairs[i][j][1], i, j, &first[i][j]);
             if (first[i][j].status != 201 && first[i][j].status != 409)
                 fail_msg("pair %zu/%d: %d %s", i, j, first[i][j].status,
                          first[i][j].m ? first[i][j].m->body : "");
@@ -612,13 +618,8 @@ static void test_subjects_never_meet(void **state)
     assert_int_equal(sys_stat(service.port, "executions") - before, (long)(2 * n));
     for (size_t i = 0; i < n; i++)
         for (int j = 0; j < 2; j++) {
-            char sh[128], body[128];
-            snprintf(sh, sizeof sh, "X-Subject: %s", pairs[i][j][0]);
-            snprintf(body, sizeof body, "{\"refund_no\":\"%s\",\"amount\":\"%zu.%d0\"}",
-                     pairs[i][j][1], i + 1, j);
-            const char *h[] = {sh, NULL};
             struct sys_resp again;
-            sys_http(gw.port, "POST", "/refunds", h, body, 5000, &again);
+            post_as(gw.port, pairs[i][j][0], pairs[i][j][1], i, j, &again);
             assert_int_equal(again.status, first[i][j].status);
             assert_string_equal(sys_header(&again, "Idempotent-Replayed"), "true");
             assert_int_equal(again.m->body_len, first[i][j].m->body_len);
