@@ -78,12 +78,6 @@ struct http_response *admin_refusal(const struct server_config *cfg, const struc
                    key->name, m->method);
 }
 
-size_t admin_peer_host(const char *peer)
-{
-    const char *colon = strrchr(peer, ':');
-    return colon ? (size_t)(colon - peer) : strlen(peer);
-}
-
 /* A refused API key's answer, held back a second once its client address
  * has failed more than AUTH_FAILURE_BURST times lately (one more each
  * AUTH_FAILURE_EVERY_S seconds): guessing is slowed to the admin
@@ -122,7 +116,7 @@ static void answer_refused_key(struct daemon *d, struct live_config *lc, struct 
     struct daemon_loop *loop = req->loop_ctx;
     atomic_fetch_add(&d->auth_failures, 1);
     struct held_answer *h = NULL;
-    if (rate_take(d->auth_failures_by_peer, req->peer, admin_peer_host(req->peer),
+    if (rate_take(d->auth_failures_by_peer, req->peer, front_peer_host(req->peer),
                   1.0 / AUTH_FAILURE_EVERY_S, AUTH_FAILURE_BURST, mono_us()) == 0 ||
         !(h = calloc(1, sizeof *h)) ||
         !(h->ev = evtimer_new(loop->base, on_held, req))) {

@@ -27,8 +27,4 @@ struct http_response *admin_refusal(const struct server_config *cfg, const struc
 int admin_door(struct daemon *d, struct live_config *lc, struct front_request *req,
                const char *path);
 
-/* The address part of a peer's name ("127.0.0.1" of "127.0.0.1:5311",
- * "unix"): what failures are counted by. Its length. */
-size_t admin_peer_host(const char *peer);
-
 #endif

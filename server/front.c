@@ -674,6 +674,12 @@ static void format_peer(const struct sockaddr *sa, char *out, size_t cap)
     snprintf(out, cap, "%s:%d", host, port);
 }
 
+size_t front_peer_host(const char *peer)
+{
+    const char *colon = strrchr(peer, ':');
+    return colon ? (size_t)(colon - peer) : strlen(peer);
+}
+
 static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa,
                       int salen, void *arg)
 {
@@ -692,11 +698,9 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     char peer[64];
     peer_ref ref = 0;
     format_peer(sa, peer, sizeof peer);
-    if (!admin && f->counts->peers) {
-        const char *colon = strrchr(peer, ':');
-        over |= peer_conn_add(f->counts->peers, peer, colon ? (size_t)(colon - peer) : strlen(peer),
+    if (!admin && f->counts->peers)
+        over |= peer_conn_add(f->counts->peers, peer, front_peer_host(peer),
                               f->limits->connections_per_peer, &ref);
-    }
     struct conn *c = over && open >= max + OVER_LIMIT_GRACE ? NULL : calloc(1, sizeof *c);
     if (!c) {
         atomic_fetch_sub(count, 1);

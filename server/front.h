@@ -96,6 +96,10 @@ void front_counts_init(struct front_counts *n);
  * all loops (a front counts on its own until this is called). */
 void front_share_counts(struct front *f, struct front_counts *counts);
 
+/* How much of a request's peer ("127.0.0.1:5311", "::1:5311", "unix") is
+ * the client's address, without the port: what per-address limits count. */
+size_t front_peer_host(const char *peer);
+
 /* Whether host:port is free of other processes' listeners, before the
  * loops listen there: SO_REUSEPORT would let a second daemon (of the same
  * user) bind the port too, and the kernel would split the clients between

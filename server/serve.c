@@ -232,7 +232,7 @@ static struct http_response *issue_rate_refusal(struct daemon *d, const struct s
     const char *by = "client address";
     double peer_rate = (double)cfg->limits.token_rate_peer;
     double subject_rate = (double)cfg->limits.token_rate_subject;
-    wait = rate_take(d->issued_by_peer, req->peer, admin_peer_host(req->peer), peer_rate,
+    wait = rate_take(d->issued_by_peer, req->peer, front_peer_host(req->peer), peer_rate,
                      peer_rate, now);
     if (wait == 0 && subject) {
         by = "subject";
