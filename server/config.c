@@ -863,16 +863,18 @@ static int get_bool(struct ctx *c, const yaml_node_t *n, const char *path, int *
     return 0;
 }
 
-/* A file the daemon reads (a certificate, a key, a CA): a path, checked
- * for what a path may hold; whether it reads is the TLS setup's to say. */
-static int get_file(struct ctx *c, const yaml_node_t *n, const char *path, char **dst)
+/* A path the daemon opens (what: "file" for a certificate, key or CA,
+ * "directory" for state_dir), checked for what a path may hold; whether it
+ * opens is for the part that opens it to say. */
+static int get_path(struct ctx *c, const yaml_node_t *n, const char *path, const char *what,
+                    char **dst)
 {
     const char *s;
-    if (scalar(c, n, path, "a file path", &s))
+    if (scalar(c, n, path, "a path", &s))
         return -1;
     if (!*s || strlen(s) > FS_PATH_MAX || has_control(s))
-        return fail(c, n, path, "%s: expected a file's path (at most %d bytes, no control "
-                    "characters)", quote(c, s), FS_PATH_MAX);
+        return fail(c, n, path, "%s: expected a %s's path (at most %d bytes, no control "
+                    "characters)", quote(c, s), what, FS_PATH_MAX);
     return set_string(dst, s) ? oom(c) : 0;
 }
 
@@ -898,7 +900,7 @@ static int get_tls_files(struct ctx *c, const yaml_node_t *n, const char *path, 
                             i == 0 ? "certificate chain" : "private key");
             continue;
         }
-        if (get_file(c, v, fpath, dst[i]))
+        if (get_path(c, v, fpath, "file", dst[i]))
             return -1;
     }
     return 0;
@@ -2022,18 +2024,12 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
                         "address, or a wildcard, on the same port): the JSON API gets a "
                         "listener of its own (another port, or a Unix socket)");
     }
-    if ((v = field(c, root, "state_dir"))) {
-        if (scalar(c, v, "state_dir", "a directory", &s))
-            return -1;
-        if (!*s || strlen(s) > FS_PATH_MAX || has_control(s))
-            return fail(c, v, "state_dir", "%s: expected a directory's path (at most %d "
-                        "bytes, no control characters)", quote(c, s), FS_PATH_MAX);
-        if (set_string(&cfg->state_dir, s))
-            return oom(c);
-    }
+    if ((v = field(c, root, "state_dir")) &&
+        get_path(c, v, "state_dir", "directory", &cfg->state_dir))
+        return -1;
     if ((v = field(c, root, "api_keys")) && get_api_keys(c, v, cfg))
         return -1;
-    if ((v = field(c, root, "tls_ca")) && get_file(c, v, "tls_ca", &cfg->tls_ca))
+    if ((v = field(c, root, "tls_ca")) && get_path(c, v, "tls_ca", "file", &cfg->tls_ca))
         return -1;
     if ((v = field(c, root, "storage")) && get_storage(c, v, cfg))
         return -1;
