@@ -62,11 +62,12 @@
 
 #include "idem.h"
 
-enum workload { W_TOKEN, W_LOCK, W_RECORD, W_SQLITE, W_TOKEN_CONSUME, W_COUNT_ };
+enum workload { W_TOKEN, W_LOCK, W_RECORD, W_SQLITE, W_TOKEN_CONSUME, W_TOKEN_FULL, W_COUNT_ };
 
 static const char *const workload_name[W_COUNT_] = {
     [W_TOKEN] = "token", [W_LOCK] = "lock", [W_RECORD] = "record",
     [W_SQLITE] = "sqlite-baseline", [W_TOKEN_CONSUME] = "token-consume",
+    [W_TOKEN_FULL] = "token-full",
 };
 
 #define THREADS_MAX 1024
@@ -273,6 +274,19 @@ static int op_token_spend(struct worker *w, uint64_t i)
     return check(w, "idem_token_consume", rc, out, IDEM_CONSUMED);
 }
 
+/* token-full: an issue to a new subject while the table is full of tokens
+ * that expire after the run: refused (IDEM_EFULL), which is what is timed. */
+static int op_token_refused(struct worker *w, uint64_t i)
+{
+    char subject[64], token[IDEM_TOKEN_LEN + 1];
+    subject_of(w, i, subject, sizeof subject);
+    idem_rc rc = idem_token_issue(w->run->h, subject, SCENE, w->run->cfg->token_ttl_ms, token);
+    if (rc != IDEM_EFULL)
+        return failf(w, "idem_token_issue on a full table: IDEM_%s, not IDEM_EFULL",
+                     idem_errname(rc));
+    return 0;
+}
+
 static int op_lock(struct worker *w, uint64_t i)
 {
     char key[64];
@@ -329,6 +343,7 @@ static int op_sqlite(struct worker *w, uint64_t i)
 static int (*const op_of[W_COUNT_])(struct worker *, uint64_t) = {
     [W_TOKEN] = op_token, [W_LOCK] = op_lock, [W_RECORD] = op_record,
     [W_SQLITE] = op_sqlite, [W_TOKEN_CONSUME] = op_token_issue,
+    [W_TOKEN_FULL] = op_token_refused,
 };
 
 /* Open one baseline connection: WAL, synchronous=FULL, a busy timeout long
@@ -376,7 +391,8 @@ static void *work(void *arg)
     struct worker *w = arg;
     struct run *r = w->run;
     /* Every 16th in-memory op is timed; every durable or remote one. */
-    uint64_t mask = (r->w == W_TOKEN || r->w == W_LOCK || r->w == W_TOKEN_CONSUME) &&
+    uint64_t mask = (r->w == W_TOKEN || r->w == W_LOCK || r->w == W_TOKEN_CONSUME ||
+                     r->w == W_TOKEN_FULL) &&
                             !distributed(r->cfg)
                         ? 15
                         : 0;
@@ -535,6 +551,18 @@ static void measure(const struct config *cfg, enum workload wl, unsigned nthread
     } else {
         open_handle(cfg, r);
     }
+    if (wl == W_TOKEN_FULL) {
+        /* The table filled first, one subject a token, with a TTL that
+         * outlives the run: what a client varying its subject leaves. */
+        char subject[64], token[IDEM_TOKEN_LEN + 1];
+        for (size_t i = 0; i < cfg->tokens_max; i++) {
+            snprintf(subject, sizeof subject, "filler-%zu", i);
+            idem_rc rc = idem_token_issue(r->h, subject, SCENE, 3600000, token);
+            if (rc != IDEM_OK)
+                die("token-full: filling token %zu of %zu: IDEM_%s: %s", i, cfg->tokens_max,
+                    idem_errname(rc), idem_errdetail());
+        }
+    }
 
     if (pthread_barrier_init(&r->start, NULL, nthreads + 1) != 0 ||
         pthread_barrier_init(&r->turn, NULL, nthreads + 1) != 0)
@@ -607,7 +635,8 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: idem-bench [--threads 1,8,64] [--seconds 3] [--dir DIR] [--json]\n"
-            "                  [--workloads token,lock,record,sqlite-baseline,token-consume]\n"
+            "                  [--workloads token,lock,record,sqlite-baseline,token-consume,\n"
+            "                   token-full]\n"
             "                  [--token-ttl-ms 30000] [--tokens-max 16000000]\n"
             "                  [--store embedded|distributed --redis URL --postgres URL\n"
             "                   [--pool N] [--timeout-ms MS]]\n"
@@ -720,8 +749,9 @@ int main(int argc, char **argv)
     if (distributed(&cfg)) {
         if (!cfg.redis_url || !cfg.postgres_url)
             die("--store distributed needs --redis URL and --postgres URL");
-        if (cfg.workloads[W_SQLITE] && cfg.workloads_given)
-            die("--workloads: sqlite-baseline does not apply to --store distributed");
+        if ((cfg.workloads[W_SQLITE] || cfg.workloads[W_TOKEN_FULL]) && cfg.workloads_given)
+            die("--workloads: sqlite-baseline and token-full do not apply to --store "
+                "distributed");
         cfg.workloads[W_SQLITE] = 0;
     } else if (cfg.redis_url || cfg.postgres_url || cfg.pool_size || cfg.timeout_ms) {
         die("--redis, --postgres, --pool and --timeout-ms are for --store distributed");
