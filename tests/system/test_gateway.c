@@ -2212,6 +2212,14 @@ static void test_example_config_exposes_nothing(void **state)
     snprintf(sock, sizeof sock, "%s/idem-admin.sock", dir);
     char *argv[] = {(char *)idem_bin, "serve", "-c", IDEM_SOURCE_DIR "/examples/idem.yaml",
                     "--db", db, "--listen", "127.0.0.1:0", NULL};
+    /* Started on every address as is, it refuses to: plain HTTP off
+     * loopback must be asked for in the file. */
+    char err[4096];
+    char *exposed[] = {(char *)idem_bin, "serve", "-c", IDEM_SOURCE_DIR "/examples/idem.yaml",
+                       "--db", db, "--listen", "0.0.0.0:0", NULL};
+    assert_int_equal(sys_run_fail(exposed, err, sizeof err), 2);
+    assert_non_null(strstr(err, "is not a loopback address"));
+    assert_non_null(strstr(err, "allow_plaintext: true"));
     struct proc gw;
     sys_start(&gw, argv, log);
     assert_non_null(strstr(gw.ready, "JSON API on unix:"));
