@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,6 +34,7 @@
 
 #define FILE_MAX (1024 * 1024)
 #define ROUTES_MAX 1000
+#define CONSUMERS_MAX 100
 #define API_KEYS_MAX 100
 #define API_KEY_MIN 16 /* bytes: a key shorter than that is a password, not a key */
 #define KEY_PARTS_MAX 8
@@ -236,6 +238,16 @@ void config_free(struct server_config *c)
     for (size_t i = 0; i < c->route_count; i++)
         route_free(&c->routes[i]);
     free(c->routes);
+    for (size_t i = 0; i < c->consumer_count; i++) {
+        struct consumer_config *k = &c->consumers[i];
+        route_free(&k->route);
+        free(k->url);
+        free(k->queue);
+        free(k->group);
+        free(k->body_field);
+        free(k->dead_letter);
+    }
+    free(c->consumers);
     free(c);
 }
 
@@ -1147,6 +1159,11 @@ int config_resolve(struct server_config *cfg, char *err, size_t errlen)
         if (resolve_one(cfg, &cfg->routes[i].upstream, field, err, errlen))
             return -1;
     }
+    for (size_t i = 0; i < cfg->consumer_count; i++) {
+        snprintf(field, sizeof field, "consumers[%zu].handler", i);
+        if (resolve_one(cfg, &cfg->consumers[i].route.upstream, field, err, errlen))
+            return -1;
+    }
     return cfg->has_upstream ? resolve_one(cfg, &cfg->upstream, "upstream", err, errlen) : 0;
 }
 
@@ -1254,36 +1271,63 @@ void config_fold_path(const char *path, char *out, size_t cap)
     out[o] = '\0';
 }
 
+/* One part of a key. Routes take header, json, query and path_segment;
+ * consumers (for_consumer) header, json and message_id, since a message
+ * has no path or query. */
 static int get_key_part(struct ctx *c, const yaml_node_t *n, const char *path,
-                        struct key_part *k)
+                        struct key_part *k, int for_consumer)
 {
-    /* In the order of enum key_source. */
-    static const char *const known[] = {"header", "json", "query", "path_segment"};
+    /* In the order of enum key_source, then message_id. */
+    static const char *const known[] = {"header", "json", "query", "path_segment",
+                                        "message_id"};
     const yaml_node_t *v = NULL;
     const char *s = NULL;
     char fpath[96];
-    size_t given = 0;
+    size_t given = 0, which = 0;
     if (n->type != YAML_MAPPING_NODE)
         return fail(c, n, path, "expected a mapping like { header: Idempotency-Key }"
                     ", got %s", kind_name(n));
-    if (check_fields(c, n, path, known, 4))
+    if (check_fields(c, n, path, known, 5))
         return -1;
-    for (size_t i = 0; i < 4; i++) {
+    for (size_t i = 0; i < 5; i++) {
         const yaml_node_t *x = field(c, n, known[i]);
         if (x) {
             given++;
             v = x;
-            k->source = (enum key_source)i;
+            which = i;
         }
     }
     if (given != 1)
-        return fail(c, n, path, "give exactly one of header, json, query, "
-                    "path_segment (a list of such mappings makes a composite key)");
-    join(fpath, sizeof fpath, path, known[k->source]);
+        return fail(c, n, path, for_consumer
+                    ? "give exactly one of header, json, message_id (a list of such "
+                      "mappings makes a composite key)"
+                    : "give exactly one of header, json, query, path_segment (a list "
+                      "of such mappings makes a composite key)");
+    join(fpath, sizeof fpath, path, known[which]);
+    if (which == 4 && !for_consumer)
+        return fail(c, v, fpath, "only a consumer's messages have ids; a route takes "
+                    "header, json, query or path_segment");
+    if ((which == KEY_QUERY || which == KEY_PATH_SEGMENT) && for_consumer)
+        return fail(c, v, fpath, "a message has no %s; a consumer takes header, json or "
+                    "message_id", which == KEY_QUERY ? "query" : "path");
+    if (which == 4) {
+        int yes = 0;
+        if (get_choice(c, v, fpath, "false", "true", &yes))
+            return -1;
+        if (!yes)
+            return fail(c, v, fpath, "message_id: false names no key part; say true, or "
+                        "give header or json");
+        k->source = KEY_HEADER;
+        return (k->name = strdup(CONSUMER_MESSAGE_ID_HEADER)) ? 0 : oom(c);
+    }
+    k->source = (enum key_source)which;
     switch (k->source) {
     case KEY_HEADER:
         if (get_header_name(c, v, fpath, &s))
             return -1;
+        if (for_consumer && !strcasecmp(s, CONSUMER_MESSAGE_ID_HEADER))
+            return fail(c, v, fpath, "%s is where the consumer puts the message's id: say "
+                        "message_id: true", quote(c, s));
         break;
     case KEY_JSON:
         if (get_json_field(c, v, fpath, &s))
@@ -1310,14 +1354,14 @@ static int get_key_part(struct ctx *c, const yaml_node_t *n, const char *path,
 }
 
 static int get_key(struct ctx *c, const yaml_node_t *n, const char *path,
-                   struct route *r)
+                   struct route *r, int for_consumer)
 {
     char ipath[64];
     if (n->type == YAML_MAPPING_NODE) {
         if (!(r->key = calloc(1, sizeof *r->key)))
             return oom(c);
         r->key_parts = 1;
-        return get_key_part(c, n, path, &r->key[0]);
+        return get_key_part(c, n, path, &r->key[0], for_consumer);
     }
     if (n->type != YAML_SEQUENCE_NODE)
         return fail(c, n, path, "expected a mapping like { json: refund_no } or a "
@@ -1332,7 +1376,7 @@ static int get_key(struct ctx *c, const yaml_node_t *n, const char *path,
     r->key_parts = count;
     for (size_t i = 0; i < count; i++) {
         pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (get_key_part(c, node(c, it[i]), ipath, &r->key[i]))
+        if (get_key_part(c, node(c, it[i]), ipath, &r->key[i], for_consumer))
             return -1;
     }
     return 0;
@@ -1504,7 +1548,7 @@ static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
     if (!(v = FIELD("key")))
         return fail(c, n, path, "key is required (e.g. key: { header: "
                     "Idempotency-Key })");
-    if (get_key(c, v, fpath, r))
+    if (get_key(c, v, fpath, r, 0))
         return -1;
     if ((v = FIELD("space")) && get_name(c, v, fpath, &r->space))
         return -1;
@@ -1998,11 +2042,345 @@ static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config
     return 0;
 }
 
+/* ------------------------------------------------------------------------- */
+/* Consumers: a queue or stream each, its messages handled as a route's
+ * requests are (consume.c). */
+
+/* amqp://user:pass@host... with RabbitMQ's own guest:guest, which the
+ * broker accepts from loopback only: not a secret, and the URL a newcomer
+ * copies. */
+static int guest_on_loopback(const char *url)
+{
+    static const char *const hosts[] = {"127.0.0.1", "localhost", "[::1]"};
+    const char *p = url + 7;
+    if (strncasecmp(url, "amqp://", 7) != 0 || strncmp(p, "guest:guest@", 12) != 0)
+        return 0;
+    p += 12;
+    for (size_t i = 0; i < sizeof hosts / sizeof hosts[0]; i++) {
+        size_t n = strlen(hosts[i]);
+        if (strncmp(p, hosts[i], n) == 0 && (p[n] == ':' || p[n] == '/' || !p[n]))
+            return 1;
+    }
+    return 0;
+}
+
+/* A broker's URL: written out (without a password, but guest:guest on
+ * loopback), or { env: NAME } / { file: PATH }. */
+static int get_broker_url(struct ctx *c, const yaml_node_t *n, const char *path,
+                          const char *scheme, char **dst)
+{
+    static const char *const known[] = {"env", "file"};
+    char buf[SECRET_MAX + 2];
+    const char *s = buf;
+    if (n->type == YAML_MAPPING_NODE) {
+        if (get_secret(c, n, path, known, 2, buf))
+            return -1;
+    } else {
+        if (scalar(c, n, path, "a URL", &s))
+            return -1;
+        if (strlen(s) > SECRET_MAX || has_control(s))
+            return fail(c, n, path, "not a URL (longer than %d bytes, or a control "
+                        "character)", SECRET_MAX);
+        if (config_url_has_password(s) && !guest_on_loopback(s))
+            return fail(c, n, path, "the URL holds a password: keep it out of this file "
+                        "with { env: NAME } or { file: PATH }");
+    }
+    size_t sl = strlen(scheme);
+    if (strncasecmp(s, scheme, sl) != 0 || strncmp(s + sl, "://", 3) != 0 || !s[sl + 3])
+        return fail(c, n, path, "%s is not a %s:// URL", n->type == YAML_MAPPING_NODE
+                    ? "the secret" : quote(c, s), scheme);
+    return set_string(dst, s) ? oom(c) : 0;
+}
+
+/* A queue or stream name: 1 to 255 bytes, printable, no blanks. */
+static int get_queue_name(struct ctx *c, const yaml_node_t *n, const char *path, char **dst)
+{
+    const char *s;
+    if (scalar(c, n, path, "a queue or stream name", &s))
+        return -1;
+    size_t len = strlen(s);
+    int bad = len == 0 || len > FIELD_MAX_LEN;
+    for (size_t i = 0; i < len && !bad; i++)
+        bad = (unsigned char)s[i] <= ' ' || s[i] == 0x7f;
+    if (bad)
+        return fail(c, n, path, "%s is not a queue or stream name (1 to 255 bytes, "
+                    "no blanks or control characters)", quote(c, s));
+    return set_string(dst, s) ? oom(c) : 0;
+}
+
+static int get_source(struct ctx *c, const yaml_node_t *n, const char *path,
+                      struct consumer_config *k)
+{
+    static const char *const known[] = {"amqp", "queue", "prefetch", "redis_stream",
+                                        "stream", "group", "body_field"};
+    char fpath[96];
+    const yaml_node_t *v;
+    uint64_t prefetch;
+    if (n->type != YAML_MAPPING_NODE)
+        return fail(c, n, path, "expected a mapping like { amqp: \"amqp://…\", queue: "
+                    "NAME } or { redis_stream: \"redis://…\", stream: NAME }, got %s",
+                    kind_name(n));
+    if (check_fields(c, n, path, known, sizeof known / sizeof known[0]))
+        return -1;
+    const yaml_node_t *amqp = field(c, n, "amqp"), *redis = field(c, n, "redis_stream");
+    if (!amqp == !redis)
+        return fail(c, n, path, "give exactly one of amqp: URL or redis_stream: URL");
+    k->source = amqp ? SOURCE_AMQP : SOURCE_REDIS_STREAM;
+    /* Each source's own fields; the other's are refused. */
+    const char *own = amqp ? "queue" : "stream";
+    const char *const *foreign = amqp ? (const char *const[]){"stream", "group", "body_field"}
+                                      : (const char *const[]){"queue", NULL, NULL};
+    for (int i = 0; i < 3; i++)
+        if (foreign[i] && (v = field(c, n, foreign[i]))) {
+            join(fpath, sizeof fpath, path, foreign[i]);
+            return fail(c, v, fpath, "%s belongs to %s sources", foreign[i],
+                        amqp ? "redis_stream" : "amqp");
+        }
+    join(fpath, sizeof fpath, path, amqp ? "amqp" : "redis_stream");
+    if (get_broker_url(c, amqp ? amqp : redis, fpath, amqp ? "amqp" : "redis", &k->url))
+        return -1;
+    join(fpath, sizeof fpath, path, own);
+    if (!(v = field(c, n, own)))
+        return fail(c, n, path, "%s is required", own);
+    if (get_queue_name(c, v, fpath, &k->queue))
+        return -1;
+    join(fpath, sizeof fpath, path, "prefetch");
+    if ((v = field(c, n, "prefetch"))) {
+        if (get_count(c, v, fpath, 1, 4096, &prefetch))
+            return -1;
+        k->prefetch = (size_t)prefetch;
+    }
+    join(fpath, sizeof fpath, path, "group");
+    if ((v = field(c, n, "group")) && get_name(c, v, fpath, &k->group))
+        return -1;
+    join(fpath, sizeof fpath, path, "body_field");
+    if ((v = field(c, n, "body_field")) && get_queue_name(c, v, fpath, &k->body_field))
+        return -1;
+    if (k->source == SOURCE_REDIS_STREAM &&
+        ((!k->group && set_string(&k->group, "idem")) ||
+         (!k->body_field && set_string(&k->body_field, "body"))))
+        return oom(c);
+    return 0;
+}
+
+static int get_dead_letter(struct ctx *c, const yaml_node_t *n, const char *path,
+                           struct consumer_config *k)
+{
+    static const char *const known[] = {"queue", "stream"};
+    const char *want = k->source == SOURCE_AMQP ? "queue" : "stream";
+    char fpath[96];
+    if (n->type != YAML_MAPPING_NODE)
+        return fail(c, n, path, "expected a mapping like { %s: NAME }, got %s", want,
+                    kind_name(n));
+    if (check_fields(c, n, path, known, 2))
+        return -1;
+    const yaml_node_t *v = field(c, n, want);
+    if (!v || n->data.mapping.pairs.top - n->data.mapping.pairs.start != 1)
+        return fail(c, n, path, "a %s source's dead letter is { %s: NAME }",
+                    k->source == SOURCE_AMQP ? "amqp" : "redis_stream", want);
+    join(fpath, sizeof fpath, path, want);
+    if (get_queue_name(c, v, fpath, &k->dead_letter))
+        return -1;
+    if (!strcmp(k->dead_letter, k->queue))
+        return fail(c, v, fpath, "the dead letter is the %s itself: its messages would "
+                    "come back for ever", want);
+    return 0;
+}
+
+static int get_backoff(struct ctx *c, const yaml_node_t *n, const char *path,
+                       struct consumer_config *k)
+{
+    yaml_node_item_t *it;
+    size_t count;
+    char ipath[112];
+    if (list_items(c, n, path, "a list of durations like [1s, 5s, 30s]", &it, &count))
+        return -1;
+    if (count == 0 || count > CONSUMER_BACKOFFS_MAX)
+        return fail(c, n, path, "1 to %d durations, not %zu", CONSUMER_BACKOFFS_MAX, count);
+    for (size_t i = 0; i < count; i++) {
+        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (get_duration(c, node(c, it[i]), ipath, 10, MS_HOUR, &k->backoff_ms[i]))
+            return -1;
+    }
+    k->backoff_count = count;
+    return 0;
+}
+
+static const char *const consumer_fields[] = {
+    "name",  "source",  "key",   "space",           "handler",      "lease",
+    "handler_timeout",  "max_attempts", "retry_backoff", "dead_letter", "fingerprint",
+    "retention", "replay_headers",
+};
+
+static int get_consumer(struct ctx *c, const yaml_node_t *n, const char *path,
+                        struct server_config *cfg, size_t i)
+{
+    struct consumer_config *k = &cfg->consumers[i];
+    struct route *r = &k->route;
+    char fpath[96];
+    const yaml_node_t *v;
+    uint64_t attempts;
+    if (route_defaults(r))
+        return oom(c);
+    r->upstream_timeout_ms = 10 * MS_SEC;
+    r->max_attempts = 5;
+    k->prefetch = 64;
+    k->backoff_ms[0] = MS_SEC;
+    k->backoff_ms[1] = 5 * MS_SEC;
+    k->backoff_ms[2] = 30 * MS_SEC;
+    k->backoff_count = 3;
+    k->line = (unsigned long)n->start_mark.line + 1;
+    if (n->type != YAML_MAPPING_NODE)
+        return fail(c, n, path, "expected a mapping (a consumer: name, source, key, "
+                    "handler, ...), got %s", kind_name(n));
+    if (check_fields(c, n, path, consumer_fields,
+                     sizeof consumer_fields / sizeof consumer_fields[0]))
+        return -1;
+#define FIELD(fname) (join(fpath, sizeof fpath, path, fname), field(c, n, fname))
+    if (!(v = FIELD("name")))
+        return fail(c, n, path, "name is required");
+    if (get_name(c, v, fpath, &r->name))
+        return -1;
+    /* One list of counters by name holds routes and consumers alike. */
+    for (size_t j = 0; j < cfg->route_count; j++)
+        if (!strcmp(r->name, cfg->routes[j].name))
+            return fail(c, v, fpath, "%s is already the name of routes[%zu]; route and "
+                        "consumer names must be unique", quote(c, r->name), j);
+    for (size_t j = 0; j < i; j++)
+        if (!strcmp(r->name, cfg->consumers[j].route.name))
+            return fail(c, v, fpath, "%s is already the name of consumers[%zu] (line %lu); "
+                        "names must be unique", quote(c, r->name), j,
+                        cfg->consumers[j].line);
+    if (!(v = FIELD("source")))
+        return fail(c, n, path, "source is required (e.g. source: { amqp: "
+                    "\"amqp://guest:guest@127.0.0.1:5672/%%2f\", queue: refund.result })");
+    if (get_source(c, v, fpath, k))
+        return -1;
+    if (!(v = FIELD("handler")))
+        return fail(c, n, path, "handler is required (e.g. handler: "
+                    "http://127.0.0.1:9000/mq/refund-result): each message is POSTed there");
+    if (get_upstream(c, v, fpath, &r->upstream))
+        return -1;
+    if (!(v = FIELD("key")))
+        return fail(c, n, path, "key is required (e.g. key: { json: refund_no } or "
+                    "key: { message_id: true })");
+    if (get_key(c, v, fpath, r, 1))
+        return -1;
+    if ((v = FIELD("space")) && get_name(c, v, fpath, &r->space))
+        return -1;
+    if (!r->space && set_string(&r->space, r->name))
+        return oom(c);
+    if ((v = FIELD("lease")) && get_duration(c, v, fpath, MS_SEC, MS_DAY, &r->lease_ms))
+        return -1;
+    if ((v = FIELD("handler_timeout")) &&
+        get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))
+        return -1;
+    if ((v = FIELD("retention")) &&
+        get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->retention_ms))
+        return -1;
+    if ((v = FIELD("max_attempts"))) {
+        if (get_count(c, v, fpath, 1, 1000, &attempts))
+            return -1;
+        r->max_attempts = (unsigned)attempts;
+    }
+    if ((v = FIELD("retry_backoff")) && get_backoff(c, v, fpath, k))
+        return -1;
+    if ((v = FIELD("dead_letter")) && get_dead_letter(c, v, fpath, k))
+        return -1;
+    if (!k->dead_letter) {
+        size_t len = strlen(k->queue);
+        if (len + 5 > FIELD_MAX_LEN)
+            return fail(c, n, path, "the %s's name is too long to add .dead to: give "
+                        "dead_letter", k->source == SOURCE_AMQP ? "queue" : "stream");
+        if (!(k->dead_letter = malloc(len + 6)))
+            return oom(c);
+        memcpy(k->dead_letter, k->queue, len);
+        memcpy(k->dead_letter + len, ".dead", 6);
+    }
+    if ((v = FIELD("replay_headers")) && get_replay_headers(c, v, fpath, r))
+        return -1;
+    if ((v = FIELD("fingerprint")) && get_fingerprint(c, v, fpath, r))
+        return -1;
+#undef FIELD
+    /* What a consumer's route is, whatever the file says: POST to the
+     * handler, the record layer alone (no client to hold a token; the
+     * in-process claims keep a key to one delivery at a time), an answer
+     * in flight refused (the consumer comes back to it later), a 5xx
+     * released so that the next attempt runs. */
+    if (set_string(&r->method, "POST") || set_string(&r->path, "") ||
+        set_string(&r->token_scene, r->name))
+        return oom(c);
+    return 0;
+}
+
+/* A space a route and a consumer share must build its keys one way, and
+ * their fingerprints must agree: one payment's callback and its message
+ * are one request. */
+static int check_shared_space(struct ctx *c, const yaml_node_t *n, const char *path,
+                              const struct server_config *cfg, const struct route *r)
+{
+    for (size_t j = 0; j < cfg->route_count; j++) {
+        const struct route *o = &cfg->routes[j];
+        char fpath[96];
+        if (strcmp(o->space, r->space) != 0)
+            continue;
+        join(fpath, sizeof fpath, path, "space");
+        if (o->scope_subject || o->key_parts != r->key_parts)
+            return fail(c, n, fpath, "\"%s\", as routes[%zu] (%s, %zu key part%s) and this "
+                        "consumer (global, %zu key part%s): one space's keys are built one "
+                        "way; give them one key shape, or spaces of their own",
+                        r->space, j, o->scope_subject ? "scope: subject" : "scope: global",
+                        o->key_parts, o->key_parts == 1 ? "" : "s", r->key_parts,
+                        r->key_parts == 1 ? "" : "s");
+        if (o->fingerprint == FINGERPRINT_BODY || r->fingerprint == FINGERPRINT_BODY)
+            return fail(c, n, fpath, "\"%s\", as routes[%zu]: a route's fingerprint: body "
+                        "covers its method and path, which a message has not, so the two "
+                        "would never agree (422); give both fingerprint: none or the same "
+                        "list of JSON fields", r->space, j);
+    }
+    return 0;
+}
+
+static int get_consumers(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+{
+    yaml_node_item_t *it = NULL;
+    size_t count = 0;
+    char path[40];
+    if (list_items(c, n, "consumers", "a list of consumers", &it, &count))
+        return -1;
+    if (count > CONSUMERS_MAX)
+        return fail(c, n, "consumers", "%zu consumers; at most %d", count, CONSUMERS_MAX);
+    if (count == 0)
+        return 0;
+    if (!(cfg->consumers = calloc(count, sizeof *cfg->consumers)))
+        return oom(c);
+    cfg->consumer_count = count;
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *kn = node(c, it[i]);
+        pathf(path, sizeof path, "consumers[%zu]", i);
+        if (get_consumer(c, kn, path, cfg, i) ||
+            check_shared_space(c, kn, path, cfg, &cfg->consumers[i].route))
+            return -1;
+        for (size_t j = 0; j < i; j++) {
+            const struct route *a = &cfg->consumers[i].route, *b = &cfg->consumers[j].route;
+            char fpath[64];
+            if (strcmp(a->space, b->space) != 0 || a->key_parts == b->key_parts)
+                continue;
+            join(fpath, sizeof fpath, path, "space");
+            return fail(c, kn, fpath, "\"%s\", as consumers[%zu], with %zu key parts there "
+                        "and %zu here: one space's keys are built one way", a->space, j,
+                        b->key_parts, a->key_parts);
+        }
+    }
+    return 0;
+}
+
 static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config *cfg)
 {
     static const char *const known[] = {"listen", "admin_listen", "api_keys", "state_dir",
                                         "tls_ca", "storage", "subject_header", "upstream",
-                                        "workers", "event_loops", "limits", "routes"};
+                                        "workers", "event_loops", "limits", "routes",
+                                        "consumers"};
     const yaml_node_t *v;
     const char *s;
     uint64_t workers, loops;
@@ -2057,6 +2435,8 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
     if ((v = field(c, root, "limits")) && get_limits(c, v, &cfg->limits))
         return -1;
     if ((v = field(c, root, "routes")) && get_routes(c, v, cfg))
+        return -1;
+    if ((v = field(c, root, "consumers")) && get_consumers(c, v, cfg))
         return -1;
     return 0;
 }

@@ -17,6 +17,12 @@ enum key_source {
     KEY_PATH_SEGMENT, /* { path_segment: 2 }  (1-based: /refunds/R-1 -> 2 is R-1) */
 };
 
+/* A consumer's { message_id: true }: the message's id, which the consumer
+ * puts in this header of the request it hands the gateway (and of its POST
+ * to the handler), in place of any the message carried. */
+#define CONSUMER_MESSAGE_ID_HEADER "Idem-Message-Id"
+
+
 struct key_part {
     enum key_source source;
     char *name;  /* header, JSON field or query parameter */
@@ -84,6 +90,39 @@ struct route {
                                  retention, at most a day, until an operator finishes
                                  it) or expire
                                  (0, default: retries run once the lease ends) */
+    /* A consumer's route (consumer.route): its handler is the upstream,
+     * and each claim is an attempt — the record's epoch counts them (see
+     * gateway.c, "attempts"). 0 on the routes of routes:. */
+    unsigned max_attempts;
+};
+
+enum consumer_source {
+    SOURCE_AMQP,         /* { amqp: URL, queue: NAME, prefetch: N } */
+    SOURCE_REDIS_STREAM, /* { redis_stream: URL, stream: NAME, group: NAME } */
+};
+
+#define CONSUMER_BACKOFFS_MAX 16
+
+/* consumers[i]: a queue or stream whose messages go to a handler once
+ * each, through the gateway's steps (consume.c). */
+struct consumer_config {
+    char *name;
+    enum consumer_source source;
+    char *url;               /* amqp://… or redis://…; a password only from env: or
+                                file:, or RabbitMQ's loopback-only guest:guest */
+    char *queue;             /* the AMQP queue, or the Redis stream */
+    char *group;             /* Redis: the consumer group (default idem) */
+    char *body_field;        /* Redis: the entry's field holding the body (body) */
+    size_t prefetch;         /* messages handled at once; default 64 */
+    char *dead_letter;       /* the queue (stream) given up messages go to;
+                                default: the queue's name and .dead */
+    int64_t backoff_ms[CONSUMER_BACKOFFS_MAX]; /* retry_backoff; the last repeats */
+    size_t backoff_count;
+    /* name, handler (the upstream), key, space, lease, handler_timeout
+     * (upstream_timeout), retention, fingerprint, max_attempts; the record
+     * layer only. */
+    struct route route;
+    unsigned long line;
 };
 
 struct server_limits {
@@ -151,6 +190,8 @@ struct server_config {
     struct server_limits limits;
     struct route *routes;
     size_t route_count;
+    struct consumer_config *consumers;
+    size_t consumer_count;
 };
 
 /* Parse and check the YAML file at path. On success returns 0 and *out; on
