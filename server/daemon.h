@@ -101,6 +101,7 @@ struct daemon {
      * caches drop what they kept before it. */
     atomic_ulong replay_gen;
     atomic_ulong passthrough;  /* requests on no route: proxied untouched */
+    struct consumers *consumers; /* consumers: (consume.h), set before any request */
     /* The gateway's last record write failed (and none has worked since):
      * reads may still work (a full disk, a store gone read-only), so the
      * health check then tries a write of its own. */
@@ -122,6 +123,28 @@ struct daemon {
 
 struct gw;
 
+/* What became of a gateway request (front_request.outcome), as the
+ * consumers act on it and the counters see it. */
+enum gw_outcome {
+    GW_UNDECIDED = 0,     /* answered before a verdict (503 for want of memory, a
+                             shutdown): nothing is known to have happened */
+    GW_EXECUTED,          /* executed under its claim, its answer durably kept */
+    GW_RELEASED,          /* not executed, or failed retryably: its claim released,
+                             a retry executes (attempt says which this was) */
+    GW_REPLAYED,          /* finished before: its stored answer */
+    GW_IN_FLIGHT,         /* another request holds the key: 409 */
+    GW_MISMATCH,          /* the key was used with another payload: 422 */
+    GW_TOKEN_REFUSED,     /* the token layer said no: 409 or 428 */
+    GW_KEY_INVALID,       /* no usable key, subject or fingerprint: 400
+                             (front_request.outcome_type says which) */
+    GW_STORE_UNAVAILABLE, /* a store call failed: 503, nothing executed */
+    GW_OUTCOME_UNKNOWN,   /* sent, and no answer kept: the record stays PROCESSING
+                             until its lease ends */
+    GW_HELD,              /* held for an operator (on_unknown_outcome: hold) */
+    GW_EXHAUSTED,         /* a consumer's message claimed past its max_attempts:
+                             not sent again, the record failed for good */
+};
+
 struct live_config *daemon_config_get(struct daemon *d);
 /* The sum over every route of the counter at offset field of struct
  * daemon_counters (offsetof). */
@@ -136,6 +159,8 @@ static inline unsigned long daemon_counter(const struct daemon_counters *n, size
  * cfg is live. */
 void daemon_attach_counters(struct daemon *d, struct server_config *cfg);
 void daemon_config_put(struct live_config *lc);
+/* Another reference to lc (one the caller holds). */
+struct live_config *daemon_config_ref(struct live_config *lc);
 
 /* Answer req with r (NULL: 503) before anything else holds the request,
  * and drop the configuration reference taken for it. */

@@ -125,6 +125,7 @@ struct front {
     struct front_request *done_head;
     size_t in_flight;               /* this loop's requests being handled */
 
+    struct front_request *injected; /* front_inject()'s, not answered yet */
     size_t nconns;            /* this loop's connections */
     struct front_counts own_counts;
     struct front_counts *counts; /* all loops': what the limits count */
@@ -327,7 +328,7 @@ int front_closing(const struct front_request *req)
 int front_can_answer_raw(const struct front_request *req)
 {
     const struct conn *c = req->conn;
-    return c->state == HANDLING && !c->head_request && keeps_open(c);
+    return c && c->state == HANDLING && !c->head_request && keeps_open(c);
 }
 
 /* The handler is done with req: it no longer counts as in flight. */
@@ -380,9 +381,64 @@ static void answer_at_close(struct conn *c, struct http_response *r)
     free(bytes);
 }
 
+static void unlink_injected(struct front_request *req)
+{
+    struct front *f = req->front;
+    if (req->inj_prev)
+        req->inj_prev->inj_next = req->inj_next;
+    else
+        f->injected = req->inj_next;
+    if (req->inj_next)
+        req->inj_next->inj_prev = req->inj_prev;
+}
+
+struct front_request *front_inject(struct front *f, struct http_msg *msg,
+                                   front_step_fn answered, void *owner)
+{
+    struct front_request *req = f->draining || f->closing ? NULL : calloc(1, sizeof *req);
+    if (!req) {
+        http_msg_free(msg);
+        return NULL;
+    }
+    req->msg = msg;
+    req->front = f;
+    req->loop_ctx = f->loop_ctx;
+    req->answered = answered;
+    req->owner = owner;
+    req->inj_next = f->injected;
+    if (f->injected)
+        f->injected->inj_prev = req;
+    f->injected = req;
+    pthread_mutex_lock(&f->mu);
+    f->in_flight++;
+    pthread_mutex_unlock(&f->mu);
+    return req;
+}
+
+static void answer_injected(struct front_request *req)
+{
+    struct front *f = req->front;
+    pthread_mutex_lock(&f->mu);
+    f->in_flight--;
+    int idle = f->draining && f->in_flight == 0 && !f->done_head;
+    pthread_mutex_unlock(&f->mu);
+    unlink_injected(req);
+    req->on_abort = NULL;
+    req->answered(req);
+    http_msg_free(req->msg);
+    response_free(req->resp);
+    free(req);
+    if (idle)
+        event_active(f->drain_ev, EV_TIMEOUT, 0);
+}
+
 void front_answer(struct front_request *req)
 {
     struct conn *c = req->conn;
+    if (!c) {
+        answer_injected(req);
+        return;
+    }
     handled(req);
     if (c->state == ORPHANED || c->f->closing) {
         if (c->state != ORPHANED)
@@ -1111,6 +1167,14 @@ void front_abort_parked(struct front *f)
             abort(&c->req); /* ends with front_answer(), which may free c */
         }
     }
+    for (struct front_request *req = f->injected, *next; req; req = next) {
+        next = req->inj_next;
+        if (req->on_abort) {
+            front_step_fn abort = req->on_abort;
+            req->on_abort = NULL;
+            abort(req); /* ends with front_answer(), which frees req */
+        }
+    }
 }
 
 void front_free(struct front *f)
@@ -1124,6 +1188,13 @@ void front_free(struct front *f)
     /* Anything still HANDLING now has nobody left to answer it. */
     while (f->conns)
         conn_free(f->conns);
+    while (f->injected) {
+        struct front_request *req = f->injected;
+        unlink_injected(req);
+        http_msg_free(req->msg);
+        response_free(req->resp);
+        free(req);
+    }
     if (f->listener)
         evconnlistener_free(f->listener);
     if (f->admin_listener)

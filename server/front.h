@@ -36,6 +36,18 @@ struct front_request {
      * (an upstream exchange, a timer): called instead of a step if the loop
      * is torn down first, to free what those events hold. */
     front_step_fn on_abort;
+    /* What the handler made of it, for whoever reads the answer besides
+     * the client (a consumer; counters): one of enum gw_outcome (daemon.h),
+     * and for a claim the attempt it was and its epoch. */
+    int outcome;
+    const char *outcome_type;   /* GW_KEY_INVALID: the problem's type, static */
+    unsigned attempt;
+    uint64_t epoch;
+    /* A request the daemon made itself (front_inject): no connection, and
+     * its answer goes to answered, on the loop, instead of a client. */
+    front_step_fn answered;
+    void *owner;                /* answered's */
+    struct front_request *inj_prev, *inj_next; /* private to front.c */
     front_step_fn resume_with;  /* private to front.c */
     front_step_fn worker_step;  /* private to front.c */
     struct conn *conn;          /* private to front.c */
@@ -59,6 +71,16 @@ void front_answer(struct front_request *req);
  * the request is gone after this call. */
 int front_can_answer_raw(const struct front_request *req);
 void front_answer_raw(struct front_request *req, const void *bytes, size_t len);
+
+/* A request made on the loop by the daemon itself (a consumer's message),
+ * with no connection: msg is taken over, peer is "" (nothing to forward
+ * as X-Forwarded-For). It counts as in flight on f (front_drain waits for
+ * it) but not against the listeners' limits. Hand it to a handler as the
+ * front would; its front_answer() calls answered(req), which reads
+ * req->resp (the front frees it, the message and req after). NULL when f
+ * drains or on OOM (msg is freed). Loop thread only. */
+struct front_request *front_inject(struct front *f, struct http_msg *msg,
+                                   front_step_fn answered, void *owner);
 
 /* Run step on req's loop thread, from any thread (a store's callback, a
  * worker). */

@@ -78,6 +78,9 @@
 /* A gateway counter: the route's (the daemon's totals are their sums). */
 #define COUNT(rt, field) atomic_fetch_add(&(rt)->n->field, 1)
 
+/* The verdict a request's answer carries (enum gw_outcome). */
+#define VERDICT(g, v) ((g)->req->outcome = (v))
+
 struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what)
 {
     if (rc == IDEM_EINVAL || rc == IDEM_ETOOBIG)
@@ -141,6 +144,7 @@ struct gw {
     idem_record rec;
 
     uint64_t epoch;            /* our claim, from begin */
+    unsigned attempt;          /* which claim of the key this is (see "attempts") */
     int forwarded;             /* the upstream may have it */
     struct event *timer;       /* a wait; lease ticks while forwarding (in g's block) */
     int timer_ticks;
@@ -291,15 +295,18 @@ static void abandon(struct gw *g)
      * client told the real outcome has no reason to retry into that. */
     int executed = g->finish == FINISH_COMPLETE || g->finish == FINISH_FAIL_FINAL ||
                    g->finish == FINISH_HOLD;
-    if (g->out && g->step == do_finish && g->rc != IDEM_OK && executed)
+    if (g->out && g->step == do_finish && g->rc != IDEM_OK && executed) {
+        VERDICT(g, GW_OUTCOME_UNKNOWN); /* executed, and not kept */
         daemon_log("%s/%s: stopping before its answer was kept (%u failed tries): the record "
                    "stays PROCESSING until its lease ends, and a retry then executes again",
                    g->rt->space, g->key, g->tries);
+    }
     if (g->out && (g->step != do_finish || g->rc == IDEM_OK || executed)) {
         answer(g);
         return;
     }
     response_free(g->out);
+    VERDICT(g, g->forwarded ? GW_OUTCOME_UNKNOWN : GW_UNDECIDED);
     if (g->forwarded)
         g->out = problem(504, "outcome_unknown",
                          "the server stopped while the upstream had the request; it may have "
@@ -509,8 +516,10 @@ static long retry_after_s(const idem_record *rec, int64_t lease_ms)
     return left <= 1000 ? 1 : (long)((left + 999) / 1000);
 }
 
-static struct http_response *in_flight(const char *what, const idem_record *rec, int64_t lease_ms)
+static struct http_response *in_flight(struct gw *g, const char *what, const idem_record *rec,
+                                       int64_t lease_ms)
 {
+    VERDICT(g, GW_IN_FLIGHT);
     struct http_response *r =
         problem(409, "request_in_flight",
                 "a request with this idempotency key is being processed (%s); retry later",
@@ -558,6 +567,7 @@ static void keep_answer(struct gw *g, const uint8_t *fp, const void *stored, siz
 /* Replay a finished record read from the store, and keep its answer. */
 static struct http_response *replay(struct gw *g, const idem_record *rec)
 {
+    VERDICT(g, GW_REPLAYED);
     struct http_response *r = decode_replay(rec->result, rec->result_len);
     if (r)
         keep_answer(g, rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
@@ -622,6 +632,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
 static void after_token(struct gw *g)
 {
     if (g->rc == IDEM_EINVAL) {
+        VERDICT(g, GW_TOKEN_REFUSED);
         g->out = problem(409, "token_spent",
                          "the Idem-Token is not a valid token; refresh the page and retry");
         answer(g);
@@ -630,6 +641,7 @@ static void after_token(struct gw *g)
     if (g->rc != IDEM_OK) {
         if (!skip_kv_layer(g, "the token layer")) {
             COUNT(g->rt, store_errors);
+            VERDICT(g, GW_STORE_UNAVAILABLE);
             g->out = problem_from_rc(g->rc, g->detail, "consuming the token");
             answer(g);
             return;
@@ -639,6 +651,7 @@ static void after_token(struct gw *g)
     } else if (g->o == IDEM_ALREADY_CONSUMED && strcmp(g->spent, g->key) == 0) {
         g->token_rode = 1; /* a late retry: the record decides */
     } else {
+        VERDICT(g, GW_TOKEN_REFUSED);
         g->out = problem(409, "token_spent",
                          "this form was already submitted, or its token expired: "
                          "refresh and retry");
@@ -662,7 +675,7 @@ static void after_busy_get(struct gw *g)
         /* The token stays spent on this key, as with the record's 409: a
          * retry with it and the key goes on to the record (finish_record
          * says why it is not given back). */
-        g->out = in_flight("its lock is held", rec, g->rt->lease_ms);
+        g->out = in_flight(g, "its lock is held", rec, g->rt->lease_ms);
         finish(g);
         return;
     }
@@ -680,6 +693,7 @@ static void after_lock(struct gw *g)
     }
     if (g->rc != IDEM_OK) {
         COUNT(g->rt, store_errors);
+        VERDICT(g, GW_STORE_UNAVAILABLE);
         g->out = problem_from_rc(g->rc, g->detail, "taking the business-key lock");
         finish(g); /* the token stays spent on the key: see finish_record */
         return;
@@ -716,7 +730,7 @@ static void in_flight_elsewhere(struct gw *g, const char *why, const idem_record
 {
     if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
         COUNT(g->rt, in_flight_409);
-        g->out = in_flight(why, rec, g->rt->lease_ms);
+        g->out = in_flight(g, why, rec, g->rt->lease_ms);
         finish(g);
         return;
     }
@@ -745,11 +759,13 @@ static void after_reconsume(struct gw *g)
         return;
     }
     if (g->rc == IDEM_OK || g->rc == IDEM_EINVAL) {
+        VERDICT(g, GW_TOKEN_REFUSED);
         g->out = problem(409, "token_spent",
                          "this form's token was given back and then spent on another request, "
                          "or it expired: refresh and retry");
     } else {
         COUNT(g->rt, store_errors);
+        VERDICT(g, GW_STORE_UNAVAILABLE);
         g->out = problem_from_rc(g->rc, g->detail, "consuming the token");
     }
     finish_record(g, FINISH_FAIL_RETRYABLE); /* not executed: release the claim */
@@ -759,6 +775,7 @@ static void after_reconsume(struct gw *g)
 static void key_reused(struct gw *g)
 {
     COUNT(g->rt, mismatches);
+    VERDICT(g, GW_MISMATCH);
     g->out = problem(422, "key_reused",
                      "the idempotency key %s was already used with another payload", g->key);
     finish(g); /* the token stays spent on the key: see finish_record */
@@ -787,6 +804,7 @@ static void hold_abandoned(struct gw *g)
     g->epoch = g->rec.epoch;
     idem_record_clear(&g->rec);
     COUNT(rt, in_flight_409);
+    VERDICT(g, GW_HELD);
     daemon_log("%s/%s: a claim whose lease ran out, its outcome unknown, is held at epoch "
                "%" PRIu64 " for %" PRId64 " ms (on_unknown_outcome: hold): an operator "
                "finishes it through the JSON API",
@@ -803,10 +821,47 @@ static void hold_abandoned(struct gw *g)
     finish_record(g, FINISH_HOLD);
 }
 
+/* ---- attempts ----
+ *
+ * A consumer's message is tried at most max_attempts times, however often
+ * it is delivered and however often Idem restarts meanwhile: the count is
+ * the record's, since every claim of a key moves its epoch on by one, from
+ * the clock at its creation (created_ms). A claim past max_attempts is not
+ * sent: the record fails for good with attempts_exhausted, and the
+ * consumer dead-letters the message. A claim that is the last attempt
+ * keeps whatever the handler answers, so that no later delivery sends it
+ * again. On the routes of routes: (max_attempts 0) nothing is counted. */
+
+static unsigned attempt_of(const idem_record *rec)
+{
+    uint64_t first = rec->created_ms > 0 ? (uint64_t)rec->created_ms : rec->epoch;
+    uint64_t n = rec->epoch >= first ? rec->epoch - first + 1 : 1;
+    return n > UINT32_MAX ? UINT32_MAX : (unsigned)n;
+}
+
+static void exhausted(struct gw *g)
+{
+    VERDICT(g, GW_EXHAUSTED);
+    g->out = problem(502, "attempts_exhausted",
+                     "claim %u of this key, and max_attempts is %u: it is not sent to the "
+                     "handler again",
+                     g->attempt, g->rt->max_attempts);
+    g->stored = g->out ? stored_encode_response(g->out, &g->stored_len) : NULL;
+    finish_record(g, g->stored ? FINISH_FAIL_FINAL : FINISH_NONE);
+}
+
+/* A consumer's handler answered status: is it worth another attempt? A
+ * 5xx, 408 and 429 are; any other answer is the handler's last word. */
+static int consumer_retries(int status)
+{
+    return status >= 500 || status == 408 || status == 429;
+}
+
 static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
         COUNT(g->rt, store_errors);
+        VERDICT(g, GW_STORE_UNAVAILABLE);
         daemon_write_failed(g->d, g->rc);
         g->out = problem_from_rc(g->rc, g->detail, "claiming the record");
         finish(g); /* the token stays spent on the key: see finish_record */
@@ -826,7 +881,14 @@ static void after_begin(struct gw *g)
         /* fall through */
     case IDEM_NEW:
         g->epoch = g->rec.epoch;
+        g->attempt = attempt_of(&g->rec);
+        g->req->epoch = g->epoch;
+        g->req->attempt = g->attempt;
         idem_record_clear(&g->rec);
+        if (g->rt->max_attempts && g->attempt > g->rt->max_attempts) {
+            exhausted(g);
+            return;
+        }
         if (g->token_rode) {
             kv_step(g, do_token, after_reconsume);
             return;
@@ -1043,6 +1105,12 @@ static void after_finish(struct gw *g)
     if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE)
         /* Durable and final: duplicates from now on are answered with it. */
         keep_answer(g, g->has_fp ? g->fp : NULL, g->stored, g->stored_len);
+    if (g->req->outcome == GW_UNDECIDED)
+        VERDICT(g, g->finish == FINISH_FAIL_RETRYABLE      ? GW_RELEASED
+                   : g->rc != IDEM_OK                      ? GW_OUTCOME_UNKNOWN
+                   : g->o == IDEM_CONFLICT                 ? GW_IN_FLIGHT
+                   : g->finish == FINISH_HOLD              ? GW_HELD
+                                                           : GW_EXECUTED);
     if (g->rc != IDEM_OK) {
         daemon_log("%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
                    idem_strerror(g->rc), g->detail);
@@ -1153,9 +1221,14 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     g->req->on_abort = NULL;
     evtimer_del(g->timer);
     switch (ur) {
-    case UPSTREAM_OK:
+    case UPSTREAM_OK: {
+        /* A consumer's last attempt keeps what it got (see "attempts"). */
+        int last = rt->max_attempts && g->attempt >= rt->max_attempts;
+        int retry = rt->max_attempts ? consumer_retries(resp->status) && !last
+                                     : resp->status >= 500 && !rt->on_5xx_store;
+        int ok = rt->max_attempts ? resp->status < 400 : resp->status < 500;
         g->out = from_upstream(resp, strcmp(g->req->msg->method, "HEAD") == 0);
-        if (resp->status >= 500 && !rt->on_5xx_store) {
+        if (retry) {
             finish_record(g, FINISH_FAIL_RETRYABLE);
             break;
         }
@@ -1163,6 +1236,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         if (!g->stored) {
             /* Executed, and we cannot keep its answer: keep the claim
              * (PROCESSING) rather than let a retry run it again. */
+            VERDICT(g, GW_OUTCOME_UNKNOWN);
             response_free(g->out);
             g->out = NULL;
             finish_record(g, FINISH_NONE);
@@ -1170,17 +1244,24 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
             finish_too_big(g, "its body and the headers to keep come to more than "
                               "response_max and 64 KiB");
         } else {
-            finish_record(g, resp->status >= 500 ? FINISH_FAIL_FINAL : FINISH_COMPLETE);
+            finish_record(g, ok ? FINISH_COMPLETE : FINISH_FAIL_FINAL);
         }
         break;
+    }
     case UPSTREAM_NOT_SENT:
         g->out = problem(502, "upstream_unreachable",
                          "%s; the request was not executed and may be retried", detail);
+        if (rt->max_attempts && g->attempt >= rt->max_attempts && g->out &&
+            (g->stored = stored_encode_response(g->out, &g->stored_len)) != NULL) {
+            finish_record(g, FINISH_FAIL_FINAL); /* its last attempt */
+            break;
+        }
         finish_record(g, FINISH_FAIL_RETRYABLE);
         break;
     case UPSTREAM_TIMEOUT:
     case UPSTREAM_UNKNOWN:
         COUNT(g->rt, upstream_unknown);
+        VERDICT(g, rt->unknown_hold ? GW_HELD : GW_OUTCOME_UNKNOWN);
         if (rt->unknown_hold) {
             g->out = problem(504, "outcome_unknown",
                              "%s; the request may have been executed. Its record is held "
@@ -1215,13 +1296,17 @@ static void forward(struct gw *g)
     o = put_str(put(key_hdr, "Idem-Key: ", 10), rt->space);
     *o++ = '/';
     *put_str(o, g->key) = '\0';
-    const char *extra[] = {epoch_hdr, key_hdr, NULL};
+    char attempt_hdr[32];
+    o = put(attempt_hdr, "Idem-Attempt: ", 14);
+    *put_uint(o, g->attempt) = '\0';
+    /* Only a consumer's claims are counted (see "attempts"). */
+    const char *extra[] = {epoch_hdr, key_hdr, rt->max_attempts ? attempt_hdr : NULL, NULL};
     struct upstream_request rq = {
         .method = m->method,
         .base_path = rt->upstream.base_path,
         .target = m->target,
         .original = m,
-        .peer = g->req->peer,
+        .peer = g->req->peer[0] ? g->req->peer : NULL,
         .extra = extra,
         .timeout_ms = rt->upstream_timeout_ms,
         .response_max = g->lc->c->limits.response_max,
@@ -1286,6 +1371,7 @@ static int answer_kept(struct daemon *d, struct live_config *lc, const struct ro
     struct replay_kept kept;
     if (!replay_cache_get(loop->replays, rt->space, key, fp, mono_ms(), gen, &kept))
         return 0;
+    req->outcome = GW_REPLAYED;
     int raw = front_can_answer_raw(req);
     struct http_response *r = NULL;
     if (!kept.wire_len || !raw)
@@ -1328,10 +1414,14 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     else
         status = request_key(rt, m, subject, key, &type, detail, sizeof detail);
     if (status) {
+        req->outcome = GW_KEY_INVALID;
+        req->outcome_type = type;
         answer_early(lc, rt, req, problem(status, type, "%s", detail), t0);
         return;
     }
     if ((status = request_fingerprint(rt, m, fp, &has_fp, detail, sizeof detail)) != 0) {
+        req->outcome = status == 400 ? GW_KEY_INVALID : GW_UNDECIDED;
+        req->outcome_type = "fingerprint_unavailable";
         answer_early(lc, rt, req, problem(status, "fingerprint_unavailable", "%s", detail), t0);
         return;
     }
@@ -1394,6 +1484,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     }
     g->token = http_msg_header(m, "Idem-Token");
     if (!g->token || !*g->token) {
+        VERDICT(g, GW_TOKEN_REFUSED);
         g->out = problem(428, "token_missing",
                          "route %s needs a one-time token in the Idem-Token header "
                          "(POST /_idem/v1/tokens issues one for scene %s)",

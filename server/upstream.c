@@ -159,7 +159,8 @@ static void connect_failed(const char *host, int port, int err, char *detail, si
 }
 
 /* Headers a client may send that never reach the upstream: Idem's own
- * (Idem-Key and Idem-Epoch are set by the gateway alone, so that an
+ * (Idem-Key, Idem-Epoch and a consumer's Idem-Attempt are set by the
+ * gateway alone, so that an
  * upstream fencing on them cannot be handed a client's forgery; the
  * one-time token is spent here) and Expect, which Idem answers itself
  * (the body is forwarded whole, with its length). Spelt with '_' too
@@ -170,6 +171,7 @@ static int not_forwarded(const char *name, size_t len)
     case 6: return http_name_alike(name, "expect");
     case 8: return http_name_alike(name, "idem-key");
     case 10: return http_name_alike(name, "idem-epoch") || http_name_alike(name, "idem-token");
+    case 12: return http_name_alike(name, "idem-attempt");
     }
     return 0;
 }
