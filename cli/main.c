@@ -21,6 +21,7 @@ static void usage(FILE *out)
             "\n"
             "commands:\n"
             "  serve      run the daemon: the idempotency gateway and the JSON API\n"
+            "  consume    run only the configuration's message consumers\n"
             "  verify     prove an HTTP write endpoint is idempotent: duplicate storms\n"
             "  version    print the version\n"
             "  help       this text\n"
@@ -44,6 +45,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "serve") == 0)
         return serve_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "consume") == 0)
+        return consume_main(argc - 1, argv + 1);
     if (strcmp(cmd, "verify") == 0)
         return verify_main(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {

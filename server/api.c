@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "consume.h"
 #include "daemon.h"
 #include "mono.h"
 #include "request_key.h"
@@ -286,16 +287,28 @@ static struct http_response *health(struct daemon *d, int admin)
             daemon_write_failed(d, wr);
         }
     }
+    size_t down = 0, nk = consumers_count(d->consumers);
+    json_t *consumers = json_object();
+    for (size_t k = 0; k < nk; k++) {
+        int up = atomic_load(&consumers_counters(d->consumers, k)->connected);
+        down += !up;
+        json_object_set_new(consumers, consumers_name(d->consumers, k),
+                            json_string(up ? "connected" : "disconnected"));
+    }
+    /* A consumer without its broker takes nothing: degraded, as Redis
+     * down is; the gateway still serves. */
     const char *status = rc != IDEM_OK || wr != IDEM_OK ? "store_unavailable"
-                         : kv != IDEM_OK                ? "degraded"
+                         : kv != IDEM_OK || down        ? "degraded"
                                                         : "ok";
     int code = rc == IDEM_OK && wr == IDEM_OK ? 200 : 503;
-    if (!admin)
+    if (!admin) {
+        json_decref(consumers);
         return json_response(code, json_pack("{s:s, s:s, s:s}", "status", status, "records",
                                              rc == IDEM_OK && wr == IDEM_OK ? "ok"
                                                                             : "unavailable",
                                              "tokens_and_locks",
                                              kv == IDEM_OK ? "ok" : "unavailable"));
+    }
     idem_get_stats(d->h, &st);
     idem_commit_times ct;
     idem_get_commit_times(d->h, &ct);
@@ -315,6 +328,10 @@ static struct http_response *health(struct daemon *d, int admin)
         "store_errors", TOTAL(d, store_errors), "upstream_unknown", TOTAL(d, upstream_unknown),
         "passthrough", (json_int_t)atomic_load(&d->passthrough), "redis_down_skips",
         TOTAL(d, redis_down_skips), "answers_not_kept", (json_int_t)atomic_load(&d->unkept_count));
+    if (j)
+        json_object_set_new(j, "consumers", consumers);
+    else
+        json_decref(consumers);
     return json_response(code, j);
 }
 
@@ -353,6 +370,62 @@ static void add_histogram(char *buf, size_t cap, size_t *n, const char *name, co
     add(buf, cap, n, "%s_sum%s%s%s %llu.%06llu\n%s_count%s%s%s %llu\n", name, open, labels, close,
         (unsigned long long)(sum_us / 1000000), (unsigned long long)(sum_us % 1000000), name, open,
         labels, close, (unsigned long long)total);
+}
+
+/* The consumers' counters (label consumer), in /metrics. */
+static void add_consumer_metrics(struct daemon *d, char *buf, size_t cap, size_t *n)
+{
+    static const struct {
+        const char *name, *type, *help;
+        size_t field; /* in struct consumer_counters */
+    } per[] = {
+        {"idem_consumer_received_total", "counter", "Messages delivered by the broker.",
+         offsetof(struct consumer_counters, received)},
+        {"idem_consumer_executed_total", "counter",
+         "Messages the handler answered 2xx, kept, then acked.",
+         offsetof(struct consumer_counters, executed)},
+        {"idem_consumer_duplicates_total", "counter",
+         "Messages whose key was finished before (by a delivery, a consumer or a route), "
+         "acked without a handler call.",
+         offsetof(struct consumer_counters, duplicates)},
+        {"idem_consumer_retried_total", "counter",
+         "Attempts that failed (5xx, 408, 429, refused, timed out) and are tried again after "
+         "the backoff.",
+         offsetof(struct consumer_counters, retried)},
+        {"idem_consumer_dead_lettered_total", "counter",
+         "Messages put on the dead letter (with x-idem-reason), then acked.",
+         offsetof(struct consumer_counters, dead_lettered)},
+        {"idem_consumer_alerts_total", "counter",
+         "Keys reused with another payload (dead-lettered key_reused): alert on any.",
+         offsetof(struct consumer_counters, alerts)},
+        {"idem_consumer_store_waits_total", "counter",
+         "Messages held back because the store failed (nothing acked meanwhile).",
+         offsetof(struct consumer_counters, store_waits)},
+        {"idem_consumer_reconnects_total", "counter", "Broker connections lost.",
+         offsetof(struct consumer_counters, reconnects)},
+        {"idem_consumer_in_flight", "gauge",
+         "Messages held now, unacked: being handled, or waiting to be tried again.",
+         offsetof(struct consumer_counters, in_flight)},
+    };
+    size_t count = consumers_count(d->consumers);
+    if (!count)
+        return;
+    for (size_t i = 0; i < sizeof per / sizeof per[0]; i++) {
+        add(buf, cap, n, "# HELP %s %s\n# TYPE %s %s\n", per[i].name, per[i].help, per[i].name,
+            per[i].type);
+        for (size_t k = 0; k < count; k++) {
+            const char *c = (const char *)consumers_counters(d->consumers, k);
+            add(buf, cap, n, "%s{consumer=\"%s\"} %lu\n", per[i].name,
+                consumers_name(d->consumers, k),
+                atomic_load((const atomic_ulong *)(c + per[i].field)));
+        }
+    }
+    add(buf, cap, n, "# HELP idem_consumer_connected 1 while the consumer's broker connection "
+        "is up.\n# TYPE idem_consumer_connected gauge\n");
+    for (size_t k = 0; k < count; k++)
+        add(buf, cap, n, "idem_consumer_connected{consumer=\"%s\",source=\"%s\"} %d\n",
+            consumers_name(d->consumers, k), consumers_kind(d->consumers, k),
+            atomic_load(&consumers_counters(d->consumers, k)->connected));
 }
 
 /* GET /_idem/v1/metrics: the counters of health, in Prometheus's text
@@ -431,7 +504,7 @@ struct http_response *api_metrics(struct daemon *d)
     for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
         routes++;
     size_t lines = sizeof per_route / sizeof per_route[0] + LATENCY_BUCKETS + 2;
-    size_t cap = 8192 + routes * lines * 160;
+    size_t cap = 8192 + routes * lines * 160 + consumers_count(d->consumers) * 16 * 160;
     char *buf = malloc(cap);
     if (!buf) {
         pthread_mutex_unlock(&d->routes_mu);
@@ -473,6 +546,7 @@ struct http_response *api_metrics(struct daemon *d)
     for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++)
         add(buf, cap, &n, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", whole[i].name, whole[i].help,
             whole[i].name, whole[i].type, whole[i].name, (unsigned long long)whole[i].value);
+    add_consumer_metrics(d, buf, cap, &n);
     add(buf, cap, &n,
         "# HELP idem_build_info The running version and store.\n"
         "# TYPE idem_build_info gauge\n"

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "admin.h"
+#include "consume.h"
 #include "daemon.h"
 #include "log.h"
 #include "mono.h"
@@ -68,8 +69,10 @@ unsigned long daemon_total(struct daemon *d, size_t field)
 void daemon_attach_counters(struct daemon *d, struct server_config *cfg)
 {
     pthread_mutex_lock(&d->routes_mu);
-    for (size_t i = 0; i < cfg->route_count; i++) {
-        struct route *rt = &cfg->routes[i];
+    /* The consumers' routes count as routes do, by the consumer's name. */
+    for (size_t i = 0; i < cfg->route_count + cfg->consumer_count; i++) {
+        struct route *rt = i < cfg->route_count ? &cfg->routes[i]
+                                                : &cfg->consumers[i - cfg->route_count].route;
         struct route_counters *rc = d->route_n;
         while (rc && strcmp(rc->name, rt->name) != 0)
             rc = rc->next;
@@ -98,6 +101,12 @@ void daemon_config_put(struct live_config *lc)
         config_free(lc->c);
         free(lc);
     }
+}
+
+struct live_config *daemon_config_ref(struct live_config *lc)
+{
+    atomic_fetch_add(&lc->refs, 1);
+    return lc;
 }
 
 void daemon_answer(struct live_config *lc, struct front_request *req, struct http_response *r)
@@ -507,6 +516,8 @@ struct serve {
     const char *admin_socket;        /* the Unix socket made (start's config), unlinked at exit */
     struct tls_server *tls, *admin_tls; /* listen.tls, admin_listen.tls; or NULL */
     SSL_CTX *upstream_tls;           /* https:// upstreams: tls_ca (or the system's) */
+    struct consumers *consumers;     /* consumers: (start's config), or NULL */
+    int consume_only;                /* idem consume: no main listener */
     struct work reload_work; /* SIGHUP's reload, on a worker */
     int reload_running, reload_again;
 };
@@ -544,6 +555,7 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
             (long long)s->limits->shutdown_timeout_ms);
     event_del(s->purge_timer);
     __atomic_store_n(&s->purge_stop, 1, __ATOMIC_RELEASE);
+    consumers_drain(s->consumers, s->limits->shutdown_timeout_ms);
     for (int i = 1; i < s->nloops; i++) {
         struct drain_order *o = malloc(sizeof *o);
         if (!o) {
@@ -863,6 +875,28 @@ static void on_idem_log(void *arg, idem_log_level level, const char *msg)
     daemon_log("%s%s", level == IDEM_LOG_ALERT ? "ALERT " : "", msg);
 }
 
+static void consume_usage(FILE *out)
+{
+    fputs("usage: idem consume [-c FILE] [--db PATH] [--check]\n"
+          "\n"
+          "Run only the consumers of FILE (its consumers:, on the same store as idem\n"
+          "serve would use): each message of their RabbitMQ queues or Redis streams is\n"
+          "POSTed to its handler once, through the same key spaces as the routes.\n"
+          "The JSON API (metrics and health included) is on admin_listen as with\n"
+          "idem serve; nothing listens on listen. idem serve runs the consumers too:\n"
+          "use this one to run them apart (on the distributed store, as many as you\n"
+          "like). docs/consumers.md says what happens to each message.\n"
+          "\n"
+          "  -c, --config FILE    the YAML configuration (docs/configuration.md)\n"
+          "      --db PATH        the embedded store's SQLite file instead of the file's\n"
+          "      --check          check the configuration and exit (0 valid, 2 not)\n"
+          "  -h, --help           this text\n"
+          "\n"
+          "Signals: SIGTERM/SIGINT stop taking messages, let those being handled finish\n"
+          "(up to limits.shutdown_timeout) and stop; the rest go back to the broker.\n",
+          out);
+}
+
 static void usage(FILE *out)
 {
     fputs("usage: idem serve [-c FILE] [--listen HOST:PORT] [--db PATH] [--check]\n"
@@ -886,13 +920,15 @@ static void usage(FILE *out)
           "                       (0 valid, 2 not): run it before a SIGHUP\n"
           "  -h, --help           this text\n"
           "\n"
+          "The file's consumers: run beside the gateway (idem consume runs them alone).\n"
+          "\n"
           "Signals: SIGTERM/SIGINT drain and stop; SIGHUP reloads the routes, the API\n"
           "keys and the TLS certificates; SIGUSR1 (logrotate's) is logged and harmless.\n",
           out);
 }
 
 
-int serve_main(int argc, char **argv)
+static int run(int argc, char **argv, int consume_only)
 {
     static const struct option opts[] = {
         {"config", required_argument, NULL, 'c'},
@@ -911,12 +947,17 @@ int serve_main(int argc, char **argv)
         case 'l': listen = optarg; break;
         case 'd': db = optarg; break;
         case 't': check = 1; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
+        case 'h': (consume_only ? consume_usage : usage)(stdout); return 0;
+        default: (consume_only ? consume_usage : usage)(stderr); return 2;
         }
     }
+    const char *me = consume_only ? "idem consume" : "idem serve";
+    if (consume_only && listen) {
+        fprintf(stderr, "idem consume: --listen: nothing listens on listen here\n");
+        return 2;
+    }
     if (optind < argc) {
-        fprintf(stderr, "idem serve: unexpected argument '%s'\n", argv[optind]);
+        fprintf(stderr, "%s: unexpected argument '%s'\n", me, argv[optind]);
         usage(stderr);
         return 2;
     }
@@ -925,23 +966,32 @@ int serve_main(int argc, char **argv)
     struct server_config *cfg = NULL;
     if (config_path) {
         if (config_load(config_path, &cfg, err, sizeof err) != 0) {
-            fprintf(stderr, "idem serve: %s\n", err);
+            fprintf(stderr, "%s: %s\n", me, err);
             return 2;
         }
     } else if (!(cfg = config_default())) {
-        fprintf(stderr, "idem serve: out of memory\n");
+        fprintf(stderr, "%s: out of memory\n", me);
         return 1;
     }
     int bad = finish_loading(cfg, listen, db, err, sizeof err);
     if (bad) {
-        fprintf(stderr, "idem serve: %s\n", err);
+        fprintf(stderr, "%s: %s\n", me, err);
         config_free(cfg);
         return bad;
     }
     struct tls_server *tls[2] = {NULL, NULL};
     SSL_CTX *upstream_tls = NULL;
     if (open_tls(cfg, tls, &upstream_tls, err, sizeof err) != 0) {
-        fprintf(stderr, "idem serve: %s\n", err);
+        fprintf(stderr, "%s: %s\n", me, err);
+        config_free(cfg);
+        return 2;
+    }
+    if (consume_only && cfg->consumer_count == 0) {
+        fprintf(stderr, "%s: %s has no consumers: to consume, list them under consumers: "
+                "(docs/consumers.md)\n", me, config_path ? config_path : "the configuration");
+        tls_server_free(tls[0]);
+        tls_server_free(tls[1]);
+        tls_client_ctx_free(upstream_tls);
         config_free(cfg);
         return 2;
     }
@@ -951,8 +1001,8 @@ int serve_main(int argc, char **argv)
         tls_server_free(tls[0]);
         tls_server_free(tls[1]);
         tls_client_ctx_free(upstream_tls);
-        printf("idem serve: %s is valid: %zu routes\n", config_path ? config_path : "(defaults)",
-               cfg->route_count);
+        printf("%s: %s is valid: %zu routes, %zu consumers\n", me,
+               config_path ? config_path : "(defaults)", cfg->route_count, cfg->consumer_count);
         config_free(cfg);
         return 0;
     }
@@ -1007,7 +1057,7 @@ int serve_main(int argc, char **argv)
     o.tokens_per_scene = (unsigned)cfg->limits.tokens_per_scene;
     o.log = on_idem_log;
     if (idem_open(&o, &s->d.h) != IDEM_OK) {
-        fprintf(stderr, "idem serve: opening the %s store at %s: %s\n", cfg->storage_kind,
+        fprintf(stderr, "%s: opening the %s store at %s: %s\n", me, cfg->storage_kind,
                 where, idem_errdetail());
         goto out;
     }
@@ -1015,14 +1065,14 @@ int serve_main(int argc, char **argv)
     evthread_use_pthreads();
     s->workers = workers_start(cfg->workers);
     if (!s->workers) {
-        fprintf(stderr, "idem serve: cannot start %d workers\n", cfg->workers);
+        fprintf(stderr, "%s: cannot start %d workers\n", me, cfg->workers);
         goto out;
     }
     /* On the distributed store the gateway's record calls and lease
      * renewals have a pool of their own (see daemon.h). */
     int embedded = strcmp(cfg->storage_kind, "embedded") == 0;
     if (!embedded && !(s->record_workers = workers_start(cfg->workers))) {
-        fprintf(stderr, "idem serve: cannot start %d workers for records\n", cfg->workers);
+        fprintf(stderr, "%s: cannot start %d workers for records\n", me, cfg->workers);
         goto out;
     }
     /* Reads of a file store go to read-only connections, never waiting for
@@ -1034,22 +1084,24 @@ int serve_main(int argc, char **argv)
     s->d.record_workers = s->record_workers;
     front_counts_init(&s->counts);
     if (!(s->counts.peers = peer_table_new(8192))) {
-        fprintf(stderr, "idem serve: out of memory\n");
+        fprintf(stderr, "%s: out of memory\n", me);
         goto out;
     }
-    s->nloops = loop_count(cfg);
-    int port = cfg->listen_port, admin_port = cfg->admin_port;
+    s->consume_only = consume_only;
+    /* idem consume: one loop, for the admin listener alone. */
+    s->nloops = consume_only ? 1 : loop_count(cfg);
+    int port = consume_only ? 0 : cfg->listen_port, admin_port = cfg->admin_port;
     s->d.issued_by_subject = rate_table_new(65536);
     s->d.issued_by_peer = rate_table_new(4096);
     s->d.auth_failures_by_peer = rate_table_new(1024);
     if (!s->d.issued_by_subject || !s->d.issued_by_peer || !s->d.auth_failures_by_peer) {
-        fprintf(stderr, "idem serve: out of memory\n");
+        fprintf(stderr, "%s: out of memory\n", me);
         goto out;
     }
     if ((port && front_address_free(cfg->listen_host, port, err, sizeof err) != 0) ||
         (cfg->admin_host && admin_port &&
          front_address_free(cfg->admin_host, admin_port, err, sizeof err) != 0)) {
-        fprintf(stderr, "idem serve: listen: %s\n", err);
+        fprintf(stderr, "%s: listen: %s\n", me, err);
         goto out;
     }
     for (int i = 0; i < s->nloops; i++) {
@@ -1063,32 +1115,39 @@ int serve_main(int argc, char **argv)
                                                 daemon_handle, &s->d, &l->ctx)
                                     : NULL;
         if (!l->front) {
-            fprintf(stderr, "idem serve: cannot start event loop %d\n", i);
+            fprintf(stderr, "%s: cannot start event loop %d\n", me, i);
             goto out;
         }
         front_share_counts(l->front, &s->counts);
         /* Every loop listens on the port the first one got (port 0). */
-        if (front_listen(l->front, cfg->listen_host, port, 0, s->tls, err, sizeof err) != 0) {
-            fprintf(stderr, "idem serve: listen: %s\n", err);
+        if (!consume_only &&
+            front_listen(l->front, cfg->listen_host, port, 0, s->tls, err, sizeof err) != 0) {
+            fprintf(stderr, "%s: listen: %s\n", me, err);
             goto out;
         }
-        port = front_port(l->front, 0);
+        if (!consume_only)
+            port = front_port(l->front, 0);
         if (cfg->admin_host) {
             if (front_listen(l->front, cfg->admin_host, admin_port, 1, s->admin_tls, err,
                              sizeof err) != 0) {
-                fprintf(stderr, "idem serve: admin_listen: %s\n", err);
+                fprintf(stderr, "%s: admin_listen: %s\n", me, err);
                 goto out;
             }
             admin_port = front_port(l->front, 1);
         } else if (i == 0) {
             if (front_listen_unix(l->front, cfg->admin_unix, err, sizeof err) != 0) {
-                fprintf(stderr, "idem serve: admin_listen: %s\n", err);
+                fprintf(stderr, "%s: admin_listen: %s\n", me, err);
                 goto out;
             }
             s->admin_socket = cfg->admin_unix;
         }
     }
     s->base = s->loops[0].ctx.base;
+    if (!(s->consumers = consumers_start(&s->d, s->start, s->upstream_tls, err, sizeof err))) {
+        fprintf(stderr, "%s: %s\n", me, err);
+        goto out;
+    }
+    s->d.consumers = s->consumers;
     s->sig_term = evsignal_new(s->base, SIGTERM, on_stop, s);
     s->sig_int = evsignal_new(s->base, SIGINT, on_stop, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_reload, s);
@@ -1103,7 +1162,7 @@ int serve_main(int argc, char **argv)
     on_purge(-1, EV_TIMEOUT, s); /* and once now: what expired while it was down */
     for (int i = 1; i < s->nloops; i++) {
         if (pthread_create(&s->loops[i].thread, NULL, loop_main, &s->loops[i]) != 0) {
-            fprintf(stderr, "idem serve: cannot start the thread of event loop %d\n", i);
+            fprintf(stderr, "%s: cannot start the thread of event loop %d\n", me, i);
             goto out;
         }
         s->loops[i].running = 1;
@@ -1122,21 +1181,30 @@ int serve_main(int argc, char **argv)
     if (cfg->api_key_count == 0)
         daemon_log("api_keys: none, so the admin listener refuses every request (401); add a "
                    "key to read or change records, locks and tokens there");
-    printf("idem: listening on %s:%d%s, %s store at %s, %zu routes, %d event loops\n",
-           cfg->listen_host, port, admin, idem_store_name(s->d.h), where, cfg->route_count,
-           s->nloops);
+    if (consume_only)
+        printf("idem: consuming%s, %s store at %s, %zu consumers\n", admin,
+               idem_store_name(s->d.h), where, cfg->consumer_count);
+    else
+        printf("idem: listening on %s:%d%s, %s store at %s, %zu routes, %zu consumers, %d "
+               "event loops\n",
+               cfg->listen_host, port, admin, idem_store_name(s->d.h), where, cfg->route_count,
+               cfg->consumer_count, s->nloops);
     fflush(stdout);
     event_base_dispatch(s->base);
     rc = 0;
 
 out:
-    /* Loop 0 has drained (or never ran): stop the others, then the workers. */
+    /* Loop 0 has drained (or never ran): stop the others and the consumers
+     * (draining since SIGTERM), then the workers. */
     for (int i = 1; i < s->nloops; i++)
         if (s->loops[i].running) {
             if (rc != 0)
                 event_base_loopexit(s->loops[i].ctx.base, NULL);
             pthread_join(s->loops[i].thread, NULL);
         }
+    if (rc != 0)
+        consumers_drain(s->consumers, 0);
+    consumers_join(s->consumers);
     if (rc == 0)
         daemon_log("stopped (%zu requests were still in flight)", in_flight(s));
     /* Requests still in flight after shutdown_timeout are abandoned: first
@@ -1151,6 +1219,7 @@ out:
     store_barrier(&s->d);
     for (int i = 0; i < s->nloops; i++)
         front_free(s->loops[i].front);
+    consumers_free(s->consumers);
     if (s->sig_term)
         event_free(s->sig_term);
     if (s->sig_int)
@@ -1193,4 +1262,14 @@ out:
     }
     free(s);
     return rc;
+}
+
+int serve_main(int argc, char **argv)
+{
+    return run(argc, argv, 0);
+}
+
+int consume_main(int argc, char **argv)
+{
+    return run(argc, argv, 1);
 }
