@@ -2,15 +2,16 @@
  * mq_redis.c — the Redis Streams source of the consumers (consume.h), on
  * hiredis's asynchronous API, attached to the consumer's event loop.
  *
- * Two connections. The reading one sends XREADGROUP GROUP g NAME COUNT n
- * BLOCK 1000 STREAMS s > whenever the consumer can take n more, one at a
- * time (a blocked read holds its connection, which is why the other
- * exists); the other acks (XACK), dead-letters, and every few seconds
- * takes over the pending entries of consumers that stopped answering
- * (XAUTOCLAIM, past min_idle: the lease, the handler's timeout and the
+ * Two connections. The reading one asks for as many entries as the
+ * consumer takes, one request at a time: XREADGROUP GROUP g NAME COUNT n
+ * BLOCK 1000 STREAMS s >, or, when due (at connecting, then every few
+ * seconds), XAUTOCLAIM of the entries consumers that stopped answering
+ * left pending past min_idle (the lease, the handler's timeout and the
  * longest backoff, so that an entry a live consumer holds is not taken).
- * A dead letter is one script (XADD to the dead stream, then XACK), so
- * the entry leaves the group only once its dead letter is written.
+ * A blocked read holds its connection, which is why the other exists: it
+ * acks (XACK) and dead-letters. A dead letter is one script (XADD to the
+ * dead stream, then XACK), so the entry leaves the group only once its
+ * dead letter is written.
  *
  * An entry's field body_field is the message's body, message_id its id
  * (else the entry's id), and every other field a header. The group is
@@ -56,6 +57,7 @@ struct redis_src {
     int rd_up, wr_up;            /* connected and set up */
     int reading;                 /* an XREADGROUP is out */
     size_t want;                 /* how many more the consumer takes */
+    int claim_due;               /* the next read is an XAUTOCLAIM */
     unsigned long gen;           /* this pair of connections (consumer_gen when up) */
     struct event *dial_ev, *claim_ev, *timeout_ev;
     int64_t backoff_ms, min_idle_ms;
@@ -153,12 +155,15 @@ static struct mq_message *from_entry(struct redis_src *r, const redisReply *e)
     return m;
 }
 
+
 /* The entries of an XREADGROUP or XAUTOCLAIM reply, to the consumer. An
  * entry deleted from the stream while pending comes as an id alone: it is
  * acked, there being nothing to handle. */
 static void deliver_entries(struct redis_src *r, const redisReply *list)
 {
     unsigned long gen = r->gen;
+    if (list && list->type == REDIS_REPLY_ARRAY)
+        r->want = r->want > list->elements ? r->want - list->elements : 0;
     for (size_t i = 0; list && list->type == REDIS_REPLY_ARRAY && i < list->elements; i++) {
         const redisReply *e = list->element[i];
         if (e->type == REDIS_REPLY_ARRAY && e->elements == 2 &&
@@ -192,26 +197,34 @@ static void on_read(redisAsyncContext *c, void *reply, void *arg)
     /* [[stream, [entry...]]], or nil after BLOCK without entries. */
     if (x->type == REDIS_REPLY_ARRAY && x->elements > 0 &&
         x->element[0]->type == REDIS_REPLY_ARRAY && x->element[0]->elements == 2) {
-        const redisReply *entries = x->element[0]->element[1];
-        if (r->want >= entries->elements)
-            r->want -= entries->elements;
-        else
-            r->want = 0;
-        deliver_entries(r, entries);
+        deliver_entries(r, x->element[0]->element[1]);
     }
     read_more(r);
 }
 
+static void on_claimed(redisAsyncContext *c, void *reply, void *arg);
+
+/* The next read on the reading connection, as many as the consumer takes:
+ * new entries, or (claim_due) the pending entries consumers left. One at a
+ * time, so that what is out never asks for more than the consumer takes. */
 static void read_more(struct redis_src *r)
 {
-    if (r->stopped || !r->connected || r->reading || r->want == 0)
+    size_t n = r->want;
+    if (r->stopped || !r->connected || r->reading || n == 0)
         return;
-    char count[24];
-    snprintf(count, sizeof count, "%zu", r->want);
-    const char *argv[] = {"XREADGROUP", "GROUP", r->cfg->group, r->name, "COUNT", count,
-                          "BLOCK", "1000", "STREAMS", r->cfg->queue, ">"};
-    if (redisAsyncCommandArgv(r->rd, on_read, r, 11, argv, NULL) == REDIS_OK)
+    char count[24], idle[24];
+    snprintf(count, sizeof count, "%zu", n);
+    snprintf(idle, sizeof idle, "%lld", (long long)r->min_idle_ms);
+    const char *rd[] = {"XREADGROUP", "GROUP", r->cfg->group, r->name, "COUNT", count,
+                        "BLOCK", "1000", "STREAMS", r->cfg->queue, ">"};
+    const char *claim[] = {"XAUTOCLAIM", r->cfg->queue, r->cfg->group, r->name, idle,
+                           r->claim_cursor[0] ? r->claim_cursor : "0-0", "COUNT", count};
+    int claiming = r->claim_due && strcmp(r->claim_cursor, "off") != 0;
+    r->claim_due = 0;
+    if ((claiming ? redisAsyncCommandArgv(r->rd, on_claimed, r, 8, claim, NULL)
+                  : redisAsyncCommandArgv(r->rd, on_read, r, 11, rd, NULL)) == REDIS_OK) {
         r->reading = 1;
+    }
 }
 
 /* ---- pending entries of consumers gone ---- */
@@ -220,8 +233,13 @@ static void on_claimed(redisAsyncContext *c, void *reply, void *arg)
 {
     struct redis_src *r = arg;
     redisReply *x = reply;
-    if (!r->wr || c != r->wr || r->stopped)
+    if (!r->rd || c != r->rd)
         return;
+    r->reading = 0;
+    if (is_error(x) && !x) {
+        lost(r, "XAUTOCLAIM: the connection closed");
+        return;
+    }
     if (is_error(x)) {
         /* XAUTOCLAIM is Redis 6.2's: before it, pending entries of a dead
          * consumer stay until an operator claims them. Said once. */
@@ -231,14 +249,24 @@ static void on_claimed(redisAsyncContext *c, void *reply, void *arg)
                        r->cfg->route.name, error_text(c, x));
             snprintf(r->claim_cursor, sizeof r->claim_cursor, "off");
         }
+        read_more(r);
         return;
     }
     /* [next cursor, [entry...], (7.0: deleted ids)] */
-    if (x->type != REDIS_REPLY_ARRAY || x->elements < 2)
+    if (x->type != REDIS_REPLY_ARRAY || x->elements < 2) {
+        read_more(r);
         return;
+    }
     if (x->element[0]->type == REDIS_REPLY_STRING)
         snprintf(r->claim_cursor, sizeof r->claim_cursor, "%s", x->element[0]->str);
+    unsigned long gen = r->gen;
     deliver_entries(r, x->element[1]);
+    if (r->gen != gen)
+        return;
+    /* More of the group's pending entries to look at: go on with them
+     * before new ones, as far as the consumer takes more. */
+    r->claim_due = strcmp(r->claim_cursor, "0-0") != 0;
+    read_more(r);
 }
 
 static void on_claim_tick(evutil_socket_t fd, short what, void *arg)
@@ -246,14 +274,8 @@ static void on_claim_tick(evutil_socket_t fd, short what, void *arg)
     struct redis_src *r = arg;
     (void)fd;
     (void)what;
-    if (r->stopped || !r->connected || !strcmp(r->claim_cursor, "off") || r->want == 0)
-        return;
-    char idle[24], count[24];
-    snprintf(idle, sizeof idle, "%lld", (long long)r->min_idle_ms);
-    snprintf(count, sizeof count, "%zu", r->want);
-    const char *argv[] = {"XAUTOCLAIM", r->cfg->queue, r->cfg->group, r->name, idle,
-                          r->claim_cursor[0] ? r->claim_cursor : "0-0", "COUNT", count};
-    redisAsyncCommandArgv(r->wr, on_claimed, r, 8, argv, NULL);
+    r->claim_due = 1;
+    read_more(r); /* or once the read out now is answered */
 }
 
 /* ---- connecting ---- */
@@ -320,6 +342,8 @@ static void set_up(struct redis_src *r)
     char where[400];
     snprintf(where, sizeof where, "%s:%d db %d, stream %s, group %s as %s", r->host, r->port,
              r->db, r->cfg->queue, r->cfg->group, r->name);
+    r->claim_cursor[0] = '\0';
+    r->claim_due = 1; /* what consumers that died left, first */
     consumer_connection(r->k, 1, where); /* asks for messages: read_more */
 }
 
@@ -478,6 +502,7 @@ static void *redis_open(struct consumer *k, struct event_base *base,
 static void redis_want(void *src, size_t n)
 {
     struct redis_src *r = src;
+    /* What the read out now brings comes off it when it comes. */
     r->want = n;
     read_more(r);
 }
