@@ -816,6 +816,90 @@ static void test_keys(void **state)
               "idem.yaml:5: routes[0].key.path_segment:", "whole number");
 }
 
+/* A minimal valid consumer; tests append lines after it. */
+#define CONSUMER                                                                 \
+    "consumers:\n"                                                               \
+    "  - name: c\n"                                                              \
+    "    source: { amqp: \"amqp://guest:guest@127.0.0.1:5672/%2f\", queue: q }\n" \
+    "    key: { json: refund_no }\n"                                             \
+    "    handler: http://127.0.0.1:9000/mq\n"
+
+static void test_consumers(void **state)
+{
+    (void)state;
+    struct server_config *c = parse_ok(CONSUMER);
+    assert_int_equal(c->consumer_count, 1);
+    const struct consumer_config *k = &c->consumers[0];
+    assert_int_equal(k->source, SOURCE_AMQP);
+    assert_string_equal(k->queue, "q");
+    assert_string_equal(k->dead_letter, "q.dead");
+    assert_int_equal(k->prefetch, 64);
+    assert_int_equal(k->backoff_count, 3);
+    assert_int_equal(k->backoff_ms[2], 30000);
+    assert_int_equal(k->route.max_attempts, 5);
+    assert_int_equal(k->route.upstream_timeout_ms, 10000);
+    assert_string_equal(k->route.space, "c");
+    assert_string_equal(k->route.upstream.base_path, "/mq");
+    assert_false(k->route.layer_token);
+    config_free(c);
+    c = parse_ok("consumers:\n  - name: s\n"
+                 "    source: { redis_stream: \"redis://127.0.0.1:6379/0\", stream: st }\n"
+                 "    key: [{ message_id: true }, { header: x-biz }]\n"
+                 "    handler: http://127.0.0.1:9000\n    max_attempts: 2\n"
+                 "    retry_backoff: [100ms]\n    dead_letter: { stream: st.dlq }\n");
+    k = &c->consumers[0];
+    assert_int_equal(k->source, SOURCE_REDIS_STREAM);
+    assert_string_equal(k->group, "idem");
+    assert_string_equal(k->body_field, "body");
+    assert_string_equal(k->dead_letter, "st.dlq");
+    assert_string_equal(k->route.key[0].name, "Idem-Message-Id");
+    assert_int_equal(k->route.max_attempts, 2);
+    config_free(c);
+    /* Secrets stay out of the file; RabbitMQ's loopback guest is no secret. */
+    parse_bad("consumers:\n  - name: c\n"
+              "    source: { amqp: \"amqp://app:s3cret@10.0.0.5/%2f\", queue: q }\n"
+              "    key: { json: k }\n    handler: http://h\n",
+              "idem.yaml:3: consumers[0].source.amqp:", "holds a password");
+    parse_bad("consumers:\n  - name: c\n"
+              "    source: { amqp: \"amqp://guest:guest@10.0.0.5/%2f\", queue: q }\n"
+              "    key: { json: k }\n    handler: http://h\n",
+              "consumers[0].source.amqp:", "holds a password");
+    parse_bad("consumers:\n  - name: c\n"
+              "    source: { amqp: \"http://h\", queue: q }\n    key: { json: k }\n"
+              "    handler: http://h\n",
+              "consumers[0].source.amqp:", "not a amqp:// URL");
+    parse_bad("consumers:\n  - name: c\n    source: { amqp: \"amqp://h\", stream: q }\n"
+              "    key: { json: k }\n    handler: http://h\n",
+              "consumers[0].source.stream:", "belongs to redis_stream");
+    parse_bad("consumers:\n  - name: c\n    source: { amqp: \"amqp://h\" }\n"
+              "    key: { json: k }\n    handler: http://h\n",
+              "consumers[0].source:", "queue is required");
+    parse_bad(CONSUMER "    dead_letter: { queue: q }\n", "consumers[0].dead_letter.queue:",
+              "the queue itself");
+    parse_bad(CONSUMER "    dead_letter: { stream: q2 }\n", "consumers[0].dead_letter:",
+              "{ queue: NAME }");
+    parse_bad(CONSUMER "    max_attempts: 0\n", "consumers[0].max_attempts:", "out of range");
+    parse_bad(CONSUMER "    retry_backoff: []\n", "consumers[0].retry_backoff:", "not 0");
+    parse_bad("consumers:\n  - name: c\n    source: { amqp: \"amqp://h\", queue: q }\n"
+              "    key: { query: k }\n    handler: http://h\n",
+              "consumers[0].key.query:", "a message has no query");
+    parse_bad(ROUTE "    key: { message_id: true }\n", "routes[0].key", NULL);
+    parse_bad(ROUTE CONSUMER "  - name: r\n    source: { amqp: \"amqp://h\", queue: q }\n"
+              "    key: { json: k }\n    handler: http://h\n",
+              "consumers[1].name:", "already the name of routes[0]");
+    /* A space shared with a route: one key shape, fingerprints that agree. */
+    parse_bad(ROUTE "    space: pay\n" CONSUMER "    space: pay\n", "consumers[0].space:",
+              "fingerprint: body");
+    c = parse_ok(ROUTE "    space: pay\n    fingerprint: none\n" CONSUMER
+                 "    space: pay\n    fingerprint: none\n");
+    config_free(c);
+    parse_bad(ROUTE "    space: pay\n    fingerprint: none\n"
+              "consumers:\n  - name: c\n    source: { amqp: \"amqp://h\", queue: q }\n"
+              "    key: [{ json: a }, { json: b }]\n    handler: http://h\n    space: pay\n"
+              "    fingerprint: none\n",
+              "consumers[0].space:", "one key shape");
+}
+
 static void test_layers(void **state)
 {
     parse_bad(ROUTE "    layers: [token, lock]\n", "idem.yaml:6: routes[0].layers:",
@@ -1422,6 +1506,7 @@ int main(void)
         cmocka_unit_test(test_match),
         cmocka_unit_test(test_path_match),
         cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_consumers),
         cmocka_unit_test(test_layers),
         cmocka_unit_test(test_replay_headers),
         cmocka_unit_test(test_fingerprint),
