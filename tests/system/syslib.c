@@ -111,10 +111,13 @@ void sys_start(struct proc *p, char *const argv[], const char *log_path)
             break;
         len += (size_t)n;
         buf[len] = '\0';
-        const char *l = strstr(buf, "listening on ");
-        const char *nl = l ? strchr(l, '\n') : NULL;
+        /* idem consume listens on nothing but its admin listener. */
+        const char *l = strstr(buf, "listening on "), *c = strstr(buf, "idem: consuming");
+        const char *nl = l ? strchr(l, '\n') : c ? strchr(c, '\n') : NULL;
         if (nl) {
-            p->port = port_after(l, "listening on ");
+            if (!l)
+                l = c;
+            p->port = l == c ? 0 : port_after(l, "listening on ");
             const char *a = strstr(l, "JSON API on ");
             p->admin_port = a && a < nl ? port_after(a, "JSON API on ") : 0;
             snprintf(p->ready, sizeof p->ready, "%.*s", (int)(nl - l), l);

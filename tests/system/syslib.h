@@ -25,8 +25,8 @@ struct proc {
 int sys_free_port(void);
 
 /* Start argv (NULL-terminated), stderr to log_path, and wait up to 10 s for
- * a stdout line containing "listening on HOST:PORT"; the port is parsed from
- * it (and the admin port from "JSON API on HOST:PORT" in the same line, if
+ * a stdout line containing "listening on HOST:PORT" (or idem consume's
+ * "idem: consuming", port 0); the port is parsed from it (and the admin port from "JSON API on HOST:PORT" in the same line, if
  * there). Fails the test if the process exits or says nothing. */
 void sys_start(struct proc *p, char *const argv[], const char *log_path);
 

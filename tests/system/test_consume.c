@@ -1,0 +1,897 @@
+/*
+ * test_consume.c — idem's consumers against a real RabbitMQ and a real
+ * Redis (their streams), with the example refund service as the handler:
+ * every message's key executed once, whatever the duplicates, the kills
+ * and the restarts; poison messages and bad input on the dead letter with
+ * their reason; a route and a consumer of one space executing a key once.
+ *
+ *   test_consume IDEM REFUND_SERVICE SERVICES_SH STATE_DIR RABBIT_STATE_DIR
+ *                AMQP_URL REDIS_URL POSTGRES_URL
+ *
+ * The refund service counts executions (every POST /refunds it starts
+ * working on) and keeps one row per refund_no (UNIQUE): executions == rows
+ * means no key was sent to it twice; rows == keys means none was lost.
+ */
+#include <amqp.h>
+#include <amqp_tcp_socket.h>
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "syslib.h"
+#include "testlib.h"
+
+static const char *idem_bin, *service_bin, *services_sh, *state_dir, *rabbit_dir;
+static const char *amqp_url, *redis_url, *pg_url;
+static char *dir;
+static struct proc service;
+static int seq;
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void run(const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0)
+        fail_msg("%s failed", cmd);
+}
+
+/* ---- the brokers, as a test sees them ---- */
+
+struct header {
+    const char *name, *value;
+};
+
+/* A queue (AMQP) or a stream (Redis) and its dead letter. */
+struct bus {
+    int redis;          /* 0: RabbitMQ */
+    char queue[64], dead[80];
+    amqp_connection_state_t amqp;
+    redisContext *rc;
+};
+
+static amqp_connection_state_t amqp_open(void)
+{
+    struct amqp_connection_info info;
+    char *url = strdup(amqp_url);
+    assert_int_equal(amqp_parse_url(url, &info), AMQP_STATUS_OK);
+    amqp_connection_state_t c = amqp_new_connection();
+    amqp_socket_t *s = amqp_tcp_socket_new(c);
+    assert_int_equal(amqp_socket_open(s, info.host, info.port), AMQP_STATUS_OK);
+    amqp_rpc_reply_t r = amqp_login(c, info.vhost, 0, 131072, 0, AMQP_SASL_METHOD_PLAIN,
+                                    info.user, info.password);
+    assert_int_equal(r.reply_type, AMQP_RESPONSE_NORMAL);
+    amqp_channel_open(c, 1);
+    assert_int_equal(amqp_get_rpc_reply(c).reply_type, AMQP_RESPONSE_NORMAL);
+    free(url);
+    return c;
+}
+
+static void bus_open(struct bus *b, int redis, const char *tag)
+{
+    memset(b, 0, sizeof *b);
+    b->redis = redis;
+    snprintf(b->queue, sizeof b->queue, "t.%s.%d.%d", tag, (int)getpid(), ++seq);
+    snprintf(b->dead, sizeof b->dead, "%s.dead", b->queue);
+    if (redis) {
+        char host[64] = "127.0.0.1";
+        int port = 6379;
+        sscanf(redis_url, "redis://%63[^:]:%d", host, &port);
+        b->rc = redisConnect(host, port);
+        assert_true(b->rc && !b->rc->err);
+        return;
+    }
+    b->amqp = amqp_open();
+    /* Declared by the test, as an application would: idem uses it as it is. */
+    amqp_queue_declare(b->amqp, 1, amqp_cstring_bytes(b->queue), 0, 1, 0, 0, amqp_empty_table);
+    assert_int_equal(amqp_get_rpc_reply(b->amqp).reply_type, AMQP_RESPONSE_NORMAL);
+}
+
+static void bus_close(struct bus *b)
+{
+    if (b->rc)
+        redisFree(b->rc);
+    if (b->amqp) {
+        amqp_connection_close(b->amqp, AMQP_REPLY_SUCCESS);
+        amqp_destroy_connection(b->amqp);
+    }
+}
+
+static void bus_reconnect(struct bus *b)
+{
+    if (b->redis)
+        return;
+    amqp_destroy_connection(b->amqp);
+    b->amqp = amqp_open();
+}
+
+/* Publish body with headers (NULL-terminated by a NULL name) and, for
+ * RabbitMQ, message id (may be NULL). */
+static void publish(struct bus *b, const char *body, const struct header *h, const char *id)
+{
+    size_t n = 0;
+    while (h && h[n].name)
+        n++;
+    if (b->redis) {
+        const char *argv[64];
+        size_t lens[64], i = 0;
+        argv[i++] = "XADD";
+        argv[i++] = b->queue;
+        argv[i++] = "*";
+        argv[i++] = "body";
+        argv[i++] = body;
+        if (id) {
+            argv[i++] = "message_id";
+            argv[i++] = id;
+        }
+        for (size_t k = 0; k < n && i < 62; k++) {
+            argv[i++] = h[k].name;
+            argv[i++] = h[k].value;
+        }
+        for (size_t k = 0; k < i; k++)
+            lens[k] = strlen(argv[k]);
+        redisReply *x = redisCommandArgv(b->rc, (int)i, argv, lens);
+        assert_true(x && x->type == REDIS_REPLY_STRING);
+        freeReplyObject(x);
+        return;
+    }
+    amqp_table_entry_t e[16];
+    for (size_t k = 0; k < n && k < 16; k++) {
+        e[k].key = amqp_cstring_bytes(h[k].name);
+        e[k].value.kind = AMQP_FIELD_KIND_UTF8;
+        e[k].value.value.bytes = amqp_cstring_bytes(h[k].value);
+    }
+    amqp_basic_properties_t p = {0};
+    p._flags = AMQP_BASIC_DELIVERY_MODE_FLAG | AMQP_BASIC_CONTENT_TYPE_FLAG;
+    p.delivery_mode = 2;
+    p.content_type = amqp_cstring_bytes("application/json");
+    if (n) {
+        p._flags |= AMQP_BASIC_HEADERS_FLAG;
+        p.headers.num_entries = (int)n;
+        p.headers.entries = e;
+    }
+    if (id) {
+        p._flags |= AMQP_BASIC_MESSAGE_ID_FLAG;
+        p.message_id = amqp_cstring_bytes(id);
+    }
+    assert_int_equal(amqp_basic_publish(b->amqp, 1, amqp_empty_bytes,
+                                        amqp_cstring_bytes(b->queue), 0, 0, &p,
+                                        amqp_cstring_bytes(body)),
+                     AMQP_STATUS_OK);
+}
+
+/* Messages waiting in name (ready, not given out), -1 if it does not exist. */
+static long amqp_depth(struct bus *b, const char *name)
+{
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(b->amqp, 1, amqp_cstring_bytes(name), 1,
+                                                     0, 0, 0, amqp_empty_table);
+    amqp_rpc_reply_t r = amqp_get_rpc_reply(b->amqp);
+    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+        bus_reconnect(b); /* the broker closed the channel (404) */
+        return -1;
+    }
+    return (long)ok->message_count;
+}
+
+static long long redis_int(struct bus *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    redisReply *x = redisvCommand(b->rc, fmt, ap);
+    va_end(ap);
+    long long v = x && x->type == REDIS_REPLY_INTEGER ? x->integer : -1;
+    freeReplyObject(x);
+    return v;
+}
+
+/* Messages on the dead letter. */
+static long dead_count(struct bus *b)
+{
+    if (b->redis)
+        return (long)redis_int(b, "XLEN %s", b->dead);
+    long n = amqp_depth(b, b->dead);
+    return n < 0 ? 0 : n;
+}
+
+/* Nothing left unacked or unread: the queue empty (RabbitMQ gives back an
+ * unacked message when its consumer's connection closes, so call this with
+ * idem stopped), or no entry pending in the group and every entry read. */
+static int all_acked(struct bus *b)
+{
+    if (!b->redis)
+        return amqp_depth(b, b->queue) == 0;
+    redisReply *x = redisCommand(b->rc, "XPENDING %s idem", b->queue);
+    int ok = x && x->type == REDIS_REPLY_ARRAY && x->elements >= 1 &&
+             x->element[0]->type == REDIS_REPLY_INTEGER && x->element[0]->integer == 0;
+    freeReplyObject(x);
+    return ok;
+}
+
+/* A dead letter: its body and the value of one header of it. */
+struct dead {
+    char body[512];
+    char reason[64], attempts[16], last_status[16], fail[16];
+};
+
+/* The field of d a dead letter's header (or field) name fills, if any. */
+static void dead_field(struct dead *d, const char *name, const char *value, size_t len)
+{
+    struct {
+        const char *name;
+        char *to;
+        size_t cap;
+    } f[] = {
+        {"body", d->body, sizeof d->body},
+        {"x-idem-reason", d->reason, sizeof d->reason},
+        {"x-idem-attempts", d->attempts, sizeof d->attempts},
+        {"x-idem-last-status", d->last_status, sizeof d->last_status},
+        {"X-Fail", d->fail, sizeof d->fail},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (!strcmp(name, f[i].name))
+            snprintf(f[i].to, f[i].cap, "%.*s", (int)len, value);
+}
+
+/* Take every dead letter (at most cap). */
+static size_t take_dead(struct bus *b, struct dead *d, size_t cap)
+{
+    size_t n = 0;
+    memset(d, 0, cap * sizeof *d);
+    if (b->redis) {
+        redisReply *x = redisCommand(b->rc, "XRANGE %s - +", b->dead);
+        for (size_t i = 0; x && x->type == REDIS_REPLY_ARRAY && i < x->elements && n < cap; i++) {
+            redisReply *f = x->element[i]->element[1];
+            for (size_t j = 0; j + 1 < f->elements; j += 2)
+                dead_field(&d[n], f->element[j]->str, f->element[j + 1]->str,
+                           f->element[j + 1]->len);
+            n++;
+        }
+        freeReplyObject(x);
+        redis_int(b, "DEL %s", b->dead);
+        return n;
+    }
+    for (; n < cap; n++) {
+        amqp_rpc_reply_t r = amqp_basic_get(b->amqp, 1, amqp_cstring_bytes(b->dead), 1);
+        assert_int_equal(r.reply_type, AMQP_RESPONSE_NORMAL);
+        if (r.reply.id != AMQP_BASIC_GET_OK_METHOD)
+            break;
+        amqp_message_t m;
+        assert_int_equal(amqp_read_message(b->amqp, 1, &m, 0).reply_type, AMQP_RESPONSE_NORMAL);
+        dead_field(&d[n], "body", m.body.bytes, m.body.len);
+        const amqp_table_t *t = &m.properties.headers;
+        for (int i = 0; (m.properties._flags & AMQP_BASIC_HEADERS_FLAG) && i < t->num_entries;
+             i++) {
+            const amqp_table_entry_t *e = &t->entries[i];
+            char key[64], value[64];
+            snprintf(key, sizeof key, "%.*s", (int)e->key.len, (const char *)e->key.bytes);
+            if (e->value.kind == AMQP_FIELD_KIND_I32)
+                snprintf(value, sizeof value, "%d", e->value.value.i32);
+            else if (e->value.kind == AMQP_FIELD_KIND_UTF8)
+                snprintf(value, sizeof value, "%.*s", (int)e->value.value.bytes.len,
+                         (const char *)e->value.value.bytes.bytes);
+            else
+                continue;
+            dead_field(&d[n], key, value, strlen(value));
+        }
+        amqp_destroy_message(&m);
+    }
+    return n;
+}
+
+/* ---- idem ---- */
+
+/* The source: lines of a consumer's mapping for b. */
+static void source_yaml(const struct bus *b, char *out, size_t cap, int prefetch)
+{
+    if (b->redis)
+        snprintf(out, cap,
+                 "    source: { redis_stream: \"%s\", stream: %s, group: idem, prefetch: %d }\n",
+                 redis_url, b->queue, prefetch);
+    else
+        snprintf(out, cap, "    source: { amqp: \"%s\", queue: %s, prefetch: %d }\n", amqp_url,
+                 b->queue, prefetch);
+}
+
+/* Write a configuration: the store (distributed or a file in dir), an
+ * admin listener, then body, where @UP@ becomes the refund service. */
+static void write_config(char *path, size_t cap, int distributed, const char *body)
+{
+    char text[16384], *o = text;
+    snprintf(path, cap, "%s/idem-%d.yaml", dir, ++seq);
+    if (distributed)
+        o += sprintf(o, "storage:\n  kind: distributed\n  redis: %s\n  postgres: %s\n", redis_url,
+                     pg_url);
+    else
+        o += sprintf(o, "storage: { path: %s/idem-%d.db }\n", dir, seq);
+    o += sprintf(o, SYS_ADMIN_YAML "limits: { shutdown_timeout: 3s }\n");
+    for (const char *s = body; *s;) {
+        if (strncmp(s, "@UP@", 4) == 0) {
+            o += sprintf(o, "http://127.0.0.1:%d", service.port);
+            s += 4;
+        } else {
+            *o++ = *s++;
+        }
+    }
+    *o = '\0';
+    sys_write_file(path, text);
+}
+
+static void start(struct proc *p, const char *cmd, const char *path)
+{
+    char log[4200];
+    snprintf(log, sizeof log, "%s.%d.log", path, ++seq);
+    char *argv[] = {(char *)idem_bin, (char *)cmd, "-c", (char *)path, NULL};
+    char *serve[] = {(char *)idem_bin, (char *)cmd, "-c", (char *)path, "--listen", "127.0.0.1:0",
+                     NULL};
+    sys_start(p, strcmp(cmd, "serve") == 0 ? serve : argv, log);
+}
+
+/* A counter of idem's /metrics: name{consumer="c"}. */
+static long metric(const struct proc *p, const char *name, const char *consumer)
+{
+    struct sys_resp r;
+    sys_admin_http(p->admin_port, "GET", "/metrics", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    char want[200];
+    snprintf(want, sizeof want, "%s{consumer=\"%s\"} ", name, consumer);
+    const char *at = strstr(r.m->body, want);
+    long v = at ? strtol(at + strlen(want), NULL, 10) : -1;
+    sys_resp_free(&r);
+    return v;
+}
+
+static long rows(void)
+{
+    return sys_stat(service.port, "refunds");
+}
+
+static long executions(void)
+{
+    return sys_stat(service.port, "executions");
+}
+
+/* Wait (up to ms) until the service holds want rows; the count. */
+static long wait_rows(long want, int ms)
+{
+    long long deadline = now_ms() + ms;
+    long n;
+    while ((n = rows()) < want && now_ms() < deadline)
+        sleep_ms(50);
+    return n;
+}
+
+static long wait_dead(struct bus *b, long want, int ms)
+{
+    long long deadline = now_ms() + ms;
+    long n;
+    while ((n = dead_count(b)) < want && now_ms() < deadline)
+        sleep_ms(50);
+    return n;
+}
+
+/* ---- the tests ---- */
+
+/* 1,000 keys, each published 3 times and interleaved, consumed by two idem
+ * consume processes sharing one distributed store: each key executed once,
+ * every message acked, two of every three counted as duplicates. */
+static void duplicates_two_instances(int redis)
+{
+    struct bus b;
+    char src[512], path[4200], body[256];
+    bus_open(&b, redis, "dup");
+    source_yaml(&b, src, sizeof src, 64);
+    char cfg[2048];
+    snprintf(cfg, sizeof cfg,
+             "consumers:\n  - name: refunds\n%s"
+             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 5s\n",
+             src);
+    write_config(path, sizeof path, 1, cfg);
+    struct proc a, c;
+    start(&a, "consume", path);
+    start(&c, "consume", path);
+    long before = executions(), before_rows = rows();
+    /* Each pass publishes every key once, in its own order. */
+    int order[1000];
+    for (int pass = 0; pass < 3; pass++) {
+        for (int i = 0; i < 1000; i++)
+            order[i] = i;
+        for (int i = 999; i > 0; i--) {
+            int j = rand() % (i + 1), t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+        for (int i = 0; i < 1000; i++) {
+            snprintf(body, sizeof body, "{\"refund_no\":\"D%d-%d\",\"amount\":\"1.00\"}", seq,
+                     order[i]);
+            publish(&b, body, NULL, NULL);
+        }
+    }
+    assert_int_equal(wait_rows(before_rows + 1000, 60000) - before_rows, 1000);
+    long long deadline = now_ms() + 30000;
+    long got = 0;
+    while (now_ms() < deadline &&
+           (got = metric(&a, "idem_consumer_received_total", "refunds") +
+                  metric(&c, "idem_consumer_received_total", "refunds")) < 3000)
+        sleep_ms(50);
+    assert_int_equal(got, 3000);
+    while (now_ms() < deadline && (metric(&a, "idem_consumer_in_flight", "refunds") ||
+                                   metric(&c, "idem_consumer_in_flight", "refunds")))
+        sleep_ms(50);
+    long dups = metric(&a, "idem_consumer_duplicates_total", "refunds") +
+                metric(&c, "idem_consumer_duplicates_total", "refunds");
+    long done = metric(&a, "idem_consumer_executed_total", "refunds") +
+                metric(&c, "idem_consumer_executed_total", "refunds");
+    /* Both instances took part. */
+    assert_true(metric(&a, "idem_consumer_received_total", "refunds") > 0);
+    assert_true(metric(&c, "idem_consumer_received_total", "refunds") > 0);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+    assert_int_equal(sys_stop(&c, SIGTERM), 0);
+    assert_int_equal(executions() - before, 1000); /* each key sent to the handler once */
+    assert_int_equal(rows() - before_rows, 1000);
+    assert_int_equal(done, 1000);
+    assert_int_equal(dups, 2000);
+    assert_int_equal(dead_count(&b), 0);
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_duplicates_two_instances(void **state)
+{
+    (void)state;
+    duplicates_two_instances(0);
+}
+
+static void test_redis_duplicates_two_instances(void **state)
+{
+    (void)state;
+    duplicates_two_instances(1);
+}
+
+struct storm {
+    int port;
+    const char *key;
+    int status[50];
+};
+
+static void one_post(void *arg, int i)
+{
+    struct storm *s = arg;
+    char body[128];
+    snprintf(body, sizeof body, "{\"refund_no\":\"%s\",\"amount\":\"1.00\"}", s->key);
+    struct sys_resp r;
+    const char *h[] = {"Content-Type: application/json", NULL};
+    sys_http(s->port, "POST", "/refunds", h, body, 10000, &r);
+    s->status[i] = r.status;
+    sys_resp_free(&r);
+}
+
+struct pub_arg {
+    struct bus *b;
+    const char *key;
+};
+
+static void *publish_50(void *arg)
+{
+    struct pub_arg *p = arg;
+    char body[128];
+    snprintf(body, sizeof body, "{\"refund_no\":\"%s\",\"amount\":\"1.00\"}", p->key);
+    for (int i = 0; i < 50; i++)
+        publish(p->b, body, NULL, NULL);
+    return NULL;
+}
+
+/* A payment's result by its HTTP callback (a route) and by the MQ (a
+ * consumer) in one space: 50 of each at once, one execution. */
+static void route_and_consumer(int redis)
+{
+    struct bus b;
+    char src[512], path[4200], cfg[2048], key[64];
+    bus_open(&b, redis, "both");
+    source_yaml(&b, src, sizeof src, 64);
+    snprintf(cfg, sizeof cfg,
+             "routes:\n  - name: refund-callback\n    match: { method: POST, path: /refunds }\n"
+             "    upstream: @UP@\n    key: { json: refund_no }\n    space: refund\n"
+             "    fingerprint: [refund_no, amount]\n"
+             "consumers:\n  - name: refund-mq\n%s"
+             "    key: { json: refund_no }\n    space: refund\n    handler: @UP@/refunds\n"
+             "    fingerprint: [refund_no, amount]\n",
+             src);
+    write_config(path, sizeof path, 0, cfg);
+    struct proc p;
+    start(&p, "serve", path);
+    snprintf(key, sizeof key, "BOTH-%d", seq);
+    long before = executions();
+    struct storm s = {.port = p.port, .key = key};
+    struct pub_arg pa = {&b, key};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, publish_50, &pa), 0);
+    test_run_threads(50, one_post, &s);
+    pthread_join(t, NULL);
+    for (int i = 0; i < 50; i++)
+        if (s.status[i] != 201 && s.status[i] != 409)
+            fail_msg("POST %d answered %d (201 or 409 expected)", i, s.status[i]);
+    long long deadline = now_ms() + 20000;
+    while (now_ms() < deadline && (metric(&p, "idem_consumer_received_total", "refund-mq") < 50 ||
+                                   metric(&p, "idem_consumer_in_flight", "refund-mq") > 0))
+        sleep_ms(50);
+    assert_int_equal(metric(&p, "idem_consumer_received_total", "refund-mq"), 50);
+    assert_int_equal(metric(&p, "idem_consumer_in_flight", "refund-mq"), 0);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    assert_int_equal(executions() - before, 1);
+    assert_int_equal(dead_count(&b), 0);
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_route_and_consumer_one_execution(void **state)
+{
+    (void)state;
+    route_and_consumer(0);
+}
+
+static void test_redis_route_and_consumer_one_execution(void **state)
+{
+    (void)state;
+    route_and_consumer(1);
+}
+
+/* A handler that always answers 500: the message reaches the dead letter
+ * after max_attempts, with Idem's headers and its own, the handler called
+ * exactly max_attempts times — idem killed and started again between the
+ * attempts. */
+static void poison(int redis)
+{
+    struct bus b;
+    char src[512], path[4200], cfg[2048], body[128];
+    bus_open(&b, redis, "poison");
+    source_yaml(&b, src, sizeof src, 8);
+    snprintf(cfg, sizeof cfg,
+             "consumers:\n  - name: refunds\n%s"
+             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 1s\n"
+             "    handler_timeout: 1s\n    max_attempts: 3\n    retry_backoff: [1500ms]\n",
+             src);
+    write_config(path, sizeof path, 0, cfg);
+    struct proc p;
+    start(&p, "serve", path);
+    long before = executions();
+    snprintf(body, sizeof body, "{\"refund_no\":\"P-%d\",\"amount\":\"1.00\"}", seq);
+    const struct header h[] = {{"X-Fail", "500"}, {NULL, NULL}};
+    publish(&b, body, h, NULL);
+    long long deadline = now_ms() + 10000;
+    while (executions() - before < 1 && now_ms() < deadline)
+        sleep_ms(20);
+    assert_int_equal(executions() - before, 1);
+    sys_stop(&p, SIGKILL); /* between attempts 1 and 2 (or during 1) */
+    start(&p, "serve", path);
+    assert_int_equal(wait_dead(&b, 1, 30000), 1);
+    sleep_ms(500); /* nothing more reaches the handler */
+    assert_int_equal(executions() - before, 3);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    struct dead d[2];
+    assert_int_equal(take_dead(&b, d, 2), 1);
+    assert_string_equal(d[0].body, body);
+    assert_string_equal(d[0].reason, "attempts_exhausted");
+    assert_string_equal(d[0].attempts, "3");
+    assert_string_equal(d[0].last_status, "500");
+    assert_string_equal(d[0].fail, "500"); /* the message's own header */
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_poison_dead_lettered_across_restart(void **state)
+{
+    (void)state;
+    poison(0);
+}
+
+static void test_redis_poison_dead_lettered_across_restart(void **state)
+{
+    (void)state;
+    poison(1);
+}
+
+/* Bad input on the dead letter with its reason, and the queue goes on. */
+static void bad_input(int redis)
+{
+    struct bus b;
+    char src[512], path[4200], cfg[2048], long_key[1200], body[1400], good[128];
+    bus_open(&b, redis, "bad");
+    source_yaml(&b, src, sizeof src, 8);
+    snprintf(cfg, sizeof cfg,
+             "consumers:\n  - name: refunds\n%s"
+             "    key: { json: refund_no }\n    handler: @UP@/refunds\n",
+             src);
+    write_config(path, sizeof path, 0, cfg);
+    struct proc p;
+    start(&p, "serve", path);
+    long before = executions();
+    memset(long_key, 'k', sizeof long_key - 1);
+    long_key[sizeof long_key - 1] = '\0';
+    snprintf(body, sizeof body, "{\"refund_no\":\"%s\"}", long_key);
+    publish(&b, "{\"amount\":\"1.00\"}", NULL, NULL);       /* no key */
+    publish(&b, body, NULL, NULL);                           /* a key too long */
+    publish(&b, "refund_no=R-1", NULL, NULL);                /* not JSON */
+    const struct header crlf[] = {{"X-Note", "a\r\nX-Injected: 1"}, {NULL, NULL}};
+    publish(&b, "{\"refund_no\":\"CRLF-1\",\"amount\":\"1.00\"}", crlf, NULL);
+    const struct header name[] = {{"Bad Name", "x"}, {NULL, NULL}};
+    publish(&b, "{\"refund_no\":\"NAME-1\",\"amount\":\"1.00\"}", name, NULL);
+    snprintf(good, sizeof good, "{\"refund_no\":\"GOOD-%d\",\"amount\":\"1.00\"}", seq);
+    publish(&b, good, NULL, NULL);
+    assert_int_equal(wait_dead(&b, 5, 10000), 5);
+    long long deadline = now_ms() + 10000;
+    while (executions() - before < 1 && now_ms() < deadline)
+        sleep_ms(20);
+    assert_int_equal(executions() - before, 1); /* the good one only */
+    assert_int_equal(sys_stop(&p, SIGTERM), 0); /* alive, and stops cleanly */
+    struct dead d[8];
+    assert_int_equal(take_dead(&b, d, 8), 5);
+    const char *want[] = {"key_missing", "key_invalid", "key_missing", "header_invalid",
+                          "header_invalid"};
+    for (int i = 0; i < 5; i++) {
+        int found = 0;
+        for (int j = 0; j < 5 && !found; j++)
+            found = !strcmp(d[j].reason, want[i]);
+        if (!found)
+            fail_msg("no dead letter with reason %s", want[i]);
+        assert_true(d[i].reason[0] != '\0');
+    }
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_bad_input_dead_lettered(void **state)
+{
+    (void)state;
+    bad_input(0);
+}
+
+static void test_redis_bad_input_dead_lettered(void **state)
+{
+    (void)state;
+    bad_input(1);
+}
+
+/* kill -9 of idem every 1-2 s (started again each time) while it works
+ * through 5,000 keys: none lost (each has its row), none executed twice
+ * but the few whose handler call a kill cut short (at most what was in
+ * flight at each kill), and nothing left unacked. */
+static void kill9_stream(int redis)
+{
+    struct bus b;
+    char src[512], path[4200], cfg[2048], body[128];
+    const int keys = 5000, prefetch = 8;
+    bus_open(&b, redis, "kill");
+    source_yaml(&b, src, sizeof src, prefetch);
+    snprintf(cfg, sizeof cfg,
+             "consumers:\n  - name: refunds\n%s"
+             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 1s\n"
+             "    handler_timeout: 1s\n    max_attempts: 100\n    retry_backoff: [100ms]\n",
+             src);
+    write_config(path, sizeof path, 0, cfg);
+    long before_rows = rows(), before = executions();
+    /* Each call takes the handler 10 ms: prefetch / 10 ms messages a second,
+     * so that the stream lasts through several kills. */
+    const struct header slow[] = {{"X-Delay-Ms", "10"}, {NULL, NULL}};
+    for (int i = 0; i < keys; i++) {
+        snprintf(body, sizeof body, "{\"refund_no\":\"K%d-%d\",\"amount\":\"1.00\"}", seq, i);
+        publish(&b, body, slow, NULL);
+    }
+    struct proc p;
+    int kills = 0;
+    long long deadline = now_ms() + 120000;
+    start(&p, "serve", path);
+    while (rows() - before_rows < keys && now_ms() < deadline) {
+        sleep_ms(1000 + rand() % 1000);
+        if (rows() - before_rows >= keys)
+            break;
+        sys_stop(&p, SIGKILL);
+        kills++;
+        start(&p, "serve", path);
+    }
+    assert_int_equal(wait_rows(before_rows + keys, 30000) - before_rows, keys); /* none lost */
+    /* A stream's entries whose ack a kill cut off stay pending with the
+     * dead instance until the live one takes them over (and acks them:
+     * their records are finished). */
+    long long settle = now_ms() + 20000;
+    while (now_ms() < settle && (metric(&p, "idem_consumer_in_flight", "refunds") > 0 ||
+                                 (redis && !all_acked(&b))))
+        sleep_ms(50);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    long extra = executions() - before - keys;
+    print_message("%d kills, %ld extra handler calls (cut short by a kill)\n", kills, extra);
+    assert_true(kills >= 2);
+    assert_true(extra >= 0 && extra <= (long)kills * prefetch);
+    /* A key re-sent after a kill is refused by the service's own UNIQUE
+     * key (409): on the dead letter as handler_rejected, its row there. */
+    struct dead *d = calloc((size_t)kills * prefetch + 1, sizeof *d);
+    size_t nd = take_dead(&b, d, (size_t)kills * prefetch + 1);
+    for (size_t i = 0; i < nd; i++)
+        assert_string_equal(d[i].reason, "handler_rejected");
+    free(d);
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_kill9_stream(void **state)
+{
+    (void)state;
+    kill9_stream(0);
+}
+
+static void test_redis_kill9_stream(void **state)
+{
+    (void)state;
+    kill9_stream(1);
+}
+
+/* RabbitMQ restarted mid-stream, then the handler down for 5 s: every key
+ * executed once, nothing on the dead letter, nothing left unacked. */
+static void test_amqp_broker_restart_and_handler_down(void **state)
+{
+    (void)state;
+    struct bus b;
+    char src[512], path[4200], cfg[2048], body[128];
+    const int keys = 2000;
+    bus_open(&b, 0, "restart");
+    source_yaml(&b, src, sizeof src, 32);
+    snprintf(cfg, sizeof cfg,
+             "consumers:\n  - name: refunds\n%s"
+             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 2s\n"
+             "    max_attempts: 50\n    retry_backoff: [200ms, 500ms]\n",
+             src);
+    write_config(path, sizeof path, 0, cfg);
+    long before_rows = rows(), before = executions();
+    for (int i = 0; i < keys; i++) {
+        snprintf(body, sizeof body, "{\"refund_no\":\"B%d-%d\",\"amount\":\"1.00\"}", seq, i);
+        publish(&b, body, NULL, NULL);
+    }
+    struct proc p;
+    start(&p, "serve", path);
+    long long deadline = now_ms() + 20000;
+    while (rows() - before_rows < keys / 4 && now_ms() < deadline)
+        sleep_ms(20);
+    run("'%s' rabbitmq-restart '%s' >/dev/null", services_sh, rabbit_dir);
+    bus_reconnect(&b);
+    while (rows() - before_rows < keys / 2 && now_ms() < deadline + 40000)
+        sleep_ms(20);
+    int port = service.port;
+    long done_before_stop = executions() - before;
+    sys_stop(&service, SIGTERM);
+    sleep_ms(5000);
+    char listen[64];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    const char *extra[] = {"--listen", listen, NULL};
+    sys_start_service(&service, service_bin, dir, "refunds", extra);
+    assert_int_equal(wait_rows(before_rows + keys, 60000) - before_rows, keys);
+    long long settle = now_ms() + 15000;
+    while (now_ms() < settle && metric(&p, "idem_consumer_in_flight", "refunds") > 0)
+        sleep_ms(50);
+    assert_true(metric(&p, "idem_consumer_reconnects_total", "refunds") >= 1);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    /* The service counts from 0 again after its restart. */
+    assert_int_equal(done_before_stop + executions(), keys);
+    assert_int_equal(dead_count(&b), 0);
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+/* A consumer that died with entries pending: another instance takes them
+ * over (XAUTOCLAIM) once they have been idle past the lease, the handler's
+ * timeout and the backoff, and every key gets its row. */
+static void test_redis_dead_consumer_taken_over(void **state)
+{
+    (void)state;
+    struct bus b;
+    char src[512], path[4200], cfg[2048], body[128];
+    bus_open(&b, 1, "claim");
+    source_yaml(&b, src, sizeof src, 64);
+    snprintf(cfg, sizeof cfg,
+             "consumers:\n  - name: refunds\n%s"
+             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 1s\n"
+             "    handler_timeout: 3s\n    retry_backoff: [100ms]\n",
+             src);
+    write_config(path, sizeof path, 0, cfg);
+    struct proc p;
+    start(&p, "serve", path);
+    long before_rows = rows();
+    /* Each held by its handler for a second: pending when idem dies. */
+    const struct header slow[] = {{"X-Delay-Ms", "1000"}, {NULL, NULL}};
+    for (int i = 0; i < 20; i++) {
+        snprintf(body, sizeof body, "{\"refund_no\":\"C%d-%d\",\"amount\":\"1.00\"}", seq, i);
+        publish(&b, body, slow, NULL);
+    }
+    long long deadline = now_ms() + 10000;
+    while (metric(&p, "idem_consumer_received_total", "refunds") < 20 && now_ms() < deadline)
+        sleep_ms(10);
+    sys_stop(&p, SIGKILL);
+    assert_true(redis_int(&b, "XLEN %s", b.queue) == 20);
+    assert_false(all_acked(&b)); /* pending with the dead instance */
+    start(&p, "serve", path); /* another instance: another consumer name */
+    assert_int_equal(wait_rows(before_rows + 20, 30000) - before_rows, 20);
+    deadline = now_ms() + 15000;
+    while (!all_acked(&b) && now_ms() < deadline)
+        sleep_ms(50);
+    assert_true(all_acked(&b));
+    assert_true(metric(&p, "idem_consumer_received_total", "refunds") >= 20);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    bus_close(&b);
+}
+
+/* What a failed test left running must not count in the next one. */
+static int teardown(void **state)
+{
+    (void)state;
+    sys_kill_all();
+    if (kill(service.pid, 0) != 0)
+        sys_start_service(&service, service_bin, dir, "refunds", NULL);
+    return 0;
+}
+
+static int group_setup(void **state)
+{
+    (void)state;
+    dir = test_mkdtemp();
+    srand((unsigned)getpid());
+    sys_start_service(&service, service_bin, dir, "refunds", NULL);
+    test_wipe_servers(redis_url, pg_url);
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    sys_finish(&service, dir);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 9) {
+        fprintf(stderr, "usage: %s IDEM REFUND_SERVICE SERVICES_SH STATE_DIR RABBIT_STATE_DIR "
+                        "AMQP_URL REDIS_URL POSTGRES_URL\n", argv[0]);
+        return 2;
+    }
+    idem_bin = argv[1], service_bin = argv[2], services_sh = argv[3], state_dir = argv[4];
+    rabbit_dir = argv[5], amqp_url = argv[6], redis_url = argv[7], pg_url = argv[8];
+    signal(SIGPIPE, SIG_IGN);
+    /* IDEM_TEST_FILTER=test_redis_* runs only the tests it matches. */
+    if (getenv("IDEM_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("IDEM_TEST_FILTER"));
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_amqp_duplicates_two_instances, teardown),
+        cmocka_unit_test_teardown(test_redis_duplicates_two_instances, teardown),
+        cmocka_unit_test_teardown(test_amqp_route_and_consumer_one_execution, teardown),
+        cmocka_unit_test_teardown(test_redis_route_and_consumer_one_execution, teardown),
+        cmocka_unit_test_teardown(test_amqp_poison_dead_lettered_across_restart, teardown),
+        cmocka_unit_test_teardown(test_redis_poison_dead_lettered_across_restart, teardown),
+        cmocka_unit_test_teardown(test_amqp_bad_input_dead_lettered, teardown),
+        cmocka_unit_test_teardown(test_redis_bad_input_dead_lettered, teardown),
+        cmocka_unit_test_teardown(test_amqp_kill9_stream, teardown),
+        cmocka_unit_test_teardown(test_redis_kill9_stream, teardown),
+        cmocka_unit_test_teardown(test_amqp_broker_restart_and_handler_down, teardown),
+        cmocka_unit_test_teardown(test_redis_dead_consumer_taken_over, teardown),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
