@@ -14,7 +14,8 @@
  *
  *   delivered ──► key, fingerprint ── missing/invalid ─────► dead letter (reason), ack
  *                     │
- *                 begin (record) ── DONE ───────────────────► ack (a duplicate)
+ *                 begin (record) ── DONE ───────────────────► ack (a duplicate); if it
+ *                     │                                        failed, dead letter again
  *                     │            ├─ MISMATCH ─────────────► dead letter key_reused, ack
  *                     │            ├─ IN_PROGRESS ──────────► held, tried again later
  *                     │            └─ claim past max_attempts ► dead letter attempts_exhausted
@@ -303,7 +304,13 @@ static void on_answered(struct front_request *req)
         return;
     case GW_REPLAYED:
         atomic_fetch_add(&k->n.duplicates, 1);
-        ack(h);
+        /* Finished before, and failed: it belongs on the dead letter. A
+         * copy that was dead-lettered already gets there again (its earlier
+         * dead letter may not have been written: never none, maybe two). */
+        if (status >= 400)
+            dead_letter(h, status < 500 ? "handler_rejected" : "attempts_exhausted");
+        else
+            ack(h);
         return;
     case GW_MISMATCH:
         atomic_fetch_add(&k->n.alerts, 1);
