@@ -1,0 +1,26 @@
+#!/bin/sh
+# test_doc_yaml.sh IDEM DOC... — every ```yaml block of the given docs is a
+# configuration idem accepts: `idem serve --check` (or `idem consume
+# --check` for one with consumers: and no routes:) exits 0 on it. A doc
+# example that stops parsing fails here, not in a reader's hands.
+set -eu
+idem=$1; shift
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+n=0
+for doc in "$@"; do
+  awk -v dir="$tmp" -v base="$(basename "$doc" .md)" '
+    /^```yaml$/ { n++; out = sprintf("%s/%s-%d.yaml", dir, base, n); inb = 1; next }
+    /^```$/ && inb { inb = 0; close(out); next }
+    inb { print > out }' "$doc"
+done
+for f in "$tmp"/*.yaml; do
+  [ -e "$f" ] || continue
+  n=$((n + 1))
+  cmd=serve
+  if grep -q '^consumers:' "$f" && ! grep -q '^routes:' "$f"; then cmd=consume; fi
+  if ! out=$(cd "$tmp" && "$idem" "$cmd" --check -c "$f" 2>&1); then
+    echo "$(basename "$f"): idem $cmd --check refused it: $out"; sed 's/^/  | /' "$f"; exit 1
+  fi
+done
+[ "$n" -gt 0 ] || { echo "no yaml blocks in $*"; exit 1; }
+echo "$n yaml blocks accepted"
