@@ -60,7 +60,8 @@ struct held {
     struct held *prev, *next;
     struct mq_message *m;
     struct event *timer;  /* waiting to be tried again */
-    int in_gateway;
+    int busy;             /* in the gateway, or being told to the broker: a lost
+                             connection leaves it to whoever holds it */
     int last_status;      /* the handler's last answer (0: none seen here) */
     unsigned attempts;    /* the last claim's number */
     unsigned waits;       /* tries again without an attempt (in flight elsewhere, store) */
@@ -221,6 +222,7 @@ static void retry_later(struct held *h, int64_t ms)
     }
     struct timeval tv = ms_timeval(ms);
     evtimer_add(h->timer, &tv);
+    h->busy = 0;
 }
 
 static void dead_letter(struct held *h, const char *reason)
@@ -282,7 +284,6 @@ static void on_answered(struct front_request *req)
     struct consumer *k = h->k;
     const struct route *rt = &k->cfg->route;
     int status = req->resp ? req->resp->status : 503;
-    h->in_gateway = 0;
     if (req->attempt)
         h->attempts = req->attempt;
     if (k->stopped) {
@@ -402,7 +403,7 @@ static void submit(struct held *h)
         retry_later(h, 1000);
         return;
     }
-    h->in_gateway = 1;
+    h->busy = 1;
     gateway_start(k->d, daemon_config_ref(k->lc), &k->cfg->route, req);
 }
 
@@ -439,6 +440,7 @@ void consumer_deliver(struct consumer *k, struct mq_message *m)
         k->held->prev = h;
     k->held = h;
     atomic_fetch_add(&k->n.in_flight, 1);
+    h->busy = 1;
     const char *bad = m->bad ? m->bad : over_limits(k, m);
     if (bad)
         dead_letter(h, bad);
@@ -466,10 +468,11 @@ void consumer_connection(struct consumer *k, int up, const char *detail)
     k->up = 0;
     atomic_store(&k->n.connected, 0);
     /* Those waiting here are given up: the broker has them again. Those in
-     * the gateway finish their records, and are dropped once answered. */
+     * the gateway finish their records, and are dropped once answered; one
+     * being told to the broker is dropped by the one telling. */
     for (struct held *h = k->held, *next; h; h = next) {
         next = h->next;
-        if (!h->in_gateway)
+        if (!h->busy)
             drop(h);
     }
 }
@@ -492,7 +495,7 @@ static void on_drain(evutil_socket_t fd, short what, void *arg)
     k->ops->stop(k->src);
     for (struct held *h = k->held, *next; h; h = next) {
         next = h->next;
-        if (!h->in_gateway)
+        if (!h->busy)
             drop(h); /* waiting to be tried again: the broker gives it out again */
     }
     front_drain(k->front, k->drain_ms);
