@@ -593,6 +593,11 @@ static void redis_close(void *src)
     struct redis_src *r = src;
     r->stopped = 1;
     r->connected = 0;
+    /* The acks and dead letters queued last (the loop has ended): out to
+     * the socket before the connection goes, or their entries would stay
+     * pending until another consumer takes them over. */
+    if (r->wr)
+        redisAsyncHandleWrite(r->wr);
     close_connections(r);
     event_free(r->dial_ev);
     event_free(r->timeout_ev);
