@@ -239,11 +239,11 @@ static void dead_letter(struct held *h, const char *reason)
         return;
     }
     atomic_fetch_add(&k->n.dead_lettered, 1);
-    char id[160];
-    log_escape(h->m->id ? h->m->id : h->m->entry, strlen(h->m->id ? h->m->id : h->m->entry), id,
-               sizeof id);
-    daemon_log("consumer %s: message %s dead-lettered to %s: %s (%u attempts, last status %d)",
-               k->cfg->route.name, id, k->cfg->dead_letter, reason, h->attempts, h->last_status);
+    /* The id is the producer's: the log line escapes it (log.c). */
+    daemon_log("consumer %s: message %.200s dead-lettered to %s: %s (%u attempts, last status "
+               "%d)",
+               k->cfg->route.name, h->m->id ? h->m->id : "without an id", k->cfg->dead_letter,
+               reason, h->attempts, h->last_status);
     drop(h);
 }
 
