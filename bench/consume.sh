@@ -89,14 +89,13 @@ IDEM_BENCH_KEY=$(openssl rand -hex 32)
 export IDEM_BENCH_KEY
 pgids=() # process groups we started (each a session leader)
 services_up=""
-stop_pgid() { # TERM, up to 10 s, then KILL
-    local g=$1 i
+stop_pgid() { # TERM the group; KILL it should its leader (our child) outlive 10 s
+    local g=$1 guard
     kill -TERM -- "-$g" 2>/dev/null || return 0
-    for ((i = 0; i < 100; i++)); do
-        kill -0 -- "-$g" 2>/dev/null || return 0
-        sleep 0.1
-    done
-    kill -KILL -- "-$g" 2>/dev/null || true
+    { sleep 10; kill -KILL -- "-$g" 2>/dev/null; } &
+    guard=$!
+    wait "$g" 2>/dev/null || true
+    kill "$guard" 2>/dev/null || true
 }
 forget_pgid() {
     local g keep=()
@@ -195,7 +194,7 @@ cpu_keep() {
     R[$k.${who}_cpu_us]=$(awk -v t="$c" -v hz="$clk_tck" -v n="$n_msgs" 'BEGIN { printf "%.0f", t / hz * 1e6 / n }')
     R[$k.${who}_broker_us]=$(awk -v t=$((b1 - b0)) -v hz="$clk_tck" -v n="$n_msgs" 'BEGIN { printf "%.0f", t / hz * 1e6 / n }')
     R[$k.${who}_rest]=$(awk -v t=$((m1 - m0 - (b1 - b0) - (h1 - h0) - c)) -v hz="$clk_tck" -v s="${R[$k.${who}_s]}" \
-        'BEGIN { r = t / hz / s * 100; printf "%.0f", r > 0 ? r : 0 }')
+        'BEGIN { r = t / hz / s * 100; printf "%.0f", (r > 0 ? r : 0) }')
     if ((R[$k.${who}_rest] > 30)); then
         notes+=("$k: $who: ${R[$k.${who}_rest]}% of a core went to other processes or kernel threads: its figure may be low")
     fi
@@ -258,8 +257,10 @@ measure_idem() { # RUN ROUND QUEUE
     # acked (after its record was durable) or dead-lettered.
     local deadline=$((SECONDS + 300))
     for ((;;)); do
+        # One curl and one awk a poll: the polling shares the cores too.
         if [[ -S $d/idem-admin.sock ]] && m=$(idem_metrics "$d") &&
-            [[ $(metric "$m" received_total) == "$n_msgs" && $(metric "$m" in_flight) == 0 ]]; then
+            awk -v n="$n_msgs" '/^idem_consumer_received_total\{/ { r = $2 }
+                /^idem_consumer_in_flight\{/ { f = $2 } END { exit !(r == n && f == 0) }' <<<"$m"; then
             break
         fi
         kill -0 "$pid" 2>/dev/null || { tail -n 20 "$d/idem.log" >&2; die "$k: idem consume exited"; }
@@ -339,6 +340,13 @@ describe() {
     redis-dup) echo "Redis Streams, 90% duplicates" ;;
     esac
 }
+section() { # TITLE ITEM...: the items as a list under that heading; nothing without items
+    local title=$1
+    shift
+    (($#)) || return 0
+    printf '\n## %s\n\n' "$title"
+    printf -- '- %s\n' "$@"
+}
 mkdir -p "$(dirname "$out_md")"
 {
     printf '# Idem consumer benchmark\n\n'
@@ -393,14 +401,8 @@ mkdir -p "$(dirname "$out_md")"
     printf 'Redis'"'"'s servers'"'"' together. Rest of the machine: percent of a core that went to neither\n'
     printf 'them, the consumer nor the handler (other processes, kernel threads: loopback, the disk).\n'
     printf 'The other figures of a row are from the round whose ratio is the median. See bench/README.md.\n'
-    if ((${#notes[@]})); then
-        printf '\n## Notes\n\n'
-        for p in "${notes[@]}"; do printf -- '- %s\n' "$p"; done
-    fi
-    if ((${#problems[@]})); then
-        printf '\n## Problems seen in this run\n\n'
-        for p in "${problems[@]}"; do printf -- '- %s\n' "$p"; done
-    fi
+    section Notes "${notes[@]}"
+    section "Problems seen in this run" "${problems[@]}"
 } >"$out_md"
 
 echo >&2

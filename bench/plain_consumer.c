@@ -116,22 +116,30 @@ static int write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-/* One answer's head and body from the connection; its status, or -1 when
- * the connection closed before a whole answer. */
-static int http_read_answer(struct http *h)
+/* More of the answer into buf: 0, or -1 once the connection is closed. */
+static int http_read_more(struct http *h)
 {
-    char *end;
     for (;;) {
-        if ((end = memmem(h->buf, h->have, "\r\n\r\n", 4)))
-            break;
-        if (h->have == sizeof h->buf)
-            die("handler: an answer's head over %zu bytes", sizeof h->buf);
         ssize_t r = read(h->fd, h->buf + h->have, sizeof h->buf - h->have);
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
             return -1;
         h->have += (size_t)r;
+        return 0;
+    }
+}
+
+/* One answer's head and body from the connection; its status, or -1 when
+ * the connection closed before a whole answer. */
+static int http_read_answer(struct http *h)
+{
+    char *end;
+    while (!(end = memmem(h->buf, h->have, "\r\n\r\n", 4))) {
+        if (h->have == sizeof h->buf)
+            die("handler: an answer's head over %zu bytes", sizeof h->buf);
+        if (http_read_more(h))
+            return -1;
     }
     int status;
     if (sscanf(h->buf, "HTTP/1.%*d %d", &status) != 1)
@@ -143,14 +151,9 @@ static int http_read_answer(struct http *h)
             body = strtoul(p + 15, NULL, 10);
     if (head + body > sizeof h->buf)
         die("handler: an answer over %zu bytes", sizeof h->buf);
-    while (h->have < head + body) {
-        ssize_t r = read(h->fd, h->buf + h->have, sizeof h->buf - h->have);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
+    while (h->have < head + body)
+        if (http_read_more(h))
             return -1;
-        h->have += (size_t)r;
-    }
     memmove(h->buf, h->buf + head + body, h->have - head - body);
     h->have -= head + body;
     return status;
