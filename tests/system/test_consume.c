@@ -105,8 +105,13 @@ static void bus_open(struct bus *b, int redis, const char *tag)
         return;
     }
     b->amqp = amqp_open();
-    /* Declared by the test, as an application would: idem uses it as it is. */
-    amqp_queue_declare(b->amqp, 1, amqp_cstring_bytes(b->queue), 0, 1, 0, 0, amqp_empty_table);
+    /* Declared by the test, as an application would, with an argument of
+     * its own: idem uses it as it is (declaring it without the argument
+     * would fail: PRECONDITION_FAILED). Its dead letter idem declares. */
+    amqp_table_entry_t ttl = {.key = amqp_cstring_bytes("x-message-ttl"),
+                              .value = {.kind = AMQP_FIELD_KIND_I32, .value.i32 = 3600000}};
+    amqp_table_t args = {.num_entries = 1, .entries = &ttl};
+    amqp_queue_declare(b->amqp, 1, amqp_cstring_bytes(b->queue), 0, 1, 0, 0, args);
     assert_int_equal(amqp_get_rpc_reply(b->amqp).reply_type, AMQP_RESPONSE_NORMAL);
 }
 
@@ -638,6 +643,9 @@ static void bad_input(int redis)
     struct bus b;
     char src[512], path[4200], cfg[2048], long_key[1200], body[1400], good[128];
     bus_open(&b, redis, "bad");
+    /* A group that exists (made at the stream's end) is used as it is. */
+    if (redis)
+        freeReplyObject(redisCommand(b.rc, "XGROUP CREATE %s idem $ MKSTREAM", b.queue));
     source_yaml(&b, src, sizeof src, 8);
     snprintf(cfg, sizeof cfg,
              "consumers:\n  - name: refunds\n%s"
