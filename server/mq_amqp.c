@@ -6,7 +6,8 @@
  * basic.consume with basic.qos prefetch, and is read when its socket is
  * readable (and once a second, which also sends its heartbeats): each
  * basic.deliver is a message for the consumer, acked on that channel once
- * the consumer says so. The publishing one, in confirm mode, declares the
+ * the consumer says so — the acks of one turn of the loop together, as
+ * one basic.ack with multiple for a run of consecutive tags. The publishing one, in confirm mode, declares the
  * queues and puts dead letters on theirs, each confirmed by the broker
  * (basic.ack) before the original is acked: a dead letter is never lost
  * between the two. Waiting for a confirm on a connection of its own, the
@@ -48,7 +49,16 @@ struct amqp_src {
     char *url;                 /* a copy amqp_parse_url cut up: info points into it */
     struct amqp_connection_info info;
     amqp_connection_state_t in, out; /* consuming, publishing; NULL: not connected */
-    struct event *read_ev, *tick_ev, *dial_ev;
+    struct event *read_ev, *tick_ev, *dial_ev, *flush_ev;
+    /* Acks, sent together at the end of the loop's turn (flush_acks). The
+     * broker numbers a channel's deliveries 1, 2, 3 ...: tags first ..
+     * first + len - 1 were delivered on this connection and not yet acked
+     * as a run; st[t - first] is 0 not acked, 1 acked and not yet sent,
+     * 2 sent alone. */
+    uint64_t first;
+    unsigned char *st;
+    size_t len, cap;
+    int flush_due;
     int64_t backoff_ms;
     unsigned long failures;    /* connecting, in a row */
     int stopped;
@@ -183,6 +193,8 @@ static amqp_connection_state_t open_publisher(struct amqp_src *a, const char *qu
 
 static void drop_connections(struct amqp_src *a)
 {
+    a->first = 1; /* a new channel numbers its deliveries from 1 */
+    a->len = 0;
     if (a->read_ev) {
         event_free(a->read_ev);
         a->read_ev = NULL;
@@ -301,6 +313,72 @@ static struct mq_message *from_envelope(struct amqp_src *a, const amqp_envelope_
     return m;
 }
 
+/* ---- acks ---- */
+
+/* Tag delivered: it gets its place (a tag the broker skipped, which it
+ * never does, is taken as acked). 0, or -1 on OOM. */
+static int note_delivery(struct amqp_src *a, uint64_t tag)
+{
+    if (tag < a->first + a->len)
+        return 0; /* known already */
+    size_t need = (size_t)(tag - a->first + 1);
+    if (need > a->cap) {
+        size_t cap = a->cap ? a->cap : 256;
+        while (cap < need)
+            cap *= 2;
+        unsigned char *st = realloc(a->st, cap);
+        if (!st)
+            return -1;
+        a->st = st;
+        a->cap = cap;
+    }
+    memset(a->st + a->len, 2, need - a->len - 1);
+    a->st[need - 1] = 0;
+    a->len = need;
+    return 0;
+}
+
+/* The acks noted this turn, to the broker: one basic.ack with multiple
+ * for the run of tags from first on that are all acked, one alone for
+ * each acked past a tag still held. */
+static void flush_acks(struct amqp_src *a)
+{
+    a->flush_due = 0;
+    if (!a->in)
+        return;
+    /* The run's highest tag acked but not yet sent: a multiple ack's own
+     * tag must be one the broker still has unacked. */
+    size_t run = 0, last = 0;
+    while (run < a->len && a->st[run] != 0)
+        if (a->st[run++] == 1)
+            last = run;
+    int st = AMQP_STATUS_OK;
+    if (last)
+        st = amqp_basic_ack(a->in, CHANNEL, a->first + last - 1, 1);
+    if (run) {
+        memmove(a->st, a->st + run, a->len - run);
+        a->len -= run;
+        a->first += run;
+    }
+    for (size_t i = 0; st == AMQP_STATUS_OK && i < a->len; i++)
+        if (a->st[i] == 1) {
+            st = amqp_basic_ack(a->in, CHANNEL, a->first + i, 0);
+            a->st[i] = 2;
+        }
+    if (st != AMQP_STATUS_OK) {
+        char why[200];
+        snprintf(why, sizeof why, "acking: %s", amqp_error_string2(st));
+        lost(a, why);
+    }
+}
+
+static void on_flush(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    flush_acks(arg);
+}
+
 static void pump(struct amqp_src *a)
 {
     char why[300];
@@ -310,6 +388,11 @@ static void pump(struct amqp_src *a)
         amqp_envelope_t env;
         amqp_rpc_reply_t r = amqp_consume_message(a->in, &env, &zero, 0);
         if (r.reply_type == AMQP_RESPONSE_NORMAL) {
+            if (note_delivery(a, env.delivery_tag) != 0) {
+                amqp_destroy_envelope(&env);
+                lost(a, "out of memory");
+                return;
+            }
             struct mq_message *m = from_envelope(a, &env);
             amqp_destroy_envelope(&env);
             if (m)
@@ -436,15 +519,19 @@ static void *amqp_open(struct consumer *k, struct event_base *base,
         free(a);
         return NULL;
     }
+    a->first = 1;
     a->dial_ev = evtimer_new(base, on_dial, a);
     a->tick_ev = event_new(base, -1, EV_PERSIST, on_tick, a);
+    a->flush_ev = event_new(base, -1, 0, on_flush, a);
     struct timeval now = {0, 0}, second = {1, 0};
-    if (!a->dial_ev || !a->tick_ev || evtimer_add(a->dial_ev, &now) != 0 ||
+    if (!a->dial_ev || !a->tick_ev || !a->flush_ev || evtimer_add(a->dial_ev, &now) != 0 ||
         event_add(a->tick_ev, &second) != 0) {
         if (a->dial_ev)
             event_free(a->dial_ev);
         if (a->tick_ev)
             event_free(a->tick_ev);
+        if (a->flush_ev)
+            event_free(a->flush_ev);
         free(a->url);
         free(a);
         return NULL;
@@ -458,17 +545,18 @@ static void amqp_want(void *src, size_t n)
     (void)n;
 }
 
+/* Noted, and sent with the others of this turn of the loop (flush_acks):
+ * the record is durable already, so a lost connection before the send
+ * gives out a message whose redelivery is a duplicate. */
 static int amqp_ack(void *src, const struct mq_message *m)
 {
     struct amqp_src *a = src;
-    if (!a->in)
+    if (!a->in || m->tag < a->first || m->tag >= a->first + a->len)
         return -1;
-    int st = amqp_basic_ack(a->in, CHANNEL, m->tag, 0);
-    if (st != AMQP_STATUS_OK) {
-        char why[200];
-        snprintf(why, sizeof why, "acking: %s", amqp_error_string2(st));
-        lost(a, why);
-        return -1;
+    a->st[m->tag - a->first] = 1;
+    if (!a->flush_due) {
+        a->flush_due = 1;
+        event_active(a->flush_ev, EV_TIMEOUT, 0);
     }
     return 0;
 }
@@ -596,6 +684,7 @@ static void amqp_close(void *src)
 {
     struct amqp_src *a = src;
     a->stopped = 1;
+    flush_acks(a); /* those of the loop's last turn */
     if (a->in)
         amqp_connection_close(a->in, AMQP_REPLY_SUCCESS);
     if (a->out)
@@ -603,6 +692,8 @@ static void amqp_close(void *src)
     drop_connections(a);
     event_free(a->dial_ev);
     event_free(a->tick_ev);
+    event_free(a->flush_ev);
+    free(a->st);
     free(a->url);
     free(a);
 }

@@ -449,6 +449,10 @@ static void duplicates_two_instances(int redis)
                 metric(&c, "idem_consumer_duplicates_total", "refunds");
     long done = metric(&a, "idem_consumer_executed_total", "refunds") +
                 metric(&c, "idem_consumer_executed_total", "refunds");
+    /* No broker connection was lost (an ack the broker refused closes
+     * the channel). */
+    assert_int_equal(metric(&a, "idem_consumer_reconnects_total", "refunds"), 0);
+    assert_int_equal(metric(&c, "idem_consumer_reconnects_total", "refunds"), 0);
     /* Both instances took part. */
     assert_true(metric(&a, "idem_consumer_received_total", "refunds") > 0);
     assert_true(metric(&c, "idem_consumer_received_total", "refunds") > 0);
