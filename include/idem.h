@@ -595,6 +595,115 @@ IDEM_EXTERN idem_rc idem_inbox_fail(idem *h, const char *group,
                                     const char *msg_id, unsigned attempt,
                                     unsigned max_attempts, idem_outcome *out);
 
+/* Form 3, both: the claim in the caller's own transaction, with an attempt
+ * count that outlives its rollback, so a poison message is dead-lettered
+ * after max_attempts instead of being redelivered for ever. On the caller's
+ * own connection, SQLite or PostgreSQL; no idem handle. For each delivery:
+ *
+ *   idem_inbox_attempt_*()      before BEGIN, committed on its own:
+ *                                 PROCESS, DUPLICATE (ack) or DEAD
+ *                                 (dead-letter, then ack)
+ *   BEGIN
+ *   idem_inbox_settle_*()       first in the transaction: CLAIMED, or
+ *                                 DUPLICATE / DEAD (ROLLBACK, then as above)
+ *   the business writes
+ *   COMMIT, then ack            a failure: ROLLBACK and let the message be
+ *                                 redelivered; the next attempt counts it
+ *
+ * The table idem_inbox_msg, in the caller's database, holds one row per
+ * (group, msg_id): state RECEIVED (attempts counted, not done), DONE
+ * (settled with a committed business) or DEAD, with attempts and the times
+ * in ms of its creation and last change (created_ms, updated_ms). The first
+ * attempt on a database creates it. A unique key and conditional updates
+ * decide, never a read: of any number of consumers given the same message
+ * at once, each is counted an attempt, and exactly one settle commits
+ * CLAIMED; the others wait for it (they are writing the same row) and get
+ * DUPLICATE, or CLAIMED if it rolled back. A consumer that dies between the
+ * calls has used up its attempt: the redelivery is counted as the next.
+ * DONE and DEAD are final.
+ *
+ * The business transaction must be the database's own: PostgreSQL's default
+ * READ COMMITTED (under REPEATABLE READ or SERIALIZABLE a settle that waited
+ * for another fails with SQLSTATE 40001: roll back and let the message come
+ * again), and on SQLite a write transaction from the start (BEGIN
+ * IMMEDIATE) with a busy timeout on every connection (sqlite3_busy_timeout),
+ * as any SQLite program with several writers needs. */
+
+/* Count a delivery of the message as an attempt, in a statement committed
+ * on its own: the connection must have no transaction open (IDEM_EINVAL
+ * otherwise). max_attempts: 1..1000. *out:
+ *   PROCESS    process it now: entry->attempts is this attempt's number
+ *              (1 for the first delivery); settle it inside the business
+ *              transaction
+ *   DUPLICATE  it is DONE: ack it and skip it
+ *   DEAD       max_attempts attempts were counted before this one (or it
+ *              was DEAD already): move it to a dead-letter queue and ack it.
+ *              Every later delivery is DEAD too, so a dead-letter that was
+ *              not acked is dead-lettered again: the dead-letter queue, like
+ *              any queue, may see a message twice.
+ * entry (may be NULL) receives the message's row as the call left it. On
+ * PostgreSQL the call waits while another transaction settles the same
+ * message, and answers once it has committed (DUPLICATE) or rolled back
+ * (PROCESS). */
+IDEM_EXTERN idem_rc idem_inbox_attempt_sqlite(struct sqlite3 *db,
+                                              const char *group,
+                                              const char *msg_id,
+                                              const char *biz_type,
+                                              unsigned max_attempts,
+                                              idem_outcome *out,
+                                              idem_inbox_entry *entry);
+IDEM_EXTERN idem_rc idem_inbox_attempt_pg(struct pg_conn *conn,
+                                          const char *group,
+                                          const char *msg_id,
+                                          const char *biz_type,
+                                          unsigned max_attempts,
+                                          idem_outcome *out,
+                                          idem_inbox_entry *entry);
+
+/* Mark the message DONE inside the caller's business transaction, which
+ * must be open (BEGIN issued, not committed; on PostgreSQL idle in it) —
+ * IDEM_ENOTX otherwise. Call it before the business writes: a concurrent
+ * delivery then waits here rather than doing the work twice. *out:
+ *   CLAIMED    this transaction marks it DONE: do the business writes and
+ *              COMMIT; once committed, every attempt answers DUPLICATE. If
+ *              the transaction rolls back, so does the mark
+ *   DUPLICATE  another delivery's transaction committed it: ROLLBACK, ack
+ *   DEAD       another delivery found the attempts exhausted meanwhile:
+ *              ROLLBACK, then as for idem_inbox_attempt_*'s DEAD
+ * A message that had no attempt counted is settled as its first. On
+ * PostgreSQL the table must exist (an attempt creates it): a settle that
+ * finds none fails with IDEM_ESTORE, and, as with any failed statement,
+ * the caller's transaction is aborted; SQLite's settle creates it inside
+ * the transaction. entry may be NULL. */
+IDEM_EXTERN idem_rc idem_inbox_settle_sqlite(struct sqlite3 *db,
+                                             const char *group,
+                                             const char *msg_id,
+                                             const char *biz_type,
+                                             idem_outcome *out,
+                                             idem_inbox_entry *entry);
+IDEM_EXTERN idem_rc idem_inbox_settle_pg(struct pg_conn *conn,
+                                         const char *group,
+                                         const char *msg_id,
+                                         const char *biz_type,
+                                         idem_outcome *out,
+                                         idem_inbox_entry *entry);
+
+/* Delete up to limit rows of idem_inbox_msg whose last change is
+ * retention_ms (1 ms .. 3650 days) or more in the past, in whatever state:
+ * a DONE message delivered again after its row went is processed again, so
+ * retention must outlast every redelivery the queue may make; a RECEIVED
+ * row that old only loses its count. On PostgreSQL rows held by a
+ * transaction still open are left for the next purge, so a purge never
+ * waits for a consumer. *purged receives how many went (0 when the
+ * database has no table yet). In the caller's transaction if one is open,
+ * else on its own. */
+IDEM_EXTERN idem_rc idem_inbox_purge_sqlite(struct sqlite3 *db,
+                                            int64_t retention_ms,
+                                            unsigned limit, unsigned *purged);
+IDEM_EXTERN idem_rc idem_inbox_purge_pg(struct pg_conn *conn,
+                                        int64_t retention_ms, unsigned limit,
+                                        unsigned *purged);
+
 /* ------------------------------------------------------------------------- */
 /* Counters, for operators. Monotonic since idem_open(). */
 
