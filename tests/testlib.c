@@ -141,3 +141,13 @@ void test_wipe_servers(const char *redis_url, const char *postgres_url)
         PQfinish(c);
     }
 }
+
+long test_pg_count(PGconn *c, const char *sql)
+{
+    PGresult *r = PQexec(c, sql);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK)
+        fail_msg("%s: %s", sql, PQerrorMessage(c));
+    long n = atol(PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return n;
+}

@@ -34,6 +34,11 @@ void test_wipe_servers(const char *redis_url, const char *postgres_url);
  * error. */
 void test_redis_command(const char *redis_url, const char *command);
 
+/* The number the query's first row's first column holds, on a libpq
+ * connection (PGconn); fails the test when the query fails. */
+struct pg_conn;
+long test_pg_count(struct pg_conn *c, const char *sql);
+
 /* Assert an idem call succeeded, printing the error and its detail if not. */
 #define assert_idem_ok(call)                                                     \
     do {                                                                         \

@@ -1643,16 +1643,6 @@ static void pg_ok(PGconn *c, const char *sql)
     PQclear(r);
 }
 
-static long pg_count(PGconn *c, const char *sql)
-{
-    PGresult *r = PQexec(c, sql);
-    if (PQresultStatus(r) != PGRES_TUPLES_OK)
-        fail_msg("%s: %s", sql, PQerrorMessage(c));
-    long n = atol(PQgetvalue(r, 0, 0));
-    PQclear(r);
-    return n;
-}
-
 /* The same promise on PostgreSQL, on the caller's own connection. */
 static void test_inbox_in_callers_pg_transaction(void **state)
 {
@@ -1703,8 +1693,8 @@ static void test_inbox_in_callers_pg_transaction(void **state)
     assert_outcome(o, IDEM_DUPLICATE);
     pg_ok(c2, "COMMIT");
 
-    assert_int_equal(pg_count(c, "SELECT count(*) FROM ledger"), 1);
-    assert_int_equal(pg_count(c, "SELECT count(*) FROM idem_inbox_claim"), 2);
+    assert_int_equal(test_pg_count(c, "SELECT count(*) FROM ledger"), 1);
+    assert_int_equal(test_pg_count(c, "SELECT count(*) FROM idem_inbox_claim"), 2);
 
     pg_ok(c, "BEGIN");
     assert_int_equal(idem_inbox_claim_pg(c, "billing", "", NULL, &o), IDEM_EINVAL);
@@ -1769,7 +1759,7 @@ static void test_schema_migrations(void **state)
             fail_msg("opener %d: %s", i, idem_errname(op.rc[i]));
     PGconn *c = PQconnectdb(postgres_url);
     assert_int_equal(PQstatus(c), CONNECTION_OK);
-    assert_int_equal(pg_count(c, "SELECT count(*) FROM idem_schema"), 1);
+    assert_int_equal(test_pg_count(c, "SELECT count(*) FROM idem_schema"), 1);
     pg_ok(c, "INSERT INTO idem_schema (version) VALUES (99)");
     idem_options o;
     idem_options_init(&o);
@@ -1778,7 +1768,7 @@ static void test_schema_migrations(void **state)
     assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_ESTORE);
     assert_null(h);
     assert_non_null(strstr(idem_errdetail(), "version 99"));
-    assert_int_equal(pg_count(c, "SELECT count(*) FROM idem_schema"), 2);
+    assert_int_equal(test_pg_count(c, "SELECT count(*) FROM idem_schema"), 2);
     pg_ok(c, "DELETE FROM idem_schema WHERE version = 99");
     PQfinish(c);
     *state = open_store();
