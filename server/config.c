@@ -1500,6 +1500,35 @@ static int get_fingerprint(struct ctx *c, const yaml_node_t *n, const char *path
     return 0;
 }
 
+/* What a route and a consumer say alike of their records: space (default:
+ * the name), lease, retention, replay_headers, fingerprint. */
+static int get_record_fields(struct ctx *c, const yaml_node_t *n, const char *path,
+                             struct route *r)
+{
+    char fpath[96];
+    const yaml_node_t *v;
+#define FIELD(fname) (join(fpath, sizeof fpath, path, fname), field(c, n, fname))
+    if ((v = FIELD("space")) && get_name(c, v, fpath, &r->space))
+        return -1;
+    if (!r->space && set_string(&r->space, r->name))
+        return oom(c);
+    /* At least a second: the watchdog extends a live claim every lease/3
+     * through the store, and a lease shorter than the store's ordinary
+     * delays would run out under a live request, letting a duplicate take
+     * it over and execute again. */
+    if ((v = FIELD("lease")) && get_duration(c, v, fpath, MS_SEC, MS_DAY, &r->lease_ms))
+        return -1;
+    if ((v = FIELD("retention")) &&
+        get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->retention_ms))
+        return -1;
+    if ((v = FIELD("replay_headers")) && get_replay_headers(c, v, fpath, r))
+        return -1;
+    if ((v = FIELD("fingerprint")) && get_fingerprint(c, v, fpath, r))
+        return -1;
+#undef FIELD
+    return 0;
+}
+
 static const char *const route_fields[] = {
     "name",         "match",     "upstream",     "key",
     "space",        "scope",     "layers",       "token_scene",
@@ -1548,12 +1577,8 @@ static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
     if (!(v = FIELD("key")))
         return fail(c, n, path, "key is required (e.g. key: { header: "
                     "Idempotency-Key })");
-    if (get_key(c, v, fpath, r, 0))
+    if (get_key(c, v, fpath, r, 0) || get_record_fields(c, n, path, r))
         return -1;
-    if ((v = FIELD("space")) && get_name(c, v, fpath, &r->space))
-        return -1;
-    if (!r->space && set_string(&r->space, r->name))
-        return oom(c);
     if ((v = FIELD("scope")) && get_choice(c, v, fpath, "global", "subject",
                                            &r->scope_subject))
         return -1;
@@ -1569,21 +1594,8 @@ static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
     if ((v = FIELD("wait_timeout")) &&
         get_duration(c, v, fpath, 1, 10 * MS_MIN, &r->wait_timeout_ms))
         return -1;
-    /* At least a second: the watchdog extends a live claim every lease/3
-     * through the store, and a lease shorter than the store's ordinary
-     * delays would run out under a live request, letting a duplicate take
-     * it over and execute again. */
-    if ((v = FIELD("lease")) && get_duration(c, v, fpath, MS_SEC, MS_DAY, &r->lease_ms))
-        return -1;
-    if ((v = FIELD("retention")) &&
-        get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->retention_ms))
-        return -1;
     if ((v = FIELD("upstream_timeout")) &&
         get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))
-        return -1;
-    if ((v = FIELD("replay_headers")) && get_replay_headers(c, v, fpath, r))
-        return -1;
-    if ((v = FIELD("fingerprint")) && get_fingerprint(c, v, fpath, r))
         return -1;
     if ((v = FIELD("on_upstream_5xx")) && get_choice(c, v, fpath, "release", "store",
                                                      &r->on_5xx_store))
@@ -2264,19 +2276,10 @@ static int get_consumer(struct ctx *c, const yaml_node_t *n, const char *path,
     if (!(v = FIELD("key")))
         return fail(c, n, path, "key is required (e.g. key: { json: refund_no } or "
                     "key: { message_id: true })");
-    if (get_key(c, v, fpath, r, 1))
-        return -1;
-    if ((v = FIELD("space")) && get_name(c, v, fpath, &r->space))
-        return -1;
-    if (!r->space && set_string(&r->space, r->name))
-        return oom(c);
-    if ((v = FIELD("lease")) && get_duration(c, v, fpath, MS_SEC, MS_DAY, &r->lease_ms))
+    if (get_key(c, v, fpath, r, 1) || get_record_fields(c, n, path, r))
         return -1;
     if ((v = FIELD("handler_timeout")) &&
         get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))
-        return -1;
-    if ((v = FIELD("retention")) &&
-        get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->retention_ms))
         return -1;
     if ((v = FIELD("max_attempts"))) {
         if (get_count(c, v, fpath, 1, 1000, &attempts))
@@ -2297,10 +2300,6 @@ static int get_consumer(struct ctx *c, const yaml_node_t *n, const char *path,
         memcpy(k->dead_letter, k->queue, len);
         memcpy(k->dead_letter + len, ".dead", 6);
     }
-    if ((v = FIELD("replay_headers")) && get_replay_headers(c, v, fpath, r))
-        return -1;
-    if ((v = FIELD("fingerprint")) && get_fingerprint(c, v, fpath, r))
-        return -1;
 #undef FIELD
     /* What a consumer's route is, whatever the file says: POST to the
      * handler, the record layer alone (no client to hold a token; the
