@@ -81,19 +81,6 @@
 /* The verdict a request's answer carries (enum gw_outcome). */
 #define VERDICT(g, v) ((g)->req->outcome = (v))
 
-struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what)
-{
-    if (rc == IDEM_EINVAL || rc == IDEM_ETOOBIG)
-        return problem(400, "invalid_argument", "%s: %s", what, detail);
-    return problem(503, "store_unavailable", "%s: the store failed (%s): %s", what,
-                   idem_strerror(rc), detail);
-}
-
-struct http_response *problem_from_idem(idem_rc rc, const char *what)
-{
-    return problem_from_rc(rc, idem_errdetail(), what);
-}
-
 /* ---- the request's state ---- */
 
 struct gw;
@@ -115,6 +102,21 @@ enum finish_kind {
     FINISH_FAIL_FINAL,
     FINISH_FAIL_RETRYABLE,
     FINISH_HOLD, /* outcome unknown, on_unknown_outcome: hold: PROCESSING for retention */
+};
+
+/* What claimed_here() found for a request's key among this daemon's
+ * other requests. */
+enum held_here {
+    HELD_NONE = 0,      /* no other request here claims it */
+    HELD_RUNNING,       /* another request here runs it */
+    HELD_UNKEPT,        /* another request here ran it, and its answer waits to be kept */
+    HELD_OTHER_PAYLOAD, /* another request here runs it with another payload */
+};
+
+/* What the request's timer is set for. */
+enum timer_job {
+    TIMER_RESUME, /* a wait, or a retry of the finish: then runs g->then */
+    TIMER_LEASE,  /* while the upstream works: extend the claim's lease */
 };
 
 struct gw {
@@ -147,7 +149,7 @@ struct gw {
     unsigned attempt;          /* which claim of the key this is (see "attempts") */
     int forwarded;             /* the upstream may have it */
     struct event *timer;       /* a wait; lease ticks while forwarding (in g's block) */
-    int timer_ticks;
+    enum timer_job timer_job;
     struct upstream_call *call;
     enum finish_kind finish;
     char *stored;              /* what the record is finished with */
@@ -157,7 +159,8 @@ struct gw {
      * answer (see "claims held here"); unkept while the store fails to keep
      * its answer, trying again every retry_ms. held_here: the begin found
      * the key claimed by another request of this daemon. */
-    int claimed, unkept, held_here;
+    int claimed, unkept;
+    enum held_here held_here;
     struct gw *claim_next;
     uint64_t key_hash; /* of space and key: the list is scanned by it */
     unsigned tries;
@@ -246,23 +249,22 @@ static void claim_remove(struct gw *g)
     pthread_mutex_unlock(&d->claims_mu);
 }
 
-/* Is this key claimed by another request of this daemon? 0: no; 1: yes;
- * 2: yes, and its answer waits to be kept; 3: yes, with another payload
- * (the claim's fingerprint differs), which the record would refuse as
- * well. Any thread. */
-static int claimed_here(struct gw *self)
+/* Is this key claimed by another request of this daemon (enum held_here;
+ * another payload: the claim's fingerprint differs, which the record would
+ * refuse as well)? Any thread. */
+static enum held_here claimed_here(struct gw *self)
 {
     struct daemon *d = self->d;
-    int found = 0;
+    enum held_here found = HELD_NONE;
     pthread_mutex_lock(&d->claims_mu);
     for (struct gw *g = *claim_bucket(d, self->key_hash); g && !found; g = g->claim_next)
         if (g->key_hash == self->key_hash && g != self && strcmp(g->key, self->key) == 0 &&
             strcmp(g->rt->space, self->rt->space) == 0)
             found = g->has_fp && self->has_fp &&
                             memcmp(g->fp, self->fp, IDEM_FINGERPRINT_LEN) != 0
-                        ? 3
-                    : g->unkept ? 2
-                                : 1;
+                        ? HELD_OTHER_PAYLOAD
+                    : g->unkept ? HELD_UNKEPT
+                                : HELD_RUNNING;
     pthread_mutex_unlock(&d->claims_mu);
     return found;
 }
@@ -444,7 +446,7 @@ static void do_get(struct gw *g)
  * another request of this daemon is in flight, even if its lease ran out. */
 static void do_begin(struct gw *g)
 {
-    if ((g->held_here = claimed_here(g)) != 0) {
+    if ((g->held_here = claimed_here(g)) != HELD_NONE) {
         g->rc = IDEM_OK;
         return;
     }
@@ -606,7 +608,7 @@ static void wait_then(struct gw *g, gw_fn next)
     struct timeval tv = ms_timeval(g->backoff_ms);
     g->backoff_ms = g->backoff_ms * 2 > 50 ? 50 : g->backoff_ms * 2;
     g->then = next;
-    g->timer_ticks = 0;
+    g->timer_job = TIMER_RESUME;
     g->req->on_abort = on_abort;
     evtimer_add(g->timer, &tv);
 }
@@ -621,7 +623,7 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     struct gw *g = arg;
     (void)fd;
     (void)what;
-    if (g->timer_ticks) {
+    if (g->timer_job == TIMER_LEASE) {
         tick(g);
         return;
     }
@@ -718,9 +720,9 @@ static void forward(struct gw *g);
 
 static void reading_found(struct daemon *d, int found);
 
-static const char *held_why(int held)
+static const char *held_why(enum held_here held)
 {
-    return held == 2 ? "it was executed here and its answer is being stored"
+    return held == HELD_UNKEPT ? "it was executed here and its answer is being stored"
                      : "this server is running a request with this key";
 }
 
@@ -783,9 +785,9 @@ static void key_reused(struct gw *g)
 
 /* Another request of this daemon holds the key's claim (held, as
  * claimed_here says): in flight, or refused at once for another payload. */
-static void held_elsewhere(struct gw *g, int held)
+static void held_elsewhere(struct gw *g, enum held_here held)
 {
-    if (held == 3)
+    if (held == HELD_OTHER_PAYLOAD)
         key_reused(g);
     else
         in_flight_elsewhere(g, held_why(held), NULL);
@@ -867,7 +869,7 @@ static void after_begin(struct gw *g)
         finish(g); /* the token stays spent on the key: see finish_record */
         return;
     }
-    if (g->held_here) { /* decided without the store: see do_begin */
+    if (g->held_here != HELD_NONE) { /* decided without the store: see do_begin */
         held_elsewhere(g, g->held_here);
         return;
     }
@@ -910,8 +912,8 @@ static void after_begin(struct gw *g)
 
 static void begin_again(struct gw *g)
 {
-    int held = claimed_here(g);
-    if (held) {
+    enum held_here held = claimed_here(g);
+    if (held != HELD_NONE) {
         held_elsewhere(g, held);
         return;
     }
@@ -1086,7 +1088,7 @@ static void after_finish(struct gw *g)
         }
         struct timeval tv = ms_timeval(g->retry_ms);
         g->then = retry_finish;
-        g->timer_ticks = 0;
+        g->timer_job = TIMER_RESUME;
         g->req->on_abort = on_abort;
         evtimer_add(g->timer, &tv);
         return;
@@ -1319,7 +1321,7 @@ static void forward(struct gw *g)
         finish_record(g, FINISH_FAIL_RETRYABLE);
         return;
     }
-    g->timer_ticks = 1;
+    g->timer_job = TIMER_LEASE;
     g->req->on_abort = on_abort;
     struct timeval tv = ms_timeval(tick_ms(rt));
     evtimer_add(g->timer, &tv);
