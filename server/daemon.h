@@ -194,9 +194,5 @@ int api_public_endpoint(const char *rest);
 /* GET /_idem/v1/metrics: reads memory only, so any thread, a loop's too. */
 struct http_response *api_metrics(struct daemon *d);
 
-/* The problem for a failed Idem call: 400 for bad input, 503 for the store. */
-struct http_response *problem_from_idem(idem_rc rc, const char *what);
-/* The same with the error's detail given (it was captured on another thread). */
-struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what);
 
 #endif

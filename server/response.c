@@ -3,7 +3,8 @@
  *
  * Every error the daemon answers goes through problem(): one shape
  * (application/problem+json), a stable type a client can switch on, and a
- * detail a person can act on.
+ * detail a person can act on; a failed Idem call becomes one through
+ * problem_from_rc(), for the gateway and the JSON API alike.
  */
 #include "response.h"
 
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "idem.h"
 #include "put.h"
 #include "utf8.h"
 
@@ -186,4 +188,17 @@ struct http_response *problem(int status, const char *type, const char *fmt, ...
     }
     free(body);
     return r;
+}
+
+struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what)
+{
+    if (rc == IDEM_EINVAL || rc == IDEM_ETOOBIG)
+        return problem(400, "invalid_argument", "%s: %s", what, detail);
+    return problem(503, "store_unavailable", "%s: the store failed (%s): %s", what,
+                   idem_strerror(rc), detail);
+}
+
+struct http_response *problem_from_idem(idem_rc rc, const char *what)
+{
+    return problem_from_rc(rc, idem_errdetail(), what);
 }

@@ -9,6 +9,7 @@
 #include <stddef.h>
 
 #include "http_parser.h"
+#include "idem.h"
 
 struct http_response {
     int status;
@@ -47,5 +48,12 @@ struct http_response *problem(int status, const char *type, const char *fmt, ...
 
 /* The reason phrase for a status ("Conflict"), "" when unknown. */
 const char *http_reason(int status);
+
+/* The problem for a failed Idem call: 400 for bad input, 503 for the
+ * store; what says what failed. */
+struct http_response *problem_from_idem(idem_rc rc, const char *what);
+/* The same with the error's detail given (it was captured on another
+ * thread). */
+struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what);
 
 #endif
