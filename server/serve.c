@@ -35,6 +35,7 @@
 #include "rate.h"
 #include "replay_cache.h"
 #include "request_key.h"
+#include "router.h"
 #include "serve.h"
 #include "tls.h"
 #include "upstream.h"
@@ -128,76 +129,6 @@ void daemon_write_failed(struct daemon *d, idem_rc rc)
     /* Not the request's fault (too big, invalid): the store's. */
     if (rc == IDEM_ESTORE || rc == IDEM_ETIMEDOUT || rc == IDEM_EUNAVAILABLE)
         atomic_store(&d->writes_failing, 1);
-}
-
-/* An escaped '/' (%2F): some servers decode it before they resolve a
- * path (nginx does), so it ends a segment as a '/' does. */
-static int escaped_slash(const char *p)
-{
-    return p[0] == '%' && p[1] == '2' && (p[2] == 'f' || p[2] == 'F');
-}
-
-/* A path an upstream may read as another: a "." or ".." segment (also
- * spelt %2e) or an empty one ("//"), segments ending at '/' or %2F, which
- * most servers resolve or merge. Routes match the path as sent, so
- * /x/../refunds (or /x/..%2Frefunds) would miss the refund route and reach
- * the refund handler unclaimed. NULL, or what is wrong. */
-static const char *path_not_plain(const char *path)
-{
-    const char *p = path;
-    while (*p == '/' || escaped_slash(p)) {
-        p += *p == '/' ? 1 : 3;
-        size_t dots = 0, n = 0;
-        for (; *p && *p != '/' && !escaped_slash(p); n++) {
-            if (*p == '.') {
-                dots++;
-                p++;
-            } else if (p[0] == '%' && p[1] == '2' && (p[2] == 'e' || p[2] == 'E')) {
-                dots++;
-                p += 3;
-            } else {
-                p++;
-            }
-        }
-        if (n == 0 && *p)
-            return "an empty segment (//)";
-        if (n > 0 && dots == n && n <= 2)
-            return "a \".\" or \"..\" segment";
-    }
-    return NULL;
-}
-
-/* A route whose path this one is another spelling of (case, a trailing
- * slash, an escaped letter), or NULL: such a request would go past the
- * route to an upstream that may take it for the route's path. */
-static const struct route *route_spelt_otherwise(const struct server_config *cfg,
-                                                 const struct http_msg *m, const char *path)
-{
-    char mine[8192];
-    config_fold_path(path, mine, sizeof mine);
-    for (size_t i = 0; i < cfg->route_count; i++) {
-        const struct route *rt = &cfg->routes[i];
-        if (rt->method ? strcasecmp(rt->method, m->method) != 0 : strcmp(m->method, "HEAD") == 0)
-            continue;
-        if (config_path_match(rt->folded_path, rt->prefix, mine))
-            return rt;
-    }
-    return NULL;
-}
-
-/* A route without a method takes every method but HEAD, whose answer has
- * no body to store or replay: a HEAD goes past such a route untouched. */
-static const struct route *match_route(const struct server_config *cfg, const struct http_msg *m,
-                                       const char *path)
-{
-    for (size_t i = 0; i < cfg->route_count; i++) {
-        const struct route *rt = &cfg->routes[i];
-        if (rt->method ? strcmp(rt->method, m->method) != 0 : strcmp(m->method, "HEAD") == 0)
-            continue;
-        if (config_path_match(rt->path, rt->prefix, path))
-            return rt;
-    }
-    return NULL;
 }
 
 /* The JSON API calls the blocking primitives: on a worker. */
@@ -341,29 +272,10 @@ void daemon_handle(void *arg, struct front_request *req)
         to_api(d, lc, req, path);
         return;
     }
-    const char *why = path_not_plain(path);
-    const struct route *rt = why ? NULL : match_route(cfg, req->msg, path);
-    /* Servlet containers (Tomcat, Jetty) drop a segment's path parameters
-     * before they map it, others keep them: /orders/O-1;a/refunds may be
-     * order O-1 to the upstream, and another key here. */
-    if (rt && strchr(path, ';')) {
-        rt = NULL;
-        why = "a ';' (path parameters, which some servers drop)";
-    }
-    const struct route *near = why || rt || !cfg->has_upstream
-                                   ? NULL
-                                   : route_spelt_otherwise(cfg, req->msg, path);
-    if (why || near) {
-        daemon_answer(lc, req,
-                      why ? problem(400, "path_not_canonical",
-                                    "the path holds %s, which servers resolve differently: "
-                                    "send the path it stands for",
-                                    why)
-                          : problem(400, "path_not_canonical",
-                                    "%s is another spelling of route %s's path %s%s: send it "
-                                    "as that, or the request would reach the upstream "
-                                    "unclaimed",
-                                    path, near->name, near->path, near->prefix ? "*" : ""));
+    struct http_response *refused = NULL;
+    const struct route *rt = router_match(cfg, req->msg, path, &refused);
+    if (refused) {
+        daemon_answer(lc, req, refused);
         return;
     }
     if (rt) {
