@@ -726,7 +726,6 @@ static int get_header_name(struct ctx *c, const yaml_node_t *n, const char *path
     return 0;
 }
 
-/* "refund_no" or "order.id": dot-separated JSON object fields. */
 /* 1 if s holds a control character (bytes < 0x20 and 0x7f). */
 static int has_control(const char *s)
 {
@@ -736,6 +735,7 @@ static int has_control(const char *s)
     return 0;
 }
 
+/* "refund_no" or "order.id": dot-separated JSON object fields. */
 static int get_json_field(struct ctx *c, const yaml_node_t *n, const char *path,
                           const char **out)
 {

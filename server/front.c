@@ -235,7 +235,6 @@ static int send_now(struct conn *c, const char *bytes, size_t len)
 
 static void on_written(struct conn *c, int now);
 
-/* Send a response and go to WRITING; on_written() finishes. */
 /* The connection stays open after this answer (a kept-alive answer is
  * right for it): no limit reached, no draining, no close asked. */
 static int keeps_open(const struct conn *c)
@@ -244,6 +243,7 @@ static int keeps_open(const struct conn *c)
            c->requests + 1 < c->f->limits->requests_per_connection;
 }
 
+/* Send a response and go to WRITING; on_written() finishes. */
 static void send_response(struct conn *c, struct http_response *r)
 {
     size_t len = 0;

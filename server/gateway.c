@@ -1353,9 +1353,6 @@ static void reading_found(struct daemon *d, int found)
     atomic_store_explicit(&d->read_score, s, memory_order_relaxed);
 }
 
-/* Answer a duplicate from the loop's replay cache, if its answer is kept
- * there: 1 when answered. The first duplicate on a kept-alive connection
- * builds the bytes the next ones get. */
 /* An answer given before the request's state exists (see answer() for the
  * others): timed, then sent. */
 static void answer_early(struct live_config *lc, const struct route *rt,
@@ -1365,6 +1362,9 @@ static void answer_early(struct live_config *lc, const struct route *rt,
     daemon_answer(lc, req, r);
 }
 
+/* Answer a duplicate from the loop's replay cache, if its answer is kept
+ * there: 1 when answered. The first duplicate on a kept-alive connection
+ * builds the bytes the next ones get. */
 static int answer_kept(struct daemon *d, struct live_config *lc, const struct route *rt,
                        struct front_request *req, const char *key, const uint8_t *fp,
                        unsigned long gen, int64_t t0)

@@ -290,13 +290,6 @@ struct loop {
     int running;
 };
 
-/* One daemon per embedded store file: its tokens and locks (layers 1 and
- * 2) live in the process, so a second idem serve on the same file — started
- * by mistake, and taking half the connections, since the listeners share
- * their port — would split them. The file itself is flock()ed, which
- * SQLite's own (fcntl) locks do not see. The descriptor stays open until
- * the store is closed: closing any descriptor of a file drops the process's
- * fcntl locks on it, SQLite's included. 0, or -1 with the reason printed. */
 /* The embedded store in a file named by its path (not :memory:; a file:
  * URI is refused with the configuration). */
 static int store_is_file(const struct server_config *cfg)
@@ -336,6 +329,13 @@ static void raise_fd_limit(const struct server_config *cfg)
                    (unsigned long long)rl.rlim_cur);
 }
 
+/* One daemon per embedded store file: its tokens and locks (layers 1 and
+ * 2) live in the process, so a second idem serve on the same file — started
+ * by mistake, and taking half the connections, since the listeners share
+ * their port — would split them. The file itself is flock()ed, which
+ * SQLite's own (fcntl) locks do not see. The descriptor stays open until
+ * the store is closed: closing any descriptor of a file drops the process's
+ * fcntl locks on it, SQLite's included. 0, or -1 with the reason printed. */
 static int lock_store_file(const struct server_config *cfg, int *fd)
 {
     const char *path = cfg->storage_path;
