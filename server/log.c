@@ -30,14 +30,6 @@ static int hidden(uint32_t v)
            (v >= 0xe0000 && v <= 0xe007f);
 }
 
-static uint32_t decode(const unsigned char *p, size_t n)
-{
-    uint32_t v = n == 2 ? p[0] & 0x1fu : n == 3 ? p[0] & 0x0fu : p[0] & 0x07u;
-    for (size_t i = 1; i < n; i++)
-        v = v << 6 | (p[i] & 0x3fu);
-    return v;
-}
-
 size_t log_escape(const char *in, size_t n, char *out, size_t cap)
 {
     const unsigned char *p = (const unsigned char *)in, *end = p + n;
@@ -58,8 +50,8 @@ size_t log_escape(const char *in, size_t n, char *out, size_t cap)
             if (len == 0) {
                 len = 1;
                 elen = (size_t)snprintf(esc, sizeof esc, "\\x%02x", *p);
-            } else if (hidden(decode(p, len))) {
-                elen = (size_t)snprintf(esc, sizeof esc, "\\u%04x", (unsigned)decode(p, len));
+            } else if (hidden(utf8_decode(p, len))) {
+                elen = (size_t)snprintf(esc, sizeof esc, "\\u%04x", (unsigned)utf8_decode(p, len));
             }
         }
         const void *src = elen ? (const void *)esc : (const void *)copy;

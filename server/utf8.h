@@ -37,4 +37,14 @@ static inline size_t utf8_seq_len(const unsigned char *p, const unsigned char *e
     return n;
 }
 
+/* The code point of the well-formed sequence of n bytes at p (n from
+ * utf8_seq_len). */
+static inline uint32_t utf8_decode(const unsigned char *p, size_t n)
+{
+    uint32_t v = n == 2 ? p[0] & 0x1fu : n == 3 ? p[0] & 0x0fu : p[0] & 0x07u;
+    for (size_t i = 1; i < n; i++)
+        v = v << 6 | (p[i] & 0x3fu);
+    return v;
+}
+
 #endif
