@@ -232,6 +232,7 @@ void config_free(struct server_config *c)
     free(c->redis_url);
     free(c->postgres_url);
     free(c->subject_header);
+    free(c->access_to);
     free(c->upstream.host);
     free(c->upstream.base_path);
     upstream_addrs_put(c->upstream.addrs);
@@ -2374,12 +2375,52 @@ static int get_consumers(struct ctx *c, const yaml_node_t *n, struct server_conf
     return 0;
 }
 
+/* access_log: off | stderr | PATH, or { to: off|stderr|PATH, format:
+ * json|text, subject: hash|plain|off }. */
+static int get_access_log(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+{
+    static const char *const known[] = {"to", "format", "subject"};
+    const yaml_node_t *to = n, *v;
+    const char *s;
+    if (n->type == YAML_MAPPING_NODE) {
+        if (check_fields(c, n, "access_log", known, 3))
+            return -1;
+        to = field(c, n, "to");
+        if ((v = field(c, n, "format")) &&
+            get_choice(c, v, "access_log.format", "json", "text", &cfg->access_text))
+            return -1;
+        if ((v = field(c, n, "subject"))) {
+            if (scalar(c, v, "access_log.subject", "hash, plain or off", &s))
+                return -1;
+            if (!strcmp(s, "hash"))
+                cfg->access_subject = SUBJECT_HASH;
+            else if (!strcmp(s, "plain"))
+                cfg->access_subject = SUBJECT_PLAIN;
+            else if (!strcmp(s, "off"))
+                cfg->access_subject = SUBJECT_OFF;
+            else
+                return fail(c, v, "access_log.subject", "%s is not hash, plain or off",
+                            quote(c, s));
+        }
+        if (!to)
+            return 0;
+    }
+    const char *where = n == to ? "access_log" : "access_log.to";
+    if (scalar(c, to, where, "off, stderr or a file's path", &s))
+        return -1;
+    if (!strcmp(s, "stderr"))
+        return 0;
+    if (!strcmp(s, "off"))
+        return set_string(&cfg->access_to, "") ? oom(c) : 0;
+    return get_path(c, to, where, "file", &cfg->access_to);
+}
+
 static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config *cfg)
 {
     static const char *const known[] = {"listen", "admin_listen", "api_keys", "state_dir",
                                         "tls_ca", "storage", "subject_header", "upstream",
                                         "workers", "event_loops", "limits", "routes",
-                                        "consumers"};
+                                        "consumers", "access_log"};
     const yaml_node_t *v;
     const char *s;
     uint64_t workers, loops;
@@ -2432,6 +2473,8 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
         cfg->event_loops = (int)loops;
     }
     if ((v = field(c, root, "limits")) && get_limits(c, v, &cfg->limits))
+        return -1;
+    if ((v = field(c, root, "access_log")) && get_access_log(c, v, cfg))
         return -1;
     if ((v = field(c, root, "routes")) && get_routes(c, v, cfg))
         return -1;

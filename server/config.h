@@ -187,6 +187,13 @@ struct server_config {
     int has_upstream;         /* 0: those get 404 no_route */
     int workers;              /* threads for blocking calls (API, distributed store); default 64 */
     int event_loops;          /* 0: one per processor, at most 4; else 1..16 */
+    /* access_log: a line per request on listen and per message consumed.
+     * to: NULL stderr (the default), "" off, else a file (opened for
+     * appending, reopened on SIGUSR1); json (default) or text; the subject
+     * as its hash (default), plain, or left out. */
+    char *access_to;
+    int access_text;
+    enum { SUBJECT_HASH, SUBJECT_PLAIN, SUBJECT_OFF } access_subject;
     struct server_limits limits;
     struct route *routes;
     size_t route_count;

@@ -46,6 +46,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "access_log.h"
 #include "daemon.h"
 #include "front.h"
 #include "log.h"
@@ -277,6 +278,38 @@ static int64_t retry_after_ms(const struct http_response *r, int64_t lease_ms)
     return 1000;
 }
 
+/* What becomes of a message the gateway answered. */
+enum action { ACK, ACK_DUPLICATE, DEAD_LETTER, RETRY, WAIT, DROP };
+
+/* The access log's line for it (consume.c's own verdicts beside the
+ * gateway's). */
+static void log_message(struct consumer *k, const struct held *h, const struct front_request *req,
+                        int status, enum action a, const char *reason)
+{
+    static const char *const names[] = {
+        [ACK] = "acked", [ACK_DUPLICATE] = "acked", [DEAD_LETTER] = "dead_lettered",
+        [RETRY] = "retried", [WAIT] = "held", [DROP] = "dropped",
+    };
+    if (!k->ctx.alog)
+        return;
+    struct access_message m = {
+        .consumer = k->cfg->route.name,
+        .queue = k->cfg->queue,
+        .message_id = h->m->id,
+        .key = req->log_key,
+        .outcome = gw_outcome_name(req->outcome),
+        .action = names[a],
+        .reason = reason,
+        .status = status,
+        .upstream_status = req->upstream_status,
+        .upstream_us = req->upstream_us,
+        .total_us = mono_us() - req->start_us,
+        .epoch = req->epoch,
+        .attempt = req->attempt,
+    };
+    access_log_message(k->ctx.alog, &m);
+}
+
 /* What the gateway made of the message: tell the broker, or hold it. */
 static void on_answered(struct front_request *req)
 {
@@ -284,45 +317,45 @@ static void on_answered(struct front_request *req)
     struct consumer *k = h->k;
     const struct route *rt = &k->cfg->route;
     int status = req->resp ? req->resp->status : 503;
+    enum action a = WAIT;
+    const char *reason = NULL;
+    int64_t delay = 1000;
     if (req->attempt)
         h->attempts = req->attempt;
-    if (k->stopped) {
-        drop(h); /* nothing more is said to the broker: it gives it out again */
-        return;
-    }
-    switch (req->outcome) {
+    switch (k->stopped ? -1 : req->outcome) {
+    case -1:
+        a = DROP; /* nothing more is said to the broker: it gives it out again */
+        break;
     case GW_EXECUTED:
         h->last_status = status;
         h->waits = 0;
-        if (status < 400) {
-            atomic_fetch_add(&k->n.executed, 1);
-            ack(h);
-        } else {
-            dead_letter(h, status < 500 ? "handler_rejected"
-                           : h->attempts >= rt->max_attempts ? "attempts_exhausted"
-                                                             : "handler_answer_too_large");
-        }
-        return;
+        a = status < 400 ? ACK : DEAD_LETTER;
+        reason = status < 400                        ? NULL
+                 : status < 500                      ? "handler_rejected"
+                 : h->attempts >= rt->max_attempts   ? "attempts_exhausted"
+                                                     : "handler_answer_too_large";
+        break;
     case GW_REPLAYED:
-        atomic_fetch_add(&k->n.duplicates, 1);
         /* Finished before, and failed: it belongs on the dead letter. A
          * copy that was dead-lettered already gets there again (its earlier
          * dead letter may not have been written: never none, maybe two). */
-        if (status >= 400)
-            dead_letter(h, status < 500 ? "handler_rejected" : "attempts_exhausted");
-        else
-            ack(h);
-        return;
+        a = status < 400 ? ACK_DUPLICATE : DEAD_LETTER;
+        reason = status < 400 ? NULL : status < 500 ? "handler_rejected" : "attempts_exhausted";
+        atomic_fetch_add(&k->n.duplicates, 1);
+        break;
     case GW_MISMATCH:
         atomic_fetch_add(&k->n.alerts, 1);
-        dead_letter(h, "key_reused");
-        return;
+        a = DEAD_LETTER;
+        reason = "key_reused";
+        break;
     case GW_KEY_INVALID:
-        dead_letter(h, req->outcome_type ? req->outcome_type : "key_invalid");
-        return;
+        a = DEAD_LETTER;
+        reason = req->outcome_type ? req->outcome_type : "key_invalid";
+        break;
     case GW_EXHAUSTED:
-        dead_letter(h, "attempts_exhausted");
-        return;
+        a = DEAD_LETTER;
+        reason = "attempts_exhausted";
+        break;
     case GW_RELEASED:
     case GW_OUTCOME_UNKNOWN:
         /* This attempt failed (or may have: its claim runs out, and the
@@ -330,18 +363,38 @@ static void on_answered(struct front_request *req)
         h->last_status = status;
         h->waits = 0;
         atomic_fetch_add(&k->n.retried, 1);
-        retry_later(h, backoff_ms(k->cfg, h->attempts));
-        return;
+        a = RETRY;
+        delay = backoff_ms(k->cfg, h->attempts);
+        break;
     case GW_IN_FLIGHT:
-        retry_later(h, wait_ms(h, retry_after_ms(req->resp, rt->lease_ms)));
-        return;
+        delay = wait_ms(h, retry_after_ms(req->resp, rt->lease_ms));
+        break;
     case GW_STORE_UNAVAILABLE:
         atomic_fetch_add(&k->n.store_waits, 1);
-        retry_later(h, wait_ms(h, 5000));
-        return;
+        delay = wait_ms(h, 5000);
+        break;
     default: /* no verdict: nothing is known to have happened */
-        retry_later(h, wait_ms(h, 1000));
-        return;
+        delay = wait_ms(h, 1000);
+        break;
+    }
+    log_message(k, h, req, status, a, reason);
+    switch (a) {
+    case ACK:
+        atomic_fetch_add(&k->n.executed, 1);
+        /* fall through */
+    case ACK_DUPLICATE:
+        ack(h);
+        break;
+    case DEAD_LETTER:
+        dead_letter(h, reason);
+        break;
+    case RETRY:
+    case WAIT:
+        retry_later(h, delay);
+        break;
+    case DROP:
+        drop(h);
+        break;
     }
 }
 
@@ -511,6 +564,7 @@ static void consumer_free(struct consumer *k)
     if (k->drain_ev)
         event_free(k->drain_ev);
     replay_cache_free(k->ctx.replays);
+    access_buf_free(k->ctx.alog); /* its last lines */
     upstream_loop_free(k->ctx.upstreams);
     if (k->ctx.base)
         event_base_free(k->ctx.base);
@@ -518,7 +572,7 @@ static void consumer_free(struct consumer *k)
 }
 
 struct consumers *consumers_start(struct daemon *d, struct live_config *lc, SSL_CTX *tls,
-                                  char *err, size_t errlen)
+                                  struct access_log *alog, char *err, size_t errlen)
 {
     const struct server_config *cfg = lc->c;
     struct consumers *cs = calloc(1, sizeof *cs);
@@ -539,11 +593,12 @@ struct consumers *consumers_start(struct daemon *d, struct live_config *lc, SSL_
         k->ctx.base = event_base_new();
         k->ctx.upstreams = k->ctx.base ? upstream_loop_new(k->ctx.base, tls) : NULL;
         k->ctx.replays = replay_cache_new(cfg->limits.replay_cache);
+        k->ctx.alog = alog && k->ctx.base ? access_buf_new(alog, k->ctx.base) : NULL;
         k->front = k->ctx.upstreams ? front_new(k->ctx.base, &cfg->limits, d->workers,
                                                 daemon_handle, d, &k->ctx)
                                     : NULL;
         k->drain_ev = k->ctx.base ? event_new(k->ctx.base, -1, 0, on_drain, k) : NULL;
-        k->src = k->front && k->drain_ev
+        k->src = k->front && k->drain_ev && (k->ctx.alog || !alog)
                      ? k->ops->open(k, k->ctx.base, k->cfg, d->instance) : NULL;
         if (!k->src) {
             snprintf(err, errlen, "consumers[%zu] (%s): cannot start its event loop", i,

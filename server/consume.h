@@ -121,10 +121,12 @@ unsigned long consumer_gen(const struct consumer *k);
 struct consumers;
 
 /* Start a thread and an event loop for each consumer of lc's
- * configuration (lc is held until consumers_free). NULL with err when one
- * cannot start; a configuration without consumers gives an empty set. */
+ * configuration (lc is held until consumers_free), their lines to alog
+ * (NULL: none). NULL with err when one cannot start; a configuration
+ * without consumers gives an empty set. */
+struct access_log;
 struct consumers *consumers_start(struct daemon *d, struct live_config *lc, SSL_CTX *tls,
-                                  char *err, size_t errlen);
+                                  struct access_log *alog, char *err, size_t errlen);
 /* SIGTERM: each stops taking messages and lets those in flight finish, up
  * to timeout_ms; then its loop ends. Any thread. */
 void consumers_drain(struct consumers *cs, int64_t timeout_ms);

@@ -56,6 +56,7 @@ struct daemon_loop {
     struct upstream_loop *upstreams;
     struct replay_cache *replays; /* NULL: limits.replay_cache is 0 */
     unsigned long replay_gen;     /* the daemon's replay_gen it was last cleared at */
+    struct access_buf *alog;      /* the access log's lines of this loop; NULL: off */
 };
 
 /* The main listener's last health answer (api.c, public_health). */
@@ -143,7 +144,11 @@ enum gw_outcome {
     GW_HELD,              /* held for an operator (on_unknown_outcome: hold) */
     GW_EXHAUSTED,         /* a consumer's message claimed past its max_attempts:
                              not sent again, the record failed for good */
+    GW_PASSED_THROUGH,    /* on no route: proxied untouched */
 };
+
+/* The verdict's name in the access log: "executed", "replayed" ... */
+const char *gw_outcome_name(int outcome);
 
 struct live_config *daemon_config_get(struct daemon *d);
 /* The sum over every route of the counter at offset field of struct

@@ -116,6 +116,8 @@ struct front {
     struct workers *workers;
     front_handler_fn handler;
     void *handler_arg;
+    front_log_fn log;               /* or NULL */
+    void *log_arg;
     void *loop_ctx;
     int port, admin_port;
     int draining;
@@ -348,9 +350,26 @@ static void handled(struct front_request *req)
     req->on_abort = NULL;
 }
 
+void front_set_log(struct front *f, front_log_fn fn, void *arg)
+{
+    f->log = fn;
+    f->log_arg = arg;
+}
+
+/* The access log's line for req, before handled() lets go of its message. */
+static void log_answer(struct front_request *req, int status)
+{
+    struct front *f = req->front;
+    if (f->log && !req->admin)
+        f->log(f->log_arg, req, status);
+}
+
 void front_answer_raw(struct front_request *req, const void *bytes, size_t len)
 {
     struct conn *c = req->conn;
+    /* "HTTP/1.1 201 ...": the status of an answer serialized already. */
+    const char *b = bytes;
+    log_answer(req, len > 12 ? (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0') : 0);
     handled(req);
     c->requests++;
     int out = send_now(c, bytes, len);
@@ -400,6 +419,7 @@ struct front_request *front_inject(struct front *f, struct http_msg *msg,
         http_msg_free(msg);
         return NULL;
     }
+    req->start_us = mono_us();
     req->msg = msg;
     req->front = f;
     req->loop_ctx = f->loop_ctx;
@@ -439,6 +459,7 @@ void front_answer(struct front_request *req)
         answer_injected(req);
         return;
     }
+    log_answer(req, req->resp ? req->resp->status : 503);
     handled(req);
     if (c->state == ORPHANED || c->f->closing) {
         if (c->state != ORPHANED)
@@ -516,6 +537,7 @@ static void dispatch(struct conn *c, struct http_msg *msg)
     f->in_flight++;
     pthread_mutex_unlock(&f->mu);
     memset(&c->req, 0, sizeof c->req);
+    c->req.start_us = mono_us();
     c->req.msg = msg;
     c->req.conn = c;
     c->req.front = f;

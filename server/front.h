@@ -43,6 +43,14 @@ struct front_request {
     const char *outcome_type;   /* GW_KEY_INVALID: the problem's type, static */
     unsigned attempt;
     uint64_t epoch;
+    /* For the access log, set by the handler: the route's name and the
+     * record key ("" for none), the upstream's status (0: not asked) and
+     * how long it took. Copies: the request outlives the route's config. */
+    char log_route[65];
+    char log_key[260];
+    int upstream_status;
+    int64_t upstream_us;
+    int64_t start_us;           /* mono_us() when the request was whole */
     /* A request the daemon made itself (front_inject): no connection, and
      * its answer goes to answered, on the loop, instead of a client. */
     front_step_fn answered;
@@ -81,6 +89,11 @@ void front_answer_raw(struct front_request *req, const void *bytes, size_t len);
  * drains or on OOM (msg is freed). Loop thread only. */
 struct front_request *front_inject(struct front *f, struct http_msg *msg,
                                    front_step_fn answered, void *owner);
+
+/* Called on the loop for each request of the main listener as its answer
+ * (of this status) goes out: the access log. */
+typedef void (*front_log_fn)(void *arg, const struct front_request *req, int status);
+void front_set_log(struct front *f, front_log_fn fn, void *arg);
 
 /* Run step on req's loop thread, from any thread (a store's callback, a
  * worker). */

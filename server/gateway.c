@@ -81,6 +81,28 @@
 /* The verdict a request's answer carries (enum gw_outcome). */
 #define VERDICT(g, v) ((g)->req->outcome = (v))
 
+const char *gw_outcome_name(int outcome)
+{
+    static const char *const names[] = {
+        [GW_UNDECIDED] = "undecided",
+        [GW_EXECUTED] = "executed",
+        [GW_RELEASED] = "upstream_error",
+        [GW_REPLAYED] = "replayed",
+        [GW_IN_FLIGHT] = "in_flight",
+        [GW_MISMATCH] = "mismatch",
+        [GW_TOKEN_REFUSED] = "token_refused",
+        [GW_KEY_INVALID] = "key_invalid",
+        [GW_STORE_UNAVAILABLE] = "store_unavailable",
+        [GW_OUTCOME_UNKNOWN] = "outcome_unknown",
+        [GW_HELD] = "held",
+        [GW_EXHAUSTED] = "attempts_exhausted",
+        [GW_PASSED_THROUGH] = "passed_through",
+    };
+    return outcome >= 0 && (size_t)outcome < sizeof names / sizeof names[0] && names[outcome]
+               ? names[outcome]
+               : "undecided";
+}
+
 /* ---- the request's state ---- */
 
 struct gw;
@@ -146,6 +168,7 @@ struct gw {
     idem_record rec;
 
     uint64_t epoch;            /* our claim, from begin */
+    int64_t sent_us;           /* mono_us() when the upstream call started */
     unsigned attempt;          /* which claim of the key this is (see "attempts") */
     int forwarded;             /* the upstream may have it */
     struct event *timer;       /* a wait; lease ticks while forwarding (in g's block) */
@@ -1222,6 +1245,8 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     g->call = NULL;
     g->req->on_abort = NULL;
     evtimer_del(g->timer);
+    g->req->upstream_us = mono_us() - g->sent_us;
+    g->req->upstream_status = ur == UPSTREAM_OK ? resp->status : 0;
     switch (ur) {
     case UPSTREAM_OK: {
         /* A consumer's last attempt keeps what it got (see "attempts"). */
@@ -1315,6 +1340,7 @@ static void forward(struct gw *g)
     };
     COUNT(g->rt, executions);
     g->forwarded = 1;
+    g->sent_us = mono_us();
     g->call = upstream_call_start(loop->upstreams, rt->upstream.addrs, &rq, on_upstream, g);
     if (!g->call) {
         g->forwarded = 0;
@@ -1409,6 +1435,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     const char *type = NULL;
     int64_t t0 = mono_us();
     COUNT(rt, requests);
+    snprintf(req->log_route, sizeof req->log_route, "%s", rt->name);
     const char *subject;
     int status = request_subject(m, cfg->subject_header, &subject, detail, sizeof detail);
     if (status)
@@ -1421,6 +1448,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
         answer_early(lc, rt, req, problem(status, type, "%s", detail), t0);
         return;
     }
+    snprintf(req->log_key, sizeof req->log_key, "%s", key);
     if ((status = request_fingerprint(rt, m, fp, &has_fp, detail, sizeof detail)) != 0) {
         req->outcome = status == 400 ? GW_KEY_INVALID : GW_UNDECIDED;
         req->outcome_type = "fingerprint_unavailable";
@@ -1502,6 +1530,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
 struct pass {
     struct front_request *req;
     struct upstream_call *call;
+    int64_t sent_us;
 };
 
 static void pass_answer(struct pass *p, struct http_response *r)
@@ -1529,6 +1558,8 @@ static void on_passed(void *arg, enum upstream_result ur, struct http_msg *resp,
 {
     struct pass *p = arg;
     p->req->on_abort = NULL;
+    p->req->upstream_us = mono_us() - p->sent_us;
+    p->req->upstream_status = ur == UPSTREAM_OK ? resp->status : 0;
     int head = strcmp(p->req->msg->method, "HEAD") == 0;
     pass_answer(p, ur == UPSTREAM_OK ? from_upstream(resp, head)
                                      : problem(ur == UPSTREAM_TIMEOUT ? 504 : 502,
@@ -1568,6 +1599,8 @@ void passthrough_start(struct daemon *d, const struct server_config *cfg,
         return;
     }
     atomic_fetch_add(&d->passthrough, 1);
+    req->outcome = GW_PASSED_THROUGH;
+    p->sent_us = mono_us();
     p->req = req;
     req->state = p;
     req->on_abort = on_pass_abort;

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "admin.h"
+#include "access_log.h"
 #include "consume.h"
 #include "daemon.h"
 #include "log.h"
@@ -382,6 +383,7 @@ struct serve {
     struct tls_server *tls, *admin_tls; /* listen.tls, admin_listen.tls; or NULL */
     SSL_CTX *upstream_tls;           /* https:// upstreams: tls_ca (or the system's) */
     struct consumers *consumers;     /* consumers: (start's config), or NULL */
+    struct access_log *access;       /* access_log (start's config), or NULL: off */
     int consume_only;                /* idem consume: no main listener */
     struct work reload_work; /* SIGHUP's reload, on a worker */
     int reload_running, reload_again;
@@ -662,15 +664,24 @@ static void reload(struct serve *s)
 }
 
 /* SIGUSR1 is what logrotate's postrotate sends to have log files opened
- * again. The daemon's log goes to stderr, which it did not open, so there
- * is nothing to reopen; but the signal's default action would end the
+ * again: the access log's file, if it has one. (The daemon's own log goes
+ * to stderr, which it did not open.) Its default action would end the
  * daemon, requests in flight and all. */
 static void on_reopen(evutil_socket_t sig, short what, void *arg)
 {
+    struct serve *s = arg;
+    char err[600];
     (void)sig;
     (void)what;
-    (void)arg;
-    daemon_log("SIGUSR1: the log is stderr, which the daemon does not open: nothing to reopen");
+    if (!s->start->c->access_to || !*s->start->c->access_to) {
+        daemon_log("SIGUSR1: the logs go to stderr, which the daemon does not open: nothing to "
+                   "reopen");
+        return;
+    }
+    if (access_log_reopen(s->access, err, sizeof err) != 0)
+        daemon_log("SIGUSR1: %s; lines go on to the file it had open", err);
+    else
+        daemon_log("SIGUSR1: the access log %s reopened", s->start->c->access_to);
 }
 
 /* One reload at a time; a SIGHUP during one asks for another after it. */
@@ -788,7 +799,8 @@ static void usage(FILE *out)
           "The file's consumers: run beside the gateway (idem consume runs them alone).\n"
           "\n"
           "Signals: SIGTERM/SIGINT drain and stop; SIGHUP reloads the routes, the API\n"
-          "keys and the TLS certificates; SIGUSR1 (logrotate's) is logged and harmless.\n",
+          "keys and the TLS certificates; SIGUSR1 (logrotate's) reopens the access\n"
+          "log's file.\n",
           out);
 }
 
@@ -954,6 +966,11 @@ static int run(int argc, char **argv, int consume_only)
     }
     s->consume_only = consume_only;
     /* idem consume: one loop, for the admin listener alone. */
+    s->access = access_log_open(cfg, err, sizeof err);
+    if (!s->access && err[0]) {
+        fprintf(stderr, "%s: %s\n", me, err);
+        goto out;
+    }
     s->nloops = consume_only ? 1 : loop_count(cfg);
     int port = consume_only ? 0 : cfg->listen_port, admin_port = cfg->admin_port;
     s->d.issued_by_subject = rate_table_new(65536);
@@ -976,9 +993,13 @@ static int run(int argc, char **argv, int consume_only)
         l->ctx.upstreams = l->ctx.base ? upstream_loop_new(l->ctx.base, s->upstream_tls) : NULL;
         /* Without memory for it, the loop runs without a replay cache. */
         l->ctx.replays = replay_cache_new(s->limits->replay_cache);
-        l->front = l->ctx.upstreams ? front_new(l->ctx.base, s->limits, s->workers,
-                                                daemon_handle, &s->d, &l->ctx)
-                                    : NULL;
+        l->ctx.alog = s->access && l->ctx.base ? access_buf_new(s->access, l->ctx.base) : NULL;
+        l->front = l->ctx.upstreams && (l->ctx.alog || !s->access)
+                       ? front_new(l->ctx.base, s->limits, s->workers, daemon_handle, &s->d,
+                                   &l->ctx)
+                       : NULL;
+        if (l->front && l->ctx.alog)
+            front_set_log(l->front, access_log_request, l->ctx.alog);
         if (!l->front) {
             fprintf(stderr, "%s: cannot start event loop %d\n", me, i);
             goto out;
@@ -1008,7 +1029,8 @@ static int run(int argc, char **argv, int consume_only)
         }
     }
     s->base = s->loops[0].ctx.base;
-    if (!(s->consumers = consumers_start(&s->d, s->start, s->upstream_tls, err, sizeof err))) {
+    if (!(s->consumers = consumers_start(&s->d, s->start, s->upstream_tls, s->access, err,
+                                         sizeof err))) {
         fprintf(stderr, "%s: %s\n", me, err);
         goto out;
     }
@@ -1097,6 +1119,7 @@ out:
         event_free(s->purge_timer);
     for (int i = 0; i < LOOPS_MAX; i++) {
         replay_cache_free(s->loops[i].ctx.replays);
+        access_buf_free(s->loops[i].ctx.alog); /* its last lines */
         if (s->loops[i].ctx.base) {
             upstream_loop_free(s->loops[i].ctx.upstreams);
             event_base_free(s->loops[i].ctx.base);
@@ -1105,6 +1128,7 @@ out:
     if (s->admin_socket)
         unlink(s->admin_socket);
     peer_table_free(s->counts.peers);
+    access_log_close(s->access);
     tls_server_free(s->tls);
     tls_server_free(s->admin_tls);
     tls_client_ctx_free(s->upstream_tls);

@@ -900,6 +900,32 @@ static void test_consumers(void **state)
               "consumers[0].space:", "one key shape");
 }
 
+static void test_access_log(void **state)
+{
+    (void)state;
+    struct server_config *c = parse_ok("listen: 127.0.0.1:8080\n");
+    assert_null(c->access_to); /* stderr */
+    assert_false(c->access_text);
+    assert_int_equal(c->access_subject, SUBJECT_HASH);
+    config_free(c);
+    c = parse_ok("access_log: off\n");
+    assert_string_equal(c->access_to, "");
+    config_free(c);
+    c = parse_ok("access_log: /var/log/idem/access.log\n");
+    assert_string_equal(c->access_to, "/var/log/idem/access.log");
+    config_free(c);
+    c = parse_ok("access_log: { to: stderr, format: text, subject: off }\n");
+    assert_null(c->access_to);
+    assert_true(c->access_text);
+    assert_int_equal(c->access_subject, SUBJECT_OFF);
+    config_free(c);
+    parse_bad("access_log: { format: xml }\n", "idem.yaml:1: access_log.format:",
+              "is not json or text");
+    parse_bad("access_log: { subject: sha1 }\n", "access_log.subject:", "hash, plain or off");
+    parse_bad("access_log: { too: x }\n", "access_log.too:", NULL);
+    parse_bad("access_log: [a]\n", "access_log:", NULL);
+}
+
 static void test_layers(void **state)
 {
     parse_bad(ROUTE "    layers: [token, lock]\n", "idem.yaml:6: routes[0].layers:",
@@ -1507,6 +1533,7 @@ int main(void)
         cmocka_unit_test(test_path_match),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_consumers),
+        cmocka_unit_test(test_access_log),
         cmocka_unit_test(test_layers),
         cmocka_unit_test(test_replay_headers),
         cmocka_unit_test(test_fingerprint),

@@ -559,6 +559,17 @@ static void route_and_consumer(int redis)
     json_decref(health);
     sys_resp_free(&hr);
     assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    /* The access log (stderr): each message and request has its line. */
+    char *log = sys_read_file(p.log);
+    size_t messages = 0, requests = 0;
+    for (const char *at = log; (at = strstr(at, "\"kind\":\"message\"")) != NULL; at++)
+        messages++;
+    for (const char *at = log; (at = strstr(at, "\"kind\":\"http\"")) != NULL; at++)
+        requests++;
+    assert_true(messages >= 50); /* 50 taken, some held and taken again */
+    assert_int_equal(requests, 50); /* the posts (the admin listener's are not logged) */
+    assert_non_null(strstr(log, "\"action\":\"acked\""));
+    free(log);
     assert_int_equal(executions() - before, 1);
     assert_int_equal(dead_count(&b), 0);
     assert_true(all_acked(&b));

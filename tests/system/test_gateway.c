@@ -21,6 +21,7 @@
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <signal.h>
+#include <jansson.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -2542,6 +2543,121 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The access log: a line per request, whole and parseable, each field what
+ * the gateway made of it; what a client chose (a request id with quotes and
+ * a line separator, a subject with a bidi override) escaped, never a line
+ * of its own; the subject hashed; the query left out; and on SIGUSR1 the
+ * file opened again at its path (logrotate's postrotate). */
+static char **read_lines(const char *path, size_t *n)
+{
+    char *text = sys_read_file(path);
+    char **lines = calloc(64, sizeof *lines);
+    *n = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && *n < 64;
+         l = strtok_r(NULL, "\n", &save))
+        lines[(*n)++] = strdup(l);
+    free(text);
+    return lines;
+}
+
+static void free_lines(char **lines, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(lines[i]);
+    free(lines);
+}
+
+static void post_refund(int port, const char *body, const char *extra_header, int want)
+{
+    const char *h[] = {"Content-Type: application/json", extra_header, NULL};
+    struct sys_resp r;
+    sys_http(port, "POST", "/refunds?token=secret-in-query", h, body, 10000, &r);
+    assert_int_equal(r.status, want);
+    sys_resp_free(&r);
+}
+
+static void test_access_log(void **state)
+{
+    (void)state;
+    char log[4200], routes[8192];
+    snprintf(log, sizeof log, "%s/access-%d.log", dir, config_seq + 1);
+    snprintf(routes, sizeof routes, "access_log: { to: %s }\nroutes:\n" REFUND_ROUTE, log);
+    struct proc gw;
+    start_idem(&gw, routes, "access.db");
+    post_refund(gw.port, "{\"refund_no\":\"AL-1\",\"amount\":\"1.00\"}",
+                "X-Request-Id: a\"b\\c\xe2\x80\xa8" "d", 201);
+    post_refund(gw.port, "{\"refund_no\":\"AL-1\",\"amount\":\"1.00\"}",
+                "X-Subject: mallory\xe2\x80\xae" "evil", 201);
+    post_refund(gw.port, "{\"amount\":\"1.00\"}", NULL, 400);
+    sleep_ms(200); /* a loop's lines go out at the end of its turn */
+    size_t n;
+    char **lines = read_lines(log, &n);
+    assert_int_equal(n, 3);
+    const char *want_outcome[] = {"executed", "replayed", "key_missing"};
+    for (size_t i = 0; i < n; i++) {
+        for (const unsigned char *c = (const unsigned char *)lines[i]; *c; c++)
+            assert_true(*c >= 0x20 && *c < 0x7f); /* ASCII, one line */
+        json_error_t err;
+        json_t *j = json_loads(lines[i], 0, &err);
+        if (!j)
+            fail_msg("line %zu is not JSON (%s): %s", i, err.text, lines[i]);
+        assert_string_equal(json_string_value(json_object_get(j, "outcome")), want_outcome[i]);
+        assert_string_equal(json_string_value(json_object_get(j, "route")), "refund");
+        assert_string_equal(json_string_value(json_object_get(j, "path")), "/refunds");
+        assert_true(json_is_number(json_object_get(j, "total_ms")));
+        if (i == 0) {
+            assert_string_equal(json_string_value(json_object_get(j, "key")), "AL-1");
+            assert_int_equal(json_integer_value(json_object_get(j, "upstream_status")), 201);
+            assert_true(json_integer_value(json_object_get(j, "epoch")) > 0);
+            /* The client's bytes, back as they were sent. */
+            assert_string_equal(json_string_value(json_object_get(j, "request_id")),
+                                "a\"b\\c\xe2\x80\xa8" "d");
+        }
+        if (i == 1) {
+            const char *sub = json_string_value(json_object_get(j, "subject"));
+            assert_non_null(sub);
+            assert_int_equal(strlen(sub), 16); /* hashed, not the subject */
+            assert_null(strstr(lines[i], "mallory"));
+            assert_int_equal(json_integer_value(json_object_get(j, "status")), 201);
+        }
+        json_decref(j);
+    }
+    assert_null(strstr(lines[0], "secret-in-query"));
+    free_lines(lines, n);
+    /* logrotate: the file moved away, SIGUSR1, the next lines in a new one. */
+    char moved[4300];
+    snprintf(moved, sizeof moved, "%s.1", log);
+    assert_int_equal(rename(log, moved), 0);
+    kill(gw.pid, SIGUSR1);
+    sleep_ms(300);
+    post_refund(gw.port, "{\"refund_no\":\"AL-2\",\"amount\":\"1.00\"}", NULL, 201);
+    sleep_ms(200);
+    lines = read_lines(log, &n);
+    assert_int_equal(n, 1);
+    assert_non_null(strstr(lines[0], "\"key\":\"AL-2\""));
+    free_lines(lines, n);
+    lines = read_lines(moved, &n);
+    assert_int_equal(n, 3); /* nothing more went to the old one */
+    free_lines(lines, n);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+
+    /* Text (logfmt): one line each, the same bytes escaped as the log does. */
+    snprintf(log, sizeof log, "%s/access-text-%d.log", dir, config_seq + 1);
+    snprintf(routes, sizeof routes,
+             "access_log: { to: %s, format: text, subject: plain }\nroutes:\n" REFUND_ROUTE, log);
+    start_idem(&gw, routes, "access-text.db");
+    post_refund(gw.port, "{\"refund_no\":\"AL-3\",\"amount\":\"1.00\"}",
+                "X-Subject: eve\xe2\x80\xae" "x y", 201);
+    post_refund(gw.port, "{\"refund_no\":\"AL-3\",\"amount\":\"1.00\"}", NULL, 201);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0); /* its last lines written at exit */
+    lines = read_lines(log, &n);
+    assert_int_equal(n, 2);
+    assert_non_null(strstr(lines[0], " outcome=executed "));
+    assert_non_null(strstr(lines[0], "subject=\"eve\\u202ex y\""));
+    assert_non_null(strstr(lines[1], " outcome=replayed "));
+    free_lines(lines, n);
+}
+
 /* 1,000,000 token requests on the main listener, each under another
  * subject, from one client address: issued at token_rate_peer, the rest
  * refused 429 at once; meanwhile a client at another address gets every
@@ -2555,6 +2671,7 @@ static void test_token_flood(void **state)
     (void)state;
     static const char routes[] =
         "limits:\n  requests_per_connection: 100000000\n"
+        "access_log: off\n" /* a million lines would be a third of a GB of test log */
         "routes:\n" REFUND_ROUTE "    layers: [token, record]\n"
         "  - name: plain\n    match: { method: POST, path: /callbacks/payment }\n"
         "    upstream: @UP@\n    key: { json: serial_no }\n    space: payment\n";
@@ -4117,6 +4234,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_failed_keys_slowed),
         cmocka_unit_test(test_tls),
         cmocka_unit_test(test_token_flood),
+        cmocka_unit_test(test_access_log),
         cmocka_unit_test(test_per_peer_limits),
         cmocka_unit_test(test_admin_listen_overlap_refused),
         cmocka_unit_test(test_transition_reaches_replays),
