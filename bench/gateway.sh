@@ -25,6 +25,9 @@
 #   IDEM_GW_IDEM_WORKERS [64]    idem serve's `workers:`
 #   IDEM_GW_SEED_KEYS [1000]     keys executed before the mix and replay runs
 #   IDEM_GW_FRESH_PCT [10]       fresh keys in the mix run, percent
+#   IDEM_GW_ACCESS_LOG [off]     idem serve's access_log: off, or file (JSON
+#                                lines to a file in the run's directory):
+#                                run the replays with each to see its cost
 #   IDEM_GW_RUNS [all]           comma-separated subset of: direct, proxy,
 #                                record-unique, record-mix, record-replay,
 #                                lock-unique, lock-mix
@@ -51,6 +54,9 @@ conns=${IDEM_GW_CONNECTIONS:-64}
 wthreads=${IDEM_GW_THREADS:-2}
 nginx_workers=${IDEM_GW_NGINX_WORKERS:-1}
 idem_workers=${IDEM_GW_IDEM_WORKERS:-64}
+access_log=${IDEM_GW_ACCESS_LOG:-off}
+[[ $access_log == off || $access_log == file ]] ||
+    { echo "bench/gateway.sh: IDEM_GW_ACCESS_LOG is off or file, not $access_log" >&2; exit 2; }
 seed_keys=${IDEM_GW_SEED_KEYS:-1000}
 fresh_pct=${IDEM_GW_FRESH_PCT:-10}
 runs=${IDEM_GW_RUNS:-all}
@@ -302,6 +308,7 @@ start_idem() {
         fi
         sed -e "s|@PORT@|$idem_port|" -e "s|@STORAGE@|$(sed_repl "$storage")|" -e "s|@WORKERS@|$idem_workers|" \
             -e "s|@DIR@|$(sed_repl "$d")|" \
+            -e "s|@ACCESS_LOG@|$([[ $access_log == off ]] && echo off || sed_repl "$d/access.log")|" \
             -e "s|@UPSTREAM_PORT@|$upstream_port|" -e "s|@LAYERS@|$layers|" \
             bench/gateway/idem.yaml.in >"$d/idem.yaml"
         admin_socket[$idem_port]=$d/idem-admin.sock
