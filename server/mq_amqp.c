@@ -123,8 +123,22 @@ static amqp_connection_state_t dial(struct amqp_src *a, int heartbeat, char *err
         amqp_destroy_connection(c);
         return NULL;
     }
-    amqp_rpc_reply_t r = amqp_login(c, a->info.vhost, 0, 131072, heartbeat,
-                                    AMQP_SASL_METHOD_PLAIN, a->info.user, a->info.password);
+    /* consumer_cancel_notify: a broker that deletes the queue under the
+     * consumer says so (basic.cancel), and the connection is made again,
+     * the queue with it; without it the consumer would wait on a queue
+     * that is gone while its successor fills. */
+    amqp_table_entry_t cap = {.key = amqp_cstring_bytes("consumer_cancel_notify"),
+                              .value = {.kind = AMQP_FIELD_KIND_BOOLEAN, .value.boolean = 1}};
+    amqp_table_entry_t prop[2] = {
+        {.key = amqp_cstring_bytes("capabilities"),
+         .value = {.kind = AMQP_FIELD_KIND_TABLE, .value.table = {1, &cap}}},
+        {.key = amqp_cstring_bytes("product"),
+         .value = {.kind = AMQP_FIELD_KIND_UTF8, .value.bytes = amqp_cstring_bytes("idem")}},
+    };
+    amqp_table_t props = {2, prop};
+    amqp_rpc_reply_t r =
+        amqp_login_with_properties(c, a->info.vhost, 0, 131072, heartbeat, &props,
+                                   AMQP_SASL_METHOD_PLAIN, a->info.user, a->info.password);
     if (r.reply_type != AMQP_RESPONSE_NORMAL) {
         char d[200];
         describe(r, d, sizeof d);

@@ -840,6 +840,41 @@ static void test_amqp_broker_restart_and_handler_down(void **state)
     bus_close(&b);
 }
 
+/* The queue deleted under the consumer, then declared again (a redeploy):
+ * the broker cancels the consumer, which connects again and consumes the
+ * new queue. */
+static void test_amqp_queue_deleted_and_back(void **state)
+{
+    (void)state;
+    struct bus b;
+    char src[512], path[4200], cfg[2048], body[128];
+    bus_open(&b, 0, "gone");
+    source_yaml(&b, src, sizeof src, 8);
+    snprintf(cfg, sizeof cfg,
+             "consumers:\n  - name: refunds\n%s"
+             "    key: { json: refund_no }\n    handler: @UP@/refunds\n",
+             src);
+    write_config(path, sizeof path, 0, cfg);
+    struct proc p;
+    start(&p, "serve", path);
+    long before_rows = rows();
+    snprintf(body, sizeof body, "{\"refund_no\":\"G%d-0\",\"amount\":\"1.00\"}", seq);
+    publish(&b, body, NULL, NULL); /* consumed: the consumer is on the queue */
+    assert_int_equal(wait_rows(before_rows + 1, 10000) - before_rows, 1);
+    before_rows = rows();
+    amqp_queue_delete(b.amqp, 1, amqp_cstring_bytes(b.queue), 0, 0);
+    assert_int_equal(amqp_get_rpc_reply(b.amqp).reply_type, AMQP_RESPONSE_NORMAL);
+    amqp_queue_declare(b.amqp, 1, amqp_cstring_bytes(b.queue), 0, 1, 0, 0, amqp_empty_table);
+    assert_int_equal(amqp_get_rpc_reply(b.amqp).reply_type, AMQP_RESPONSE_NORMAL);
+    snprintf(body, sizeof body, "{\"refund_no\":\"G%d\",\"amount\":\"1.00\"}", seq);
+    publish(&b, body, NULL, NULL);
+    assert_int_equal(wait_rows(before_rows + 1, 15000) - before_rows, 1);
+    assert_true(metric(&p, "idem_consumer_reconnects_total", "refunds") >= 1);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
 /* The distributed store's PostgreSQL stopped for 3 s under a stream of
  * messages: nothing acked meanwhile, every key executed once after. */
 static void store_stopped(int redis)
@@ -990,6 +1025,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_amqp_kill9_stream, teardown),
         cmocka_unit_test_teardown(test_redis_kill9_stream, teardown),
         cmocka_unit_test_teardown(test_amqp_broker_restart_and_handler_down, teardown),
+        cmocka_unit_test_teardown(test_amqp_queue_deleted_and_back, teardown),
         cmocka_unit_test_teardown(test_amqp_store_stopped, teardown),
         cmocka_unit_test_teardown(test_redis_store_stopped, teardown),
         cmocka_unit_test_teardown(test_redis_dead_consumer_taken_over, teardown),
