@@ -158,6 +158,22 @@ unsigned long consumer_gen(const struct consumer *k)
     return k->gen;
 }
 
+int consumer_holds(const struct consumer *k, const char *entry)
+{
+    for (const struct held *h = k->held; h; h = h->next)
+        if (h->m->entry[0] && strcmp(h->m->entry, entry) == 0)
+            return 1;
+    return 0;
+}
+
+void consumer_each_held(const struct consumer *k, void (*fn)(void *arg, const char *entry),
+                        void *arg)
+{
+    for (const struct held *h = k->held; h; h = h->next)
+        if (h->m->entry[0])
+            fn(arg, h->m->entry);
+}
+
 static size_t held_count(const struct consumer *k)
 {
     return atomic_load(&k->n.in_flight);

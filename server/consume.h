@@ -116,6 +116,12 @@ extern const struct mq_source_ops mq_amqp_ops, mq_redis_ops;
  * current one came on a lost connection. */
 unsigned long consumer_gen(const struct consumer *k);
 
+/* A stream's: 1 when the consumer holds the entry now (being handled, or
+ * waiting for its next try); fn(arg, entry) for each entry it holds. */
+int consumer_holds(const struct consumer *k, const char *entry);
+void consumer_each_held(const struct consumer *k, void (*fn)(void *arg, const char *entry),
+                        void *arg);
+
 /* ---- the consumers of a daemon ---- */
 
 struct consumers;

@@ -172,6 +172,12 @@ static void deliver_entries(struct redis_src *r, const redisReply *list)
                               e->element[0]->str);
             continue;
         }
+        /* A claim gives back entries this consumer holds too (waiting long
+         * for their next attempt): they are here already. */
+        if (e->type == REDIS_REPLY_ARRAY && e->elements == 2 &&
+            e->element[0]->type == REDIS_REPLY_STRING &&
+            consumer_holds(r->k, e->element[0]->str))
+            continue;
         struct mq_message *m = from_entry(r, e);
         if (m)
             consumer_deliver(r->k, m);
@@ -269,11 +275,46 @@ static void on_claimed(redisAsyncContext *c, void *reply, void *arg)
     read_more(r);
 }
 
+struct ids {
+    const char **argv;
+    size_t n, cap;
+};
+
+static void add_id(void *arg, const char *entry)
+{
+    struct ids *ids = arg;
+    if (ids->n < ids->cap)
+        ids->argv[ids->n++] = entry;
+}
+
+/* The entries held here, claimed again by this consumer (XCLAIM min-idle 0
+ * JUSTID): their idle time starts anew, so that no consumer takes over an
+ * entry this one still holds, however long its attempts take. */
+static void refresh_held(struct redis_src *r)
+{
+    size_t cap = r->cfg->prefetch * 2 + 8;
+    struct ids ids = {calloc(cap, sizeof(char *)), 0, cap};
+    if (!ids.argv)
+        return;
+    const char *head[] = {"XCLAIM", r->cfg->queue, r->cfg->group, r->name, "0"};
+    for (size_t i = 0; i < 5; i++)
+        ids.argv[ids.n++] = head[i];
+    consumer_each_held(r->k, add_id, &ids);
+    if (ids.n > 5 && ids.n < cap) {
+        ids.argv[ids.n++] = "JUSTID";
+        redisAsyncCommandArgv(r->wr, NULL, NULL, (int)ids.n, ids.argv, NULL);
+    }
+    free(ids.argv);
+}
+
 static void on_claim_tick(evutil_socket_t fd, short what, void *arg)
 {
     struct redis_src *r = arg;
     (void)fd;
     (void)what;
+    if (r->stopped || !r->connected)
+        return;
+    refresh_held(r);
     r->claim_due = 1;
     read_more(r); /* or once the read out now is answered */
 }
@@ -484,7 +525,9 @@ static void *redis_open(struct consumer *k, struct event_base *base,
     r->dial_ev = evtimer_new(base, on_dial, r);
     r->timeout_ev = evtimer_new(base, on_connect_timeout, r);
     r->claim_ev = event_new(base, -1, EV_PERSIST, on_claim_tick, r);
-    struct timeval now = {0, 0}, every = ms_timeval(CLAIM_EVERY_MS);
+    /* Often enough that a held entry is refreshed well within min_idle. */
+    int64_t every_ms = r->min_idle_ms / 3 < CLAIM_EVERY_MS ? r->min_idle_ms / 3 : CLAIM_EVERY_MS;
+    struct timeval now = {0, 0}, every = ms_timeval(every_ms > 100 ? every_ms : 100);
     if (!r->dial_ev || !r->timeout_ev || !r->claim_ev || evtimer_add(r->dial_ev, &now) != 0 ||
         event_add(r->claim_ev, &every) != 0) {
         if (r->dial_ev)
