@@ -369,6 +369,8 @@ static void on_answered(struct front_request *req)
         reason = req->outcome_type ? req->outcome_type : "key_invalid";
         break;
     case GW_EXHAUSTED:
+        /* The claim that found them used up was none of them. */
+        h->attempts = req->attempt > 0 ? req->attempt - 1 : 0;
         a = DEAD_LETTER;
         reason = "attempts_exhausted";
         break;

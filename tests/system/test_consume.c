@@ -840,6 +840,53 @@ static void test_amqp_broker_restart_and_handler_down(void **state)
     bus_close(&b);
 }
 
+/* A handler slower than handler_timeout, every time: each attempt's
+ * outcome is unknown, the next takes its claim over after the lease, and
+ * after max_attempts the message is dead-lettered once, saying 3 attempts
+ * — however long it stayed with the consumer meanwhile (a stream's entry
+ * is not taken over from a consumer that still holds it). */
+static void slow_handler(int redis)
+{
+    struct bus b;
+    char src[512], path[4200], cfg[2048], body[128];
+    bus_open(&b, redis, "slow");
+    source_yaml(&b, src, sizeof src, 8);
+    snprintf(cfg, sizeof cfg,
+             "consumers:\n  - name: refunds\n%s"
+             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 1s\n"
+             "    handler_timeout: 300ms\n    max_attempts: 3\n    retry_backoff: [200ms]\n",
+             src);
+    write_config(path, sizeof path, 0, cfg);
+    struct proc p;
+    start(&p, "serve", path);
+    long before = executions();
+    snprintf(body, sizeof body, "{\"refund_no\":\"SL-%d\",\"amount\":\"1.00\"}", seq);
+    const struct header h[] = {{"X-Delay-Ms", "1500"}, {NULL, NULL}};
+    publish(&b, body, h, NULL);
+    assert_int_equal(wait_dead(&b, 1, 30000), 1);
+    sleep_ms(3000); /* no second dead letter comes */
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    assert_int_equal(executions() - before, 3);
+    struct dead d[4];
+    assert_int_equal(take_dead(&b, d, 4), 1);
+    assert_string_equal(d[0].reason, "attempts_exhausted");
+    assert_string_equal(d[0].attempts, "3");
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_slow_handler_dead_lettered_once(void **state)
+{
+    (void)state;
+    slow_handler(0);
+}
+
+static void test_redis_slow_handler_dead_lettered_once(void **state)
+{
+    (void)state;
+    slow_handler(1);
+}
+
 /* The queue deleted under the consumer, then declared again (a redeploy):
  * the broker cancels the consumer, which connects again and consumes the
  * new queue. */
@@ -1026,6 +1073,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_redis_kill9_stream, teardown),
         cmocka_unit_test_teardown(test_amqp_broker_restart_and_handler_down, teardown),
         cmocka_unit_test_teardown(test_amqp_queue_deleted_and_back, teardown),
+        cmocka_unit_test_teardown(test_amqp_slow_handler_dead_lettered_once, teardown),
+        cmocka_unit_test_teardown(test_redis_slow_handler_dead_lettered_once, teardown),
         cmocka_unit_test_teardown(test_amqp_store_stopped, teardown),
         cmocka_unit_test_teardown(test_redis_store_stopped, teardown),
         cmocka_unit_test_teardown(test_redis_dead_consumer_taken_over, teardown),
