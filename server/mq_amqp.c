@@ -41,6 +41,7 @@
 #define PUMP_BATCH 256  /* deliveries read per turn of the loop */
 #define RECONNECT_MIN_MS 250
 #define RECONNECT_MAX_MS 10000
+#define DEAD_HEADERS_MAX 1000 /* a dead letter's headers, at most */
 
 struct amqp_src {
     struct consumer *k;
@@ -642,12 +643,18 @@ static int amqp_dead_letter(void *src, const struct mq_message *m, const char *r
                    a->cfg->route.name, err);
         return -1;
     }
-    amqp_table_entry_t *entries = calloc(m->header_count + 5, sizeof *entries);
+    /* Past DEAD_HEADERS_MAX headers (a message refused for too many), the
+     * rest are left out, and the dead letter says how many: its header
+     * frame must fit the broker's frame size. */
+    size_t headers = m->header_count < DEAD_HEADERS_MAX ? m->header_count : DEAD_HEADERS_MAX;
+    amqp_table_entry_t *entries = calloc(headers + 6, sizeof *entries);
     if (!entries)
         return -1;
     size_t n = 0;
-    for (size_t i = 0; i < m->header_count; i++)
+    for (size_t i = 0; i < headers; i++)
         entries[n++] = text_entry(m->headers[i].name, m->headers[i].value);
+    if (headers < m->header_count)
+        entries[n++] = int_entry("x-idem-headers-left-out", (int32_t)(m->header_count - headers));
     entries[n++] = text_entry("x-idem-reason", reason);
     entries[n++] = int_entry("x-idem-attempts", (int32_t)attempts);
     entries[n++] = int_entry("x-idem-last-status", last_status);

@@ -36,6 +36,7 @@
 #define RECONNECT_MIN_MS 250
 #define RECONNECT_MAX_MS 10000
 #define CLAIM_EVERY_MS 2000
+#define DEAD_HEADERS_MAX 1000 /* a dead letter's headers, at most */
 
 /* XADD the dead letter, then XACK the entry: if the first fails the
  * script stops, and the entry stays pending. KEYS: dead stream, stream;
@@ -576,7 +577,11 @@ static int redis_dead_letter(void *src, const struct mq_message *m, const char *
     struct redis_src *r = src;
     if (!r->connected)
         return -1;
-    size_t n = 7 + 2 * (m->header_count + 7);
+    /* Lua's unpack() takes some 8000 values: past DEAD_HEADERS_MAX headers
+     * (a message refused for too many), the rest are left out, and the
+     * dead letter says how many. */
+    size_t headers = m->header_count < DEAD_HEADERS_MAX ? m->header_count : DEAD_HEADERS_MAX;
+    size_t n = 7 + 2 * (headers + 8);
     const char **argv = calloc(n, sizeof *argv);
     size_t *lens = calloc(n, sizeof *lens);
     if (!argv || !lens) {
@@ -599,9 +604,15 @@ static int redis_dead_letter(void *src, const struct mq_message *m, const char *
     STR(m->entry);
     STR(r->cfg->body_field);
     ARG(m->body, m->body_len);
-    for (size_t h = 0; h < m->header_count; h++) {
+    for (size_t h = 0; h < headers; h++) {
         STR(m->headers[h].name);
         STR(m->headers[h].value);
+    }
+    char dropped[24];
+    if (headers < m->header_count) {
+        snprintf(dropped, sizeof dropped, "%zu", m->header_count - headers);
+        STR("x-idem-headers-left-out");
+        STR(dropped);
     }
     STR("message_id");
     STR(m->id ? m->id : m->entry);
