@@ -346,10 +346,14 @@ static void on_answered(struct front_request *req)
         h->last_status = status;
         h->waits = 0;
         a = status < 400 ? ACK : DEAD_LETTER;
-        reason = status < 400                        ? NULL
-                 : status < 500                      ? "handler_rejected"
-                 : h->attempts >= rt->max_attempts   ? "attempts_exhausted"
-                                                     : "handler_answer_too_large";
+        /* A 5xx kept: the handler's last attempt's (or a refusal to
+         * connect), or Idem's 502 for an answer too big to keep, which the
+         * handler's own status tells apart. */
+        reason = status < 400   ? NULL
+                 : status < 500 ? "handler_rejected"
+                 : req->upstream_status > 0 && req->upstream_status < 500
+                     ? "handler_answer_too_large"
+                     : "attempts_exhausted";
         break;
     case GW_REPLAYED:
         /* Finished before, and failed: it belongs on the dead letter. A
