@@ -3,9 +3,10 @@
  *
  * Every value a client or a producer chose (path, key, subject, request
  * and message ids) is escaped on its way into a line: in JSON as a JSON
- * string that is ASCII only (\uXXXX for every other character, U+FFFD for
- * a byte that is not UTF-8), in text (logfmt) as the daemon's own log
- * escapes (log.c), quoted when it holds a blank, a quote or '='. So a line
+ * string that is ASCII only (log_json_escape: \uXXXX for every other
+ * character, U+FFFD for a byte that is not UTF-8), in text (logfmt) as
+ * the daemon's own log escapes (log.c), quoted when it holds a blank, a
+ * quote or '='. So a line
  * is one line, and a reader or a log shipper sees what was sent and
  * nothing it did not.
  *
@@ -37,7 +38,6 @@
 #include "mono.h"
 #include "put.h"
 #include "request_key.h"
-#include "utf8.h"
 
 #define BUF_SIZE (64 * 1024)
 #define LINE_MAX_LEN 8192
@@ -181,39 +181,6 @@ static void put_raw(struct line *ln, const char *s, size_t n)
     ln->len += n;
 }
 
-/* s[0..n) as a JSON string's content, ASCII only. */
-static void put_json_text(struct line *ln, const char *s, size_t n)
-{
-    const unsigned char *p = (const unsigned char *)s, *end = p + n;
-    char esc[16];
-    while (p < end) {
-        if (*p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\') {
-            const unsigned char *run = p;
-            while (p < end && *p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\')
-                p++;
-            put_raw(ln, (const char *)run, (size_t)(p - run));
-            continue;
-        }
-        uint32_t v;
-        if (*p < 0x80) {
-            v = *p++;
-        } else {
-            size_t len = utf8_seq_len(p, end);
-            v = len ? utf8_decode(p, len) : 0xfffd;
-            p += len ? len : 1;
-        }
-        int k;
-        if (v == '"' || v == '\\')
-            k = snprintf(esc, sizeof esc, "\\%c", (char)v);
-        else if (v > 0xffff)
-            k = snprintf(esc, sizeof esc, "\\u%04x\\u%04x", 0xd800 + ((v - 0x10000) >> 10),
-                         0xdc00 + ((v - 0x10000) & 0x3ff));
-        else
-            k = snprintf(esc, sizeof esc, "\\u%04x", v);
-        put_raw(ln, esc, (size_t)k);
-    }
-}
-
 static void field_name(struct line *ln, const char *name)
 {
     if (ln->text) {
@@ -243,7 +210,7 @@ static void add_str(struct line *ln, const char *name, const char *value)
     field_name(ln, name);
     if (!ln->text) {
         put_raw(ln, "\"", 1);
-        put_json_text(ln, value, n);
+        ln->len += log_json_escape(value, n, ln->buf + ln->len, sizeof ln->buf - 2 - ln->len);
         put_raw(ln, "\"", 1);
         return;
     }

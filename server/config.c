@@ -264,6 +264,7 @@ struct server_config *config_default(void)
     c->storage_pool = 8;
     c->storage_timeout_ms = 2 * MS_SEC;
     c->subject_header = strdup("X-Subject");
+    c->log_level = 1; /* info */
     c->workers = 64;
     c->limits = (struct server_limits){
         .request_line_max = 8 * KIB,
@@ -2375,6 +2376,35 @@ static int get_consumers(struct ctx *c, const yaml_node_t *n, struct server_conf
     return 0;
 }
 
+/* log: { level: debug|info|warn|error, format: text|json }: the daemon's
+ * own log (stderr). */
+static int get_log(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+{
+    static const char *const known[] = {"level", "format"};
+    static const char *const levels[] = {"debug", "info", "warn", "error"};
+    const yaml_node_t *v;
+    const char *s;
+    if (n->type != YAML_MAPPING_NODE)
+        return fail(c, n, "log", "expected a mapping like { level: info, format: text }, got %s",
+                    kind_name(n));
+    if (check_fields(c, n, "log", known, 2))
+        return -1;
+    if ((v = field(c, n, "format")) &&
+        get_choice(c, v, "log.format", "text", "json", &cfg->log_json))
+        return -1;
+    if ((v = field(c, n, "level"))) {
+        if (scalar(c, v, "log.level", "debug, info, warn or error", &s))
+            return -1;
+        size_t i = 0;
+        while (i < 4 && strcmp(s, levels[i]) != 0)
+            i++;
+        if (i == 4)
+            return fail(c, v, "log.level", "%s is not debug, info, warn or error", quote(c, s));
+        cfg->log_level = (int)i;
+    }
+    return 0;
+}
+
 /* access_log: off | stderr | PATH, or { to: off|stderr|PATH, format:
  * json|text, subject: hash|plain|off }. */
 static int get_access_log(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
@@ -2420,7 +2450,7 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
     static const char *const known[] = {"listen", "admin_listen", "api_keys", "state_dir",
                                         "tls_ca", "storage", "subject_header", "upstream",
                                         "workers", "event_loops", "limits", "routes",
-                                        "consumers", "access_log"};
+                                        "consumers", "access_log", "log"};
     const yaml_node_t *v;
     const char *s;
     uint64_t workers, loops;
@@ -2475,6 +2505,8 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
     if ((v = field(c, root, "limits")) && get_limits(c, v, &cfg->limits))
         return -1;
     if ((v = field(c, root, "access_log")) && get_access_log(c, v, cfg))
+        return -1;
+    if ((v = field(c, root, "log")) && get_log(c, v, cfg))
         return -1;
     if ((v = field(c, root, "routes")) && get_routes(c, v, cfg))
         return -1;

@@ -191,6 +191,8 @@ struct server_config {
      * to: NULL stderr (the default), "" off, else a file (opened for
      * appending, reopened on SIGUSR1); json (default) or text; the subject
      * as its hash (default), plain, or left out. */
+    int log_level;            /* log.level: 0 debug, 1 info (default), 2 warn, 3 error */
+    int log_json;             /* log.format: json (1) or text (0, default) */
     char *access_to;
     int access_text;
     enum { SUBJECT_HASH, SUBJECT_PLAIN, SUBJECT_OFF } access_subject;

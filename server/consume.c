@@ -257,7 +257,7 @@ static void dead_letter(struct held *h, const char *reason)
     }
     atomic_fetch_add(&k->n.dead_lettered, 1);
     /* The id is the producer's: the log line escapes it (log.c). */
-    daemon_log("consumer %s: message %.200s dead-lettered to %s: %s (%u attempts, last status "
+    daemon_logl(LOG_WARN, "consumer %s: message %.200s dead-lettered to %s: %s (%u attempts, last status "
                "%d)",
                k->cfg->route.name, h->m->id ? h->m->id : "without an id", k->cfg->dead_letter,
                reason, h->attempts, h->last_status);
@@ -537,7 +537,7 @@ void consumer_connection(struct consumer *k, int up, const char *detail)
     }
     if (k->up) {
         atomic_fetch_add(&k->n.reconnects, 1);
-        daemon_log("consumer %s: lost the %s connection: %s; its unacked messages come "
+        daemon_logl(LOG_WARN, "consumer %s: lost the %s connection: %s; its unacked messages come "
                    "back from the broker", k->cfg->route.name, k->ops->kind, detail);
     }
     k->up = 0;

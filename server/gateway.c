@@ -975,7 +975,7 @@ static void extend(struct tick *t)
 static void tick_done(struct tick *t)
 {
     if (t->rc != IDEM_OK || t->o != IDEM_RENEWED)
-        daemon_log("%s/%s: extending the lease failed: %s %s", t->space, t->key,
+        daemon_logl(LOG_WARN, "%s/%s: extending the lease failed: %s %s", t->space, t->key,
                    t->rc != IDEM_OK ? idem_strerror(t->rc) : idem_outcome_name(t->o),
                    t->rc != IDEM_OK ? t->detail : "");
     free(t);
@@ -1095,7 +1095,7 @@ static void after_finish(struct gw *g)
         daemon_write_failed(g->d, g->rc);
         g->tries++;
         if (!g->unkept) {
-            daemon_log("%s/%s: keeping the answer failed: %s: %s; the claim is kept, and "
+            daemon_logl(LOG_ERROR, "%s/%s: keeping the answer failed: %s: %s; the claim is kept, and "
                        "the answer is written again until the store takes it",
                        g->rt->space, g->key, idem_strerror(g->rc), g->detail);
             set_unkept(g, 1);
@@ -1137,13 +1137,13 @@ static void after_finish(struct gw *g)
                    : g->finish == FINISH_HOLD              ? GW_HELD
                                                            : GW_EXECUTED);
     if (g->rc != IDEM_OK) {
-        daemon_log("%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
+        daemon_logl(LOG_ERROR, "%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
                    idem_strerror(g->rc), g->detail);
         daemon_write_failed(g->d, g->rc);
     } else {
         daemon_write_ok(g->d);
         if (g->o == IDEM_CONFLICT)
-            daemon_log("ALERT %s/%s: epoch %" PRIu64 " was taken over while it ran",
+            daemon_logl(LOG_ALERT, "%s/%s: epoch %" PRIu64 " was taken over while it ran",
                        g->rt->space, g->key, g->epoch);
     }
     finish(g);
@@ -1180,7 +1180,7 @@ static void after_give_back(struct gw *g)
         /* A store that did not answer may still give the token back later:
          * were the record released now, a retry could execute on the token
          * meanwhile. The claim stays until its lease ends. */
-        daemon_log("%s/%s: giving the token back failed (%s: %s): the record stays "
+        daemon_logl(LOG_WARN, "%s/%s: giving the token back failed (%s: %s): the record stays "
                    "PROCESSING until its lease ends",
                    g->rt->space, g->key, idem_strerror(g->rc), g->detail);
         g->finish = FINISH_NONE;

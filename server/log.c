@@ -15,6 +15,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -67,22 +68,94 @@ size_t log_escape(const char *in, size_t n, char *out, size_t cap)
     return o;
 }
 
-void daemon_log(const char *fmt, ...)
+size_t log_json_escape(const char *in, size_t n, char *out, size_t cap)
 {
-    char msg[1024], line[1200];
+    const unsigned char *p = (const unsigned char *)in, *end = p + n;
+    size_t o = 0;
+    while (p < end) {
+        char esc[16];
+        size_t elen, len = 1;
+        if (*p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\') {
+            esc[0] = (char)*p;
+            elen = 1;
+        } else {
+            uint32_t v = *p;
+            if (*p >= 0x80) {
+                len = utf8_seq_len(p, end);
+                v = len ? utf8_decode(p, len) : 0xfffd;
+                len = len ? len : 1;
+            }
+            if (v == '"' || v == '\\')
+                elen = (size_t)snprintf(esc, sizeof esc, "\\%c", (char)v);
+            else if (v > 0xffff)
+                elen = (size_t)snprintf(esc, sizeof esc, "\\u%04x\\u%04x",
+                                        (unsigned)(0xd800 + ((v - 0x10000) >> 10)),
+                                        (unsigned)(0xdc00 + ((v - 0x10000) & 0x3ff)));
+            else
+                elen = (size_t)snprintf(esc, sizeof esc, "\\u%04x", (unsigned)v);
+        }
+        if (o + elen > cap)
+            break; /* cut between characters */
+        memcpy(out + o, esc, elen);
+        o += elen;
+        p += len;
+    }
+    return o;
+}
+
+static enum log_level least = LOG_INFO;
+static int as_json;
+
+void daemon_log_setup(enum log_level l, int json)
+{
+    least = l;
+    as_json = json;
+}
+
+static void vlog(enum log_level level, const char *fmt, va_list ap)
+{
+    static const char *const names[] = {"debug", "info", "warn", "error", "alert"};
+    char msg[1024], line[1400];
     struct timespec ts;
     struct tm tm;
+    if (level < least)
+        return;
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
-    size_t n = strftime(line, sizeof line, "%Y-%m-%dT%H:%M:%S", &tm);
-    n += (size_t)snprintf(line + n, sizeof line - n, ".%03ldZ idem: ", ts.tv_nsec / 1000000);
-    va_list ap;
-    va_start(ap, fmt);
+    size_t n = as_json ? (size_t)snprintf(line, sizeof line, "{\"time\":\"") : 0;
+    n += strftime(line + n, sizeof line - n, "%Y-%m-%dT%H:%M:%S", &tm);
     int m = vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
     size_t mlen = m < 0 ? 0 : (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1;
-    n += log_escape(msg, mlen, line + n, sizeof line - n - 1);
+    if (as_json) {
+        n += (size_t)snprintf(line + n, sizeof line - n, ".%03ldZ\",\"level\":\"%s\",\"msg\":\"",
+                              ts.tv_nsec / 1000000, names[level]);
+        n += log_json_escape(msg, mlen, line + n, sizeof line - n - 3);
+        line[n++] = '"';
+        line[n++] = '}';
+    } else {
+        /* The level, as these lines have always said it. */
+        static const char *const said[] = {"", "", "warning: ", "error: ", "ALERT "};
+        n += (size_t)snprintf(line + n, sizeof line - n, ".%03ldZ idem: %s",
+                              ts.tv_nsec / 1000000, said[level]);
+        n += log_escape(msg, mlen, line + n, sizeof line - n - 1);
+    }
     line[n++] = '\n';
     ssize_t w = write(2, line, n);
     (void)w;
+}
+
+void daemon_log(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(LOG_INFO, fmt, ap);
+    va_end(ap);
+}
+
+void daemon_logl(enum log_level level, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, fmt, ap);
+    va_end(ap);
 }

@@ -6,10 +6,27 @@
 
 #include <stddef.h>
 
+enum log_level { LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_ALERT };
+
+/* A line at level info; daemon_logl at the level given. Lines below the
+ * level set by daemon_log_setup are not written. */
 void daemon_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void daemon_logl(enum log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* The log's least level and form: text (the default: "TIME idem: MESSAGE",
+ * a warning's and an error's message starting with its level), or json
+ * ({"time", "level", "msg"} a line). Before any thread logs. */
+void daemon_log_setup(enum log_level least, int json);
 
 /* in[0..n) as a log line may hold it, NUL-terminated in out (cap bytes),
  * cut between characters when it does not fit. Returns the length written. */
 size_t log_escape(const char *in, size_t n, char *out, size_t cap);
+
+/* in[0..n) as the inside of a JSON string, ASCII only: \uXXXX for every
+ * other character (surrogate pairs past U+FFFF), U+FFFD for a byte that is
+ * not UTF-8, \" and \\; into out (cap bytes, not terminated), cut between
+ * characters. Returns the length written. */
+size_t log_json_escape(const char *in, size_t n, char *out, size_t cap);
 
 #endif

@@ -322,7 +322,7 @@ static void raise_fd_limit(const struct server_config *cfg)
     unsigned long long need = (unsigned long long)l->connections_max + l->admin_connections_max +
                               2ull * l->in_flight_max + 1024 + 64;
     if (rl.rlim_cur != RLIM_INFINITY && need > rl.rlim_cur)
-        daemon_log("warning: connections_max %zu, admin_connections_max %zu and in_flight_max "
+        daemon_logl(LOG_WARN, "connections_max %zu, admin_connections_max %zu and in_flight_max "
                    "%zu (upstream connections, in use and idle) need up to %llu file "
                    "descriptors; the limit is %llu (ulimit -n, LimitNOFILE): past it new "
                    "clients wait",
@@ -748,7 +748,10 @@ static void on_purge(evutil_socket_t fd, short what, void *arg)
 static void on_idem_log(void *arg, idem_log_level level, const char *msg)
 {
     (void)arg;
-    daemon_log("%s%s", level == IDEM_LOG_ALERT ? "ALERT " : "", msg);
+    daemon_logl(level == IDEM_LOG_ALERT  ? LOG_ALERT
+                : level == IDEM_LOG_WARN ? LOG_WARN
+                                         : LOG_INFO,
+                "%s", msg);
 }
 
 static void consume_usage(FILE *out)
@@ -850,6 +853,8 @@ static int run(int argc, char **argv, int consume_only)
         fprintf(stderr, "%s: out of memory\n", me);
         return 1;
     }
+    /* The log's level and form, before anything is logged. */
+    daemon_log_setup((enum log_level)cfg->log_level, cfg->log_json);
     int bad = finish_loading(cfg, listen, db, err, sizeof err);
     if (bad) {
         fprintf(stderr, "%s: %s\n", me, err);

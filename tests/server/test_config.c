@@ -924,6 +924,16 @@ static void test_access_log(void **state)
     parse_bad("access_log: { subject: sha1 }\n", "access_log.subject:", "hash, plain or off");
     parse_bad("access_log: { too: x }\n", "access_log.too:", NULL);
     parse_bad("access_log: [a]\n", "access_log:", NULL);
+    c = parse_ok("log: { level: warn, format: json }\n");
+    assert_int_equal(c->log_level, 2);
+    assert_true(c->log_json);
+    config_free(c);
+    c = parse_ok("listen: 127.0.0.1:8080\n");
+    assert_int_equal(c->log_level, 1);
+    assert_false(c->log_json);
+    config_free(c);
+    parse_bad("log: { level: loud }\n", "idem.yaml:1: log.level:", "debug, info, warn or error");
+    parse_bad("log: text\n", "log:", "expected a mapping");
 }
 
 static void test_layers(void **state)

@@ -3,6 +3,7 @@
  * (server/log.c): nothing a key, subject or path holds can end a line,
  * forge one, or hide or reorder text in a terminal or a log viewer.
  */
+#include <jansson.h>
 #include <string.h>
 
 #include "log.h"
@@ -54,11 +55,37 @@ static void test_cut_between_characters(void **state)
     assert_string_equal(out, "abc");
 }
 
+/* JSON's escaping: ASCII out, and the same text back once parsed (a byte
+ * that is not UTF-8 as U+FFFD); never cut inside an escape. */
+static void test_json_escape(void **state)
+{
+    (void)state;
+    const char in[] = "a\"b\\c\n\x01\xe2\x80\xa8\xf0\x9f\x98\x80\xff!";
+    char out[256] = "\"";
+    size_t n = 1 + log_json_escape(in, sizeof in - 1, out + 1, sizeof out - 3);
+    out[n++] = '"';
+    out[n] = '\0';
+    for (size_t i = 0; i < n; i++)
+        assert_true(out[i] >= 0x20 && out[i] < 0x7f);
+    json_error_t err;
+    json_t *j = json_loads(out, JSON_DECODE_ANY, &err);
+    if (!j)
+        fail_msg("not JSON (%s): %s", err.text, out);
+    assert_string_equal(json_string_value(j),
+                        "a\"b\\c\n\x01\xe2\x80\xa8\xf0\x9f\x98\x80\xef\xbf\xbd!");
+    json_decref(j);
+    /* Cut: whole escapes only. */
+    char small[9];
+    size_t k = log_json_escape("ab\xe2\x80\xa8", 5, small, 7);
+    assert_int_equal(k, 2); /* "ab", then \u2028 (6 bytes) does not fit in 5 */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_controls_and_separators_escaped),
         cmocka_unit_test(test_cut_between_characters),
+        cmocka_unit_test(test_json_escape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2656,6 +2656,23 @@ static void test_access_log(void **state)
     assert_non_null(strstr(lines[0], "subject=\"eve\\u202ex y\""));
     assert_non_null(strstr(lines[1], " outcome=replayed "));
     free_lines(lines, n);
+
+    /* The daemon's own log in JSON: every line an object with its level. */
+    start_idem(&gw, "log: { format: json }\naccess_log: off\nroutes:\n" REFUND_ROUTE,
+               "access-json.db");
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    lines = read_lines(gw.log, &n);
+    assert_true(n >= 2); /* draining, stopped */
+    for (size_t i = 0; i < n; i++) {
+        json_t *j = json_loads(lines[i], 0, NULL);
+        if (!j)
+            fail_msg("log line %zu is not JSON: %s", i, lines[i]);
+        assert_non_null(json_string_value(json_object_get(j, "time")));
+        assert_string_equal(json_string_value(json_object_get(j, "level")), "info");
+        assert_non_null(json_string_value(json_object_get(j, "msg")));
+        json_decref(j);
+    }
+    free_lines(lines, n);
 }
 
 /* 1,000,000 token requests on the main listener, each under another
