@@ -257,10 +257,11 @@ static void dead_letter(struct held *h, const char *reason)
     }
     atomic_fetch_add(&k->n.dead_lettered, 1);
     /* The id is the producer's: the log line escapes it (log.c). */
-    daemon_logl(LOG_WARN, "consumer %s: message %.200s dead-lettered to %s: %s (%u attempts, last status "
-               "%d)",
-               k->cfg->route.name, h->m->id ? h->m->id : "without an id", k->cfg->dead_letter,
-               reason, h->attempts, h->last_status);
+    daemon_logl(LOG_WARN,
+                "consumer %s: message %.200s dead-lettered to %s: %s (%u attempts, last status "
+                "%d)",
+                k->cfg->route.name, h->m->id ? h->m->id : "without an id", k->cfg->dead_letter,
+                reason, h->attempts, h->last_status);
     drop(h);
 }
 
@@ -537,8 +538,10 @@ void consumer_connection(struct consumer *k, int up, const char *detail)
     }
     if (k->up) {
         atomic_fetch_add(&k->n.reconnects, 1);
-        daemon_logl(LOG_WARN, "consumer %s: lost the %s connection: %s; its unacked messages come "
-                   "back from the broker", k->cfg->route.name, k->ops->kind, detail);
+        daemon_logl(LOG_WARN,
+                    "consumer %s: lost the %s connection: %s; its unacked messages come "
+                    "back from the broker",
+                    k->cfg->route.name, k->ops->kind, detail);
     }
     k->up = 0;
     atomic_store(&k->n.connected, 0);

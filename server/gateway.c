@@ -976,8 +976,8 @@ static void tick_done(struct tick *t)
 {
     if (t->rc != IDEM_OK || t->o != IDEM_RENEWED)
         daemon_logl(LOG_WARN, "%s/%s: extending the lease failed: %s %s", t->space, t->key,
-                   t->rc != IDEM_OK ? idem_strerror(t->rc) : idem_outcome_name(t->o),
-                   t->rc != IDEM_OK ? t->detail : "");
+                    t->rc != IDEM_OK ? idem_strerror(t->rc) : idem_outcome_name(t->o),
+                    t->rc != IDEM_OK ? t->detail : "");
     free(t);
 }
 
@@ -1095,9 +1095,10 @@ static void after_finish(struct gw *g)
         daemon_write_failed(g->d, g->rc);
         g->tries++;
         if (!g->unkept) {
-            daemon_logl(LOG_ERROR, "%s/%s: keeping the answer failed: %s: %s; the claim is kept, and "
-                       "the answer is written again until the store takes it",
-                       g->rt->space, g->key, idem_strerror(g->rc), g->detail);
+            daemon_logl(LOG_ERROR,
+                        "%s/%s: keeping the answer failed: %s: %s; the claim is kept, and "
+                        "the answer is written again until the store takes it",
+                        g->rt->space, g->key, idem_strerror(g->rc), g->detail);
             set_unkept(g, 1);
             g->retry_ms = 100;
         } else {
@@ -1138,13 +1139,13 @@ static void after_finish(struct gw *g)
                                                            : GW_EXECUTED);
     if (g->rc != IDEM_OK) {
         daemon_logl(LOG_ERROR, "%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
-                   idem_strerror(g->rc), g->detail);
+                    idem_strerror(g->rc), g->detail);
         daemon_write_failed(g->d, g->rc);
     } else {
         daemon_write_ok(g->d);
         if (g->o == IDEM_CONFLICT)
             daemon_logl(LOG_ALERT, "%s/%s: epoch %" PRIu64 " was taken over while it ran",
-                       g->rt->space, g->key, g->epoch);
+                        g->rt->space, g->key, g->epoch);
     }
     finish(g);
 }
@@ -1180,9 +1181,10 @@ static void after_give_back(struct gw *g)
         /* A store that did not answer may still give the token back later:
          * were the record released now, a retry could execute on the token
          * meanwhile. The claim stays until its lease ends. */
-        daemon_logl(LOG_WARN, "%s/%s: giving the token back failed (%s: %s): the record stays "
-                   "PROCESSING until its lease ends",
-                   g->rt->space, g->key, idem_strerror(g->rc), g->detail);
+        daemon_logl(LOG_WARN,
+                    "%s/%s: giving the token back failed (%s: %s): the record stays "
+                    "PROCESSING until its lease ends",
+                    g->rt->space, g->key, idem_strerror(g->rc), g->detail);
         g->finish = FINISH_NONE;
         finish(g);
         return;

@@ -507,8 +507,10 @@ failed:
     a->failures++;
     /* The 1st, 2nd, 4th, 8th... failure in a row is logged. */
     if ((a->failures & (a->failures - 1)) == 0)
-        daemon_logl(LOG_WARN, "consumer %s: cannot connect to RabbitMQ (%s; %lu tries so far), trying "
-                   "again", a->cfg->route.name, err, a->failures);
+        daemon_logl(LOG_WARN,
+                    "consumer %s: cannot connect to RabbitMQ (%s; %lu tries so far), trying "
+                    "again",
+                    a->cfg->route.name, err, a->failures);
     redial_later(a);
 }
 
@@ -679,9 +681,10 @@ static int amqp_dead_letter(void *src, const struct mq_message *m, const char *r
     free(entries);
     int r = st == AMQP_STATUS_OK ? confirmed(a->out) : -1;
     if (r != 0) {
-        daemon_logl(LOG_ERROR, "consumer %s: dead-lettering to %s failed (%s): the message stays unacked",
-                   a->cfg->route.name, a->cfg->dead_letter,
-                   r > 0 ? "no such queue: it is declared again" : "no confirm from the broker");
+        daemon_logl(LOG_ERROR,
+                    "consumer %s: dead-lettering to %s failed (%s): the message stays unacked",
+                    a->cfg->route.name, a->cfg->dead_letter,
+                    r > 0 ? "no such queue: it is declared again" : "no confirm from the broker");
         amqp_destroy_connection(a->out); /* opened again, the queue with it */
         a->out = NULL;
         return -1;

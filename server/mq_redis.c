@@ -351,8 +351,9 @@ static void failed(struct redis_src *r, const char *why)
 {
     r->failures++;
     if ((r->failures & (r->failures - 1)) == 0)
-        daemon_logl(LOG_WARN, "consumer %s: cannot connect to Redis (%s; %lu tries so far), trying again",
-                   r->cfg->route.name, why, r->failures);
+        daemon_logl(LOG_WARN,
+                    "consumer %s: cannot connect to Redis (%s; %lu tries so far), trying again",
+                    r->cfg->route.name, why, r->failures);
     close_connections(r);
     redial_later(r);
 }
@@ -566,9 +567,10 @@ static void on_dead_lettered(redisAsyncContext *c, void *reply, void *arg)
     struct redis_src *r = c->data;
     (void)arg;
     if (r && x && x->type == REDIS_REPLY_ERROR)
-        daemon_logl(LOG_ERROR, "consumer %s: dead-lettering to %s failed (%s): the entry stays pending, "
-                   "and is taken over again later",
-                   r->cfg->route.name, r->cfg->dead_letter, x->str);
+        daemon_logl(LOG_ERROR,
+                    "consumer %s: dead-lettering to %s failed (%s): the entry stays pending, "
+                    "and is taken over again later",
+                    r->cfg->route.name, r->cfg->dead_letter, x->str);
 }
 
 static int redis_dead_letter(void *src, const struct mq_message *m, const char *reason,

@@ -322,12 +322,13 @@ static void raise_fd_limit(const struct server_config *cfg)
     unsigned long long need = (unsigned long long)l->connections_max + l->admin_connections_max +
                               2ull * l->in_flight_max + 1024 + 64;
     if (rl.rlim_cur != RLIM_INFINITY && need > rl.rlim_cur)
-        daemon_logl(LOG_WARN, "connections_max %zu, admin_connections_max %zu and in_flight_max "
-                   "%zu (upstream connections, in use and idle) need up to %llu file "
-                   "descriptors; the limit is %llu (ulimit -n, LimitNOFILE): past it new "
-                   "clients wait",
-                   l->connections_max, l->admin_connections_max, l->in_flight_max, need,
-                   (unsigned long long)rl.rlim_cur);
+        daemon_logl(LOG_WARN,
+                    "connections_max %zu, admin_connections_max %zu and in_flight_max "
+                    "%zu (upstream connections, in use and idle) need up to %llu file "
+                    "descriptors; the limit is %llu (ulimit -n, LimitNOFILE): past it new "
+                    "clients wait",
+                    l->connections_max, l->admin_connections_max, l->in_flight_max, need,
+                    (unsigned long long)rl.rlim_cur);
 }
 
 /* One daemon per embedded store file: its tokens and locks (layers 1 and
