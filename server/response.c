@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #include "idem.h"
 #include "put.h"
@@ -118,12 +119,33 @@ const char *http_reason(int status)
     return "";
 }
 
+/* "Date: Wed, 02 Dec 2026 01:36:13 GMT\r\n" for now, formatted once a
+ * second per thread. */
+static const char *date_field(size_t *len)
+{
+    static __thread time_t second = (time_t)-1;
+    static __thread char field[48];
+    static __thread size_t field_len;
+    time_t now = time(NULL);
+    if (now != second) {
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        field_len = strftime(field, sizeof field, "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
+        second = now;
+    }
+    *len = field_len;
+    return field;
+}
+
 char *response_serialize(const struct http_response *r, int head_request, size_t *len)
 {
     const char *reason = http_reason(r->status);
-    size_t cap = 128 + strlen(reason) + r->body_len; /* line, length, close */
-    for (size_t i = 0; i < r->header_count; i++)
+    size_t cap = 128 + strlen(reason) + r->body_len; /* line, length, close, date */
+    int has_date = 0;
+    for (size_t i = 0; i < r->header_count; i++) {
         cap += strlen(r->headers[i].name) + strlen(r->headers[i].value) + 4;
+        has_date |= strcasecmp(r->headers[i].name, "date") == 0;
+    }
     char *out = malloc(cap), *p = out;
     if (!out)
         return NULL;
@@ -134,6 +156,14 @@ char *response_serialize(const struct http_response *r, int head_request, size_t
     p = put(p, "\r\n", 2);
     for (size_t i = 0; i < r->header_count; i++)
         p = put_field(p, r->headers[i].name, r->headers[i].value, "\r\n");
+    /* Every answer has its Date (RFC 9110 8.6): an upstream's own, or
+     * this one for those Idem makes and the replays, whose stored headers
+     * have none. */
+    if (!has_date) {
+        size_t dlen;
+        const char *d = date_field(&dlen);
+        p = put(p, d, dlen);
+    }
     /* 1xx, 204 and 304 carry no body and no Content-Length. */
     int bodiless = r->status < 200 || r->status == 204 || r->status == 304;
     if (!bodiless && !(head_request && r->upstream_head)) {

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -2543,6 +2544,44 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Every answer has one Date: the upstream's, or Idem's own on what it makes
+ * (problems, the JSON API) and on replays, whose stored headers have none. */
+static int date_fields(const struct sys_resp *r)
+{
+    int n = 0;
+    for (size_t i = 0; r->m && i < r->m->header_count; i++)
+        n += strcasecmp(r->m->headers[i].name, "date") == 0;
+    return n;
+}
+
+static void test_date_on_every_answer(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, "access_log: off\nroutes:\n" REFUND_ROUTE, "date.db");
+    const char *h[] = {"Content-Type: application/json", NULL};
+    const char *bodies[] = {"{\"refund_no\":\"DT-1\",\"amount\":\"1.00\"}", /* executed */
+                            "{\"refund_no\":\"DT-1\",\"amount\":\"1.00\"}", /* replayed */
+                            "{\"amount\":\"1.00\"}"};                      /* 400 */
+    const int want[] = {201, 201, 400};
+    for (int i = 0; i < 3; i++) {
+        struct sys_resp r;
+        sys_http(gw.port, "POST", "/refunds", h, bodies[i], 10000, &r);
+        assert_int_equal(r.status, want[i]);
+        assert_int_equal(date_fields(&r), 1);
+        const char *d = sys_header(&r, "Date");
+        assert_non_null(d);
+        assert_non_null(strstr(d, " GMT"));
+        sys_resp_free(&r);
+    }
+    struct sys_resp r;
+    sys_http(gw.port, "GET", "/_idem/v1/health", NULL, NULL, 10000, &r);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(date_fields(&r), 1);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* The access log: a line per request, whole and parseable, each field what
  * the gateway made of it; what a client chose (a request id with quotes and
  * a line separator, a subject with a bidi override) escaped, never a line
@@ -4252,6 +4291,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tls),
         cmocka_unit_test(test_token_flood),
         cmocka_unit_test(test_access_log),
+        cmocka_unit_test(test_date_on_every_answer),
         cmocka_unit_test(test_per_peer_limits),
         cmocka_unit_test(test_admin_listen_overlap_refused),
         cmocka_unit_test(test_transition_reaches_replays),
