@@ -206,6 +206,49 @@ int request_subject(const struct http_msg *m, const char *header, const char **s
     return 400;
 }
 
+/* The Idempotency-Key header is a Structured Field sf-string (RFC 8941,
+ * as draft-ietf-httpapi-idempotency-key-header defines it): "abc", with \"
+ * and \\ the only escapes, printable ASCII inside. in (the field's value,
+ * trimmed) to out (cap bytes): 0, or -1 with why. A bare token (what many
+ * clients send) is taken as it is, so that "abc" and abc are one key. */
+static int sf_string(const char *in, char *out, size_t cap, const char **why)
+{
+    size_t o = 0;
+    const char *p = in + 1;
+    for (;; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (!ch) {
+            *why = "it opens a quoted string (a Structured Field sf-string) and does not "
+                   "close it";
+            return -1;
+        }
+        if (ch == '"')
+            break;
+        if (ch == '\\') {
+            ch = (unsigned char)*++p;
+            if (ch != '"' && ch != '\\') {
+                *why = "a backslash in a quoted string escapes only \" and \\";
+                return -1;
+            }
+        } else if (ch < 0x20 || ch > 0x7e) {
+            *why = "a quoted string holds printable ASCII only";
+            return -1;
+        }
+        if (o + 1 >= cap) {
+            *why = "it is too long";
+            return -1;
+        }
+        out[o++] = (char)ch;
+    }
+    if (p[1]) {
+        *why = "something follows the quoted string (one sf-string, without parameters, is "
+               "the key)";
+        return -1;
+    }
+    out[o] = '\0';
+    return 0;
+}
+
 int request_key(const struct route *rt, const struct http_msg *m, const char *subject, char *key,
                 const char **type, char *detail, size_t dlen)
 {
@@ -249,6 +292,14 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
                 found = http_msg_header_alike_count(m, kp->name) > 1 ? -2
                         : strlen(v) < sizeof value             ? (strcpy(value, v), 1)
                                                                : -1;
+            const char *why;
+            if (found == 1 && value[0] == '"' && strcasecmp(kp->name, "Idempotency-Key") == 0 &&
+                sf_string(v, value, sizeof value, &why) != 0) {
+                status = bad(type, "key_invalid", detail, dlen,
+                             "the Idempotency-Key header is not a valid key: %s", why);
+                goto out;
+            }
+            found = found == 1 && !value[0] ? 0 : found; /* "": no key */
             break;
         }
         case KEY_JSON:

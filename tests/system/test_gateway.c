@@ -2544,6 +2544,51 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* Idempotency-Key as the draft defines it, a Structured Field sf-string:
+ * "k-1" and a bare k-1 are one key, escapes are read, a malformed field is
+ * 400 saying what is wrong. */
+static void test_idempotency_key_sf_string(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw,
+               "access_log: off\nroutes:\n"
+               "  - name: refund\n    match: { method: POST, path: /refunds }\n"
+               "    upstream: @UP@\n    key: { header: Idempotency-Key }\n",
+               "sf.db");
+    long before = sys_stat(service.port, "executions");
+    struct {
+        const char *header;
+        int status;
+        const char *replayed, *problem;
+    } cases[] = {
+        {"Idempotency-Key: \"sf-1\"", 201, NULL, NULL},
+        {"Idempotency-Key: sf-1", 201, "true", NULL}, /* the same key, bare */
+        {"Idempotency-Key: \"sf\\\"2\"", 201, NULL, NULL},
+        {"Idempotency-Key: \"sf-3", 400, NULL, "does not close it"},
+        {"Idempotency-Key: \"sf-4\";a=1", 400, NULL, "follows the quoted string"},
+        {"Idempotency-Key: \"sf\\x\"", 400, NULL, "escapes only"},
+        {"Idempotency-Key: \"\"", 400, NULL, "key_missing"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char body[96];
+        snprintf(body, sizeof body, "{\"refund_no\":\"SF-%zu\",\"amount\":\"1.00\"}", i < 2 ? 0 : i);
+        const char *h[] = {"Content-Type: application/json", cases[i].header, NULL};
+        struct sys_resp r;
+        sys_http(gw.port, "POST", "/refunds", h, body, 10000, &r);
+        if (r.status != cases[i].status)
+            fail_msg("%s: %d, not %d", cases[i].header, r.status, cases[i].status);
+        if (cases[i].replayed)
+            assert_non_null(sys_header(&r, "Idempotent-Replayed"));
+        if (cases[i].problem && !strstr(r.m->body, cases[i].problem))
+            fail_msg("%s: the problem does not say %s: %s", cases[i].header, cases[i].problem,
+                     r.m->body);
+        sys_resp_free(&r);
+    }
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* Every answer has one Date: the upstream's, or Idem's own on what it makes
  * (problems, the JSON API) and on replays, whose stored headers have none. */
 static int date_fields(const struct sys_resp *r)
@@ -4292,6 +4337,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_token_flood),
         cmocka_unit_test(test_access_log),
         cmocka_unit_test(test_date_on_every_answer),
+        cmocka_unit_test(test_idempotency_key_sf_string),
         cmocka_unit_test(test_per_peer_limits),
         cmocka_unit_test(test_admin_listen_overlap_refused),
         cmocka_unit_test(test_transition_reaches_replays),
