@@ -2413,7 +2413,8 @@ static void test_two_surfaces(void **state)
     sys_http(p, "GET", "/metrics", NULL, NULL, 5000, &r);
     assert_null(r.m ? strstr(r.m->body, "idem_admin_auth_failures_total") : NULL);
     sys_resp_free(&r);
-    /* SIGUSR1, what logrotate sends, is logged and ends nothing. */
+    /* SIGUSR1, what logrotate sends, is logged and ends nothing (the access
+     * log here goes to stderr: nothing to reopen). */
     kill(gw.pid, SIGUSR1);
     sleep_ms(200);
     api_expect(a, "/_idem/v1/health", NULL, 200, "\"status\":\"ok\"");
@@ -2421,7 +2422,7 @@ static void test_two_surfaces(void **state)
     char *text = sys_read_file(gw.log);
     assert_non_null(strstr(text, "admin: API key grafana (scope read) in use: GET"));
     assert_non_null(strstr(text, "admin: API key test (scope write) in use:"));
-    assert_non_null(strstr(text, "SIGUSR1: the log is stderr"));
+    assert_non_null(strstr(text, "SIGUSR1: the logs go to stderr"));
     assert_null(strstr(text, "read-key-0123456789abcdef")); /* never the key itself */
     free(text);
 }
