@@ -840,6 +840,54 @@ static void test_amqp_broker_restart_and_handler_down(void **state)
     bus_close(&b);
 }
 
+/* A key used again with another payload (the fingerprint differs): the
+ * second message is dead-lettered key_reused and counted as an alert; the
+ * handler ran the first only. */
+static void key_reused(int redis)
+{
+    struct bus b;
+    char src[512], path[4200], cfg[2048], one[128], other[128];
+    bus_open(&b, redis, "reused");
+    source_yaml(&b, src, sizeof src, 8);
+    snprintf(cfg, sizeof cfg,
+             "consumers:\n  - name: refunds\n%s"
+             "    key: { json: refund_no }\n    handler: @UP@/refunds\n",
+             src);
+    write_config(path, sizeof path, 0, cfg);
+    struct proc p;
+    start(&p, "serve", path);
+    long before = executions();
+    snprintf(one, sizeof one, "{\"refund_no\":\"MM-%d\",\"amount\":\"1.00\"}", seq);
+    snprintf(other, sizeof other, "{\"refund_no\":\"MM-%d\",\"amount\":\"9.00\"}", seq);
+    publish(&b, one, NULL, NULL);
+    long long deadline = now_ms() + 10000;
+    while (executions() - before < 1 && now_ms() < deadline)
+        sleep_ms(20);
+    publish(&b, other, NULL, NULL);
+    assert_int_equal(wait_dead(&b, 1, 10000), 1);
+    assert_int_equal(metric(&p, "idem_consumer_alerts_total", "refunds"), 1);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    assert_int_equal(executions() - before, 1);
+    struct dead d[2];
+    assert_int_equal(take_dead(&b, d, 2), 1);
+    assert_string_equal(d[0].reason, "key_reused");
+    assert_string_equal(d[0].body, other);
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_key_reused_dead_lettered(void **state)
+{
+    (void)state;
+    key_reused(0);
+}
+
+static void test_redis_key_reused_dead_lettered(void **state)
+{
+    (void)state;
+    key_reused(1);
+}
+
 /* A handler slower than handler_timeout, every time: each attempt's
  * outcome is unknown, the next takes its claim over after the lease, and
  * after max_attempts the message is dead-lettered once, saying 3 attempts
@@ -1073,6 +1121,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_redis_kill9_stream, teardown),
         cmocka_unit_test_teardown(test_amqp_broker_restart_and_handler_down, teardown),
         cmocka_unit_test_teardown(test_amqp_queue_deleted_and_back, teardown),
+        cmocka_unit_test_teardown(test_amqp_key_reused_dead_lettered, teardown),
+        cmocka_unit_test_teardown(test_redis_key_reused_dead_lettered, teardown),
         cmocka_unit_test_teardown(test_amqp_slow_handler_dead_lettered_once, teardown),
         cmocka_unit_test_teardown(test_redis_slow_handler_dead_lettered_once, teardown),
         cmocka_unit_test_teardown(test_amqp_store_stopped, teardown),
