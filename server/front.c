@@ -493,6 +493,24 @@ static void on_done(evutil_socket_t fd, short what, void *arg)
     }
 }
 
+/* A request refused before any handler had it (a limit): its line in the
+ * access log all the same. */
+static void log_refused(struct conn *c, struct http_msg *msg, int status, const char *why)
+{
+    struct front *f = c->f;
+    if (!f->log || c->admin)
+        return;
+    struct front_request r;
+    memset(&r, 0, sizeof r);
+    r.msg = msg;
+    r.front = f;
+    r.start_us = mono_us();
+    r.log_outcome = why;
+    _Static_assert(sizeof r.peer == sizeof c->peer, "one size for the peer's name");
+    memcpy(r.peer, c->peer, sizeof c->peer);
+    f->log(f->log_arg, &r, status);
+}
+
 static void dispatch(struct conn *c, struct http_msg *msg)
 {
     struct front *f = c->f;
@@ -508,6 +526,7 @@ static void dispatch(struct conn *c, struct http_msg *msg)
     if (!c->admin &&
         atomic_fetch_add(&f->counts->in_flight, 1) >= f->limits->in_flight_max) {
         atomic_fetch_sub(&f->counts->in_flight, 1);
+        log_refused(c, msg, 503, "overloaded");
         http_msg_free(msg);
         struct http_response *r =
             problem(503, "overloaded", "%zu requests are being handled, the in_flight_max limit",
@@ -523,6 +542,7 @@ static void dispatch(struct conn *c, struct http_msg *msg)
     if (!c->admin && f->counts->peers &&
         peer_request_add(f->counts->peers, c->peer_slot, f->limits->in_flight_per_peer) != 0) {
         atomic_fetch_sub(&f->counts->in_flight, 1);
+        log_refused(c, msg, 503, "overloaded");
         http_msg_free(msg);
         struct http_response *r =
             problem(503, "overloaded", "this client address has %zu requests being handled, "

@@ -48,6 +48,7 @@ struct front_request {
      * how long it took. Copies: the request outlives the route's config. */
     char log_route[65];
     char log_key[260];
+    const char *log_outcome;    /* the front's own verdict ("overloaded"), or NULL */
     int upstream_status;
     int64_t upstream_us;
     int64_t start_us;           /* mono_us() when the request was whole */

@@ -2878,6 +2878,11 @@ static void test_per_peer_limits(void **state)
     assert_int_equal(b.resp.status, 201);
     sys_resp_free(&b.resp);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    /* The request refused at in_flight_per_peer has its access-log line
+     * (stderr here) all the same. */
+    char *text = sys_read_file(gw.log);
+    assert_non_null(strstr(text, "\"outcome\":\"overloaded\",\"status\":503"));
+    free(text);
 }
 
 /* ---- TLS: certificates made here with openssl(1) ---- */
