@@ -457,6 +457,9 @@ struct http_response *api_metrics(struct daemon *d)
          "Requests sent upstream with no answer (timeout, lost connection): left claimed "
          "until their lease ends.",
          offsetof(struct daemon_counters, upstream_unknown)},
+        {"idem_gateway_unkeyed_total",
+         "Requests without the key on a key_required: false route, forwarded unguarded.",
+         offsetof(struct daemon_counters, unkeyed)},
         {"idem_gateway_redis_down_skips_total",
          "Requests that went on without the token and lock layers while Redis was down.",
          offsetof(struct daemon_counters, redis_down_skips)},

@@ -1536,7 +1536,7 @@ static const char *const route_fields[] = {
     "space",        "scope",     "layers",       "token_scene",
     "in_flight",    "wait_timeout", "lease",     "retention",
     "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
-    "on_redis_down", "on_unknown_outcome",
+    "on_redis_down", "on_unknown_outcome", "key_required",
 };
 
 /* routes[i] from n; the routes before it are read already, and their names
@@ -1608,6 +1608,12 @@ static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
     if ((v = FIELD("on_unknown_outcome")) && get_choice(c, v, fpath, "expire", "hold",
                                                         &r->unknown_hold))
         return -1;
+    if ((v = FIELD("key_required"))) {
+        int required;
+        if (get_bool(c, v, fpath, &required))
+            return -1;
+        r->key_optional = !required;
+    }
 #undef FIELD
     return 0;
 }

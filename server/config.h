@@ -86,6 +86,8 @@ struct route {
     int on_5xx_store;        /* on_upstream_5xx: store (1) or release (0, default) */
     int on_redis_down_reject; /* on_redis_down: reject (1: 503) or skip (0, default:
                                  layers 1-2 are skipped, the record still holds) */
+    int key_optional;         /* key_required: false (1): a request without the key is
+                                 forwarded unguarded, counted and logged as unkeyed */
     int unknown_hold;         /* on_unknown_outcome: hold (1: the claim is held for
                                  retention, at most a day, until an operator finishes
                                  it) or expire

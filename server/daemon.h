@@ -34,6 +34,8 @@ struct daemon_counters {
     atomic_ulong store_errors;
     atomic_ulong upstream_unknown; /* sent, outcome unknown: left PROCESSING */
     atomic_ulong redis_down_skips; /* token or lock layer skipped: Redis down */
+    atomic_ulong unkeyed;      /* without the key on a key_required: false route:
+                                  forwarded unguarded */
     atomic_ulong latency[LATENCY_BUCKETS];
     atomic_ulong latency_sum_us;
 };
@@ -145,6 +147,8 @@ enum gw_outcome {
     GW_EXHAUSTED,         /* a consumer's message claimed past its max_attempts:
                              not sent again, the record failed for good */
     GW_PASSED_THROUGH,    /* on no route: proxied untouched */
+    GW_UNKEYED,           /* on a key_required: false route without the key:
+                             forwarded unguarded, nothing recorded */
 };
 
 /* The verdict's name in the access log: "executed", "replayed" ... */

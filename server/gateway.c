@@ -97,6 +97,7 @@ const char *gw_outcome_name(int outcome)
         [GW_HELD] = "held",
         [GW_EXHAUSTED] = "attempts_exhausted",
         [GW_PASSED_THROUGH] = "passed_through",
+        [GW_UNKEYED] = "unkeyed",
     };
     return outcome >= 0 && (size_t)outcome < sizeof names / sizeof names[0] && names[outcome]
                ? names[outcome]
@@ -1426,6 +1427,10 @@ static int answer_kept(struct daemon *d, struct live_config *lc, const struct ro
     return 1;
 }
 
+static void forward_untouched(struct daemon *d, const struct upstream_url *to, int64_t timeout_ms,
+                              const struct server_config *cfg, struct front_request *req,
+                              enum gw_outcome outcome);
+
 void gateway_start(struct daemon *d, struct live_config *lc, const struct route *rt,
                    struct front_request *req)
 {
@@ -1444,6 +1449,16 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
         type = "subject_invalid";
     else
         status = request_key(rt, m, subject, key, &type, detail, sizeof detail);
+    if (status && rt->key_optional && type && strcmp(type, "key_missing") == 0) {
+        /* key_required: false: without its key the request goes to the
+         * route's upstream unguarded, as Stripe takes a POST without an
+         * Idempotency-Key. */
+        COUNT(rt, unkeyed);
+        daemon_observe(rt, t0);
+        forward_untouched(d, &rt->upstream, rt->upstream_timeout_ms, cfg, req, GW_UNKEYED);
+        daemon_config_put(lc);
+        return;
+    }
     if (status) {
         req->outcome = GW_KEY_INVALID;
         req->outcome_type = type;
@@ -1569,41 +1584,51 @@ static void on_passed(void *arg, enum upstream_result ur, struct http_msg *resp,
     http_msg_free(resp);
 }
 
-void passthrough_start(struct daemon *d, const struct server_config *cfg,
-                       struct front_request *req)
+/* req to the upstream at `to` as it came, its answer back as it is:
+ * nothing recorded. The call holds the upstream's addresses. */
+static void forward_untouched(struct daemon *d, const struct upstream_url *to, int64_t timeout_ms,
+                              const struct server_config *cfg, struct front_request *req,
+                              enum gw_outcome outcome)
 {
     const struct http_msg *m = req->msg;
     struct daemon_loop *loop = req->loop_ctx;
-    if (!cfg->has_upstream) {
-        char path[512];
-        request_path(m->target, path, sizeof path);
-        req->resp = problem(404, "no_route",
-                            "no route matches %s %s, and no default upstream is configured",
-                            m->method, path);
-        front_answer(req);
-        return;
-    }
     struct upstream_request rq = {
         .method = m->method,
-        .base_path = cfg->upstream.base_path,
+        .base_path = to->base_path,
         .target = m->target,
         .original = m,
         .peer = req->peer,
-        .timeout_ms = 30000,
+        .timeout_ms = timeout_ms,
         .response_max = cfg->limits.response_max,
     };
     struct pass *p = calloc(1, sizeof *p);
     if (p)
-        p->call = upstream_call_start(loop->upstreams, cfg->upstream.addrs, &rq, on_passed, p);
+        p->call = upstream_call_start(loop->upstreams, to->addrs, &rq, on_passed, p);
     if (!p || !p->call) {
         free(p);
         front_answer(req); /* resp NULL: 503 */
         return;
     }
-    atomic_fetch_add(&d->passthrough, 1);
-    req->outcome = GW_PASSED_THROUGH;
+    if (outcome == GW_PASSED_THROUGH)
+        atomic_fetch_add(&d->passthrough, 1);
+    req->outcome = outcome;
     p->sent_us = mono_us();
     p->req = req;
     req->state = p;
     req->on_abort = on_pass_abort;
+}
+
+void passthrough_start(struct daemon *d, const struct server_config *cfg,
+                       struct front_request *req)
+{
+    if (!cfg->has_upstream) {
+        char path[512];
+        request_path(req->msg->target, path, sizeof path);
+        req->resp = problem(404, "no_route",
+                            "no route matches %s %s, and no default upstream is configured",
+                            req->msg->method, path);
+        front_answer(req);
+        return;
+    }
+    forward_untouched(d, &cfg->upstream, 30000, cfg, req, GW_PASSED_THROUGH);
 }

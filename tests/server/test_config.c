@@ -924,6 +924,13 @@ static void test_access_log(void **state)
     parse_bad("access_log: { subject: sha1 }\n", "access_log.subject:", "hash, plain or off");
     parse_bad("access_log: { too: x }\n", "access_log.too:", NULL);
     parse_bad("access_log: [a]\n", "access_log:", NULL);
+    c = parse_ok(ROUTE "    key_required: false\n");
+    assert_true(c->routes[0].key_optional);
+    config_free(c);
+    c = parse_ok(ROUTE);
+    assert_false(c->routes[0].key_optional);
+    config_free(c);
+    parse_bad(ROUTE "    key_required: maybe\n", "routes[0].key_required:", NULL);
     c = parse_ok("log: { level: warn, format: json }\n");
     assert_int_equal(c->log_level, 2);
     assert_true(c->log_json);

@@ -2590,6 +2590,52 @@ static void test_idempotency_key_sf_string(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* key_required: false: a request without the key goes to the route's
+ * upstream unguarded (each one executes), counted and logged as unkeyed;
+ * one with the key is guarded as ever. */
+static void test_key_optional(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw,
+               "routes:\n"
+               "  - name: refund\n    match: { method: POST, path: /refunds }\n"
+               "    upstream: @UP@\n    key: { header: Idempotency-Key }\n"
+               "    key_required: false\n",
+               "optional.db");
+    long before = sys_stat(service.port, "executions");
+    const char *bare[] = {"Content-Type: application/json", NULL};
+    const char *keyed[] = {"Content-Type: application/json", "Idempotency-Key: opt-1", NULL};
+    const char *bodies[] = {"{\"refund_no\":\"OPT-1\",\"amount\":\"1.00\"}",
+                            "{\"refund_no\":\"OPT-2\",\"amount\":\"1.00\"}"};
+    for (int i = 0; i < 2; i++) {
+        struct sys_resp r;
+        sys_http(gw.port, "POST", "/refunds", bare, bodies[i], 10000, &r);
+        assert_int_equal(r.status, 201);
+        assert_null(sys_header(&r, "Idempotent-Replayed"));
+        sys_resp_free(&r);
+    }
+    for (int i = 0; i < 2; i++) {
+        struct sys_resp r;
+        sys_http(gw.port, "POST", "/refunds", keyed, "{\"refund_no\":\"OPT-3\",\"amount\":\"1.00\"}",
+                 10000, &r);
+        assert_int_equal(r.status, 201);
+        if (i == 1)
+            assert_non_null(sys_header(&r, "Idempotent-Replayed"));
+        sys_resp_free(&r);
+    }
+    assert_int_equal(sys_stat(service.port, "executions") - before, 3);
+    struct sys_resp m;
+    sys_admin_http(gw.admin_port, "GET", "/metrics", NULL, 5000, &m);
+    assert_int_equal(m.status, 200);
+    assert_non_null(strstr(m.m->body, "idem_gateway_unkeyed_total{route=\"refund\"} 2\n"));
+    sys_resp_free(&m);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    char *text = sys_read_file(gw.log);
+    assert_non_null(strstr(text, "\"outcome\":\"unkeyed\""));
+    free(text);
+}
+
 /* Every answer has one Date: the upstream's, or Idem's own on what it makes
  * (problems, the JSON API) and on replays, whose stored headers have none. */
 static int date_fields(const struct sys_resp *r)
@@ -4343,6 +4389,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_token_flood),
         cmocka_unit_test(test_access_log),
         cmocka_unit_test(test_date_on_every_answer),
+        cmocka_unit_test(test_key_optional),
         cmocka_unit_test(test_idempotency_key_sf_string),
         cmocka_unit_test(test_per_peer_limits),
         cmocka_unit_test(test_admin_listen_overlap_refused),
