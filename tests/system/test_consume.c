@@ -344,6 +344,22 @@ static void write_config(char *path, size_t cap, int distributed, const char *bo
     sys_write_file(path, text);
 }
 
+/* The configuration of the consumer most tests run: "refunds", b's queue
+ * or stream (prefetch) into the refund service's POST /refunds, keyed by
+ * refund_no, with the lines extra of its own; on the distributed store or
+ * a file of its own. */
+static void refunds_config(const struct bus *b, int prefetch, int distributed, const char *extra,
+                           char *path, size_t cap)
+{
+    char src[512], cfg[2048];
+    source_yaml(b, src, sizeof src, prefetch);
+    snprintf(cfg, sizeof cfg,
+             "consumers:\n  - name: refunds\n%s"
+             "    key: { json: refund_no }\n    handler: @UP@/refunds\n%s",
+             src, extra);
+    write_config(path, cap, distributed, cfg);
+}
+
 static void start(struct proc *p, const char *cmd, const char *path)
 {
     char log[4200];
@@ -595,15 +611,12 @@ static void test_redis_route_and_consumer_one_execution(void **state)
 static void poison(int redis)
 {
     struct bus b;
-    char src[512], path[4200], cfg[2048], body[128];
+    char path[4200], body[128];
     bus_open(&b, redis, "poison");
-    source_yaml(&b, src, sizeof src, 8);
-    snprintf(cfg, sizeof cfg,
-             "consumers:\n  - name: refunds\n%s"
-             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 1s\n"
-             "    handler_timeout: 1s\n    max_attempts: 3\n    retry_backoff: [1500ms]\n",
-             src);
-    write_config(path, sizeof path, 0, cfg);
+    refunds_config(&b, 8, 0, "    lease: 1s\n"
+                   "    handler_timeout: 1s\n"
+                   "    max_attempts: 3\n"
+                   "    retry_backoff: [1500ms]\n", path, sizeof path);
     struct proc p;
     start(&p, "serve", path);
     long before = executions();
@@ -656,17 +669,12 @@ static void test_redis_poison_dead_lettered_across_restart(void **state)
 static void bad_input(int redis)
 {
     struct bus b;
-    char src[512], path[4200], cfg[2048], long_key[1200], body[1400], good[128];
+    char path[4200], long_key[1200], body[1400], good[128];
     bus_open(&b, redis, "bad");
     /* A group that exists (made at the stream's end) is used as it is. */
     if (redis)
         freeReplyObject(redisCommand(b.rc, "XGROUP CREATE %s idem $ MKSTREAM", b.queue));
-    source_yaml(&b, src, sizeof src, 8);
-    snprintf(cfg, sizeof cfg,
-             "consumers:\n  - name: refunds\n%s"
-             "    key: { json: refund_no }\n    handler: @UP@/refunds\n",
-             src);
-    write_config(path, sizeof path, 0, cfg);
+    refunds_config(&b, 8, 0, "", path, sizeof path);
     struct proc p;
     start(&p, "serve", path);
     long before = executions();
@@ -723,16 +731,13 @@ static void test_redis_bad_input_dead_lettered(void **state)
 static void kill9_stream(int redis)
 {
     struct bus b;
-    char src[512], path[4200], cfg[2048], body[128];
+    char path[4200], body[128];
     const int keys = 5000, prefetch = 8;
     bus_open(&b, redis, "kill");
-    source_yaml(&b, src, sizeof src, prefetch);
-    snprintf(cfg, sizeof cfg,
-             "consumers:\n  - name: refunds\n%s"
-             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 1s\n"
-             "    handler_timeout: 1s\n    max_attempts: 100\n    retry_backoff: [100ms]\n",
-             src);
-    write_config(path, sizeof path, 0, cfg);
+    refunds_config(&b, prefetch, 0, "    lease: 1s\n"
+                   "    handler_timeout: 1s\n"
+                   "    max_attempts: 100\n"
+                   "    retry_backoff: [100ms]\n", path, sizeof path);
     long before_rows = rows(), before = executions();
     /* Each call takes the handler 10 ms: prefetch / 10 ms messages a second,
      * so that the stream lasts through several kills. */
@@ -795,16 +800,12 @@ static void test_amqp_broker_restart_and_handler_down(void **state)
 {
     (void)state;
     struct bus b;
-    char src[512], path[4200], cfg[2048], body[128];
+    char path[4200], body[128];
     const int keys = 2000;
     bus_open(&b, 0, "restart");
-    source_yaml(&b, src, sizeof src, 32);
-    snprintf(cfg, sizeof cfg,
-             "consumers:\n  - name: refunds\n%s"
-             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 2s\n"
-             "    max_attempts: 50\n    retry_backoff: [200ms, 500ms]\n",
-             src);
-    write_config(path, sizeof path, 0, cfg);
+    refunds_config(&b, 32, 0, "    lease: 2s\n"
+                   "    max_attempts: 50\n"
+                   "    retry_backoff: [200ms, 500ms]\n", path, sizeof path);
     long before_rows = rows(), before = executions();
     for (int i = 0; i < keys; i++) {
         snprintf(body, sizeof body, "{\"refund_no\":\"B%d-%d\",\"amount\":\"1.00\"}", seq, i);
@@ -846,14 +847,9 @@ static void test_amqp_broker_restart_and_handler_down(void **state)
 static void key_reused(int redis)
 {
     struct bus b;
-    char src[512], path[4200], cfg[2048], one[128], other[128];
+    char path[4200], one[128], other[128];
     bus_open(&b, redis, "reused");
-    source_yaml(&b, src, sizeof src, 8);
-    snprintf(cfg, sizeof cfg,
-             "consumers:\n  - name: refunds\n%s"
-             "    key: { json: refund_no }\n    handler: @UP@/refunds\n",
-             src);
-    write_config(path, sizeof path, 0, cfg);
+    refunds_config(&b, 8, 0, "", path, sizeof path);
     struct proc p;
     start(&p, "serve", path);
     long before = executions();
@@ -896,15 +892,12 @@ static void test_redis_key_reused_dead_lettered(void **state)
 static void slow_handler(int redis)
 {
     struct bus b;
-    char src[512], path[4200], cfg[2048], body[128];
+    char path[4200], body[128];
     bus_open(&b, redis, "slow");
-    source_yaml(&b, src, sizeof src, 8);
-    snprintf(cfg, sizeof cfg,
-             "consumers:\n  - name: refunds\n%s"
-             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 1s\n"
-             "    handler_timeout: 300ms\n    max_attempts: 3\n    retry_backoff: [200ms]\n",
-             src);
-    write_config(path, sizeof path, 0, cfg);
+    refunds_config(&b, 8, 0, "    lease: 1s\n"
+                   "    handler_timeout: 300ms\n"
+                   "    max_attempts: 3\n"
+                   "    retry_backoff: [200ms]\n", path, sizeof path);
     struct proc p;
     start(&p, "serve", path);
     long before = executions();
@@ -942,14 +935,9 @@ static void test_amqp_queue_deleted_and_back(void **state)
 {
     (void)state;
     struct bus b;
-    char src[512], path[4200], cfg[2048], body[128];
+    char path[4200], body[128];
     bus_open(&b, 0, "gone");
-    source_yaml(&b, src, sizeof src, 8);
-    snprintf(cfg, sizeof cfg,
-             "consumers:\n  - name: refunds\n%s"
-             "    key: { json: refund_no }\n    handler: @UP@/refunds\n",
-             src);
-    write_config(path, sizeof path, 0, cfg);
+    refunds_config(&b, 8, 0, "", path, sizeof path);
     struct proc p;
     start(&p, "serve", path);
     long before_rows = rows();
@@ -975,15 +963,10 @@ static void test_amqp_queue_deleted_and_back(void **state)
 static void store_stopped(int redis)
 {
     struct bus b;
-    char src[512], path[4200], cfg[2048], body[128];
+    char path[4200], body[128];
     const int keys = 1000;
     bus_open(&b, redis, "store");
-    source_yaml(&b, src, sizeof src, 16);
-    snprintf(cfg, sizeof cfg,
-             "consumers:\n  - name: refunds\n%s"
-             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 5s\n",
-             src);
-    write_config(path, sizeof path, 1, cfg);
+    refunds_config(&b, 16, 1, "    lease: 5s\n", path, sizeof path);
     long before_rows = rows(), before = executions();
     struct proc p;
     start(&p, "consume", path);
@@ -1033,15 +1016,11 @@ static void test_redis_dead_consumer_taken_over(void **state)
 {
     (void)state;
     struct bus b;
-    char src[512], path[4200], cfg[2048], body[128];
+    char path[4200], body[128];
     bus_open(&b, 1, "claim");
-    source_yaml(&b, src, sizeof src, 64);
-    snprintf(cfg, sizeof cfg,
-             "consumers:\n  - name: refunds\n%s"
-             "    key: { json: refund_no }\n    handler: @UP@/refunds\n    lease: 1s\n"
-             "    handler_timeout: 3s\n    retry_backoff: [100ms]\n",
-             src);
-    write_config(path, sizeof path, 0, cfg);
+    refunds_config(&b, 64, 0, "    lease: 1s\n"
+                   "    handler_timeout: 3s\n"
+                   "    retry_backoff: [100ms]\n", path, sizeof path);
     struct proc p;
     start(&p, "serve", path);
     long before_rows = rows();
