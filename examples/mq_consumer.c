@@ -100,8 +100,22 @@ static int db_open(void)
         }
         /* Other consumers write the same file: wait for them, not fail. */
         sqlite3_busy_timeout(lite, 10000);
-        if (db_exec("PRAGMA journal_mode = WAL"))
+        /* Turning on WAL needs the file to itself, and SQLite answers BUSY
+         * at once, without its busy handler, while another consumer opens
+         * it at the same moment: try again for up to 10 s. */
+        int rc = SQLITE_BUSY;
+        for (int i = 0; i < 1000; i++) {
+            rc = sqlite3_exec(lite, "PRAGMA journal_mode = WAL", NULL, NULL, NULL);
+            if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED)
+                break;
+            struct timespec ts = {0, 10 * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (rc != SQLITE_OK) {
+            fprintf(stderr, "mq_consumer: PRAGMA journal_mode = WAL: %s\n",
+                    sqlite3_errmsg(lite));
             return -1;
+        }
     } else {
         pg = PQconnectdb(opt.postgres_url);
         if (PQstatus(pg) != CONNECTION_OK) {
