@@ -1,64 +1,71 @@
 /*
  * gateway.c — the three layers in front of an upstream, per route (daemon).
  *
- * A request on a route is a small state machine on its event loop. The loop
- * never blocks: a store call is a step that runs elsewhere and resumes the
- * request on its loop when it is done —
+ * A request on a route is a state machine on its event loop (enum
+ * gw_state; states[] says what each state does and where it may go, and
+ * every change goes through enter()). The loop never blocks: a state's
+ * store call runs elsewhere and resumes the request on its loop, where
+ * done() — the one transition function — decides what is next:
  *
- *   db step   record calls. Embedded store: a job of the SQLite writer thread
- *             (idem_record_async), resumed once its batch is durable; no
- *             thread of ours waits on it. Distributed store: a worker.
- *   kv step   token and lock calls. Embedded: in memory, run on the loop at
- *             once. Distributed (Redis): a worker.
+ *   W_DB   record calls. Embedded store: a job of the SQLite writer thread
+ *          (idem_record_async), resumed once its batch is durable; no
+ *          thread of ours waits on it. Distributed store: a worker.
+ *   W_KV   token and lock calls. Embedded: in memory, run on the loop at
+ *          once. Distributed (Redis): a worker.
  *
- * and the upstream exchange runs on the loop itself (upstream.c). Every way
- * out answers the client exactly once, through answer():
+ * The waits are the request's timer, and the upstream exchange runs on the
+ * loop itself (upstream.c). Every way out answers the client exactly once,
+ * in S_DONE:
  *
- *   key, subject, fingerprint ── missing/invalid ─────────────► 400
+ *   S_NEW  key, subject, fingerprint ── missing/invalid ──────────► 400
  *        │   (no token layer: a record finished a moment ago is replayed
  *        │    from the loop's replay cache; on the embedded file store one
- *        │    is read on the loop — while such reads find any — no step)
- *   [token]  kv: consume Idem-Token ── unknown, or spent on another key ► 409
+ *        │    is read on the loop — while such reads find any — no state)
+ *   S_TOKEN  consume Idem-Token ── unknown, or spent on another key ► 409
  *        │   Redis down (layers 1 and 2): on_redis_down skip ── the layer is
  *        │   skipped, logged, counted; reject ── 503
  *        │   (spent on this same key: a late retry, go on; if it gets to
- *        │    execute, it takes the token again first: after_reconsume)
- *   [lock]   kv: acquire ── busy ── db: finished? ── yes ─────► replay
+ *        │    execute, it takes the token again first: S_RESPEND)
+ *   S_LOCK   acquire ── busy ── S_LOCK_READ: finished? ── yes ─► replay
  *        │        ▲                       └── no: reject ──────► 409 + Retry-After
- *        │        └────────── wait (timer, backoff) ◄─ wait ───┘ until wait_timeout
- *        │   watchdog renews it while we work
- *   BEGIN    db: begin ── DONE ──────────────────────────────► replay (Idempotent-Replayed)
- *        │        ├── MISMATCH ──────────────────────────────► 422
- *        │        └── IN_PROGRESS: reject, or wait (timer) ──► 409
+ *        │        └──── S_LOCK_WAIT (backoff) ◄─ wait ─────────┘ until wait_timeout
+ *        │   watchdog renews it until S_CLEANUP
+ *   S_BEGIN  begin ── DONE ───────────────────────────────────────► replay (Idempotent-Replayed)
+ *        │     ├── MISMATCH, or claimed here with another payload ► 422
+ *        │     └── IN_PROGRESS, or claimed here: reject ──────────► 409
+ *        │           or S_BEGIN_WAIT (backoff) and S_BEGIN again
  *        │   NEW / TAKEN_OVER: we hold the claim (epoch), durably
- *        │   (TAKEN_OVER on an on_unknown_outcome: hold route: held ──► 409)
- *   FORWARD  upstream, on the loop (a timer extends the claim's lease every
- *        │   lease/3, as a db step of its own)
- *        ├── answer < 500, or 5xx with on_upstream_5xx: store ─► db: complete/fail(final)
+ *        │   (TAKEN_OVER on an on_unknown_outcome: hold route: held ──► 409;
+ *        │    past a consumer's max_attempts: failed for good ──────► 502)
+ *   S_FORWARD  upstream, on the loop (the timer extends the claim's lease
+ *        │   every lease/3, as a record call of its own)
+ *        ├── answer < 500, or 5xx with on_upstream_5xx: store ─► S_FINISH: complete/fail(final)
  *        │                                                       with the stored answer
- *        ├── 5xx with release ──► token back, db: fail(retryable) ► the 5xx as is
- *        ├── not sent (refused) ► token back, db: fail(retryable) ► 502 upstream_unreachable
- *        │   (token back: only once the claim is confirmed ours; see finish_record)
- *        ├── sent, no answer ───► record stays PROCESSING ────────► 504 outcome_unknown
- *        └── answer too big ────► db: fail(final) with a 502 problem (it did execute)
+ *        ├── 5xx with release ──► token back, S_FINISH: fail(retryable) ► the 5xx as is
+ *        ├── not sent (refused) ► token back, S_FINISH: fail(retryable) ► 502 upstream_unreachable
+ *        │   (token back: S_CONFIRM that the claim is ours, then S_GIVE_BACK;
+ *        │    see finish_record)
+ *        ├── sent, no answer ───► record stays PROCESSING ─────────────► 504 outcome_unknown
+ *        └── answer too big ────► S_FINISH: fail(final) with a 502 problem (it did execute)
  *        (a finish the store fails, but a release: the claim, lock and client
- *         are kept and the finish written again until it is kept; see
- *         "claims held here")
- *   CLEANUP  kv: stop the watchdog, release the lock
- *   answer
+ *         are kept, S_FINISH_WAIT, and the finish written again until it is
+ *         kept — S_FINISH_READ when a retry is refused; see "claims held here")
+ *   S_CLEANUP  stop the watchdog, release the lock
+ *   S_DONE     answer
  *
- * Store trouble at any step before FORWARD is 503, and the request is never
- * forwarded without its record claimed: FORWARD starts only from a begin
- * whose step reported success, which on the embedded store means its batch
- * is durable.
+ * Store trouble in any state before S_FORWARD is 503, and the request is
+ * never forwarded without its record claimed: S_FORWARD follows only a
+ * begin whose call reported success (or S_RESPEND after one), which on the
+ * embedded store means its batch is durable.
  *
  * If the daemon stops while a request is parked (its upstream exchange, a
- * wait), or its step comes back after the loops stopped, the request is
+ * wait), or its store call comes back after the loops stopped, it is
  * abandoned: its watchdog stopped and its lock released, nothing else. A
  * claimed record stays PROCESSING until its lease ends, as after a crash;
  * the client is told 504 outcome_unknown if the request was forwarded, 503
  * shutting_down if not.
  */
+#include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,9 +113,6 @@ const char *gw_outcome_name(int outcome)
 
 /* ---- the request's state ---- */
 
-struct gw;
-typedef void (*gw_fn)(struct gw *g);
-
 /* How long on_unknown_outcome: hold keeps a claim: retention, and no more
  * than the longest lease a record takes (a day, idem.h) — but never less
  * than the lease, which expire would have kept it for. */
@@ -136,10 +140,36 @@ enum held_here {
     HELD_OTHER_PAYLOAD, /* another request here runs it with another payload */
 };
 
-/* What the request's timer is set for. */
-enum timer_job {
-    TIMER_RESUME, /* a wait, or a retry of the finish: then runs g->then */
-    TIMER_LEASE,  /* while the upstream works: extend the claim's lease */
+/* Where a request is (g->state). A state is one piece of work under way —
+ * a store call off the loop (kv: token and lock calls; db: record calls),
+ * a wait on the request's timer, or the upstream exchange — and done() is
+ * the one place that decides, when that work comes back, which state is
+ * next; every change goes through enter(). */
+enum gw_state {
+    S_NEW,         /* keyed and fingerprinted, no store touched yet */
+    S_TOKEN,       /* kv: spending the Idem-Token on the key */
+    S_LOCK,        /* kv: acquiring the business-key lock; acquired, its
+                      watchdog renews it until S_CLEANUP */
+    S_LOCK_READ,   /* db: the lock is busy: is the record finished already? */
+    S_LOCK_WAIT,   /* timer: backing off before acquiring again */
+    S_BEGIN,       /* db: claiming the record; a key claimed by another
+                      request here is decided without the store (held_here) */
+    S_BEGIN_WAIT,  /* timer: the key is in flight: backing off before
+                      beginning again */
+    S_RESPEND,     /* kv: claimed on a token another request spent on this
+                      key: spending it again before executing (after_reconsume) */
+    S_FORWARD,     /* the upstream has it, under our claim (epoch); the timer
+                      extends the claim's lease every lease/3 */
+    S_CONFIRM,     /* db: releasing with a token spent: is the claim still
+                      ours? (finish_record) */
+    S_GIVE_BACK,   /* kv: giving the token back, before the release */
+    S_FINISH,      /* db: the record completed, failed, released or held */
+    S_FINISH_WAIT, /* timer: the finish failed: the claim, lock and client
+                      kept until it is written (see "claims held here") */
+    S_FINISH_READ, /* db: a finish tried again was refused: did an earlier
+                      try get written after all? */
+    S_CLEANUP,     /* kv: the watchdog stopped, the lock released */
+    S_DONE,        /* answered: g is freed */
 };
 
 struct gw {
@@ -161,8 +191,8 @@ struct gw {
     unsigned long replay_gen; /* the daemon's, when the request came */
     int64_t t0;               /* mono_us() when it came */
 
-    /* The step under way, what follows it on the loop, and what it found. */
-    gw_fn step, then;
+    /* Where it is, and what the last store call found. */
+    enum gw_state state;
     idem_rc rc;
     idem_outcome o;
     char detail[256];
@@ -172,8 +202,7 @@ struct gw {
     int64_t sent_us;           /* mono_us() when the upstream call started */
     unsigned attempt;          /* which claim of the key this is (see "attempts") */
     int forwarded;             /* the upstream may have it */
-    struct event *timer;       /* a wait; lease ticks while forwarding (in g's block) */
-    enum timer_job timer_job;
+    struct event *timer;       /* a wait; lease ticks in S_FORWARD (in g's block) */
     struct upstream_call *call;
     enum finish_kind finish;
     char *stored;              /* what the record is finished with */
@@ -303,7 +332,7 @@ static void answer(struct gw *g)
     front_answer(req);
 }
 
-static void do_finish(struct gw *g);
+static void enter(struct gw *g, enum gw_state s);
 
 /* The daemon stops under a parked request: give back what others would wait
  * for (the watchdog, the lock); the record's lease ends on its own. */
@@ -321,14 +350,15 @@ static void abandon(struct gw *g)
      * client told the real outcome has no reason to retry into that. */
     int executed = g->finish == FINISH_COMPLETE || g->finish == FINISH_FAIL_FINAL ||
                    g->finish == FINISH_HOLD;
-    if (g->out && g->step == do_finish && g->rc != IDEM_OK && executed) {
+    int finishing = g->state == S_FINISH || g->state == S_FINISH_WAIT;
+    if (g->out && finishing && g->rc != IDEM_OK && executed) {
         VERDICT(g, GW_OUTCOME_UNKNOWN); /* executed, and not kept */
         daemon_log("%s/%s: stopping before its answer was kept (%u failed tries): the record "
                    "stays PROCESSING until its lease ends, and a retry then executes again",
                    g->rt->space, g->key, g->tries);
     }
-    if (g->out && (g->step != do_finish || g->rc == IDEM_OK || executed)) {
-        answer(g);
+    if (g->out && (!finishing || g->rc == IDEM_OK || executed)) {
+        enter(g, S_DONE);
         return;
     }
     response_free(g->out);
@@ -343,7 +373,7 @@ static void abandon(struct gw *g)
         g->out = problem(503, "shutting_down",
                          "the server stopped before the request was forwarded; if its "
                          "record was claimed, it stays PROCESSING until its lease ends");
-    answer(g);
+    enter(g, S_DONE);
 }
 
 static void on_abort(struct front_request *req)
@@ -355,93 +385,13 @@ static void on_abort(struct front_request *req)
     abandon(g);
 }
 
-/* ---- steps: store calls off the loop ---- */
+/* ---- store calls, off the loop ---- */
 
 static void keep_rc(struct gw *g, idem_rc rc)
 {
     g->rc = rc;
     if (rc != IDEM_OK)
         snprintf(g->detail, sizeof g->detail, "%s", idem_errdetail());
-}
-
-static void resume(struct front_request *req)
-{
-    struct gw *g = req->state;
-    if (front_closing(req))
-        abandon(g);
-    else
-        g->then(g);
-}
-
-static void run_step(struct front_request *req)
-{
-    struct gw *g = req->state;
-    g->step(g);
-}
-
-/* On the store's writer thread, inside its batch's transaction. */
-static idem_rc step_on_writer(idem *h, void *arg)
-{
-    struct gw *g = arg;
-    (void)h;
-    g->step(g);
-    return g->rc;
-}
-
-/* The batch is durable (or failed, and the step's writes with it). */
-static void on_written(void *arg, idem_rc rc, const char *detail)
-{
-    struct gw *g = arg;
-    if (rc != IDEM_OK) {
-        g->rc = rc;
-        snprintf(g->detail, sizeof g->detail, "%s", detail);
-    }
-    front_resume(g->req, resume);
-}
-
-static void start_step(struct gw *g, gw_fn step, gw_fn then)
-{
-    g->step = step;
-    g->then = then;
-    g->rc = IDEM_OK;
-    g->o = IDEM_NONE;
-    g->detail[0] = '\0';
-    idem_record_clear(&g->rec);
-}
-
-static void to_worker(struct gw *g, struct workers *ws)
-{
-    if (front_work_in(g->req, ws, run_step, resume) != 0) {
-        g->rc = IDEM_ECLOSING;
-        snprintf(g->detail, sizeof g->detail, "the server is shutting down");
-        g->then(g);
-    }
-}
-
-static void db_step(struct gw *g, gw_fn step, gw_fn then)
-{
-    start_step(g, step, then);
-    if (!g->d->db_async) {
-        to_worker(g, g->d->record_workers);
-        return;
-    }
-    /* Each step is one record call, whose result it returns. */
-    idem_rc rc = idem_record_async_one(g->d->h, step_on_writer, on_written, g);
-    if (rc != IDEM_OK) {
-        keep_rc(g, rc);
-        then(g);
-    }
-}
-
-static void kv_step(struct gw *g, gw_fn step, gw_fn then)
-{
-    start_step(g, step, then);
-    if (!g->d->kv_local) {
-        to_worker(g, g->d->workers);
-        return;
-    }
-    step(g); /* in memory: as quick as a step's hand-off */
-    then(g);
 }
 
 static void do_token(struct gw *g)
@@ -505,6 +455,168 @@ static void do_cleanup(struct gw *g)
     if (g->locked)
         idem_lock_release(g->d->h, g->rt->space, g->key, g->owner, &o);
     g->locked = 0;
+}
+
+/* The claim, still this request's for another lease? Taken over meanwhile
+ * (a pause or a store outage longer than the lease, on the distributed
+ * store another instance), the token may be paying for the new holder's
+ * execution, and must stay spent. */
+static void do_confirm_claim(struct gw *g)
+{
+    keep_rc(g, idem_record_extend(g->d->h, g->rt->space, g->key, g->epoch, g->rt->lease_ms,
+                                  &g->o));
+}
+
+static void do_give_back(struct gw *g)
+{
+    idem_outcome o;
+    keep_rc(g, idem_token_give_back(g->d->h, g->subject, g->rt->token_scene, g->token, g->key,
+                                    &o));
+    g->token_spent = 0;
+}
+
+/* ---- the states ---- */
+
+#define BIT(s) (1u << (s))
+/* From S_DONE's row nothing leaves; S_DONE itself may follow any state (an
+ * answer, or the daemon stopping under the request: abandon()). */
+#define ENDS (BIT(S_CLEANUP) | BIT(S_DONE))
+
+enum state_work { W_NONE, W_KV, W_DB, W_TIMER, W_UPSTREAM };
+
+static const struct state_info {
+    const char *name;
+    enum state_work work;
+    void (*call)(struct gw *g); /* W_KV, W_DB: the store call */
+    unsigned next;              /* the states it may go on to */
+} states[] = {
+    [S_NEW] = {"new", W_NONE, NULL, BIT(S_TOKEN) | BIT(S_LOCK) | BIT(S_BEGIN)},
+    [S_TOKEN] = {"token", W_KV, do_token, BIT(S_LOCK) | BIT(S_BEGIN)},
+    [S_LOCK] = {"lock", W_KV, do_lock, BIT(S_LOCK_READ) | BIT(S_BEGIN) | ENDS},
+    [S_LOCK_READ] = {"lock_read", W_DB, do_get, BIT(S_LOCK_WAIT) | ENDS},
+    [S_LOCK_WAIT] = {"lock_wait", W_TIMER, NULL, BIT(S_LOCK)},
+    [S_BEGIN] = {"begin", W_DB, do_begin,
+                 BIT(S_BEGIN_WAIT) | BIT(S_RESPEND) | BIT(S_FORWARD) | BIT(S_FINISH) | ENDS},
+    [S_BEGIN_WAIT] = {"begin_wait", W_TIMER, NULL, BIT(S_BEGIN)},
+    [S_RESPEND] = {"respend", W_KV, do_token, BIT(S_FORWARD) | BIT(S_FINISH)},
+    /* A call that cannot start leaves S_FORWARD for the release at once. */
+    [S_FORWARD] = {"forward", W_UPSTREAM, NULL, BIT(S_CONFIRM) | BIT(S_FINISH) | ENDS},
+    [S_CONFIRM] = {"confirm", W_DB, do_confirm_claim, BIT(S_GIVE_BACK) | BIT(S_FINISH)},
+    [S_GIVE_BACK] = {"give_back", W_KV, do_give_back, BIT(S_FINISH) | ENDS},
+    [S_FINISH] = {"finish", W_DB, do_finish, BIT(S_FINISH_WAIT) | BIT(S_FINISH_READ) | ENDS},
+    [S_FINISH_WAIT] = {"finish_wait", W_TIMER, NULL, BIT(S_FINISH)},
+    [S_FINISH_READ] = {"finish_read", W_DB, do_get, BIT(S_FINISH_WAIT) | ENDS},
+    [S_CLEANUP] = {"cleanup", W_KV, do_cleanup, BIT(S_DONE)},
+    [S_DONE] = {"done", W_NONE, NULL, 0},
+};
+
+static void done(struct gw *g);
+static void answer(struct gw *g);
+static void arm_timer(struct gw *g);
+
+/* A store call came back to the loop. */
+static void resume(struct front_request *req)
+{
+    struct gw *g = req->state;
+    if (front_closing(req))
+        abandon(g);
+    else
+        done(g);
+}
+
+static void run_call(struct front_request *req)
+{
+    struct gw *g = req->state;
+    states[g->state].call(g);
+}
+
+/* On the store's writer thread, inside its batch's transaction. */
+static idem_rc call_on_writer(idem *h, void *arg)
+{
+    struct gw *g = arg;
+    (void)h;
+    states[g->state].call(g);
+    return g->rc;
+}
+
+/* The batch is durable (or failed, and the call's writes with it). */
+static void on_written(void *arg, idem_rc rc, const char *detail)
+{
+    struct gw *g = arg;
+    if (rc != IDEM_OK) {
+        g->rc = rc;
+        snprintf(g->detail, sizeof g->detail, "%s", detail);
+    }
+    front_resume(g->req, resume);
+}
+
+static void to_worker(struct gw *g, struct workers *ws)
+{
+    if (front_work_in(g->req, ws, run_call, resume) != 0) {
+        g->rc = IDEM_ECLOSING;
+        snprintf(g->detail, sizeof g->detail, "the server is shutting down");
+        done(g);
+    }
+}
+
+/* Run the state's store call where the store runs it, then done(). */
+static void start_call(struct gw *g, enum state_work w)
+{
+    g->rc = IDEM_OK;
+    g->o = IDEM_NONE;
+    g->detail[0] = '\0';
+    idem_record_clear(&g->rec);
+    if (w == W_KV && g->d->kv_local) { /* in memory: as quick as a hand-off */
+        states[g->state].call(g);
+        done(g);
+    } else if (w == W_KV) {
+        to_worker(g, g->d->workers);
+    } else if (!g->d->db_async) {
+        to_worker(g, g->d->record_workers);
+    } else {
+        /* Each call is one record call, whose result it returns. */
+        idem_rc rc = idem_record_async_one(g->d->h, call_on_writer, on_written, g);
+        if (rc != IDEM_OK) {
+            keep_rc(g, rc);
+            done(g);
+        }
+    }
+}
+
+static void forward(struct gw *g);
+
+/* Go to state s, and start its work. */
+static void enter(struct gw *g, enum gw_state s)
+{
+    if (s != S_DONE && !(states[g->state].next & BIT(s))) {
+        daemon_logl(LOG_ALERT, "%s/%s: the gateway went from %s to %s, which it never does",
+                    g->rt->space, g->key, states[g->state].name, states[s].name);
+        assert(!"a transition missing from states[]");
+    }
+    g->state = s;
+    switch (states[s].work) {
+    case W_DB:
+        /* A key another request of this daemon claims is decided without
+         * the store (do_begin looks again where the begin runs). */
+        if (s == S_BEGIN && (g->held_here = claimed_here(g)) != HELD_NONE) {
+            g->rc = IDEM_OK;
+            done(g);
+            break;
+        }
+        /* fall through */
+    case W_KV:
+        start_call(g, states[s].work);
+        break;
+    case W_TIMER:
+        arm_timer(g);
+        break;
+    case W_UPSTREAM:
+        forward(g);
+        break;
+    case W_NONE:
+        answer(g); /* S_DONE */
+        break;
+    }
 }
 
 /* ---- decisions, on the loop ---- */
@@ -618,41 +730,39 @@ static struct http_response *replay_finished(struct gw *g, idem_outcome o,
 /* Everything ends here: give back what we hold, then answer. */
 static void finish(struct gw *g)
 {
-    if (g->watch || g->locked)
-        kv_step(g, do_cleanup, answer);
-    else
-        answer(g);
-}
-
-static void on_timer(evutil_socket_t fd, short what, void *arg);
-
-/* Come back to next after a short wait: 2 ms, doubling, at most 50 ms. */
-static void wait_then(struct gw *g, gw_fn next)
-{
-    struct timeval tv = ms_timeval(g->backoff_ms);
-    g->backoff_ms = g->backoff_ms * 2 > 50 ? 50 : g->backoff_ms * 2;
-    g->then = next;
-    g->timer_job = TIMER_RESUME;
-    g->req->on_abort = on_abort;
-    evtimer_add(g->timer, &tv);
+    enter(g, g->watch || g->locked ? S_CLEANUP : S_DONE);
 }
 
 static void go_lock(struct gw *g);
 static void go_begin(struct gw *g);
-static void begin_again(struct gw *g);
 static void tick(struct gw *g);
+static int64_t tick_ms(const struct route *rt);
+
+/* The request's one timer, for the state it is in: a wait (2 ms, doubling,
+ * at most 50 ms; a finish's retry_ms), or the next lease tick. */
+static void arm_timer(struct gw *g)
+{
+    int64_t ms = g->state == S_FORWARD       ? tick_ms(g->rt)
+                 : g->state == S_FINISH_WAIT ? g->retry_ms
+                                             : g->backoff_ms;
+    if (g->state == S_LOCK_WAIT || g->state == S_BEGIN_WAIT)
+        g->backoff_ms = g->backoff_ms * 2 > 50 ? 50 : g->backoff_ms * 2;
+    struct timeval tv = ms_timeval(ms);
+    g->req->on_abort = on_abort;
+    evtimer_add(g->timer, &tv);
+}
 
 static void on_timer(evutil_socket_t fd, short what, void *arg)
 {
     struct gw *g = arg;
     (void)fd;
     (void)what;
-    if (g->timer_job == TIMER_LEASE) {
+    if (g->state == S_FORWARD) {
         tick(g);
         return;
     }
     g->req->on_abort = NULL;
-    g->then(g);
+    enter(g, g->state == S_LOCK_WAIT ? S_LOCK : g->state == S_BEGIN_WAIT ? S_BEGIN : S_FINISH);
 }
 
 static void after_token(struct gw *g)
@@ -661,7 +771,7 @@ static void after_token(struct gw *g)
         VERDICT(g, GW_TOKEN_REFUSED);
         g->out = problem(409, "token_spent",
                          "the Idem-Token is not a valid token; refresh the page and retry");
-        answer(g);
+        enter(g, S_DONE);
         return;
     }
     if (g->rc != IDEM_OK) {
@@ -669,7 +779,7 @@ static void after_token(struct gw *g)
             COUNT(g->rt, store_errors);
             VERDICT(g, GW_STORE_UNAVAILABLE);
             g->out = problem_from_rc(g->rc, g->detail, "consuming the token");
-            answer(g);
+            enter(g, S_DONE);
             return;
         }
     } else if (g->o == IDEM_CONSUMED) {
@@ -681,7 +791,7 @@ static void after_token(struct gw *g)
         g->out = problem(409, "token_spent",
                          "this form was already submitted, or its token expired: "
                          "refresh and retry");
-        answer(g);
+        enter(g, S_DONE);
         return;
     }
     go_lock(g);
@@ -705,7 +815,7 @@ static void after_busy_get(struct gw *g)
         finish(g);
         return;
     }
-    wait_then(g, go_lock);
+    enter(g, S_LOCK_WAIT);
 }
 
 static void after_lock(struct gw *g)
@@ -729,18 +839,16 @@ static void after_lock(struct gw *g)
         go_begin(g);
         return;
     }
-    db_step(g, do_get, after_busy_get);
+    enter(g, S_LOCK_READ);
 }
 
 static void go_lock(struct gw *g)
 {
     if (g->rt->layer_lock)
-        kv_step(g, do_lock, after_lock);
+        enter(g, S_LOCK);
     else
         go_begin(g);
 }
-
-static void forward(struct gw *g);
 
 static void reading_found(struct daemon *d, int found);
 
@@ -760,7 +868,7 @@ static void in_flight_elsewhere(struct gw *g, const char *why, const idem_record
         finish(g);
         return;
     }
-    wait_then(g, begin_again);
+    enter(g, S_BEGIN_WAIT);
 }
 
 static void finish_record(struct gw *g, enum finish_kind kind);
@@ -776,12 +884,12 @@ static void after_reconsume(struct gw *g)
 {
     if (g->rc == IDEM_OK && g->o == IDEM_CONSUMED) {
         g->token_spent = 1;
-        forward(g);
+        enter(g, S_FORWARD);
         return;
     }
     if ((g->rc == IDEM_OK && g->o == IDEM_ALREADY_CONSUMED && strcmp(g->spent, g->key) == 0) ||
         (g->rc != IDEM_OK && g->rc != IDEM_EINVAL && skip_kv_layer(g, "the token layer"))) {
-        forward(g);
+        enter(g, S_FORWARD);
         return;
     }
     if (g->rc == IDEM_OK || g->rc == IDEM_EINVAL) {
@@ -915,11 +1023,7 @@ static void after_begin(struct gw *g)
             exhausted(g);
             return;
         }
-        if (g->token_rode) {
-            kv_step(g, do_token, after_reconsume);
-            return;
-        }
-        forward(g);
+        enter(g, g->token_rode ? S_RESPEND : S_FORWARD);
         return;
     case IDEM_DONE:
         reading_found(g->d, 1); /* a read on the loop would have found it */
@@ -934,26 +1038,16 @@ static void after_begin(struct gw *g)
     }
 }
 
-static void begin_again(struct gw *g)
-{
-    enum held_here held = claimed_here(g);
-    if (held != HELD_NONE) {
-        held_elsewhere(g, held);
-        return;
-    }
-    db_step(g, do_begin, after_begin);
-}
-
 static void go_begin(struct gw *g)
 {
     g->backoff_ms = 2;
-    begin_again(g);
+    enter(g, S_BEGIN);
 }
 
 /* ---- forwarding under the claim ---- */
 
 /* While the upstream works, the claim's lease is extended every lease/3: a
- * step of its own, which outlives the request if it must. */
+ * record call of its own, which outlives the request if it must. */
 struct tick {
     struct work work;
     struct daemon *d;
@@ -1026,8 +1120,7 @@ static void tick(struct gw *g)
                            : workers_submit(g->d->record_workers, &t->work))
             free(t);
     }
-    struct timeval tv = ms_timeval(tick_ms(g->rt));
-    evtimer_add(g->timer, &tv);
+    arm_timer(g);
 }
 
 /* A response to the client from an upstream answer m (hop-by-hop removed);
@@ -1057,11 +1150,6 @@ static struct http_response *from_upstream(const struct http_msg *m, int head)
 
 static void after_finish(struct gw *g);
 
-static void retry_finish(struct gw *g)
-{
-    db_step(g, do_finish, after_finish);
-}
-
 /* A retried finish was refused (CONFLICT): the record is not PROCESSING at
  * our epoch any more. Finished at our epoch: an earlier try was written
  * after all, and the answer is kept. Otherwise another claim took it over:
@@ -1070,7 +1158,6 @@ static void after_conflict_read(struct gw *g)
 {
     if (g->rc != IDEM_OK) { /* the store fails again: so does this try */
         idem_record_clear(&g->rec);
-        g->step = do_finish;
         after_finish(g);
         return;
     }
@@ -1081,7 +1168,6 @@ static void after_conflict_read(struct gw *g)
                    g->rt->space, g->key, g->tries);
     set_unkept(g, 0);
     idem_record_clear(&g->rec);
-    g->step = do_finish;
     g->rc = IDEM_OK;
     g->o = !kept ? IDEM_CONFLICT : g->finish == FINISH_HOLD ? IDEM_RENEWED : IDEM_COMPLETED;
     after_finish(g);
@@ -1111,17 +1197,13 @@ static void after_finish(struct gw *g)
             cap = cap < 100 ? 100 : cap > 2000 ? 2000 : cap;
             g->retry_ms = g->retry_ms * 2 > cap ? cap : g->retry_ms * 2;
         }
-        struct timeval tv = ms_timeval(g->retry_ms);
-        g->then = retry_finish;
-        g->timer_job = TIMER_RESUME;
-        g->req->on_abort = on_abort;
-        evtimer_add(g->timer, &tv);
+        enter(g, S_FINISH_WAIT);
         return;
     }
     if (g->unkept && g->rc == IDEM_OK && g->o == IDEM_CONFLICT) {
         /* A try that failed may have been written all the same (a reply
          * lost on the way back): read what the record holds. */
-        db_step(g, do_get, after_conflict_read);
+        enter(g, S_FINISH_READ);
         return;
     }
     if (g->unkept && g->rc == IDEM_OK) {
@@ -1151,29 +1233,6 @@ static void after_finish(struct gw *g)
     finish(g);
 }
 
-static void release_record(struct gw *g)
-{
-    db_step(g, do_finish, after_finish);
-}
-
-/* The claim, still this request's for another lease? Taken over meanwhile
- * (a pause or a store outage longer than the lease, on the distributed
- * store another instance), the token may be paying for the new holder's
- * execution, and must stay spent. */
-static void do_confirm_claim(struct gw *g)
-{
-    keep_rc(g, idem_record_extend(g->d->h, g->rt->space, g->key, g->epoch, g->rt->lease_ms,
-                                  &g->o));
-}
-
-static void do_give_back(struct gw *g)
-{
-    idem_outcome o;
-    keep_rc(g, idem_token_give_back(g->d->h, g->subject, g->rt->token_scene, g->token, g->key,
-                                    &o));
-    g->token_spent = 0;
-}
-
 static void after_give_back(struct gw *g)
 {
     /* IDEM_EUNAVAILABLE: never sent, so never done; the token stays spent
@@ -1190,15 +1249,15 @@ static void after_give_back(struct gw *g)
         finish(g);
         return;
     }
-    release_record(g);
+    enter(g, S_FINISH);
 }
 
 static void after_confirm_claim(struct gw *g)
 {
     if (g->rc == IDEM_OK && g->o == IDEM_RENEWED)
-        kv_step(g, do_give_back, after_give_back);
+        enter(g, S_GIVE_BACK);
     else
-        release_record(g); /* the token stays spent on the key */
+        enter(g, S_FINISH); /* the token stays spent on the key */
 }
 
 static void finish_record(struct gw *g, enum finish_kind kind)
@@ -1216,9 +1275,9 @@ static void finish_record(struct gw *g, enum finish_kind kind)
          * 409, a 422, store trouble before the claim) never gives its token
          * back, since a rider may be executing on it: a retry with the token
          * and the key goes on to the record instead. */
-        db_step(g, do_confirm_claim, after_confirm_claim);
+        enter(g, S_CONFIRM);
     else
-        db_step(g, do_finish, after_finish);
+        enter(g, S_FINISH);
 }
 
 /* The answer was too big to keep (why says how): the record is finished
@@ -1350,10 +1409,50 @@ static void forward(struct gw *g)
         finish_record(g, FINISH_FAIL_RETRYABLE);
         return;
     }
-    g->timer_job = TIMER_LEASE;
-    g->req->on_abort = on_abort;
-    struct timeval tv = ms_timeval(tick_ms(rt));
-    evtimer_add(g->timer, &tv);
+    arm_timer(g);
+}
+
+/* ---- the transition function ---- */
+
+/* The work of g's state came back (a store call: g->rc, g->o, g->rec say
+ * what it found): decide where g goes next. */
+static void done(struct gw *g)
+{
+    switch (g->state) {
+    case S_TOKEN:
+        after_token(g);
+        break;
+    case S_LOCK:
+        after_lock(g);
+        break;
+    case S_LOCK_READ:
+        after_busy_get(g);
+        break;
+    case S_BEGIN:
+        after_begin(g);
+        break;
+    case S_RESPEND:
+        after_reconsume(g);
+        break;
+    case S_CONFIRM:
+        after_confirm_claim(g);
+        break;
+    case S_GIVE_BACK:
+        after_give_back(g);
+        break;
+    case S_FINISH:
+        after_finish(g);
+        break;
+    case S_FINISH_READ:
+        after_conflict_read(g);
+        break;
+    case S_CLEANUP:
+        enter(g, S_DONE);
+        break;
+    default: /* the waits and the upstream end in on_timer and on_upstream */
+        assert(!"done() in a state without a store call");
+        break;
+    }
 }
 
 /* ---- entry ---- */
@@ -1516,7 +1615,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
         if (idem_record_get(d->h, rt->space, g->key, &o, &g->rec) == IDEM_OK &&
             (g->out = replay_finished(g, o, &g->rec)) != NULL) {
             reading_found(d, 1);
-            answer(g);
+            enter(g, S_DONE);
             return;
         }
         reading_found(d, 0);
@@ -1536,10 +1635,10 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
                          "route %s needs a one-time token in the Idem-Token header "
                          "(POST /_idem/v1/tokens issues one for scene %s)",
                          rt->name, rt->token_scene);
-        answer(g);
+        enter(g, S_DONE);
         return;
     }
-    kv_step(g, do_token, after_token);
+    enter(g, S_TOKEN);
 }
 
 /* ---- no route: proxied untouched ---- */
