@@ -1514,7 +1514,7 @@ static int get_record_fields(struct ctx *c, const yaml_node_t *n, const char *pa
         return -1;
     if (!r->space && set_string(&r->space, r->name))
         return oom(c);
-    /* At least a second: the watchdog extends a live claim every lease/3
+    /* At least a second: the gateway extends a live claim every lease/3
      * through the store, and a lease shorter than the store's ordinary
      * delays would run out under a live request, letting a duplicate take
      * it over and execute again. */

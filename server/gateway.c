@@ -29,7 +29,7 @@
  *   S_LOCK   acquire ── busy ── S_LOCK_READ: finished? ── yes ─► replay
  *        │        ▲                       └── no: reject ──────► 409 + Retry-After
  *        │        └──── S_LOCK_WAIT (backoff) ◄─ wait ─────────┘ until wait_timeout
- *        │   watchdog renews it until S_CLEANUP
+ *        │   acquired, the lease timer renews it until S_CLEANUP
  *   S_BEGIN  begin ── DONE ───────────────────────────────────────► replay (Idempotent-Replayed)
  *        │     ├── MISMATCH, or claimed here with another payload ► 422
  *        │     └── IN_PROGRESS, or claimed here: reject ──────────► 409
@@ -50,7 +50,7 @@
  *        (a finish the store fails, but a release: the claim, lock and client
  *         are kept, S_FINISH_WAIT, and the finish written again until it is
  *         kept — S_FINISH_READ when a retry is refused; see "claims held here")
- *   S_CLEANUP  stop the watchdog, release the lock
+ *   S_CLEANUP  stop the lease timer, release the lock
  *   S_DONE     answer
  *
  * Store trouble in any state before S_FORWARD is 503, and the request is
@@ -60,7 +60,7 @@
  *
  * If the daemon stops while a request is parked (its upstream exchange, a
  * wait), or its store call comes back after the loops stopped, it is
- * abandoned: its watchdog stopped and its lock released, nothing else. A
+ * abandoned: its lease timer stopped and its lock released, nothing else. A
  * claimed record stays PROCESSING until its lease ends, as after a crash;
  * the client is told 504 outcome_unknown if the request was forwarded, 503
  * shutting_down if not.
@@ -148,8 +148,8 @@ enum held_here {
 enum gw_state {
     S_NEW,         /* keyed and fingerprinted, no store touched yet */
     S_TOKEN,       /* kv: spending the Idem-Token on the key */
-    S_LOCK,        /* kv: acquiring the business-key lock; acquired, its
-                      watchdog renews it until S_CLEANUP */
+    S_LOCK,        /* kv: acquiring the business-key lock; acquired, the
+                      lease timer renews it until S_CLEANUP */
     S_LOCK_READ,   /* db: the lock is busy: is the record finished already? */
     S_LOCK_WAIT,   /* timer: backing off before acquiring again */
     S_BEGIN,       /* db: claiming the record; a key claimed by another
@@ -158,8 +158,8 @@ enum gw_state {
                       beginning again */
     S_RESPEND,     /* kv: claimed on a token another request spent on this
                       key: spending it again before executing (after_reconsume) */
-    S_FORWARD,     /* the upstream has it, under our claim (epoch); the timer
-                      extends the claim's lease every lease/3 */
+    S_FORWARD,     /* the upstream has it, under our claim (epoch); the
+                      lease timer extends the claim's lease too */
     S_CONFIRM,     /* db: releasing with a token spent: is the claim still
                       ours? (finish_record) */
     S_GIVE_BACK,   /* kv: giving the token back, before the release */
@@ -168,7 +168,7 @@ enum gw_state {
                       kept until it is written (see "claims held here") */
     S_FINISH_READ, /* db: a finish tried again was refused: did an earlier
                       try get written after all? */
-    S_CLEANUP,     /* kv: the watchdog stopped, the lock released */
+    S_CLEANUP,     /* kv: the lock released (the lease timer stopped first) */
     S_DONE,        /* answered: g is freed */
 };
 
@@ -185,8 +185,8 @@ struct gw {
     uint8_t fp[IDEM_FINGERPRINT_LEN];
     int has_fp;
     int token_spent, locked;
+    int renewing; /* the lock is ours: the lease timer renews it */
     int token_rode; /* went on with a token spent on this key by another request */
-    idem_watch *watch;
     int64_t deadline, backoff_ms;
     unsigned long replay_gen; /* the daemon's, when the request came */
     int64_t t0;               /* mono_us() when it came */
@@ -202,7 +202,8 @@ struct gw {
     int64_t sent_us;           /* mono_us() when the upstream call started */
     unsigned attempt;          /* which claim of the key this is (see "attempts") */
     int forwarded;             /* the upstream may have it */
-    struct event *timer;       /* a wait; lease ticks in S_FORWARD (in g's block) */
+    struct event *timer;       /* a wait (in g's block) */
+    struct event *lease;       /* renews what it holds (see "leases"; in g's block) */
     struct upstream_call *call;
     enum finish_kind finish;
     char *stored;              /* what the record is finished with */
@@ -226,6 +227,7 @@ static void gw_free(struct gw *g)
 {
     claim_remove(g); /* other threads look at the list */
     event_del(g->timer); /* in g's own block */
+    event_del(g->lease);
     idem_record_clear(&g->rec);
     free(g->stored);
     response_free(g->out);
@@ -335,11 +337,11 @@ static void answer(struct gw *g)
 static void enter(struct gw *g, enum gw_state s);
 
 /* The daemon stops under a parked request: give back what others would wait
- * for (the watchdog, the lock); the record's lease ends on its own. */
+ * for (the lock); the record's lease ends on its own. */
 static void abandon(struct gw *g)
 {
-    idem_watchdog_stop(g->watch);
-    g->watch = NULL;
+    evtimer_del(g->lease);
+    g->renewing = 0;
     if (g->locked) {
         idem_outcome o;
         idem_lock_release(g->d->h, g->rt->space, g->key, g->owner, &o);
@@ -406,9 +408,6 @@ static void do_lock(struct gw *g)
     idem_lock_info info;
     keep_rc(g, idem_lock_acquire(g->d->h, rt->space, g->key, g->owner, rt->lease_ms, &g->o,
                                  &info));
-    if (g->rc == IDEM_OK && g->o == IDEM_ACQUIRED)
-        idem_watchdog_start(g->d->h, rt->space, g->key, g->owner, rt->lease_ms, NULL, NULL,
-                            &g->watch);
 }
 
 static void do_get(struct gw *g)
@@ -450,8 +449,6 @@ static void do_finish(struct gw *g)
 static void do_cleanup(struct gw *g)
 {
     idem_outcome o;
-    idem_watchdog_stop(g->watch);
-    g->watch = NULL;
     if (g->locked)
         idem_lock_release(g->d->h, g->rt->space, g->key, g->owner, &o);
     g->locked = 0;
@@ -637,8 +634,8 @@ static int skip_kv_layer(struct gw *g, const char *layer)
 }
 
 /* Seconds a duplicate should wait before it retries, from the claim it met
- * (rec: PROCESSING, or none found). A live claim is renewed by its
- * watchdog every lease/3, and its request usually ends within a second. One
+ * (rec: PROCESSING, or none found). A live claim is renewed by its lease
+ * timer every lease/3, and its request usually ends within a second. One
  * not renewed for longer is not running here any more: an unknown outcome
  * (held, or left to its lease), or a gateway that died. Nothing changes for
  * it until its lease ends (or an operator finishes it), so the wait is what
@@ -730,21 +727,21 @@ static struct http_response *replay_finished(struct gw *g, idem_outcome o,
 /* Everything ends here: give back what we hold, then answer. */
 static void finish(struct gw *g)
 {
-    enter(g, g->watch || g->locked ? S_CLEANUP : S_DONE);
+    evtimer_del(g->lease);
+    g->renewing = 0;
+    enter(g, g->locked ? S_CLEANUP : S_DONE);
 }
 
 static void go_lock(struct gw *g);
 static void go_begin(struct gw *g);
-static void tick(struct gw *g);
+static void lease_start(struct gw *g);
 static int64_t tick_ms(const struct route *rt);
 
-/* The request's one timer, for the state it is in: a wait (2 ms, doubling,
- * at most 50 ms; a finish's retry_ms), or the next lease tick. */
+/* The request's wait, for the state it is in: 2 ms, doubling, at most
+ * 50 ms; a finish's retry_ms. */
 static void arm_timer(struct gw *g)
 {
-    int64_t ms = g->state == S_FORWARD       ? tick_ms(g->rt)
-                 : g->state == S_FINISH_WAIT ? g->retry_ms
-                                             : g->backoff_ms;
+    int64_t ms = g->state == S_FINISH_WAIT ? g->retry_ms : g->backoff_ms;
     if (g->state == S_LOCK_WAIT || g->state == S_BEGIN_WAIT)
         g->backoff_ms = g->backoff_ms * 2 > 50 ? 50 : g->backoff_ms * 2;
     struct timeval tv = ms_timeval(ms);
@@ -757,10 +754,6 @@ static void on_timer(evutil_socket_t fd, short what, void *arg)
     struct gw *g = arg;
     (void)fd;
     (void)what;
-    if (g->state == S_FORWARD) {
-        tick(g);
-        return;
-    }
     g->req->on_abort = NULL;
     enter(g, g->state == S_LOCK_WAIT ? S_LOCK : g->state == S_BEGIN_WAIT ? S_BEGIN : S_FINISH);
 }
@@ -836,6 +829,8 @@ static void after_lock(struct gw *g)
     }
     if (g->o == IDEM_ACQUIRED) {
         g->locked = 1;
+        g->renewing = 1;
+        lease_start(g);
         go_begin(g);
         return;
     }
@@ -1044,15 +1039,25 @@ static void go_begin(struct gw *g)
     enter(g, S_BEGIN);
 }
 
-/* ---- forwarding under the claim ---- */
-
-/* While the upstream works, the claim's lease is extended every lease/3: a
- * record call of its own, which outlives the request if it must. */
-struct tick {
+/* ---- leases ----
+ *
+ * One timer per request renews what it holds, every lease/3: its lock,
+ * from the acquire to S_CLEANUP (renewing), and its record's claim while
+ * the upstream has it (S_FORWARD). Each renewal is a store call of its own,
+ * which outlives the request if it must; a failed one is logged, and the
+ * next comes a third of a lease later, so two more are tried before the
+ * lease can run out. On the embedded store the lock's renewal is in
+ * memory, on the loop, and the claim's a job of the writer. On the
+ * distributed store the claim's runs on record_workers and the lock's on
+ * workers, apart: a Redis that stops answering holds each lock call for
+ * up to twice storage.timeout, and must never delay a claim's. */
+struct renewal {
     struct work work;
     struct daemon *d;
+    int lock; /* the lock's renewal; 0: the claim's extension */
     char space[IDEM_NAME_MAX + 1];
     char key[IDEM_KEY_MAX + 1];
+    char owner[64];
     uint64_t epoch;
     int64_t lease_ms;
     idem_rc rc;
@@ -1060,45 +1065,48 @@ struct tick {
     char detail[256];
 };
 
-static void extend(struct tick *t)
+static void renew(struct renewal *t)
 {
-    t->rc = idem_record_extend(t->d->h, t->space, t->key, t->epoch, t->lease_ms, &t->o);
+    idem *h = t->d->h;
+    t->rc = t->lock ? idem_lock_renew(h, t->space, t->key, t->owner, t->lease_ms, &t->o)
+                    : idem_record_extend(h, t->space, t->key, t->epoch, t->lease_ms, &t->o);
     if (t->rc != IDEM_OK)
         snprintf(t->detail, sizeof t->detail, "%s", idem_errdetail());
 }
 
-static void tick_done(struct tick *t)
+static void renewal_done(struct renewal *t)
 {
     if (t->rc != IDEM_OK || t->o != IDEM_RENEWED)
-        daemon_logl(LOG_WARN, "%s/%s: extending the lease failed: %s %s", t->space, t->key,
+        daemon_logl(LOG_WARN, "%s/%s: %s failed: %s %s", t->space, t->key,
+                    t->lock ? "renewing the lock" : "extending the claim's lease",
                     t->rc != IDEM_OK ? idem_strerror(t->rc) : idem_outcome_name(t->o),
                     t->rc != IDEM_OK ? t->detail : "");
     free(t);
 }
 
-static idem_rc tick_on_writer(idem *h, void *arg)
+static idem_rc renew_on_writer(idem *h, void *arg)
 {
-    struct tick *t = arg;
+    struct renewal *t = arg;
     (void)h;
-    extend(t);
+    renew(t);
     return t->rc;
 }
 
-static void tick_written(void *arg, idem_rc rc, const char *detail)
+static void renewal_written(void *arg, idem_rc rc, const char *detail)
 {
-    struct tick *t = arg;
+    struct renewal *t = arg;
     if (rc != IDEM_OK) {
         t->rc = rc;
         snprintf(t->detail, sizeof t->detail, "%s", detail);
     }
-    tick_done(t);
+    renewal_done(t);
 }
 
-static void tick_on_worker(struct work *w)
+static void renew_on_worker(struct work *w)
 {
-    struct tick *t = (struct tick *)w;
-    extend(t);
-    tick_done(t);
+    struct renewal *t = (struct renewal *)w;
+    renew(t);
+    renewal_done(t);
 }
 
 static int64_t tick_ms(const struct route *rt)
@@ -1106,22 +1114,60 @@ static int64_t tick_ms(const struct route *rt)
     return rt->lease_ms / 3 > 0 ? rt->lease_ms / 3 : 1;
 }
 
-static void tick(struct gw *g)
+static void renewal_start(struct gw *g, int lock)
 {
-    struct tick *t = calloc(1, sizeof *t);
-    if (t) {
-        t->d = g->d;
-        snprintf(t->space, sizeof t->space, "%s", g->rt->space);
-        snprintf(t->key, sizeof t->key, "%s", g->key);
-        t->epoch = g->epoch;
-        t->lease_ms = g->rt->lease_ms;
-        t->work.run = tick_on_worker;
-        if (g->d->db_async ? idem_record_async_one(g->d->h, tick_on_writer, tick_written, t)
-                           : workers_submit(g->d->record_workers, &t->work))
-            free(t);
+    struct daemon *d = g->d;
+    struct renewal *t = calloc(1, sizeof *t);
+    if (!t) {
+        daemon_logl(LOG_WARN, "%s/%s: no memory to renew the %s", g->rt->space, g->key,
+                    lock ? "lock" : "claim's lease");
+        return;
     }
-    arm_timer(g);
+    t->d = d;
+    t->lock = lock;
+    snprintf(t->space, sizeof t->space, "%s", g->rt->space);
+    snprintf(t->key, sizeof t->key, "%s", g->key);
+    snprintf(t->owner, sizeof t->owner, "%s", g->owner);
+    t->epoch = g->epoch;
+    t->lease_ms = g->rt->lease_ms;
+    t->work.run = renew_on_worker;
+    if (lock && d->kv_local) {
+        renew(t);
+        renewal_done(t);
+    } else if (!lock && d->db_async) {
+        if (idem_record_async_one(d->h, renew_on_writer, renewal_written, t) != IDEM_OK)
+            free(t); /* closing */
+    } else if (workers_submit(lock ? d->workers : d->record_workers, &t->work) != 0) {
+        free(t); /* closing */
+    }
 }
+
+static void on_lease(evutil_socket_t fd, short what, void *arg)
+{
+    struct gw *g = arg;
+    (void)fd;
+    (void)what;
+    int claim = g->state == S_FORWARD;
+    if (g->renewing)
+        renewal_start(g, 1);
+    if (claim)
+        renewal_start(g, 0);
+    if (g->renewing || claim) {
+        struct timeval tv = ms_timeval(tick_ms(g->rt));
+        evtimer_add(g->lease, &tv);
+    }
+}
+
+/* Renew what g holds from a lease/3 from now, unless that is under way. */
+static void lease_start(struct gw *g)
+{
+    if (evtimer_pending(g->lease, NULL))
+        return;
+    struct timeval tv = ms_timeval(tick_ms(g->rt));
+    evtimer_add(g->lease, &tv);
+}
+
+/* ---- forwarding under the claim ---- */
 
 /* A response to the client from an upstream answer m (hop-by-hop removed);
  * head: m answers a HEAD, whose Content-Length (what GET would have) is
@@ -1306,7 +1352,8 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     const struct server_config *cfg = g->lc->c;
     g->call = NULL;
     g->req->on_abort = NULL;
-    evtimer_del(g->timer);
+    if (!g->renewing)
+        evtimer_del(g->lease); /* it renewed the claim alone */
     g->req->upstream_us = mono_us() - g->sent_us;
     g->req->upstream_status = ur == UPSTREAM_OK ? resp->status : 0;
     switch (ur) {
@@ -1409,7 +1456,8 @@ static void forward(struct gw *g)
         finish_record(g, FINISH_FAIL_RETRYABLE);
         return;
     }
-    arm_timer(g);
+    g->req->on_abort = on_abort;
+    lease_start(g);
 }
 
 /* ---- the transition function ---- */
@@ -1583,15 +1631,18 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     }
     if (!rt->layer_token && answer_kept(d, lc, rt, req, key, has_fp ? fp : NULL, gen, t0))
         return;
-    /* The request's state and its timer in one block. */
+    /* The request's state and its two timers in one block. */
     size_t head = (sizeof(struct gw) + 15) & ~(size_t)15;
-    struct gw *g = calloc(1, head + event_get_struct_event_size());
+    size_t ev = (event_get_struct_event_size() + 15) & ~(size_t)15;
+    struct gw *g = calloc(1, head + 2 * ev);
     if (!g) {
         answer_early(lc, rt, req, NULL, t0); /* 503 */
         return;
     }
     g->timer = (struct event *)((char *)g + head);
+    g->lease = (struct event *)((char *)g + head + ev);
     evtimer_assign(g->timer, loop->base, on_timer, g);
+    evtimer_assign(g->lease, loop->base, on_lease, g);
     g->req = req;
     g->d = d;
     g->lc = lc;

@@ -1179,6 +1179,56 @@ static void test_answer_in_time_read_after_stall(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* The upstream takes three and a half leases: the request's lease timer
+ * renews its lock and extends its claim meanwhile, so neither runs out
+ * under it. Another owner finds the lock held, the record's lease is still
+ * ahead, a duplicate is in flight (409), and the key executes once. */
+static void api_expect(int port, const char *path, const char *body, int status,
+                       const char *substr);
+
+static const char long_call_routes[] =
+    "routes:\n"
+    REFUND_ROUTE
+    "    space: refund\n"
+    "    layers: [lock, record]\n"
+    "    in_flight: reject\n"
+    "    lease: 1s\n"
+    "    upstream_timeout: 10s\n";
+
+static void test_lease_timer_renews_lock_and_claim(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, long_call_routes, "longcall.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 3500", NULL};
+    struct bg_post b = {.port = gw.port, .headers = slow,
+                        .body = "{\"refund_no\":\"R-long\",\"amount\":\"1.00\"}"};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(2500); /* two and a half leases into the call */
+    api_expect(gw.admin_port, "/_idem/v1/locks/acquire",
+               "{\"space\":\"refund\",\"key\":\"R-long\",\"owner\":\"intruder\"}", 200,
+               "\"holder\":");
+    struct sys_resp r;
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/refund/R-long", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"state\":\"PROCESSING\""));
+    const char *lu = strstr(r.m->body, "\"lease_until_ms\":");
+    assert_non_null(lu);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    long long now_ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
+    assert_true(strtoll(lu + 17, NULL, 10) > now_ms);
+    sys_resp_free(&r);
+    post_expect(gw.port, b.body, 409, 0);
+    pthread_join(b.t, NULL);
+    assert_int_equal(b.resp.status, 201);
+    sys_resp_free(&b.resp);
+    post_expect(gw.port, b.body, 201, 1);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* SIGTERM while the requests' claims wait on the store's writer: another
  * process (an operator's sqlite3 shell, say) holds the file's write lock, so
  * the claims are queued behind it when the daemon is told to stop, and still
@@ -4363,6 +4413,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigterm_drains),
         cmocka_unit_test(test_sigterm_past_timeout_abandons),
         cmocka_unit_test(test_answer_in_time_read_after_stall),
+        cmocka_unit_test(test_lease_timer_renews_lock_and_claim),
         cmocka_unit_test(test_other_payload_in_flight_422),
         cmocka_unit_test(test_sigterm_with_claims_queued_on_writer),
         cmocka_unit_test(test_health_sees_failing_writes),
