@@ -8,25 +8,27 @@
 #include <string.h>
 
 #include "idem.h"
+#include "idem_help.h"
 #include "serve.h"
 #include "verify.h"
 
+/* idem_help, the text below: docs/man/idem.txt, which idem(1) is made from
+ * too (scripts/mkman.sh), as each command's help is. */
 static void usage(FILE *out)
 {
-    fprintf(out,
-            "usage: idem <command> [options]\n"
-            "\n"
-            "Idem makes write operations happen exactly once, however often a request\n"
-            "or message arrives.\n"
-            "\n"
-            "commands:\n"
-            "  serve      run the daemon: the idempotency gateway and the JSON API\n"
-            "  consume    run only the configuration's message consumers\n"
-            "  verify     prove an HTTP write endpoint is idempotent: duplicate storms\n"
-            "  version    print the version\n"
-            "  help       this text\n"
-            "\n"
-            "'idem <command> --help' describes a command.\n");
+    fputs(idem_help, out);
+}
+
+/* A command by its name: what `idem NAME` and `idem help NAME` run. */
+static int (*command(const char *name))(int, char **)
+{
+    if (strcmp(name, "serve") == 0)
+        return serve_main;
+    if (strcmp(name, "consume") == 0)
+        return consume_main;
+    if (strcmp(name, "verify") == 0)
+        return verify_main;
+    return NULL;
 }
 
 int main(int argc, char **argv)
@@ -43,15 +45,26 @@ int main(int argc, char **argv)
      * this for the process it is loaded into; an application can. */
     sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0);
     const char *cmd = argv[1];
-    if (strcmp(cmd, "serve") == 0)
-        return serve_main(argc - 1, argv + 1);
-    if (strcmp(cmd, "consume") == 0)
-        return consume_main(argc - 1, argv + 1);
-    if (strcmp(cmd, "verify") == 0)
-        return verify_main(argc - 1, argv + 1);
+    int (*run)(int, char **) = command(cmd);
+    if (run)
+        return run(argc - 1, argv + 1);
     if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
         printf("idem %s\n", idem_version());
         return 0;
+    }
+    if (strcmp(cmd, "help") == 0 && argc > 2) {
+        /* idem help serve is idem serve --help. */
+        if (strcmp(argv[2], "version") == 0 || strcmp(argv[2], "help") == 0) {
+            usage(stdout);
+            return 0;
+        }
+        if (!(run = command(argv[2]))) {
+            fprintf(stderr, "idem help: '%s' is not a command\n\n", argv[2]);
+            usage(stderr);
+            return 2;
+        }
+        char *help_argv[] = {argv[2], "--help", NULL};
+        return run(2, help_argv);
     }
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
         usage(stdout);

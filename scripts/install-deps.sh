@@ -12,6 +12,7 @@ packages=(
   libevent-dev libjansson-dev libyaml-dev  # idem serve: event loop, JSON, YAML
   libcmocka-dev                         # tests
   curl                                  # system tests
+  man-db                                # the manual pages' test (man --warnings)
   redis-server redis-tools              # distributed tests, redis-benchmark
   rabbitmq-server librabbitmq-dev amqp-tools  # the message consumers and their tests
 )

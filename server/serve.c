@@ -39,6 +39,9 @@
 #include "router.h"
 #include "serve.h"
 #include "tls.h"
+/* The --help texts, made from docs/man/ (scripts/mkman.sh). */
+#include "idem_consume_help.h"
+#include "idem_serve_help.h"
 #include "upstream.h"
 
 struct live_config *daemon_config_get(struct daemon *d)
@@ -757,57 +760,13 @@ static void on_idem_log(void *arg, idem_log_level level, const char *msg)
 
 static void consume_usage(FILE *out)
 {
-    fputs("usage: idem consume [-c FILE] [--db PATH] [--check]\n"
-          "\n"
-          "Run only the consumers of FILE (its consumers:, on the same store as idem\n"
-          "serve would use): each message of their RabbitMQ queues or Redis streams is\n"
-          "POSTed to its handler once, through the same key spaces as the routes.\n"
-          "The JSON API (metrics and health included) is on admin_listen as with\n"
-          "idem serve; nothing listens on listen. idem serve runs the consumers too:\n"
-          "use this one to run them apart (on the distributed store, as many as you\n"
-          "like). docs/consumers.md says what happens to each message.\n"
-          "\n"
-          "  -c, --config FILE    the YAML configuration (docs/configuration.md)\n"
-          "      --db PATH        the embedded store's SQLite file instead of the file's\n"
-          "      --check          check the configuration and exit (0 valid, 2 not)\n"
-          "  -h, --help           this text\n"
-          "\n"
-          "Signals: SIGTERM/SIGINT stop taking messages, let those being handled finish\n"
-          "(up to limits.shutdown_timeout) and stop; the rest go back to the broker.\n",
-          out);
+    fputs(idem_consume_help, out);
 }
 
 static void usage(FILE *out)
 {
-    fputs("usage: idem serve [-c FILE] [--listen HOST:PORT] [--db PATH] [--check]\n"
-          "\n"
-          "Run the Idem daemon: the idempotency gateway for the routes in FILE on\n"
-          "listen (with token issuance and health under /_idem/v1/), and the whole\n"
-          "JSON API on admin_listen, behind the file's api_keys. Without -c it runs\n"
-          "with every default: listening on 127.0.0.1:8080, records in ./idem.db,\n"
-          "the JSON API on the Unix socket ./idem-admin.sock (no keys: it refuses\n"
-          "every request), no routes.\n"
-          "\n"
-          "  -c, --config FILE    the YAML configuration (docs/configuration.md)\n"
-          "  -l, --listen H:P     listen here instead of the file's listen (admin_listen\n"
-          "                       stays; the two must not overlap). An address off\n"
-          "                       loopback needs the file's listen to have tls, or\n"
-          "                       allow_plaintext: true (docs/security.md)\n"
-          "      --db PATH        the embedded store's SQLite file instead of the file's\n"
-          "                       (one idem serve per file: a second one is refused)\n"
-          "      --check          check the configuration (upstream host names are\n"
-          "                       looked up too), say whether it is valid, and exit\n"
-          "                       (0 valid, 2 not): run it before a SIGHUP\n"
-          "  -h, --help           this text\n"
-          "\n"
-          "The file's consumers: run beside the gateway (idem consume runs them alone).\n"
-          "\n"
-          "Signals: SIGTERM/SIGINT drain and stop; SIGHUP reloads the routes, the API\n"
-          "keys and the TLS certificates; SIGUSR1 (logrotate's) reopens the access\n"
-          "log's file.\n",
-          out);
+    fputs(idem_serve_help, out);
 }
-
 
 static int run(int argc, char **argv, int consume_only)
 {
@@ -839,7 +798,7 @@ static int run(int argc, char **argv, int consume_only)
     }
     if (optind < argc) {
         fprintf(stderr, "%s: unexpected argument '%s'\n", me, argv[optind]);
-        usage(stderr);
+        (consume_only ? consume_usage : usage)(stderr);
         return 2;
     }
 

@@ -23,77 +23,13 @@
 #include "progress.h"
 #include "report.h"
 #include "scenario.h"
+/* The --help text, idem_verify_help: made from docs/man/idem-verify.txt,
+ * as the manual page is (scripts/mkman.sh). */
+#include "idem_verify_help.h"
 
 #define BODY_MAX (1024 * 1024)
 #define N_MAX 10000
 #define ERR_LEN 700
-
-static const char usage_text[] =
-    "usage: idem verify [options] URL\n"
-    "\n"
-    "Fire the duplicate storms at an HTTP write endpoint and report, per scenario,\n"
-    "how many times it executed. Exit status: 0 all passed, 1 a scenario failed,\n"
-    "2 a usage or connection error. Only http:// URLs; requests go to the URL's\n"
-    "host (or loopback) only. Every run uses fresh business keys.\n"
-    "\n"
-    "The request template ({{key}}: the scenario's business key; {{uuid}}: a fresh\n"
-    "UUID per request; {{seq}}: a per-request number; in the URL's path and query,\n"
-    "in header values and in the body):\n"
-    "  -X, --request METHOD      method (default POST)\n"
-    "  -H, --header 'Name: value'  a request header; repeatable\n"
-    "  -d, --data BODY           the body; -d @FILE reads it from FILE\n"
-    "      --body-file FILE      the body from FILE (at most 1 MiB)\n"
-    "\n"
-    "Scenarios (default: all that apply):\n"
-    "  -s, --scenario NAME       repeatable, or a comma-separated list:\n"
-    "      burst                 N identical requests at the same instant, N connections\n"
-    "      double-click          pairs 10-50 ms apart, a key per pair (min(N/2, 10) pairs)\n"
-    "      retry-after-success   the same request after the first was answered, R times\n"
-    "      retry-after-timeout   a client gives up (--client-timeout), then retries\n"
-    "      channels              one key through the URL and each --channel URL\n"
-    "      payload-mismatch      the same key, a changed body: must be refused (4xx)\n"
-    "      cross-subject         the same key under two subjects: 2 executions\n"
-    "      mixed                 N/K keys, each sent K times (--dups), -c connections\n"
-    "  -n, --requests N          requests per scenario; burst sends exactly N (default 100)\n"
-    "  -c, --concurrency N       mixed: connections at once (default 16)\n"
-    "      --dups K              mixed: requests per key (default 5)\n"
-    "      --retries R           retry-after-*: retries (default 3)\n"
-    "      --spacing DUR         retry-after-success: pause between retries (default 100ms)\n"
-    "      --client-timeout DUR  retry-after-timeout: when the first client gives up\n"
-    "                            (default 1s; make it shorter than the endpoint's time)\n"
-    "      --channel URL         channels: another URL for the same key; repeatable\n"
-    "      --channel-data BODY   the body for the --channel just before (default: -d)\n"
-    "      --mismatch-data BODY  payload-mismatch: the changed body (default: the -d body\n"
-    "                            with one value changed, e.g. \"1.00\" -> \"1.01\")\n"
-    "      --subject-header NAME cross-subject: the header naming the caller (X-Subject)\n"
-    "      --subjects A,B        cross-subject: the two subjects\n"
-    "      --key-prefix P        business keys are P<run>-<scenario> (default verify-)\n"
-    "      --replay-header NAME  a header whose value true marks a replay, besides\n"
-    "                            Idempotent-Replayed and its variants; repeatable\n"
-    "\n"
-    "Executions, as the truth (read before and after each scenario):\n"
-    "      --count-url URL       GET; the body is a number, or JSON with a number\n"
-    "      --count-field NAME    the JSON field, dots for nesting (default count)\n"
-    "      --count-cmd 'CMD'     a shell command that prints a number\n"
-    "                            (e.g. psql -tAc 'select count(*) from refunds')\n"
-    "      --settle DUR          wait after a scenario, and until the count is stable\n"
-    "                            over this interval (default 300ms)\n"
-    "  Without either, executions are inferred from the answers: weaker evidence.\n"
-    "\n"
-    "Limits and output:\n"
-    "      --timeout DUR         per request (default 10s)\n"
-    "      --deadline DUR        the whole run; later scenarios are skipped (default 5m)\n"
-    "      --max-requests N      all scenarios together (default 2000)\n"
-    "      --json                one JSON document on stdout instead of the table\n"
-    "      --junit FILE          also write JUnit XML, a testcase per scenario\n"
-    "      --no-progress         no progress bar (drawn only when stderr is a terminal)\n"
-    "  -h, --help                this text\n"
-    "DUR is a number with ms, s or m; a bare number is seconds.\n"
-    "\n"
-    "example:\n"
-    "  idem verify -d '{\"refund_no\":\"{{key}}\",\"amount\":\"1.00\"}' \\\n"
-    "      --count-url http://127.0.0.1:9000/count http://127.0.0.1:8080/refunds\n"
-    "docs/verify.md has the details.\n";
 
 enum {
     OPT_BODY_FILE = 256,
@@ -699,7 +635,7 @@ static int parse_args(int argc, char **argv, struct args *a, struct verify_cfg *
             a->progress = 0;
             break;
         case 'h':
-            fputs(usage_text, stdout);
+            fputs(idem_verify_help, stdout);
             return 1;
         case ':':
             return usage_error("%s needs a value", argv[optind - 1]);
