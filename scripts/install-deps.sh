@@ -13,6 +13,7 @@ packages=(
   libcmocka-dev                         # tests
   curl                                  # system tests
   man-db                                # the manual pages' test (man --warnings)
+  systemd                               # systemd-analyze verify of deploy/systemd/idem.service
   redis-server redis-tools              # distributed tests, redis-benchmark
   rabbitmq-server librabbitmq-dev amqp-tools  # the message consumers and their tests
 )

@@ -1,0 +1,71 @@
+#!/bin/sh
+# test_deploy.sh IDEM SOURCE_DIR MAN_DIR — the deployment kit of deploy/ is
+# one that works together:
+#  - systemd-analyze verify accepts deploy/systemd/idem.service without a
+#    word (a copy whose commands are the built idem, its man pages found in
+#    MAN_DIR: verify checks both exist);
+#  - deploy/idem.yaml is a configuration idem serve --check accepts, given
+#    the credentials the unit loads, and each path it names is one the unit
+#    makes: its credentials, the admin socket's RuntimeDirectory, state_dir,
+#    the access log's LogsDirectory.
+set -eu
+idem=$1 src=$2 man=$3
+unit=$src/deploy/systemd/idem.service
+yaml=$src/deploy/idem.yaml
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail() { echo "$*"; exit 1; }
+
+# systemd-analyze verify finds man pages with man(1): a tree of its own.
+mkdir -p "$tmp/man/man1" "$tmp/man/man5" "$tmp/unit"
+cp "$man"/*.1 "$tmp/man/man1/"; cp "$man"/*.5 "$tmp/man/man5/"
+sed "s|/usr/bin/idem |$idem |" "$unit" >"$tmp/unit/idem.service"
+grep -q "^ExecStart=$idem serve" "$tmp/unit/idem.service" || fail "no ExecStart=/usr/bin/idem in $unit"
+if ! out=$(cd "$tmp" && MANPATH="$tmp/man" SYSTEMD_LOG_LEVEL=notice \
+           systemd-analyze verify "$tmp/unit/idem.service" 2>&1) || [ -n "$out" ]; then
+  fail "systemd-analyze verify: $out"
+fi
+
+# What the unit must have.
+for want in 'Type=exec' 'ExecReload=/bin/kill -HUP $MAINPID' 'DynamicUser=yes' \
+            'NoNewPrivileges=yes' 'ProtectSystem=strict' 'ProtectHome=yes' 'PrivateTmp=yes' \
+            'MemoryDenyWriteExecute=yes' 'SystemCallFilter=@system-service'; do
+  grep -qxF "$want" "$unit" || fail "$unit: no $want"
+done
+grep -q '^LimitNOFILE=[0-9]' "$unit" || fail "$unit: no LimitNOFILE"
+grep -q '^RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6$' "$unit" ||
+  fail "$unit: RestrictAddressFamilies is not AF_UNIX AF_INET AF_INET6"
+
+# The file's paths are the unit's.
+dir() { sed -n "s/^$1=//p" "$unit"; }
+state=$(dir StateDirectory) runtime=$(dir RuntimeDirectory) logs=$(dir LogsDirectory)
+grep -q "^admin_listen: unix:/run/$runtime/" "$yaml" || fail "admin_listen is not in /run/$runtime"
+grep -q "^state_dir: /var/lib/$state\$" "$yaml" || fail "state_dir is not /var/lib/$state"
+grep -q "to: /var/log/$logs/" "$yaml" || fail "the access log is not in /var/log/$logs"
+creds=$(grep -o '/run/credentials/idem.service/[a-z-]*' "$yaml" | sort -u)
+[ -n "$creds" ] || fail "$yaml reads no credential"
+for c in $creds; do
+  name=${c##*/}
+  grep -q "^LoadCredential=$name:" "$unit" || fail "$yaml reads $name, which the unit does not load"
+done
+grep -v '^ *#' "$yaml" | grep -q '://[^ /]*:[^ /@]*@' && fail "$yaml holds a password"
+
+# idem serve --check on it, the credentials being files of this test.
+mkdir "$tmp/cred"
+for c in $creds; do
+  case ${c##*/} in
+  redis-url) echo 'redis://idem:pw-in-a-file@127.0.0.1:6379/0' ;;
+  postgres-url) echo 'postgresql://idem:pw-in-a-file@127.0.0.1:5432/idem' ;;
+  *) openssl rand -hex 32 ;;
+  esac >"$tmp/cred/${c##*/}"
+done
+chmod 0400 "$tmp/cred"/*
+sed "s|/run/credentials/idem.service|$tmp/cred|" "$yaml" >"$tmp/idem.yaml"
+out=$("$idem" serve -c "$tmp/idem.yaml" --check 2>&1) || fail "idem serve --check: $out"
+echo "$out"
+# ... and without them it is refused, naming the file it could not read.
+if out=$(sed "s|/run/credentials/idem.service|$tmp/none|" "$yaml" >"$tmp/bad.yaml" &&
+         "$idem" serve -c "$tmp/bad.yaml" --check 2>&1); then
+  fail "idem serve --check took a file whose credentials are missing"
+fi
+echo "$out" | grep -q "$tmp/none/" || fail "the refusal does not name the file: $out"
+echo "idem.service verified; deploy/idem.yaml valid with the unit's credentials"
