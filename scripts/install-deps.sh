@@ -14,6 +14,7 @@ packages=(
   curl                                  # system tests
   man-db                                # the manual pages' test (man --warnings)
   systemd                               # systemd-analyze verify of deploy/systemd/idem.service
+  file dpkg-dev                         # cpack -G DEB (its shlibdeps) in install.deb
   redis-server redis-tools              # distributed tests, redis-benchmark
   rabbitmq-server librabbitmq-dev amqp-tools  # the message consumers and their tests
 )

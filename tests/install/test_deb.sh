@@ -1,0 +1,35 @@
+#!/bin/sh
+# test_deb.sh BUILD_DIR — `cpack -G DEB` in the build directory makes the
+# idem package, and it holds what a user installs it for: the command, the
+# library, its headers, idem.pc and the CMake package, the manual pages and
+# the systemd unit, with the unit running the command where the package
+# puts it and the dependencies dpkg-shlibdeps found.
+set -eu
+build=$1
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+fail() { echo "$*"; exit 1; }
+(cd "$build" && cpack -G DEB -B "$tmp" >"$tmp/cpack.log" 2>&1) || { cat "$tmp/cpack.log"; exit 1; }
+deb=$(ls "$tmp"/idem_*.deb)
+dpkg-deb -I "$deb" >"$tmp/info"
+grep -q '^ Package: idem$' "$tmp/info" || fail "the package is not named idem: $(cat "$tmp/info")"
+for lib in libsqlite3-0 libpq5 libhiredis libevent-2.1 libjansson4 libyaml-0-2 librabbitmq4 libssl3; do
+  grep '^ Depends:' "$tmp/info" | grep -q "$lib" || fail "Depends has no $lib: $(grep Depends "$tmp/info")"
+done
+dpkg-deb -c "$deb" | awk '{ print $6 }' >"$tmp/files"
+for f in ./usr/bin/idem ./usr/lib/libidem.so.0 ./usr/lib/libidem.a ./usr/include/idem.h \
+         ./usr/include/idem/version.h ./usr/lib/pkgconfig/idem.pc \
+         ./usr/lib/cmake/idem/idemConfig.cmake \
+         ./usr/share/man/man1/idem.1 ./usr/share/man/man1/idem-serve.1 \
+         ./usr/share/man/man1/idem-consume.1 ./usr/share/man/man1/idem-verify.1 \
+         ./usr/share/man/man5/idem.yaml.5 ./usr/lib/systemd/system/idem.service \
+         ./usr/share/doc/idem/deploy/idem.yaml ./usr/share/doc/idem/deploy/logrotate-idem; do
+  grep -qxF "$f" "$tmp/files" || fail "the package has no $f"
+done
+# Unpacked, the command runs and its page reads; the unit runs it at /usr/bin.
+dpkg-deb -x "$deb" "$tmp/root"
+"$tmp/root/usr/bin/idem" version | grep -q '^idem [0-9]' || fail "the packaged idem does not run"
+MANWIDTH=80 man -l "$tmp/root/usr/share/man/man1/idem-serve.1" | grep -q '^EXIT STATUS' ||
+  fail "the packaged idem-serve(1) does not read"
+grep -q '^ExecStart=/usr/bin/idem serve ' "$tmp/root/usr/lib/systemd/system/idem.service" ||
+  fail "the packaged unit does not run /usr/bin/idem"
+echo "$(basename "$deb"): $(wc -l <"$tmp/files") entries, $(grep '^ Depends:' "$tmp/info")"
