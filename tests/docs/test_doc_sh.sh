@@ -1,29 +1,35 @@
 #!/usr/bin/env bash
-# test_doc_sh.sh IDEM REFUND_SERVICE SOURCE_DIR DOC... — every ```sh block of
-# the given docs runs as written against a running daemon: the example
-# refund service (examples/refund_service.c) and `idem serve -c
-# examples/idem.yaml` in front of it, as ./run.sh starts them, on the
-# embedded store in a directory of this test.
+# test_doc_sh.sh IDEM REFUND_SERVICE SOURCE_DIR DOC... — the docs' shell
+# examples run as written, and their links lead somewhere.
 #
-# A block runs with bash -eu in a directory holding the repository's
+# For each page, a fresh example refund service (examples/refund_service.c)
+# and `idem serve -c examples/idem.yaml` in front of it, as ./run.sh starts
+# them, on the embedded store in a directory of this test; then the page's
+# ```sh blocks, top to bottom in one bash -eu, as a reader would type them
+# into one terminal. They run in a directory holding the repository's
 # examples/, scripts/ and docs/ and the build as ./build, with the built idem
-# first on PATH. A line "#> TEXT" after a command is its expected output:
-# the command's output (stdout and stderr) must hold TEXT. The ports the
-# docs name (8080 for idem, 9000 for the service) are moved to free ones.
-# A block preceded by a "<!-- not tested: WHY -->" line is skipped (and
-# counted): installs, builds and system services.
+# first on PATH; the ports the docs name (8080 for idem, 9000 for the
+# service) are moved to free ones.
+#
+# A line "#> TEXT" after a command is what it prints: the command's output
+# (stdout and stderr) must hold TEXT. A block after a line
+# "<!-- not tested: WHY -->" is skipped, and counted: installs, builds,
+# system services.
+#
+# Every relative link of a page ([text](path)) must name a file or
+# directory of the repository.
 set -euo pipefail
 idem=$1 service=$2 src=$3; shift 3
 tmp=$(mktemp -d)
 pids=()
-cleanup() {
+stop() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$tmp"
+  pids=()
 }
-trap cleanup EXIT
+trap 'stop; rm -rf "$tmp"' EXIT
 
-# Two free ports: bound by nothing now.
+# A port bound by nothing now.
 free_port() {
   local p
   for _ in $(seq 50); do
@@ -41,21 +47,22 @@ wait_listening() { # log file
   for _ in $(seq 100); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.1; done
   echo "$1 never said it was listening:"; cat "$1"; exit 1
 }
-mkdir -p "$tmp/run" "$tmp/bin" "$tmp/blocks"
-"$service" --listen "127.0.0.1:$p_svc" --db "$tmp/refunds.db" >"$tmp/service.log" 2>&1 &
-pids+=($!)
-wait_listening "$tmp/service.log"
-ports <"$src/examples/idem.yaml" >"$tmp/idem.yaml"
-"$idem" serve -c "$tmp/idem.yaml" --db "$tmp/idem.db" >"$tmp/idem.log" 2>&1 &
-pids+=($!)
-wait_listening "$tmp/idem.log"
+start() { # state dir
+  mkdir -p "$1"
+  "$service" --listen "127.0.0.1:$p_svc" --db "$1/refunds.db" >"$1/service.log" 2>&1 &
+  pids+=($!)
+  wait_listening "$1/service.log"
+  ports <"$src/examples/idem.yaml" >"$1/idem.yaml"
+  "$idem" serve -c "$1/idem.yaml" --db "$1/idem.db" >"$1/idem.log" 2>&1 &
+  pids+=($!)
+  wait_listening "$1/idem.log"
+}
 
-ln -s "$src/examples" "$src/scripts" "$src/docs" "$tmp/run/"
-ln -s "$(dirname "$idem")" "$tmp/run/build"
+mkdir -p "$tmp/bin"
 ln -s "$idem" "$tmp/bin/idem"
 
-# Each block as a script: a command followed by "#>" lines runs with its
-# output caught and checked, the rest as it is.
+# A block as script: a command followed by "#>" lines runs with its output
+# caught and checked, the rest as it is.
 to_script() {
   awk -v q="'" '
     function flush_cmd() {
@@ -79,36 +86,61 @@ to_script() {
     END { flush_cmd() }'
 }
 
-blocks=0 skipped=0
+blocks=0 skipped=0 links=0 pages=0
 for doc in "$@"; do
   rel=${doc#"$src"/}
-  awk -v dir="$tmp/blocks" -v base="$(echo "$rel" | tr / _)" '
+  dir=$(dirname "$doc")
+  # The links first: [text](path), path relative to the page.
+  while IFS= read -r link; do
+    links=$((links + 1))
+    target=$(cd "$dir" && realpath -m -- "${link%%#*}")
+    case $target in
+    "$(realpath "$src")"/*) ;;
+    *) echo "$rel: the link ($link) leads out of the repository"; exit 1 ;;
+    esac
+    [ -e "$target" ] || { echo "$rel: the link ($link) names no file"; exit 1; }
+  done < <(grep -o '](\([^)]*\))' "$doc" | sed 's/^](//; s/)$//' |
+           grep -v '^[a-z]*:\|^#' || true)
+
+  page=$tmp/$(echo "$rel" | tr / _)
+  mkdir -p "$page/blocks"
+  awk -v dir="$page/blocks" '
     /^<!-- not tested: / { skip = 1; next }
-    /^```sh$/ { n++; out = sprintf("%s/%s-%02d-%d%s", dir, base, n, FNR, skip ? ".skip" : ".sh"); inb = 1; next }
+    /^```sh$/ { n++; out = sprintf("%s/%02d-%d%s", dir, n, FNR, skip ? ".skip" : ".sh"); inb = 1; next }
     /^```$/ && inb { inb = 0; skip = 0; close(out); next }
     inb { print > out; next }
     /./ { skip = 0 }' "$doc"
-done
-for f in "$tmp/blocks"/*; do
-  [ -e "$f" ] || continue
-  name=$(basename "$f"); name=${name%.*}
-  if [[ $f == *.skip ]]; then skipped=$((skipped + 1)); continue; fi
-  blocks=$((blocks + 1))
+  n_skip=$(find "$page/blocks" -name '*.skip' | wc -l)
+  skipped=$((skipped + n_skip))
+  ls "$page/blocks"/*.sh >/dev/null 2>&1 || continue
+  pages=$((pages + 1))
   {
     echo 'set -eu'
-    echo "__o=$tmp/cmd.out"
+    echo "__o=$page/cmd.out"
     echo '__expect() { case $__out in *"$1"*) ;; *) echo "expected in the output: $1"; exit 1;; esac; }'
-    ports <"$f" | to_script
-  } >"$tmp/script.sh"
-  if ! (cd "$tmp/run" && PATH="$tmp/bin:$PATH" timeout 120 bash "$tmp/script.sh") \
-        >"$tmp/out" 2>&1; then
-    echo "FAIL $name (the block at line ${name##*-} of its doc):"
-    sed 's/^/  | /' "$f"
-    echo "  output:"; sed 's/^/  > /' "$tmp/out"
-    echo "  idem's log:"; tail -20 "$tmp/idem.log" | sed 's/^/  > /'
+    for f in "$page/blocks"/*.sh; do
+      line=$(basename "$f" .sh); line=${line#*-}
+      echo "echo '--- $rel:$line'"
+      ports <"$f" | to_script
+      blocks=$((blocks + 1))
+    done
+  } >"$page/script.sh"
+  mkdir -p "$page/run"
+  ln -s "$src/examples" "$src/scripts" "$src/docs" "$page/run/"
+  ln -s "$(dirname "$idem")" "$page/run/build"
+  start "$page/state"
+  if ! (cd "$page/run" && PATH="$tmp/bin:$PATH" timeout 200 bash "$page/script.sh") \
+        >"$page/out" 2>&1; then
+    at=$(grep -- '^--- ' "$page/out" | tail -1); at=${at#--- }
+    echo "FAIL $at: the block there did not run as written:"
+    sed 's/^/  | /' "$page/blocks/"*"-${at##*:}.sh"
+    echo "  output:"; sed -n "/^--- ${at//\//\\/}\$/,\$p" "$page/out" | sed '1d; s/^/  > /'
+    echo "  idem's log:"; tail -5 "$page/state/idem.log" | sed 's/^/  > /'
     exit 1
   fi
-  echo "ok   $name"
+  stop
+  echo "ok   $rel: $(grep -c -- '^--- ' "$page/out") blocks"
 done
 [ "$blocks" -gt 0 ] || { echo "no sh block in $*"; exit 1; }
-echo "$blocks sh blocks ran as written, $skipped marked not tested"
+echo "$blocks sh blocks of $pages pages ran as written ($skipped marked not tested);" \
+     "$links links lead to files of the repository"
