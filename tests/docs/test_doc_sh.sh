@@ -14,7 +14,8 @@
 # A line "#> TEXT" after a command is what it prints: the command's output
 # (stdout and stderr) must hold TEXT. A block after a line
 # "<!-- not tested: WHY -->" is skipped, and counted: installs, builds,
-# system services.
+# system services. What a block starts in the background (a job of that
+# bash) is stopped when the page ends.
 #
 # Every relative link of a page ([text](path)) must name a file or
 # directory of the repository.
@@ -38,10 +39,13 @@ free_port() {
   done
   echo "no free port" >&2; exit 1
 }
-p_idem=$(free_port) p_svc=$(free_port)
+p_idem=$(free_port) p_svc=$(free_port) p_naive=$(free_port)
 [ "$p_idem" != "$p_svc" ] || p_svc=$((p_idem + 1))
+[ "$p_naive" != "$p_idem" ] && [ "$p_naive" != "$p_svc" ] || p_naive=$((p_svc + 1))
+# 9001 is the docs' naive service, which a block starts itself.
 ports() { sed -e "s/\(localhost\|127\.0\.0\.1\):8080/\1:$p_idem/g" \
-              -e "s/\(localhost\|127\.0\.0\.1\):9000/\1:$p_svc/g"; }
+              -e "s/\(localhost\|127\.0\.0\.1\):9000/\1:$p_svc/g" \
+              -e "s/\(localhost\|127\.0\.0\.1\):9001/\1:$p_naive/g"; }
 
 wait_listening() { # log file
   for _ in $(seq 100); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.1; done
@@ -116,6 +120,8 @@ for doc in "$@"; do
   pages=$((pages + 1))
   {
     echo 'set -eu'
+    # What a block started in the background ends with the page.
+    echo 'trap '"'"'kill $(jobs -p) 2>/dev/null || true'"'"' EXIT'
     echo "__o=$page/cmd.out"
     echo '__expect() { case $__out in *"$1"*) ;; *) echo "expected in the output: $1"; exit 1;; esac; }'
     for f in "$page/blocks"/*.sh; do
