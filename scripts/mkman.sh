@@ -2,9 +2,13 @@
 # mkman.sh — the manual pages and the --help texts, each from one source.
 #
 #   mkman.sh help SRC OUT.h VAR             SRC's help text as a C string VAR
-#   mkman.sh page SRC OUT SECTION VERSION   SRC as a roff manual page
-#   mkman.sh md   SRC OUT NAME SECTION VERSION "SUMMARY"
+#   mkman.sh page SRC OUT SECTION VERSION "SEE ALSO"
+#                                           SRC as a roff manual page
+#   mkman.sh md   SRC OUT NAME SECTION VERSION "SUMMARY" "SEE ALSO"
 #                                           a Markdown page (docs/*.md) as one
+#
+# SEE ALSO is the pages' list, "idem(1) idem-serve(1) ...": each page names
+# the others.
 #
 # A help source (docs/man/NAME.txt) is a line "NAME - what it does", a blank
 # line, then exactly what `--help` prints: a line "usage: ..." (and its
@@ -38,7 +42,7 @@ help)
         }' "$src" >"$tmp"
     ;;
 page)
-    awk -v q="'" -v section="$4" -v version="$5" '
+    awk -v q="'" -v section="$4" -v version="$5" -v see="$6" '
         # Every "from" in s made "to", literally (awks differ on what a
         # backslash in a gsub replacement means).
         function rep(s, from, to,   out, i) {
@@ -50,6 +54,18 @@ page)
             s = rep(rep(s, "\\", "\\e"), "-", "\\-")
             if (substr(s, 1, 1) == "." || substr(s, 1, 1) == q) s = "\\&" s
             return s
+        }
+        # The other pages of the list, in bold, comma-separated.
+        function see_also(self,   n, p, i, sep) {
+            n = split(see, p, " ")
+            for (i = 1; i <= n; i++) {
+                if (p[i] == self) continue
+                if (sep == "") print ".SH \"SEE ALSO\""
+                printf "%s\\fB%s\\fR(%s)", sep, esc(substr(p[i], 1, index(p[i], "(") - 1)),
+                       substr(p[i], index(p[i], "(") + 1, 1)
+                sep = ",\n"
+            }
+            if (sep != "") printf "\n"
         }
         function pre_on() { if (!pre) { print ".nf"; pre = 1 } }
         function pre_off() { if (pre) { print ".fi"; pre = 0 } }
@@ -75,10 +91,10 @@ page)
         para { print ".PP"; para = 0 }
         /^ / { pre_on(); print esc($0); next }
         { pre_off(); print esc($0) }
-        END { pre_off() }' "$src" >"$tmp"
+        END { pre_off(); see_also(name "(" section ")") }' "$src" >"$tmp"
     ;;
 md)
-    awk -v q="'" -v name="$4" -v section="$5" -v version="$6" -v summary="$7" '
+    awk -v q="'" -v name="$4" -v section="$5" -v version="$6" -v summary="$7" -v see="$8" '
         # Every "from" in s made "to", literally (awks differ on what a
         # backslash in a gsub replacement means).
         function rep(s, from, to,   out, i) {
@@ -89,6 +105,18 @@ md)
         function esc(s) {
             s = rep(rep(s, "\\", "\\e"), "-", "\\-")
             return s
+        }
+        # The other pages of the list, in bold, comma-separated.
+        function see_also(self,   n, p, i, sep) {
+            n = split(see, p, " ")
+            for (i = 1; i <= n; i++) {
+                if (p[i] == self) continue
+                if (sep == "") print ".SH \"SEE ALSO\""
+                printf "%s\\fB%s\\fR(%s)", sep, esc(substr(p[i], 1, index(p[i], "(") - 1)),
+                       substr(p[i], index(p[i], "(") + 1, 1)
+                sep = ",\n"
+            }
+            if (sep != "") printf "\n"
         }
         function lead(s) { return substr(s, 1, 1) == "." || substr(s, 1, 1) == q ? "\\&" s : s }
         # `code` in bold, [text](link) as its text, **strong** and *em* as fonts.
@@ -152,7 +180,7 @@ md)
         }
         para { print ".PP"; para = 0 }
         { add($0) }
-        END { flush() }' "$src" >"$tmp"
+        END { flush(); see_also(name "(" section ")") }' "$src" >"$tmp"
     ;;
 *)
     echo "mkman.sh: unknown mode $mode" >&2
