@@ -13,7 +13,7 @@ packages=(
   libcmocka-dev                         # tests
   curl                                  # system tests
   man-db                                # the manual pages' test (man --warnings)
-  systemd                               # systemd-analyze verify of deploy/systemd/idem.service
+  systemd logrotate                     # deploy/: systemd-analyze verify of the unit; logrotate
   file dpkg-dev                         # cpack -G DEB (its shlibdeps) in install.deb
   redis-server redis-tools              # distributed tests, redis-benchmark
   rabbitmq-server librabbitmq-dev amqp-tools  # the message consumers and their tests
