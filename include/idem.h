@@ -465,6 +465,78 @@ IDEM_EXTERN idem_rc idem_record_get(idem *h, const char *space,
 IDEM_EXTERN idem_rc idem_record_purge(idem *h, unsigned limit,
                                       unsigned *purged);
 
+/* Delete a finished record so that its key executes again: the next begin
+ * creates it anew. Guarded by the epoch the caller last saw, so a record
+ * that moved on since (re-claimed, purged and created again) is never
+ * touched. *out: APPLIED (deleted); CONFLICT when it is PROCESSING (a claim
+ * in flight is never forgotten: finish it first) or at another epoch —
+ * current (if not NULL, IDEM_NAME_MAX + 1 bytes) receives its state and
+ * *current_epoch (if not NULL) its epoch; NOT_FOUND. */
+IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space,
+                                       const char *key, uint64_t epoch,
+                                       idem_outcome *out, char *current,
+                                       uint64_t *current_epoch);
+
+/* Listing records, for operators: which claims are in flight, which are
+ * held, what a key prefix holds. A page at a time, newest first (by
+ * created_ms, then key, both descending), with a keyset cursor: a page
+ * starts after the last row of the one before, so rows created meanwhile
+ * (which sort first) never shift a page, and no row is listed twice.
+ *
+ * The space is required: records are kept, and indexed, per space. The
+ * key prefix matches bytes literally (a '%' or '_' in it is that
+ * character, never a wildcard) and is served from the primary key; a
+ * state of PROCESSING from an index of its own, so in-flight claims are
+ * found without reading finished records. */
+#define IDEM_LIST_LIMIT_DEFAULT 50
+#define IDEM_LIST_LIMIT_MAX 500
+#define IDEM_CURSOR_MAX 544    /* a cursor's length, without its NUL */
+#define IDEM_RESULT_HEAD 16    /* bytes of each result listed */
+
+typedef struct idem_record_query {
+    const char *space;          /* required */
+    const char *key_prefix;     /* NULL or "": any key; else 1..IDEM_KEY_MAX bytes */
+    const char *state;          /* NULL: any state */
+    int64_t created_before_ms;  /* 0: no bound; else created_ms < it */
+    int64_t created_after_ms;   /* 0: no bound; else created_ms > it */
+    int64_t min_lease_span_ms;  /* 0: any; else lease_until_ms - updated_ms > it
+                                   (a claim extended further than a lease) */
+    unsigned limit;             /* 0: IDEM_LIST_LIMIT_DEFAULT; at most _MAX */
+    const char *cursor;         /* NULL or "": the first page; else a page's
+                                   next_cursor, with the same query */
+} idem_record_query;
+
+/* A listed record: idem_record's fields, with the first bytes of its result
+ * in place of the result. */
+typedef struct idem_record_item {
+    char key[IDEM_KEY_MAX + 1];
+    char state[IDEM_NAME_MAX + 1];
+    uint64_t epoch;
+    char owner[IDEM_KEY_MAX + 1];
+    int64_t lease_until_ms;
+    int64_t created_ms, updated_ms;
+    int64_t expires_ms;         /* 0: never expires (PROCESSING) */
+    size_t result_len;          /* the whole result's, 0 for none */
+    unsigned char result_head[IDEM_RESULT_HEAD]; /* its first bytes */
+    size_t result_head_len;
+} idem_record_item;
+
+typedef struct idem_record_page {
+    idem_record_item *items;    /* count of them, owned; idem_record_page_clear */
+    size_t count;
+    char next_cursor[IDEM_CURSOR_MAX + 1]; /* "": this was the last page */
+} idem_record_page;
+
+/* One page of the records q matches. IDEM_EINVAL naming the field for a
+ * bad query (a cursor that is not one this function made, among them);
+ * IDEM_ENOTSUP when the store cannot list. On IDEM_OK, release out with
+ * idem_record_page_clear(). */
+IDEM_EXTERN idem_rc idem_record_list(idem *h, const idem_record_query *q,
+                                     idem_record_page *out);
+
+/* Free what a page holds and zero it. NULL is a no-op. */
+IDEM_EXTERN void idem_record_page_clear(idem_record_page *page);
+
 /* Record calls without a blocked thread, on the embedded store: an event loop
  * hands work to the store's writer thread, which already batches every write
  * into one transaction and one fsync (group commit), and is called back once

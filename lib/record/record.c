@@ -382,3 +382,213 @@ IDEM_EXTERN idem_rc idem_record_async_one(idem *h, idem_async_fn fn,
 {
     return record_async(h, fn, done, arg, 1);
 }
+
+IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space, const char *key,
+                                       uint64_t epoch, idem_outcome *out, char *current,
+                                       uint64_t *current_epoch)
+{
+    idem_rc rc;
+    idem__clear_detail();
+    if ((rc = check_target(h, space, key)) != IDEM_OK ||
+        (rc = idem__check_out(out, "out")) != IDEM_OK)
+        return rc;
+    *out = IDEM_NONE;
+    if (current)
+        current[0] = '\0';
+    if (current_epoch)
+        *current_epoch = 0;
+    if (epoch == 0)
+        return idem__fail(IDEM_EINVAL, "epoch: 0 is never a claim's epoch");
+    if (!h->db_ops->rec_delete)
+        return idem__fail(IDEM_ENOTSUP, "deleting records: not offered by the %s store",
+                          h->store_name);
+    int deleted = 0, found = 0;
+    idem_record cur;
+    memset(&cur, 0, sizeof cur);
+    rc = h->db_ops->rec_delete(h->db, space, key, epoch, &deleted, &found, &cur);
+    if (rc != IDEM_OK)
+        return rc;
+    if (deleted) {
+        *out = IDEM_APPLIED;
+        idem__log(h, IDEM_LOG_INFO, "record %s/%s deleted at epoch %llu", space, key,
+                  (unsigned long long)epoch);
+    } else if (!found) {
+        *out = IDEM_NOT_FOUND;
+    } else {
+        *out = IDEM_CONFLICT;
+        if (current)
+            strcpy(current, cur.state);
+        if (current_epoch)
+            *current_epoch = cur.epoch;
+    }
+    idem_record_clear(&cur);
+    return IDEM_OK;
+}
+
+IDEM_EXTERN void idem_record_page_clear(idem_record_page *page)
+{
+    if (!page)
+        return;
+    idem__free(page->items);
+    memset(page, 0, sizeof *page);
+}
+
+/* The least string above every string that starts with prefix, in byte
+ * order: its last code point one higher (UTF-8 sorts as code points do),
+ * skipping the surrogates, which no key holds; a last U+10FFFF is dropped
+ * and the one before it raised instead. "" when there is none (every code
+ * point U+10FFFF): no upper bound. Keys are valid UTF-8 (check_key), and so
+ * is the bound: PostgreSQL takes it as text. */
+static void prefix_upper(const char *prefix, char *out, size_t cap)
+{
+    size_t n = strlen(prefix);
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(out, prefix, n);
+    while (n > 0) {
+        size_t start = n - 1;
+        while (start > 0 && ((unsigned char)out[start] & 0xc0) == 0x80)
+            start--;
+        const unsigned char *p = (const unsigned char *)out + start;
+        size_t len = n - start;
+        uint32_t cp = len == 1   ? p[0]
+                      : len == 2 ? (uint32_t)(p[0] & 0x1f) << 6 | (p[1] & 0x3f)
+                      : len == 3 ? (uint32_t)(p[0] & 0x0f) << 12 | (uint32_t)(p[1] & 0x3f) << 6 |
+                                       (p[2] & 0x3f)
+                                 : (uint32_t)(p[0] & 0x07) << 18 | (uint32_t)(p[1] & 0x3f) << 12 |
+                                       (uint32_t)(p[2] & 0x3f) << 6 | (p[3] & 0x3f);
+        if (cp >= 0x10ffff) {
+            n = start;
+            continue;
+        }
+        cp = cp == 0xd7ff ? 0xe000 : cp + 1;
+        unsigned char *o = (unsigned char *)out + start;
+        if (cp < 0x80) {
+            o[0] = (unsigned char)cp;
+            n = start + 1;
+        } else if (cp < 0x800) {
+            o[0] = (unsigned char)(0xc0 | cp >> 6);
+            o[1] = (unsigned char)(0x80 | (cp & 0x3f));
+            n = start + 2;
+        } else if (cp < 0x10000) {
+            o[0] = (unsigned char)(0xe0 | cp >> 12);
+            o[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
+            o[2] = (unsigned char)(0x80 | (cp & 0x3f));
+            n = start + 3;
+        } else {
+            o[0] = (unsigned char)(0xf0 | cp >> 18);
+            o[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3f));
+            o[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
+            o[3] = (unsigned char)(0x80 | (cp & 0x3f));
+            n = start + 4;
+        }
+        break;
+    }
+    out[n] = '\0';
+}
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* A cursor: "c1." created_ms "." the key in hex — the last row of a page.
+ * Opaque to callers, and decoded strictly: anything else is refused. */
+static idem_rc cursor_decode(const char *c, int64_t *created, char *key)
+{
+    const char *p = c;
+    if (strncmp(p, "c1.", 3) != 0)
+        return idem__fail(IDEM_EINVAL, "cursor: not one idem_record_list made");
+    p += 3;
+    int64_t v = 0;
+    const char *digits = p;
+    while (*p >= '0' && *p <= '9' && p - digits < 18)
+        v = v * 10 + (*p++ - '0');
+    if (p == digits || *p != '.')
+        return idem__fail(IDEM_EINVAL, "cursor: not one idem_record_list made");
+    p++;
+    size_t n = strlen(p);
+    if (n == 0 || n % 2 || n / 2 > IDEM_KEY_MAX)
+        return idem__fail(IDEM_EINVAL, "cursor: not one idem_record_list made");
+    for (size_t i = 0; i < n / 2; i++) {
+        int hi = hex_digit(p[2 * i]), lo = hex_digit(p[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return idem__fail(IDEM_EINVAL, "cursor: not one idem_record_list made");
+        key[i] = (char)(hi << 4 | lo);
+    }
+    key[n / 2] = '\0';
+    if (idem__check_key(key, "cursor", 0) != IDEM_OK)
+        return idem__fail(IDEM_EINVAL, "cursor: not one idem_record_list made");
+    *created = v;
+    return IDEM_OK;
+}
+
+static void cursor_encode(const idem_record_item *it, char *out)
+{
+    static const char hex[] = "0123456789abcdef";
+    int n = snprintf(out, IDEM_CURSOR_MAX + 1, "c1.%lld.", (long long)it->created_ms);
+    for (const unsigned char *k = (const unsigned char *)it->key; *k; k++) {
+        out[n++] = hex[*k >> 4];
+        out[n++] = hex[*k & 15];
+    }
+    out[n] = '\0';
+}
+
+IDEM_EXTERN idem_rc idem_record_list(idem *h, const idem_record_query *q,
+                                     idem_record_page *out)
+{
+    idem_rc rc;
+    idem__clear_detail();
+    if (!h)
+        return idem__fail(IDEM_EINVAL, "handle: NULL");
+    if (!q)
+        return idem__fail(IDEM_EINVAL, "query: NULL");
+    if ((rc = idem__check_out(out, "out")) != IDEM_OK)
+        return rc;
+    memset(out, 0, sizeof *out);
+    if ((rc = idem__check_name(q->space, "space")) != IDEM_OK)
+        return rc;
+    int has_prefix = q->key_prefix && *q->key_prefix;
+    if (has_prefix && (rc = idem__check_key(q->key_prefix, "key_prefix", 0)) != IDEM_OK)
+        return rc;
+    if (q->state && (rc = idem__check_name(q->state, "state")) != IDEM_OK)
+        return rc;
+    if (q->created_before_ms < 0 || q->created_after_ms < 0 || q->min_lease_span_ms < 0)
+        return idem__fail(IDEM_EINVAL, "%s: negative",
+                          q->created_before_ms < 0  ? "created_before_ms"
+                          : q->created_after_ms < 0 ? "created_after_ms"
+                                                    : "min_lease_span_ms");
+    if (q->limit > IDEM_LIST_LIMIT_MAX)
+        return idem__fail(IDEM_EINVAL, "limit: %u, at most %d", q->limit, IDEM_LIST_LIMIT_MAX);
+    if (!h->db_ops->rec_list)
+        return idem__fail(IDEM_ENOTSUP, "listing records: not offered by the %s store",
+                          h->store_name);
+    unsigned limit = q->limit ? q->limit : IDEM_LIST_LIMIT_DEFAULT;
+    char after_key[IDEM_KEY_MAX + 1], upper[IDEM_KEY_MAX + 1];
+    struct idem__rec_list l = {
+        .space = q->space, .prefix = has_prefix ? q->key_prefix : NULL, .state = q->state,
+        .created_before = q->created_before_ms, .created_after = q->created_after_ms,
+        .min_lease_span = q->min_lease_span_ms, .fetch = limit + 1,
+    };
+    if (q->cursor && *q->cursor) {
+        if ((rc = cursor_decode(q->cursor, &l.after_created, after_key)) != IDEM_OK)
+            return rc;
+        l.after_key = after_key;
+    }
+    if (has_prefix) {
+        prefix_upper(q->key_prefix, upper, sizeof upper);
+        l.prefix_upper = *upper ? upper : NULL;
+    }
+    idem_record_item *items = NULL;
+    size_t count = 0;
+    if ((rc = h->db_ops->rec_list(h->db, &l, &items, &count)) != IDEM_OK)
+        return rc;
+    /* One row more than the page was asked for: whether there is a next. */
+    if (count > limit) {
+        count = limit;
+        cursor_encode(&items[count - 1], out->next_cursor);
+    }
+    out->items = items;
+    out->count = count;
+    return IDEM_OK;
+}

@@ -99,7 +99,7 @@
 #include "core/stats.h"
 #include "store.h"
 
-#define SCHEMA_VERSION 1
+#define SCHEMA_VERSION 2
 #define SCHEMA_LOCK 0x6964656d2e736368LL /* "idem.sch" */
 #define BATCH_BYTES_MAX ((size_t)8 << 20)
 #define RETRIES_MAX 8
@@ -142,6 +142,11 @@ static const char *const migrations[SCHEMA_VERSION] = {
     " created_ms bigint NOT NULL,"
     " updated_ms bigint NOT NULL,"
     " PRIMARY KEY (grp, msg_id))",
+    /* 2: idem_record_list, newest first (sqlite.c has the same two). */
+    "CREATE INDEX IF NOT EXISTS idem_record_created ON idem_record"
+    " (space, created_ms, key);"
+    "CREATE INDEX IF NOT EXISTS idem_record_processing ON idem_record"
+    " (space, created_ms, key) WHERE state = 'PROCESSING'",
 };
 
 /* ---- statements ---- */
@@ -290,6 +295,9 @@ struct pg_db {
     unsigned rq_len, serving;
     struct reader *idle;
     struct reader *readers; /* pool_size of them */
+
+    pthread_mutex_t admin_mu; /* the operators' connection (rec_list, rec_delete) */
+    PGconn *admin;
 };
 
 /* ---- time, messages ---- */
@@ -1634,6 +1642,218 @@ static idem_rc rec_peek(void *db, const char *space, const char *key, int *found
     return IDEM_OK;
 }
 
+/* ---- the operators' calls ----
+ *
+ * Listing and deleting records are an operator's, a few a minute: they run
+ * on one connection of their own, opened when first needed and kept, one
+ * call at a time, outside the writers' batches and the read pool, so that
+ * a listing of 500 rows never sits in a batch of a hundred begins. Each is
+ * one statement, and so its own transaction: the DELETE is atomic with its
+ * conditions as a batch's UPDATE is, and waits, as one does, for a batch
+ * that holds the row.
+ */
+
+/* Run one statement with parameters, binary in and out; *res its rows. */
+static idem_rc admin_exec(struct pg_db *d, const char *sql, const struct params *p,
+                          const char *doing, PGresult **res)
+{
+    *res = NULL;
+    int64_t deadline = idem__mono_ms() + d->timeout_ms;
+    idem_rc rc = IDEM_OK;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        conn_check_idle(&d->admin);
+        int fresh = !d->admin;
+        if (fresh && (rc = conn_open(d, deadline, &d->admin)) != IDEM_OK)
+            return rc;
+        PGconn *pg = d->admin;
+        if (!PQsendQueryParams(pg, sql, p->n, NULL, p->val, p->len, p->fmt, 1)) {
+            rc = conn_fail(d, pg, IDEM_EUNAVAILABLE, doing);
+        } else if ((rc = flush_out(d, pg, deadline, doing)) == IDEM_OK) {
+            PGresult *r;
+            idem_rc first = IDEM_OK;
+            char detail[256] = "";
+            while ((rc = get_result(d, pg, deadline, doing, &r)) == IDEM_OK && r) {
+                ExecStatusType st = PQresultStatus(r);
+                if ((st == PGRES_TUPLES_OK || st == PGRES_COMMAND_OK) && !*res && first == IDEM_OK) {
+                    *res = r;
+                    continue;
+                }
+                if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK && first == IDEM_OK) {
+                    first = result_fail(d, pg, r, doing);
+                    snprintf(detail, sizeof detail, "%s", idem_errdetail());
+                }
+                PQclear(r);
+            }
+            if (rc == IDEM_OK && first != IDEM_OK)
+                rc = idem__fail(first, "%s", detail);
+            if (rc == IDEM_OK)
+                return IDEM_OK;
+        }
+        PQclear(*res);
+        *res = NULL;
+        /* A kept connection whose server restarted is replaced once; the
+         * statement may be repeated: a listing is a read, and a DELETE
+         * that went through before finds nothing to delete the second
+         * time. */
+        if (PQstatus(d->admin) == CONNECTION_BAD || rc == IDEM_ETIMEDOUT)
+            conn_close(&d->admin);
+        if (rc != IDEM_EUNAVAILABLE || fresh)
+            break;
+    }
+    return rc;
+}
+
+static idem_rc rec_delete(void *db, const char *space, const char *key, uint64_t epoch,
+                          int *deleted, int *found, idem_record *cur)
+{
+    struct pg_db *d = db;
+    struct params p = {0};
+    *deleted = *found = 0;
+    if (cur)
+        memset(cur, 0, sizeof *cur);
+    p_text(&p, space);
+    p_text(&p, key);
+    p_int(&p, (int64_t)epoch);
+    /* When nothing was deleted, the row is read by a second statement: it
+     * takes a fresh snapshot, so it sees what the DELETE waited for, which
+     * a SELECT in the DELETE's own statement would not (see the top). */
+    pthread_mutex_lock(&d->admin_mu);
+    PGresult *r;
+    idem_rc rc = admin_exec(d,
+                            "DELETE FROM idem_record WHERE space = $1 AND key = $2"
+                            " AND epoch = $3 AND state <> 'PROCESSING'",
+                            &p, "deleting a record", &r);
+    if (rc == IDEM_OK) {
+        *deleted = cmd_rows(r) == 1;
+        PQclear(r);
+        r = NULL;
+        p.n = 2;
+        if (!*deleted)
+            rc = admin_exec(d,
+                            "SELECT state, epoch, owner, lease_until, created_ms, updated_ms,"
+                            " expires_ms, NULL::bytea, NULL::bytea FROM idem_record"
+                            " WHERE space = $1 AND key = $2",
+                            &p, "reading a record", &r);
+    }
+    pthread_mutex_unlock(&d->admin_mu);
+    if (rc != IDEM_OK || !r)
+        return rc;
+    *found = PQntuples(r) == 1;
+    idem_record row;
+    if (*found && (rc = parse_record(r, &row)) == IDEM_OK) {
+        if (cur)
+            *cur = row;
+        else
+            idem_record_clear(&row);
+    }
+    PQclear(r);
+    return rc;
+}
+
+/* As sqlite.c's list_on: a statement with only the query's conditions,
+ * every value a parameter, the key prefix a range of the primary key (no
+ * LIKE, so no wildcard), PROCESSING written out as the partial index's
+ * condition is. */
+static idem_rc rec_list(void *db, const struct idem__rec_list *l, idem_record_item **items,
+                        size_t *count)
+{
+    struct pg_db *d = db;
+    struct params p = {0};
+    char sql[1024], cond[512] = "", num[16];
+    *items = NULL;
+    *count = 0;
+#define COND(text, bind)                                                                         \
+    do {                                                                                         \
+        bind;                                                                                    \
+        snprintf(num, sizeof num, "$%d", p.n);                                                   \
+        snprintf(cond + strlen(cond), sizeof cond - strlen(cond), text, num);                    \
+    } while (0)
+    p_text(&p, l->space);
+    if (l->prefix)
+        COND(" AND key >= %s", p_text(&p, l->prefix));
+    if (l->prefix && l->prefix_upper)
+        COND(" AND key < %s", p_text(&p, l->prefix_upper));
+    if (l->state && strcmp(l->state, IDEM_STATE_PROCESSING) == 0)
+        snprintf(cond + strlen(cond), sizeof cond - strlen(cond), " AND state = 'PROCESSING'");
+    else if (l->state)
+        COND(" AND state = %s", p_text(&p, l->state));
+    if (l->created_before)
+        COND(" AND created_ms < %s", p_int(&p, l->created_before));
+    if (l->created_after)
+        COND(" AND created_ms > %s", p_int(&p, l->created_after));
+    if (l->min_lease_span)
+        COND(" AND lease_until - updated_ms > %s", p_int(&p, l->min_lease_span));
+    if (l->after_key) {
+        p_int(&p, l->after_created);
+        p_text(&p, l->after_key);
+        snprintf(cond + strlen(cond), sizeof cond - strlen(cond),
+                 " AND (created_ms, key) < ($%d, $%d)", p.n - 1, p.n);
+    }
+#undef COND
+    p_int(&p, l->fetch);
+    snprintf(sql, sizeof sql,
+             "SELECT key, state, epoch, owner, lease_until, created_ms, updated_ms, expires_ms,"
+             " octet_length(result)::bigint, substring(result from 1 for %d) FROM idem_record"
+             " WHERE space = $1%s ORDER BY created_ms DESC, key DESC LIMIT $%d",
+             IDEM_RESULT_HEAD, cond, p.n);
+    pthread_mutex_lock(&d->admin_mu);
+    PGresult *r;
+    idem_rc rc = admin_exec(d, sql, &p, "listing records", &r);
+    pthread_mutex_unlock(&d->admin_mu);
+    if (rc != IDEM_OK)
+        return rc;
+    size_t n = (size_t)PQntuples(r);
+    if (n > l->fetch || PQnfields(r) != 10) {
+        PQclear(r);
+        return idem__fail(IDEM_ESTORE, "postgres: listing records: an answer of an unexpected "
+                                       "shape");
+    }
+    idem_record_item *out = idem__calloc(n ? n : 1, sizeof *out);
+    if (!out) {
+        PQclear(r);
+        return idem__fail(IDEM_ENOMEM, "records: listing %zu", n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        idem_record_item *it = &out[i];
+        int row = (int)i;
+        int64_t v[7];
+        for (int c = 0, k = 0; c < 9; c++) {
+            if (c == 0 || c == 1 || c == 3)
+                continue;
+            v[k] = 0;
+            if (!PQgetisnull(r, row, c)) {
+                uint64_t be;
+                if (PQgetlength(r, row, c) != 8) {
+                    idem__free(out);
+                    PQclear(r);
+                    return idem__fail(IDEM_ESTORE, "postgres: idem_record row of an unexpected "
+                                                   "shape");
+                }
+                memcpy(&be, PQgetvalue(r, row, c), 8);
+                v[k] = (int64_t)be64toh(be);
+            }
+            k++;
+        }
+        size_t kn = (size_t)PQgetlength(r, row, 0), sn = (size_t)PQgetlength(r, row, 1),
+               on = (size_t)PQgetlength(r, row, 3), hn = (size_t)PQgetlength(r, row, 9);
+        memcpy(it->key, PQgetvalue(r, row, 0), kn < IDEM_KEY_MAX ? kn : IDEM_KEY_MAX);
+        memcpy(it->state, PQgetvalue(r, row, 1), sn < IDEM_NAME_MAX ? sn : IDEM_NAME_MAX);
+        memcpy(it->owner, PQgetvalue(r, row, 3), on < IDEM_KEY_MAX ? on : IDEM_KEY_MAX);
+        it->epoch = (uint64_t)v[0];
+        it->lease_until_ms = v[1];
+        it->created_ms = v[2];
+        it->updated_ms = v[3];
+        it->expires_ms = v[4];
+        it->result_len = (size_t)v[5];
+        it->result_head_len = hn < IDEM_RESULT_HEAD ? hn : IDEM_RESULT_HEAD;
+        memcpy(it->result_head, PQgetvalue(r, row, 9), it->result_head_len);
+    }
+    PQclear(r);
+    *items = out;
+    *count = n;
+    return IDEM_OK;
+}
+
 /* ---- inbox ---- */
 
 static idem_rc inbox_insert(void *db, const char *group, const char *msg_id,
@@ -1697,6 +1917,8 @@ static void postgres_close(void *db)
     for (unsigned i = 0; d->readers && i < d->pool_size; i++)
         conn_close(&d->readers[i].pg);
     idem__free(d->readers);
+    conn_close(&d->admin);
+    pthread_mutex_destroy(&d->admin_mu);
     pthread_mutex_destroy(&d->pool_mu);
     pthread_cond_destroy(&d->work);
     pthread_mutex_destroy(&d->mu);
@@ -1727,6 +1949,8 @@ static const struct idem__db_ops postgres_ops = {
     /* Its writers batch statements, not callers' code: record calls from a
      * caller's callback would have no connection to run inline on. */
     .run_async = NULL,
+    .rec_delete = rec_delete,
+    .rec_list = rec_list,
 };
 
 /* Bring the schema to SCHEMA_VERSION, one process at a time. */
@@ -1827,6 +2051,7 @@ idem_rc idem__postgres_open(const idem_options *o, const struct idem__db_ops **o
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->work, NULL);
     pthread_mutex_init(&d->pool_mu, NULL);
+    pthread_mutex_init(&d->admin_mu, NULL);
     d->tail = &d->head;
     d->rq_tail = &d->rq_head;
     d->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 2000;

@@ -55,6 +55,15 @@ static const char schema[] =
     " PRIMARY KEY (space, key));"
     "CREATE INDEX IF NOT EXISTS idem_record_expiry ON idem_record (expires_ms)"
     " WHERE expires_ms IS NOT NULL;"
+    /* For idem_record_list, newest first. created_ms never changes, so
+     * only an insert writes to the first; the second holds only the
+     * claims in flight. A file made before them gains them at its next
+     * open, as this runs at every open; schema version 1 still, as a file
+     * with them is one an Idem without them reads and writes unchanged. */
+    "CREATE INDEX IF NOT EXISTS idem_record_created ON idem_record"
+    " (space, created_ms, key);"
+    "CREATE INDEX IF NOT EXISTS idem_record_processing ON idem_record"
+    " (space, created_ms, key) WHERE state = 'PROCESSING';"
     "CREATE TABLE IF NOT EXISTS idem_inbox ("
     " grp TEXT NOT NULL,"
     " msg_id TEXT NOT NULL,"
@@ -68,7 +77,7 @@ static const char schema[] =
 
 enum {
     ST_BEGIN, ST_COMMIT, ST_ROLLBACK, ST_SAVEPOINT, ST_RELEASE, ST_ROLLBACK_TO,
-    ST_REC_INSERT, ST_REC_GET, ST_REC_CAS, ST_REC_PURGE,
+    ST_REC_INSERT, ST_REC_GET, ST_REC_CAS, ST_REC_PURGE, ST_REC_DELETE,
     ST_INBOX_INSERT, ST_INBOX_GET, ST_INBOX_CAS,
     ST_COUNT_
 };
@@ -102,6 +111,9 @@ static const char *const sql[ST_COUNT_] = {
     [ST_REC_PURGE] =
         "DELETE FROM idem_record WHERE rowid IN (SELECT rowid FROM idem_record"
         " WHERE expires_ms <= ?1 AND state <> 'PROCESSING' LIMIT ?2)",
+    [ST_REC_DELETE] =
+        "DELETE FROM idem_record WHERE space = ?1 AND key = ?2 AND epoch = ?3"
+        " AND state <> 'PROCESSING'",
     [ST_INBOX_INSERT] =
         "INSERT INTO idem_inbox (grp, msg_id, biz_type, state, attempts,"
         " lease_until, created_ms, updated_ms)"
@@ -585,6 +597,11 @@ struct rec_job {
     idem_record *cur;
     int64_t now;
     unsigned limit, *purged;
+    uint64_t epoch;
+    int *deleted;
+    const struct idem__rec_list *list;
+    idem_record_item **items;
+    size_t *count;
 };
 
 static idem_rc run_rec_insert(struct idem__gc_job *job, void *ctx)
@@ -671,6 +688,103 @@ static idem_rc run_rec_purge(struct idem__gc_job *job, void *ctx)
         return db_error(d->conn, "purging records");
     *j->purged = (unsigned)sqlite3_changes(d->conn);
     return IDEM_OK;
+}
+
+static idem_rc run_rec_delete(struct idem__gc_job *job, void *ctx)
+{
+    struct rec_job *j = (struct rec_job *)job;
+    struct sqlite_db *d = ctx;
+    sqlite3_stmt *s = d->st[ST_REC_DELETE];
+    bind_text(s, 1, j->space);
+    bind_text(s, 2, j->key);
+    sqlite3_bind_int64(s, 3, (sqlite3_int64)j->epoch);
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    if (rc != SQLITE_DONE)
+        return db_error(d->conn, "deleting a record");
+    *j->deleted = sqlite3_changes(d->conn) == 1;
+    *j->found = 1;
+    if (*j->deleted)
+        return IDEM_OK;
+    return read_record(d, j->space, j->key, j->found, j->cur);
+}
+
+/* A listing on conn. The statement is made for the query, with only the
+ * conditions it has, so that the planner sees which index serves it: the
+ * primary key for a key prefix (a range, never LIKE: no byte of the prefix
+ * is a wildcard), idem_record_processing for PROCESSING, whose condition
+ * must be written out as the index's is for SQLite to use it, and
+ * idem_record_created for the rest. Every value is a parameter. */
+static idem_rc list_on(sqlite3 *conn, const struct idem__rec_list *l, idem_record_item **items,
+                       size_t *count)
+{
+    char q[1024];
+    int is_processing = l->state && strcmp(l->state, IDEM_STATE_PROCESSING) == 0;
+    snprintf(q, sizeof q,
+             "SELECT key, state, epoch, owner, lease_until, created_ms, updated_ms,"
+             " expires_ms, length(result), substr(result, 1, %d) FROM idem_record"
+             " WHERE space = ?1%s%s%s%s%s%s%s"
+             " ORDER BY created_ms DESC, key DESC LIMIT ?10",
+             IDEM_RESULT_HEAD, l->prefix ? " AND key >= ?2" : "",
+             l->prefix && l->prefix_upper ? " AND key < ?3" : "",
+             is_processing ? " AND state = 'PROCESSING'" : l->state ? " AND state = ?4" : "",
+             l->created_before ? " AND created_ms < ?5" : "",
+             l->created_after ? " AND created_ms > ?6" : "",
+             l->min_lease_span ? " AND lease_until - updated_ms > ?7" : "",
+             l->after_key ? " AND (created_ms, key) < (?8, ?9)" : "");
+    sqlite3_stmt *s = NULL;
+    if (sqlite3_prepare_v2(conn, q, -1, &s, NULL) != SQLITE_OK)
+        return db_error(conn, "listing records");
+    bind_text(s, 1, l->space);
+    bind_text(s, 2, l->prefix);
+    bind_text(s, 3, l->prefix_upper);
+    bind_text(s, 4, l->state);
+    sqlite3_bind_int64(s, 5, l->created_before);
+    sqlite3_bind_int64(s, 6, l->created_after);
+    sqlite3_bind_int64(s, 7, l->min_lease_span);
+    sqlite3_bind_int64(s, 8, l->after_created);
+    bind_text(s, 9, l->after_key);
+    sqlite3_bind_int64(s, 10, l->fetch);
+    idem_record_item *out = idem__calloc(l->fetch ? l->fetch : 1, sizeof *out);
+    size_t n = 0;
+    idem_rc rc = out ? IDEM_OK : idem__fail(IDEM_ENOMEM, "records: listing %u", l->fetch);
+    int step;
+    while (rc == IDEM_OK && n < l->fetch && (step = sqlite3_step(s)) == SQLITE_ROW) {
+        idem_record_item *it = &out[n++];
+        copy_text(it->key, sizeof it->key, s, 0);
+        copy_text(it->state, sizeof it->state, s, 1);
+        it->epoch = (uint64_t)sqlite3_column_int64(s, 2);
+        copy_text(it->owner, sizeof it->owner, s, 3);
+        it->lease_until_ms = sqlite3_column_int64(s, 4);
+        it->created_ms = sqlite3_column_int64(s, 5);
+        it->updated_ms = sqlite3_column_int64(s, 6);
+        it->expires_ms = sqlite3_column_int64(s, 7);
+        it->result_len = (size_t)sqlite3_column_int64(s, 8);
+        size_t head = (size_t)sqlite3_column_bytes(s, 9);
+        if (head > IDEM_RESULT_HEAD)
+            head = IDEM_RESULT_HEAD;
+        if (head)
+            memcpy(it->result_head, sqlite3_column_blob(s, 9), head);
+        it->result_head_len = head;
+    }
+    if (rc == IDEM_OK && n < l->fetch && step != SQLITE_DONE)
+        rc = db_error(conn, "listing records");
+    sqlite3_finalize(s);
+    if (rc != IDEM_OK) {
+        idem__free(out);
+        return rc;
+    }
+    *items = out;
+    *count = n;
+    return IDEM_OK;
+}
+
+static idem_rc run_rec_list(struct idem__gc_job *job, void *ctx)
+{
+    struct rec_job *j = (struct rec_job *)job;
+    struct sqlite_db *d = ctx;
+    return list_on(d->conn, j->list, j->items, j->count);
 }
 
 /* A record job's result is freed if the batch that ran it did not commit. */
@@ -813,6 +927,46 @@ static idem_rc rec_purge(void *db, int64_t now, unsigned limit, unsigned *purged
     struct rec_job j = {.job.run = run_rec_purge, .now = now, .limit = limit,
                         .purged = purged};
     return submit_rec(db, &j);
+}
+
+static idem_rc rec_delete(void *db, const char *space, const char *key, uint64_t epoch,
+                          int *deleted, int *found, idem_record *cur)
+{
+    struct rec_job j = {.job.run = run_rec_delete, .job.single_write = 1, .space = space,
+                        .key = key, .epoch = epoch, .deleted = deleted, .found = found,
+                        .cur = cur};
+    if (cur)
+        memset(cur, 0, sizeof *cur);
+    return submit_rec(db, &j);
+}
+
+/* From a reader, as rec_get reads; through the writer where there is none. */
+static idem_rc rec_list(void *db, const struct idem__rec_list *l, idem_record_item **items,
+                        size_t *count)
+{
+    struct sqlite_db *d = db;
+    *items = NULL;
+    *count = 0;
+    if (!d->path || idem__gc_on_writer(d->gc)) {
+        struct rec_job j = {.job.run = run_rec_list, .job.single_write = 1, .list = l,
+                            .items = items, .count = count};
+        idem_rc rc = idem__gc_submit(d->gc, &j.job);
+        if (rc != IDEM_OK) {
+            idem__free(*items);
+            *items = NULL;
+            *count = 0;
+        }
+        return rc;
+    }
+    if (files_gone(d, 0))
+        return IDEM_ESTORE;
+    struct reader *r = NULL;
+    idem_rc rc = reader_take(d, &r);
+    if (rc != IDEM_OK)
+        return rc;
+    rc = list_on(r->conn, l, items, count);
+    reader_give_back(d, r);
+    return rc;
 }
 
 /* ---- inbox ---- */
@@ -1007,6 +1161,8 @@ static const struct idem__db_ops sqlite_ops = {
     .commit_stats = commit_stats,
     .close = sqlite_close,
     .run_async = run_async,
+    .rec_delete = rec_delete,
+    .rec_list = rec_list,
 };
 
 /* Set up the file: WAL, FULL sync, the schema, the schema version. */

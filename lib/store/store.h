@@ -26,7 +26,7 @@
 #include "idem.h"
 
 #define IDEM_KV_OPS_VERSION 1
-#define IDEM_DB_OPS_VERSION 3 /* 2: run_async; 3: its one_call */
+#define IDEM_DB_OPS_VERSION 4 /* 2: run_async; 3: its one_call; 4: rec_delete, rec_list */
 
 struct idem__kv_ops {
     unsigned version; /* IDEM_KV_OPS_VERSION */
@@ -87,6 +87,20 @@ struct idem__rec_new {
     uint64_t epoch;             /* the first claim's epoch */
     int64_t lease_until;
     int64_t now;
+};
+
+/* A listing (idem_record_list), its cursor decoded: rows of space ordered
+ * by (created_ms, key) descending, after (after_created, after_key) when
+ * after_key is not NULL, fetch of them at most. */
+struct idem__rec_list {
+    const char *space;
+    const char *prefix;      /* NULL: any key */
+    const char *prefix_upper; /* with prefix: keys below it; NULL: no bound */
+    const char *state;       /* NULL: any state */
+    int64_t created_before, created_after, min_lease_span; /* 0: none */
+    int64_t after_created;
+    const char *after_key;
+    unsigned fetch;
 };
 
 struct idem__inbox_cas {
@@ -153,6 +167,17 @@ struct idem__db_ops {
      * (idem_record_async_one) runs fn without the savepoint. */
     idem_rc (*run_async)(void *db, idem *h, idem_async_fn fn,
                          idem_async_done_fn done, void *arg, int one_call);
+
+    /* Version 4. Delete (space, key) if it is at epoch and not PROCESSING;
+     * *deleted 1 if it went. When it did not, *found and *cur (if not
+     * NULL) say what stands, read in the same atomic step. */
+    idem_rc (*rec_delete)(void *db, const char *space, const char *key,
+                          uint64_t epoch, int *deleted, int *found,
+                          idem_record *cur);
+    /* The rows of a listing, the last committed ones: *items (allocated
+     * with idem__malloc, the caller's) receives *count <= l->fetch. */
+    idem_rc (*rec_list)(void *db, const struct idem__rec_list *l,
+                        idem_record_item **items, size_t *count);
 };
 
 struct idem__watchdog;

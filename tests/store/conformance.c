@@ -549,6 +549,216 @@ static void test_record_bad_input(void **state)
                      IDEM_EINVAL);
 }
 
+/* ---- listing and deleting ---- */
+
+/* The keys of one page, in its order, joined by spaces. */
+static void page_keys(const idem_record_page *pg, char *out, size_t cap)
+{
+    out[0] = '\0';
+    for (size_t i = 0; i < pg->count; i++)
+        snprintf(out + strlen(out), cap - strlen(out), "%s%s", i ? " " : "", pg->items[i].key);
+}
+
+static void list_keys(idem *h, const idem_record_query *q, char *out, size_t cap)
+{
+    idem_record_page pg;
+    assert_idem_ok(idem_record_list(h, q, &pg));
+    page_keys(&pg, out, cap);
+    idem_record_page_clear(&pg);
+}
+
+static uint64_t begin_at(idem *h, const char *space, const char *key)
+{
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_record_begin(h, space, key, NULL, "lister", 1000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    uint64_t epoch = rec.epoch;
+    idem_record_clear(&rec);
+    test_clock_advance(10); /* each record its own created_ms */
+    return epoch;
+}
+
+static void test_record_list(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    char keys[2048];
+    /* Keys holding LIKE's wildcards, and keys those would match. */
+    const char *names[] = {"a%1", "a_1", "ab1", "a%%", "axx", "b1", "\xc3\xa9x", "\xc3\xaay"};
+    uint64_t epochs[8];
+    for (int i = 0; i < 8; i++)
+        epochs[i] = begin_at(h, "pay", names[i]);
+    begin_at(h, "other", "a%1");
+    assert_idem_ok(idem_record_complete(h, "pay", "a%1", epochs[0], "IDEM1 201 0 0\n", 14, 0, &o));
+    assert_outcome(o, IDEM_COMPLETED);
+    assert_idem_ok(idem_record_fail(h, "pay", "b1", epochs[5], IDEM_FAIL_FINAL, "no", 2, 0, &o));
+
+    idem_record_query q = {.space = "pay"};
+    list_keys(h, &q, keys, sizeof keys);
+    assert_string_equal(keys, "\xc3\xaay \xc3\xa9x b1 axx a%% ab1 a_1 a%1");
+    q.key_prefix = "a%";
+    list_keys(h, &q, keys, sizeof keys);
+    assert_string_equal(keys, "a%% a%1");
+    q.key_prefix = "a_";
+    list_keys(h, &q, keys, sizeof keys);
+    assert_string_equal(keys, "a_1");
+    q.key_prefix = "a";
+    list_keys(h, &q, keys, sizeof keys);
+    assert_string_equal(keys, "axx a%% ab1 a_1 a%1");
+    q.key_prefix = "\xc3\xa9"; /* the bound above it is the next code point */
+    list_keys(h, &q, keys, sizeof keys);
+    assert_string_equal(keys, "\xc3\xa9x");
+    q.key_prefix = "zz";
+    list_keys(h, &q, keys, sizeof keys);
+    assert_string_equal(keys, "");
+    q.key_prefix = NULL;
+
+    /* By state; what each item says. */
+    q.state = IDEM_STATE_SUCCEEDED;
+    idem_record_page pg;
+    assert_idem_ok(idem_record_list(h, &q, &pg));
+    assert_int_equal(pg.count, 1);
+    assert_string_equal(pg.items[0].key, "a%1");
+    assert_string_equal(pg.items[0].state, IDEM_STATE_SUCCEEDED);
+    assert_int_equal(pg.items[0].epoch, epochs[0]);
+    assert_string_equal(pg.items[0].owner, "lister");
+    assert_int_equal(pg.items[0].result_len, 14);
+    assert_int_equal(pg.items[0].result_head_len, 14);
+    assert_memory_equal(pg.items[0].result_head, "IDEM1 201 0 0\n", 14);
+    assert_true(pg.items[0].expires_ms > pg.items[0].updated_ms);
+    assert_string_equal(pg.next_cursor, "");
+    idem_record_page_clear(&pg);
+    q.state = IDEM_STATE_PROCESSING;
+    assert_idem_ok(idem_record_list(h, &q, &pg));
+    assert_int_equal(pg.count, 6);
+    for (size_t i = 0; i < pg.count; i++) {
+        assert_string_equal(pg.items[i].state, IDEM_STATE_PROCESSING);
+        assert_int_equal(pg.items[i].expires_ms, 0);
+        assert_int_equal(pg.items[i].result_len, 0);
+        assert_true(pg.items[i].lease_until_ms > pg.items[i].updated_ms);
+    }
+    idem_record_page_clear(&pg);
+    q.state = "NO_SUCH";
+    list_keys(h, &q, keys, sizeof keys);
+    assert_string_equal(keys, "");
+
+    /* A claim extended past its lease, as a held one is, told apart. */
+    q.state = IDEM_STATE_PROCESSING;
+    q.min_lease_span_ms = 1000;
+    list_keys(h, &q, keys, sizeof keys);
+    assert_string_equal(keys, "");
+    assert_idem_ok(idem_record_extend(h, "pay", "ab1", epochs[2], 3600000, &o));
+    assert_outcome(o, IDEM_RENEWED);
+    list_keys(h, &q, keys, sizeof keys);
+    assert_string_equal(keys, "ab1");
+    q.state = NULL;
+    q.min_lease_span_ms = 0;
+
+    /* By age: created_ms between bounds, both exclusive. */
+    assert_idem_ok(idem_record_list(h, &q, &pg));
+    int64_t t_ab1 = pg.items[5].created_ms, t_b1 = pg.items[2].created_ms;
+    assert_string_equal(pg.items[5].key, "ab1");
+    idem_record_page_clear(&pg);
+    q.created_after_ms = t_ab1;
+    q.created_before_ms = t_b1;
+    list_keys(h, &q, keys, sizeof keys);
+    assert_string_equal(keys, "axx a%%");
+    q.created_after_ms = q.created_before_ms = 0;
+
+    /* Pages of three, stable while records are created between pages:
+     * every record once, the new ones (sorting first) on no page. */
+    q.limit = 3;
+    char all[4096] = "";
+    int pages = 0;
+    char cursor[IDEM_CURSOR_MAX + 1] = "";
+    do {
+        q.cursor = cursor;
+        assert_idem_ok(idem_record_list(h, &q, &pg));
+        assert_true(pg.count <= 3);
+        page_keys(&pg, keys, sizeof keys);
+        snprintf(all + strlen(all), sizeof all - strlen(all), "%s%s", *all ? " " : "", keys);
+        snprintf(cursor, sizeof cursor, "%s", pg.next_cursor);
+        idem_record_page_clear(&pg);
+        char fresh[16];
+        snprintf(fresh, sizeof fresh, "new%d", pages);
+        begin_at(h, "pay", fresh);
+        pages++;
+    } while (*cursor && pages < 10);
+    assert_int_equal(pages, 3);
+    assert_string_equal(all, "\xc3\xaay \xc3\xa9x b1 axx a%% ab1 a_1 a%1");
+    q.cursor = NULL;
+    q.limit = 0;
+    assert_idem_ok(idem_record_list(h, &q, &pg));
+    assert_int_equal(pg.count, 11);
+    idem_record_page_clear(&pg);
+
+    /* Refused, naming what is wrong. */
+    q.limit = IDEM_LIST_LIMIT_MAX + 1;
+    assert_int_equal(idem_record_list(h, &q, &pg), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "limit"));
+    q.limit = IDEM_LIST_LIMIT_MAX;
+    assert_idem_ok(idem_record_list(h, &q, &pg));
+    idem_record_page_clear(&pg);
+    q.cursor = "c1.12.zz";
+    assert_int_equal(idem_record_list(h, &q, &pg), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "cursor"));
+    q.cursor = "OFFSET 5";
+    assert_int_equal(idem_record_list(h, &q, &pg), IDEM_EINVAL);
+    q.cursor = NULL;
+    q.space = NULL;
+    assert_int_equal(idem_record_list(h, &q, &pg), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "space"));
+    q.space = "pay";
+    q.key_prefix = "a\n";
+    assert_int_equal(idem_record_list(h, &q, &pg), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "key_prefix"));
+    q.key_prefix = NULL;
+    q.state = "bad state";
+    assert_int_equal(idem_record_list(h, &q, &pg), IDEM_EINVAL);
+    assert_int_equal(idem_record_list(h, NULL, &pg), IDEM_EINVAL);
+}
+
+static void test_record_delete(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_record rec;
+    char current[IDEM_NAME_MAX + 1];
+    uint64_t cur_epoch;
+    assert_idem_ok(idem_record_begin(h, "pay", "D-1", NULL, "a", 1000, &o, &rec));
+    uint64_t epoch = rec.epoch;
+    idem_record_clear(&rec);
+    /* A claim in flight is never deleted. */
+    assert_idem_ok(idem_record_delete(h, "pay", "D-1", epoch, &o, current, &cur_epoch));
+    assert_outcome(o, IDEM_CONFLICT);
+    assert_string_equal(current, IDEM_STATE_PROCESSING);
+    assert_int_equal(cur_epoch, epoch);
+    assert_idem_ok(idem_record_complete(h, "pay", "D-1", epoch, "done", 4, 0, &o));
+    /* Another epoch than the record's: untouched. */
+    assert_idem_ok(idem_record_delete(h, "pay", "D-1", epoch + 1, &o, current, &cur_epoch));
+    assert_outcome(o, IDEM_CONFLICT);
+    assert_string_equal(current, IDEM_STATE_SUCCEEDED);
+    assert_int_equal(cur_epoch, epoch);
+    assert_idem_ok(idem_record_get(h, "pay", "D-1", &o, NULL));
+    assert_outcome(o, IDEM_FOUND);
+    assert_idem_ok(idem_record_delete(h, "pay", "D-1", epoch, &o, current, &cur_epoch));
+    assert_outcome(o, IDEM_APPLIED);
+    assert_idem_ok(idem_record_get(h, "pay", "D-1", &o, NULL));
+    assert_outcome(o, IDEM_NOT_FOUND);
+    assert_idem_ok(idem_record_delete(h, "pay", "D-1", epoch, &o, NULL, NULL));
+    assert_outcome(o, IDEM_NOT_FOUND);
+    /* The key executes again, at an epoch the old record never had. */
+    test_clock_advance(5);
+    assert_idem_ok(idem_record_begin(h, "pay", "D-1", NULL, "b", 1000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    assert_true(rec.epoch > epoch);
+    idem_record_clear(&rec);
+    assert_int_equal(idem_record_delete(h, "pay", "D-1", 0, &o, NULL, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_record_delete(h, "pay", "", 1, &o, NULL, NULL), IDEM_EINVAL);
+    assert_int_equal(idem_record_delete(h, "pay", "D-1", 1, NULL, NULL, NULL), IDEM_EINVAL);
+}
+
 struct group_commit_load {
     idem *h;
     idem_rc rc[64];
@@ -1759,7 +1969,24 @@ static void test_schema_migrations(void **state)
             fail_msg("opener %d: %s", i, idem_errname(op.rc[i]));
     PGconn *c = PQconnectdb(postgres_url);
     assert_int_equal(PQstatus(c), CONNECTION_OK);
-    assert_int_equal(test_pg_count(c, "SELECT count(*) FROM idem_schema"), 1);
+    assert_int_equal(test_pg_count(c, "SELECT count(*) FROM idem_schema"), 2);
+    /* A database of version 1 (before the listing's indexes) is brought
+     * to version 2 at open, its records kept. */
+    pg_ok(c, "DROP INDEX idem_record_created; DROP INDEX idem_record_processing;"
+             " DELETE FROM idem_schema WHERE version = 2");
+    pg_ok(c, "INSERT INTO idem_record (space, key, state, epoch, owner, lease_until,"
+             " created_ms, updated_ms) VALUES ('pay', 'old', 'PROCESSING', 1, 'o', 2, 1, 1)");
+    idem *up = open_store();
+    assert_int_equal(test_pg_count(c, "SELECT count(*) FROM pg_indexes WHERE indexname IN"
+                                      " ('idem_record_created', 'idem_record_processing')"),
+                     2);
+    assert_int_equal(test_pg_count(c, "SELECT max(version) FROM idem_schema"), 2);
+    idem_record_query q = {.space = "pay", .state = IDEM_STATE_PROCESSING};
+    idem_record_page pg;
+    assert_idem_ok(idem_record_list(up, &q, &pg));
+    assert_int_equal(pg.count, 1);
+    idem_record_page_clear(&pg);
+    idem_close(up);
     pg_ok(c, "INSERT INTO idem_schema (version) VALUES (99)");
     idem_options o;
     idem_options_init(&o);
@@ -1768,7 +1995,7 @@ static void test_schema_migrations(void **state)
     assert_int_equal(idem__open_parts(&o, kv_kind, db_kind, &h), IDEM_ESTORE);
     assert_null(h);
     assert_non_null(strstr(idem_errdetail(), "version 99"));
-    assert_int_equal(test_pg_count(c, "SELECT count(*) FROM idem_schema"), 2);
+    assert_int_equal(test_pg_count(c, "SELECT count(*) FROM idem_schema"), 3);
     pg_ok(c, "DELETE FROM idem_schema WHERE version = 99");
     PQfinish(c);
     *state = open_store();
@@ -2164,11 +2391,23 @@ static void test_reopen_keeps_records(void **state)
     assert_idem_ok(idem_record_complete(h, "pay", "keep", rec.epoch, "kept", 4, 0, &o));
     idem_record_clear(&rec);
     idem_close(h);
+    sqlite3 *file = NULL;
+    if (!is_postgres()) {
+        /* A file made before the listing's indexes gains them at open. */
+        assert_int_equal(sqlite3_open(db_path, &file), SQLITE_OK);
+        exec_ok(file, "DROP INDEX idem_record_created; DROP INDEX idem_record_processing");
+    }
     idem_options opt;
     idem_options_init(&opt);
     store_options(&opt, 0);
     h = open_with(&opt);
     *state = h;
+    if (file) {
+        assert_int_equal(count_rows(file, "SELECT count(*) FROM sqlite_master WHERE name IN"
+                                          " ('idem_record_created', 'idem_record_processing')"),
+                         2);
+        sqlite3_close(file);
+    }
     assert_idem_ok(idem_record_begin(h, "pay", "keep", NULL, "b", 1000, &o, &rec));
     assert_outcome(o, IDEM_DONE);
     assert_memory_equal(rec.result, "kept", 4);
@@ -2213,6 +2452,8 @@ int main(int argc, char **argv)
         T(test_transition),
         T(test_purge),
         T(test_record_bad_input),
+        T(test_record_list),
+        T(test_record_delete),
         T(test_group_commit_shares_commits),
         T(test_wal_checkpointed),
         T(test_async_begin_storm),
