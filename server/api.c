@@ -17,11 +17,12 @@
 #include "consume.h"
 #include "daemon.h"
 #include "mono.h"
+#include "records_admin.h"
 #include "request_key.h"
 
 #define PREFIX "/_idem/v1"
 
-static struct http_response *json_response(int status, json_t *j)
+struct http_response *json_response(int status, json_t *j)
 {
     char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
@@ -814,6 +815,8 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
     const char *rest = path + strlen(PREFIX);
     if (*rest == '/')
         rest++;
+    if (req->admin && records_admin_handle(d, cfg, req, rest))
+        return;
     int health_ep = strcmp(rest, "health") == 0 || strcmp(rest, "health/ready") == 0;
     int post_ep = is_post_endpoint(rest) && (req->admin || strcmp(rest, "tokens") == 0);
     int get_ep = !post_ep && (health_ep || strcmp(rest, "health/live") == 0 ||

@@ -200,6 +200,10 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
 /* 1 for the endpoints of the main listener: health, and token issuance
  * (rest is the path after /_idem/v1/). */
 int api_public_endpoint(const char *rest);
+/* An application/json answer of status, j (taken) its body; NULL (503) when j is. */
+struct json_t;
+struct http_response *json_response(int status, struct json_t *j);
+
 /* GET /_idem/v1/metrics: reads memory only, so any thread, a loop's too. */
 struct http_response *api_metrics(struct daemon *d);
 
