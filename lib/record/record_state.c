@@ -28,6 +28,10 @@
  *   PROCESSING(e) ─extend(e)─► PROCESSING(e) with a later lease_until: the
  *   claimant is alive and still working.
  *
+ *   any state but PROCESSING, at epoch e ─delete(e)─► (absent): an operator
+ *   lets the key execute again (idem_record_delete). One conditional DELETE
+ *   in the backend, decided by its conditions alone, as purge is.
+ *
  * Answers that change nothing:
  *   begin      PROCESSING with a live lease → IN_PROGRESS; SUCCEEDED, FAILED or
  *              a user state → DONE (the stored result); a fingerprint other
