@@ -681,7 +681,7 @@ static int get_choice(struct ctx *c, const yaml_node_t *n, const char *path,
 }
 
 /* Idem's names: key spaces, scenes, and so route names. */
-static int is_name(const char *s)
+int config_is_name(const char *s)
 {
     size_t n = 0;
     for (; s[n]; n++) {
@@ -698,7 +698,7 @@ static int get_name(struct ctx *c, const yaml_node_t *n, const char *path, char 
     const char *s;
     if (scalar(c, n, path, "a name of 1 to 64 of A-Z a-z 0-9 _ . : -", &s))
         return -1;
-    if (!is_name(s))
+    if (!config_is_name(s))
         return fail(c, n, path, "%s is not a valid name (1 to 64 of A-Z a-z 0-9 "
                     "_ . : -)", quote(c, s));
     return set_string(dst, s) ? oom(c) : 0;

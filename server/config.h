@@ -263,6 +263,10 @@ void config_storage_where(const struct server_config *c, char *buf, size_t size)
  * password. */
 int config_url_has_password(const char *url);
 
+/* 1 for one of Idem's names, as a route's space must be: 1 to 64 of
+ * A-Z a-z 0-9 _ . : - (idem run checks its --space with it). */
+int config_is_name(const char *s);
+
 /* "500ms", "30s", "5m", "24h", "2d" or a bare number of milliseconds. */
 int config_parse_duration(const char *s, int64_t *ms);
 /* "1048576", "64KiB"/"64k", "1MiB"/"1m"/"1MB" ... 0; -1 not a size; -2 a
