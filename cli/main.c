@@ -9,6 +9,7 @@
 
 #include "idem.h"
 #include "idem_help.h"
+#include "run.h"
 #include "serve.h"
 #include "verify.h"
 
@@ -26,6 +27,8 @@ static int (*command(const char *name))(int, char **)
         return serve_main;
     if (strcmp(name, "consume") == 0)
         return consume_main;
+    if (strcmp(name, "run") == 0)
+        return run_main;
     if (strcmp(name, "verify") == 0)
         return verify_main;
     return NULL;
