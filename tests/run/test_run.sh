@@ -1,0 +1,218 @@
+#!/bin/bash
+# test_run.sh IDEM embedded|distributed [REDIS_URL POSTGRES_URL] — idem run
+# on a real store: an embedded SQLite file in a temp dir, or the suite's
+# Redis and PostgreSQL. Each case's keys are new (a suffix of this run's
+# own), since the distributed store outlives the test.
+#
+#   storm      20 invocations started at once: the command ran once, and
+#              all 20 print its stdout and exit with its status
+#   kill9      idem run killed with SIGKILL: its command dies with it; the
+#              next invocation is busy (75) until the lease is over, then
+#              takes over with a higher IDEM_EPOCH
+#   lost       the claim taken from under a running command (its epoch
+#              moved on in the store): the command is stopped, exit 70,
+#              nothing stored
+#   failure    a non-zero exit is stored; --exit-done; --retry-on-failure
+#   tail       the last 64 KiB of stdout, exactly, for a later invocation
+#   usage      bad --key, --space, options: 64 and what is wrong
+set -u
+idem=$1 kind=$2 redis=${3:-} pg=${4:-}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/idem-run.XXXXXX")
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+run_id="$(date +%s)-$$"
+failures=0
+
+if [ "$kind" = embedded ]; then
+  printf 'storage: { kind: embedded, path: %s/idem.db }\n' "$tmp" >"$tmp/idem.yaml"
+  # The record's epoch, moved on as a takeover would.
+  bump_epoch() { sqlite3 "$tmp/idem.db" ".timeout 5000" \
+    "UPDATE idem_record SET epoch = epoch + 1 WHERE space = '$1' AND key = '$2'"; }
+else
+  printf 'storage: { kind: distributed, redis: "%s", postgres: "%s" }\n' "$redis" "$pg" \
+    >"$tmp/idem.yaml"
+  bump_epoch() { psql -X -q -At "$pg" \
+    -c "UPDATE idem_record SET epoch = epoch + 1 WHERE space = '$1' AND key = '$2'"; }
+fi
+cfg=$tmp/idem.yaml
+
+fail() { echo "FAIL [$kind] $case: $*"; failures=$((failures + 1)); }
+check() { # check WHAT GOT WANT
+  [ "$2" = "$3" ] || fail "$1: got '$2', want '$3'"
+}
+# wait_for FILE: up to 10 s for it to exist and hold something.
+wait_for() {
+  for _ in $(seq 200); do [ -s "$1" ] && return 0; sleep 0.05; done
+  fail "$1 never appeared"
+  return 1
+}
+alive() { kill -0 "$1" 2>/dev/null; }
+
+# ---- storm ----
+case=storm
+key="storm-$run_id"
+cat >"$tmp/job.sh" <<EOF
+#!/bin/sh
+echo ran >>"$tmp/storm.count"
+sleep 1
+echo "settled day 2026-12-02, epoch \$IDEM_EPOCH"
+exit 5
+EOF
+chmod +x "$tmp/job.sh"
+mkdir "$tmp/storm"
+spids=()
+for i in $(seq 20); do
+  ( "$idem" run -c "$cfg" -s settlement -k "$key" --wait 60s -- "$tmp/job.sh" \
+      >"$tmp/storm/$i.out" 2>"$tmp/storm/$i.err"
+    echo $? >"$tmp/storm/$i.rc" ) &
+  spids+=($!)
+done
+wait "${spids[@]}"
+check "times the command ran" "$(wc -l <"$tmp/storm.count" | tr -d ' ')" 1
+want=$(cat "$tmp/storm/1.out")
+case "$want" in "settled day 2026-12-02, epoch "[0-9]*) ;; *) fail "stdout: '$want'" ;; esac
+for i in $(seq 20); do
+  check "invocation $i's exit status" "$(cat "$tmp/storm/$i.rc")" 5
+  check "invocation $i's stdout" "$(cat "$tmp/storm/$i.out")" "$want"
+done
+# And a later one, with nothing running: the same, at once.
+out=$("$idem" run -c "$cfg" -s settlement -k "$key" -- "$tmp/job.sh" 2>/dev/null)
+check "a later invocation's exit status" $? 5
+check "a later invocation's stdout" "$out" "$want"
+check "times the command ran, after it" "$(wc -l <"$tmp/storm.count" | tr -d ' ')" 1
+
+# ---- kill9 ----
+case=kill9
+key="kill9-$run_id"
+cat >"$tmp/long.sh" <<EOF
+#!/bin/sh
+echo \$\$ >"$tmp/child.\$IDEM_EPOCH"
+echo \$IDEM_EPOCH >>"$tmp/epochs"
+[ -e "$tmp/second" ] || exec sleep 60
+echo "done at epoch \$IDEM_EPOCH"
+EOF
+chmod +x "$tmp/long.sh"
+"$idem" run -c "$cfg" -s jobs -k "$key" --lease 2s -- "$tmp/long.sh" >/dev/null \
+  2>"$tmp/kill9.err" &
+runner=$!
+pids+=($runner)
+if wait_for "$tmp/epochs"; then
+  e1=$(head -1 "$tmp/epochs")
+  wait_for "$tmp/child.$e1"
+  child=$(cat "$tmp/child.$e1")
+  kill -9 "$runner"
+  wait "$runner" 2>/dev/null
+  for _ in $(seq 100); do alive "$child" || break; sleep 0.05; done
+  if alive "$child"; then
+    fail "the command outlived idem run's SIGKILL"
+    kill -9 "$child"
+  fi
+  touch "$tmp/second"
+  # Within the lease: the key is held by the dead run's claim.
+  "$idem" run -c "$cfg" -s jobs -k "$key" --lease 2s -- "$tmp/long.sh" >/dev/null \
+    2>"$tmp/busy.err"
+  check "within the lease, exit status" $? 75
+  grep -q "running elsewhere" "$tmp/busy.err" || fail "no 'running elsewhere': $(cat "$tmp/busy.err")"
+  out=$("$idem" run -c "$cfg" -s jobs -k "$key" --lease 2s --wait 20s -- "$tmp/long.sh" \
+          2>"$tmp/takeover.err")
+  check "the takeover's exit status" $? 0
+  e2=$(sed -n 2p "$tmp/epochs")
+  [ -n "$e2" ] && [ "$e2" -gt "$e1" ] || fail "IDEM_EPOCH: first $e1, then '$e2'"
+  check "the takeover's stdout" "$out" "done at epoch $e2"
+  check "times it started" "$(wc -l <"$tmp/epochs" | tr -d ' ')" 2
+fi
+
+# ---- lost ----
+case=lost
+key="lost-$run_id"
+cat >"$tmp/lost.sh" <<EOF
+#!/bin/sh
+trap 'echo stopped >"$tmp/lost.term"; kill \$!; exit 143' TERM
+echo started >"$tmp/lost.started"
+sleep 60 & wait
+EOF
+chmod +x "$tmp/lost.sh"
+"$idem" run -c "$cfg" -s jobs -k "$key" --lease 3s -- "$tmp/lost.sh" >/dev/null \
+  2>"$tmp/lost.err" &
+runner=$!
+pids+=($runner)
+if wait_for "$tmp/lost.started"; then
+  bump_epoch jobs "$key"
+  wait "$runner"
+  check "exit status once the claim is lost" $? 70
+  grep -q "is lost (CONFLICT)" "$tmp/lost.err" || fail "stderr: $(cat "$tmp/lost.err")"
+  check "the command was stopped" "$(cat "$tmp/lost.term" 2>/dev/null)" stopped
+  # Nothing stored: the record is still PROCESSING under the bumped epoch.
+  "$idem" run -c "$cfg" -s jobs -k "$key" -- true 2>/dev/null
+  check "the next invocation, within the lease" $? 75
+fi
+
+# ---- failure ----
+case=failure
+key="fail-$run_id"
+out=$("$idem" run -c "$cfg" -s jobs -k "$key" -- sh -c 'echo broke; exit 3' 2>/dev/null)
+check "a failing command's status" $? 3
+out=$("$idem" run -c "$cfg" -s jobs -k "$key" -- sh -c 'echo again; exit 0' 2>/dev/null)
+check "replayed failure's status" $? 3
+check "replayed failure's stdout" "$out" broke
+out=$("$idem" run -c "$cfg" -s jobs -k "$key" --exit-done 0 -- sh -c 'echo again' 2>/dev/null)
+check "--exit-done 0's status" $? 0
+check "--exit-done 0's stdout" "$out" broke
+key="retry-$run_id"
+"$idem" run -c "$cfg" -s jobs -k "$key" --retry-on-failure -- sh -c 'echo one; exit 4' \
+  >/dev/null 2>&1
+check "--retry-on-failure's first status" $? 4
+out=$("$idem" run -c "$cfg" -s jobs -k "$key" --retry-on-failure -- sh -c 'echo two' 2>/dev/null)
+check "the run after a released failure" "$? $out" "0 two"
+out=$("$idem" run -c "$cfg" -s jobs -k "$key" -- sh -c 'echo three' 2>/dev/null)
+check "the run after its success" "$? $out" "0 two"
+key="noexec-$run_id"
+"$idem" run -c "$cfg" -s jobs -k "$key" -- "$tmp/no-such-command" 2>"$tmp/noexec.err"
+check "a command not found" $? 127
+out=$("$idem" run -c "$cfg" -s jobs -k "$key" -- echo found 2>/dev/null)
+check "the run after a command not found" "$? $out" "0 found"
+
+# ---- tail ----
+case=tail
+key="tail-$run_id"
+gen="i=0; while [ \$i -lt 3000 ]; do printf '%040d\n' \$i; i=\$((i + 1)); done"
+"$idem" run -c "$cfg" -s jobs -k "$key" -- sh -c "$gen" >"$tmp/tail.first" 2>/dev/null
+check "the first run's stdout, bytes" "$(wc -c <"$tmp/tail.first" | tr -d ' ')" 123000
+"$idem" run -c "$cfg" -s jobs -k "$key" -- false >"$tmp/tail.later" 2>"$tmp/tail.err"
+check "the replay's status" $? 0
+tail -c 65536 "$tmp/tail.first" | cmp -s - "$tmp/tail.later" ||
+  fail "the replay is not the last 64 KiB ($(wc -c <"$tmp/tail.later") bytes)"
+
+# ---- usage ----
+case=usage
+expect64() { # expect64 WHAT NEEDLE ARGS...
+  local what=$1 needle=$2
+  shift 2
+  "$idem" run -c "$cfg" "$@" >/dev/null 2>"$tmp/usage.err"
+  check "$what: status" $? 64
+  grep -qF -- "$needle" "$tmp/usage.err" || fail "$what: stderr: $(cat "$tmp/usage.err")"
+}
+uk="usage-$run_id"
+expect64 "a space with a blank" "not a key space" -s "two words" -k "$uk" -- true
+expect64 "a space of 65 bytes" "not a key space" -s "$(printf 'a%.0s' $(seq 65))" -k "$uk" -- true
+expect64 "a key of 256 bytes" "longer than 255" -s jobs -k "$(printf 'k%.0s' $(seq 256))" -- true
+expect64 "a key with a newline" "control character" -s jobs -k "$(printf 'a\nb')" -- true
+expect64 "an empty key" "--key:" -s jobs -k "" -- true
+expect64 "no space" "--space is needed" -k "$uk" -- true
+expect64 "no command" "no command" -s jobs -k "$uk"
+expect64 "a lease of 0" "--lease 0" -s jobs -k "$uk" --lease 0 -- true
+expect64 "--exit-done 256" "--exit-done 256" -s jobs -k "$uk" --exit-done 256 -- true
+expect64 "an unknown option" "--bogus" -s jobs -k "$uk" --bogus -- true
+# Nothing of those ran or was stored.
+out=$("$idem" run -c "$cfg" -s jobs -k "$uk" -- echo ok 2>/dev/null)
+check "the key after the refusals" "$? $out" "0 ok"
+
+if [ "$failures" -ne 0 ]; then
+  echo "test_run [$kind]: $failures failures"
+  exit 1
+fi
+echo "test_run [$kind]: every case passed"
