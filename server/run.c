@@ -79,7 +79,8 @@ struct run {
  * The signal handlers and the watchdog's on_lost write a byte to wake[1];
  * the loop polls wake[0] beside the command's stdout. */
 static int wake[2] = {-1, -1};
-static volatile sig_atomic_t stop_sig; /* SIGTERM or SIGINT, passed on to the command */
+static volatile sig_atomic_t stop_sig; /* SIGTERM or SIGINT, to pass on to the command */
+static volatile sig_atomic_t stop_seen; /* ... or that reached it already (a terminal's) */
 static atomic_int lock_lost;
 
 static void poke(void)
@@ -90,10 +91,16 @@ static void poke(void)
     errno = saved;
 }
 
-static void on_signal(int sig)
+/* A terminal's Ctrl-C (SI_KERNEL: sent to the whole foreground process
+ * group) has reached the command already: passed on, it would get two. */
+static void on_signal(int sig, siginfo_t *si, void *ctx)
 {
-    if (sig == SIGTERM || sig == SIGINT)
-        stop_sig = sig;
+    (void)ctx;
+    if (sig == SIGTERM || sig == SIGINT) {
+        stop_seen = sig;
+        if (!si || si->si_code != SI_KERNEL)
+            stop_sig = sig;
+    }
     poke();
 }
 
@@ -419,13 +426,18 @@ static int finish_claim(struct run *r, idem_fail_mode mode, int ok, const char *
     }
 }
 
-static void set_handler(int sig, void (*fn)(int))
+/* on_signal for sig, or its default action. */
+static void set_handler(int sig, int on)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_handler = fn;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;
+    if (on) {
+        sa.sa_sigaction = on_signal;
+        sa.sa_flags = SA_RESTART | SA_SIGINFO;
+    } else {
+        sa.sa_handler = SIG_DFL;
+    }
     sigaction(sig, &sa, NULL);
 }
 
@@ -442,9 +454,9 @@ static int execute(struct run *r)
                 env ? strerror(errno) : "out of memory");
         goto not_run;
     }
-    set_handler(SIGTERM, on_signal);
-    set_handler(SIGINT, on_signal);
-    set_handler(SIGCHLD, on_signal);
+    set_handler(SIGTERM, 1);
+    set_handler(SIGINT, 1);
+    set_handler(SIGCHLD, 1);
     /* No signal is handled in the child before it resets the handlers. */
     sigset_t all, was;
     sigfillset(&all);
@@ -479,7 +491,7 @@ static int execute(struct run *r)
     int64_t tick = r->lease_ms / 3, now = mono_ms();
     int64_t next_extend = now + tick, lease_end = now + r->lease_ms, kill_at = 0;
     int reaped = 0, status = 0, sig = 0, stdout_broken = 0, lost = 0, said_lock = 0;
-    int stopped = 0; /* a SIGTERM or SIGINT was passed on */
+    int stopped = 0; /* a SIGTERM or SIGINT reached the command */
     tail.len = 0;
     tail.dropped = 0;
     while (out[0] >= 0 || !reaped) {
@@ -514,10 +526,11 @@ static int execute(struct run *r)
             close(out[0]); /* nothing more now: not waited for */
             out[0] = -1;
         }
-        if (stop_sig && !reaped) {
-            kill(pid, stop_sig);
-            stopped = stop_sig;
-            stop_sig = 0;
+        if (stop_seen && !reaped) {
+            if (stop_sig)
+                kill(pid, stop_sig);
+            stopped = stop_seen;
+            stop_sig = stop_seen = 0;
         }
         if (!reaped) {
             int st;
@@ -569,8 +582,8 @@ static int execute(struct run *r)
     if (out[0] >= 0)
         close(out[0]);
     out[0] = -1;
-    set_handler(SIGTERM, SIG_DFL);
-    set_handler(SIGINT, SIG_DFL);
+    set_handler(SIGTERM, 0);
+    set_handler(SIGINT, 0);
     if (lost) {
         let_go(r);
         rc = EX_SOFTWARE;
@@ -588,7 +601,7 @@ static int execute(struct run *r)
     int ok = status == 0;
     idem_fail_mode mode = (stopped || r->retry_on_failure) ? IDEM_FAIL_RETRYABLE : IDEM_FAIL_FINAL;
     if (!ok && stopped)
-        fprintf(stderr, "idem run: %s/%s: the command was stopped (signal %d passed on) and "
+        fprintf(stderr, "idem run: %s/%s: the command was stopped (signal %d) and "
                 "exited %d: its record is released, and the next invocation runs it again\n",
                 r->space, r->key, stopped, status);
     int bad = finish_claim(r, mode, ok, res, len, lease_end);
