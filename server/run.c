@@ -732,6 +732,7 @@ static int open_store(struct run *r, const struct server_config *cfg)
     o.postgres_url = cfg->postgres_url;
     o.pool_size = cfg->storage_pool;
     o.timeout_ms = cfg->storage_timeout_ms;
+    o.pool_size = 1; /* one read at a time, beside PostgreSQL's two writers */
     o.result_max = RUN_OUT_MAX + 128; /* the stdout kept and its header line */
     o.log = on_idem_log;
     int embedded = strcmp(cfg->storage_kind, "embedded") == 0, lock = -1;
