@@ -13,6 +13,7 @@
 #              moved on in the store): the command is stopped, exit 70,
 #              nothing stored
 #   failure    a non-zero exit is stored; --exit-done; --retry-on-failure
+#   stop       SIGTERM passed on to the command; stopped, the key is released
 #   tail       the last 64 KiB of stdout, exactly, for a later invocation
 #   usage      bad --key, --space, options: 64 and what is wrong
 set -u
@@ -96,7 +97,7 @@ echo \$IDEM_EPOCH >>"$tmp/epochs"
 echo "done at epoch \$IDEM_EPOCH"
 EOF
 chmod +x "$tmp/long.sh"
-"$idem" run -c "$cfg" -s jobs -k "$key" --lease 2s -- "$tmp/long.sh" >/dev/null \
+"$idem" run -c "$cfg" -s jobs -k "$key" --lease 8s -- "$tmp/long.sh" >/dev/null \
   2>"$tmp/kill9.err" &
 runner=$!
 pids+=($runner)
@@ -113,11 +114,11 @@ if wait_for "$tmp/epochs"; then
   fi
   touch "$tmp/second"
   # Within the lease: the key is held by the dead run's claim.
-  "$idem" run -c "$cfg" -s jobs -k "$key" --lease 2s -- "$tmp/long.sh" >/dev/null \
+  "$idem" run -c "$cfg" -s jobs -k "$key" --lease 8s -- "$tmp/long.sh" >/dev/null \
     2>"$tmp/busy.err"
   check "within the lease, exit status" $? 75
   grep -q "running elsewhere" "$tmp/busy.err" || fail "no 'running elsewhere': $(cat "$tmp/busy.err")"
-  out=$("$idem" run -c "$cfg" -s jobs -k "$key" --lease 2s --wait 20s -- "$tmp/long.sh" \
+  out=$("$idem" run -c "$cfg" -s jobs -k "$key" --lease 8s --wait 30s -- "$tmp/long.sh" \
           2>"$tmp/takeover.err")
   check "the takeover's exit status" $? 0
   e2=$(sed -n 2p "$tmp/epochs")
@@ -136,7 +137,7 @@ echo started >"$tmp/lost.started"
 sleep 60 & wait
 EOF
 chmod +x "$tmp/lost.sh"
-"$idem" run -c "$cfg" -s jobs -k "$key" --lease 3s -- "$tmp/lost.sh" >/dev/null \
+"$idem" run -c "$cfg" -s jobs -k "$key" --lease 9s -- "$tmp/lost.sh" >/dev/null \
   2>"$tmp/lost.err" &
 runner=$!
 pids+=($runner)
@@ -175,6 +176,28 @@ key="noexec-$run_id"
 check "a command not found" $? 127
 out=$("$idem" run -c "$cfg" -s jobs -k "$key" -- echo found 2>/dev/null)
 check "the run after a command not found" "$? $out" "0 found"
+
+# ---- stop ----
+case=stop
+key="stop-$run_id"
+cat >"$tmp/stop.sh" <<EOF
+#!/bin/sh
+trap 'echo term >"$tmp/stop.term"; kill \$!; exit 9' TERM
+echo up >"$tmp/stop.up"
+sleep 60 & wait
+EOF
+chmod +x "$tmp/stop.sh"
+"$idem" run -c "$cfg" -s jobs -k "$key" -- "$tmp/stop.sh" >/dev/null 2>"$tmp/stop.err" &
+runner=$!
+pids+=($runner)
+if wait_for "$tmp/stop.up"; then
+  kill -TERM "$runner"
+  wait "$runner"
+  check "the status of a command stopped by SIGTERM" $? 9
+  check "the SIGTERM passed on" "$(cat "$tmp/stop.term" 2>/dev/null)" term
+  out=$("$idem" run -c "$cfg" -s jobs -k "$key" -- echo next 2>/dev/null)
+  check "the run after a stopped one (released)" "$? $out" "0 next"
+fi
 
 # ---- tail ----
 case=tail
