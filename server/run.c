@@ -841,6 +841,12 @@ int run_main(int argc, char **argv)
     if (optind >= argc)
         return usage_error("no command given (idem run [options] -- COMMAND [ARG...])");
     r.argv = argv + optind;
+    /* A closed stdin, stdout or stderr (a careless caller may start us so)
+     * would be taken by the first file opened: the store's, or the pipe the
+     * command's stdout becomes. /dev/null holds their places. */
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && open("/dev/null", O_RDWR) < 0)
+            return EX_OSERR;
 
     char err[512];
     struct server_config *cfg = NULL;
