@@ -15,6 +15,7 @@
 #   failure    a non-zero exit is stored; --exit-done; --retry-on-failure
 #   stop       SIGTERM passed on to the command; stopped, the key is released
 #   tail       the last 64 KiB of stdout, exactly, for a later invocation
+#   codes      65 for a record not idem run's, 78 for a bad configuration
 #   usage      bad --key, --space, options: 64 and what is wrong
 set -u
 idem=$1 kind=$2 redis=${3:-} pg=${4:-}
@@ -33,11 +34,16 @@ if [ "$kind" = embedded ]; then
   # The record's epoch, moved on as a takeover would.
   bump_epoch() { sqlite3 "$tmp/idem.db" ".timeout 5000" \
     "UPDATE idem_record SET epoch = epoch + 1 WHERE space = '$1' AND key = '$2'"; }
+  # A result not idem run's, as a route's record would hold.
+  foreign_result() { sqlite3 "$tmp/idem.db" ".timeout 5000" \
+    "UPDATE idem_record SET result = X'7b7d' WHERE space = '$1' AND key = '$2'"; }
 else
   printf 'storage: { kind: distributed, redis: "%s", postgres: "%s" }\n' "$redis" "$pg" \
     >"$tmp/idem.yaml"
   bump_epoch() { psql -X -q -At "$pg" \
     -c "UPDATE idem_record SET epoch = epoch + 1 WHERE space = '$1' AND key = '$2'"; }
+  foreign_result() { psql -X -q -At "$pg" \
+    -c "UPDATE idem_record SET result = '\\x7b7d' WHERE space = '$1' AND key = '$2'"; }
 fi
 cfg=$tmp/idem.yaml
 
@@ -117,7 +123,8 @@ if wait_for "$tmp/epochs"; then
   "$idem" run -c "$cfg" -s jobs -k "$key" --lease 8s -- "$tmp/long.sh" >/dev/null \
     2>"$tmp/busy.err"
   check "within the lease, exit status" $? 75
-  grep -q "running elsewhere" "$tmp/busy.err" || fail "no 'running elsewhere': $(cat "$tmp/busy.err")"
+  grep -q "running elsewhere" "$tmp/busy.err" ||
+    fail "no 'running elsewhere': $(cat "$tmp/busy.err")"
   out=$("$idem" run -c "$cfg" -s jobs -k "$key" --lease 8s --wait 30s -- "$tmp/long.sh" \
           2>"$tmp/takeover.err")
   check "the takeover's exit status" $? 0
@@ -209,6 +216,19 @@ check "the first run's stdout, bytes" "$(wc -c <"$tmp/tail.first" | tr -d ' ')" 
 check "the replay's status" $? 0
 tail -c 65536 "$tmp/tail.first" | cmp -s - "$tmp/tail.later" ||
   fail "the replay is not the last 64 KiB ($(wc -c <"$tmp/tail.later") bytes)"
+
+# ---- codes ----
+case=codes
+key="foreign-$run_id"
+"$idem" run -c "$cfg" -s jobs -k "$key" -- true 2>/dev/null
+foreign_result jobs "$key"
+"$idem" run -c "$cfg" -s jobs -k "$key" -- true 2>"$tmp/foreign.err"
+check "a record not idem run's" $? 65
+grep -q "holds no result of idem run" "$tmp/foreign.err" || fail "stderr: $(cat "$tmp/foreign.err")"
+printf 'storage: { kind: nowhere }\n' >"$tmp/bad.yaml"
+"$idem" run -c "$tmp/bad.yaml" -s jobs -k "$key" -- true 2>"$tmp/config.err"
+check "a configuration that does not load" $? 78
+grep -q "bad.yaml" "$tmp/config.err" || fail "stderr: $(cat "$tmp/config.err")"
 
 # ---- usage ----
 case=usage
