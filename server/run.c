@@ -46,6 +46,7 @@
 
 #include "config.h"
 #include "idem.h"
+#include "idem_run_help.h"
 #include "run.h"
 
 #define RUN_OUT_MAX (64 * 1024)      /* the stdout kept: its last 64 KiB */
@@ -640,46 +641,10 @@ out:
 
 /* ---- the command line ---- */
 
+/* idem_run_help: docs/man/idem-run.txt, which idem-run(1) is made from too. */
 static void usage(FILE *out)
 {
-    fputs("usage: idem run [-c FILE] [--db PATH] -s SPACE -k KEY [options] [--] COMMAND [ARG...]\n"
-          "\n"
-          "Run COMMAND once per key, however many invocations with that key are started,\n"
-          "at once or later, on any number of machines sharing the store (FILE's storage:,\n"
-          "the same as idem serve's; no daemon needs to run). The one that claims the key\n"
-          "runs COMMAND, with IDEM_EPOCH (its claim's number) in its environment, renews\n"
-          "its claim while it runs, and stores its exit status and the last 64 KiB of its\n"
-          "stdout (passed through as it comes; stderr is not captured). Every other\n"
-          "invocation prints that stored stdout and exits with that status. A claim whose\n"
-          "machine died is taken over once its lease runs out, with a higher IDEM_EPOCH.\n"
-          "\n"
-          "  -c, --config FILE       the YAML configuration (docs/configuration.md); without\n"
-          "                          it, the embedded store in ./idem.db\n"
-          "      --db PATH           the embedded store's SQLite file instead of the file's\n"
-          "  -s, --space SPACE       the key space: 1 to 64 of A-Z a-z 0-9 _ . : -\n"
-          "  -k, --key KEY           the key: 1 to 255 bytes of UTF-8, no control characters\n"
-          "      --lease DURATION    how long a claim holds without renewal: after a crash,\n"
-          "                          the wait before another invocation takes over (1s..1d;\n"
-          "                          default 60s; renewed every third of it)\n"
-          "      --wait DURATION     while another invocation runs it, wait up to this long\n"
-          "                          for its result instead of exiting 75 (0..1d; default 0)\n"
-          "      --exit-done N       when it ran before, exit N (0..255), not its status\n"
-          "      --retry-on-failure  a non-zero exit releases the key (the next invocation\n"
-          "                          runs it again) instead of storing it as failed\n"
-          "      --retention DURATION  how long the result is kept (1s..3650d; default 7d)\n"
-          "  -h, --help              this text\n"
-          "\n"
-          "Exit status: COMMAND's when it ran here (128+N if signal N ended it; 126 or 127\n"
-          "if it could not be started, the key released); the stored one (or --exit-done)\n"
-          "when it ran before; 64 usage (a bad option, --key or --space); 65 the key's\n"
-          "record is not idem run's (the space is a route's); 69 the store failed; 70 the\n"
-          "claim was lost while COMMAND ran (it is stopped, nothing stored); 71 no fork;\n"
-          "75 running elsewhere (after --wait); 78 the configuration is not valid.\n"
-          "\n"
-          "SIGTERM and SIGINT are passed on to COMMAND; if it then exits non-zero, the key\n"
-          "is released. COMMAND is killed if idem run dies. docs/run.md has the details,\n"
-          "and crontab and systemd timer examples.\n",
-          out);
+    fputs(idem_run_help, out);
 }
 
 __attribute__((format(printf, 1, 2))) static int usage_error(const char *fmt, ...)
