@@ -1,8 +1,8 @@
 /*
- * mono.h — the daemon's clocks: CLOCK_MONOTONIC in milliseconds (or
- * microseconds) for deadlines, timers and durations, the wall clock for
- * comparing with the store's times, and a duration as libevent's struct
- * timeval (daemon).
+ * mono.h — the daemon's clocks: the library's CLOCK_MONOTONIC in
+ * milliseconds (or microseconds) for deadlines, timers and durations, the
+ * wall clock for comparing with the store's times, and a duration as
+ * libevent's struct timeval (daemon).
  */
 #ifndef IDEM_SERVER_MONO_H
 #define IDEM_SERVER_MONO_H
@@ -11,18 +11,18 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "core/clock.h"
+
+/* The library's monotonic clock (lib/core/clock.h), under the daemon's
+ * names: one clock for every deadline and duration in the process. */
 static inline int64_t mono_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return idem__mono_ms();
 }
 
 static inline int64_t mono_us(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    return idem__mono_us();
 }
 
 /* The wall clock in milliseconds, as the store's times are kept. */

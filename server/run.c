@@ -47,6 +47,7 @@
 #include "config.h"
 #include "idem.h"
 #include "idem_run_help.h"
+#include "mono.h"
 #include "run.h"
 
 #define RUN_OUT_MAX (64 * 1024)      /* the stdout kept: its last 64 KiB */
@@ -112,13 +113,6 @@ static void on_lock_lost(void *arg, const char *space, const char *key)
     (void)key;
     atomic_store(&lock_lost, 1);
     poke();
-}
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static void sleep_ms(int64_t ms)

@@ -31,6 +31,7 @@
 
 #include "http_parser.h"
 #include "idem.h"
+#include "mono.h"
 
 #define THREAD_STACK (256 * 1024)
 
@@ -43,9 +44,7 @@ static const struct http_limits answer_limits = {
 
 int64_t xchg_now_us(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    return mono_us();
 }
 
 void xchg_sleep_ms(int64_t ms)
