@@ -8,7 +8,6 @@
  */
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +15,7 @@
 
 #include "consume.h"
 #include "daemon.h"
+#include "metrics.h"
 #include "mono.h"
 #include "records_admin.h"
 #include "request_key.h"
@@ -336,236 +336,6 @@ static struct http_response *health(struct daemon *d, int admin)
     return json_response(code, j);
 }
 
-/* Text appended to buf at *n, while it has room (the caller checks). */
-static void add(char *buf, size_t cap, size_t *n, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void add(char *buf, size_t cap, size_t *n, const char *fmt, ...)
-{
-    if (*n >= cap)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    int k = vsnprintf(buf + *n, cap - *n, fmt, ap);
-    va_end(ap);
-    *n += k > 0 ? (size_t)k : 0;
-}
-
-/* A histogram's lines: counts[b] observations in bucket b (not cumulative),
- * the last of nb without a bound; labels ("route=\"x\"" or "") on each. */
-static void add_histogram(char *buf, size_t cap, size_t *n, const char *name, const char *labels,
-                          const uint64_t *counts, const uint64_t *bounds_us, int nb,
-                          uint64_t sum_us)
-{
-    const char *comma = *labels ? "," : "";
-    uint64_t total = 0;
-    for (int b = 0; b < nb; b++) {
-        total += counts[b];
-        if (b < nb - 1)
-            add(buf, cap, n, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, comma,
-                (double)bounds_us[b] / 1e6, (unsigned long long)total);
-        else
-            add(buf, cap, n, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, comma,
-                (unsigned long long)total);
-    }
-    const char *open = *labels ? "{" : "", *close = *labels ? "}" : "";
-    add(buf, cap, n, "%s_sum%s%s%s %llu.%06llu\n%s_count%s%s%s %llu\n", name, open, labels, close,
-        (unsigned long long)(sum_us / 1000000), (unsigned long long)(sum_us % 1000000), name, open,
-        labels, close, (unsigned long long)total);
-}
-
-/* The consumers' counters (label consumer), in /metrics. */
-static void add_consumer_metrics(struct daemon *d, char *buf, size_t cap, size_t *n)
-{
-    static const struct {
-        const char *name, *type, *help;
-        size_t field; /* in struct consumer_counters */
-    } per[] = {
-        {"idem_consumer_received_total", "counter", "Messages delivered by the broker.",
-         offsetof(struct consumer_counters, received)},
-        {"idem_consumer_executed_total", "counter",
-         "Messages the handler answered 2xx, kept, then acked.",
-         offsetof(struct consumer_counters, executed)},
-        {"idem_consumer_duplicates_total", "counter",
-         "Messages whose key was finished before (by a delivery, a consumer or a route), "
-         "acked without a handler call.",
-         offsetof(struct consumer_counters, duplicates)},
-        {"idem_consumer_retried_total", "counter",
-         "Attempts that failed (5xx, 408, 429, refused, timed out) and are tried again after "
-         "the backoff.",
-         offsetof(struct consumer_counters, retried)},
-        {"idem_consumer_dead_lettered_total", "counter",
-         "Messages put on the dead letter (with x-idem-reason), then acked.",
-         offsetof(struct consumer_counters, dead_lettered)},
-        {"idem_consumer_alerts_total", "counter",
-         "Keys reused with another payload (dead-lettered key_reused): alert on any.",
-         offsetof(struct consumer_counters, alerts)},
-        {"idem_consumer_store_waits_total", "counter",
-         "Messages held back because the store failed (nothing acked meanwhile).",
-         offsetof(struct consumer_counters, store_waits)},
-        {"idem_consumer_reconnects_total", "counter", "Broker connections lost.",
-         offsetof(struct consumer_counters, reconnects)},
-        {"idem_consumer_in_flight", "gauge",
-         "Messages held now, unacked: being handled, or waiting to be tried again.",
-         offsetof(struct consumer_counters, in_flight)},
-    };
-    size_t count = consumers_count(d->consumers);
-    if (!count)
-        return;
-    for (size_t i = 0; i < sizeof per / sizeof per[0]; i++) {
-        add(buf, cap, n, "# HELP %s %s\n# TYPE %s %s\n", per[i].name, per[i].help, per[i].name,
-            per[i].type);
-        for (size_t k = 0; k < count; k++) {
-            const char *c = (const char *)consumers_counters(d->consumers, k);
-            add(buf, cap, n, "%s{consumer=\"%s\"} %lu\n", per[i].name,
-                consumers_name(d->consumers, k),
-                atomic_load((const atomic_ulong *)(c + per[i].field)));
-        }
-    }
-    add(buf, cap, n, "# HELP idem_consumer_connected 1 while the consumer's broker connection "
-        "is up.\n# TYPE idem_consumer_connected gauge\n");
-    for (size_t k = 0; k < count; k++)
-        add(buf, cap, n, "idem_consumer_connected{consumer=\"%s\",source=\"%s\"} %d\n",
-            consumers_name(d->consumers, k), consumers_kind(d->consumers, k),
-            atomic_load(&consumers_counters(d->consumers, k)->connected));
-}
-
-/* GET /_idem/v1/metrics: the counters of health, in Prometheus's text
- * format (0.0.4), read without touching the store, so a scrape every few
- * seconds costs nothing and works while the store is down. The gateway's
- * counters are per route (label route), kept across reloads by name. */
-struct http_response *api_metrics(struct daemon *d)
-{
-    static const struct {
-        const char *name, *help;
-        size_t field; /* in struct daemon_counters */
-    } per_route[] = {
-        {"idem_gateway_requests_total", "Requests that matched the route.",
-         offsetof(struct daemon_counters, requests)},
-        {"idem_gateway_executions_total",
-         "Requests forwarded to the upstream under a claimed record.",
-         offsetof(struct daemon_counters, executions)},
-        {"idem_gateway_replays_total", "Requests answered with a stored answer.",
-         offsetof(struct daemon_counters, replays)},
-        {"idem_gateway_in_flight_rejections_total",
-         "Duplicates answered 409 while the first request ran.",
-         offsetof(struct daemon_counters, in_flight_409)},
-        {"idem_gateway_mismatches_total", "Keys reused with another payload, answered 422.",
-         offsetof(struct daemon_counters, mismatches)},
-        {"idem_gateway_store_errors_total",
-         "Requests the store failed, answered 503 (never forwarded unclaimed).",
-         offsetof(struct daemon_counters, store_errors)},
-        {"idem_gateway_unknown_outcomes_total",
-         "Requests sent upstream with no answer (timeout, lost connection): left claimed "
-         "until their lease ends.",
-         offsetof(struct daemon_counters, upstream_unknown)},
-        {"idem_gateway_unkeyed_total",
-         "Requests without the key on a key_required: false route, forwarded unguarded.",
-         offsetof(struct daemon_counters, unkeyed)},
-        {"idem_gateway_redis_down_skips_total",
-         "Requests that went on without the token and lock layers while Redis was down.",
-         offsetof(struct daemon_counters, redis_down_skips)},
-    };
-    idem_stats st;
-    idem_get_stats(d->h, &st);
-    idem_commit_times ct;
-    idem_get_commit_times(d->h, &ct);
-    const struct {
-        const char *name, *type, *help;
-        uint64_t value;
-    } whole[] = {
-        {"idem_gateway_passthrough_total", "counter",
-         "Requests that matched no route, proxied untouched.", atomic_load(&d->passthrough)},
-        {"idem_gateway_answers_not_kept", "gauge",
-         "Requests executed whose answer the store has not kept yet: each holds its claim "
-         "and writes it again until the store takes it.",
-         atomic_load(&d->unkept_count)},
-        {"idem_record_conflicts_total", "counter",
-         "Finishes or transitions refused because another claim or state won: alert on "
-         "any.",
-         st.conflicts},
-        {"idem_record_takeovers_total", "counter",
-         "Records claimed again after their lease ran out.", st.takeovers},
-        {"idem_store_commits_total", "counter", "Durable store transactions (group commits).",
-         st.commits},
-        {"idem_store_committed_ops_total", "counter", "Writes carried by those transactions.",
-         st.committed_ops},
-        {"idem_admin_auth_failures_total", "counter",
-         "Requests on the admin listener refused 401: no API key, or a wrong one.",
-         atomic_load(&d->auth_failures)},
-        {"idem_tokens_rate_limited_total", "counter",
-         "Token requests on the main listener refused 429 (token_rate_subject, "
-         "token_rate_peer).",
-         atomic_load(&d->tokens_refused)},
-        {"idem_store_writes_failing", "gauge",
-         "1 after a gateway write to the store failed, until one succeeds again.",
-         (uint64_t)(atomic_load(&d->writes_failing) != 0)},
-    };
-    pthread_mutex_lock(&d->routes_mu);
-    /* Room for every line: the help texts, and per route a line per counter
-     * and per bucket of the histogram, each at most 60 + 64 (the name) + 20
-     * (the value) bytes. */
-    size_t routes = 0, n = 0;
-    for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
-        routes++;
-    size_t lines = sizeof per_route / sizeof per_route[0] + LATENCY_BUCKETS + 2;
-    size_t cap = 8192 + routes * lines * 160 + consumers_count(d->consumers) * 16 * 160;
-    char *buf = malloc(cap);
-    if (!buf) {
-        pthread_mutex_unlock(&d->routes_mu);
-        return NULL; /* 503, as for any response that cannot be built */
-    }
-    for (size_t i = 0; i < sizeof per_route / sizeof per_route[0]; i++) {
-        add(buf, cap, &n, "# HELP %s %s\n# TYPE %s counter\n", per_route[i].name,
-            per_route[i].help, per_route[i].name);
-        for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
-            add(buf, cap, &n, "%s{route=\"%s\"} %lu\n", per_route[i].name, rc->name,
-                daemon_counter(&rc->n, per_route[i].field));
-    }
-    const char *dur = "idem_gateway_request_duration_seconds";
-    add(buf, cap, &n,
-        "# HELP %s From a request's arrival at the route to its answer (the upstream's time "
-        "included).\n# TYPE %s histogram\n",
-        dur, dur);
-    uint64_t bounds[IDEM_COMMIT_BUCKETS > LATENCY_BUCKETS ? IDEM_COMMIT_BUCKETS : LATENCY_BUCKETS];
-    uint64_t counts[sizeof bounds / sizeof bounds[0]];
-    for (int b = 0; b < LATENCY_BUCKETS - 1; b++)
-        bounds[b] = (uint64_t)daemon_latency_bounds_us[b];
-    for (const struct route_counters *rc = d->route_n; rc; rc = rc->next) {
-        char labels[IDEM_NAME_MAX + 16];
-        snprintf(labels, sizeof labels, "route=\"%s\"", rc->name);
-        for (int b = 0; b < LATENCY_BUCKETS; b++)
-            counts[b] = atomic_load(&rc->n.latency[b]);
-        add_histogram(buf, cap, &n, dur, labels, counts, bounds, LATENCY_BUCKETS,
-                      atomic_load(&rc->n.latency_sum_us));
-    }
-    pthread_mutex_unlock(&d->routes_mu);
-    const char *commit = "idem_store_commit_duration_seconds";
-    add(buf, cap, &n,
-        "# HELP %s Durable store transactions, from a batch's first statement to its durable "
-        "COMMIT (the fsync included): every durable write waits for one.\n# TYPE %s histogram\n",
-        commit, commit);
-    for (int b = 0; b < IDEM_COMMIT_BUCKETS - 1; b++)
-        bounds[b] = idem_commit_bucket_us((unsigned)b);
-    add_histogram(buf, cap, &n, commit, "", ct.hist, bounds, IDEM_COMMIT_BUCKETS, ct.us);
-    for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++)
-        add(buf, cap, &n, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", whole[i].name, whole[i].help,
-            whole[i].name, whole[i].type, whole[i].name, (unsigned long long)whole[i].value);
-    add_consumer_metrics(d, buf, cap, &n);
-    add(buf, cap, &n,
-        "# HELP idem_build_info The running version and store.\n"
-        "# TYPE idem_build_info gauge\n"
-        "idem_build_info{version=\"%s\",store=\"%s\"} 1\n",
-        idem_version(), idem_store_name(d->h));
-    struct http_response *r = n < cap ? response_new(200) : NULL;
-    if (!r || response_add_header(r, "Content-Type", "text/plain; version=0.0.4; charset=utf-8") ||
-        response_set_body(r, buf, n)) {
-        response_free(r);
-        r = NULL;
-    }
-    free(buf);
-    return r;
-}
-
 /* GET /_idem/v1/records/{space}/{key} */
 static struct http_response *get_record(struct daemon *d, const char *rest)
 {
@@ -838,7 +608,7 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
         req->resp = health_ep && !req->admin           ? public_health(d)
                     : health_ep                        ? health(d, 1)
                     : strcmp(rest, "health/live") == 0 ? live()
-                    : strcmp(rest, "metrics") == 0     ? api_metrics(d)
+                    : strcmp(rest, "metrics") == 0     ? metrics_render(d)
                                                        : get_record(d, rest + 8);
     }
 }

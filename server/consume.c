@@ -50,6 +50,7 @@
 #include "daemon.h"
 #include "front.h"
 #include "log.h"
+#include "metrics.h"
 #include "mono.h"
 #include "replay_cache.h"
 #include "upstream.h"
@@ -334,6 +335,7 @@ static void on_answered(struct front_request *req)
     struct consumer *k = h->k;
     const struct route *rt = &k->cfg->route;
     int status = req->resp ? req->resp->status : 503;
+    metrics_count_request(rt->n, req, status);
     enum action a = WAIT;
     const char *reason = NULL;
     int64_t delay = 1000;

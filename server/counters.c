@@ -1,7 +1,8 @@
 /*
  * counters.c — the gateway's counters (daemon.h): each route's, kept by
  * name across reloads, their totals, and how long requests took. Read by
- * the JSON API's health and metrics (api.c); counted by the gateway.
+ * the JSON API's health (api.c) and the metrics (metrics.c); counted by the
+ * gateway.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,22 @@ void daemon_observe(const struct route *rt, int64_t start_us)
         b++;
     atomic_fetch_add(&rt->n->latency[b], 1);
     atomic_fetch_add(&rt->n->latency_sum_us, (unsigned long)(us > 0 ? us : 0));
+}
+
+void daemon_count_token(const struct route *rt, idem_rc rc, idem_outcome o)
+{
+    if (rt && rt->n && rc == IDEM_OK && o == IDEM_CONSUMED)
+        atomic_fetch_add(&rt->n->tokens_consumed, 1);
+}
+
+void daemon_count_lock(const struct route *rt, idem_rc rc, idem_outcome o)
+{
+    if (!rt || !rt->n || rc != IDEM_OK)
+        return;
+    if (o == IDEM_ACQUIRED)
+        atomic_fetch_add(&rt->n->locks_acquired, 1);
+    else if (o == IDEM_BUSY)
+        atomic_fetch_add(&rt->n->locks_busy, 1);
 }
 
 unsigned long daemon_total(struct daemon *d, size_t field)

@@ -24,6 +24,14 @@ struct live_config {
  * (the last has none). */
 #define LATENCY_BUCKETS 15
 
+/* The values of enum gw_outcome (below), of enum upstream_result
+ * (upstream.h), and the status codes counted (100 to 599): what bounds a
+ * route's series in the metrics (metrics.c checks the first two). */
+#define GW_OUTCOMES 14
+#define UPSTREAM_RESULTS 5
+#define STATUS_MIN 100
+#define STATUS_CODES 500
+
 /* A route's counters (the daemon's totals are their sums). */
 struct daemon_counters {
     atomic_ulong requests;     /* gateway requests */
@@ -38,6 +46,18 @@ struct daemon_counters {
                                   forwarded unguarded */
     atomic_ulong latency[LATENCY_BUCKETS];
     atomic_ulong latency_sum_us;
+    /* Counted as each answer goes out (metrics_count_request): by verdict,
+     * by status, the upstream's failures by kind ([UPSTREAM_OK] unused) and
+     * its time, in the latency buckets. */
+    atomic_ulong outcomes[GW_OUTCOMES];
+    atomic_ulong codes[STATUS_CODES];
+    atomic_ulong upstream_errors[UPSTREAM_RESULTS];
+    atomic_ulong upstream_latency[LATENCY_BUCKETS];
+    atomic_ulong upstream_latency_sum_us;
+    atomic_ulong tokens_consumed; /* the token layer spent the request's token */
+    atomic_ulong tokens_refused;  /* the token layer refused the request */
+    atomic_ulong locks_acquired;  /* the lock layer took the key's lock */
+    atomic_ulong locks_busy;      /* the lock layer found it held */
 };
 
 extern const int64_t daemon_latency_bounds_us[LATENCY_BUCKETS - 1];
@@ -94,6 +114,10 @@ struct daemon {
     struct rate_table *issued_by_subject, *issued_by_peer, *auth_failures_by_peer;
     atomic_ulong auth_failures; /* 401s on the admin listener */
     atomic_ulong tokens_refused; /* 429s of the token issuance on listen */
+    atomic_ulong tokens_issued;  /* 201s of POST /_idem/v1/tokens, either listener */
+    /* What the fronts count (serve.c's, set before any request): the main
+     * listener's requests being handled, for the metrics. */
+    const struct front_counts *front_counts;
     struct daemon_health public_health;
     atomic_ulong seq;
     /* The loop's read for finished records: how often it found one lately
@@ -193,6 +217,11 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
                    struct front_request *req);
 void passthrough_start(struct daemon *d, const struct server_config *cfg,
                        struct front_request *req);
+/* What the token and lock layers' calls said (rc, o) on a route: counted
+ * for the metrics. Any thread. */
+void daemon_count_token(const struct route *rt, idem_rc rc, idem_outcome o);
+void daemon_count_lock(const struct route *rt, idem_rc rc, idem_outcome o);
+
 /* In api.c, on a worker thread: the whole JSON API for a request of the
  * admin listener; for one of the main listener, only what clients may do
  * there (api_public_endpoint). */
@@ -203,9 +232,6 @@ int api_public_endpoint(const char *rest);
 /* An application/json answer of status, j (taken) its body; NULL (503) when j is. */
 struct json_t;
 struct http_response *json_response(int status, struct json_t *j);
-
-/* GET /_idem/v1/metrics: reads memory only, so any thread, a loop's too. */
-struct http_response *api_metrics(struct daemon *d);
 
 
 #endif

@@ -17,6 +17,7 @@
 #include "workers.h"
 
 struct conn;
+struct daemon_counters;
 struct front_request;
 
 /* A step of a request's handling, run on its loop thread. */
@@ -51,6 +52,10 @@ struct front_request {
     const char *log_outcome;    /* the front's own verdict ("overloaded"), or NULL */
     int upstream_status;
     int64_t upstream_us;
+    int upstream_result;        /* the upstream call's enum upstream_result */
+    /* The route's counters (struct daemon_counters), for the metrics as
+     * the answer goes out; NULL: on no route. */
+    struct daemon_counters *route_n;
     int64_t start_us;           /* mono_us() when the request was whole */
     /* A request the daemon made itself (front_inject): no connection, and
      * its answer goes to answered, on the loop, instead of a client. */

@@ -401,6 +401,7 @@ static void do_token(struct gw *g)
 {
     keep_rc(g, idem_token_consume(g->d->h, g->subject, g->rt->token_scene, g->token, g->key,
                                   &g->o, g->spent));
+    daemon_count_token(g->rt, g->rc, g->o);
 }
 
 static void do_lock(struct gw *g)
@@ -409,6 +410,7 @@ static void do_lock(struct gw *g)
     idem_lock_info info;
     keep_rc(g, idem_lock_acquire(g->d->h, rt->space, g->key, g->owner, rt->lease_ms, &g->o,
                                  &info));
+    daemon_count_lock(rt, g->rc, g->o);
 }
 
 static void do_get(struct gw *g)
@@ -1362,6 +1364,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         evtimer_del(g->lease); /* it renewed the claim alone */
     g->req->upstream_us = mono_us() - g->sent_us;
     g->req->upstream_status = ur == UPSTREAM_OK ? resp->status : 0;
+    g->req->upstream_result = (int)ur;
     switch (ur) {
     case UPSTREAM_OK: {
         /* A consumer's last attempt keeps what it got (see "attempts"). */

@@ -31,6 +31,7 @@
 #include "consume.h"
 #include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "mono.h"
 #include "peers.h"
 #include "rate.h"
@@ -89,6 +90,16 @@ void daemon_write_failed(struct daemon *d, idem_rc rc)
 }
 
 /* The JSON API calls the blocking primitives: on a worker. */
+/* Each request of the main listener as its answer goes out: counted in
+ * the metrics, and its line in the access log (when on). */
+static void on_answer_out(void *arg, const struct front_request *req, int status)
+{
+    struct daemon_loop *loop = arg;
+    metrics_count_request(req->route_n, req, status);
+    if (loop->alog)
+        access_log_request(loop->alog, req, status);
+}
+
 static void api_on_worker(struct front_request *req);
 static void api_answer(struct front_request *req);
 
@@ -100,7 +111,7 @@ static void to_api(struct daemon *d, struct live_config *lc, struct front_reques
     if (req->admin && strcmp(path, "/_idem/v1/metrics") == 0 &&
         (strcmp(req->msg->method, "GET") == 0 || strcmp(req->msg->method, "HEAD") == 0)) {
         /* Memory only: answered here, not behind workers a store holds up. */
-        daemon_answer(lc, req, api_metrics(d));
+        daemon_answer(lc, req, metrics_render(d));
         return;
     }
     req->state = lc;
@@ -161,7 +172,7 @@ static void admin_handle(struct daemon *d, struct live_config *lc, struct front_
     /* Where Prometheus looks by default: the same as /_idem/v1/metrics. */
     if (strcmp(path, "/metrics") == 0 &&
         (strcmp(req->msg->method, "GET") == 0 || strcmp(req->msg->method, "HEAD") == 0)) {
-        daemon_answer(lc, req, api_metrics(d));
+        daemon_answer(lc, req, metrics_render(d));
         return;
     }
     if (!api) {
@@ -182,6 +193,15 @@ static void api_on_worker(struct front_request *req)
 
 static void api_answer(struct front_request *req)
 {
+    /* A token issued, on either listener: counted for the metrics. */
+    if (req->resp && req->resp->status == 201 && strcmp(req->msg->method, "POST") == 0) {
+        char path[64];
+        request_path(req->msg->target, path, sizeof path);
+        if (strcmp(path, "/_idem/v1/tokens") == 0) {
+            struct daemon_loop *loop = req->loop_ctx;
+            atomic_fetch_add(&loop->d->tokens_issued, 1);
+        }
+    }
     daemon_config_put(req->state);
     front_answer(req);
 }
@@ -236,6 +256,7 @@ void daemon_handle(void *arg, struct front_request *req)
         return;
     }
     if (rt) {
+        req->route_n = rt->n; /* for the metrics, as the answer goes out */
         gateway_start(d, lc, rt, req); /* it keeps lc */
         return;
     }
@@ -925,6 +946,7 @@ static int run(int argc, char **argv, int consume_only)
     s->d.workers = s->workers;
     s->d.record_workers = s->record_workers;
     front_counts_init(&s->counts);
+    s->d.front_counts = &s->counts;
     if (!(s->counts.peers = peer_table_new(8192))) {
         fprintf(stderr, "%s: out of memory\n", me);
         goto out;
@@ -963,8 +985,8 @@ static int run(int argc, char **argv, int consume_only)
                        ? front_new(l->ctx.base, s->limits, s->workers, daemon_handle, &s->d,
                                    &l->ctx)
                        : NULL;
-        if (l->front && l->ctx.alog)
-            front_set_log(l->front, access_log_request, l->ctx.alog);
+        if (l->front)
+            front_set_log(l->front, on_answer_out, &l->ctx);
         if (!l->front) {
             fprintf(stderr, "%s: cannot start event loop %d\n", me, i);
             goto out;
