@@ -17,6 +17,7 @@ packages=(
   file dpkg-dev                         # cpack -G DEB (its shlibdeps) in install.deb
   redis-server redis-tools              # distributed tests, redis-benchmark
   rabbitmq-server librabbitmq-dev amqp-tools  # the message consumers and their tests
+  prometheus                            # promtool: the metrics' and alert rules' tests
 )
 
 missing=()
