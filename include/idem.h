@@ -810,6 +810,26 @@ IDEM_EXTERN void idem_get_commit_times(idem *h, idem_commit_times *out);
  * UINT64_MAX for the last bucket (and past it). */
 IDEM_EXTERN uint64_t idem_commit_bucket_us(unsigned i);
 
+/* How many writes the durable transactions carried, as a histogram:
+ * hist[i] counts those that carried more than idem_commit_batch_bound(i -
+ * 1) and at most idem_commit_batch_bound(i) writes; the last bucket has no
+ * bound. Group commit at work: under load many writes share a commit, and
+ * batches of one mean each write pays for its own fsync. (A struct and a
+ * call of their own, as idem_commit_times.) */
+#define IDEM_BATCH_BUCKETS 12
+
+typedef struct idem_commit_batches {
+    uint64_t commits;                  /* as idem_stats.commits, at the same instant */
+    uint64_t ops;                      /* as idem_stats.committed_ops */
+    uint64_t hist[IDEM_BATCH_BUCKETS]; /* their sizes, bucketed */
+} idem_commit_batches;
+
+IDEM_EXTERN void idem_get_commit_batches(idem *h, idem_commit_batches *out);
+
+/* The upper bound of the batches' hist[i] in writes: 1, 2, 4 ... 1024, and
+ * UINT64_MAX for the last bucket (and past it). */
+IDEM_EXTERN uint64_t idem_commit_batch_bound(unsigned i);
+
 #ifdef __cplusplus
 }
 #endif

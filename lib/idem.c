@@ -186,7 +186,7 @@ IDEM_EXTERN void idem_get_stats(idem *h, idem_stats *out)
         return;
     out->conflicts = atomic_load(&h->conflicts);
     out->takeovers = atomic_load(&h->takeovers);
-    h->db_ops->commit_stats(h->db, out, NULL);
+    h->db_ops->commit_stats(h->db, out, NULL, NULL);
 }
 
 IDEM_EXTERN void idem_get_commit_times(idem *h, idem_commit_times *out)
@@ -195,5 +195,14 @@ IDEM_EXTERN void idem_get_commit_times(idem *h, idem_commit_times *out)
         return;
     memset(out, 0, sizeof *out);
     if (h)
-        h->db_ops->commit_stats(h->db, NULL, out);
+        h->db_ops->commit_stats(h->db, NULL, out, NULL);
+}
+
+IDEM_EXTERN void idem_get_commit_batches(idem *h, idem_commit_batches *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (h)
+        h->db_ops->commit_stats(h->db, NULL, NULL, out);
 }

@@ -275,9 +275,10 @@ void idem__gc_stop(struct idem__gc *gc)
     idem__free(gc);
 }
 
-void idem__gc_stats(struct idem__gc *gc, idem_stats *stats, idem_commit_times *times)
+void idem__gc_stats(struct idem__gc *gc, idem_stats *stats, idem_commit_times *times,
+                    idem_commit_batches *batches)
 {
     pthread_mutex_lock(&gc->mu);
-    idem__commit_stats_get(&gc->stats, stats, times);
+    idem__commit_stats_get(&gc->stats, stats, times, batches);
     pthread_mutex_unlock(&gc->mu);
 }

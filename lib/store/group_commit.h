@@ -78,8 +78,9 @@ int idem__gc_on_writer(struct idem__gc *gc);
 /* Finish every submitted and queued job (calling their on_done), stop the
  * writer, free. NULL is a no-op. */
 void idem__gc_stop(struct idem__gc *gc);
-/* Durable commits so far, their writes, their durations (either may be
- * NULL). */
-void idem__gc_stats(struct idem__gc *gc, idem_stats *stats, idem_commit_times *times);
+/* Durable commits so far, their writes, their durations and sizes (any
+ * may be NULL). */
+void idem__gc_stats(struct idem__gc *gc, idem_stats *stats, idem_commit_times *times,
+                    idem_commit_batches *batches);
 
 #endif

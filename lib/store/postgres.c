@@ -1890,11 +1890,12 @@ static idem_rc inbox_cas(void *db, const struct idem__inbox_cas *c, int *changed
 
 /* ---- open and close ---- */
 
-static void commit_stats(void *db, idem_stats *stats, idem_commit_times *times)
+static void commit_stats(void *db, idem_stats *stats, idem_commit_times *times,
+                         idem_commit_batches *batches)
 {
     struct pg_db *d = db;
     pthread_mutex_lock(&d->mu);
-    idem__commit_stats_get(&d->stats, stats, times);
+    idem__commit_stats_get(&d->stats, stats, times, batches);
     pthread_mutex_unlock(&d->mu);
 }
 

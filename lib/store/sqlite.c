@@ -1120,10 +1120,11 @@ static idem_rc run_async(void *db, idem *h, idem_async_fn fn,
 
 /* ---- open and close ---- */
 
-static void commit_stats(void *db, idem_stats *stats, idem_commit_times *times)
+static void commit_stats(void *db, idem_stats *stats, idem_commit_times *times,
+                         idem_commit_batches *batches)
 {
     struct sqlite_db *d = db;
-    idem__gc_stats(d->gc, stats, times);
+    idem__gc_stats(d->gc, stats, times, batches);
 }
 
 static void sqlite_close(void *db)

@@ -150,9 +150,10 @@ struct idem__db_ops {
     idem_rc (*inbox_cas)(void *db, const struct idem__inbox_cas *c,
                          int *changed, int *found, idem_inbox_entry *cur);
 
-    /* Durable commits so far, the writes they carried and how long they
-     * took (either may be NULL). */
-    void (*commit_stats)(void *db, idem_stats *stats, idem_commit_times *times);
+    /* Durable commits so far, the writes they carried, how long they took
+     * and how many each carried (any may be NULL). */
+    void (*commit_stats)(void *db, idem_stats *stats, idem_commit_times *times,
+                         idem_commit_batches *batches);
 
     void (*close)(void *db);
 

@@ -784,14 +784,17 @@ static void test_group_commit_shares_commits(void **state)
     idem *h = *state;
     idem_stats before, after;
     idem_commit_times t0, t1;
+    idem_commit_batches b0, b1;
     idem_get_stats(h, &before);
     idem_get_commit_times(h, &t0);
+    idem_get_commit_batches(h, &b0);
     struct group_commit_load g = {.h = h};
     test_run_threads(64, many_writes, &g);
     for (int i = 0; i < 64; i++)
         assert_int_equal(g.rc[i], IDEM_OK);
     idem_get_stats(h, &after);
     idem_get_commit_times(h, &t1);
+    idem_get_commit_batches(h, &b1);
     uint64_t ops = after.committed_ops - before.committed_ops;
     uint64_t commits = after.commits - before.commits;
     assert_int_equal(ops, 64 * 20 * 2);
@@ -805,6 +808,19 @@ static void test_group_commit_shares_commits(void **state)
     assert_int_equal(t1.commits - t0.commits, commits);
     assert_true(t1.us - t0.us >= commits);
     assert_true(idem_commit_bucket_us(IDEM_COMMIT_BUCKETS - 1) == UINT64_MAX);
+    /* Each commit's size counted in one bucket, and some carried more than
+     * one write (those past the first bucket). */
+    uint64_t sized = 0, shared = 0;
+    for (unsigned b = 0; b < IDEM_BATCH_BUCKETS; b++) {
+        sized += b1.hist[b] - b0.hist[b];
+        shared += b ? b1.hist[b] - b0.hist[b] : 0;
+    }
+    assert_int_equal(sized, commits);
+    assert_true(shared >= 1);
+    assert_int_equal(b1.ops - b0.ops, ops);
+    assert_int_equal(b1.commits - b0.commits, commits);
+    assert_true(idem_commit_batch_bound(0) == 1);
+    assert_true(idem_commit_batch_bound(IDEM_BATCH_BUCKETS - 1) == UINT64_MAX);
     /* And every write is there. */
     idem_outcome o;
     idem_record rec;

@@ -367,10 +367,18 @@ static void test_late_joiners(void **state)
     }
     idem_stats st = {0};
     idem_commit_times ct = {0};
-    idem__gc_stats(gc, &st, &ct);
+    idem_commit_batches cb = {0};
+    idem__gc_stats(gc, &st, &ct, &cb);
     assert_int_equal(st.commits, 2);
     assert_int_equal(st.committed_ops, 5);
     assert_int_equal(ct.commits, 2);
+    /* The batches' sizes: 3, in (2, 4], and 2, in (1, 2]. */
+    assert_int_equal(cb.commits, 2);
+    assert_int_equal(cb.ops, 5);
+    assert_int_equal(idem_commit_batch_bound(1), 2);
+    assert_int_equal(idem_commit_batch_bound(2), 4);
+    for (unsigned b = 0; b < IDEM_BATCH_BUCKETS; b++)
+        assert_int_equal(cb.hist[b], b == 1 || b == 2 ? 1 : 0);
     /* Both commits are in the histogram, the held one past 30 ms. */
     uint64_t counted = 0, slow = 0;
     for (unsigned b = 0; b < IDEM_COMMIT_BUCKETS; b++) {
@@ -416,7 +424,7 @@ static void test_late_joiners_fail_with_their_batch(void **state)
     assert_int_equal(count_rows(path, "1"), 0);
     idem_stats st = {0};
     idem_commit_times ct = {0};
-    idem__gc_stats(gc, &st, &ct);
+    idem__gc_stats(gc, &st, &ct, NULL);
     assert_int_equal(st.commits, 0);
     assert_int_equal(ct.us, 0);
 
