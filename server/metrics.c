@@ -125,10 +125,12 @@ static void family(struct out *o, const char *name, const char *type, const char
 }
 
 /* A histogram's lines: counts[b] observations in bucket b (not cumulative),
- * the last of nb without a bound; labels ("route=\"x\"" or "") on each. */
+ * the last of nb without a bound; labels ("route=\"x\"" or "") on each.
+ * Bounds and sum in microseconds, shown in seconds; or with us 0, counts
+ * shown as they are (a batch's writes). */
 static void add_histogram(struct out *o, const char *name, const char *labels,
-                          const uint64_t *counts, const uint64_t *bounds_us, int nb,
-                          uint64_t sum_us)
+                          const uint64_t *counts, const uint64_t *bounds, int nb, uint64_t sum,
+                          int us)
 {
     const char *comma = *labels ? "," : "";
     uint64_t total = 0;
@@ -136,15 +138,18 @@ static void add_histogram(struct out *o, const char *name, const char *labels,
         total += counts[b];
         if (b < nb - 1)
             add(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, comma,
-                (double)bounds_us[b] / 1e6, (unsigned long long)total);
+                (double)bounds[b] / (us ? 1e6 : 1), (unsigned long long)total);
         else
             add(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, comma,
                 (unsigned long long)total);
     }
     const char *open = *labels ? "{" : "", *close = *labels ? "}" : "";
-    add(o, "%s_sum%s%s%s %llu.%06llu\n%s_count%s%s%s %llu\n", name, open, labels, close,
-        (unsigned long long)(sum_us / 1000000), (unsigned long long)(sum_us % 1000000), name, open,
-        labels, close, (unsigned long long)total);
+    if (us)
+        add(o, "%s_sum%s%s%s %llu.%06llu\n", name, open, labels, close,
+            (unsigned long long)(sum / 1000000), (unsigned long long)(sum % 1000000));
+    else
+        add(o, "%s_sum%s%s%s %llu\n", name, open, labels, close, (unsigned long long)sum);
+    add(o, "%s_count%s%s%s %llu\n", name, open, labels, close, (unsigned long long)total);
 }
 
 /* A route's histogram of durations kept in the latency buckets. */
@@ -158,7 +163,7 @@ static void add_latency(struct out *o, const char *name, const char *route,
         counts[b] = atomic_load(&buckets[b]);
     char esc[LABEL_MAX], labels[LABEL_MAX + 16];
     snprintf(labels, sizeof labels, "route=\"%s\"", label(route, esc));
-    add_histogram(o, name, labels, counts, bounds, LATENCY_BUCKETS, atomic_load(sum_us));
+    add_histogram(o, name, labels, counts, bounds, LATENCY_BUCKETS, atomic_load(sum_us), 1);
 }
 
 /* The consumers' counters (label consumer). */
@@ -323,6 +328,8 @@ struct http_response *metrics_render(struct daemon *d)
     idem_get_stats(d->h, &st);
     idem_commit_times ct;
     idem_get_commit_times(d->h, &ct);
+    idem_commit_batches cb;
+    idem_get_commit_batches(d->h, &cb);
     const struct {
         const char *name, *type, *help;
         uint64_t value;
@@ -414,10 +421,18 @@ struct http_response *metrics_render(struct daemon *d)
     family(&o, commit, "histogram",
            "Durable store transactions, from a batch's first statement to its durable "
            "COMMIT (the fsync included): every durable write waits for one.");
-    uint64_t bounds[IDEM_COMMIT_BUCKETS];
+    uint64_t bounds[IDEM_COMMIT_BUCKETS > IDEM_BATCH_BUCKETS ? IDEM_COMMIT_BUCKETS
+                                                             : IDEM_BATCH_BUCKETS];
     for (int b = 0; b < IDEM_COMMIT_BUCKETS - 1; b++)
         bounds[b] = idem_commit_bucket_us((unsigned)b);
-    add_histogram(&o, commit, "", ct.hist, bounds, IDEM_COMMIT_BUCKETS, ct.us);
+    add_histogram(&o, commit, "", ct.hist, bounds, IDEM_COMMIT_BUCKETS, ct.us, 1);
+    const char *batch = "idem_store_commit_batch_size";
+    family(&o, batch, "histogram",
+           "Writes each durable store transaction carried: group commit shares one among "
+           "many; batches of one mean each write pays for its own.");
+    for (int b = 0; b < IDEM_BATCH_BUCKETS - 1; b++)
+        bounds[b] = idem_commit_batch_bound((unsigned)b);
+    add_histogram(&o, batch, "", cb.hist, bounds, IDEM_BATCH_BUCKETS, cb.ops, 0);
     for (size_t i = 0; i < sizeof whole / sizeof whole[0]; i++) {
         family(&o, whole[i].name, whole[i].type, whole[i].help);
         add(&o, "%s %llu\n", whole[i].name, (unsigned long long)whole[i].value);

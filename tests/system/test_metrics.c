@@ -285,6 +285,12 @@ static void test_counts_match_what_happened(void **state)
     assert_true(value(m, "idem_store_commits_total") >= 1);
     assert_int_equal(value(m, "idem_store_commit_duration_seconds_count"),
                      value(m, "idem_store_commits_total"));
+    assert_int_equal(value(m, "idem_store_commit_batch_size_count"),
+                     value(m, "idem_store_commits_total"));
+    assert_int_equal(value(m, "idem_store_commit_batch_size_sum"),
+                     value(m, "idem_store_committed_ops_total"));
+    assert_int_equal(value(m, "idem_store_commit_batch_size_bucket{le=\"+Inf\"}"),
+                     value(m, "idem_store_commits_total"));
     assert_int_equal(value(m, "idem_consumer_connected{consumer=\"refund-result\",source=\"amqp\"}"),
                      0);
     assert_int_equal(value(m, "idem_requests_in_flight"), 0);
