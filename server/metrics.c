@@ -7,7 +7,8 @@
  * Read without touching the store, so a scrape every few seconds costs
  * nothing and works while the store is down. The series are bounded: a
  * route's label is a route or consumer name of the configuration (at most
- * ROUTES_MAX and CONSUMERS_MAX, kept across reloads by name), an outcome one
+ * ROUTES_MAX and CONSUMERS_MAX in one; kept across reloads by name, never
+ * dropped, so only reloads that keep renaming routes add any), an outcome one
  * of enum gw_outcome's GW_OUTCOMES names, a code a status of 100 to 599
  * (only those answered appear), a kind one of enum upstream_result's.
  */
