@@ -22,7 +22,9 @@ for f in ./usr/bin/idem ./usr/lib/libidem.so.0 ./usr/lib/libidem.a ./usr/include
          ./usr/share/man/man1/idem.1 ./usr/share/man/man1/idem-serve.1 \
          ./usr/share/man/man1/idem-consume.1 ./usr/share/man/man1/idem-verify.1 \
          ./usr/share/man/man5/idem.yaml.5 ./usr/lib/systemd/system/idem.service \
-         ./usr/share/doc/idem/deploy/idem.yaml ./usr/share/doc/idem/deploy/logrotate-idem; do
+         ./usr/share/doc/idem/deploy/idem.yaml ./usr/share/doc/idem/deploy/logrotate-idem \
+         ./usr/share/doc/idem/deploy/idem-dashboard.json \
+         ./usr/share/doc/idem/deploy/idem-alerts.yml; do
   grep -qxF "$f" "$tmp/files" || fail "the package has no $f"
 done
 # Unpacked, the command runs and its page reads; the unit runs it at /usr/bin.
