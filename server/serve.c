@@ -184,6 +184,10 @@ struct serve {
     struct front_counts counts;  /* all loops' connections and requests */
     struct event_base *base;     /* loops[0].ctx.base */
     struct workers *workers, *record_workers;
+    /* The reload and the purge: one thread of their own (idem-bg), so that
+     * neither waits behind store calls a stalled Redis holds on workers,
+     * nor holds a worker a request needs. */
+    struct workers *background;
     struct event *sig_term, *sig_int, *sig_hup, *sig_usr1, *purge_timer;
     const char *listen_arg, *db_arg; /* --listen and --db, or NULL */
     struct live_config *start;       /* the configuration it started with (kept) */
@@ -197,7 +201,7 @@ struct serve {
     struct consumers *consumers;     /* consumers: (start's config), or NULL */
     struct access_log *access;       /* access_log (start's config), or NULL: off */
     int consume_only;                /* idem consume: no main listener */
-    struct work reload_work; /* SIGHUP's reload, on a worker */
+    struct work reload_work; /* SIGHUP's reload, on the background thread */
     int reload_running, reload_again;
 };
 
@@ -519,7 +523,7 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     if (__atomic_exchange_n(&s->reload_running, 1, __ATOMIC_ACQ_REL))
         return; /* the running one sees reload_again */
     s->reload_work.run = run_reload;
-    if (workers_submit(s->workers, &s->reload_work) != 0) {
+    if (workers_submit(s->background, &s->reload_work) != 0) {
         __atomic_store_n(&s->reload_running, 0, __ATOMIC_RELEASE);
         daemon_log("SIGHUP: the daemon is stopping; not reloaded");
     }
@@ -527,21 +531,24 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
 
 /* At start and each minute, every record whose retention has run out goes, PURGE_BATCH
  * at a time: each batch is one store call, so the requests' writes take
- * turns with it, never waiting behind one long delete. A stop (SIGTERM)
- * ends the round between batches. */
+ * turns with it, never waiting behind one long delete. Each batch is a job
+ * of the background thread of its own, queued again while batches come
+ * back full, so a reload asked for meanwhile runs between two. A stop
+ * (SIGTERM) ends the round between batches. */
 #define PURGE_BATCH 1000
 
 static void run_purge(struct work *w)
 {
     struct serve *s = (struct serve *)((char *)w - offsetof(struct serve, purge_work));
-    unsigned n = PURGE_BATCH;
+    unsigned n = 0;
     idem_rc rc = IDEM_OK;
-    while (n == PURGE_BATCH && rc == IDEM_OK &&
-           !__atomic_load_n(&s->purge_stop, __ATOMIC_ACQUIRE))
+    if (!__atomic_load_n(&s->purge_stop, __ATOMIC_ACQUIRE))
         rc = idem_record_purge(s->d.h, PURGE_BATCH, &n);
     if (rc != IDEM_OK)
         daemon_log("purging expired records: %s: %s", idem_strerror(rc),
                 idem_errdetail());
+    if (rc == IDEM_OK && n == PURGE_BATCH && workers_submit(s->background, w) == 0)
+        return; /* the next batch, behind what is queued now */
     __atomic_store_n(&s->purge_running, 0, __ATOMIC_RELEASE);
 }
 
@@ -553,7 +560,7 @@ static void on_purge(evutil_socket_t fd, short what, void *arg)
     if (__atomic_exchange_n(&s->purge_running, 1, __ATOMIC_ACQ_REL))
         return;
     s->purge_work.run = run_purge;
-    if (workers_submit(s->workers, &s->purge_work) != 0)
+    if (workers_submit(s->background, &s->purge_work) != 0)
         __atomic_store_n(&s->purge_running, 0, __ATOMIC_RELEASE);
 }
 
@@ -713,15 +720,19 @@ static int run(int argc, char **argv, int consume_only)
     }
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
-    s->workers = workers_start(cfg->workers);
+    s->workers = workers_start(cfg->workers, "idem-worker");
     if (!s->workers) {
         fprintf(stderr, "%s: cannot start %d workers\n", me, cfg->workers);
+        goto out;
+    }
+    if (!(s->background = workers_start(1, "idem-bg"))) {
+        fprintf(stderr, "%s: cannot start the background thread (reload, purge)\n", me);
         goto out;
     }
     /* On the distributed store the gateway's record calls and lease
      * renewals have a pool of their own (see daemon.h). */
     int embedded = strcmp(cfg->storage_kind, "embedded") == 0;
-    if (!embedded && !(s->record_workers = workers_start(cfg->workers))) {
+    if (!embedded && !(s->record_workers = workers_start(cfg->workers, "idem-worker"))) {
         fprintf(stderr, "%s: cannot start %d workers for records\n", me, cfg->workers);
         goto out;
     }
@@ -875,6 +886,7 @@ out:
      * request releases its lock. */
     for (int i = 0; i < s->nloops; i++)
         front_abort_parked(s->loops[i].front);
+    workers_stop(s->background);
     workers_stop(s->workers);
     workers_stop(s->record_workers);
     store_barrier(&s->d);

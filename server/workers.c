@@ -34,7 +34,7 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-struct workers *workers_start(int n)
+struct workers *workers_start(int n, const char *name)
 {
     struct workers *ws = calloc(1, sizeof *ws + (size_t)n * sizeof(pthread_t));
     if (!ws)
@@ -48,7 +48,7 @@ struct workers *workers_start(int n)
     for (; ws->n < n; ws->n++) {
         if (pthread_create(&ws->threads[ws->n], &attr, worker_main, ws) != 0)
             break;
-        pthread_setname_np(ws->threads[ws->n], "idem-worker"); /* for top -H, perf, gdb */
+        pthread_setname_np(ws->threads[ws->n], name); /* for top -H, perf, gdb */
     }
     pthread_attr_destroy(&attr);
     if (ws->n < n) {

@@ -15,8 +15,9 @@ struct work {
     void (*run)(struct work *w);
 };
 
-/* Start n threads. NULL on failure. */
-struct workers *workers_start(int n);
+/* Start n threads, each named name (at most 15 bytes: top -H, perf, gdb).
+ * NULL on failure. */
+struct workers *workers_start(int n, const char *name);
 /* Queue w; a worker calls w->run(w) once. 0, or -1 when stopping. */
 int workers_submit(struct workers *ws, struct work *w);
 /* Run everything queued, then stop and join the threads. NULL: no-op. */
