@@ -14,8 +14,9 @@
  *
  * The record's lease is what keeps others out: once it is lost (an extend
  * answers CONFLICT — taken over — or fails until the last good lease has run
- * out) the command is stopped (SIGTERM, then SIGKILL) and nothing is stored,
- * since another invocation may be running it. A lost lock alone is said and
+ * out) the command is stopped (SIGTERM, then the keeper kills all it
+ * started: see "the keeper") and nothing is stored, since another
+ * invocation may be running it. A lost lock alone is said and
  * the command goes on: the record still holds the others off.
  *
  * On the embedded store the lock lives in this process's memory and so
@@ -310,10 +311,8 @@ static char **child_env(uint64_t epoch)
     return env;
 }
 
-/* In the child, between fork and exec: only async-signal-safe calls. The
- * command dies with this process (PR_SET_PDEATHSIG): once this process is
- * gone nothing renews its claim, and after the lease another invocation
- * runs the command; the two must not run at once. */
+/* In the command's process, between fork and exec: only async-signal-safe
+ * calls. It dies with the keeper (PR_SET_PDEATHSIG), whose pid is parent. */
 static void child(struct run *r, char **env, int out, int errpipe, pid_t parent,
                   const sigset_t *was)
 {
@@ -322,6 +321,7 @@ static void child(struct run *r, char **env, int out, int errpipe, pid_t parent,
     dfl.sa_handler = SIG_DFL;
     sigaction(SIGTERM, &dfl, NULL);
     sigaction(SIGINT, &dfl, NULL);
+    sigaction(SIGUSR1, &dfl, NULL);
     sigaction(SIGCHLD, &dfl, NULL);
     sigaction(SIGPIPE, &dfl, NULL);
     sigprocmask(SIG_SETMASK, was, NULL);
@@ -343,6 +343,150 @@ static void child(struct run *r, char **env, int out, int errpipe, pid_t parent,
     }
     (void)!write(errpipe, &err, sizeof err);
     _exit(err == ENOENT ? 127 : 126);
+}
+
+/* ---- the keeper ----
+ *
+ * Between idem run and the command stands a process of ours, the keeper.
+ * Once idem run is gone nothing renews the claim, and after its lease
+ * another invocation runs the command: nothing of this one may still run
+ * then. PR_SET_PDEATHSIG alone would end the command's first process
+ * only, and a shell script's own children would run on. So the keeper is
+ * the subreaper of everything the command starts (PR_SET_CHILD_SUBREAPER:
+ * what a dying process leaves is handed to it, not to init), and when idem
+ * run dies (its PR_SET_PDEATHSIG, SIGUSR1) or asks (SIGUSR1: the claim is
+ * lost and its grace is over) it kills every process under it, until none
+ * is left. Otherwise it passes SIGTERM and SIGINT on to the command (a
+ * terminal's, sent to the whole group, reached the command already) and
+ * exits as the command did. Forked from a process with threads, it makes
+ * only async-signal-safe calls. A process that makes itself a daemon of
+ * its own (setsid, then a double fork) is still under the keeper and goes
+ * too. */
+
+static volatile sig_atomic_t keeper_kill;
+static volatile pid_t keeper_cmd;
+
+static void keeper_signal(int sig, siginfo_t *si, void *ctx)
+{
+    (void)ctx;
+    if (sig == SIGUSR1)
+        keeper_kill = 1;
+    else if (keeper_cmd > 0 && (!si || si->si_code != SI_KERNEL))
+        kill(keeper_cmd, sig);
+}
+
+/* The decimal digits of v at the end of buf[0..cap), NUL-terminated:
+ * where they start. */
+static char *digits(char *buf, size_t cap, long v)
+{
+    char *p = buf + cap - 1;
+    *p = '\0';
+    do
+        *--p = (char)('0' + v % 10);
+    while ((v /= 10) > 0 && p > buf);
+    return p;
+}
+
+/* Kill every process under the keeper, those handed to it as their parents
+ * die included, and reap them all. */
+static void kill_all(void)
+{
+    char num[24], path[64] = "/proc/self/task/";
+    const char *pid = digits(num, sizeof num, (long)getpid());
+    size_t n = strlen(path), k = strlen(pid);
+    memcpy(path + n, pid, k);
+    memcpy(path + n + k, "/children", 10);
+    for (;;) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            kill(keeper_cmd, SIGKILL); /* no children list: the command at least */
+        } else {
+            char buf[4096];
+            ssize_t got;
+            long v = 0;
+            int in = 0;
+            while ((got = read(fd, buf, sizeof buf)) > 0 || (got < 0 && errno == EINTR))
+                for (ssize_t i = 0; i < got; i++) {
+                    if (buf[i] >= '0' && buf[i] <= '9') {
+                        v = v * 10 + (buf[i] - '0');
+                        in = 1;
+                    } else if (in) {
+                        kill((pid_t)v, SIGKILL);
+                        v = 0;
+                        in = 0;
+                    }
+                }
+            if (in)
+                kill((pid_t)v, SIGKILL);
+            close(fd);
+        }
+        int st;
+        if (waitpid(-1, &st, 0) < 0 && errno == ECHILD)
+            return;
+    }
+}
+
+static void keeper(struct run *r, char **env, int out, int errpipe, pid_t parent,
+                   const sigset_t *was)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_sigaction = keeper_signal;
+    sa.sa_flags = SA_SIGINFO; /* no SA_RESTART: a signal ends the waitpid below */
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGCHLD, &dfl, NULL);
+    sigaction(SIGPIPE, &dfl, NULL);
+    prctl(PR_SET_NAME, "idem-keeper");
+    int err = 0;
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0 || prctl(PR_SET_PDEATHSIG, SIGUSR1) != 0)
+        err = errno;
+    else if (getppid() != parent)
+        _exit(EX_SOFTWARE); /* idem run died already */
+    pid_t me = getpid();
+    pid_t cmd = err ? -1 : fork();
+    if (cmd == 0)
+        child(r, env, out, errpipe, me, was);
+    if (cmd < 0) {
+        if (!err)
+            err = errno;
+        (void)!write(errpipe, &err, sizeof err);
+        _exit(126);
+    }
+    keeper_cmd = cmd;
+    close(out);     /* the command's stdout ends when the command's does */
+    close(errpipe); /* the exec's answer is the command's to give */
+    sigprocmask(SIG_SETMASK, was, NULL);
+    int st = 0;
+    for (;;) {
+        if (keeper_kill) {
+            kill_all();
+            _exit(128 + SIGKILL);
+        }
+        pid_t w = waitpid(cmd, &st, 0);
+        if (w == cmd)
+            break;
+        if (w < 0 && errno != EINTR)
+            _exit(EX_OSERR);
+    }
+    if (keeper_kill)
+        kill_all();
+    if (!WIFSIGNALED(st))
+        _exit(WEXITSTATUS(st));
+    /* Ended by a signal: so is the keeper, for idem run to see. */
+    int sig = WTERMSIG(st);
+    sigaction(sig, &dfl, NULL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    sigprocmask(SIG_UNBLOCK, &one, NULL);
+    kill(getpid(), sig);
+    _exit(128 + sig);
 }
 
 /* The tail of what the command wrote to stdout. */
@@ -458,7 +602,7 @@ static int execute(struct run *r)
     sigprocmask(SIG_BLOCK, &all, &was);
     pid_t parent = getpid(), pid = fork();
     if (pid == 0)
-        child(r, env, out[1], ex[1], parent, &was);
+        keeper(r, env, out[1], ex[1], parent, &was);
     int fork_errno = errno;
     sigprocmask(SIG_SETMASK, &was, NULL);
     close(out[1]);
@@ -555,8 +699,8 @@ static int execute(struct run *r)
             } else if (e == IDEM_OK || now >= lease_end) {
                 lost = 1;
                 fprintf(stderr, "idem run: %s/%s: the claim (epoch %" PRIu64 ") is lost (%s): "
-                        "another invocation may run the command now. Stopping it (SIGTERM, "
-                        "SIGKILL after %d s); nothing is stored\n",
+                        "another invocation may run the command now. Stopping it (SIGTERM; then "
+                        "all it started killed after %d s); nothing is stored\n",
                         r->space, r->key, r->epoch,
                         e == IDEM_OK ? idem_outcome_name(o) : "its lease ran out while the "
                                                                 "store failed",
@@ -570,7 +714,7 @@ static int execute(struct run *r)
             next_extend = now + (e == IDEM_OK ? tick : RUN_POLL_MS);
         }
         if (lost && !reaped && kill_at && mono_ms() >= kill_at) {
-            kill(pid, SIGKILL);
+            kill(pid, SIGUSR1); /* the keeper kills it, and all it started */
             kill_at = INT64_MAX;
         }
     }

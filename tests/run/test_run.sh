@@ -6,9 +6,10 @@
 #
 #   storm      20 invocations started at once: the command ran once, and
 #              all 20 print its stdout and exit with its status
-#   kill9      idem run killed with SIGKILL: its command dies with it; the
-#              next invocation is busy (75) until the lease is over, then
-#              takes over with a higher IDEM_EPOCH
+#   kill9      idem run killed with SIGKILL: its command dies with it, the
+#              processes a shell script of it started too; the next
+#              invocation is busy (75) until the lease is over, then takes
+#              over with a higher IDEM_EPOCH
 #   lost       the claim taken from under a running command (its epoch
 #              moved on in the store): the command is stopped, exit 70,
 #              nothing stored
@@ -99,7 +100,11 @@ cat >"$tmp/long.sh" <<EOF
 #!/bin/sh
 echo \$\$ >"$tmp/child.\$IDEM_EPOCH"
 echo \$IDEM_EPOCH >>"$tmp/epochs"
-[ -e "$tmp/second" ] || exec sleep 60
+if [ ! -e "$tmp/second" ]; then
+  sleep 60 &
+  echo \$! >"$tmp/grandchild"
+  wait
+fi
 echo "done at epoch \$IDEM_EPOCH"
 EOF
 chmod +x "$tmp/long.sh"
@@ -110,13 +115,18 @@ pids+=($runner)
 if wait_for "$tmp/epochs"; then
   e1=$(head -1 "$tmp/epochs")
   wait_for "$tmp/child.$e1"
-  child=$(cat "$tmp/child.$e1")
+  wait_for "$tmp/grandchild"
+  child=$(cat "$tmp/child.$e1") grandchild=$(cat "$tmp/grandchild")
   kill -9 "$runner"
   wait "$runner" 2>/dev/null
-  for _ in $(seq 100); do alive "$child" || break; sleep 0.05; done
+  for _ in $(seq 100); do alive "$child" || alive "$grandchild" || break; sleep 0.05; done
   if alive "$child"; then
     fail "the command outlived idem run's SIGKILL"
     kill -9 "$child"
+  fi
+  if alive "$grandchild"; then
+    fail "a process the command started outlived idem run's SIGKILL"
+    kill -9 "$grandchild"
   fi
   touch "$tmp/second"
   # Within the lease: the key is held by the dead run's claim.
