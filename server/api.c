@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "console.h"
 #include "consume.h"
 #include "daemon.h"
 #include "metrics.h"
@@ -586,6 +587,8 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
     if (*rest == '/')
         rest++;
     if (req->admin && records_admin_handle(d, cfg, req, rest))
+        return;
+    if (req->admin && console_api_handle(cfg, req, rest))
         return;
     int health_ep = strcmp(rest, "health") == 0 || strcmp(rest, "health/ready") == 0;
     int post_ep = is_post_endpoint(rest) && (req->admin || strcmp(rest, "tokens") == 0);
