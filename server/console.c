@@ -1,10 +1,17 @@
 /*
- * console.c — what the operator console asks the daemon beside the JSON
- * API's records and counters (daemon), on the admin listener under
- * /_idem/v1/, for any API key:
+ * console.c — the operator console (daemon): a web page on the admin
+ * listener, at / (and /console), with its script and style sheet beside it
+ * (/console.js, /console.css), each embedded in the binary at build time
+ * (scripts/mkembed.sh from server/console/). The page is the same for
+ * everyone and holds no data: what it shows it fetches from the JSON API
+ * with the API key the operator signs in with, so the page itself is
+ * served before the admin door asks for a key, and only on the admin
+ * listener. docs/console.md is the operator's guide.
  *
- *   GET whoami    the key's name and scope, so the console offers actions
- *                 to write keys only (the door refuses the others anyway)
+ * Two read endpoints under /_idem/v1/ are the console's (any API key):
+ *
+ *   GET whoami    the key's name and scope, so the page offers actions to
+ *                 write keys only (the door refuses the others anyway)
  *   GET spaces    the key spaces the routes and consumers write to
  */
 #include "console.h"
@@ -13,6 +20,58 @@
 #include <string.h>
 
 #include "admin.h"
+#include "console_css.h"
+#include "console_html.h"
+#include "console_js.h"
+
+/* What a browser is told with each file: nothing but the daemon's own
+ * script and style, never in a frame (clickjacking an action), no guessed
+ * types, no Referer out, nothing cached (the page changes with the
+ * binary; the data is never in it). */
+static const char *const strict_headers[][2] = {
+    {"Content-Security-Policy",
+     "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+     "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"},
+    {"X-Frame-Options", "DENY"},
+    {"X-Content-Type-Options", "nosniff"},
+    {"Referrer-Policy", "no-referrer"},
+    {"Cache-Control", "no-store"},
+    {"Cross-Origin-Opener-Policy", "same-origin"},
+    {"Cross-Origin-Resource-Policy", "same-origin"},
+};
+
+static const struct {
+    const char *path, *type;
+    const unsigned char *body;
+    const size_t *len;
+} files[] = {
+    {"/", "text/html; charset=utf-8", console_html, &console_html_len},
+    {"/console", "text/html; charset=utf-8", console_html, &console_html_len},
+    {"/console.js", "text/javascript; charset=utf-8", console_js, &console_js_len},
+    {"/console.css", "text/css; charset=utf-8", console_css, &console_css_len},
+};
+
+int console_answer(struct live_config *lc, struct front_request *req, const char *path)
+{
+    const char *method = req->msg->method;
+    if (!req->admin || (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0))
+        return 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        if (strcmp(path, files[i].path) != 0)
+            continue;
+        struct http_response *r = response_new(200);
+        int bad = !r || response_add_header(r, "Content-Type", files[i].type);
+        for (size_t h = 0; !bad && h < sizeof strict_headers / sizeof strict_headers[0]; h++)
+            bad = response_add_header(r, strict_headers[h][0], strict_headers[h][1]);
+        if (bad || response_set_body(r, files[i].body, *files[i].len)) {
+            response_free(r);
+            r = NULL; /* 503 */
+        }
+        daemon_answer(lc, req, r);
+        return 1;
+    }
+    return 0;
+}
 
 /* GET whoami: the request's key (the door let it in, so there is one). */
 static struct http_response *whoami(const struct server_config *cfg, const struct http_msg *m)

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "admin.h"
+#include "console.h"
 #include "daemon.h"
 #include "metrics.h"
 #include "mono.h"
@@ -130,12 +131,13 @@ static struct http_response *issue_rate_refusal(struct daemon *d, const struct s
     return r;
 }
 
-/* A request on the admin listener: its key first (admin_door), then the
+/* A request on the admin listener: the console's files (the same for
+ * everyone, no data in them), else its key first (admin_door), then the
  * JSON API. */
 static void admin_handle(struct daemon *d, struct live_config *lc, struct front_request *req,
                          const char *path, int api)
 {
-    if (admin_door(d, lc, req, path))
+    if (console_answer(lc, req, path) || admin_door(d, lc, req, path))
         return;
     /* Where Prometheus looks by default: the same as /_idem/v1/metrics. */
     if (strcmp(path, "/metrics") == 0 &&
