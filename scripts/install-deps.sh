@@ -18,6 +18,7 @@ packages=(
   redis-server redis-tools              # distributed tests, redis-benchmark
   rabbitmq-server librabbitmq-dev amqp-tools  # the message consumers and their tests
   prometheus                            # promtool: the metrics' and alert rules' tests
+  chromium nodejs                       # the console's test: a browser, and its driver
 )
 
 missing=()

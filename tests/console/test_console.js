@@ -1,0 +1,480 @@
+'use strict';
+/*
+ * test_console.js — the operator console in a real browser: headless
+ * Chromium driven over the DevTools protocol (on a pipe: Node's built-ins
+ * only), against idem serve on the embedded store with the example refund
+ * service behind it.
+ *
+ *   node test_console.js IDEM REFUND_SERVICE CHROMIUM OUTDIR
+ *
+ * It signs in (a wrong key first), watches the counters move, searches for
+ * a key with "/" and Enter, opens it, releases a held claim through the
+ * confirmation dialog and checks that a retry then executes exactly once;
+ * a key holding <script> and a stored HTML body show as text (no element
+ * injected, no dialog raised); a read key sees no enabled action; the
+ * console is never served on the main listener. OUTDIR/console.png is the
+ * screenshot kept as the test's artifact.
+ */
+const assert = require('node:assert/strict');
+const { spawn } = require('node:child_process');
+const fs = require('node:fs');
+const http = require('node:http');
+const os = require('node:os');
+const path = require('node:path');
+
+const [idemBin, serviceBin, chromiumBin, outDir] = process.argv.slice(2);
+if (!outDir) {
+  console.error('usage: node test_console.js IDEM REFUND_SERVICE CHROMIUM OUTDIR');
+  process.exit(2);
+}
+
+const WRITE_KEY = 'console-write-key-0123456789abcdef';
+const READ_KEY = 'console-read-key-0123456789abcdef';
+const XSS_KEY = '<script>alert(1)</script>';
+const HTML_KEY = '<img src=x onerror=alert(2)>';
+const HTML_BODY = '<b id="injected">bold</b><script>alert(3)</script>';
+
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'idem-console-'));
+const children = [];
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/* A program started, its stdout read until a line matches re: the match. */
+function start(bin, args, env, re, logName) {
+  return new Promise((resolve, reject) => {
+    const log = fs.openSync(path.join(dir, logName), 'w');
+    const p = spawn(bin, args, { env: Object.assign({}, process.env, env),
+      stdio: ['ignore', 'pipe', log] });
+    children.push(p);
+    let out = '';
+    const timer = setTimeout(() => reject(new Error(bin + ' did not start: ' + out)), 20000);
+    p.stdout.on('data', (b) => {
+      out += b;
+      fs.writeSync(log, b);
+      const m = re.exec(out);
+      if (m) {
+        clearTimeout(timer);
+        resolve(m);
+      }
+    });
+    p.on('exit', (code) => reject(new Error(bin + ' exited ' + code + ': ' + out)));
+  });
+}
+
+/* An HTTP request: {status, headers, body}. */
+function request(port, method, target, headers, body) {
+  return new Promise((resolve, reject) => {
+    const req = http.request({ host: '127.0.0.1', port, method, path: target, headers,
+      agent: false }, (res) => {
+      let data = '';
+      res.setEncoding('utf8');
+      res.on('data', (c) => (data += c));
+      res.on('end', () => resolve({ status: res.statusCode, headers: res.headers, body: data }));
+    });
+    req.on('error', reject);
+    req.setTimeout(15000, () => req.destroy(new Error(method + ' ' + target + ': timed out')));
+    req.end(body);
+  });
+}
+
+function refund(port, no, extra) {
+  return request(port, 'POST', '/refunds',
+    Object.assign({ 'Content-Type': 'application/json' }, extra || {}),
+    JSON.stringify({ refund_no: no, amount: '1.00' }));
+}
+
+function admin(port, method, target, body, key) {
+  return request(port, method, target, { Authorization: 'Bearer ' + (key || WRITE_KEY),
+    'Content-Type': 'application/json' }, body === undefined ? undefined : JSON.stringify(body));
+}
+
+/* ---- the DevTools protocol, on Chromium's pipe (fd 3 in, fd 4 out) ---- */
+
+class Browser {
+  constructor(bin, profile) {
+    this.proc = spawn(bin, ['--headless=new', '--remote-debugging-pipe', '--no-sandbox',
+      '--disable-gpu', '--no-first-run', '--no-default-browser-check',
+      '--disable-background-networking', '--disable-extensions', '--user-data-dir=' + profile,
+      '--window-size=1280,1000', 'about:blank'],
+    { stdio: ['ignore', 'ignore', fs.openSync(path.join(dir, 'chromium.log'), 'w'),
+      'pipe', 'pipe'] });
+    children.push(this.proc);
+    this.out = this.proc.stdio[3];
+    this.seq = 0;
+    this.pending = new Map();
+    this.listeners = [];
+    let buf = Buffer.alloc(0);
+    this.proc.stdio[4].on('data', (chunk) => {
+      buf = Buffer.concat([buf, chunk]);
+      let nul;
+      while ((nul = buf.indexOf(0)) >= 0) {
+        const msg = JSON.parse(buf.subarray(0, nul).toString('utf8'));
+        buf = buf.subarray(nul + 1);
+        if (msg.id && this.pending.has(msg.id)) {
+          const { resolve, reject, method } = this.pending.get(msg.id);
+          this.pending.delete(msg.id);
+          if (msg.error) reject(new Error(method + ': ' + JSON.stringify(msg.error)));
+          else resolve(msg.result);
+        } else if (msg.method) {
+          for (const l of this.listeners) l(msg);
+        }
+      }
+    });
+  }
+
+  send(method, params, sessionId) {
+    const id = ++this.seq;
+    const msg = { id, method, params: params || {} };
+    if (sessionId) msg.sessionId = sessionId;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject, method });
+      this.out.write(JSON.stringify(msg) + '\0');
+    });
+  }
+}
+
+class Page {
+  constructor(browser, sessionId) {
+    this.b = browser;
+    this.s = sessionId;
+    this.dialogs = [];
+    this.cspViolations = [];
+    this.exceptions = [];
+    browser.listeners.push((msg) => {
+      if (msg.sessionId !== this.s) return;
+      if (msg.method === 'Page.javascriptDialogOpening') {
+        this.dialogs.push(msg.params.message);
+        this.send('Page.handleJavaScriptDialog', { accept: true }).catch(() => {});
+      } else if (msg.method === 'Runtime.exceptionThrown') {
+        this.exceptions.push(JSON.stringify(msg.params.exceptionDetails));
+      } else if (msg.method === 'Log.entryAdded' || msg.method === 'Runtime.consoleAPICalled') {
+        const text = msg.params.entry ? msg.params.entry.text
+          : msg.params.args.map((a) => a.value).join(' ');
+        if (/Content Security Policy/i.test(text)) this.cspViolations.push(text);
+      }
+    });
+  }
+
+  send(method, params) {
+    return this.b.send(method, params, this.s);
+  }
+
+  /* The value of expression in the page (awaited when a promise). */
+  async eval(expression) {
+    const r = await this.send('Runtime.evaluate', { expression, awaitPromise: true,
+      returnByValue: true });
+    if (r.exceptionDetails)
+      throw new Error('in the page: ' + expression + ': ' + JSON.stringify(r.exceptionDetails));
+    return r.result.value;
+  }
+
+  /* Until expression is truthy in the page: its value. */
+  async waitFor(expression, what, timeoutMs) {
+    const end = Date.now() + (timeoutMs || 15000);
+    for (;;) {
+      const v = await this.eval(expression);
+      if (v) return v;
+      if (Date.now() > end) throw new Error('timed out waiting for ' + what);
+      await sleep(100);
+    }
+  }
+
+  async key(key, code, keyCode, text) {
+    await this.send('Input.dispatchKeyEvent', { type: 'keyDown', key, code,
+      windowsVirtualKeyCode: keyCode, text });
+    await this.send('Input.dispatchKeyEvent', { type: 'keyUp', key, code,
+      windowsVirtualKeyCode: keyCode });
+  }
+
+  type(text) {
+    return this.send('Input.insertText', { text });
+  }
+}
+
+/* ---- the test ---- */
+
+async function main() {
+  const [, servicePort] = await start(serviceBin, ['--listen', '127.0.0.1:0', '--db', ':memory:'],
+    {}, /listening on [^\n]*:(\d+)\n/, 'refund_service.log');
+  const readKeyFile = path.join(dir, 'read.key');
+  fs.writeFileSync(readKeyFile, READ_KEY + '\n', { mode: 0o400 });
+  const config = path.join(dir, 'idem.yaml');
+  fs.writeFileSync(config, [
+    'admin_listen: 127.0.0.1:0',
+    'api_keys:',
+    '  - { name: console-ops, scope: write, env: IDEM_CONSOLE_WRITE_KEY }',
+    '  - { name: console-viewer, scope: read, file: ' + readKeyFile + ' }',
+    'routes:',
+    '  - name: refund',
+    '    match: { method: POST, path: /refunds }',
+    '    upstream: http://127.0.0.1:' + servicePort,
+    '    key: { json: refund_no }',
+    '    space: refund',
+    '    fingerprint: [refund_no, amount]',
+    '    upstream_timeout: 400ms',
+    '    lease: 1s',
+    '    on_unknown_outcome: hold',
+    '    retention: 7d',
+    '',
+  ].join('\n'));
+  const m = await start(idemBin, ['serve', '-c', config, '--db', path.join(dir, 'records.db'),
+    '--listen', '127.0.0.1:0'], { IDEM_CONSOLE_WRITE_KEY: WRITE_KEY },
+  /listening on [^\n]*:(\d+), JSON API on [^\n]*:(\d+),/, 'idem.log');
+  const port = Number(m[1]), adminPort = Number(m[2]);
+  const executions = async () =>
+    JSON.parse((await request(servicePort, 'GET', '/stats')).body).executions;
+
+  /* The console is the admin listener's alone, with its strict headers. */
+  const main = await request(port, 'GET', '/');
+  assert.notEqual(main.status, 200, 'GET / on the main listener');
+  assert.ok(!main.body.includes('Idem console'), 'the console on the main listener');
+  assert.equal(main.headers['content-security-policy'], undefined);
+  for (const p of ['/console.js', '/console.css', '/console'])
+    assert.notEqual((await request(port, 'GET', p)).status, 200, p + ' on the main listener');
+  const page = await request(adminPort, 'GET', '/');
+  assert.equal(page.status, 200);
+  assert.match(page.body, /<title>Idem console<\/title>/);
+  assert.match(page.headers['content-type'], /^text\/html/);
+  assert.match(page.headers['content-security-policy'], /default-src 'none'/);
+  assert.match(page.headers['content-security-policy'], /script-src 'self'/);
+  assert.match(page.headers['content-security-policy'], /frame-ancestors 'none'/);
+  assert.equal(page.headers['x-frame-options'], 'DENY');
+  assert.equal(page.headers['x-content-type-options'], 'nosniff');
+  assert.equal(page.headers['referrer-policy'], 'no-referrer');
+  assert.equal(page.headers['cache-control'], 'no-store');
+  assert.ok(!/<script>[^<]/.test(page.body), 'no inline script in the page');
+  const js = await request(adminPort, 'GET', '/console.js');
+  assert.match(js.headers['content-type'], /^text\/javascript/);
+  assert.equal((await request(adminPort, 'GET', '/_idem/v1/whoami')).status, 401);
+  assert.equal((await request(adminPort, 'POST', '/')).status, 401, 'POST / passes the door');
+  const who = JSON.parse((await admin(adminPort, 'GET', '/_idem/v1/whoami', undefined,
+    READ_KEY)).body);
+  assert.deepEqual(who, { name: 'console-viewer', scope: 'read', write: false });
+  assert.deepEqual(JSON.parse((await admin(adminPort, 'GET', '/_idem/v1/whoami')).body),
+    { name: 'console-ops', scope: 'write', write: true });
+  assert.equal((await admin(adminPort, 'POST', '/_idem/v1/whoami', {})).status, 405);
+  assert.deepEqual(JSON.parse((await admin(adminPort, 'GET', '/_idem/v1/spaces', undefined,
+    READ_KEY)).body), { spaces: [{ space: 'refund', routes: ['refund'], consumers: [],
+    holds: true }] });
+  assert.equal((await request(port, 'GET', '/_idem/v1/whoami')).status, 404,
+    'whoami on the main listener');
+
+  /* Two held claims: an answer slower than upstream_timeout, with the
+   * upstream's own (unknown to idem) execution landing after it. */
+  for (const no of ['H-1', 'H-2'])
+    assert.equal((await refund(port, no, { 'X-Delay-Ms': '1200' })).status, 504);
+  /* A key holding markup, stored as the gateway stores any answer. */
+  assert.equal((await refund(port, XSS_KEY)).status, 201);
+  /* As the gateway keys it (a '/' in a key's part is percent-encoded). */
+  const listed = JSON.parse((await admin(adminPort, 'GET',
+    '/_idem/v1/records?space=refund&prefix=' + encodeURIComponent('<script>'))).body);
+  assert.equal(listed.records.length, 1);
+  const xssKey = listed.records[0].key;
+  assert.ok(xssKey.startsWith('<script>alert(1)<'), xssKey);
+  /* And an event on it: the key reused with another amount. */
+  assert.equal((await request(port, 'POST', '/refunds', { 'Content-Type': 'application/json' },
+    JSON.stringify({ refund_no: XSS_KEY, amount: '2.00' }))).status, 422);
+  /* A stored answer whose body is HTML, written through the JSON API. */
+  const begun = JSON.parse((await admin(adminPort, 'POST', '/_idem/v1/records/begin',
+    { space: 'refund', key: HTML_KEY, owner: '<u>owner</u>', lease_ms: 60000 })).body);
+  const stored = 'IDEM1 200 2 ' + Buffer.byteLength(HTML_BODY) +
+    '\nContent-Type: text/html\nX-Note: <i>note</i>\n' + HTML_BODY;
+  assert.equal((await admin(adminPort, 'POST', '/_idem/v1/records/complete',
+    { space: 'refund', key: HTML_KEY, epoch: begun.record.epoch, result: stored })).status, 200);
+  await sleep(1500);
+  const epochOf = async (key) => JSON.parse((await admin(adminPort, 'GET',
+    '/_idem/v1/records/refund/' + encodeURIComponent(key))).body).record.epoch;
+  const heldEpoch = await epochOf('H-1');
+
+  const profile = path.join(dir, 'profile');
+  fs.mkdirSync(profile);
+  const browser = new Browser(chromiumBin, profile);
+  const { targetInfos } = await browser.send('Target.getTargets');
+  const target = targetInfos.find((t) => t.type === 'page');
+  const { sessionId } = await browser.send('Target.attachToTarget',
+    { targetId: target.targetId, flatten: true });
+  const p = new Page(browser, sessionId);
+  await p.send('Page.enable');
+  await p.send('Runtime.enable');
+  await p.send('Log.enable');
+  await p.send('Page.navigate', { url: 'http://127.0.0.1:' + adminPort + '/' });
+  await p.waitFor("document.readyState === 'complete' && " +
+    "document.activeElement && document.activeElement.id === 'api-key'",
+  'the sign-in form, focused');
+
+  /* A wrong key is said to be one, plainly. */
+  await p.type('not-a-key-of-this-daemon');
+  await p.key('Enter', 'Enter', 13, '\r');
+  const refusal = await p.waitFor("document.getElementById('sign-in-error').textContent",
+    'the refusal of a wrong key');
+  assert.match(refusal, /not accepted.*401/);
+  assert.equal(await p.eval("sessionStorage.getItem('idem.console.key')"), null);
+
+  /* The write key: signed in, kept for this tab only. */
+  await p.eval("document.getElementById('api-key').value = " + JSON.stringify(WRITE_KEY));
+  await p.key('Enter', 'Enter', 13, '\r');
+  await p.waitFor("!document.getElementById('app').hidden", 'the signed-in console');
+  assert.match(await p.eval("document.getElementById('who-text').textContent"),
+    /console-ops \(write key/);
+  assert.equal(await p.eval("sessionStorage.getItem('idem.console.key')"), WRITE_KEY);
+  assert.equal(await p.eval("localStorage.length"), 0);
+  assert.equal(await p.eval("document.cookie"), '');
+
+  /* The counters move: one more execution shows within a few polls. */
+  const counter = "(() => { const c = document.querySelector('.route[data-route=\"refund\"] " +
+    "[data-counter=\"idem_gateway_executions_total\"] .value'); return c ? Number(c.textContent)" +
+    " : -1; })()";
+  const before = await p.waitFor(counter + ' >= 3 && ' + counter, 'the executions counter');
+  assert.equal((await refund(port, 'C-1')).status, 201);
+  await p.waitFor(counter + ' === ' + (before + 1), 'the executions counter to move');
+  await p.waitFor("document.querySelectorAll('.route svg polyline').length > 0", 'a chart');
+
+  /* "/" goes to the search; Enter searches; the key opens. */
+  await p.eval('document.activeElement.blur()');
+  await p.key('/', 'Slash', 191, '/');
+  await p.waitFor("document.activeElement.id === 'prefix'", '"/" to focus the search');
+  await p.type('H-1');
+  await p.key('Enter', 'Enter', 13, '\r');
+  await p.waitFor("document.querySelector('#records [data-open=\"H-1\"]')", 'H-1 found');
+  assert.equal(await p.eval("document.querySelectorAll('#records tr').length"), 1);
+  await p.eval("document.querySelector('#records [data-open=\"H-1\"]').focus()");
+  await p.key('Enter', 'Enter', 13, '\r');
+  await p.waitFor("document.getElementById('detail').open", 'the detail of H-1');
+  const fields = await p.eval("document.getElementById('detail-fields').textContent");
+  assert.match(fields, /StatePROCESSING/);
+  assert.match(fields, /KeyH-1/);
+  assert.ok(fields.includes('Epoch' + heldEpoch + 'Owner'), fields);
+  await p.key('Escape', 'Escape', 27);
+  await p.waitFor("!document.getElementById('detail').open", 'Esc to close the detail');
+
+  /* The held claim released through its confirmation: a retry executes,
+   * once. Cancelling first changes nothing. */
+  await p.eval("document.querySelector('nav [data-view=\"claims\"]').click()");
+  const release = "document.querySelector('#held tr:has([data-open=\"H-1\"]) " +
+    "[data-action=\"release\"]')";
+  await p.waitFor(release, 'H-1 among the held claims');
+  await p.eval(release + '.click()');
+  await p.waitFor("document.getElementById('confirm').open", 'the confirmation');
+  assert.match(await p.eval("document.getElementById('confirm-text').textContent"),
+    new RegExp('H-1 .*epoch ' + heldEpoch + '\\)'));
+  await p.key('Escape', 'Escape', 27);
+  await p.waitFor("!document.getElementById('confirm').open", 'Esc to cancel');
+  assert.equal((await refund(port, 'H-1')).status, 409, 'still held after a cancel');
+  await p.eval(release + '.click()');
+  await p.waitFor("document.getElementById('confirm').open", 'the confirmation');
+  await p.eval("document.getElementById('confirm-ok').click()");
+  await p.waitFor("/Release H-1: RELEASED/.test(document.getElementById('status').textContent)",
+    'the release to be done');
+  await p.waitFor("!document.querySelector('#held [data-open=\"H-1\"]')",
+    'H-1 gone from the held claims');
+  const ran = await executions();
+  await Promise.all([1, 2, 3, 4].map(() => refund(port, 'H-1')));
+  assert.equal(await executions(), ran + 1, 'the retries executed once');
+  assert.ok([200, 201, 409].includes((await refund(port, 'H-1')).status));
+  assert.equal(await executions(), ran + 1, 'a later retry is a replay');
+
+  /* Keys and bodies holding markup show as text. */
+  await p.eval('document.activeElement.blur()');
+  await p.key('/', 'Slash', 191, '/');
+  await p.waitFor("document.activeElement.id === 'prefix'", 'the search');
+  await p.eval("document.getElementById('prefix').value = ''");
+  await p.type('<');
+  await p.key('Enter', 'Enter', 13, '\r');
+  await p.waitFor("document.querySelectorAll('#records [data-open]').length === 2",
+    'the two keys holding markup');
+  const keys = await p.eval("[...document.querySelectorAll('#records [data-open]')]" +
+    '.map((b) => b.textContent).sort()');
+  assert.deepEqual(keys, [xssKey, HTML_KEY].sort());
+  await p.eval("[...document.querySelectorAll('#records [data-open]')]" +
+    '.find((b) => b.textContent === ' + JSON.stringify(HTML_KEY) + ').click()');
+  await p.waitFor("document.getElementById('detail').open && " +
+    "document.getElementById('detail-body').textContent", 'the stored HTML body');
+  assert.equal(await p.eval("document.getElementById('detail-body').textContent"), HTML_BODY);
+  assert.match(await p.eval("document.getElementById('detail-status').textContent"), /200/);
+  assert.match(await p.eval("document.getElementById('detail-headers').textContent"),
+    /Content-Typetext\/htmlX-Note<i>note<\/i>/);
+  assert.match(await p.eval("document.getElementById('detail-fields').textContent"),
+    /Owner<u>owner<\/u>/);
+  assert.equal(await p.eval("document.getElementById('detail-title').textContent"),
+    'Record ' + HTML_KEY);
+  const markup = "({ scripts: document.scripts.length, injected: " +
+    "document.querySelectorAll('#injected, img, b, i, u').length })";
+  assert.deepEqual(await p.eval(markup), { scripts: 1, injected: 0 });
+  await p.key('Escape', 'Escape', 27);
+  await p.waitFor("!document.getElementById('detail').open", 'Esc');
+  await p.eval("[...document.querySelectorAll('#records [data-open]')]" +
+    '.find((b) => b.textContent === ' + JSON.stringify(xssKey) + ').click()');
+  await p.waitFor("document.getElementById('detail').open && " +
+    "/refund_no/.test(document.getElementById('detail-body').textContent)",
+  'the JSON body of the markup key');
+  const pretty = await p.eval("document.getElementById('detail-body').textContent");
+  assert.equal(pretty, JSON.stringify(JSON.parse(pretty), null, 2), 'JSON pretty-printed');
+  assert.deepEqual(await p.eval(markup), { scripts: 1, injected: 0 });
+  await p.key('Escape', 'Escape', 27);
+  /* The events name the key as text too. */
+  await p.eval("document.querySelector('nav [data-view=\"events\"]').click()");
+  await p.waitFor("[...document.querySelectorAll('#events tr')].some((r) => " +
+    "r.textContent.includes('mismatch_422') && r.textContent.includes(" +
+    JSON.stringify(xssKey) + '))', 'the 422 on the markup key among the events');
+  assert.deepEqual(await p.eval(markup), { scripts: 1, injected: 0 });
+
+  /* The artifact: the detail of the stored HTML answer over the console. */
+  await p.eval("document.querySelector('nav [data-view=\"records\"]').click()");
+  await p.eval("[...document.querySelectorAll('#records [data-open]')]" +
+    '.find((b) => b.textContent === ' + JSON.stringify(HTML_KEY) + ').click()');
+  await p.waitFor("document.getElementById('detail').open", 'the detail');
+  const shot = await p.send('Page.captureScreenshot', { format: 'png' });
+  fs.writeFileSync(path.join(outDir, 'console-detail.png'), Buffer.from(shot.data, 'base64'));
+  await p.key('Escape', 'Escape', 27);
+  await p.eval("document.querySelector('nav [data-view=\"overview\"]').click()");
+  await sleep(500);
+  const shot2 = await p.send('Page.captureScreenshot', { format: 'png' });
+  fs.writeFileSync(path.join(outDir, 'console.png'), Buffer.from(shot2.data, 'base64'));
+
+  /* A read key sees the held claim H-2, and no action it could take. */
+  await p.eval("document.getElementById('sign-out').click()");
+  await p.waitFor("!document.getElementById('sign-in-view').hidden", 'signed out');
+  assert.equal(await p.eval("sessionStorage.getItem('idem.console.key')"), null);
+  await p.eval("document.getElementById('api-key').value = " + JSON.stringify(READ_KEY));
+  await p.key('Enter', 'Enter', 13, '\r');
+  await p.waitFor("/console-viewer \\(read key/.test(document.getElementById('who-text')" +
+    '.textContent)', 'signed in with the read key');
+  await p.eval("document.querySelector('nav [data-view=\"claims\"]').click()");
+  await p.waitFor("document.querySelector('#held [data-open=\"H-2\"]')", 'H-2 held, seen');
+  assert.ok(await p.eval("document.querySelectorAll('#held [data-action]').length") >= 2);
+  assert.equal(await p.eval("document.querySelectorAll('[data-action]:not(:disabled)').length"),
+    0, 'an enabled action for a read key');
+  await p.eval("document.querySelector('#held [data-open=\"H-2\"]').click()");
+  await p.waitFor("document.getElementById('detail').open", 'the detail of H-2');
+  assert.equal(await p.eval("document.querySelectorAll('#detail [data-action]').length"), 2);
+  assert.equal(await p.eval("document.querySelectorAll('[data-action]:not(:disabled)').length"),
+    0);
+  assert.equal((await refund(port, 'H-2')).status, 409, 'H-2 still held');
+
+  assert.deepEqual(p.dialogs, [], 'no dialog raised');
+  assert.deepEqual(p.cspViolations, [], 'no Content-Security-Policy violation');
+  assert.deepEqual(p.exceptions, [], 'no uncaught exception in the page');
+  await browser.send('Browser.close').catch(() => {});
+}
+
+main().then(() => {
+  console.log('console: ok (screenshots in ' + outDir + ')');
+}, (e) => {
+  console.error('console: FAILED: ' + (e.stack || e));
+  for (const f of ['idem.log', 'refund_service.log'])
+    try {
+      console.error('---- ' + f + '\n' + fs.readFileSync(path.join(dir, f), 'utf8'));
+    } catch (err) { /* not started */ }
+  process.exitCode = 1;
+}).finally(() => {
+  for (const c of children)
+    if (c.exitCode === null) c.kill('SIGTERM');
+  setTimeout(() => {
+    for (const c of children)
+      if (c.exitCode === null) c.kill('SIGKILL');
+    fs.rmSync(dir, { recursive: true, force: true });
+    process.exit();
+  }, 1000);
+});
