@@ -95,7 +95,7 @@ function admin(port, method, target, body, key) {
 class Browser {
   constructor(bin, profile) {
     this.proc = spawn(bin, ['--headless=new', '--remote-debugging-pipe', '--no-sandbox',
-      '--disable-gpu', '--no-first-run', '--no-default-browser-check',
+      '--disable-gpu', '--disable-dev-shm-usage', '--no-first-run', '--no-default-browser-check',
       '--disable-background-networking', '--disable-extensions', '--user-data-dir=' + profile,
       '--window-size=1280,1000', 'about:blank'],
     { stdio: ['ignore', 'ignore', fs.openSync(path.join(dir, 'chromium.log'), 'w'),
