@@ -14,13 +14,15 @@ const POLL_MS = 2000;
 const SAMPLES = 300; /* 10 minutes at POLL_MS */
 const KEY_STORE = 'idem.console.key';
 
-/* The per-route counters charted, as /_idem/v1/metrics names them. */
+/* The per-route counters charted, as /_idem/v1/metrics names them (a
+ * family with more labels than route summed over them). */
 const COUNTERS = [
   ['idem_gateway_executions_total', 'executions'],
   ['idem_gateway_replays_total', 'replays'],
   ['idem_gateway_in_flight_rejections_total', 'in flight (409)'],
   ['idem_gateway_mismatches_total', 'key reused (422)'],
-  ['idem_gateway_unknown_outcomes_total', 'upstream errors (unknown outcome)'],
+  ['idem_upstream_errors_total', 'upstream errors'],
+  ['idem_gateway_unknown_outcomes_total', 'unknown outcomes'],
   ['idem_gateway_store_errors_total', 'store errors (503)'],
 ];
 
@@ -190,16 +192,32 @@ function show(view) {
 
 /* ---- counters ---- */
 
-/* The per-route counters of the Prometheus text: route -> name -> value. */
-function parseMetrics(text) {
-  const out = new Map();
-  const re = /^(idem_gateway_[a-z_]+_total)\{route="((?:[^"\\]|\\.)*)"\} (\d+)$/;
-  for (const line of text.split('\n')) {
-    const m = re.exec(line);
+/* The series of the Prometheus text: [{name, labels: {...}, value}]. */
+function parseSeries(text) {
+  const out = [];
+  const line = /^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+)$/;
+  const pair = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?/g;
+  for (const l of text.split('\n')) {
+    const m = line.exec(l);
     if (!m) continue;
-    const route = m[2].replace(/\\(.)/g, (all, c) => (c === 'n' ? '\n' : c));
+    const labels = {};
+    for (const p of m[2].matchAll(pair))
+      labels[p[1]] = p[2].replace(/\\(.)/g, (all, c) => (c === 'n' ? '\n' : c));
+    out.push({ name: m[1], labels, value: Number(m[3]) });
+  }
+  return out;
+}
+
+/* The per-route counters charted: route -> name -> value. */
+function routeCounters(series) {
+  const out = new Map();
+  const charted = new Set(COUNTERS.map((c) => c[0]));
+  for (const s of series) {
+    const route = s.labels.route;
+    if (route === undefined || !charted.has(s.name)) continue;
     if (!out.has(route)) out.set(route, new Map());
-    out.get(route).set(m[1], Number(m[3]));
+    const r = out.get(route);
+    r.set(s.name, (r.get(s.name) || 0) + s.value);
   }
   return out;
 }
@@ -270,7 +288,7 @@ function drawHealth(h) {
 }
 
 /* The consumers: connected or not (health), and their counters (metrics). */
-function drawConsumers(h, text) {
+function drawConsumers(h, series) {
   const box = $('consumers');
   const names = Object.keys(h.consumers || {});
   box.replaceChildren();
@@ -279,12 +297,12 @@ function drawConsumers(h, text) {
     return;
   }
   const per = new Map();
-  const re = /^idem_consumer_([a-z_]+?)(?:_total)?\{consumer="((?:[^"\\]|\\.)*)"[^}]*\} (\d+)$/;
-  for (const line of text.split('\n')) {
-    const m = re.exec(line);
-    if (!m) continue;
-    if (!per.has(m[2])) per.set(m[2], {});
-    per.get(m[2])[m[1]] = Number(m[3]);
+  for (const s of series) {
+    const m = /^idem_consumer_([a-z_]+?)(?:_total)?$/.exec(s.name);
+    const c = s.labels.consumer;
+    if (!m || c === undefined) continue;
+    if (!per.has(c)) per.set(c, {});
+    per.get(c)[m[1]] = s.value;
   }
   const t = el('table');
   const head = row(['Consumer', 'Broker', 'Received', 'Executed', 'Duplicates', 'Retried',
@@ -312,7 +330,8 @@ async function poll() {
     return;
   }
   const now = Date.now();
-  for (const [route, counters] of parseMetrics(text)) {
+  const series = parseSeries(text);
+  for (const [route, counters] of routeCounters(series)) {
     if (!state.history.has(route)) state.history.set(route, new Map());
     const hist = state.history.get(route);
     for (const [name] of COUNTERS) {
@@ -325,7 +344,7 @@ async function poll() {
   drawRoutes();
   if (h) {
     drawHealth(h);
-    drawConsumers(h, text);
+    drawConsumers(h, series);
   } else {
     $('health').className = 'error';
     $('health').textContent = 'The store is unavailable (health answers 503).';

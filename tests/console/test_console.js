@@ -330,6 +330,9 @@ async function main() {
   assert.equal((await refund(port, 'C-1')).status, 201);
   await p.waitFor(counter + ' === ' + (before + 1), 'the executions counter to move');
   await p.waitFor("document.querySelectorAll('.route svg polyline').length > 0", 'a chart');
+  /* The two held claims' upstream calls timed out: upstream errors. */
+  assert.equal(await p.eval(counter.replace('idem_gateway_executions_total',
+    'idem_upstream_errors_total')), 2);
 
   /* "/" goes to the search; Enter searches; the key opens. */
   await p.eval('document.activeElement.blur()');
@@ -374,6 +377,12 @@ async function main() {
   assert.equal(await executions(), ran + 1, 'the retries executed once');
   assert.ok([200, 201, 409].includes((await refund(port, 'H-1')).status));
   assert.equal(await executions(), ran + 1, 'a later retry is a replay');
+  /* The 409s of the held claim show among the counters. */
+  const rejected = Number(/^idem_gateway_in_flight_rejections_total\{route="refund"\} (\d+)$/m
+    .exec((await admin(adminPort, 'GET', '/_idem/v1/metrics')).body)[1]);
+  assert.ok(rejected >= 2, 'in-flight rejections: ' + rejected);
+  await p.waitFor(counter.replace('idem_gateway_executions_total',
+    'idem_gateway_in_flight_rejections_total') + ' === ' + rejected, 'the 409s counted');
 
   /* Keys and bodies holding markup show as text. */
   await p.eval('document.activeElement.blur()');
@@ -429,7 +438,7 @@ async function main() {
   fs.writeFileSync(path.join(outDir, 'console-detail.png'), Buffer.from(shot.data, 'base64'));
   await p.key('Escape', 'Escape', 27);
   await p.eval("document.querySelector('nav [data-view=\"overview\"]').click()");
-  await sleep(500);
+  await sleep(2 * 2000 + 500); /* two polls: what the console showed last is on it */
   const shot2 = await p.send('Page.captureScreenshot', { format: 'png' });
   fs.writeFileSync(path.join(outDir, 'console.png'), Buffer.from(shot2.data, 'base64'));
 
