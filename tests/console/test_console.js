@@ -41,7 +41,8 @@ function sleep(ms) {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-/* A program started, its stdout read until a line matches re: the match. */
+/* A program started, its stdout read until a line matches re: the match,
+ * with the process as m.proc. */
 function start(bin, args, env, re, logName) {
   return new Promise((resolve, reject) => {
     const log = fs.openSync(path.join(dir, logName), 'w');
@@ -56,6 +57,7 @@ function start(bin, args, env, re, logName) {
       const m = re.exec(out);
       if (m) {
         clearTimeout(timer);
+        m.proc = p;
         resolve(m);
       }
     });
@@ -466,6 +468,11 @@ async function main() {
   assert.deepEqual(p.cspViolations, [], 'no Content-Security-Policy violation');
   assert.deepEqual(p.exceptions, [], 'no uncaught exception in the page');
   await browser.send('Browser.close').catch(() => {});
+
+  /* The daemon drains and exits cleanly (under ASan: nothing leaked). */
+  const exited = new Promise((resolve) => m.proc.on('exit', (code, sig) => resolve(code ?? sig)));
+  m.proc.kill('SIGTERM');
+  assert.equal(await exited, 0, 'idem serve exit status');
 }
 
 main().then(() => {
