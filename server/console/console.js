@@ -555,24 +555,37 @@ function confirmAction(op, space, key, epoch, opener) {
   $('confirm-cancel').focus();
 }
 
+/* The held claims (records/held, for the spaces that hold) and the other
+ * claims in flight, CLAIMS_MAX of each per space at most. */
+const CLAIMS_MAX = 200;
+
 async function loadClaims() {
   const held = $('held'), flying = $('in-flight');
   const heldRows = [], flyingRows = [];
+  const more = [];
+  const actions = (space, r) => {
+    const span = el('span');
+    span.append(actionButton('release', space, r.key, r.epoch), ' ',
+      actionButton('mark_failed', space, r.key, r.epoch));
+    return span;
+  };
   try {
     for (const s of state.spaces) {
-      const q = new URLSearchParams({ space: s.space, state: 'PROCESSING', limit: '200' });
-      const page = await call('records?' + q.toString());
-      for (const r of page.records) {
-        const actions = el('span');
-        actions.append(actionButton('release', s.space, r.key, r.epoch), ' ',
-          actionButton('mark_failed', s.space, r.key, r.epoch));
-        if (r.held)
+      const q = new URLSearchParams({ space: s.space, limit: String(CLAIMS_MAX) });
+      if (s.holds) {
+        const page = await call('records/held?' + q.toString());
+        for (const r of page.records)
           heldRows.push(row([s.space, openButton(s.space, r.key), r.epoch, r.owner,
-            time(r.updated_ms), actions]));
-        else
-          flyingRows.push(row([s.space, openButton(s.space, r.key), r.epoch, r.owner,
-            duration(r.lease_left_ms), actions]));
+            time(r.updated_ms), actions(s.space, r)]));
+        if (page.next_cursor) more.push('held in ' + s.space);
       }
+      q.set('state', 'PROCESSING');
+      const page = await call('records?' + q.toString());
+      for (const r of page.records)
+        if (!r.held)
+          flyingRows.push(row([s.space, openButton(s.space, r.key), r.epoch, r.owner,
+            duration(r.lease_left_ms), actions(s.space, r)]));
+      if (page.next_cursor) more.push('in flight in ' + s.space);
     }
   } catch (e) {
     say(e.message, true);
@@ -580,6 +593,9 @@ async function loadClaims() {
   }
   held.replaceChildren(...(heldRows.length ? heldRows : [row(['No held claims.'])]));
   flying.replaceChildren(...(flyingRows.length ? flyingRows : [row(['No claims in flight.'])]));
+  if (more.length)
+    say('More than ' + CLAIMS_MAX + ' claims ' + more.join(', ') + ': the first ' + CLAIMS_MAX +
+      ' are shown; Records with state PROCESSING pages through them all.');
 }
 
 async function loadEvents() {
