@@ -147,8 +147,9 @@ static void admin_handle(struct daemon *d, struct live_config *lc, struct front_
     }
     if (!api) {
         daemon_answer(lc, req, problem(404, "no_such_endpoint",
-                                       "this is the admin listener: it serves the JSON API, "
-                                       "under /_idem/v1/"));
+                                       "this is the admin listener: it serves the JSON API "
+                                       "under /_idem/v1/, the metrics at /metrics and the "
+                                       "operator console at /"));
         return;
     }
     to_api(d, lc, req, path);
