@@ -346,17 +346,26 @@ static struct http_response *get_record(struct daemon *d, const char *rest)
         request_pct_decode(slash + 1, strlen(slash + 1), key, sizeof key, 0))
         return problem(400, "invalid_path",
                        "expected /_idem/v1/records/{space}/{key}, each percent-encoded");
-    idem_outcome o;
     idem_record rec;
-    idem_rc rc = idem_record_get(d->h, space, key, &o, &rec);
+    struct http_response *missing = api_record_get(d, space, key, &rec);
+    if (missing)
+        return missing;
+    json_t *j = json_object();
+    json_object_set_new(j, "record", record_json(&rec));
+    idem_record_clear(&rec);
+    return outcome(IDEM_FOUND, j);
+}
+
+struct http_response *api_record_get(struct daemon *d, const char *space, const char *key,
+                                     idem_record *rec)
+{
+    idem_outcome o;
+    idem_rc rc = idem_record_get(d->h, space, key, &o, rec);
     if (rc != IDEM_OK)
         return problem_from_idem(rc, "reading the record");
     if (o == IDEM_NOT_FOUND)
         return problem(404, "record_not_found", "no record %s in space %s", key, space);
-    json_t *j = json_object();
-    json_object_set_new(j, "record", record_json(&rec));
-    idem_record_clear(&rec);
-    return outcome(o, j);
+    return NULL;
 }
 
 /* The fields each POST endpoint takes. Any other is refused, as the

@@ -229,6 +229,10 @@ void api_handle(struct daemon *d, const struct server_config *cfg, struct front_
 /* 1 for the endpoints of the main listener: health, and token issuance
  * (rest is the path after /_idem/v1/). */
 int api_public_endpoint(const char *rest);
+/* The record (space, key) read into rec: NULL, or the problem to answer
+ * (the store's trouble, or 404 record_not_found), rec then empty. */
+struct http_response *api_record_get(struct daemon *d, const char *space, const char *key,
+                                     idem_record *rec);
 /* An application/json answer of status, j (taken) its body; NULL (503) when j is. */
 struct json_t;
 struct http_response *json_response(int status, struct json_t *j);

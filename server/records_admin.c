@@ -344,14 +344,11 @@ static struct http_response *events(const char *target)
 static struct http_response *moved_on(struct daemon *d, const char *space, const char *key,
                                       uint64_t epoch, const char *action)
 {
-    idem_outcome o;
     idem_record rec;
-    idem_rc rc = idem_record_get(d->h, space, key, &o, &rec);
-    if (rc != IDEM_OK)
-        return problem_from_idem(rc, "reading the record");
-    if (o == IDEM_NOT_FOUND)
-        return problem(404, "record_not_found", "no record %s in space %s", key, space);
-    struct http_response *r =
+    struct http_response *r = api_record_get(d, space, key, &rec);
+    if (r)
+        return r;
+    r =
         problem(409, "record_moved_on",
                 "%s refused: the record is %s at epoch %" PRIu64 ", not %s at epoch %" PRIu64
                 "; nothing was changed",
