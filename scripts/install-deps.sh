@@ -12,6 +12,7 @@ packages=(
   libevent-dev libjansson-dev libyaml-dev  # idem serve: event loop, JSON, YAML
   libcmocka-dev                         # tests
   curl                                  # system tests
+  python3 python3-yaml                  # docs/openapi.yaml's test
   man-db                                # the manual pages' test (man --warnings)
   systemd logrotate                     # deploy/: systemd-analyze verify of the unit; logrotate
   file dpkg-dev                         # cpack -G DEB (its shlibdeps) in install.deb
