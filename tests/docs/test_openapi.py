@@ -815,6 +815,16 @@ def exercise(d):
     d.call("GET", P + "/events", P + "/events?limit=0", key="read", status=400,
            problem="invalid_parameter")
 
+    # ---- the console's questions ----
+    a = d.call("GET", P + "/whoami", key="read", status=200)
+    if a.json().get("scope") != "read" or a.json().get("write") is not False:
+        fail("whoami with the read key: %r" % a.json())
+    d.call("GET", P + "/whoami", key=None, status=401, problem="unauthorized")
+    a = d.call("GET", P + "/spaces", key="read", status=200)
+    if "slow" not in [e["space"] for e in a.json()["spaces"]]:
+        fail("spaces: %r" % a.json())
+    d.call("GET", P + "/spaces", on="listen", key=None, status=404, problem="no_such_endpoint")
+
     # ---- an operator's actions ----
     act = {"space": "slow", "key": "H-1", "epoch": hepoch}
     d.call("POST", P + "/records/release", body=act, key="read", status=403,
