@@ -428,7 +428,21 @@ static struct http_response *act(struct daemon *d, const struct server_config *c
         r = parse_action(body, op, &a);
     idem_outcome o = IDEM_NONE;
     idem_rc rc = IDEM_OK;
-    if (!r && strcmp(op, "release") == 0) {
+    /* A claim that moved on is refused here, before the store is asked:
+     * the store would refuse it too, but as a finish of a claim taken over,
+     * logged and counted as the conflict alert rules watch for. (One that
+     * moves on between this read and the write is refused the same way,
+     * and then counted.) */
+    int finishing = strcmp(op, "release") == 0 || strcmp(op, "mark_failed") == 0;
+    idem_record cur;
+    if (!r && finishing && !(r = api_record_get(d, a.space, a.key, &cur))) {
+        if (strcmp(cur.state, IDEM_STATE_PROCESSING) != 0 || cur.epoch != a.epoch)
+            o = IDEM_CONFLICT;
+        idem_record_clear(&cur);
+    }
+    if (!r && o == IDEM_CONFLICT) {
+        /* refused below, with the record as it stands */
+    } else if (!r && strcmp(op, "release") == 0) {
         rc = idem_record_fail(d->h, a.space, a.key, a.epoch, IDEM_FAIL_RETRYABLE, NULL, 0, 0, &o);
     } else if (!r && strcmp(op, "mark_failed") == 0) {
         /* Stored as the gateway stores its own answers: every retry of
