@@ -396,13 +396,16 @@ IDEM_EXTERN void idem_record_clear(idem_record *rec);
  * without completion before another caller may take it over.
  * *out:
  *   NEW         the caller executes; rec->epoch is its claim (a new record's
- *               first epoch, or the next epoch when re-claiming RELEASED)
+ *               first epoch, or the next epoch when re-claiming RELEASED —
+ *               whatever fingerprint RELEASED had: the record takes this
+ *               one, since a released attempt keeps no answer)
  *   TAKEN_OVER  a PROCESSING record whose lease ran out was re-claimed for the
  *               caller, epoch + 1; the caller executes; the old owner's
  *               complete/fail will be refused
  *   IN_PROGRESS someone else executes; rec has owner and lease_until_ms
  *   DONE        rec holds the final state and the stored result
- *   MISMATCH    the key exists with another fingerprint; nothing changed
+ *   MISMATCH    the key exists, not RELEASED, with another fingerprint;
+ *               nothing changed
  * rec (may be NULL) receives the record as it stands after the call; release
  * it with idem_record_clear(). */
 IDEM_EXTERN idem_rc idem_record_begin(idem *h, const char *space,

@@ -170,6 +170,10 @@ static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
                 cur.lease_until_ms = d.cas.lease_until;
                 cur.updated_ms = ev->now;
                 cur.expires_ms = 0;
+                if (d.cas.fingerprint) {
+                    cur.has_fingerprint = 1;
+                    memcpy(cur.fingerprint, d.cas.fingerprint, IDEM_FINGERPRINT_LEN);
+                }
                 idem__free(cur.result);
                 cur.result = NULL;
                 cur.result_len = 0;

@@ -35,7 +35,12 @@
  * Answers that change nothing:
  *   begin      PROCESSING with a live lease → IN_PROGRESS; SUCCEEDED, FAILED or
  *              a user state → DONE (the stored result); a fingerprint other
- *              than the stored one, in any state → MISMATCH
+ *              than the stored one, in any state but RELEASED → MISMATCH.
+ *              RELEASED was not executed, or failed so that it may run
+ *              again: a begin with another payload claims it (NEW) and the
+ *              record takes that begin's fingerprint — a corrected retry
+ *              with the same key is what its client asked for, and the
+ *              payload that was refused has no answer kept to protect.
  *   complete,  the record is not PROCESSING at epoch e (taken over, finished)
  *   fail,      → CONFLICT, counted as an alert
  *   extend
@@ -50,6 +55,9 @@
  *   - PROCESSING records have expires_ms 0 and are never purged: a claim in
  *     flight is never forgotten.
  *   - A stored result only changes on the PROCESSING → final step.
+ *   - The fingerprint only changes when RELEASED is claimed again, in the
+ *     same conditional update as the claim: a record that holds an answer
+ *     (or a claim in flight) keeps the payload it was executed with.
  */
 #include "record_state.h"
 
@@ -96,7 +104,10 @@ static void decide_begin(const struct idem__rec_event_args *ev,
         d->insert.now = ev->now;
         return;
     }
-    if (fingerprint_differs(ev, cur)) {
+    if (strcmp(cur->state, IDEM_STATE_RELEASED) == 0) {
+        claim(ev, cur, d, IDEM_NEW);
+        d->cas.fingerprint = ev->fingerprint; /* NULL: the stored one stays */
+    } else if (fingerprint_differs(ev, cur)) {
         d->outcome = IDEM_MISMATCH;
     } else if (strcmp(cur->state, IDEM_STATE_PROCESSING) == 0) {
         if (cur->lease_until_ms > ev->now) {
@@ -105,8 +116,6 @@ static void decide_begin(const struct idem__rec_event_args *ev,
             claim(ev, cur, d, IDEM_TAKEN_OVER);
             d->cas.lease_expired_at = ev->now;
         }
-    } else if (strcmp(cur->state, IDEM_STATE_RELEASED) == 0) {
-        claim(ev, cur, d, IDEM_NEW);
     } else {
         d->outcome = IDEM_DONE;
     }

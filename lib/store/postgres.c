@@ -105,7 +105,7 @@
 #define RETRIES_MAX 8
 #define BACKOFF_MIN_MS 50
 #define BACKOFF_MAX_MS 1000
-#define PARAMS_MAX 13
+#define PARAMS_MAX 14
 #define READ_BATCH_MAX 128
 #define READS_PER_SERVER 16
 #define PEEK_SKIP_MAX 64
@@ -178,14 +178,14 @@ static const struct {
         " expires_ms, fingerprint, result FROM idem_record"
         " WHERE space = $1 AND key = $2"},
     [ST_REC_CAS] = {
-        "idem_rec_cas", "tttitiobiitii",
+        "idem_rec_cas", "tttitiobiitiib",
         "UPDATE idem_record SET state = $3,"
         " epoch = CASE WHEN $4 = 0 THEN epoch ELSE $4 END,"
         " owner = COALESCE($5, owner), lease_until = $6,"
         " result = CASE WHEN $7 THEN $8 ELSE result END,"
         " expires_ms = CASE WHEN $9 < 0 THEN expires_ms"
         "   WHEN $9 = 0 THEN NULL ELSE $9 END,"
-        " updated_ms = $10"
+        " updated_ms = $10, fingerprint = COALESCE($14, fingerprint)"
         " WHERE space = $1 AND key = $2 AND state = $11"
         " AND ($12 = 0 OR epoch = $12) AND ($13 = 0 OR lease_until <= $13)"},
     /* SKIP LOCKED: rows a concurrent batch holds are left for the next
@@ -812,6 +812,7 @@ static int send_write(PGconn *pg, const struct job *j)
         p_text(&p, c->expect_state);
         p_int(&p, (int64_t)c->expect_epoch);
         p_int(&p, c->lease_expired_at);
+        p_bytes(&p, c->fingerprint, c->fingerprint ? IDEM_FINGERPRINT_LEN : 0);
         return send_stmt(pg, ST_REC_CAS, &p);
     }
     case JOB_REC_PURGE:

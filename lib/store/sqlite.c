@@ -105,7 +105,7 @@ static const char *const sql[ST_COUNT_] = {
         " result = CASE WHEN ?7 THEN ?8 ELSE result END,"
         " expires_ms = CASE WHEN ?9 < 0 THEN expires_ms"
         "   WHEN ?9 = 0 THEN NULL ELSE ?9 END,"
-        " updated_ms = ?10"
+        " updated_ms = ?10, fingerprint = COALESCE(?14, fingerprint)"
         " WHERE space = ?1 AND key = ?2 AND state = ?11"
         " AND (?12 = 0 OR epoch = ?12) AND (?13 = 0 OR lease_until <= ?13)",
     [ST_REC_PURGE] =
@@ -657,6 +657,8 @@ static idem_rc run_rec_cas(struct idem__gc_job *job, void *ctx)
     bind_text(s, 11, c->expect_state);
     sqlite3_bind_int64(s, 12, (sqlite3_int64)c->expect_epoch);
     sqlite3_bind_int64(s, 13, c->lease_expired_at);
+    if (c->fingerprint)
+        sqlite3_bind_blob(s, 14, c->fingerprint, IDEM_FINGERPRINT_LEN, SQLITE_STATIC);
     int rc = sqlite3_step(s);
     sqlite3_reset(s);
     sqlite3_clear_bindings(s);

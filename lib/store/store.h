@@ -72,6 +72,7 @@ struct idem__rec_cas {
     const char *state;     /* new state */
     uint64_t epoch;        /* new epoch, or 0 to keep */
     const char *owner;     /* new owner, or NULL to keep */
+    const uint8_t *fingerprint; /* new fingerprint (IDEM_FINGERPRINT_LEN), NULL to keep */
     int64_t lease_until;   /* new lease (0 when not PROCESSING) */
     int set_result;        /* replace result with (result, result_len) */
     const void *result;

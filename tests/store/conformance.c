@@ -392,6 +392,110 @@ static void test_fail_modes(void **state)
     assert_outcome(o, IDEM_NOT_FOUND);
 }
 
+/* RELEASED keeps no answer: a begin with another payload (a corrected retry
+ * under the same key) claims it, and the record takes the new payload's
+ * fingerprint; from then on the old payload is the mismatch. */
+static void race_released(void *arg, int i)
+{
+    struct mismatch_storm *m = arg;
+    m->rc[i] = idem_record_begin(m->h, "pay", "R-race", m->fp[i % 2], "w", 30000,
+                                 &m->out[i], NULL);
+}
+
+static void test_released_takes_another_payload(void **state)
+{
+    idem *h = *state;
+    idem_outcome o;
+    idem_record rec;
+    uint8_t a[IDEM_FINGERPRINT_LEN], b[IDEM_FINGERPRINT_LEN];
+    fp_of("amount=-1", a);
+    fp_of("amount=100", b);
+
+    assert_idem_ok(idem_record_begin(h, "pay", "R-1", a, "first", 30000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    uint64_t e1 = rec.epoch;
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_fail(h, "pay", "R-1", e1, IDEM_FAIL_RETRYABLE, "422", 3, 0, &o));
+    assert_outcome(o, IDEM_COMPLETED);
+
+    /* The corrected payload executes, at the next epoch, as its own. */
+    assert_idem_ok(idem_record_begin(h, "pay", "R-1", b, "second", 30000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    assert_int_equal(rec.epoch, e1 + 1);
+    assert_true(rec.has_fingerprint);
+    assert_memory_equal(rec.fingerprint, b, sizeof b);
+    assert_null(rec.result);
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_get(h, "pay", "R-1", &o, &rec));
+    assert_string_equal(rec.state, "PROCESSING");
+    assert_string_equal(rec.owner, "second");
+    assert_memory_equal(rec.fingerprint, b, sizeof b);
+    idem_record_clear(&rec);
+    /* The refused payload is now the other one, in flight and once done. */
+    assert_idem_ok(idem_record_begin(h, "pay", "R-1", a, "third", 30000, &o, NULL));
+    assert_outcome(o, IDEM_MISMATCH);
+    assert_idem_ok(idem_record_complete(h, "pay", "R-1", e1 + 1, "201", 3, 0, &o));
+    assert_outcome(o, IDEM_COMPLETED);
+    assert_idem_ok(idem_record_begin(h, "pay", "R-1", a, "fourth", 30000, &o, NULL));
+    assert_outcome(o, IDEM_MISMATCH);
+    assert_idem_ok(idem_record_begin(h, "pay", "R-1", b, "fifth", 30000, &o, &rec));
+    assert_outcome(o, IDEM_DONE);
+    assert_memory_equal(rec.result, "201", 3);
+    idem_record_clear(&rec);
+
+    /* A begin without a fingerprint claims RELEASED and keeps the stored
+     * one: the payload check stays with what the record knows. */
+    assert_idem_ok(idem_record_begin(h, "pay", "R-2", a, "first", 30000, &o, &rec));
+    uint64_t e2 = rec.epoch;
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_fail(h, "pay", "R-2", e2, IDEM_FAIL_RETRYABLE, NULL, 0, 0, &o));
+    assert_idem_ok(idem_record_begin(h, "pay", "R-2", NULL, "second", 30000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_get(h, "pay", "R-2", &o, &rec));
+    assert_true(rec.has_fingerprint);
+    assert_memory_equal(rec.fingerprint, a, sizeof a);
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_begin(h, "pay", "R-2", b, "third", 30000, &o, NULL));
+    assert_outcome(o, IDEM_MISMATCH);
+
+    /* Released by an operator (a user transition to RELEASED): the same. */
+    assert_idem_ok(idem_record_complete(h, "pay", "R-2", e2 + 1, "ok", 2, 0, &o));
+    assert_idem_ok(idem_record_transition(h, "pay", "R-2", "SUCCEEDED", "RELEASED", &o, NULL));
+    assert_outcome(o, IDEM_APPLIED);
+    assert_idem_ok(idem_record_begin(h, "pay", "R-2", b, "fourth", 30000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    assert_memory_equal(rec.fingerprint, b, sizeof b);
+    idem_record_clear(&rec);
+
+    /* Two payloads racing for one released record: one claim; the rest
+     * see it in flight (its payload) or mismatching (the other). */
+    assert_idem_ok(idem_record_begin(h, "pay", "R-race", a, "first", 30000, &o, &rec));
+    uint64_t e3 = rec.epoch;
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_fail(h, "pay", "R-race", e3, IDEM_FAIL_RETRYABLE, NULL, 0, 0, &o));
+    struct mismatch_storm m = {.h = h};
+    memcpy(m.fp[0], a, sizeof a);
+    memcpy(m.fp[1], b, sizeof b);
+    test_run_threads(32, race_released, &m);
+    int news = 0, winner_parity = -1;
+    for (int i = 0; i < 32; i++) {
+        assert_int_equal(m.rc[i], IDEM_OK);
+        if (m.out[i] == IDEM_NEW) {
+            news++;
+            winner_parity = i % 2;
+        }
+    }
+    assert_int_equal(news, 1);
+    for (int i = 0; i < 32; i++)
+        if (m.out[i] != IDEM_NEW)
+            assert_outcome(m.out[i], i % 2 == winner_parity ? IDEM_IN_PROGRESS : IDEM_MISMATCH);
+    assert_idem_ok(idem_record_get(h, "pay", "R-race", &o, &rec));
+    assert_int_equal(rec.epoch, e3 + 1);
+    assert_memory_equal(rec.fingerprint, winner_parity ? b : a, sizeof a);
+    idem_record_clear(&rec);
+}
+
 struct transition_storm {
     idem *h;
     idem_outcome out[32];
@@ -2465,6 +2569,7 @@ int main(int argc, char **argv)
         T(test_lease_takeover),
         T(test_mismatch_every_path),
         T(test_fail_modes),
+        T(test_released_takes_another_payload),
         T(test_transition),
         T(test_purge),
         T(test_record_bad_input),

@@ -71,7 +71,7 @@ static void test_mismatch(void **state)
     uint8_t a[IDEM_FINGERPRINT_LEN] = {1}, b[IDEM_FINGERPRINT_LEN] = {2};
     struct idem__rec_decision d;
     struct idem__rec_event_args ev = begin_ev(b);
-    const char *states[] = {"PROCESSING", "RELEASED", "SUCCEEDED", "FAILED"};
+    const char *states[] = {"PROCESSING", "SUCCEEDED", "FAILED", "REFUNDED"};
     for (int i = 0; i < 4; i++) {
         idem_record r = row(states[i], 1, 0); /* even with an expired lease */
         r.has_fingerprint = 1;
@@ -80,6 +80,28 @@ static void test_mismatch(void **state)
         assert_int_equal(d.action, IDEM__ACT_ANSWER);
         assert_outcome(d.outcome, IDEM_MISMATCH);
     }
+    /* RELEASED keeps no answer: the other payload claims it, and the
+     * claim's update carries its fingerprint. */
+    idem_record r = row("RELEASED", 1, 0);
+    r.has_fingerprint = 1;
+    memcpy(r.fingerprint, a, sizeof a);
+    idem__record_decide(&ev, &r, 1, &d);
+    assert_int_equal(d.action, IDEM__ACT_CAS);
+    assert_outcome(d.outcome, IDEM_NEW);
+    assert_string_equal(d.cas.expect_state, "RELEASED");
+    assert_int_equal(d.cas.expect_epoch, 1);
+    assert_int_equal(d.cas.epoch, 2);
+    assert_ptr_equal(d.cas.fingerprint, b);
+    /* Without a fingerprint, the stored one is kept. */
+    ev = begin_ev(NULL);
+    idem__record_decide(&ev, &r, 1, &d);
+    assert_outcome(d.outcome, IDEM_NEW);
+    assert_null(d.cas.fingerprint);
+    /* Any other claim step leaves the fingerprint alone. */
+    r = row("PROCESSING", 1, 0);
+    idem__record_decide(&ev, &r, 1, &d);
+    assert_outcome(d.outcome, IDEM_TAKEN_OVER);
+    assert_null(d.cas.fingerprint);
 }
 
 static void test_finish_and_transition(void **state)
