@@ -1531,12 +1531,66 @@ static int get_record_fields(struct ctx *c, const yaml_node_t *n, const char *pa
     return 0;
 }
 
+static void keep_statuses(struct route *r, int from, int to)
+{
+    for (int st = from; st <= to; st++)
+        r->keep_status[(st - 100) / 64] |= UINT64_C(1) << ((st - 100) % 64);
+}
+
+int config_route_keeps(const struct route *r, int status)
+{
+    return status >= 100 && status <= 599 &&
+           (r->keep_status[(status - 100) / 64] >> ((status - 100) % 64) & 1);
+}
+
+/* store_statuses: a list of classes (2xx) and statuses (422). */
+static int get_store_statuses(struct ctx *c, const yaml_node_t *n, const char *path,
+                              struct route *r)
+{
+    yaml_node_item_t *it;
+    size_t count;
+    if (list_items(c, n, path, "a list like [2xx, 409, 422]", &it, &count))
+        return -1;
+    if (count == 0)
+        return fail(c, n, path, "an empty list keeps no answer, so every retry would "
+                    "execute again; list what to keep, e.g. [2xx, 4xx]");
+    if (count > LIST_MAX)
+        return fail(c, n, path, "%zu entries; at most %d", count, LIST_MAX);
+    memset(r->keep_status, 0, sizeof r->keep_status);
+    r->store_statuses_set = 1;
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *v = node(c, it[i]);
+        const char *s, *end;
+        uint64_t code;
+        int from, to;
+        char ipath[112];
+        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (scalar(c, v, ipath, "a status class like 2xx or a status like 422", &s))
+            return -1;
+        if (s[0] >= '1' && s[0] <= '5' && !strcmp(s + 1, "xx")) {
+            from = (s[0] - '0') * 100;
+            to = from + 99;
+        } else if ((end = digits(s, 999, &code)) && !*end && end - s == 3 &&
+                   code >= 100 && code <= 599) {
+            from = to = (int)code;
+        } else {
+            return fail(c, v, ipath, "%s is not a status class (1xx to 5xx) or a status "
+                        "(100 to 599)", quote(c, s));
+        }
+        for (int st = from; st <= to; st++)
+            if (config_route_keeps(r, st))
+                return fail(c, v, ipath, "%s: %d is listed already", quote(c, s), st);
+        keep_statuses(r, from, to);
+    }
+    return 0;
+}
+
 static const char *const route_fields[] = {
     "name",         "match",     "upstream",     "key",
     "space",        "scope",     "layers",       "token_scene",
     "in_flight",    "wait_timeout", "lease",     "retention",
     "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
-    "on_redis_down", "on_unknown_outcome", "key_required",
+    "on_redis_down", "on_unknown_outcome", "key_required", "store_statuses",
 };
 
 /* routes[i] from n; the routes before it are read already, and their names
@@ -1613,6 +1667,15 @@ static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
         if (get_bool(c, v, fpath, &required))
             return -1;
         r->key_optional = !required;
+    }
+    if ((v = FIELD("store_statuses"))) {
+        if (field(c, n, "on_upstream_5xx"))
+            return fail(c, v, fpath, "store_statuses says which answers are kept, 5xx "
+                        "included: list 5xx there rather than set on_upstream_5xx too");
+        if (get_store_statuses(c, v, fpath, r))
+            return -1;
+    } else {
+        keep_statuses(r, 100, r->on_5xx_store ? 599 : 499);
     }
 #undef FIELD
     return 0;

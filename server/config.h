@@ -84,6 +84,12 @@ struct route {
     char **fingerprint_fields; /* FINGERPRINT_FIELDS */
     size_t fingerprint_field_count;
     int on_5xx_store;        /* on_upstream_5xx: store (1) or release (0, default) */
+    /* store_statuses: the upstream statuses (100..599) whose answers are
+     * kept, bit (status - 100); the rest release the claim. Default: every
+     * status under 500, and 5xx with on_upstream_5xx: store. Routes only: a
+     * consumer's attempts follow max_attempts. */
+    uint64_t keep_status[(500 + 63) / 64];
+    int store_statuses_set;  /* store_statuses was given */
     int on_redis_down_reject; /* on_redis_down: reject (1: 503) or skip (0, default:
                                  layers 1-2 are skipped, the record still holds) */
     int key_optional;         /* key_required: false (1): a request without the key is
@@ -266,6 +272,9 @@ int config_url_has_password(const char *url);
 /* 1 for one of Idem's names, as a route's space must be: 1 to 64 of
  * A-Z a-z 0-9 _ . : - (idem run checks its --space with it). */
 int config_is_name(const char *s);
+
+/* Does the route keep an answer with this upstream status (store_statuses)? */
+int config_route_keeps(const struct route *r, int status);
 
 /* "500ms", "30s", "5m", "24h", "2d" or a bare number of milliseconds. */
 int config_parse_duration(const char *s, int64_t *ms);

@@ -1370,7 +1370,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         /* A consumer's last attempt keeps what it got (see "attempts"). */
         int last = rt->max_attempts && g->attempt >= rt->max_attempts;
         int retry = rt->max_attempts ? consumer_retries(resp->status) && !last
-                                     : resp->status >= 500 && !rt->on_5xx_store;
+                                     : !config_route_keeps(rt, resp->status);
         int ok = rt->max_attempts ? resp->status < 400 : resp->status < 500;
         g->out = from_upstream(resp, strcmp(g->req->msg->method, "HEAD") == 0);
         if (retry) {

@@ -300,6 +300,73 @@ static void test_route_values(void **state)
     config_free(c);
 }
 
+/* store_statuses: which upstream answers a route keeps; the default is
+ * every status under 500, with 5xx too under on_upstream_5xx: store. */
+static void test_store_statuses(void **state)
+{
+    struct server_config *c = parse_ok(ROUTE);
+    const struct route *r = &c->routes[0];
+    assert_int_equal(r->store_statuses_set, 0);
+    assert_true(config_route_keeps(r, 100));
+    assert_true(config_route_keeps(r, 201));
+    assert_true(config_route_keeps(r, 422));
+    assert_true(config_route_keeps(r, 499));
+    assert_false(config_route_keeps(r, 500));
+    assert_false(config_route_keeps(r, 503));
+    assert_false(config_route_keeps(r, 99));
+    assert_false(config_route_keeps(r, 600));
+    config_free(c);
+
+    c = parse_ok(ROUTE "    on_upstream_5xx: store\n");
+    assert_true(config_route_keeps(&c->routes[0], 503));
+    assert_true(config_route_keeps(&c->routes[0], 599));
+    assert_false(config_route_keeps(&c->routes[0], 600));
+    config_free(c);
+
+    c = parse_ok(ROUTE "    store_statuses: [2xx, 409, \"422\", 5xx]\n");
+    r = &c->routes[0];
+    assert_int_equal(r->store_statuses_set, 1);
+    for (int st = 200; st <= 299; st++)
+        assert_true(config_route_keeps(r, st));
+    for (int st = 500; st <= 599; st++)
+        assert_true(config_route_keeps(r, st));
+    assert_true(config_route_keeps(r, 409));
+    assert_true(config_route_keeps(r, 422));
+    assert_false(config_route_keeps(r, 100));
+    assert_false(config_route_keeps(r, 301));
+    assert_false(config_route_keeps(r, 400));
+    assert_false(config_route_keeps(r, 408));
+    assert_false(config_route_keeps(r, 410));
+    assert_false(config_route_keeps(r, 499));
+    config_free(c);
+
+    parse_bad(ROUTE "    store_statuses: []\n", "idem.yaml:6: routes[0].store_statuses",
+              "keeps no answer");
+    parse_bad(ROUTE "    store_statuses: 2xx\n", "store_statuses", "expected a list");
+    parse_bad(ROUTE "    store_statuses: [2xx, 6xx]\n", "store_statuses[1]", "\"6xx\"");
+    parse_bad(ROUTE "    store_statuses: [2XX]\n", "store_statuses[0]",
+              "not a status class (1xx to 5xx) or a status (100 to 599)");
+    parse_bad(ROUTE "    store_statuses: [99]\n", "store_statuses[0]", "\"99\"");
+    parse_bad(ROUTE "    store_statuses: [600]\n", "store_statuses[0]", "\"600\"");
+    parse_bad(ROUTE "    store_statuses: [0201]\n", "store_statuses[0]", "\"0201\"");
+    parse_bad(ROUTE "    store_statuses: [-200]\n", "store_statuses[0]", NULL);
+    parse_bad(ROUTE "    store_statuses: [2xx, 201]\n", "store_statuses[1]",
+              "201 is listed already");
+    parse_bad(ROUTE "    store_statuses: [422, 4xx]\n", "store_statuses[1]",
+              "422 is listed already");
+    parse_bad(ROUTE "    store_statuses: [{ a: 1 }]\n", "store_statuses[0]", NULL);
+    parse_bad(ROUTE "    on_upstream_5xx: store\n    store_statuses: [2xx, 5xx]\n",
+              "store_statuses", "list 5xx there");
+    /* A consumer's attempts follow max_attempts, not this. */
+    parse_bad("consumers:\n"
+              "  - name: c\n"
+              "    source: { amqp: \"amqp://guest:guest@127.0.0.1:5672/%2f\", queue: q }\n"
+              "    key: { json: refund_no }\n"
+              "    handler: http://127.0.0.1:9000/mq\n"
+              "    store_statuses: [2xx]\n",
+              "store_statuses", "unknown field");
+}
+
 /* Two routes may share a key space: a callback and an admin re-push. */
 static void test_shared_space(void **state)
 {
@@ -1538,6 +1605,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_route_defaults),
         cmocka_unit_test(test_route_values),
+        cmocka_unit_test(test_store_statuses),
         cmocka_unit_test(test_shared_space),
         cmocka_unit_test(test_durations),
         cmocka_unit_test(test_sizes),

@@ -698,6 +698,46 @@ static void test_upstream_5xx_release(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* store_statuses: [2xx, 409]: the service's 400 for a bad amount is passed
+ * on and not kept, so the corrected request under the same key executes
+ * (and is kept: the bad one is then the other payload). By default the
+ * 400 is kept, and the corrected one is refused as another payload. */
+static void test_store_statuses_release_rejected(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct sys_resp r;
+    static const char routes[] =
+        "routes:\n"
+        REFUND_ROUTE
+        "    store_statuses: [2xx, 409]\n";
+    const char *bad = "{\"refund_no\":\"R-kept\",\"amount\":\"1,00\"}";
+    const char *good = "{\"refund_no\":\"R-kept\",\"amount\":\"1.00\"}";
+    start_idem(&gw, routes, "statuses.db");
+    long before = sys_stat(service.port, "executions");
+    for (int i = 0; i < 2; i++) { /* not kept: each one reaches the service */
+        sys_http(gw.port, "POST", "/refunds", NULL, bad, 5000, &r);
+        assert_int_equal(r.status, 400);
+        assert_null(sys_header(&r, "Idempotent-Replayed"));
+        assert_non_null(strstr(r.m->body, "amount must be"));
+        sys_resp_free(&r);
+    }
+    post_expect(gw.port, good, 201, 0);
+    post_expect(gw.port, good, 201, 1);
+    post_expect(gw.port, bad, 422, 0);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+
+    /* The default keeps every answer under 500, the 400 included. */
+    start_idem(&gw, "routes:\n" REFUND_ROUTE, "statuses-default.db");
+    const char *bad2 = "{\"refund_no\":\"R-kept-2\",\"amount\":\"1,00\"}";
+    const char *good2 = "{\"refund_no\":\"R-kept-2\",\"amount\":\"1.00\"}";
+    post_expect(gw.port, bad2, 400, 0);
+    post_expect(gw.port, bad2, 400, 1);
+    post_expect(gw.port, good2, 422, 0);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_upstream_unreachable(void **state)
 {
     (void)state;
@@ -4403,6 +4443,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_subjects_never_meet),
         cmocka_unit_test(test_token_flow),
         cmocka_unit_test(test_upstream_5xx_release),
+        cmocka_unit_test(test_store_statuses_release_rejected),
         cmocka_unit_test(test_upstream_unreachable),
         cmocka_unit_test(test_token_given_back_under_a_waiting_retry),
         cmocka_unit_test(test_one_token_one_key_under_resubmits),
