@@ -209,6 +209,8 @@ struct gw {
     enum finish_kind finish;
     char *stored;              /* what the record is finished with */
     size_t stored_len;
+    int64_t expires_ms;        /* when the kept answer's record expires, at the
+                                  latest (wall clock; Idempotency-Key-Expires) */
     struct http_response *out; /* the answer */
     /* Our claim, on the daemon's list from the begin that made it to the
      * answer (see "claims held here"); unkept while the store fails to keep
@@ -436,6 +438,9 @@ static void do_finish(struct gw *g)
 {
     const struct route *rt = g->rt;
     idem *h = g->d->h;
+    /* Read before the store reads its clock: the record expires no sooner
+     * than this, so the header never promises more than the record keeps. */
+    g->expires_ms = wall_ms() + rt->retention_ms;
     if (g->finish == FINISH_COMPLETE)
         keep_rc(g, idem_record_complete(h, rt->space, g->key, g->epoch, g->stored, g->stored_len,
                                         rt->retention_ms, &g->o));
@@ -669,12 +674,24 @@ static struct http_response *in_flight(struct gw *g, const char *what, const ide
     return r;
 }
 
-/* A stored answer as its replay: decoded and marked. NULL if the bytes are
- * not an answer Idem stored (or on OOM). */
-static struct http_response *decode_replay(const void *stored, size_t len)
+/* Idempotency-Key-Expires: until when the key's answer is kept (the
+ * record's expiry, an HTTP-date), on the answers that are kept: executed
+ * and replayed. 0 or unknown: none. -1 on OOM. */
+static int add_expires(struct http_response *r, int64_t expires_ms)
+{
+    char date[32];
+    if (expires_ms <= 0 || !http_date(expires_ms, date))
+        return 0;
+    return response_add_header(r, "Idempotency-Key-Expires", date);
+}
+
+/* A stored answer as its replay: decoded and marked, with its record's
+ * expiry. NULL if the bytes are not an answer Idem stored (or on OOM). */
+static struct http_response *decode_replay(const void *stored, size_t len, int64_t expires_ms)
 {
     struct http_response *r = stored ? stored_decode(stored, len) : NULL;
-    if (r && response_add_header(r, "Idempotent-Replayed", "true") != 0) {
+    if (r && (response_add_header(r, "Idempotent-Replayed", "true") != 0 ||
+              add_expires(r, expires_ms) != 0)) {
         response_free(r);
         r = NULL;
     }
@@ -694,22 +711,23 @@ static struct http_response *counted_replay(const struct route *rt, struct http_
 }
 
 /* Keep a durable, final answer for the duplicates that follow. */
-static void keep_answer(struct gw *g, const uint8_t *fp, const void *stored, size_t len)
+static void keep_answer(struct gw *g, const uint8_t *fp, const void *stored, size_t len,
+                        int64_t expires_ms)
 {
     struct daemon_loop *loop = g->req->loop_ctx;
     if (stored)
-        replay_cache_put(loop->replays, g->rt->space, g->key, fp, stored, len, mono_ms(),
-                         g->replay_gen);
+        replay_cache_put(loop->replays, g->rt->space, g->key, fp, stored, len, expires_ms,
+                         mono_ms(), g->replay_gen);
 }
 
 /* Replay a finished record read from the store, and keep its answer. */
 static struct http_response *replay(struct gw *g, const idem_record *rec)
 {
     VERDICT(g, GW_REPLAYED);
-    struct http_response *r = decode_replay(rec->result, rec->result_len);
+    struct http_response *r = decode_replay(rec->result, rec->result_len, rec->expires_ms);
     if (r)
         keep_answer(g, rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
-                    rec->result_len);
+                    rec->result_len, rec->expires_ms);
     return counted_replay(g->rt, r, rec->state);
 }
 
@@ -1217,9 +1235,11 @@ static void after_conflict_read(struct gw *g)
     }
     int kept = g->o == IDEM_FOUND && g->rec.epoch == g->epoch &&
                strcmp(g->rec.state, IDEM_STATE_PROCESSING) != 0;
-    if (kept)
+    if (kept) {
         daemon_log("%s/%s: the answer is kept: an earlier of %u failed tries was written",
                    g->rt->space, g->key, g->tries);
+        g->expires_ms = g->rec.expires_ms;
+    }
     set_unkept(g, 0);
     idem_record_clear(&g->rec);
     g->rc = IDEM_OK;
@@ -1265,9 +1285,13 @@ static void after_finish(struct gw *g)
                    g->tries);
         set_unkept(g, 0);
     }
-    if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE)
-        /* Durable and final: duplicates from now on are answered with it. */
-        keep_answer(g, g->has_fp ? g->fp : NULL, g->stored, g->stored_len);
+    if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE) {
+        /* Durable and final: duplicates from now on are answered with it.
+         * Without memory for the header, the answer goes without it. */
+        keep_answer(g, g->has_fp ? g->fp : NULL, g->stored, g->stored_len, g->expires_ms);
+        if (g->out)
+            (void)add_expires(g->out, g->expires_ms);
+    }
     if (g->req->outcome == GW_UNDECIDED)
         VERDICT(g, g->finish == FINISH_FAIL_RETRYABLE      ? GW_RELEASED
                    : g->rc != IDEM_OK                      ? GW_OUTCOME_UNKNOWN
@@ -1563,7 +1587,7 @@ static int answer_kept(struct daemon *d, struct live_config *lc, const struct ro
     int raw = front_can_answer_raw(req);
     struct http_response *r = NULL;
     if (!kept.wire_len || !raw)
-        r = decode_replay(kept.stored, kept.stored_len);
+        r = decode_replay(kept.stored, kept.stored_len, kept.expires_ms);
     if (r && raw && !kept.wire_len) {
         /* Fresh from decoding, r has no close set: the kept-alive form. */
         size_t len;

@@ -35,6 +35,7 @@ struct entry {
     struct entry *prev, *next;  /* in put order: the newest at head */
     uint64_t hash;
     int64_t born_ms;
+    int64_t expires_ms;
     unsigned long gen;
     int has_fp;
     uint8_t fp[IDEM_FINGERPRINT_LEN];
@@ -159,6 +160,7 @@ int replay_cache_get(struct replay_cache *c, const char *space, const char *key,
         return 0; /* another payload: the store says MISMATCH */
     out->stored = e->data + e->id_len;
     out->stored_len = e->len;
+    out->expires_ms = e->expires_ms;
     out->wire = e->wire;
     out->wire_len = e->wire_len;
     out->entry = e;
@@ -199,8 +201,8 @@ void replay_cache_add_wire(struct replay_cache *c, struct replay_kept *kept, con
 }
 
 void replay_cache_put(struct replay_cache *c, const char *space, const char *key,
-                      const uint8_t *fp, const void *stored, size_t len, int64_t now_ms,
-                      unsigned long gen)
+                      const uint8_t *fp, const void *stored, size_t len, int64_t expires_ms,
+                      int64_t now_ms, unsigned long gen)
 {
     if (!c || len > REPLAY_CACHE_ENTRY_MAX)
         return;
@@ -215,6 +217,7 @@ void replay_cache_put(struct replay_cache *c, const char *space, const char *key
         return;
     e->hash = h;
     e->born_ms = now_ms;
+    e->expires_ms = expires_ms;
     e->gen = gen;
     e->has_fp = fp != NULL;
     if (fp)

@@ -25,6 +25,7 @@ void replay_cache_free(struct replay_cache *c);
 struct replay_kept {
     const void *stored;
     size_t stored_len;
+    int64_t expires_ms; /* the record's, as put (Idempotency-Key-Expires) */
     const void *wire;
     size_t wire_len;
     void *entry; /* get: where replay_cache_add_wire() puts the wire form */
@@ -53,13 +54,13 @@ size_t replay_cache_bytes(const struct replay_cache *c);
  * the cache: a transition). */
 void replay_cache_clear(struct replay_cache *c);
 
-/* Keep the stored answer of a finished record (its bytes are copied). Only
- * an answer that is durable and final may be put: the cache answers from it
- * without asking the store. gen: the generation seen before the record was
- * read, so that an answer read before a transition is never served after
- * it. */
+/* Keep the stored answer of a finished record (its bytes are copied), and
+ * when the record expires (wall-clock ms, 0: not known). Only an answer
+ * that is durable and final may be put: the cache answers from it without
+ * asking the store. gen: the generation seen before the record was read, so
+ * that an answer read before a transition is never served after it. */
 void replay_cache_put(struct replay_cache *c, const char *space, const char *key,
-                      const uint8_t *fp, const void *stored, size_t stored_len, int64_t now_ms,
-                      unsigned long gen);
+                      const uint8_t *fp, const void *stored, size_t stored_len,
+                      int64_t expires_ms, int64_t now_ms, unsigned long gen);
 
 #endif

@@ -119,6 +119,27 @@ const char *http_reason(int status)
     return "";
 }
 
+/* An IMF-fixdate (RFC 9110 5.6.7) of t into out (at least 30 bytes), in
+ * English whatever the locale; its length. */
+static size_t imf_fixdate(time_t t, char *out)
+{
+    static const char days[] = "SunMonTueWedThuFriSat";
+    static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+    struct tm tm;
+    if (!gmtime_r(&t, &tm) || tm.tm_year + 1900 > 9999 || tm.tm_year + 1900 < 0) {
+        out[0] = '\0';
+        return 0;
+    }
+    return (size_t)snprintf(out, 30, "%.3s, %02d %.3s %04d %02d:%02d:%02d GMT",
+                            days + 3 * tm.tm_wday, tm.tm_mday, months + 3 * tm.tm_mon,
+                            tm.tm_year + 1900, tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+size_t http_date(int64_t ms, char *out)
+{
+    return imf_fixdate((time_t)(ms / 1000), out);
+}
+
 /* "Date: Wed, 02 Dec 2026 01:36:13 GMT\r\n" for now, formatted once a
  * second per thread. */
 static const char *date_field(size_t *len)
@@ -128,9 +149,10 @@ static const char *date_field(size_t *len)
     static __thread size_t field_len;
     time_t now = time(NULL);
     if (now != second) {
-        struct tm tm;
-        gmtime_r(&now, &tm);
-        field_len = strftime(field, sizeof field, "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
+        char *p = put(field, "Date: ", 6);
+        p += imf_fixdate(now, p);
+        p = put(p, "\r\n", 2);
+        field_len = (size_t)(p - field);
         second = now;
     }
     *len = field_len;

@@ -46,6 +46,11 @@ char *response_serialize(const struct http_response *r, int head_request, size_t
 struct http_response *problem(int status, const char *type, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The HTTP-date (IMF-fixdate, "Wed, 02 Dec 2026 01:36:13 GMT") of a
+ * wall-clock instant in ms, the second it is in, into out (at least 30
+ * bytes); its length, 0 for a year past 9999. */
+size_t http_date(int64_t ms, char *out);
+
 /* The reason phrase for a status ("Conflict"), "" when unknown. */
 const char *http_reason(int status);
 

@@ -17,7 +17,7 @@ static const uint8_t fp_b[IDEM_FINGERPRINT_LEN] = {2};
 static void put(struct replay_cache *c, const char *space, const char *key, const uint8_t *fp,
                 const char *stored, size_t len, const char *wire, int64_t now, unsigned long gen)
 {
-    replay_cache_put(c, space, key, fp, stored, len, now, gen);
+    replay_cache_put(c, space, key, fp, stored, len, 0, now, gen);
     struct replay_kept k;
     if (wire && replay_cache_get(c, space, key, fp, now, gen, &k))
         replay_cache_add_wire(c, &k, wire, strlen(wire));
@@ -37,7 +37,7 @@ static void test_answers_what_was_put(void **state)
     assert_non_null(c);
     struct replay_kept k;
     assert_false(replay_cache_get(c, "refund", "R-1", fp_a, 1000, 0, &k));
-    replay_cache_put(c, "refund", "R-1", fp_a, "IDEM1 201 0 2\nok", 16, 1000, 0);
+    replay_cache_put(c, "refund", "R-1", fp_a, "IDEM1 201 0 2\nok", 16, 86401000, 1000, 0);
     /* Kept without its wire form until a duplicate adds it. */
     assert_true(replay_cache_get(c, "refund", "R-1", fp_a, 1200, 0, &k));
     assert_int_equal(k.wire_len, 0);
@@ -46,6 +46,7 @@ static void test_answers_what_was_put(void **state)
     assert_true(replay_cache_get(c, "refund", "R-1", fp_a, 1500, 0, &k));
     assert_int_equal(k.stored_len, 16);
     assert_memory_equal(k.stored, "IDEM1 201 0 2\nok", 16);
+    assert_int_equal(k.expires_ms, 86401000); /* the record's, for its header */
     assert_int_equal(k.wire_len, 22);
     assert_memory_equal(k.wire, "HTTP/1.1 201 Created\r\n", 22);
     /* Another key, another space: not this entry ("refund\0R-1" is not
@@ -148,7 +149,7 @@ static void test_budget(void **state)
     struct replay_cache *tight = replay_cache_new(2 * 1200); /* three of 500 fit */
     for (int i = 0; i < 3; i++) {
         snprintf(key, sizeof key, "w%d", i);
-        replay_cache_put(tight, "s", key, NULL, answer, 500, 0, 0);
+        replay_cache_put(tight, "s", key, NULL, answer, 500, 0, 0, 0);
     }
     struct replay_kept k;
     assert_true(replay_cache_get(tight, "s", "w0", NULL, 0, 0, &k));

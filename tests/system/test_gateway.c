@@ -738,6 +738,66 @@ static void test_store_statuses_release_rejected(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* An Idempotency-Key-Expires value as seconds since the epoch; -1 if it
+ * is not an IMF-fixdate. */
+static long long http_date_secs(const char *v)
+{
+    struct tm tm;
+    memset(&tm, 0, sizeof tm);
+    const char *end = v ? strptime(v, "%a, %d %b %Y %H:%M:%S GMT", &tm) : NULL;
+    return end && !*end && strlen(v) == 29 ? (long long)timegm(&tm) : -1;
+}
+
+/* Executed and replayed answers say until when the key is kept: the
+ * record's expiry, the same from the store as from the replay cache, and
+ * after a restart; answers not kept say nothing. */
+static void test_retention_header(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct sys_resp r;
+    static const char routes[] =
+        "routes:\n"
+        REFUND_ROUTE
+        "    retention: 2h\n"
+        "    store_statuses: [2xx]\n";
+    const char *body = "{\"refund_no\":\"R-expires\",\"amount\":\"1.00\"}";
+    start_idem(&gw, routes, "expires.db");
+    long long t0 = (long long)time(NULL);
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    long long t1 = (long long)time(NULL);
+    assert_int_equal(r.status, 201);
+    char first[64];
+    snprintf(first, sizeof first, "%s", sys_header(&r, "Idempotency-Key-Expires"));
+    sys_resp_free(&r);
+    long long at = http_date_secs(first);
+    assert_true(at >= t0 + 7200 - 1 && at <= t1 + 7200);
+    for (int i = 0; i < 2; i++) { /* the cache's answer, then its wire form */
+        sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+        assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+        assert_string_equal(sys_header(&r, "Idempotency-Key-Expires"), first);
+        sys_resp_free(&r);
+    }
+    /* Not kept (a 400 outside store_statuses): nothing to promise. */
+    sys_http(gw.port, "POST", "/refunds", NULL,
+             "{\"refund_no\":\"R-expires-2\",\"amount\":\"x\"}", 5000, &r);
+    assert_int_equal(r.status, 400);
+    assert_null(sys_header(&r, "Idempotency-Key-Expires"));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+
+    /* From the store, after a restart: the record's own expiry, which the
+     * store took a moment after the gateway read the clock (the same
+     * second, or the next). */
+    start_idem(&gw, routes, "expires.db");
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    long long stored = http_date_secs(sys_header(&r, "Idempotency-Key-Expires"));
+    assert_true(stored == at || stored == at + 1);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_upstream_unreachable(void **state)
 {
     (void)state;
@@ -4444,6 +4504,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_token_flow),
         cmocka_unit_test(test_upstream_5xx_release),
         cmocka_unit_test(test_store_statuses_release_rejected),
+        cmocka_unit_test(test_retention_header),
         cmocka_unit_test(test_upstream_unreachable),
         cmocka_unit_test(test_token_given_back_under_a_waiting_retry),
         cmocka_unit_test(test_one_token_one_key_under_resubmits),
