@@ -31,6 +31,7 @@
 #include "http_parser.h"
 #include "idem.h"
 #include "upstream.h"
+#include "utf8.h"
 
 #define FILE_MAX (1024 * 1024)
 #define ROUTES_MAX 1000
@@ -190,6 +191,16 @@ static void free_list(char **list, size_t n)
     free(list);
 }
 
+static void problems_free(struct problem_text *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(p[i].type);
+        free(p[i].title);
+        free(p[i].detail);
+    }
+    free(p);
+}
+
 static void route_free(struct route *r)
 {
     free(r->name);
@@ -206,6 +217,7 @@ static void route_free(struct route *r)
     free(r->token_scene);
     free_list(r->replay_headers, r->replay_header_count);
     free_list(r->fingerprint_fields, r->fingerprint_field_count);
+    problems_free(r->problems, r->problem_count);
 }
 
 void config_free(struct server_config *c)
@@ -236,6 +248,7 @@ void config_free(struct server_config *c)
     free(c->upstream.host);
     free(c->upstream.base_path);
     upstream_addrs_put(c->upstream.addrs);
+    problems_free(c->problems, c->problem_count);
     for (size_t i = 0; i < c->route_count; i++)
         route_free(&c->routes[i]);
     free(c->routes);
@@ -1585,12 +1598,106 @@ static int get_store_statuses(struct ctx *c, const yaml_node_t *n, const char *p
     return 0;
 }
 
+/* The problem types of a route's answers, which problems: may retitle. */
+static const char *const problem_types[] = {
+    "key_missing",      "key_invalid",       "subject_missing",   "subject_invalid",
+    "fingerprint_unavailable", "token_missing", "token_spent",    "request_in_flight",
+    "key_reused",       "store_unavailable", "invalid_argument",  "upstream_unreachable",
+    "upstream_response_too_large", "outcome_unknown", "shutting_down", "attempts_exhausted",
+    "stored_result_unreadable",
+};
+
+#define PROBLEM_TITLE_MAX 256
+#define PROBLEM_DETAIL_MAX 1024
+
+/* A title or detail: text for people, any language, on one line. */
+static int get_problem_field(struct ctx *c, const yaml_node_t *n, const char *path, size_t max,
+                             char **dst)
+{
+    const char *s;
+    if (scalar(c, n, path, "a string", &s))
+        return -1;
+    size_t len = strlen(s);
+    if (!len || len > max)
+        return fail(c, n, path, "%zu bytes: 1 to %zu", len, max);
+    if (has_control(s))
+        return fail(c, n, path, "holds a control character (a title or detail is one line)");
+    const unsigned char *p = (const unsigned char *)s, *end = p + len;
+    while (p < end) {
+        size_t k = *p < 0x80 ? 1 : utf8_seq_len(p, end);
+        if (!k)
+            return fail(c, n, path, "is not UTF-8");
+        p += k;
+    }
+    return set_string(dst, s) ? oom(c) : 0;
+}
+
+/* problems: { token_spent: { title: ..., detail: ... }, ... } */
+static int get_problems(struct ctx *c, const yaml_node_t *n, const char *path,
+                        struct problem_text **out, size_t *count)
+{
+    if (n->type != YAML_MAPPING_NODE)
+        return fail(c, n, path, "expected a mapping like { token_spent: { title: ..., "
+                    "detail: ... } }, got %s", kind_name(n));
+    if (check_fields(c, n, path, problem_types, sizeof problem_types / sizeof problem_types[0]))
+        return -1;
+    size_t pairs = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+    if (!(*out = calloc(pairs ? pairs : 1, sizeof **out)))
+        return oom(c);
+    for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
+        static const char *const fields[] = {"title", "detail"};
+        const char *type = scalar_value(node(c, p->key));
+        const yaml_node_t *v = node(c, p->value), *f;
+        struct problem_text *t = &(*out)[*count];
+        char tpath[112], fpath[128];
+        join(tpath, sizeof tpath, path, type); /* check_fields: known, and once */
+        if (!(t->type = strdup(type)))
+            return oom(c);
+        (*count)++;
+        if (v->type != YAML_MAPPING_NODE)
+            return fail(c, v, tpath, "expected a mapping like { title: ..., detail: ... }, "
+                        "got %s", kind_name(v));
+        if (check_fields(c, v, tpath, fields, 2))
+            return -1;
+        join(fpath, sizeof fpath, tpath, "title");
+        if ((f = field(c, v, "title")) &&
+            get_problem_field(c, f, fpath, PROBLEM_TITLE_MAX, &t->title))
+            return -1;
+        join(fpath, sizeof fpath, tpath, "detail");
+        if ((f = field(c, v, "detail")) &&
+            get_problem_field(c, f, fpath, PROBLEM_DETAIL_MAX, &t->detail))
+            return -1;
+        if (!t->title && !t->detail)
+            return fail(c, v, tpath, "give a title, a detail or both");
+    }
+    return 0;
+}
+
+static const struct problem_text *find_problem(const struct problem_text *p, size_t n,
+                                               const char *type)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(p[i].type, type))
+            return &p[i];
+    return NULL;
+}
+
+void config_problem_text(const struct server_config *c, const struct route *rt,
+                         const char *type, const char **title, const char **detail)
+{
+    const struct problem_text *r = rt ? find_problem(rt->problems, rt->problem_count, type) : NULL;
+    const struct problem_text *g = find_problem(c->problems, c->problem_count, type);
+    *title = r && r->title ? r->title : g ? g->title : NULL;
+    *detail = r && r->detail ? r->detail : g ? g->detail : NULL;
+}
+
 static const char *const route_fields[] = {
     "name",         "match",     "upstream",     "key",
     "space",        "scope",     "layers",       "token_scene",
     "in_flight",    "wait_timeout", "lease",     "retention",
     "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
     "on_redis_down", "on_unknown_outcome", "key_required", "store_statuses",
+    "problems",
 };
 
 /* routes[i] from n; the routes before it are read already, and their names
@@ -1677,6 +1784,9 @@ static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
     } else {
         keep_statuses(r, 100, r->on_5xx_store ? 599 : 499);
     }
+    if ((v = FIELD("problems")) &&
+        get_problems(c, v, fpath, &r->problems, &r->problem_count))
+        return -1;
 #undef FIELD
     return 0;
 }
@@ -2519,7 +2629,7 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
     static const char *const known[] = {"listen", "admin_listen", "api_keys", "state_dir",
                                         "tls_ca", "storage", "subject_header", "upstream",
                                         "workers", "event_loops", "limits", "routes",
-                                        "consumers", "access_log", "log"};
+                                        "consumers", "access_log", "log", "problems"};
     const yaml_node_t *v;
     const char *s;
     uint64_t workers, loops;
@@ -2576,6 +2686,9 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
     if ((v = field(c, root, "access_log")) && get_access_log(c, v, cfg))
         return -1;
     if ((v = field(c, root, "log")) && get_log(c, v, cfg))
+        return -1;
+    if ((v = field(c, root, "problems")) &&
+        get_problems(c, v, "problems", &cfg->problems, &cfg->problem_count))
         return -1;
     if ((v = field(c, root, "routes")) && get_routes(c, v, cfg))
         return -1;

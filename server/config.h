@@ -55,6 +55,14 @@ struct tls_files {
     char *cert, *key, *client_ca;
 };
 
+/* problems: the text a team gives one problem type of the gateway's answers
+ * (localised: "请刷新后重试" for token_spent); the type itself never changes. */
+struct problem_text {
+    char *type;   /* token_spent: the type without its urn:idem: */
+    char *title;  /* NULL: the status's reason phrase, or the global one */
+    char *detail; /* NULL: Idem's own detail, or the global one */
+};
+
 struct route {
     char *name;              /* required; unique */
     char *method;            /* match.method, upper case; NULL: any */
@@ -90,6 +98,8 @@ struct route {
      * consumer's attempts follow max_attempts. */
     uint64_t keep_status[(500 + 63) / 64];
     int store_statuses_set;  /* store_statuses was given */
+    struct problem_text *problems; /* problems: this route's, over the global ones */
+    size_t problem_count;
     int on_redis_down_reject; /* on_redis_down: reject (1: 503) or skip (0, default:
                                  layers 1-2 are skipped, the record still holds) */
     int key_optional;         /* key_required: false (1): a request without the key is
@@ -205,6 +215,8 @@ struct server_config {
     int access_text;
     enum { SUBJECT_HASH, SUBJECT_PLAIN, SUBJECT_OFF } access_subject;
     struct server_limits limits;
+    struct problem_text *problems; /* problems: for every route's answers */
+    size_t problem_count;
     struct route *routes;
     size_t route_count;
     struct consumer_config *consumers;
@@ -275,6 +287,12 @@ int config_is_name(const char *s);
 
 /* Does the route keep an answer with this upstream status (store_statuses)? */
 int config_route_keeps(const struct route *r, int status);
+
+/* The text configured for problem type on route rt (NULL: none), field by
+ * field: the route's problems, else the global ones; NULL where neither
+ * sets it. */
+void config_problem_text(const struct server_config *c, const struct route *rt,
+                         const char *type, const char **title, const char **detail);
 
 /* "500ms", "30s", "5m", "24h", "2d" or a bare number of milliseconds. */
 int config_parse_duration(const char *s, int64_t *ms);

@@ -327,10 +327,28 @@ static enum held_here claimed_here(struct gw *self)
     return found;
 }
 
+/* A problem of Idem's given the text the configuration has for its type
+ * (problems:, the route's over the global): every answer of a route passes
+ * here on its way out (answer, answer_early), and a problem to be stored
+ * before it is, so that its replays are the answer as first given. Stored
+ * answers replayed are left as they were stored. Without memory for it, the
+ * problem goes with Idem's own text. */
+static struct http_response *localise(const struct server_config *cfg, const struct route *rt,
+                                      struct http_response *r)
+{
+    const char *title, *detail;
+    if (!r || !r->problem_type[0])
+        return r;
+    config_problem_text(cfg, rt, r->problem_type, &title, &detail);
+    (void)problem_set_text(r, title, detail);
+    return r;
+}
+
 static void answer(struct gw *g)
 {
     daemon_observe(g->rt, g->t0);
     struct front_request *req = g->req;
+    localise(g->lc->c, g->rt, g->out);
     req->resp = g->out;
     g->out = NULL;
     gw_free(g);
@@ -1372,7 +1390,8 @@ static void finish_too_big(struct gw *g, const char *why)
                      why, cfg->limits.response_max, UPSTREAM_HEAD_FIELDS_MAX,
                      UPSTREAM_HEAD_BYTES_MAX);
     free(g->stored);
-    g->stored = g->out ? stored_encode_response(g->out, &g->stored_len) : NULL;
+    g->stored = g->out ? stored_encode_response(localise(cfg, g->rt, g->out), &g->stored_len)
+                       : NULL;
     finish_record(g, g->stored ? FINISH_FAIL_FINAL : FINISH_NONE);
 }
 
@@ -1421,7 +1440,8 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         g->out = problem(502, "upstream_unreachable",
                          "%s; the request was not executed and may be retried", detail);
         if (rt->max_attempts && g->attempt >= rt->max_attempts && g->out &&
-            (g->stored = stored_encode_response(g->out, &g->stored_len)) != NULL) {
+            (g->stored = stored_encode_response(localise(cfg, rt, g->out), &g->stored_len)) !=
+                NULL) {
             finish_record(g, FINISH_FAIL_FINAL); /* its last attempt */
             break;
         }
@@ -1569,7 +1589,7 @@ static void answer_early(struct live_config *lc, const struct route *rt,
                          struct front_request *req, struct http_response *r, int64_t t0)
 {
     daemon_observe(rt, t0);
-    daemon_answer(lc, req, r);
+    daemon_answer(lc, req, localise(lc->c, rt, r));
 }
 
 /* Answer a duplicate from the loop's replay cache, if its answer is kept

@@ -239,7 +239,27 @@ struct http_response *problem(int status, const char *type, const char *fmt, ...
         return NULL; /* the front end answers its fixed 503 */
     }
     free(body);
+    snprintf(r->problem_type, sizeof r->problem_type, "%s", type);
     return r;
+}
+
+int problem_set_text(struct http_response *r, const char *title, const char *detail)
+{
+    r->problem_type[0] = '\0';
+    if (!title && !detail)
+        return 0;
+    json_t *j = json_loadb(r->body, r->body_len, 0, NULL);
+    /* The text is the configuration's, checked as UTF-8 there: set as it is. */
+    int bad = !j || (title && json_object_set_new(j, "title", json_string(title))) ||
+              (detail && json_object_set_new(j, "detail", json_string(detail)));
+    char *body = bad ? NULL : json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (!body || response_set_body(r, body, strlen(body))) {
+        free(body);
+        return -1;
+    }
+    free(body);
+    return 0;
 }
 
 struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what)

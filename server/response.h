@@ -22,6 +22,9 @@ struct http_response {
                                     own Content-Length (the length GET would
                                     have), if it gave one, is among the
                                     headers, and no other is sent */
+    char problem_type[40];       /* a problem() of Idem's, not yet given its
+                                    configured text: its type; else "" (an
+                                    upstream's answer, a replay) */
 };
 
 /* A new response with this status and no headers or body; NULL on OOM. */
@@ -50,6 +53,11 @@ struct http_response *problem(int status, const char *type, const char *fmt, ...
  * wall-clock instant in ms, the second it is in, into out (at least 30
  * bytes); its length, 0 for a year past 9999. */
 size_t http_date(int64_t ms, char *out);
+
+/* Give the problem r (problem_type set) this title and detail, each NULL to
+ * keep its own; its type and status stay. Clears problem_type. 0, or -1 on
+ * OOM (r then unchanged). */
+int problem_set_text(struct http_response *r, const char *title, const char *detail);
 
 /* The reason phrase for a status ("Conflict"), "" when unknown. */
 const char *http_reason(int status);

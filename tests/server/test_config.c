@@ -367,6 +367,63 @@ static void test_store_statuses(void **state)
               "store_statuses", "unknown field");
 }
 
+/* problems: text per problem type, globally and per route, field by field. */
+static void test_problems(void **state)
+{
+    (void)state;
+    const char *title, *detail;
+    struct server_config *c = parse_ok(
+        "problems:\n"
+        "  token_spent: { title: 令牌已失效, detail: 请刷新后重试 }\n"
+        "  key_reused: { detail: \"Schlüssel schon benutzt\" }\n"
+        ROUTE
+        "    problems:\n"
+        "      token_spent: { detail: refresh the page }\n"
+        "      key_missing: { title: missing }\n");
+    const struct route *r = &c->routes[0];
+    config_problem_text(c, r, "token_spent", &title, &detail);
+    assert_string_equal(title, "令牌已失效"); /* the global title: the route sets none */
+    assert_string_equal(detail, "refresh the page");
+    config_problem_text(c, NULL, "token_spent", &title, &detail);
+    assert_string_equal(detail, "请刷新后重试");
+    config_problem_text(c, r, "key_reused", &title, &detail);
+    assert_null(title);
+    assert_string_equal(detail, "Schlüssel schon benutzt");
+    config_problem_text(c, r, "key_missing", &title, &detail);
+    assert_string_equal(title, "missing");
+    assert_null(detail);
+    config_problem_text(c, r, "outcome_unknown", &title, &detail);
+    assert_null(title);
+    assert_null(detail);
+    config_free(c);
+
+    parse_bad("problems:\n  token_spnt: { title: x }\n", "problems.token_spnt",
+              "did you mean token_spent");
+    parse_bad("problems: [token_spent]\n", "problems", "expected a mapping");
+    parse_bad("problems:\n  token_spent: gone\n", "problems.token_spent",
+              "expected a mapping");
+    parse_bad("problems:\n  token_spent: {}\n", "problems.token_spent",
+              "give a title, a detail or both");
+    parse_bad("problems:\n  token_spent: { text: x }\n", "problems.token_spent.text",
+              "unknown field");
+    parse_bad("problems:\n  token_spent: { title: \"\" }\n", "problems.token_spent.title",
+              "1 to 256");
+    parse_bad("problems:\n  token_spent: { detail: \"a\\nb\" }\n",
+              "problems.token_spent.detail", "control character");
+    parse_bad("problems:\n  token_spent: { detail: [a] }\n", "problems.token_spent.detail",
+              NULL);
+    parse_bad("problems:\n  token_spent: { title: a }\n  token_spent: { title: b }\n",
+              "token_spent", NULL);
+    char long_detail[1200];
+    memset(long_detail, 'x', 1025);
+    long_detail[1025] = '\0';
+    char yaml[1400];
+    snprintf(yaml, sizeof yaml, "problems:\n  token_spent: { detail: %s }\n", long_detail);
+    parse_bad(yaml, "problems.token_spent.detail", "1025 bytes: 1 to 1024");
+    parse_bad(ROUTE "    problems:\n      no_route: { title: x }\n",
+              "routes[0].problems.no_route", "unknown field");
+}
+
 /* Two routes may share a key space: a callback and an admin re-push. */
 static void test_shared_space(void **state)
 {
@@ -1606,6 +1663,7 @@ int main(void)
         cmocka_unit_test(test_route_defaults),
         cmocka_unit_test(test_route_values),
         cmocka_unit_test(test_store_statuses),
+        cmocka_unit_test(test_problems),
         cmocka_unit_test(test_shared_space),
         cmocka_unit_test(test_durations),
         cmocka_unit_test(test_sizes),

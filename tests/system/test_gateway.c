@@ -1790,6 +1790,96 @@ static void test_upstream_answer_too_large(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* The problem body's members, as the client reads them. */
+static void expect_problem(const struct sys_resp *r, int status, const char *type,
+                           const char *title, const char *detail)
+{
+    assert_int_equal(r->status, status);
+    assert_string_equal(sys_header(r, "Content-Type"), "application/problem+json");
+    json_t *j = json_loadb(r->m->body, r->m->body_len, 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(j, "type")), type);
+    assert_int_equal(json_integer_value(json_object_get(j, "status")), status);
+    if (title)
+        assert_string_equal(json_string_value(json_object_get(j, "title")), title);
+    if (detail)
+        assert_string_equal(json_string_value(json_object_get(j, "detail")), detail);
+    json_decref(j);
+}
+
+/* problems: the global text, a route's over it field by field, UTF-8 kept
+ * as written, the type and status never changed; a problem that is stored
+ * is stored with its text, so its replay is the answer first given. */
+static void test_problems_localised(void **state)
+{
+    (void)state;
+    struct proc gw;
+    struct sys_resp r;
+    static const char routes[] =
+        "limits:\n"
+        "  response_max: 16B\n"
+        "problems:\n"
+        "  token_spent: { title: 令牌已失效, detail: 请刷新后重试 }\n"
+        "  key_missing: { title: Schlüssel fehlt }\n"
+        "  upstream_response_too_large: { detail: \"trop grand, gardé\" }\n"
+        "routes:\n"
+        "  - name: refund\n"
+        "    match: { method: POST, path: /refunds }\n"
+        "    upstream: @UP@\n"
+        "    key: { json: refund_no }\n"
+        "    scope: subject\n"
+        "    layers: [token, record]\n"
+        "    problems:\n"
+        "      key_missing: { detail: 请填写退款单号 }\n"
+        "  - name: big\n"
+        "    match: { method: POST, path: /payments }\n"
+        "    upstream: @UP@\n"
+        "    key: { json: serial_no }\n";
+    start_idem(&gw, routes, "problems.db");
+    static const char *const stale[] = {"X-Subject: dora", "Idem-Token: no-such-token", NULL};
+    sys_http(gw.port, "POST", "/refunds", stale, "{\"refund_no\":\"R-l10n\",\"amount\":\"1.00\"}",
+             5000, &r);
+    expect_problem(&r, 409, "urn:idem:token_spent", "令牌已失效", "请刷新后重试");
+    sys_resp_free(&r);
+    /* The route's detail, the global title. */
+    static const char *const dora[] = {"X-Subject: dora", NULL};
+    sys_http(gw.port, "POST", "/refunds", dora, "{\"amount\":\"1.00\"}", 5000, &r);
+    expect_problem(&r, 400, "urn:idem:key_missing", "Schlüssel fehlt", "请填写退款单号");
+    sys_resp_free(&r);
+    /* A type not configured keeps Idem's text. */
+    sys_http(gw.port, "POST", "/refunds", dora, "{\"refund_no\":\"R-l10n\"}", 5000, &r);
+    expect_problem(&r, 428, "urn:idem:token_missing", "Precondition Required", NULL);
+    sys_resp_free(&r);
+    /* Stored with its text: the replay says the same. */
+    const char *big = "{\"serial_no\":\"P-l10n\",\"amount\":\"1.00\"}";
+    for (int i = 0; i < 2; i++) {
+        sys_http(gw.port, "POST", "/payments", NULL, big, 5000, &r);
+        expect_problem(&r, 502, "urn:idem:upstream_response_too_large", "Bad Gateway",
+                       "trop grand, gardé");
+        if (i)
+            assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+        sys_resp_free(&r);
+    }
+    /* What was stored stays: a reload that changes the text changes new
+     * answers, not the replay. */
+    char path[4200];
+    snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, config_seq);
+    write_config(path, "limits:\n  response_max: 16B\n"
+                       "problems:\n  upstream_response_too_large: { detail: autre }\n"
+                       "routes:\n  - name: big\n    match: { method: POST, path: /payments }\n"
+                       "    upstream: @UP@\n    key: { json: serial_no }\n");
+    kill(gw.pid, SIGHUP);
+    await_reloads(gw.log, 1);
+    sys_http(gw.port, "POST", "/payments", NULL, big, 5000, &r);
+    expect_problem(&r, 502, "urn:idem:upstream_response_too_large", NULL, "trop grand, gardé");
+    sys_resp_free(&r);
+    sys_http(gw.port, "POST", "/payments", NULL, "{\"serial_no\":\"P-l10n-2\",\"amount\":\"1.00\"}",
+             5000, &r);
+    expect_problem(&r, 502, "urn:idem:upstream_response_too_large", NULL, "autre");
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- limits and malformed requests ---- */
 
 static const char limit_routes[] =
@@ -4505,6 +4595,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_upstream_5xx_release),
         cmocka_unit_test(test_store_statuses_release_rejected),
         cmocka_unit_test(test_retention_header),
+        cmocka_unit_test(test_problems_localised),
         cmocka_unit_test(test_upstream_unreachable),
         cmocka_unit_test(test_token_given_back_under_a_waiting_retry),
         cmocka_unit_test(test_one_token_one_key_under_resubmits),
