@@ -8,7 +8,9 @@
  * "the gateway let one request through" from "the database threw the rest away".
  * --naive breaks refunds on purpose (check, delay, insert into a table with no
  * UNIQUE constraint) to give `idem verify` something to catch. Test hooks: the
- * X-Fail and X-Delay-Ms request headers. examples/README.md lists the endpoints.
+ * X-Fail and X-Delay-Ms request headers. GET / is a refund form (page[] and
+ * script[] below) that, reached through `idem serve`, shows the token flow in
+ * a browser. examples/README.md lists the endpoints.
  *
  *   refund_service [--listen 127.0.0.1:9000] [--db ./refunds.db | :memory:]
  *                  [--delay-ms N] [--naive]
@@ -59,6 +61,113 @@ struct pending {
     long execution;                 /* this kind's execution count, this one included */
     int fail;                       /* injected 5xx status, or 0 */
 };
+
+/* GET /: the refund form, meant to be reached through `idem serve` (which
+ * proxies GET / here as a request no route matches), so that its script's
+ * calls go to Idem: a token for scene "refund" when the page loads, the form
+ * posted to /refunds with it, and on 409 token_spent the problem's detail
+ * (the configuration's localised text) and a button that fetches a new token.
+ * Plain HTML and a script of its own (GET /app.js), nothing from elsewhere:
+ * the Content-Security-Policy allows this origin only. X-Subject stands in
+ * for the auth layer in front of Idem, which would set it. */
+static const char page[] =
+    "<!doctype html>\n"
+    "<html lang=\"en\">\n"
+    "<head>\n"
+    "<meta charset=\"utf-8\">\n"
+    "<title>Refund</title>\n"
+    "<style>\n"
+    "body { font: 16px sans-serif; max-width: 32em; margin: 2em auto; }\n"
+    "label { display: block; margin: .5em 0; }\n"
+    "#result.ok { color: #060; } #result.spent, #result.error { color: #a00; }\n"
+    "</style>\n"
+    "</head>\n"
+    "<body>\n"
+    "<h1>Refund</h1>\n"
+    "<form id=\"refund\">\n"
+    "<label>Customer (X-Subject) <input id=\"subject\" value=\"alice\"></label>\n"
+    "<label>Refund number <input id=\"refund_no\" required value=\"R-web-1\"></label>\n"
+    "<label>Amount <input id=\"amount\" required value=\"1.00\"></label>\n"
+    "<button id=\"send\" type=\"submit\" disabled>Refund</button>\n"
+    "</form>\n"
+    "<p>Token: <code id=\"token\">(getting one)</code></p>\n"
+    "<p id=\"result\" role=\"status\"></p>\n"
+    "<button id=\"again\" type=\"button\" hidden>Get a new token and retry</button>\n"
+    "<script src=\"/app.js\"></script>\n"
+    "</body>\n"
+    "</html>\n";
+
+/* What the page runs. Everything shown goes through textContent: an
+ * answer's text is never read as HTML. */
+static const char script[] =
+    "'use strict';\n"
+    "const $ = (id) => document.getElementById(id);\n"
+    "let token = null;\n"
+    "\n"
+    "function show(kind, text) {\n"
+    "  $('result').className = kind;\n"
+    "  $('result').textContent = text;\n"
+    "}\n"
+    "\n"
+    "async function answerOf(r) {\n"
+    "  const text = await r.text();\n"
+    "  try {\n"
+    "    return { text, json: JSON.parse(text) };\n"
+    "  } catch (e) {\n"
+    "    return { text, json: null };\n"
+    "  }\n"
+    "}\n"
+    "\n"
+    "// A one-time token for the refund scene, from Idem's POST /_idem/v1/tokens.\n"
+    "async function newToken() {\n"
+    "  token = null;\n"
+    "  $('send').disabled = true;\n"
+    "  $('token').textContent = '(getting one)';\n"
+    "  const r = await fetch('/_idem/v1/tokens', {\n"
+    "    method: 'POST',\n"
+    "    headers: { 'Content-Type': 'application/json', 'X-Subject': $('subject').value },\n"
+    "    body: JSON.stringify({ scene: 'refund' }),\n"
+    "  });\n"
+    "  const a = await answerOf(r);\n"
+    "  if (!r.ok || !a.json || !a.json.token) {\n"
+    "    show('error', 'no token: ' + r.status + ' ' + ((a.json && a.json.detail) || a.text));\n"
+    "    return;\n"
+    "  }\n"
+    "  token = a.json.token;\n"
+    "  $('token').textContent = token;\n"
+    "  $('send').disabled = false;\n"
+    "}\n"
+    "\n"
+    "// The form, posted with the token: a second click, a reload of the answer\n"
+    "// or a retry is answered by Idem with the first answer (Idempotent-Replayed).\n"
+    "$('refund').addEventListener('submit', async (ev) => {\n"
+    "  ev.preventDefault();\n"
+    "  const r = await fetch('/refunds', {\n"
+    "    method: 'POST',\n"
+    "    headers: { 'Content-Type': 'application/json', 'X-Subject': $('subject').value,\n"
+    "               'Idem-Token': token },\n"
+    "    body: JSON.stringify({ refund_no: $('refund_no').value, amount: $('amount').value }),\n"
+    "  });\n"
+    "  const a = await answerOf(r);\n"
+    "  if (r.status === 409 && a.json && a.json.type === 'urn:idem:token_spent') {\n"
+    "    show('spent', a.json.detail);\n"
+    "    $('again').hidden = false;\n"
+    "  } else if (r.ok) {\n"
+    "    const replayed = r.headers.get('Idempotent-Replayed') === 'true';\n"
+    "    show('ok', (replayed ? 'Already done (replayed): ' : 'Done: ') + a.text);\n"
+    "  } else {\n"
+    "    const why = a.json && (a.json.detail || a.json.error);\n"
+    "    show('error', r.status + ': ' + (why || a.text));\n"
+    "  }\n"
+    "});\n"
+    "\n"
+    "$('again').addEventListener('click', () => {\n"
+    "  $('again').hidden = true;\n"
+    "  show('', '');\n"
+    "  newToken();\n"
+    "});\n"
+    "\n"
+    "newToken();\n";
 
 static struct event_base *base;
 static sqlite3 *db;
@@ -313,6 +422,25 @@ static void on_stats(struct evhttp_request *req)
                "payment_executions", (json_int_t)atomic_load(&payments.executions)));
 }
 
+/* The page and its script: this origin only, never sniffed, never cached
+ * (the demo is changed and reloaded). */
+static void reply_asset(struct evhttp_request *req, const char *type, const char *text,
+                        size_t len)
+{
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    struct evbuffer *out = evbuffer_new();
+    evhttp_add_header(h, "Content-Type", type);
+    evhttp_add_header(h, "Content-Security-Policy", "default-src 'self'; "
+                      "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'");
+    evhttp_add_header(h, "X-Content-Type-Options", "nosniff");
+    evhttp_add_header(h, "Cache-Control", "no-store");
+    if (out)
+        evbuffer_add(out, text, len);
+    evhttp_send_reply(req, 200, NULL, out);
+    if (out)
+        evbuffer_free(out);
+}
+
 static void on_count(struct evhttp_request *req)
 {
     char text[32];
@@ -358,6 +486,10 @@ static void on_request(struct evhttp_request *req, void *arg)
         on_stats(req);
     } else if (get && strcmp(path, "/count") == 0) {
         on_count(req);
+    } else if (get && strcmp(path, "/") == 0) {
+        reply_asset(req, "text/html; charset=utf-8", page, sizeof page - 1);
+    } else if (get && strcmp(path, "/app.js") == 0) {
+        reply_asset(req, "text/javascript; charset=utf-8", script, sizeof script - 1);
     } else {
         reply_error(req, 404, "not found");
     }
