@@ -9,6 +9,8 @@
 #     it: a token, the submit, the submit again (a replay), the spent token
 #     on another refund (409 token_spent with examples/idem.yaml's
 #     localised detail, 请刷新后重试);
+#   - the form in headless Chromium, where it is installed, clicked through
+#     as a user would (tests/examples/drive_page.py);
 #   - each client of examples/clients/ whose toolchain is here (python3;
 #     javac and java; go), which must print the replay and the spent token;
 #     a client without its toolchain is skipped, saying so.
@@ -96,6 +98,16 @@ grep -qF '"detail":"请刷新后重试 (refresh the page and try again)"' "$tmp/
   fail "spent token: not examples/idem.yaml's detail: $(cat "$tmp/spent")"
 [ $(($(executions) - before)) -eq 1 ] || fail "the flow executed $(($(executions) - before)) times"
 echo "page: the form, its script and their flow: one execution, a replay, token_spent localised"
+
+# ---- the page in a browser, where Chromium is installed ----
+if command -v chromium >/dev/null && command -v python3 >/dev/null; then
+  python3 "$src/tests/examples/drive_page.py" chromium "$base/" \
+    "请刷新后重试 (refresh the page and try again)" >"$tmp/browser.out" 2>&1 ||
+    fail "the form in Chromium: $(cat "$tmp/browser.out")"
+  echo "browser: ran"; sed 's/^/  | /' "$tmp/browser.out"
+else
+  echo "skipped: the form in a browser (no chromium, or no python3, here)"
+fi
 
 # ---- the clients ----
 check_client() { # name, output file
