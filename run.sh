@@ -54,6 +54,9 @@ Idem is in front of the refund service. Try it:
   curl -s localhost:9000/stats          # how often the service really executed
   curl -s localhost:8080/_idem/v1/health
 
+  # the same flow in a browser: the refund form, which gets its token on load
+  http://127.0.0.1:8080/
+
 Logs and data: @STATE@
 MSG
 
