@@ -4,7 +4,8 @@
 Starts headless Chromium on URL (the example refund form, through idem serve)
 and drives it as a user would, over the DevTools protocol (a WebSocket,
 spoken here with the standard library): the page gets a token on load; a
-click on Refund executes; a second click is the replay; another refund
+bad amount is refused and, corrected, executes with the same token; a
+second click is the replay; another refund
 number with the spent token shows EXPECTED_DETAIL (the configuration's text
 for token_spent) and the retry button, which gets a new token with which
 that refund executes. Prints each step; exits 0 when all happened, else 1.
@@ -135,12 +136,20 @@ def main(chromium, url, detail):
         token = page.wait(tokened, "a token on load")
         print("loaded: a token for the form")
 
-        def submit(refund_no):
+        def submit(refund_no, amount="1.00"):
             page.js("document.getElementById('result').textContent = '';"
                     "document.getElementById('refund_no').value = %s;"
-                    "document.getElementById('send').click()" % json.dumps(refund_no))
+                    "document.getElementById('amount').value = %s;"
+                    "document.getElementById('send').click()"
+                    % (json.dumps(refund_no), json.dumps(amount)))
             return page.wait(text % "result", "the answer to refund " + refund_no)
 
+        # A bad amount: the service's 400 is not kept, and the token is
+        # given back, so the corrected form goes through with it.
+        refused = submit("R-browser-1", "1,00")
+        print("bad amount: " + refused)
+        if not refused.startswith("400: amount must be"):
+            return 1
         first = submit("R-browser-1")
         print("submit: " + first)
         if not first.startswith("Done: ") or '"refund_no":"R-browser-1"' not in first:

@@ -79,10 +79,15 @@ before=$(executions)
 issued=$(curl -sS "${hdr[@]}" -d '{"scene":"refund"}' "$base/_idem/v1/tokens")
 token=$(printf '%s' "$issued" | sed -nE 's/.*"token":"([^"]+)".*/\1/p')
 [ -n "$token" ] || fail "no token: $issued"
-submit() { # refund_no, output file
+submit() { # refund_no, output file [amount]
   curl -sS -D "$2.h" -o "$2" "${hdr[@]}" -H "Idem-Token: $token" \
-       -d "{\"refund_no\":\"$1\",\"amount\":\"1.00\"}" "$base/refunds"
+       -d "{\"refund_no\":\"$1\",\"amount\":\"${3:-1.00}\"}" "$base/refunds"
 }
+# A bad amount: store_statuses: [2xx, 409] keeps no 400, the token is given
+# back, and the corrected refund goes through with it.
+submit R-web-1 "$tmp/bad" 1,00
+grep -q '^HTTP/1.1 400' "$tmp/bad.h" || fail "bad amount: $(head -1 "$tmp/bad.h") $(cat "$tmp/bad")"
+if grep -qi '^idempotency-key-expires' "$tmp/bad.h"; then fail "a 400 not kept says it is"; fi
 submit R-web-1 "$tmp/first"
 grep -q '^HTTP/1.1 201' "$tmp/first.h" || fail "submit: $(head -1 "$tmp/first.h") $(cat "$tmp/first")"
 grep -qi '^idempotency-key-expires: ' "$tmp/first.h" || fail "submit: no Idempotency-Key-Expires"
