@@ -39,9 +39,9 @@
  *        │    past a consumer's max_attempts: failed for good ──────► 502)
  *   S_FORWARD  upstream, on the loop (the timer extends the claim's lease
  *        │   every lease/3, as a record call of its own)
- *        ├── answer < 500, or 5xx with on_upstream_5xx: store ─► S_FINISH: complete/fail(final)
- *        │                                                       with the stored answer
- *        ├── 5xx with release ──► token back, S_FINISH: fail(retryable) ► the 5xx as is
+ *        ├── a status kept (store_statuses; by default < 500, and 5xx with
+ *        │   on_upstream_5xx: store) ─► S_FINISH: complete/fail(final) with the stored answer
+ *        ├── any other status ──► token back, S_FINISH: fail(retryable) ► the answer as is
  *        ├── not sent (refused) ► token back, S_FINISH: fail(retryable) ► 502 upstream_unreachable
  *        │   (token back: S_CONFIRM that the claim is ours, then S_GIVE_BACK;
  *        │    see finish_record)
