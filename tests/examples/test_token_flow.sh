@@ -47,7 +47,8 @@ wait_listening "$tmp/service.log"
 sed -e "s/127\.0\.0\.1:8080/127.0.0.1:$p_idem/g" -e "s/127\.0\.0\.1:9000/127.0.0.1:$p_svc/g" \
   <"$src/examples/idem.yaml" >"$tmp/idem.yaml"
 "$idem" serve -c "$tmp/idem.yaml" --db "$tmp/idem.db" >"$tmp/idem.log" 2>&1 &
-pids+=($!)
+idem_pid=$!
+pids+=($idem_pid)
 wait_listening "$tmp/idem.log"
 base=http://127.0.0.1:$p_idem
 executions() { curl -fsS "http://127.0.0.1:$p_svc/stats" | sed -E 's/.*"executions":([0-9]+).*/\1/'; }
@@ -147,3 +148,9 @@ else
   echo "skipped: the Go client (no go here)"
 fi
 echo "$ran clients ran"
+
+# The daemon stops cleanly after all of it (under ASan: without a report).
+kill -TERM "$idem_pid"
+status=0
+wait "$idem_pid" || status=$?
+[ "$status" -eq 0 ] || fail "idem serve exited with status $status on SIGTERM"
