@@ -56,7 +56,7 @@ size_t http_date(int64_t ms, char *out);
 
 /* Give the problem r (problem_type set) this title and detail, each NULL to
  * keep its own; its type and status stay. Clears problem_type. 0, or -1 on
- * OOM (r then unchanged). */
+ * OOM (the body then keeps Idem's text). */
 int problem_set_text(struct http_response *r, const char *title, const char *detail);
 
 /* The reason phrase for a status ("Conflict"), "" when unknown. */
