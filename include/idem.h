@@ -390,6 +390,11 @@ typedef struct idem_record {
 /* Free what a record holds (its result) and zero it. NULL is a no-op. */
 IDEM_EXTERN void idem_record_clear(idem_record *rec);
 
+/* 1 if a record in this state is finished: its result is final, and every
+ * later begin is answered DONE with it (SUCCEEDED, FAILED, or a state of the
+ * user's own); 0 for PROCESSING and RELEASED, which a begin may claim. */
+IDEM_EXTERN int idem_record_finished(const char *state);
+
 /* Claim (space, key) for execution.
  * fingerprint: SHA-256 of the request's identifying content, or NULL to skip
  * the payload check. lease_ms (1 ms .. 1 day): how long the claim holds

@@ -754,8 +754,7 @@ static struct http_response *replay(struct gw *g, const idem_record *rec)
 static struct http_response *replay_finished(struct gw *g, idem_outcome o,
                                              const idem_record *rec)
 {
-    if (o != IDEM_FOUND || strcmp(rec->state, IDEM_STATE_PROCESSING) == 0 ||
-        strcmp(rec->state, IDEM_STATE_RELEASED) == 0)
+    if (o != IDEM_FOUND || !idem_record_finished(rec->state))
         return NULL;
     if (g->has_fp && rec->has_fingerprint &&
         memcmp(g->fp, rec->fingerprint, IDEM_FINGERPRINT_LEN) != 0)

@@ -217,12 +217,6 @@ static int replay(const struct run *r, const idem_record *rec)
 
 enum claim { CLAIM_RUN, CLAIM_DONE, CLAIM_BUSY, CLAIM_ERROR };
 
-static int finished(const idem_record *rec)
-{
-    return strcmp(rec->state, IDEM_STATE_PROCESSING) != 0 &&
-           strcmp(rec->state, IDEM_STATE_RELEASED) != 0;
-}
-
 /* One try. RUN: the lock and the claim are ours (r->epoch). DONE: rec is
  * the finished record. BUSY: r->busy says who has the key. ERROR: said,
  * and *status is the exit status. */
@@ -241,7 +235,7 @@ static enum claim try_claim(struct run *r, idem_record *rec, int *status)
             *status = store_failed(r, rc, "reading the record");
             return CLAIM_ERROR;
         }
-        if (o == IDEM_FOUND && finished(rec))
+        if (o == IDEM_FOUND && idem_record_finished(rec->state))
             return CLAIM_DONE;
         idem_record_clear(rec);
         snprintf(r->busy, sizeof r->busy, "its lock is held by %s for %lld ms more", info.holder,

@@ -34,6 +34,11 @@ IDEM_EXTERN void idem_record_clear(idem_record *rec)
     memset(rec, 0, sizeof *rec);
 }
 
+IDEM_EXTERN int idem_record_finished(const char *state)
+{
+    return strcmp(state, IDEM_STATE_PROCESSING) != 0 && strcmp(state, IDEM_STATE_RELEASED) != 0;
+}
+
 static idem_rc check_target(idem *h, const char *space, const char *key)
 {
     idem_rc rc;
@@ -94,8 +99,7 @@ static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
         /* Only a hint: a peek that fails leaves the decision to the write. */
         if (h->db_ops->rec_peek(h->db, ev->space, ev->key, &found, &cur) != IDEM_OK)
             found = 0;
-        if (found && strcmp(cur.state, IDEM_STATE_PROCESSING) != 0 &&
-            strcmp(cur.state, IDEM_STATE_RELEASED) != 0)
+        if (found && idem_record_finished(cur.state))
             have = 1;
         else
             idem_record_clear(&cur), found = 0;

@@ -1628,8 +1628,7 @@ static idem_rc rec_peek(void *db, const char *space, const char *key, int *found
     idem_rc rc = rec_get(db, space, key, found, cur);
     if (rc != IDEM_OK)
         return rc;
-    int useful = *found && cur && strcmp(cur->state, IDEM_STATE_PROCESSING) != 0 &&
-                 strcmp(cur->state, IDEM_STATE_RELEASED) != 0;
+    int useful = *found && cur && idem_record_finished(cur->state);
     if (useful) {
         atomic_store(&d->peek_streak, 0);
     } else {
