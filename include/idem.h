@@ -45,6 +45,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "idem/loop.h"
 #include "idem/version.h"
 
 #ifdef __cplusplus
@@ -590,6 +591,78 @@ IDEM_EXTERN idem_rc idem_record_async(idem *h, idem_async_fn fn,
  * run this way, its failure could leave a write behind. */
 IDEM_EXTERN idem_rc idem_record_async_one(idem *h, idem_async_fn fn,
                                           idem_async_done_fn done, void *arg);
+
+/* ------------------------------------------------------------------------- */
+/* Asynchronous calls, on the caller's event loop (idem/loop.h: the loop
+ * interface, and the rule every call here keeps — an error returned means
+ * no callback; IDEM_OK means exactly one, on the loop's thread, after the
+ * call has returned, with the answer and the error's detail as arguments).
+ *
+ * Each is the blocking call of the same name, answering through cb instead
+ * of out-parameters; the arguments are copied, and need not outlive the
+ * call. They return IDEM_OK, an argument's IDEM_EINVAL (as the blocking
+ * call would), or IDEM_ENOMEM; everything the store says comes to cb. Any
+ * thread may call them for any loop. On the embedded store a token or lock
+ * call runs at once, in memory, and its callback is posted; a record call
+ * is a job of the store's writer thread, whose batch posts each of its
+ * callbacks once it is durable. On the distributed store token and lock
+ * calls are Redis commands on a connection of the loop's own, and record
+ * calls are jobs of the PostgreSQL writers. */
+
+typedef void (*idem_outcome_fn)(void *arg, idem_rc rc, idem_outcome out, const char *detail);
+/* spent_key: what idem_token_consume's would receive ("" when none). */
+typedef void (*idem_spend_fn)(void *arg, idem_rc rc, idem_outcome out, const char *spent_key,
+                              const char *detail);
+typedef void (*idem_lock_fn)(void *arg, idem_rc rc, idem_outcome out,
+                             const idem_lock_info *info, const char *detail);
+/* rec: the record, valid during the call; to keep it, copy *rec and zero
+ * it, and its result is the callback's to idem_record_clear(). */
+typedef void (*idem_record_fn)(void *arg, idem_rc rc, idem_outcome out, idem_record *rec,
+                               const char *detail);
+
+IDEM_EXTERN idem_rc idem_token_consume_async(idem *h, idem_loop *loop, const char *subject,
+                                             const char *scene, const char *token,
+                                             const char *biz_key, idem_spend_fn cb, void *arg);
+IDEM_EXTERN idem_rc idem_token_give_back_async(idem *h, idem_loop *loop, const char *subject,
+                                               const char *scene, const char *token,
+                                               const char *biz_key, idem_outcome_fn cb,
+                                               void *arg);
+IDEM_EXTERN idem_rc idem_lock_acquire_async(idem *h, idem_loop *loop, const char *space,
+                                            const char *key, const char *owner, int64_t ttl_ms,
+                                            idem_lock_fn cb, void *arg);
+IDEM_EXTERN idem_rc idem_lock_renew_async(idem *h, idem_loop *loop, const char *space,
+                                          const char *key, const char *owner, int64_t ttl_ms,
+                                          idem_outcome_fn cb, void *arg);
+IDEM_EXTERN idem_rc idem_lock_release_async(idem *h, idem_loop *loop, const char *space,
+                                            const char *key, const char *owner,
+                                            idem_outcome_fn cb, void *arg);
+
+IDEM_EXTERN idem_rc idem_record_begin_async(idem *h, idem_loop *loop, const char *space,
+                                            const char *key, const uint8_t *fingerprint,
+                                            const char *owner, int64_t lease_ms,
+                                            idem_record_fn cb, void *arg);
+IDEM_EXTERN idem_rc idem_record_complete_async(idem *h, idem_loop *loop, const char *space,
+                                               const char *key, uint64_t epoch,
+                                               const void *result, size_t len,
+                                               int64_t retention_ms, idem_outcome_fn cb,
+                                               void *arg);
+IDEM_EXTERN idem_rc idem_record_fail_async(idem *h, idem_loop *loop, const char *space,
+                                           const char *key, uint64_t epoch, idem_fail_mode mode,
+                                           const void *result, size_t len, int64_t retention_ms,
+                                           idem_outcome_fn cb, void *arg);
+IDEM_EXTERN idem_rc idem_record_extend_async(idem *h, idem_loop *loop, const char *space,
+                                             const char *key, uint64_t epoch, int64_t lease_ms,
+                                             idem_outcome_fn cb, void *arg);
+IDEM_EXTERN idem_rc idem_record_get_async(idem *h, idem_loop *loop, const char *space,
+                                          const char *key, idem_record_fn cb, void *arg);
+
+/* Let loop go: on the loop's thread, once it no longer runs. Every call
+ * made on it is finished (those that wait on the loop itself, Redis
+ * commands, fail with IDEM_ECLOSING) and its callback posted; the caller
+ * then runs what the loop has posted (idem_libevent_free() does) and frees
+ * the loop. A loop never used is a no-op. idem_close() lets every loop go
+ * that is still held, so it must come before the loops are freed. */
+IDEM_EXTERN void idem_loop_detach(idem *h, idem_loop *loop);
 
 /* ------------------------------------------------------------------------- */
 /* The inbox: message consumers.

@@ -132,6 +132,8 @@ idem_rc idem__open_parts(const idem_options *opts, const char *kv, const char *d
     h->log = o.log;
     h->log_arg = o.log_arg;
     pthread_mutex_init(&h->watchdog_mu, NULL);
+    pthread_mutex_init(&h->loops_mu, NULL);
+    pthread_cond_init(&h->loops_cv, NULL);
     idem_rc rc = redis ? idem__redis_open(&o, &h->kv_ops, &h->kv)
                        : idem__memory_open(&o, &h->kv_ops, &h->kv);
     if (rc == IDEM_OK)
@@ -164,11 +166,17 @@ IDEM_EXTERN void idem_close(idem *h)
     if (!h)
         return;
     idem__watchdog_free(h->watchdog);
+    /* Calls on loops: those on a loop itself fail now, those on the db's
+     * writers finish as it closes; then each loop's state goes. */
+    idem__loops_gone(h);
     if (h->db)
         h->db_ops->close(h->db);
+    idem__loops_free(h);
     if (h->kv)
         h->kv_ops->close(h->kv);
     pthread_mutex_destroy(&h->watchdog_mu);
+    pthread_mutex_destroy(&h->loops_mu);
+    pthread_cond_destroy(&h->loops_cv);
     idem__free(h);
 }
 

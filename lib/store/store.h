@@ -25,8 +25,20 @@
 
 #include "idem.h"
 
-#define IDEM_KV_OPS_VERSION 1
-#define IDEM_DB_OPS_VERSION 4 /* 2: run_async; 3: its one_call; 4: rec_delete, rec_list */
+#define IDEM_KV_OPS_VERSION 2 /* 2: the asynchronous operations, loop_gone */
+#define IDEM_DB_OPS_VERSION 5 /* 2: run_async; 3: its one_call; 4: rec_delete, rec_list;
+                                 5: the _start operations */
+
+struct idem__loop;
+
+/* A call a backend runs without the caller waiting: done(c, rc, detail)
+ * runs exactly once when its answer is in its out-parameters, on a thread
+ * of the backend's (a writer; the loop, for a backend that runs on it), or
+ * before the call that started it returns. detail is valid during done. A
+ * start that returns an error never calls done. */
+struct idem__call {
+    void (*done)(struct idem__call *c, idem_rc rc, const char *detail);
+};
 
 struct idem__kv_ops {
     unsigned version; /* IDEM_KV_OPS_VERSION */
@@ -58,6 +70,32 @@ struct idem__kv_ops {
                             const char *owner, int64_t now, idem_outcome *out);
 
     void (*close)(void *kv);
+
+    /* Version 2. The operations above without waiting, on loop l (see
+     * struct idem__loop): each answers in the out-parameters of c's
+     * container and calls c->done, as struct idem__call says, on l's thread.
+     * NULL: not offered (the handle then runs the blocking operation and
+     * posts the answer). loop_gone(kv, l): l is being detached; fail what
+     * is in flight on it (each done called) and free l->kv_state. */
+    idem_rc (*token_consume_start)(void *kv, struct idem__loop *l, const char *subject,
+                                   const char *scene, const char *token, const char *biz_key,
+                                   int64_t now, idem_outcome *out, char *spent_key,
+                                   struct idem__call *c);
+    idem_rc (*token_give_back_start)(void *kv, struct idem__loop *l, const char *subject,
+                                     const char *scene, const char *token,
+                                     const char *biz_key, int64_t now, idem_outcome *out,
+                                     struct idem__call *c);
+    idem_rc (*lock_acquire_start)(void *kv, struct idem__loop *l, const char *space,
+                                  const char *key, const char *owner, int64_t ttl_ms,
+                                  int64_t now, idem_outcome *out, idem_lock_info *info,
+                                  struct idem__call *c);
+    idem_rc (*lock_renew_start)(void *kv, struct idem__loop *l, const char *space,
+                                const char *key, const char *owner, int64_t ttl_ms,
+                                int64_t now, idem_outcome *out, struct idem__call *c);
+    idem_rc (*lock_release_start)(void *kv, struct idem__loop *l, const char *space,
+                                  const char *key, const char *owner, int64_t now,
+                                  idem_outcome *out, struct idem__call *c);
+    void (*loop_gone)(void *kv, struct idem__loop *l); /* a second call: a no-op */
 };
 
 /* Compare-and-set on one record: the update happens only if the row is in
@@ -180,7 +218,43 @@ struct idem__db_ops {
      * with idem__malloc, the caller's) receives *count <= l->fetch. */
     idem_rc (*rec_list)(void *db, const struct idem__rec_list *l,
                         idem_record_item **items, size_t *count);
+
+    /* Version 5. rec_insert, rec_cas and rec_get without waiting (struct
+     * idem__call): the arguments and out-parameters must stay until done
+     * runs, on a writer thread. NULL: not offered; record calls then run
+     * through run_async, on its writer. */
+    idem_rc (*rec_insert_start)(void *db, const struct idem__rec_new *n, int *inserted,
+                                idem_record *cur, struct idem__call *c);
+    idem_rc (*rec_cas_start)(void *db, const struct idem__rec_cas *cas, int *changed,
+                             int *found, idem_record *cur, struct idem__call *c);
+    idem_rc (*rec_get_start)(void *db, const char *space, const char *key, int *found,
+                             idem_record *cur, struct idem__call *c);
 };
+
+/* What a handle keeps for each loop asynchronous calls were made on
+ * (loop.c): the calls whose answer is not posted yet, and the kv backend's
+ * own state for the loop (a connection of its own, for Redis). */
+struct idem__loop {
+    struct idem__loop *next;
+    idem *h;
+    idem_loop *loop;
+    atomic_long pending;
+    void *kv_state;
+};
+
+/* The handle's state for loop (made on first use); NULL for want of
+ * memory, with the detail set. Any thread. */
+struct idem__loop *idem__loop_of(idem *h, idem_loop *loop);
+/* A call on l has begun; it ends with idem__loop_post, which posts p to
+ * l's loop. */
+void idem__loop_begin(struct idem__loop *l);
+void idem__loop_post(struct idem__loop *l, idem_loop_post *p);
+/* When the handle closes: fail what the kv backend runs on each loop
+ * (loop_gone, which must take a second call for the same loop), and,
+ * once the db backend has finished its jobs, wait for every loop's calls
+ * and free their state. */
+void idem__loops_gone(idem *h);
+void idem__loops_free(idem *h);
 
 struct idem__watchdog;
 
@@ -205,6 +279,10 @@ struct idem {
 
     pthread_mutex_t watchdog_mu; /* guards starting the watchdog lazily */
     struct idem__watchdog *watchdog;
+
+    pthread_mutex_t loops_mu; /* guards loops; with loops_cv, pending's end */
+    pthread_cond_t loops_cv;
+    struct idem__loop *loops;
 };
 
 static inline int64_t idem__now(const struct idem *h)
