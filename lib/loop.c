@@ -42,10 +42,15 @@ void idem__loop_begin(struct idem__loop *l)
 
 void idem__loop_post(struct idem__loop *l, idem_loop_post *p)
 {
-    idem *h = l->h;
     l->loop->ops->post(l->loop->loop, p);
     /* Posted before counted out: a detach that sees 0 finds every callback
      * in the loop's queue. */
+    idem__loop_end(l);
+}
+
+void idem__loop_end(struct idem__loop *l)
+{
+    idem *h = l->h;
     if (atomic_fetch_sub(&l->pending, 1) == 1) {
         pthread_mutex_lock(&h->loops_mu);
         pthread_cond_broadcast(&h->loops_cv);

@@ -13,6 +13,7 @@
  * thread (run_async); the calls above, made from it, take the same path and
  * the backend runs them inline in the writer's transaction.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -81,160 +82,268 @@ static void log_conflict(idem *h, const struct idem__rec_event_args *ev,
                   (unsigned long long)cur->epoch, cur->owner);
 }
 
-/* Drive one event to its answer. rec, when not NULL, receives the row the
- * answer was based on (begin) and owns its result. */
+/* One event being driven to its answer (drive_run), kept between its store
+ * steps. A blocking call keeps it on its stack, and each step runs at once;
+ * an asynchronous one on the heap, and each step is a job of the backend's
+ * (its _start operation), whose done resumes the drive on the backend's
+ * thread. Either way the decisions are the same code. */
+struct drive {
+    idem *h;
+    struct idem__rec_event_args ev;
+    int async;           /* the steps are the backend's _start operations */
+    void (*over)(struct drive *dr); /* async: called once the drive ends */
+
+    idem_rc rc;          /* the drive's: IDEM_OK, or why it failed */
+    idem_outcome out;
+    idem_record cur;     /* the row the answer was based on */
+    char current[IDEM_NAME_MAX + 1]; /* transition: the state that refused it */
+    char detail[256];    /* async: rc's detail */
+
+    int have, found, round;
+    struct idem__rec_decision d;
+    char expect[IDEM_NAME_MAX + 1];
+    int hit;             /* the step's write was made */
+    idem_record next;    /* a refused update: the row as it stands */
+    struct idem__call call;
+    int stepping, stepped; /* a step's done ran before its start returned */
+    idem_rc step_rc;
+};
+
+static void drive_end(struct drive *dr, idem_rc rc, const char *detail)
+{
+    dr->rc = rc;
+    idem_record_clear(&dr->next);
+    if (rc != IDEM_OK) {
+        idem_record_clear(&dr->cur);
+        if (dr->async && detail != dr->detail)
+            snprintf(dr->detail, sizeof dr->detail, "%s", detail);
+    }
+    if (dr->async)
+        dr->over(dr);
+}
+
+/* The answer, once a write was made. */
+static void made(struct drive *dr)
+{
+    const struct idem__rec_event_args *ev = &dr->ev;
+    idem_record *cur = &dr->cur;
+    dr->out = dr->d.outcome;
+    if (dr->d.action == IDEM__ACT_INSERT) {
+        /* The row as inserted, without another read. */
+        idem_record_clear(cur);
+        strcpy(cur->state, IDEM_STATE_PROCESSING);
+        cur->epoch = dr->d.insert.epoch;
+        idem__copy(cur->owner, sizeof cur->owner, ev->owner);
+        cur->lease_until_ms = dr->d.insert.lease_until;
+        cur->created_ms = cur->updated_ms = ev->now;
+        if (ev->fingerprint) {
+            cur->has_fingerprint = 1;
+            memcpy(cur->fingerprint, ev->fingerprint, IDEM_FINGERPRINT_LEN);
+        }
+        return;
+    }
+    if (dr->d.outcome == IDEM_TAKEN_OVER) {
+        atomic_fetch_add(&dr->h->takeovers, 1);
+        idem__log(dr->h, IDEM_LOG_WARN,
+                  "record %s/%s taken over by %s from %s at epoch %llu: its lease ran out",
+                  ev->space, ev->key, ev->owner, cur->owner, (unsigned long long)cur->epoch);
+    }
+    if (ev->kind == IDEM__EV_BEGIN) {
+        /* The claim as made: cur with the new claim's fields. */
+        const struct idem__rec_cas *c = &dr->d.cas;
+        cur->epoch = c->epoch;
+        strcpy(cur->state, IDEM_STATE_PROCESSING);
+        idem__copy(cur->owner, sizeof cur->owner, ev->owner);
+        cur->lease_until_ms = c->lease_until;
+        cur->updated_ms = ev->now;
+        cur->expires_ms = 0;
+        if (c->fingerprint) {
+            cur->has_fingerprint = 1;
+            memcpy(cur->fingerprint, c->fingerprint, IDEM_FINGERPRINT_LEN);
+        }
+        idem__free(cur->result);
+        cur->result = NULL;
+        cur->result_len = 0;
+    }
+}
+
+/* What a step said: 1 to decide again, 0 when the drive has ended. */
+static int stepped(struct drive *dr, idem_rc rc, const char *detail)
+{
+    if (rc != IDEM_OK) {
+        drive_end(dr, rc, detail);
+        return 0;
+    }
+    if (dr->hit) {
+        made(dr);
+        drive_end(dr, IDEM_OK, "");
+        return 0;
+    }
+    if (dr->d.action == IDEM__ACT_INSERT) {
+        dr->have = dr->found = 1; /* the backend read the row it met into cur */
+    } else {
+        idem_record_clear(&dr->cur);
+        dr->cur = dr->next;
+        memset(&dr->next, 0, sizeof dr->next);
+        dr->have = 1;
+    }
+    return 1;
+}
+
+static void on_step(struct idem__call *c, idem_rc rc, const char *detail);
+
+/* Start the decision's write: IDEM_OK with dr->stepped set when it is done
+ * already (a blocking drive's always is), or an error from the start. */
+static idem_rc step(struct drive *dr)
+{
+    idem *h = dr->h;
+    dr->hit = 0;
+    if (dr->d.action == IDEM__ACT_INSERT) {
+        idem_record_clear(&dr->cur);
+        if (!dr->async) {
+            dr->stepped = 1;
+            return dr->step_rc = h->db_ops->rec_insert(h->db, &dr->d.insert, &dr->hit, &dr->cur);
+        }
+        return h->db_ops->rec_insert_start(h->db, &dr->d.insert, &dr->hit, &dr->cur, &dr->call);
+    }
+    /* IDEM__ACT_CAS: the expected state may point into cur, which the
+     * backend overwrites with the row it reads when the update fails. */
+    if (dr->d.cas.expect_state) {
+        idem__copy(dr->expect, sizeof dr->expect, dr->d.cas.expect_state);
+        dr->d.cas.expect_state = dr->expect;
+    }
+    memset(&dr->next, 0, sizeof dr->next);
+    if (!dr->async) {
+        dr->stepped = 1;
+        return dr->step_rc = h->db_ops->rec_cas(h->db, &dr->d.cas, &dr->hit, &dr->found,
+                                                &dr->next);
+    }
+    return h->db_ops->rec_cas_start(h->db, &dr->d.cas, &dr->hit, &dr->found, &dr->next,
+                                    &dr->call);
+}
+
+/* Decide, write, and decide again on the row the write met, until an
+ * answer; returns when the drive has ended or waits for a step. */
+static void drive_run(struct drive *dr)
+{
+    const struct idem__rec_event_args *ev = &dr->ev;
+    for (; dr->round < ROUNDS_MAX; dr->round++) {
+        idem__record_decide(ev, dr->have ? &dr->cur : NULL, dr->found, &dr->d);
+        if (dr->d.action == IDEM__ACT_ANSWER) {
+            dr->out = dr->d.outcome;
+            if (dr->out == IDEM_CONFLICT) {
+                atomic_fetch_add(&dr->h->conflicts, 1);
+                log_conflict(dr->h, ev, &dr->cur);
+            }
+            strcpy(dr->current, dr->found ? dr->cur.state : "");
+            drive_end(dr, IDEM_OK, "");
+            return;
+        }
+        dr->stepping = 1;
+        dr->stepped = 0;
+        idem_rc rc = step(dr);
+        dr->stepping = 0;
+        if (rc != IDEM_OK && !dr->stepped) {
+            drive_end(dr, rc, idem_errdetail());
+            return;
+        }
+        if (!dr->stepped)
+            return; /* on_step goes on */
+        if (!stepped(dr, dr->step_rc, dr->detail))
+            return;
+    }
+    idem__fail(IDEM_ESTORE, "records: %s/%s changed %d times during one call", ev->space,
+               ev->key, ROUNDS_MAX);
+    drive_end(dr, IDEM_ESTORE, idem_errdetail());
+}
+
+static void on_step(struct idem__call *c, idem_rc rc, const char *detail)
+{
+    struct drive *dr = (struct drive *)((char *)c - offsetof(struct drive, call));
+    if (dr->stepping) { /* done before its start returned: drive_run goes on */
+        dr->stepped = 1;
+        dr->step_rc = rc;
+        snprintf(dr->detail, sizeof dr->detail, "%s", detail);
+        return;
+    }
+    if (stepped(dr, rc, detail)) {
+        dr->round++;
+        drive_run(dr);
+    }
+}
+
+static void drive_init(struct drive *dr, idem *h, const struct idem__rec_event_args *ev)
+{
+    memset(dr, 0, sizeof *dr);
+    dr->h = h;
+    dr->ev = *ev;
+    dr->call.done = on_step;
+}
+
+/* A finished record stays finished: a read that finds one may answer a
+ * begin (DONE, or MISMATCH) without writing. Anything else — no record,
+ * PROCESSING, RELEASED — is decided by the store's constraint and
+ * conditions, never by this read. A blocking drive's first look. */
+static void peek_first(struct drive *dr)
+{
+    idem *h = dr->h;
+    if (dr->ev.kind != IDEM__EV_BEGIN || !h->db_ops->rec_peek)
+        return;
+    /* Only a hint: a peek that fails leaves the decision to the write. */
+    if (h->db_ops->rec_peek(h->db, dr->ev.space, dr->ev.key, &dr->found, &dr->cur) != IDEM_OK)
+        dr->found = 0;
+    if (dr->found && idem_record_finished(dr->cur.state))
+        dr->have = 1;
+    else
+        idem_record_clear(&dr->cur), dr->found = 0;
+}
+
+/* Drive one event to its answer, blocking. rec, when not NULL, receives
+ * the row the answer was based on (begin) and owns its result. */
 static idem_rc drive(idem *h, const struct idem__rec_event_args *ev,
                      idem_outcome *out, idem_record *rec, char *current)
 {
-    idem_record cur;
-    int have = 0, found = 0;
-    idem_rc rc = IDEM_OK;
-    memset(&cur, 0, sizeof cur);
-
-    /* A finished record stays finished: a read that finds one may answer a
-     * begin (DONE, or MISMATCH) without writing. Anything else — no record,
-     * PROCESSING, RELEASED — is decided by the store's constraint and
-     * conditions below, never by this read. */
-    if (ev->kind == IDEM__EV_BEGIN && h->db_ops->rec_peek) {
-        /* Only a hint: a peek that fails leaves the decision to the write. */
-        if (h->db_ops->rec_peek(h->db, ev->space, ev->key, &found, &cur) != IDEM_OK)
-            found = 0;
-        if (found && idem_record_finished(cur.state))
-            have = 1;
-        else
-            idem_record_clear(&cur), found = 0;
-    }
-
-    for (int round = 0; round < ROUNDS_MAX; round++) {
-        struct idem__rec_decision d;
-        char expect[IDEM_NAME_MAX + 1];
-        idem__record_decide(ev, have ? &cur : NULL, found, &d);
-
-        if (d.action == IDEM__ACT_ANSWER) {
-            *out = d.outcome;
-            if (d.outcome == IDEM_CONFLICT) {
-                atomic_fetch_add(&h->conflicts, 1);
-                log_conflict(h, ev, &cur);
-            }
-            if (current)
-                strcpy(current, found ? cur.state : "");
-            goto answer;
-        }
-        if (d.action == IDEM__ACT_INSERT) {
-            int inserted = 0;
-            idem_record_clear(&cur);
-            rc = h->db_ops->rec_insert(h->db, &d.insert, &inserted, &cur);
-            if (rc != IDEM_OK)
-                goto out;
-            if (inserted) {
-                *out = d.outcome;
-                /* The row as inserted, without another read. */
-                idem_record_clear(&cur);
-                strcpy(cur.state, IDEM_STATE_PROCESSING);
-                cur.epoch = d.insert.epoch;
-                idem__copy(cur.owner, sizeof cur.owner, ev->owner);
-                cur.lease_until_ms = d.insert.lease_until;
-                cur.created_ms = cur.updated_ms = ev->now;
-                if (ev->fingerprint) {
-                    cur.has_fingerprint = 1;
-                    memcpy(cur.fingerprint, ev->fingerprint, IDEM_FINGERPRINT_LEN);
-                }
-                goto answer;
-            }
-            have = found = 1;
-            continue;
-        }
-        /* IDEM__ACT_CAS: the expected state may point into cur, which the
-         * backend overwrites with the row it reads when the update fails. */
-        if (d.cas.expect_state) {
-            idem__copy(expect, sizeof expect, d.cas.expect_state);
-            d.cas.expect_state = expect;
-        }
-        int changed = 0;
-        idem_record next;
-        memset(&next, 0, sizeof next);
-        rc = h->db_ops->rec_cas(h->db, &d.cas, &changed, &found, &next);
-        if (rc != IDEM_OK)
-            goto out;
-        if (changed) {
-            *out = d.outcome;
-            if (d.outcome == IDEM_TAKEN_OVER) {
-                atomic_fetch_add(&h->takeovers, 1);
-                idem__log(h, IDEM_LOG_WARN,
-                          "record %s/%s taken over by %s from %s at epoch %llu: "
-                          "its lease ran out",
-                          ev->space, ev->key, ev->owner, cur.owner,
-                          (unsigned long long)cur.epoch);
-            }
-            if (ev->kind == IDEM__EV_BEGIN) {
-                /* The claim as made: cur with the new claim's fields. */
-                cur.epoch = d.cas.epoch;
-                strcpy(cur.state, IDEM_STATE_PROCESSING);
-                idem__copy(cur.owner, sizeof cur.owner, ev->owner);
-                cur.lease_until_ms = d.cas.lease_until;
-                cur.updated_ms = ev->now;
-                cur.expires_ms = 0;
-                if (d.cas.fingerprint) {
-                    cur.has_fingerprint = 1;
-                    memcpy(cur.fingerprint, d.cas.fingerprint, IDEM_FINGERPRINT_LEN);
-                }
-                idem__free(cur.result);
-                cur.result = NULL;
-                cur.result_len = 0;
-            }
-            goto answer;
-        }
-        idem_record_clear(&cur);
-        cur = next;
-        have = 1;
-    }
-    rc = idem__fail(IDEM_ESTORE, "records: %s/%s changed %d times during one call",
-                    ev->space, ev->key, ROUNDS_MAX);
-    goto out;
-
-answer:
-    if (rec) {
-        *rec = cur;
-        memset(&cur, 0, sizeof cur);
-    }
-out:
-    idem_record_clear(&cur);
-    return rc;
+    struct drive dr;
+    drive_init(&dr, h, ev);
+    peek_first(&dr);
+    drive_run(&dr);
+    if (dr.rc != IDEM_OK)
+        return dr.rc; /* the detail is the thread's: each step ran on it */
+    *out = dr.out;
+    if (current)
+        strcpy(current, dr.current);
+    if (rec)
+        *rec = dr.cur;
+    else
+        idem_record_clear(&dr.cur);
+    return IDEM_OK;
 }
 
-IDEM_EXTERN idem_rc idem_record_begin(idem *h, const char *space,
-                                      const char *key,
-                                      const uint8_t *fingerprint,
-                                      const char *owner, int64_t lease_ms,
-                                      idem_outcome *out, idem_record *rec)
+/* The checks and the event of each call, shared by its blocking and its
+ * asynchronous form. */
+static idem_rc begin_event(idem *h, const char *space, const char *key,
+                           const uint8_t *fingerprint, const char *owner, int64_t lease_ms,
+                           struct idem__rec_event_args *ev)
 {
     idem_rc rc;
-    idem__clear_detail();
-    if (rec)
-        memset(rec, 0, sizeof *rec);
     if ((rc = check_target(h, space, key)) != IDEM_OK ||
         (rc = idem__check_key(owner, "owner", 0)) != IDEM_OK ||
-        (rc = idem__check_ms(lease_ms, 1, IDEM_DAY_MS, "lease_ms")) != IDEM_OK ||
-        (rc = idem__check_out(out, "out")) != IDEM_OK)
+        (rc = idem__check_ms(lease_ms, 1, IDEM_DAY_MS, "lease_ms")) != IDEM_OK)
         return rc;
-    *out = IDEM_NONE;
-    struct idem__rec_event_args ev = {
+    *ev = (struct idem__rec_event_args){
         .kind = IDEM__EV_BEGIN, .space = space, .key = key, .now = idem__now(h),
         .fingerprint = fingerprint, .owner = owner, .lease_ms = lease_ms,
     };
-    return drive(h, &ev, out, rec, NULL);
+    return IDEM_OK;
 }
 
-static idem_rc finish(idem *h, enum idem__rec_event kind, const char *space,
-                      const char *key, uint64_t epoch, const void *result,
-                      size_t len, int64_t retention_ms, idem_outcome *out)
+static idem_rc finish_event(idem *h, enum idem__rec_event kind, const char *space,
+                            const char *key, uint64_t epoch, const void *result, size_t len,
+                            int64_t retention_ms, struct idem__rec_event_args *ev)
 {
     idem_rc rc;
-    idem__clear_detail();
-    if ((rc = check_target(h, space, key)) != IDEM_OK ||
-        (rc = idem__check_out(out, "out")) != IDEM_OK)
+    if ((rc = check_target(h, space, key)) != IDEM_OK)
         return rc;
-    *out = IDEM_NONE;
     if (epoch == 0)
         return idem__fail(IDEM_EINVAL, "epoch: 0 is never a claim's epoch");
     if (!result && len)
@@ -244,11 +353,69 @@ static idem_rc finish(idem *h, enum idem__rec_event kind, const char *space,
                           h->result_max);
     if ((rc = idem__check_ms(retention_ms, 0, RETENTION_MAX, "retention_ms")) != IDEM_OK)
         return rc;
-    struct idem__rec_event_args ev = {
+    *ev = (struct idem__rec_event_args){
         .kind = kind, .space = space, .key = key, .now = idem__now(h),
         .epoch = epoch, .result = result, .result_len = len,
         .retention_ms = retention_ms ? retention_ms : h->retention_ms,
     };
+    return IDEM_OK;
+}
+
+static idem_rc fail_kind(idem_fail_mode mode, enum idem__rec_event *kind)
+{
+    if (mode != IDEM_FAIL_FINAL && mode != IDEM_FAIL_RETRYABLE)
+        return idem__fail(IDEM_EINVAL, "mode: %d is neither FINAL nor RETRYABLE", (int)mode);
+    *kind = mode == IDEM_FAIL_FINAL ? IDEM__EV_FAIL_FINAL : IDEM__EV_FAIL_RETRYABLE;
+    return IDEM_OK;
+}
+
+static idem_rc extend_event(idem *h, const char *space, const char *key, uint64_t epoch,
+                            int64_t lease_ms, struct idem__rec_event_args *ev)
+{
+    idem_rc rc;
+    if ((rc = check_target(h, space, key)) != IDEM_OK ||
+        (rc = idem__check_ms(lease_ms, 1, IDEM_DAY_MS, "lease_ms")) != IDEM_OK)
+        return rc;
+    if (epoch == 0)
+        return idem__fail(IDEM_EINVAL, "epoch: 0 is never a claim's epoch");
+    *ev = (struct idem__rec_event_args){
+        .kind = IDEM__EV_EXTEND, .space = space, .key = key, .now = idem__now(h),
+        .epoch = epoch, .lease_ms = lease_ms,
+    };
+    return IDEM_OK;
+}
+
+IDEM_EXTERN idem_rc idem_record_begin(idem *h, const char *space,
+                                      const char *key,
+                                      const uint8_t *fingerprint,
+                                      const char *owner, int64_t lease_ms,
+                                      idem_outcome *out, idem_record *rec)
+{
+    idem_rc rc;
+    struct idem__rec_event_args ev;
+    idem__clear_detail();
+    if (rec)
+        memset(rec, 0, sizeof *rec);
+    if ((rc = begin_event(h, space, key, fingerprint, owner, lease_ms, &ev)) != IDEM_OK ||
+        (rc = idem__check_out(out, "out")) != IDEM_OK)
+        return rc;
+    *out = IDEM_NONE;
+    return drive(h, &ev, out, rec, NULL);
+}
+
+static idem_rc finish(idem *h, enum idem__rec_event kind, const char *space,
+                      const char *key, uint64_t epoch, const void *result,
+                      size_t len, int64_t retention_ms, idem_outcome *out)
+{
+    idem_rc rc;
+    struct idem__rec_event_args ev;
+    if ((rc = check_target(h, space, key)) != IDEM_OK ||
+        (rc = idem__check_out(out, "out")) != IDEM_OK)
+        return rc;
+    *out = IDEM_NONE;
+    if ((rc = finish_event(h, kind, space, key, epoch, result, len, retention_ms, &ev)) !=
+        IDEM_OK)
+        return rc;
     return drive(h, &ev, out, NULL, NULL);
 }
 
@@ -257,6 +424,7 @@ IDEM_EXTERN idem_rc idem_record_complete(idem *h, const char *space,
                                          const void *result, size_t len,
                                          int64_t retention_ms, idem_outcome *out)
 {
+    idem__clear_detail();
     return finish(h, IDEM__EV_COMPLETE, space, key, epoch, result, len,
                   retention_ms, out);
 }
@@ -267,14 +435,11 @@ IDEM_EXTERN idem_rc idem_record_fail(idem *h, const char *space,
                                      size_t len, int64_t retention_ms,
                                      idem_outcome *out)
 {
-    if (mode != IDEM_FAIL_FINAL && mode != IDEM_FAIL_RETRYABLE) {
-        idem__clear_detail();
-        return idem__fail(IDEM_EINVAL, "mode: %d is neither FINAL nor RETRYABLE",
-                          (int)mode);
-    }
-    return finish(h, mode == IDEM_FAIL_FINAL ? IDEM__EV_FAIL_FINAL
-                                             : IDEM__EV_FAIL_RETRYABLE,
-                  space, key, epoch, result, len, retention_ms, out);
+    enum idem__rec_event kind = IDEM__EV_FAIL_FINAL;
+    idem__clear_detail();
+    idem_rc rc = fail_kind(mode, &kind);
+    return rc != IDEM_OK ? rc
+                         : finish(h, kind, space, key, epoch, result, len, retention_ms, out);
 }
 
 IDEM_EXTERN idem_rc idem_record_extend(idem *h, const char *space,
@@ -282,18 +447,15 @@ IDEM_EXTERN idem_rc idem_record_extend(idem *h, const char *space,
                                        int64_t lease_ms, idem_outcome *out)
 {
     idem_rc rc;
+    struct idem__rec_event_args ev;
     idem__clear_detail();
     if ((rc = check_target(h, space, key)) != IDEM_OK ||
         (rc = idem__check_ms(lease_ms, 1, IDEM_DAY_MS, "lease_ms")) != IDEM_OK ||
         (rc = idem__check_out(out, "out")) != IDEM_OK)
         return rc;
     *out = IDEM_NONE;
-    if (epoch == 0)
-        return idem__fail(IDEM_EINVAL, "epoch: 0 is never a claim's epoch");
-    struct idem__rec_event_args ev = {
-        .kind = IDEM__EV_EXTEND, .space = space, .key = key, .now = idem__now(h),
-        .epoch = epoch, .lease_ms = lease_ms,
-    };
+    if ((rc = extend_event(h, space, key, epoch, lease_ms, &ev)) != IDEM_OK)
+        return rc;
     return drive(h, &ev, out, NULL, NULL);
 }
 
@@ -389,6 +551,255 @@ IDEM_EXTERN idem_rc idem_record_async_one(idem *h, idem_async_fn fn,
                                           idem_async_done_fn done, void *arg)
 {
     return record_async(h, fn, done, arg, 1);
+}
+
+/* ---- asynchronous calls (idem/loop.h) ---- */
+
+/* A record call on a loop: its drive (or get), its arguments copied, and
+ * the post that brings its answer to the loop. */
+struct rec_async {
+    struct drive dr;
+    struct idem__loop *l;
+    idem_loop_post post;
+    int get;                /* a get, not a drive */
+    idem_record_fn rec_cb;  /* begin, get */
+    idem_outcome_fn out_cb; /* the others */
+    void *arg;
+    struct idem__call got;  /* a get's step */
+    char space[IDEM_NAME_MAX + 1];
+    char key[IDEM_KEY_MAX + 1];
+    char owner[IDEM_KEY_MAX + 1];
+    uint8_t fingerprint[IDEM_FINGERPRINT_LEN];
+    unsigned char result[]; /* complete, fail: the result's bytes */
+};
+
+/* On the loop: the answer. */
+static void deliver(void *arg)
+{
+    struct rec_async *a = arg;
+    struct drive *dr = &a->dr;
+    const char *detail = dr->rc == IDEM_OK ? "" : dr->detail;
+    if (a->rec_cb)
+        a->rec_cb(a->arg, dr->rc, dr->rc == IDEM_OK ? dr->out : IDEM_NONE, &dr->cur, detail);
+    else
+        a->out_cb(a->arg, dr->rc, dr->rc == IDEM_OK ? dr->out : IDEM_NONE, detail);
+    idem_record_clear(&dr->cur);
+    idem__free(a);
+}
+
+static void post_answer(struct rec_async *a)
+{
+    a->post.fn = deliver;
+    a->post.arg = a;
+    idem__loop_post(a->l, &a->post);
+}
+
+static void drive_over(struct drive *dr)
+{
+    post_answer((struct rec_async *)dr);
+}
+
+/* On the writer thread (run_async): the call, as its blocking form runs it
+ * there, inline in the batch. */
+static idem_rc on_writer(idem *h, void *arg)
+{
+    struct rec_async *a = arg;
+    struct drive *dr = &a->dr;
+    if (a->get) {
+        dr->rc = h->db_ops->rec_get(h->db, a->space, a->key, &dr->found, &dr->cur);
+        dr->out = dr->found ? IDEM_FOUND : IDEM_NOT_FOUND;
+    } else {
+        peek_first(dr);
+        drive_run(dr);
+    }
+    if (dr->rc != IDEM_OK)
+        snprintf(dr->detail, sizeof dr->detail, "%s", idem_errdetail());
+    return dr->rc;
+}
+
+/* The batch is durable, or failed with what on_writer wrote. */
+static void written(void *arg, idem_rc rc, const char *detail)
+{
+    struct rec_async *a = arg;
+    if (rc != IDEM_OK) {
+        a->dr.rc = rc;
+        snprintf(a->dr.detail, sizeof a->dr.detail, "%s", detail);
+        idem_record_clear(&a->dr.cur);
+    }
+    post_answer(a);
+}
+
+static void on_got(struct idem__call *c, idem_rc rc, const char *detail)
+{
+    struct rec_async *a = (struct rec_async *)((char *)c - offsetof(struct rec_async, got));
+    a->dr.rc = rc;
+    a->dr.out = a->dr.found ? IDEM_FOUND : IDEM_NOT_FOUND;
+    if (rc != IDEM_OK) {
+        snprintf(a->dr.detail, sizeof a->dr.detail, "%s", detail);
+        idem_record_clear(&a->dr.cur);
+    }
+    post_answer(a);
+}
+
+static idem_rc async_new(idem *h, idem_loop *loop, const char *space, const char *key,
+                         size_t result_len, void *arg, struct rec_async **out)
+{
+    if (!loop || !loop->ops || loop->ops->version < IDEM_LOOP_OPS_VERSION)
+        return idem__fail(IDEM_EINVAL, "loop: NULL, or not an IDEM_LOOP_OPS_VERSION adapter");
+    struct rec_async *a = idem__malloc(sizeof *a + result_len);
+    if (!a)
+        return idem__fail(IDEM_ENOMEM, "records: no memory for an asynchronous call");
+    memset(a, 0, sizeof *a);
+    if (!(a->l = idem__loop_of(h, loop))) {
+        idem__free(a);
+        return IDEM_ENOMEM;
+    }
+    a->arg = arg;
+    idem__copy(a->space, sizeof a->space, space);
+    idem__copy(a->key, sizeof a->key, key);
+    *out = a;
+    return IDEM_OK;
+}
+
+/* Run a's call: on the backend's own steps when it has them, else on its
+ * writer thread. */
+static idem_rc async_go(idem *h, struct rec_async *a)
+{
+    const struct idem__db_ops *db = h->db_ops;
+    idem__loop_begin(a->l);
+    if (a->get ? db->rec_get_start != NULL : db->rec_insert_start && db->rec_cas_start) {
+        if (a->get) {
+            a->got.done = on_got;
+            idem_rc rc = db->rec_get_start(h->db, a->space, a->key, &a->dr.found, &a->dr.cur,
+                                           &a->got);
+            if (rc != IDEM_OK) {
+                idem__loop_end(a->l);
+                idem__free(a);
+            }
+            return rc;
+        }
+        a->dr.async = 1;
+        a->dr.over = drive_over;
+        drive_run(&a->dr); /* its end posts the answer, whatever it is */
+        return IDEM_OK;
+    }
+    idem_rc rc = db->run_async
+                     ? db->run_async(h->db, h, on_writer, written, a, 1)
+                     : idem__fail(IDEM_ENOTSUP, "asynchronous record calls: not offered by "
+                                                "the %s store", h->store_name);
+    if (rc != IDEM_OK) {
+        idem__loop_end(a->l);
+        idem__free(a);
+    }
+    return rc;
+}
+
+/* A drive of ev on a loop: ev's strings and result copied into a. */
+static idem_rc drive_async(idem *h, idem_loop *loop, const struct idem__rec_event_args *ev,
+                           idem_record_fn rec_cb, idem_outcome_fn out_cb, void *arg)
+{
+    if (!rec_cb && !out_cb)
+        return idem__fail(IDEM_EINVAL, "cb: NULL");
+    struct rec_async *a = NULL;
+    idem_rc rc = async_new(h, loop, ev->space, ev->key, ev->result_len, arg, &a);
+    if (rc != IDEM_OK)
+        return rc;
+    a->rec_cb = rec_cb;
+    a->out_cb = out_cb;
+    drive_init(&a->dr, h, ev);
+    a->dr.ev.space = a->space;
+    a->dr.ev.key = a->key;
+    if (ev->owner) {
+        idem__copy(a->owner, sizeof a->owner, ev->owner);
+        a->dr.ev.owner = a->owner;
+    }
+    if (ev->fingerprint) {
+        memcpy(a->fingerprint, ev->fingerprint, IDEM_FINGERPRINT_LEN);
+        a->dr.ev.fingerprint = a->fingerprint;
+    }
+    if (ev->result_len) {
+        memcpy(a->result, ev->result, ev->result_len);
+        a->dr.ev.result = a->result;
+    }
+    return async_go(h, a);
+}
+
+IDEM_EXTERN idem_rc idem_record_begin_async(idem *h, idem_loop *loop, const char *space,
+                                            const char *key, const uint8_t *fingerprint,
+                                            const char *owner, int64_t lease_ms,
+                                            idem_record_fn cb, void *arg)
+{
+    struct idem__rec_event_args ev;
+    idem__clear_detail();
+    idem_rc rc = begin_event(h, space, key, fingerprint, owner, lease_ms, &ev);
+    if (rc == IDEM_OK && !cb)
+        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
+    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, cb, NULL, arg);
+}
+
+static idem_rc finish_async(idem *h, idem_loop *loop, enum idem__rec_event kind,
+                            const char *space, const char *key, uint64_t epoch,
+                            const void *result, size_t len, int64_t retention_ms,
+                            idem_outcome_fn cb, void *arg)
+{
+    struct idem__rec_event_args ev;
+    idem_rc rc = finish_event(h, kind, space, key, epoch, result, len, retention_ms, &ev);
+    if (rc == IDEM_OK && !cb)
+        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
+    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, arg);
+}
+
+IDEM_EXTERN idem_rc idem_record_complete_async(idem *h, idem_loop *loop, const char *space,
+                                               const char *key, uint64_t epoch,
+                                               const void *result, size_t len,
+                                               int64_t retention_ms, idem_outcome_fn cb,
+                                               void *arg)
+{
+    idem__clear_detail();
+    return finish_async(h, loop, IDEM__EV_COMPLETE, space, key, epoch, result, len,
+                        retention_ms, cb, arg);
+}
+
+IDEM_EXTERN idem_rc idem_record_fail_async(idem *h, idem_loop *loop, const char *space,
+                                           const char *key, uint64_t epoch, idem_fail_mode mode,
+                                           const void *result, size_t len, int64_t retention_ms,
+                                           idem_outcome_fn cb, void *arg)
+{
+    enum idem__rec_event kind = IDEM__EV_FAIL_FINAL;
+    idem__clear_detail();
+    idem_rc rc = fail_kind(mode, &kind);
+    return rc != IDEM_OK ? rc
+                         : finish_async(h, loop, kind, space, key, epoch, result, len,
+                                        retention_ms, cb, arg);
+}
+
+IDEM_EXTERN idem_rc idem_record_extend_async(idem *h, idem_loop *loop, const char *space,
+                                             const char *key, uint64_t epoch, int64_t lease_ms,
+                                             idem_outcome_fn cb, void *arg)
+{
+    struct idem__rec_event_args ev;
+    idem__clear_detail();
+    idem_rc rc = extend_event(h, space, key, epoch, lease_ms, &ev);
+    if (rc == IDEM_OK && !cb)
+        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
+    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, arg);
+}
+
+IDEM_EXTERN idem_rc idem_record_get_async(idem *h, idem_loop *loop, const char *space,
+                                          const char *key, idem_record_fn cb, void *arg)
+{
+    idem__clear_detail();
+    idem_rc rc = check_target(h, space, key);
+    if (rc == IDEM_OK && !cb)
+        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
+    if (rc != IDEM_OK)
+        return rc;
+    struct rec_async *a = NULL;
+    if ((rc = async_new(h, loop, space, key, 0, arg, &a)) != IDEM_OK)
+        return rc;
+    a->get = 1;
+    a->rec_cb = cb;
+    return async_go(h, a);
 }
 
 IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space, const char *key,

@@ -219,11 +219,20 @@ static const struct {
 
 /* ---- the backend's state ---- */
 
-enum job_kind { JOB_REC_INSERT, JOB_REC_CAS, JOB_REC_PURGE, JOB_INBOX_INSERT, JOB_INBOX_CAS };
+enum job_kind {
+    JOB_REC_INSERT,
+    JOB_REC_CAS,
+    JOB_REC_GET, /* a read in the batch: an asynchronous rec_get */
+    JOB_REC_PURGE,
+    JOB_INBOX_INSERT,
+    JOB_INBOX_CAS,
+};
 
 /* A write, queued by its caller, carried out by a writer. The caller's
  * arguments are borrowed; the answer is kept here until the batch is over,
- * and handed to the caller only if it committed. */
+ * and handed to the caller only if it committed. Once the batch is over
+ * the writer calls over(j), or, for a caller that waits (over NULL), posts
+ * done. */
 struct job {
     struct job *next;
     enum job_kind kind;
@@ -249,6 +258,7 @@ struct job {
     idem_record rec;
     idem_inbox_entry entry;
     char detail[256];
+    void (*over)(struct job *j);
     sem_t done;
 };
 
@@ -796,6 +806,8 @@ static int send_write(PGconn *pg, const struct job *j)
         p_int(&p, n->now);
         return send_stmt(pg, ST_REC_INSERT, &p);
     }
+    case JOB_REC_GET:
+        return send_get(pg, ST_REC_GET, j->k1, j->k2);
     case JOB_REC_CAS: {
         const struct idem__rec_cas *c = j->rec_cas;
         p_text(&p, c->space);
@@ -850,6 +862,12 @@ static void read_write(struct job *j, const PGresult *r)
 {
     j->hit = cmd_rows(r) == 1;
     switch (j->kind) {
+    case JOB_REC_GET:
+        j->hit = 0;
+        j->found = PQntuples(r) == 1;
+        if (j->found)
+            j->rc = parse_record(r, &j->rec);
+        break;
     case JOB_REC_INSERT:
     case JOB_REC_CAS:
         j->found = 1;
@@ -871,7 +889,7 @@ static void read_write(struct job *j, const PGresult *r)
  * wants the row as it stands. */
 static int needs_read(const struct job *j)
 {
-    if (j->rc != IDEM_OK || j->hit || j->kind == JOB_REC_PURGE)
+    if (j->rc != IDEM_OK || j->hit || j->kind == JOB_REC_PURGE || j->kind == JOB_REC_GET)
         return 0;
     return j->kind != JOB_REC_CAS || j->want_row;
 }
@@ -1197,8 +1215,13 @@ static void run_batch(struct writer *w, struct job **jobs, unsigned n)
     }
 answer:
     /* Wake each caller alone; a job may be gone once its caller runs. */
-    for (unsigned i = 0; i < all; i++)
-        sem_post(&jobs[i]->done);
+    for (unsigned i = 0; i < all; i++) {
+        struct job *j = jobs[i];
+        if (j->over)
+            j->over(j);
+        else
+            sem_post(&j->done);
+    }
 }
 
 /* Take what is queued, up to batch_max jobs and BATCH_BYTES_MAX of payload
@@ -1238,19 +1261,15 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
-/* Queue a job and sleep until its batch is over. The job's answer is then
- * in it; the caller takes it only when this returns IDEM_OK. */
-static idem_rc submit(struct pg_db *d, struct job *j)
+/* Queue a job for the writers: IDEM_OK, or IDEM_ECLOSING (and it is not). */
+static idem_rc enqueue(struct pg_db *d, struct job *j)
 {
     job_reset(j);
     j->next = NULL;
     j->deadline = idem__mono_ms() + d->timeout_ms;
-    j->bytes += 512;
-    sem_init(&j->done, 0, 0);
     pthread_mutex_lock(&d->mu);
     if (d->stopping) {
         pthread_mutex_unlock(&d->mu);
-        sem_destroy(&j->done);
         return idem__fail(IDEM_ECLOSING, "the handle is closing");
     }
     j->seq = d->seq++;
@@ -1258,11 +1277,26 @@ static idem_rc submit(struct pg_db *d, struct job *j)
     d->tail = &j->next;
     pthread_mutex_unlock(&d->mu);
     pthread_cond_signal(&d->work);
+    return IDEM_OK;
+}
+
+/* Queue a job and sleep until its batch is over. The job's answer is then
+ * in it; the caller takes it only when this returns IDEM_OK. */
+static idem_rc submit(struct pg_db *d, struct job *j)
+{
+    j->bytes += 512;
+    j->over = NULL;
+    sem_init(&j->done, 0, 0);
+    idem_rc rc = enqueue(d, j);
+    if (rc != IDEM_OK) {
+        sem_destroy(&j->done);
+        return rc;
+    }
     while (sem_wait(&j->done) != 0)
         ; /* EINTR */
     sem_destroy(&j->done);
     if (j->rc != IDEM_OK) {
-        idem_rc rc = j->rc;
+        rc = j->rc;
         char detail[sizeof j->detail];
         memcpy(detail, j->detail, sizeof detail);
         job_reset(j);
@@ -1326,6 +1360,105 @@ static idem_rc rec_cas(void *db, const struct idem__rec_cas *c, int *changed, in
     else
         idem__free(j.rec.result);
     return IDEM_OK;
+}
+
+/* ---- records, without waiting ---- */
+
+/* A job whose caller does not wait (the _start operations): its answer goes
+ * to the out-parameters and call->done on the writer's thread. */
+struct started {
+    struct job j;
+    struct pg_db *d;
+    int tries;
+    int *hit, *found;
+    idem_record *cur;
+    struct idem__call *call;
+};
+
+static void started_over(struct job *j)
+{
+    struct started *a = (struct started *)j;
+    struct pg_db *d = a->d;
+    char detail[sizeof j->detail];
+    idem_rc rc = j->rc;
+    /* An insert that met a row gone by the time it was read: again, as
+     * submit_insert does. */
+    if (rc == IDEM_OK && j->kind == JOB_REC_INSERT && !j->hit && !j->found) {
+        if (a->tries++ < RETRIES_MAX) {
+            if ((rc = enqueue(d, j)) == IDEM_OK)
+                return;
+            snprintf(j->detail, sizeof j->detail, "%s", idem_errdetail());
+        } else {
+            rc = IDEM_ESTORE;
+            snprintf(j->detail, sizeof j->detail,
+                     "postgres: %s: record %s/%s: the row met by the insert vanished %d times",
+                     d->where, j->k1, j->k2, RETRIES_MAX + 1);
+        }
+    }
+    memcpy(detail, j->detail, sizeof detail);
+    if (rc == IDEM_OK) {
+        if (a->hit)
+            *a->hit = j->hit;
+        if (a->found)
+            *a->found = j->found;
+        /* The row read, when the caller wants it (as the blocking calls). */
+        if (a->cur && j->found && !j->hit)
+            *a->cur = j->rec;
+        else
+            idem__free(j->rec.result);
+    } else {
+        idem__free(j->rec.result);
+    }
+    struct idem__call *call = a->call;
+    idem__free(a);
+    call->done(call, rc, rc == IDEM_OK ? "" : detail);
+}
+
+static idem_rc start(struct pg_db *d, const struct job *model, int *hit, int *found,
+                     idem_record *cur, struct idem__call *call)
+{
+    struct started *a = idem__malloc(sizeof *a);
+    if (!a)
+        return idem__fail(IDEM_ENOMEM, "postgres: no memory for a record call");
+    memset(a, 0, sizeof *a);
+    a->j = *model;
+    a->j.bytes += 512;
+    a->j.over = started_over;
+    a->d = d;
+    a->hit = hit;
+    a->found = found;
+    a->cur = cur;
+    a->call = call;
+    if (cur)
+        memset(cur, 0, sizeof *cur);
+    idem_rc rc = enqueue(d, &a->j);
+    if (rc != IDEM_OK)
+        idem__free(a);
+    return rc;
+}
+
+static idem_rc rec_insert_start(void *db, const struct idem__rec_new *n, int *inserted,
+                                idem_record *cur, struct idem__call *c)
+{
+    struct job j = {.kind = JOB_REC_INSERT, .table = 0, .k1 = n->space, .k2 = n->key,
+                    .rec_new = n};
+    return start(db, &j, inserted, NULL, cur, c);
+}
+
+static idem_rc rec_cas_start(void *db, const struct idem__rec_cas *cas, int *changed,
+                             int *found, idem_record *cur, struct idem__call *c)
+{
+    struct job j = {.kind = JOB_REC_CAS, .table = 0, .k1 = cas->space, .k2 = cas->key,
+                    .rec_cas = cas, .want_row = cur != NULL,
+                    .bytes = cas->set_result ? cas->result_len : 0};
+    return start(db, &j, changed, found, cur, c);
+}
+
+static idem_rc rec_get_start(void *db, const char *space, const char *key, int *found,
+                             idem_record *cur, struct idem__call *c)
+{
+    struct job j = {.kind = JOB_REC_GET, .table = 0, .k1 = space, .k2 = key};
+    return start(db, &j, NULL, found, cur, c);
 }
 
 static idem_rc rec_purge(void *db, int64_t now, unsigned limit, unsigned *purged)
@@ -1952,6 +2085,9 @@ static const struct idem__db_ops postgres_ops = {
     .run_async = NULL,
     .rec_delete = rec_delete,
     .rec_list = rec_list,
+    .rec_insert_start = rec_insert_start,
+    .rec_cas_start = rec_cas_start,
+    .rec_get_start = rec_get_start,
 };
 
 /* Bring the schema to SCHEMA_VERSION, one process at a time. */

@@ -249,6 +249,8 @@ struct idem__loop *idem__loop_of(idem *h, idem_loop *loop);
  * l's loop. */
 void idem__loop_begin(struct idem__loop *l);
 void idem__loop_post(struct idem__loop *l, idem_loop_post *p);
+/* A call begun that will post nothing: it failed to start. */
+void idem__loop_end(struct idem__loop *l);
 /* When the handle closes: fail what the kv backend runs on each loop
  * (loop_gone, which must take a second call for the same loop), and,
  * once the db backend has finished its jobs, wait for every loop's calls
