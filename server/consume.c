@@ -48,6 +48,7 @@
 
 #include "access_log.h"
 #include "daemon.h"
+#include "idem/libevent.h"
 #include "front.h"
 #include "log.h"
 #include "metrics.h"
@@ -593,6 +594,7 @@ static void consumer_free(struct consumer *k)
     replay_cache_free(k->ctx.replays);
     access_buf_free(k->ctx.alog); /* its last lines */
     upstream_loop_free(k->ctx.upstreams);
+    idem_libevent_free(k->ctx.iloop);
     if (k->ctx.base)
         event_base_free(k->ctx.base);
     daemon_config_put(k->lc);
@@ -618,7 +620,8 @@ struct consumers *consumers_start(struct daemon *d, struct live_config *lc, SSL_
         k->drain_ms = cfg->limits.shutdown_timeout_ms;
         k->ctx.d = d;
         k->ctx.base = event_base_new();
-        k->ctx.upstreams = k->ctx.base ? upstream_loop_new(k->ctx.base, tls) : NULL;
+        k->ctx.iloop = k->ctx.base ? idem_libevent_new(k->ctx.base) : NULL;
+        k->ctx.upstreams = k->ctx.iloop ? upstream_loop_new(k->ctx.base, tls) : NULL;
         k->ctx.replays = replay_cache_new(cfg->limits.replay_cache);
         k->ctx.alog = alog && k->ctx.base ? access_buf_new(alog, k->ctx.base) : NULL;
         k->front = k->ctx.upstreams ? front_new(k->ctx.base, &cfg->limits, d->workers,
@@ -681,6 +684,7 @@ void consumers_free(struct consumers *cs)
         return;
     for (size_t i = 0; i < cs->count; i++) {
         cs->k[i].stopped = 1;
+        daemon_loop_settle(&cs->k[i].ctx);
         front_free(cs->k[i].front); /* the last steps: they see closing */
         cs->k[i].front = NULL;
         consumer_free(&cs->k[i]);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "admin.h"
+#include "idem/libevent.h"
 #include "console.h"
 #include "daemon.h"
 #include "metrics.h"
@@ -50,6 +51,14 @@ void daemon_answer(struct live_config *lc, struct front_request *req, struct htt
     daemon_config_put(lc);
     req->resp = r;
     front_answer(req);
+}
+
+void daemon_loop_settle(struct daemon_loop *l)
+{
+    if (!l->iloop)
+        return;
+    idem_loop_detach(l->d->h, l->iloop);
+    idem_libevent_drain(l->iloop);
 }
 
 void daemon_write_ok(struct daemon *d)

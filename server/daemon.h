@@ -75,6 +75,7 @@ struct route_counters {
 struct daemon_loop {
     struct daemon *d;
     struct event_base *base;
+    idem_loop *iloop;             /* the base, for Idem's asynchronous calls */
     struct upstream_loop *upstreams;
     struct replay_cache *replays; /* NULL: limits.replay_cache is 0 */
     unsigned long replay_gen;     /* the daemon's replay_gen it was last cleared at */
@@ -105,8 +106,6 @@ struct daemon {
     struct live_config *live;
     char instance[24];         /* random, names this process in record owners */
     int reads_dont_block;      /* a file store: record reads bypass the writer */
-    int db_async;              /* record calls run as the writer's jobs
-                                  (idem_record_async): the embedded store */
     int kv_local;              /* token and lock calls are in memory, never
                                   block: the embedded store */
     /* The main listener's token issuance, by subject and by client
@@ -207,6 +206,10 @@ void daemon_observe(const struct route *rt, int64_t start_us);
  * check. Any thread. */
 void daemon_write_ok(struct daemon *d);
 void daemon_write_failed(struct daemon *d, idem_rc rc);
+
+/* The loop has stopped: every asynchronous call it made is finished and
+ * its answer run (onto the front's queue, which front_free() empties). */
+void daemon_loop_settle(struct daemon_loop *l);
 
 /* The handler the front end runs on the loop for every request. */
 void daemon_handle(void *arg, struct front_request *req);

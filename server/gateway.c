@@ -7,9 +7,10 @@
  * store call runs elsewhere and resumes the request on its loop, where
  * done() — the one transition function — decides what is next:
  *
- *   W_DB   record calls. Embedded store: a job of the SQLite writer thread
- *          (idem_record_async), resumed once its batch is durable; no
- *          thread of ours waits on it. Distributed store: a worker.
+ *   W_DB   record calls: the library's asynchronous calls on the request's
+ *          loop (idem_record_begin_async ...), answered once durable — a
+ *          job of the SQLite writer, or of the PostgreSQL writers; no thread
+ *          of ours waits on it.
  *   W_KV   token and lock calls. Embedded: in memory, run on the loop at
  *          once. Distributed (Redis): a worker.
  *
@@ -433,43 +434,80 @@ static void do_lock(struct gw *g)
     daemon_count_lock(rt, g->rc, g->o);
 }
 
-static void do_get(struct gw *g)
-{
-    keep_rc(g, idem_record_get(g->d->h, g->rt->space, g->key, &g->o, &g->rec));
-}
+/* Record calls: asynchronous, on the request's loop; each answer comes
+ * back to it through the front (front_resume), as every store call's. */
 
-/* Where the begin runs (the store's writer, or a worker): a key claimed by
- * another request of this daemon is in flight, even if its lease ran out. */
-static void do_begin(struct gw *g)
+static void resume(struct front_request *req);
+
+static void on_record(void *arg, idem_rc rc, idem_outcome o, idem_record *rec,
+                      const char *detail)
 {
-    if ((g->held_here = claimed_here(g)) != HELD_NONE) {
-        g->rc = IDEM_OK;
-        return;
+    struct gw *g = arg;
+    g->rc = rc;
+    g->o = o;
+    if (rc != IDEM_OK)
+        snprintf(g->detail, sizeof g->detail, "%s", detail);
+    if (rec) {
+        idem_record_clear(&g->rec);
+        g->rec = *rec; /* taken: its result is g's now */
+        memset(rec, 0, sizeof *rec);
     }
-    keep_rc(g, idem_record_begin(g->d->h, g->rt->space, g->key, g->has_fp ? g->fp : NULL,
-                                 g->owner, g->rt->lease_ms, &g->o, &g->rec));
-    if (g->rc == IDEM_OK && (g->o == IDEM_NEW || g->o == IDEM_TAKEN_OVER))
-        claim_add(g);
+    front_resume(g->req, resume);
 }
 
-static void do_finish(struct gw *g)
+static void on_outcome(void *arg, idem_rc rc, idem_outcome o, const char *detail)
+{
+    on_record(arg, rc, o, NULL, detail);
+}
+
+/* A begin that claimed the key: on the list of claims held here (see
+ * enter(), which looked at it before the begin), before anything else of
+ * the request runs. */
+static void on_begun(void *arg, idem_rc rc, idem_outcome o, idem_record *rec,
+                     const char *detail)
+{
+    struct gw *g = arg;
+    if (rc == IDEM_OK && (o == IDEM_NEW || o == IDEM_TAKEN_OVER))
+        claim_add(g);
+    on_record(arg, rc, o, rec, detail);
+}
+
+static idem_loop *loop_of(const struct gw *g)
+{
+    return ((struct daemon_loop *)g->req->loop_ctx)->iloop;
+}
+
+static idem_rc do_get(struct gw *g)
+{
+    return idem_record_get_async(g->d->h, loop_of(g), g->rt->space, g->key, on_record, g);
+}
+
+static idem_rc do_begin(struct gw *g)
+{
+    return idem_record_begin_async(g->d->h, loop_of(g), g->rt->space, g->key,
+                                   g->has_fp ? g->fp : NULL, g->owner, g->rt->lease_ms, on_begun,
+                                   g);
+}
+
+static idem_rc do_finish(struct gw *g)
 {
     const struct route *rt = g->rt;
     idem *h = g->d->h;
+    idem_loop *l = loop_of(g);
     /* Read before the store reads its clock: the record expires no sooner
      * than this, so the header never promises more than the record keeps. */
     g->expires_ms = wall_ms() + rt->retention_ms;
     if (g->finish == FINISH_COMPLETE)
-        keep_rc(g, idem_record_complete(h, rt->space, g->key, g->epoch, g->stored, g->stored_len,
-                                        rt->retention_ms, &g->o));
-    else if (g->finish == FINISH_FAIL_FINAL)
-        keep_rc(g, idem_record_fail(h, rt->space, g->key, g->epoch, IDEM_FAIL_FINAL, g->stored,
-                                    g->stored_len, rt->retention_ms, &g->o));
-    else if (g->finish == FINISH_HOLD)
-        keep_rc(g, idem_record_extend(h, rt->space, g->key, g->epoch, hold_ms(rt), &g->o));
-    else
-        keep_rc(g, idem_record_fail(h, rt->space, g->key, g->epoch, IDEM_FAIL_RETRYABLE, NULL, 0,
-                                    0, &g->o));
+        return idem_record_complete_async(h, l, rt->space, g->key, g->epoch, g->stored,
+                                          g->stored_len, rt->retention_ms, on_outcome, g);
+    if (g->finish == FINISH_FAIL_FINAL)
+        return idem_record_fail_async(h, l, rt->space, g->key, g->epoch, IDEM_FAIL_FINAL,
+                                      g->stored, g->stored_len, rt->retention_ms, on_outcome, g);
+    if (g->finish == FINISH_HOLD)
+        return idem_record_extend_async(h, l, rt->space, g->key, g->epoch, hold_ms(rt),
+                                        on_outcome, g);
+    return idem_record_fail_async(h, l, rt->space, g->key, g->epoch, IDEM_FAIL_RETRYABLE, NULL,
+                                  0, 0, on_outcome, g);
 }
 
 static void do_cleanup(struct gw *g)
@@ -484,10 +522,10 @@ static void do_cleanup(struct gw *g)
  * (a pause or a store outage longer than the lease, on the distributed
  * store another instance), the token may be paying for the new holder's
  * execution, and must stay spent. */
-static void do_confirm_claim(struct gw *g)
+static idem_rc do_confirm_claim(struct gw *g)
 {
-    keep_rc(g, idem_record_extend(g->d->h, g->rt->space, g->key, g->epoch, g->rt->lease_ms,
-                                  &g->o));
+    return idem_record_extend_async(g->d->h, loop_of(g), g->rt->space, g->key, g->epoch,
+                                    g->rt->lease_ms, on_outcome, g);
 }
 
 static void do_give_back(struct gw *g)
@@ -507,30 +545,38 @@ static void do_give_back(struct gw *g)
 
 enum state_work { W_NONE, W_KV, W_DB, W_TIMER, W_UPSTREAM };
 
+/* A state's store call: W_KV's runs where the store runs it and fills
+ * g->rc, g->o; W_DB's starts an asynchronous call whose callback does. */
+union state_call {
+    void (*kv)(struct gw *g);
+    idem_rc (*db)(struct gw *g);
+};
+
 static const struct state_info {
     const char *name;
     enum state_work work;
-    void (*call)(struct gw *g); /* W_KV, W_DB: the store call */
+    union state_call call;
     unsigned next;              /* the states it may go on to */
 } states[] = {
-    [S_NEW] = {"new", W_NONE, NULL, BIT(S_TOKEN) | BIT(S_LOCK) | BIT(S_BEGIN)},
-    [S_TOKEN] = {"token", W_KV, do_token, BIT(S_LOCK) | BIT(S_BEGIN)},
-    [S_LOCK] = {"lock", W_KV, do_lock, BIT(S_LOCK_READ) | BIT(S_BEGIN) | ENDS},
-    [S_LOCK_READ] = {"lock_read", W_DB, do_get, BIT(S_LOCK_WAIT) | ENDS},
-    [S_LOCK_WAIT] = {"lock_wait", W_TIMER, NULL, BIT(S_LOCK)},
-    [S_BEGIN] = {"begin", W_DB, do_begin,
+    [S_NEW] = {"new", W_NONE, {NULL}, BIT(S_TOKEN) | BIT(S_LOCK) | BIT(S_BEGIN)},
+    [S_TOKEN] = {"token", W_KV, {.kv = do_token}, BIT(S_LOCK) | BIT(S_BEGIN)},
+    [S_LOCK] = {"lock", W_KV, {.kv = do_lock}, BIT(S_LOCK_READ) | BIT(S_BEGIN) | ENDS},
+    [S_LOCK_READ] = {"lock_read", W_DB, {.db = do_get}, BIT(S_LOCK_WAIT) | ENDS},
+    [S_LOCK_WAIT] = {"lock_wait", W_TIMER, {NULL}, BIT(S_LOCK)},
+    [S_BEGIN] = {"begin", W_DB, {.db = do_begin},
                  BIT(S_BEGIN_WAIT) | BIT(S_RESPEND) | BIT(S_FORWARD) | BIT(S_FINISH) | ENDS},
-    [S_BEGIN_WAIT] = {"begin_wait", W_TIMER, NULL, BIT(S_BEGIN)},
-    [S_RESPEND] = {"respend", W_KV, do_token, BIT(S_FORWARD) | BIT(S_FINISH)},
+    [S_BEGIN_WAIT] = {"begin_wait", W_TIMER, {NULL}, BIT(S_BEGIN)},
+    [S_RESPEND] = {"respend", W_KV, {.kv = do_token}, BIT(S_FORWARD) | BIT(S_FINISH)},
     /* A call that cannot start leaves S_FORWARD for the release at once. */
-    [S_FORWARD] = {"forward", W_UPSTREAM, NULL, BIT(S_CONFIRM) | BIT(S_FINISH) | ENDS},
-    [S_CONFIRM] = {"confirm", W_DB, do_confirm_claim, BIT(S_GIVE_BACK) | BIT(S_FINISH)},
-    [S_GIVE_BACK] = {"give_back", W_KV, do_give_back, BIT(S_FINISH) | ENDS},
-    [S_FINISH] = {"finish", W_DB, do_finish, BIT(S_FINISH_WAIT) | BIT(S_FINISH_READ) | ENDS},
-    [S_FINISH_WAIT] = {"finish_wait", W_TIMER, NULL, BIT(S_FINISH)},
-    [S_FINISH_READ] = {"finish_read", W_DB, do_get, BIT(S_FINISH_WAIT) | ENDS},
-    [S_CLEANUP] = {"cleanup", W_KV, do_cleanup, BIT(S_DONE)},
-    [S_DONE] = {"done", W_NONE, NULL, 0},
+    [S_FORWARD] = {"forward", W_UPSTREAM, {NULL}, BIT(S_CONFIRM) | BIT(S_FINISH) | ENDS},
+    [S_CONFIRM] = {"confirm", W_DB, {.db = do_confirm_claim}, BIT(S_GIVE_BACK) | BIT(S_FINISH)},
+    [S_GIVE_BACK] = {"give_back", W_KV, {.kv = do_give_back}, BIT(S_FINISH) | ENDS},
+    [S_FINISH] = {"finish", W_DB, {.db = do_finish},
+                  BIT(S_FINISH_WAIT) | BIT(S_FINISH_READ) | ENDS},
+    [S_FINISH_WAIT] = {"finish_wait", W_TIMER, {NULL}, BIT(S_FINISH)},
+    [S_FINISH_READ] = {"finish_read", W_DB, {.db = do_get}, BIT(S_FINISH_WAIT) | ENDS},
+    [S_CLEANUP] = {"cleanup", W_KV, {.kv = do_cleanup}, BIT(S_DONE)},
+    [S_DONE] = {"done", W_NONE, {NULL}, 0},
 };
 
 static void done(struct gw *g);
@@ -550,27 +596,7 @@ static void resume(struct front_request *req)
 static void run_call(struct front_request *req)
 {
     struct gw *g = req->state;
-    states[g->state].call(g);
-}
-
-/* On the store's writer thread, inside its batch's transaction. */
-static idem_rc call_on_writer(idem *h, void *arg)
-{
-    struct gw *g = arg;
-    (void)h;
-    states[g->state].call(g);
-    return g->rc;
-}
-
-/* The batch is durable (or failed, and the call's writes with it). */
-static void on_written(void *arg, idem_rc rc, const char *detail)
-{
-    struct gw *g = arg;
-    if (rc != IDEM_OK) {
-        g->rc = rc;
-        snprintf(g->detail, sizeof g->detail, "%s", detail);
-    }
-    front_resume(g->req, resume);
+    states[g->state].call.kv(g);
 }
 
 static void to_worker(struct gw *g, struct workers *ws)
@@ -590,16 +616,13 @@ static void start_call(struct gw *g, enum state_work w)
     g->detail[0] = '\0';
     idem_record_clear(&g->rec);
     if (w == W_KV && g->d->kv_local) { /* in memory: as quick as a hand-off */
-        states[g->state].call(g);
+        states[g->state].call.kv(g);
         done(g);
     } else if (w == W_KV) {
         to_worker(g, g->d->workers);
-    } else if (!g->d->db_async) {
-        to_worker(g, g->d->record_workers);
     } else {
-        /* Each call is one record call, whose result it returns. */
-        idem_rc rc = idem_record_async_one(g->d->h, call_on_writer, on_written, g);
-        if (rc != IDEM_OK) {
+        idem_rc rc = states[g->state].call.db(g);
+        if (rc != IDEM_OK) { /* no callback will come */
             keep_rc(g, rc);
             done(g);
         }
@@ -1090,10 +1113,10 @@ static void go_begin(struct gw *g)
  * which outlives the request if it must; a failed one is logged, and the
  * next comes a third of a lease later, so two more are tried before the
  * lease can run out. On the embedded store the lock's renewal is in
- * memory, on the loop, and the claim's a job of the writer. On the
- * distributed store the claim's runs on record_workers and the lock's on
- * workers, apart: a Redis that stops answering holds each lock call for
- * up to twice storage.timeout, and must never delay a claim's. */
+ * memory, on the loop. The claim's is an asynchronous record call on the
+ * loop (a writer's job, on either store), so a Redis that stops answering,
+ * holding each lock renewal on a worker for up to twice storage.timeout,
+ * never delays it. */
 struct renewal {
     struct work work;
     struct daemon *d;
@@ -1110,9 +1133,7 @@ struct renewal {
 
 static void renew(struct renewal *t)
 {
-    idem *h = t->d->h;
-    t->rc = t->lock ? idem_lock_renew(h, t->space, t->key, t->owner, t->lease_ms, &t->o)
-                    : idem_record_extend(h, t->space, t->key, t->epoch, t->lease_ms, &t->o);
+    t->rc = idem_lock_renew(t->d->h, t->space, t->key, t->owner, t->lease_ms, &t->o);
     if (t->rc != IDEM_OK)
         snprintf(t->detail, sizeof t->detail, "%s", idem_errdetail());
 }
@@ -1127,21 +1148,14 @@ static void renewal_done(struct renewal *t)
     free(t);
 }
 
-static idem_rc renew_on_writer(idem *h, void *arg)
+/* The claim's extension, answered on the loop. */
+static void renewal_answered(void *arg, idem_rc rc, idem_outcome o, const char *detail)
 {
     struct renewal *t = arg;
-    (void)h;
-    renew(t);
-    return t->rc;
-}
-
-static void renewal_written(void *arg, idem_rc rc, const char *detail)
-{
-    struct renewal *t = arg;
-    if (rc != IDEM_OK) {
-        t->rc = rc;
+    t->rc = rc;
+    t->o = o;
+    if (rc != IDEM_OK)
         snprintf(t->detail, sizeof t->detail, "%s", detail);
-    }
     renewal_done(t);
 }
 
@@ -1174,13 +1188,14 @@ static void renewal_start(struct gw *g, int lock)
     t->epoch = g->epoch;
     t->lease_ms = g->rt->lease_ms;
     t->work.run = renew_on_worker;
-    if (lock && d->kv_local) {
+    if (!lock) {
+        if (idem_record_extend_async(d->h, loop_of(g), t->space, t->key, t->epoch, t->lease_ms,
+                                     renewal_answered, t) != IDEM_OK)
+            free(t); /* no memory */
+    } else if (d->kv_local) {
         renew(t);
         renewal_done(t);
-    } else if (!lock && d->db_async) {
-        if (idem_record_async_one(d->h, renew_on_writer, renewal_written, t) != IDEM_OK)
-            free(t); /* closing */
-    } else if (workers_submit(lock ? d->workers : d->record_workers, &t->work) != 0) {
+    } else if (workers_submit(d->workers, &t->work) != 0) {
         free(t); /* closing */
     }
 }

@@ -37,6 +37,7 @@
 #include "serve.h"
 #include "tls.h"
 /* The --help texts, made from docs/man/ (scripts/mkman.sh). */
+#include "idem/libevent.h"
 #include "idem_consume_help.h"
 #include "idem_serve_help.h"
 #include "upstream.h"
@@ -55,43 +56,6 @@ static void on_answer_out(void *arg, const struct front_request *req, int status
 
 #define LOOPS_MAX 16 /* event_loops' upper bound */
 #define LOOPS_AUTO_MAX 4 /* without event_loops: one per processor, up to this */
-
-/* Wait until the store's writer has run every job queued so far: their
- * callbacks have been made (in order) when a new job's callback is. */
-struct barrier {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done;
-};
-
-static idem_rc barrier_job(idem *h, void *arg)
-{
-    (void)h;
-    (void)arg;
-    return IDEM_OK;
-}
-
-static void on_barrier(void *arg, idem_rc rc, const char *detail)
-{
-    struct barrier *b = arg;
-    (void)rc;
-    (void)detail;
-    pthread_mutex_lock(&b->mu);
-    b->done = 1;
-    pthread_cond_signal(&b->cv);
-    pthread_mutex_unlock(&b->mu);
-}
-
-static void store_barrier(struct daemon *d)
-{
-    struct barrier b = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
-    if (!d->h || !d->db_async || idem_record_async(d->h, barrier_job, on_barrier, &b) != IDEM_OK)
-        return;
-    pthread_mutex_lock(&b.mu);
-    while (!b.done)
-        pthread_cond_wait(&b.cv, &b.mu);
-    pthread_mutex_unlock(&b.mu);
-}
 
 /* One event loop: its base, its front end, its thread (loop 0 runs on the
  * main thread, with the signals and the purge timer). */
@@ -739,7 +703,6 @@ static int run(int argc, char **argv, int consume_only)
     /* Reads of a file store go to read-only connections, never waiting for
      * the writer: finished records can be replayed on the loop thread. */
     s->d.reads_dont_block = store_is_file(cfg);
-    s->d.db_async = embedded;
     s->d.kv_local = embedded;
     s->d.workers = s->workers;
     s->d.record_workers = s->record_workers;
@@ -775,7 +738,8 @@ static int run(int argc, char **argv, int consume_only)
         struct loop *l = &s->loops[i];
         l->ctx.d = &s->d;
         l->ctx.base = event_base_new();
-        l->ctx.upstreams = l->ctx.base ? upstream_loop_new(l->ctx.base, s->upstream_tls) : NULL;
+        l->ctx.iloop = l->ctx.base ? idem_libevent_new(l->ctx.base) : NULL;
+        l->ctx.upstreams = l->ctx.iloop ? upstream_loop_new(l->ctx.base, s->upstream_tls) : NULL;
         /* Without memory for it, the loop runs without a replay cache. */
         l->ctx.replays = replay_cache_new(s->limits->replay_cache);
         l->ctx.alog = s->access && l->ctx.base ? access_buf_new(s->access, l->ctx.base) : NULL;
@@ -889,7 +853,8 @@ out:
     workers_stop(s->background);
     workers_stop(s->workers);
     workers_stop(s->record_workers);
-    store_barrier(&s->d);
+    for (int i = 0; i < s->nloops; i++)
+        daemon_loop_settle(&s->loops[i].ctx);
     for (int i = 0; i < s->nloops; i++)
         front_free(s->loops[i].front);
     consumers_free(s->consumers);
@@ -908,6 +873,7 @@ out:
         access_buf_free(s->loops[i].ctx.alog); /* its last lines */
         if (s->loops[i].ctx.base) {
             upstream_loop_free(s->loops[i].ctx.upstreams);
+            idem_libevent_free(s->loops[i].ctx.iloop);
             event_base_free(s->loops[i].ctx.base);
         }
     }
