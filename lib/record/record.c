@@ -599,36 +599,6 @@ static void drive_over(struct drive *dr)
     post_answer((struct rec_async *)dr);
 }
 
-/* On the writer thread (run_async): the call, as its blocking form runs it
- * there, inline in the batch. */
-static idem_rc on_writer(idem *h, void *arg)
-{
-    struct rec_async *a = arg;
-    struct drive *dr = &a->dr;
-    if (a->get) {
-        dr->rc = h->db_ops->rec_get(h->db, a->space, a->key, &dr->found, &dr->cur);
-        dr->out = dr->found ? IDEM_FOUND : IDEM_NOT_FOUND;
-    } else {
-        peek_first(dr);
-        drive_run(dr);
-    }
-    if (dr->rc != IDEM_OK)
-        snprintf(dr->detail, sizeof dr->detail, "%s", idem_errdetail());
-    return dr->rc;
-}
-
-/* The batch is durable, or failed with what on_writer wrote. */
-static void written(void *arg, idem_rc rc, const char *detail)
-{
-    struct rec_async *a = arg;
-    if (rc != IDEM_OK) {
-        a->dr.rc = rc;
-        snprintf(a->dr.detail, sizeof a->dr.detail, "%s", detail);
-        idem_record_clear(&a->dr.cur);
-    }
-    post_answer(a);
-}
-
 static void on_got(struct idem__call *c, idem_rc rc, const char *detail)
 {
     struct rec_async *a = (struct rec_async *)((char *)c - offsetof(struct rec_async, got));
@@ -661,37 +631,30 @@ static idem_rc async_new(idem *h, idem_loop *loop, const char *space, const char
     return IDEM_OK;
 }
 
-/* Run a's call: on the backend's own steps when it has them, else on its
- * writer thread. */
+/* Run a's call on the backend's _start operations. */
 static idem_rc async_go(idem *h, struct rec_async *a)
 {
     const struct idem__db_ops *db = h->db_ops;
-    idem__loop_begin(a->l);
-    if (a->get ? db->rec_get_start != NULL : db->rec_insert_start && db->rec_cas_start) {
-        if (a->get) {
-            a->got.done = on_got;
-            idem_rc rc = db->rec_get_start(h->db, a->space, a->key, &a->dr.found, &a->dr.cur,
-                                           &a->got);
-            if (rc != IDEM_OK) {
-                idem__loop_end(a->l);
-                idem__free(a);
-            }
-            return rc;
-        }
-        a->dr.async = 1;
-        a->dr.over = drive_over;
-        drive_run(&a->dr); /* its end posts the answer, whatever it is */
-        return IDEM_OK;
-    }
-    idem_rc rc = db->run_async
-                     ? db->run_async(h->db, h, on_writer, written, a, 1)
-                     : idem__fail(IDEM_ENOTSUP, "asynchronous record calls: not offered by "
-                                                "the %s store", h->store_name);
-    if (rc != IDEM_OK) {
-        idem__loop_end(a->l);
+    if (!db->rec_get_start || !db->rec_insert_start || !db->rec_cas_start) {
         idem__free(a);
+        return idem__fail(IDEM_ENOTSUP, "asynchronous record calls: not offered by the %s store",
+                          h->store_name);
     }
-    return rc;
+    idem__loop_begin(a->l);
+    if (a->get) {
+        a->got.done = on_got;
+        idem_rc rc = db->rec_get_start(h->db, a->space, a->key, &a->dr.found, &a->dr.cur,
+                                       &a->got);
+        if (rc != IDEM_OK) {
+            idem__loop_end(a->l);
+            idem__free(a);
+        }
+        return rc;
+    }
+    a->dr.async = 1;
+    a->dr.over = drive_over;
+    drive_run(&a->dr); /* its end posts the answer, whatever it is */
+    return IDEM_OK;
 }
 
 /* A drive of ev on a loop: ev's strings and result copied into a. */

@@ -907,6 +907,81 @@ static idem_rc rec_get(void *db, const char *space, const char *key,
     return rc;
 }
 
+/* ---- without waiting: the _start operations ---- */
+
+/* A job whose caller does not wait: the writer calls c->done after its
+ * batch, where it would have woken the caller. */
+struct rec_started {
+    struct rec_job j;
+    struct idem__call *call;
+};
+
+static void rec_started_done(struct idem__gc_job *job)
+{
+    struct rec_started *a = (struct rec_started *)job;
+    idem_rc rc = job->rc;
+    char detail[sizeof job->detail];
+    memcpy(detail, job->detail, sizeof detail);
+    if (rc != IDEM_OK && a->j.cur) {
+        idem__free(a->j.cur->result);
+        a->j.cur->result = NULL;
+        a->j.cur->result_len = 0;
+    }
+    struct idem__call *call = a->call;
+    idem__free(a);
+    call->done(call, rc, rc == IDEM_OK ? "" : detail);
+}
+
+static idem_rc start_rec(struct sqlite_db *d, const struct rec_job *model,
+                         struct idem__call *call)
+{
+    struct rec_started *a = idem__malloc(sizeof *a);
+    if (!a)
+        return idem__fail(IDEM_ENOMEM, "sqlite: no memory for a record call");
+    a->j = *model;
+    a->j.job.on_done = rec_started_done;
+    a->call = call;
+    if (a->j.cur)
+        memset(a->j.cur, 0, sizeof *a->j.cur);
+    idem_rc rc = idem__gc_queue(d->gc, &a->j.job);
+    if (rc != IDEM_OK)
+        idem__free(a);
+    return rc;
+}
+
+static idem_rc rec_insert_start(void *db, const struct idem__rec_new *n, int *inserted,
+                                idem_record *cur, struct idem__call *c)
+{
+    struct rec_job j = {.job.run = run_rec_insert, .job.single_write = 1, .n = n,
+                        .inserted = inserted, .cur = cur};
+    return start_rec(db, &j, c);
+}
+
+static idem_rc rec_cas_start(void *db, const struct idem__rec_cas *cas, int *changed,
+                             int *found, idem_record *cur, struct idem__call *c)
+{
+    struct rec_job j = {.job.run = run_rec_cas, .job.single_write = 1, .c = cas,
+                        .changed = changed, .found = found, .cur = cur};
+    return start_rec(db, &j, c);
+}
+
+/* A file's committed rows are read at once, on a reader (rec_get), and the
+ * answer given before this returns; an in-memory database's read is a job
+ * of the writer's. */
+static idem_rc rec_get_start(void *db, const char *space, const char *key, int *found,
+                             idem_record *cur, struct idem__call *c)
+{
+    struct sqlite_db *d = db;
+    if (!d->path || idem__gc_on_writer(d->gc)) {
+        struct rec_job j = {.job.run = run_rec_get, .job.single_write = 1, .space = space,
+                            .key = key, .found = found, .cur = cur};
+        return start_rec(d, &j, c);
+    }
+    idem_rc rc = rec_get(db, space, key, found, cur);
+    c->done(c, rc, rc == IDEM_OK ? "" : idem_errdetail());
+    return IDEM_OK;
+}
+
 /* The hint for begin: from a reader. None where the only connection to read
  * is the writer's — an in-memory database, or the writer thread itself: the
  * peek exists to spare a begin the queue, and there begin's insert runs at
@@ -1166,6 +1241,9 @@ static const struct idem__db_ops sqlite_ops = {
     .run_async = run_async,
     .rec_delete = rec_delete,
     .rec_list = rec_list,
+    .rec_insert_start = rec_insert_start,
+    .rec_cas_start = rec_cas_start,
+    .rec_get_start = rec_get_start,
 };
 
 /* Set up the file: WAL, FULL sync, the schema, the schema version. */
