@@ -105,7 +105,6 @@ struct daemon {
     pthread_mutex_t cfg_mu;
     struct live_config *live;
     char instance[24];         /* random, names this process in record owners */
-    int reads_dont_block;      /* a file store: record reads bypass the writer */
     int kv_local;              /* token and lock calls are in memory, never
                                   block: the embedded store */
     /* The main listener's token issuance, by subject and by client

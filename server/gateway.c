@@ -20,8 +20,8 @@
  *
  *   S_NEW  key, subject, fingerprint ── missing/invalid ──────────► 400
  *        │   (no token layer: a record finished a moment ago is replayed
- *        │    from the loop's replay cache; on the embedded file store one
- *        │    is read on the loop — while such reads find any — no state)
+ *        │    from the loop's replay cache, before any state)
+ *   S_READ   no token layer, while such reads find any: finished? ─► replay
  *   S_TOKEN  consume Idem-Token ── unknown, or spent on another key ► 409
  *        │   Redis down (layers 1 and 2): on_redis_down skip ── the layer is
  *        │   skipped, logged, counted; reject ── 503
@@ -149,6 +149,8 @@ enum held_here {
  * next; every change goes through enter(). */
 enum gw_state {
     S_NEW,         /* keyed and fingerprinted, no store touched yet */
+    S_READ,        /* db: is the record finished already? (no token layer,
+                      and only while such reads find any: worth_reading) */
     S_TOKEN,       /* kv: spending the Idem-Token on the key */
     S_LOCK,        /* kv: acquiring the business-key lock; acquired, the
                       lease timer renews it until S_CLEANUP */
@@ -558,7 +560,8 @@ static const struct state_info {
     union state_call call;
     unsigned next;              /* the states it may go on to */
 } states[] = {
-    [S_NEW] = {"new", W_NONE, {NULL}, BIT(S_TOKEN) | BIT(S_LOCK) | BIT(S_BEGIN)},
+    [S_NEW] = {"new", W_NONE, {NULL}, BIT(S_READ) | BIT(S_TOKEN) | BIT(S_LOCK) | BIT(S_BEGIN)},
+    [S_READ] = {"read", W_DB, {.db = do_get}, BIT(S_LOCK) | BIT(S_BEGIN) | ENDS},
     [S_TOKEN] = {"token", W_KV, {.kv = do_token}, BIT(S_LOCK) | BIT(S_BEGIN)},
     [S_LOCK] = {"lock", W_KV, {.kv = do_lock}, BIT(S_LOCK_READ) | BIT(S_BEGIN) | ENDS},
     [S_LOCK_READ] = {"lock_read", W_DB, {.db = do_get}, BIT(S_LOCK_WAIT) | ENDS},
@@ -851,6 +854,21 @@ static void after_token(struct gw *g)
     go_lock(g);
 }
 
+static void reading_found(struct daemon *d, int found);
+
+/* A finished record found before any layer is asked: its answer. */
+static void after_read(struct gw *g)
+{
+    if (g->rc == IDEM_OK && (g->out = replay_finished(g, g->o, &g->rec)) != NULL) {
+        reading_found(g->d, 1);
+        enter(g, S_DONE);
+        return;
+    }
+    reading_found(g->d, 0);
+    idem_record_clear(&g->rec);
+    go_lock(g);
+}
+
 static void after_busy_get(struct gw *g)
 {
     /* The holder may be a duplicate of a request that is finished: its
@@ -907,7 +925,6 @@ static void go_lock(struct gw *g)
         go_begin(g);
 }
 
-static void reading_found(struct daemon *d, int found);
 
 static const char *held_why(enum held_here held)
 {
@@ -1535,6 +1552,9 @@ static void forward(struct gw *g)
 static void done(struct gw *g)
 {
     switch (g->state) {
+    case S_READ:
+        after_read(g);
+        break;
     case S_TOKEN:
         after_token(g);
         break;
@@ -1573,11 +1593,12 @@ static void done(struct gw *g)
 
 /* ---- entry ---- */
 
-/* The read for a finished record costs a SQLite transaction on the loop. On
- * traffic of fresh keys it never finds one, and the begin that follows finds
- * a finished record anyway (DONE), only later: so while the reads keep coming
- * back empty they are skipped, all but one in READ_SAMPLE, which keeps
- * watching. The score rises by READ_HIT for a hit, or for a begin the writer
+/* The read for a finished record (S_READ) costs a store call: on a SQLite
+ * file a transaction on a reader, at once; on PostgreSQL a statement in
+ * the writers' next batch. On traffic of fresh keys it never finds one, and
+ * the begin that follows finds a finished record anyway (DONE), only later:
+ * so while the reads keep coming back empty they are skipped, all but one
+ * in READ_SAMPLE, which keeps watching. The score rises by READ_HIT for a hit, or for a begin the writer
  * answered DONE (a read would have found that one), and falls by one for a
  * miss, within [0, READ_SCORE_MAX]; at 0, reads are sampled. */
 #define READ_SAMPLE 128
@@ -1729,22 +1750,14 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     for (const char *c = g->key; *c; c++)
         h = (h ^ (unsigned char)*c) * 1099511628211ull;
     g->key_hash = h;
-    if (d->reads_dont_block && !rt->layer_token && worth_reading(d)) {
-        idem_outcome o;
-        if (idem_record_get(d->h, rt->space, g->key, &o, &g->rec) == IDEM_OK &&
-            (g->out = replay_finished(g, o, &g->rec)) != NULL) {
-            reading_found(d, 1);
-            enter(g, S_DONE);
-            return;
-        }
-        reading_found(d, 0);
-        idem_record_clear(&g->rec);
-    }
     snprintf(g->owner, sizeof g->owner, "%s-%lu", d->instance, atomic_fetch_add(&d->seq, 1) + 1);
     g->deadline = mono_ms() + rt->wait_timeout_ms;
     g->backoff_ms = 2;
     if (!rt->layer_token) {
-        go_lock(g);
+        if (worth_reading(d))
+            enter(g, S_READ);
+        else
+            go_lock(g);
         return;
     }
     g->token = http_msg_header(m, "Idem-Token");

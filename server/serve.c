@@ -700,9 +700,6 @@ static int run(int argc, char **argv, int consume_only)
         fprintf(stderr, "%s: cannot start %d workers for records\n", me, cfg->workers);
         goto out;
     }
-    /* Reads of a file store go to read-only connections, never waiting for
-     * the writer: finished records can be replayed on the loop thread. */
-    s->d.reads_dont_block = store_is_file(cfg);
     s->d.kv_local = embedded;
     s->d.workers = s->workers;
     s->d.record_workers = s->record_workers;
