@@ -4,11 +4,11 @@
  * Why a writer thread and not a lock around the connection: with
  * synchronous=FULL every commit waits for an fsync (milliseconds on real
  * disks). With a lock, 64 callers wait for 64 fsyncs in a row. Here the writer
- * drains the queue while the previous fsync runs, so the next batch holds
- * everything that arrived meanwhile: under load a batch grows until one fsync
- * carries it, and latency stays about two fsyncs. What arrives while the
- * batch's own jobs run joins it too, up to batch_max: only what arrives
- * during its COMMIT waits for the next.
+ * takes its batches by the group-commit policy (commit_queue.h): the next
+ * batch holds everything that arrived during the previous fsync, so under
+ * load a batch grows until one fsync carries it, and latency stays about two
+ * fsyncs. What arrives while the batch's own jobs run joins it too, up to
+ * batch_max: only what arrives during its COMMIT waits for the next.
  *
  * A job's failure must not cost the others their writes, so each job runs in
  * a savepoint. A failed COMMIT fails every job of the batch: none of their
@@ -25,6 +25,8 @@
  */
 #include "group_commit.h"
 
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -35,17 +37,18 @@
 #include "core/str.h"
 
 struct idem__gc {
-    pthread_mutex_t mu;
-    pthread_cond_t work;   /* writer waits for jobs */
-    struct idem__gc_job *head, **tail;
-    int stopping;
+    struct idem__cq q;
+    struct idem__cq_item **batch; /* the writer's, q.batch_max of them */
     pthread_t thread;
     const struct idem__gc_driver *drv;
     void *ctx;
-    unsigned batch_max;
-    struct idem__commit_stats stats; /* under mu */
     int in_job; /* writer thread only: one of a batch's jobs is running */
 };
+
+static struct idem__gc_job *job_at(struct idem__cq_item *it)
+{
+    return (struct idem__gc_job *)((char *)it - offsetof(struct idem__gc_job, item));
+}
 
 static void keep_detail(struct idem__gc_job *j)
 {
@@ -86,43 +89,16 @@ static idem_rc transaction_lost(struct idem__gc_job *j)
                       j->rc != IDEM_OK && j->detail[0] ? j->detail : "no detail");
 }
 
-/* Under gc->mu: takes up to max jobs off the queue, from its head (at least
- * one is queued: the caller has kept a pointer to it). */
-static void take(struct idem__gc *gc, unsigned max)
-{
-    struct idem__gc_job *last = gc->head;
-    for (unsigned n = 1; n < max && last->next; n++)
-        last = last->next;
-    gc->head = last->next;
-    if (!gc->head)
-        gc->tail = &gc->head;
-    last->next = NULL;
-}
-
-/* Jobs queued while the batch's statements ran join it before its COMMIT,
- * up to batch_max in all: they share its fsync instead of waiting for the
- * next one. last is the batch's last job, n its number of jobs. */
-static void take_late_joiners(struct idem__gc *gc, struct idem__gc_job *last, unsigned n)
-{
-    if (n >= gc->batch_max)
-        return;
-    pthread_mutex_lock(&gc->mu);
-    if (gc->head) {
-        last->next = gc->head;
-        take(gc, gc->batch_max - n);
-    }
-    pthread_mutex_unlock(&gc->mu);
-}
-
-static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
+static void run_batch(struct idem__gc *gc, unsigned n)
 {
     const struct idem__gc_driver *d = gc->drv;
+    struct idem__cq_item **batch = gc->batch;
     int64_t t0 = idem__mono_us();
     idem_rc rc = d->begin(gc->ctx);
-    unsigned n = 0;
     if (rc == IDEM_OK) {
         gc->in_job = 1;
-        for (struct idem__gc_job *j = batch; j; j = j->next, n++) {
+        for (unsigned i = 0; i < n; i++) {
+            struct idem__gc_job *j = job_at(batch[i]);
             idem__clear_detail();
             j->rc = run_in_savepoint(gc, j);
             keep_detail(j);
@@ -131,8 +107,10 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
                 rc = transaction_lost(j);
                 break;
             }
-            if (!j->next)
-                take_late_joiners(gc, j, n + 1);
+            /* Jobs queued while the batch's statements ran join it before
+             * its COMMIT: they share its fsync instead of the next one's. */
+            if (i + 1 == n)
+                n += idem__cq_take_more(&gc->q, batch, n, 0);
         }
         gc->in_job = 0;
         if (rc == IDEM_OK) {
@@ -142,21 +120,20 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
     }
     if (rc != IDEM_OK) {
         d->rollback(gc->ctx);
-        for (struct idem__gc_job *j = batch; j; j = j->next) {
+        for (unsigned i = 0; i < n; i++) {
+            struct idem__gc_job *j = job_at(batch[i]);
             j->rc = rc;
             keep_detail(j);
         }
     }
-    int64_t took = idem__mono_us() - t0;
-    pthread_mutex_lock(&gc->mu);
     if (rc == IDEM_OK)
-        idem__commit_stats_add(&gc->stats, n, took);
-    pthread_mutex_unlock(&gc->mu);
+        idem__cq_committed(&gc->q, n, idem__mono_us() - t0);
     /* Wake each caller alone, with no mutex held: a broadcast would wake
      * every waiting caller, and a wake under the mutex would have the caller
-     * block on it at once. j may be gone once its caller (or on_done) runs. */
-    for (struct idem__gc_job *j = batch, *next; j; j = next) {
-        next = j->next;
+     * block on it at once. A job may be gone once its caller (or on_done)
+     * runs. */
+    for (unsigned i = 0; i < n; i++) {
+        struct idem__gc_job *j = job_at(batch[i]);
         if (j->on_done)
             j->on_done(j);
         else
@@ -169,20 +146,9 @@ static void run_batch(struct idem__gc *gc, struct idem__gc_job *batch)
 static void *writer(void *arg)
 {
     struct idem__gc *gc = arg;
-    pthread_mutex_lock(&gc->mu);
-    for (;;) {
-        while (!gc->head && !gc->stopping)
-            pthread_cond_wait(&gc->work, &gc->mu);
-        if (!gc->head)
-            break;
-        /* Take up to batch_max jobs off the queue. */
-        struct idem__gc_job *batch = gc->head;
-        take(gc, gc->batch_max);
-        pthread_mutex_unlock(&gc->mu);
-        run_batch(gc, batch);
-        pthread_mutex_lock(&gc->mu);
-    }
-    pthread_mutex_unlock(&gc->mu);
+    unsigned n;
+    while ((n = idem__cq_take(&gc->q, gc->batch)) > 0)
+        run_batch(gc, n);
     return NULL;
 }
 
@@ -192,15 +158,18 @@ idem_rc idem__gc_start(const struct idem__gc_driver *drv, void *ctx,
     struct idem__gc *gc = idem__calloc(1, sizeof *gc);
     if (!gc)
         return idem__fail(IDEM_ENOMEM, "group commit: allocating");
-    pthread_mutex_init(&gc->mu, NULL);
-    pthread_cond_init(&gc->work, NULL);
-    gc->tail = &gc->head;
+    batch_max = batch_max ? batch_max : 1;
+    if (!(gc->batch = idem__calloc(batch_max, sizeof *gc->batch))) {
+        idem__free(gc);
+        return idem__fail(IDEM_ENOMEM, "group commit: allocating");
+    }
+    /* SQLite's batches are bounded by their count alone. */
+    idem__cq_init(&gc->q, batch_max, SIZE_MAX);
     gc->drv = drv;
     gc->ctx = ctx;
-    gc->batch_max = batch_max ? batch_max : 1;
     if (pthread_create(&gc->thread, NULL, writer, gc) != 0) {
-        pthread_cond_destroy(&gc->work);
-        pthread_mutex_destroy(&gc->mu);
+        idem__cq_destroy(&gc->q);
+        idem__free(gc->batch);
         idem__free(gc);
         return idem__fail(IDEM_ENOMEM, "group commit: cannot start the writer thread");
     }
@@ -211,18 +180,9 @@ idem_rc idem__gc_start(const struct idem__gc_driver *drv, void *ctx,
 
 idem_rc idem__gc_queue(struct idem__gc *gc, struct idem__gc_job *job)
 {
-    job->next = NULL;
     job->detail[0] = '\0';
-    pthread_mutex_lock(&gc->mu);
-    if (gc->stopping) {
-        pthread_mutex_unlock(&gc->mu);
-        return idem__fail(IDEM_ECLOSING, "the handle is closing");
-    }
-    *gc->tail = job;
-    gc->tail = &job->next;
-    pthread_mutex_unlock(&gc->mu);
-    pthread_cond_signal(&gc->work);
-    return IDEM_OK;
+    job->item.bytes = 0;
+    return idem__cq_push(&gc->q, &job->item);
 }
 
 idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job)
@@ -254,7 +214,7 @@ idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job)
 int idem__gc_on_writer(struct idem__gc *gc)
 {
     /* gc->thread was set before any job could reach the writer: jobs are
-     * handed over under gc->mu, after idem__gc_start() returned. */
+     * handed over under the queue's mutex, after idem__gc_start() returned. */
     return pthread_equal(pthread_self(), gc->thread) != 0;
 }
 
@@ -265,20 +225,15 @@ void idem__gc_stop(struct idem__gc *gc)
     /* From now on nothing new is queued; the writer leaves only once the
      * queue is empty, so every job already queued has run and been answered
      * (its caller woken or its on_done called) when the join returns. */
-    pthread_mutex_lock(&gc->mu);
-    gc->stopping = 1;
-    pthread_cond_signal(&gc->work);
-    pthread_mutex_unlock(&gc->mu);
+    idem__cq_stop(&gc->q);
     pthread_join(gc->thread, NULL);
-    pthread_cond_destroy(&gc->work);
-    pthread_mutex_destroy(&gc->mu);
+    idem__cq_destroy(&gc->q);
+    idem__free(gc->batch);
     idem__free(gc);
 }
 
 void idem__gc_stats(struct idem__gc *gc, idem_stats *stats, idem_commit_times *times,
                     idem_commit_batches *batches)
 {
-    pthread_mutex_lock(&gc->mu);
-    idem__commit_stats_get(&gc->stats, stats, times, batches);
-    pthread_mutex_unlock(&gc->mu);
+    idem__cq_stats(&gc->q, stats, times, batches);
 }

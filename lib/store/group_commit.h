@@ -15,10 +15,11 @@
 #include <semaphore.h>
 #include <stdint.h>
 
+#include "commit_queue.h"
 #include "idem.h"
 
 struct idem__gc_job {
-    struct idem__gc_job *next;
+    struct idem__cq_item item; /* on the writer's queue (commit_queue.h) */
     /* Runs on the writer thread inside the batch's transaction. */
     idem_rc (*run)(struct idem__gc_job *job, void *ctx);
     /* Queued jobs only: called on the writer thread, once, after the batch is

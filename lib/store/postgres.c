@@ -26,8 +26,10 @@
  * SELECT inside the write's own statement (a CTE) would not.
  *
  * Group commit. Callers do not talk to the server: they queue a job and
- * sleep. A writer thread, with its own connection, takes every job queued
- * (up to commit_batch_max, and BATCH_BYTES_MAX of payload), sorts them by
+ * sleep, or (the _start operations) are called back. A writer thread, with
+ * its own connection, takes every job queued by the group-commit policy
+ * (commit_queue.h: up to commit_batch_max, and BATCH_BYTES_MAX of
+ * payload), sorts them by
  * (table, space, key), and runs them as one transaction in libpq's pipeline
  * mode, in two round trips:
  *
@@ -37,7 +39,7 @@
  * Under ordinary load every write is made and the second trip is COMMIT
  * alone; reading every row in the first trip instead would cost a statement
  * per job for rows nobody looks at. Only after the COMMIT is each caller
- * woken: a caller returns once its write is durable, and 64 concurrent
+ * woken (or called back): a caller returns once its write is durable, and 64 concurrent
  * callers cost a handful of WAL flushes, not 64. There are WRITERS (two)
  * writers on one queue: while one batch waits for its WAL flush, or for its
  * callers to come back, the other's executes on a second server process.
@@ -76,7 +78,7 @@
  * does (see run_batch for why only then). Messages name the server as
  * host:port, never by its URL, whose password they must not show.
  *
- * Threads: the writers; the callers, who also serve reads. Locks: mu (the
+ * Threads: the writers; the callers, who also serve reads. Locks: q.mu (the
  * write queue, the counters), pool_mu (the read queue, idle connections),
  * backoff_mu; none is held while another is taken, nor across a round trip.
  */
@@ -96,6 +98,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "commit_queue.h"
 #include "core/stats.h"
 #include "store.h"
 
@@ -234,13 +237,11 @@ enum job_kind {
  * the writer calls over(j), or, for a caller that waits (over NULL), posts
  * done. */
 struct job {
-    struct job *next;
+    struct idem__cq_item item; /* first: the queue's item is the job */
     enum job_kind kind;
     int table;             /* sort: 0 records, 1 inbox, 2 purge, last */
     const char *k1, *k2;   /* sort: (space, key) or (group, msg_id) */
-    uint64_t seq;          /* sort: arrival, among one key's jobs */
     int64_t deadline;      /* monotonic ms: queued + timeout_ms */
-    size_t bytes;
 
     const struct idem__rec_new *rec_new;
     const struct idem__rec_cas *rec_cas;
@@ -268,6 +269,7 @@ struct read_req;
 struct writer {
     struct pg_db *db;
     PGconn *pg;
+    struct idem__cq_item **items;
     struct job **batch;
     pthread_t thread;
     int started;
@@ -290,12 +292,7 @@ struct pg_db {
     int64_t down_until, backoff_ms; /* monotonic ms */
     char down_why[200];
 
-    pthread_mutex_t mu;  /* the queue and the counters */
-    pthread_cond_t work;
-    struct job *head, **tail;
-    uint64_t seq;
-    int stopping;
-    struct idem__commit_stats stats; /* under mu */
+    struct idem__cq q;   /* the writers' (commit_queue.h), and the counters */
     struct writer writers[WRITERS];
 
     atomic_int peek_skip, peek_streak; /* see rec_peek */
@@ -1118,7 +1115,7 @@ static int job_order(const void *a, const void *b)
     if (!c)
         c = strcmp(x->k2 ? x->k2 : "", y->k2 ? y->k2 : "");
     if (!c)
-        c = x->seq < y->seq ? -1 : x->seq > y->seq;
+        c = x->item.seq < y->item.seq ? -1 : x->item.seq > y->item.seq;
     return c;
 }
 
@@ -1209,9 +1206,7 @@ static void run_batch(struct writer *w, struct job **jobs, unsigned n)
         for (unsigned i = 0; i < n; i++)
             ok += jobs[i]->rc == IDEM_OK;
         int64_t took = idem__mono_us() - t0;
-        pthread_mutex_lock(&d->mu);
-        idem__commit_stats_add(&d->stats, ok, took);
-        pthread_mutex_unlock(&d->mu);
+        idem__cq_committed(&d->q, ok, took);
     }
 answer:
     /* Wake each caller alone; a job may be gone once its caller runs. */
@@ -1224,40 +1219,15 @@ answer:
     }
 }
 
-/* Take what is queued, up to batch_max jobs and BATCH_BYTES_MAX of payload
- * (at least one job). Called with d->mu held. */
-static unsigned take_batch(struct pg_db *d, struct job **batch)
-{
-    unsigned n = 0;
-    size_t bytes = 0;
-    while (d->head && n < d->batch_max &&
-           (n == 0 || bytes + d->head->bytes <= BATCH_BYTES_MAX)) {
-        struct job *j = d->head;
-        d->head = j->next;
-        bytes += j->bytes;
-        batch[n++] = j;
-    }
-    if (!d->head)
-        d->tail = &d->head;
-    return n;
-}
-
 static void *writer_main(void *arg)
 {
     struct writer *w = arg;
-    struct pg_db *d = w->db;
-    pthread_mutex_lock(&d->mu);
-    for (;;) {
-        while (!d->head && !d->stopping)
-            pthread_cond_wait(&d->work, &d->mu);
-        if (!d->head)
-            break;
-        unsigned n = take_batch(d, w->batch);
-        pthread_mutex_unlock(&d->mu);
+    unsigned n;
+    while ((n = idem__cq_take(&w->db->q, w->items)) > 0) {
+        for (unsigned i = 0; i < n; i++)
+            w->batch[i] = (struct job *)w->items[i];
         run_batch(w, w->batch, n);
-        pthread_mutex_lock(&d->mu);
     }
-    pthread_mutex_unlock(&d->mu);
     return NULL;
 }
 
@@ -1265,26 +1235,15 @@ static void *writer_main(void *arg)
 static idem_rc enqueue(struct pg_db *d, struct job *j)
 {
     job_reset(j);
-    j->next = NULL;
     j->deadline = idem__mono_ms() + d->timeout_ms;
-    pthread_mutex_lock(&d->mu);
-    if (d->stopping) {
-        pthread_mutex_unlock(&d->mu);
-        return idem__fail(IDEM_ECLOSING, "the handle is closing");
-    }
-    j->seq = d->seq++;
-    *d->tail = j;
-    d->tail = &j->next;
-    pthread_mutex_unlock(&d->mu);
-    pthread_cond_signal(&d->work);
-    return IDEM_OK;
+    return idem__cq_push(&d->q, &j->item);
 }
 
 /* Queue a job and sleep until its batch is over. The job's answer is then
  * in it; the caller takes it only when this returns IDEM_OK. */
 static idem_rc submit(struct pg_db *d, struct job *j)
 {
-    j->bytes += 512;
+    j->item.bytes += 512;
     j->over = NULL;
     sem_init(&j->done, 0, 0);
     idem_rc rc = enqueue(d, j);
@@ -1347,7 +1306,7 @@ static idem_rc rec_cas(void *db, const struct idem__rec_cas *c, int *changed, in
 {
     struct job j = {.kind = JOB_REC_CAS, .table = 0, .k1 = c->space, .k2 = c->key,
                     .rec_cas = c, .want_row = cur != NULL,
-                    .bytes = c->set_result ? c->result_len : 0};
+                    .item.bytes = c->set_result ? c->result_len : 0};
     if (cur)
         memset(cur, 0, sizeof *cur);
     idem_rc rc = submit(db, &j);
@@ -1422,7 +1381,7 @@ static idem_rc start(struct pg_db *d, const struct job *model, int *hit, int *fo
         return idem__fail(IDEM_ENOMEM, "postgres: no memory for a record call");
     memset(a, 0, sizeof *a);
     a->j = *model;
-    a->j.bytes += 512;
+    a->j.item.bytes += 512;
     a->j.over = started_over;
     a->d = d;
     a->hit = hit;
@@ -1450,7 +1409,7 @@ static idem_rc rec_cas_start(void *db, const struct idem__rec_cas *cas, int *cha
 {
     struct job j = {.kind = JOB_REC_CAS, .table = 0, .k1 = cas->space, .k2 = cas->key,
                     .rec_cas = cas, .want_row = cur != NULL,
-                    .bytes = cas->set_result ? cas->result_len : 0};
+                    .item.bytes = cas->set_result ? cas->result_len : 0};
     return start(db, &j, changed, found, cur, c);
 }
 
@@ -2027,9 +1986,7 @@ static void commit_stats(void *db, idem_stats *stats, idem_commit_times *times,
                          idem_commit_batches *batches)
 {
     struct pg_db *d = db;
-    pthread_mutex_lock(&d->mu);
-    idem__commit_stats_get(&d->stats, stats, times, batches);
-    pthread_mutex_unlock(&d->mu);
+    idem__cq_stats(&d->q, stats, times, batches);
 }
 
 static void postgres_close(void *db)
@@ -2037,15 +1994,13 @@ static void postgres_close(void *db)
     struct pg_db *d = db;
     if (!d)
         return;
-    pthread_mutex_lock(&d->mu);
-    d->stopping = 1;
-    pthread_cond_broadcast(&d->work);
-    pthread_mutex_unlock(&d->mu);
+    idem__cq_stop(&d->q);
     for (int i = 0; i < WRITERS; i++) {
         struct writer *w = &d->writers[i];
         if (w->started)
             pthread_join(w->thread, NULL);
         conn_close(&w->pg);
+        idem__free(w->items);
         idem__free(w->batch);
     }
     for (unsigned i = 0; d->readers && i < d->pool_size; i++)
@@ -2054,8 +2009,7 @@ static void postgres_close(void *db)
     conn_close(&d->admin);
     pthread_mutex_destroy(&d->admin_mu);
     pthread_mutex_destroy(&d->pool_mu);
-    pthread_cond_destroy(&d->work);
-    pthread_mutex_destroy(&d->mu);
+    idem__cq_destroy(&d->q);
     pthread_mutex_destroy(&d->backoff_mu);
     if (d->password) {
         memset(d->password, 0, strlen(d->password));
@@ -2185,14 +2139,12 @@ idem_rc idem__postgres_open(const idem_options *o, const struct idem__db_ops **o
     if (!d)
         return idem__fail(IDEM_ENOMEM, "postgres: allocating");
     pthread_mutex_init(&d->backoff_mu, NULL);
-    pthread_mutex_init(&d->mu, NULL);
-    pthread_cond_init(&d->work, NULL);
     pthread_mutex_init(&d->pool_mu, NULL);
     pthread_mutex_init(&d->admin_mu, NULL);
-    d->tail = &d->head;
     d->rq_tail = &d->rq_head;
     d->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 2000;
     d->batch_max = o->commit_batch_max ? o->commit_batch_max : 512;
+    idem__cq_init(&d->q, d->batch_max, BATCH_BYTES_MAX);
     d->pool_size = o->pool_size ? o->pool_size : 8;
     idem_rc rc = IDEM_OK;
     if (!o->postgres_url || !*o->postgres_url) {
@@ -2218,7 +2170,8 @@ idem_rc idem__postgres_open(const idem_options *o, const struct idem__db_ops **o
     for (int i = 0; i < WRITERS; i++) {
         struct writer *w = &d->writers[i];
         w->db = d;
-        if (!(w->batch = idem__calloc(d->batch_max, sizeof *w->batch))) {
+        if (!(w->batch = idem__calloc(d->batch_max, sizeof *w->batch)) ||
+            !(w->items = idem__calloc(d->batch_max, sizeof *w->items))) {
             rc = idem__fail(IDEM_ENOMEM, "postgres: allocating");
             goto fail;
         }
