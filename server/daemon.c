@@ -94,8 +94,7 @@ static void to_api(struct daemon *d, struct live_config *lc, struct front_reques
     }
     req->state = lc;
     /* The record endpoints (a service finishing its own claims among
-     * them) on the pool that Redis calls cannot hold up, as the gateway's
-     * record calls (daemon.h). */
+     * them) on the pool that Redis calls cannot hold up (daemon.h). */
     static const char records[] = "/_idem/v1/records/";
     struct workers *ws =
         strncmp(path, records, sizeof records - 1) == 0 ? d->record_workers : NULL;

@@ -95,12 +95,12 @@ struct daemon_health {
 struct daemon {
     idem *h;
     struct workers *workers;
-    /* The distributed store's record calls and lease renewals run on a pool
-     * of their own: a Redis that stops answering holds each token or lock
-     * call on a worker for up to twice the store's timeout, and with every
-     * worker so held a renewal queued behind them would come too late, and
-     * another instance could take a running claim over. NULL on the
-     * embedded store (its record calls are the writer's jobs). */
+    /* The JSON API's record endpoints (a service finishing its own claims
+     * among them) on the distributed store run on a pool of their own: a
+     * Redis that stops answering holds each token call of the API on a
+     * worker for up to twice the store's timeout, and must not hold them
+     * up. NULL on the embedded store. (The gateway's calls are the
+     * library's asynchronous ones, on the loops: no pool at all.) */
     struct workers *record_workers;
     pthread_mutex_t cfg_mu;
     struct live_config *live;

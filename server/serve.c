@@ -693,8 +693,8 @@ static int run(int argc, char **argv, int consume_only)
         fprintf(stderr, "%s: cannot start the background thread (reload, purge)\n", me);
         goto out;
     }
-    /* On the distributed store the gateway's record calls and lease
-     * renewals have a pool of their own (see daemon.h). */
+    /* On the distributed store the JSON API's record endpoints have a
+     * pool of their own (see daemon.h). */
     int embedded = strcmp(cfg->storage_kind, "embedded") == 0;
     if (!embedded && !(s->record_workers = workers_start(cfg->workers, "idem-worker"))) {
         fprintf(stderr, "%s: cannot start %d workers for records\n", me, cfg->workers);
