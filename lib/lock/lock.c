@@ -8,18 +8,26 @@
  */
 #include "core/check.h"
 #include "core/error.h"
+#include "kv_async.h"
 #include "lock_watchdog.h"
 #include "store/store.h"
 
-static idem_rc check_lock_args(idem *h, const char *space, const char *key,
-                               const char *owner, idem_outcome *out)
+idem_rc idem__lock_check(idem *h, const char *space, const char *key, const char *owner)
 {
     idem_rc rc;
     if (!h)
         return idem__fail(IDEM_EINVAL, "handle: NULL");
     if ((rc = idem__check_name(space, "space")) != IDEM_OK ||
-        (rc = idem__check_key(key, "key", 0)) != IDEM_OK ||
-        (rc = idem__check_key(owner, "owner", 0)) != IDEM_OK ||
+        (rc = idem__check_key(key, "key", 0)) != IDEM_OK)
+        return rc;
+    return idem__check_key(owner, "owner", 0);
+}
+
+static idem_rc check_lock_args(idem *h, const char *space, const char *key,
+                               const char *owner, idem_outcome *out)
+{
+    idem_rc rc;
+    if ((rc = idem__lock_check(h, space, key, owner)) != IDEM_OK ||
         (rc = idem__check_out(out, "out")) != IDEM_OK)
         return rc;
     *out = IDEM_NONE;

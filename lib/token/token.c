@@ -12,6 +12,7 @@
 #include "core/check.h"
 #include "core/crypto.h"
 #include "core/error.h"
+#include "kv_async.h"
 #include "store/store.h"
 
 #define TOKEN_TTL_MAX (7 * IDEM_DAY_MS)
@@ -33,6 +34,16 @@ static idem_rc check_token_text(const char *token)
     /* Anything else is simply not a token we issued: UNKNOWN, not an error,
      * but it must still be a well-formed string to look up. */
     return idem__check_key(token, "token", 1);
+}
+
+idem_rc idem__token_check_spend(idem *h, const char *subject, const char *scene,
+                                const char *token, const char *biz_key)
+{
+    idem_rc rc;
+    if ((rc = check_common(h, subject, scene)) != IDEM_OK ||
+        (rc = check_token_text(token)) != IDEM_OK)
+        return rc;
+    return biz_key ? idem__check_key(biz_key, "biz_key", 0) : IDEM_OK;
 }
 
 IDEM_EXTERN idem_rc idem_token_issue(idem *h, const char *subject,
@@ -62,9 +73,7 @@ IDEM_EXTERN idem_rc idem_token_consume(idem *h, const char *subject,
 {
     idem_rc rc;
     idem__clear_detail();
-    if ((rc = check_common(h, subject, scene)) != IDEM_OK ||
-        (rc = check_token_text(token)) != IDEM_OK ||
-        (biz_key && (rc = idem__check_key(biz_key, "biz_key", 0)) != IDEM_OK) ||
+    if ((rc = idem__token_check_spend(h, subject, scene, token, biz_key)) != IDEM_OK ||
         (rc = idem__check_out(out, "out")) != IDEM_OK)
         return rc;
     *out = IDEM_NONE;
@@ -80,9 +89,7 @@ IDEM_EXTERN idem_rc idem_token_give_back(idem *h, const char *subject,
 {
     idem_rc rc;
     idem__clear_detail();
-    if ((rc = check_common(h, subject, scene)) != IDEM_OK ||
-        (rc = check_token_text(token)) != IDEM_OK ||
-        (biz_key && (rc = idem__check_key(biz_key, "biz_key", 0)) != IDEM_OK) ||
+    if ((rc = idem__token_check_spend(h, subject, scene, token, biz_key)) != IDEM_OK ||
         (rc = idem__check_out(out, "out")) != IDEM_OK)
         return rc;
     *out = IDEM_NONE;
