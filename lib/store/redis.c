@@ -81,6 +81,7 @@
 #include <semaphore.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -808,43 +809,144 @@ static idem_rc load_script(struct redis *r, enum script s)
     return rc;
 }
 
-/* Start an EVALSHA of script s with nkeys keys; keys and arguments follow. */
-static void eval_init(struct job *j, const struct redis *r, enum script s, const char *nkeys)
+/* ---- operations ---- */
+
+/* One token or lock operation: the script's EVALSHA and its arguments, and
+ * where its answer goes. The blocking calls and those on a loop build it,
+ * and read its reply, with the same functions below, so they cannot
+ * disagree. argv points into buf (the keys and numbers) and at the
+ * caller's strings, which must outlive it. */
+struct op {
+    enum script s;
+    int argc;
+    const char *argv[ARGV_MAX];
+    size_t len[ARGV_MAX];
+
+    idem_outcome *out;
+    char *spent_key;          /* consume: may be NULL */
+    idem_lock_info *info;     /* acquire: may be NULL */
+    int64_t ttl_ms;           /* acquire: for info */
+
+    size_t used;              /* of buf; buf last, left out of op_init's memset */
+    char buf[3 * KEY_BUF + 4 * 24];
+};
+
+static void op_arg(struct op *o, const char *s)
 {
-    j->argc = 0;
-    arg(j, "EVALSHA");
-    arg(j, r->sha[s]);
-    arg(j, nkeys);
+    assert(o->argc < ARGV_MAX);
+    o->argv[o->argc] = s;
+    o->len[o->argc++] = strlen(s);
 }
 
-/* Run the EVALSHA in j; *out receives its reply, which is not an error. */
-static idem_rc eval(struct redis *r, struct job *j, enum script s, redisReply **out)
+/* An argument made here, in o->buf. */
+static void op_argf(struct op *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void op_argf(struct op *o, const char *fmt, ...)
 {
-    for (int attempt = 0;; attempt++) {
-        idem_rc rc = submit(r, j);
-        if (rc != IDEM_OK)
-            return rc;
-        redisReply *rep = j->reply;
-        if (rep->type != REDIS_REPLY_ERROR) {
-            *out = rep;
-            return IDEM_OK;
-        }
-        if (attempt == 0 && strncmp(rep->str, "NOSCRIPT", 8) == 0) {
-            freeReplyObject(rep);
-            if ((rc = load_script(r, s)) != IDEM_OK)
-                return rc;
-            continue;
-        }
-        rc = idem__fail(error_rc(rep->str), "redis %s: %s: %s", r->where,
-                        script_name[s], rep->str);
-        freeReplyObject(rep);
-        return rc;
-    }
+    char *p = o->buf + o->used;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(p, sizeof o->buf - o->used, fmt, ap);
+    va_end(ap);
+    /* The checks above this layer bound every name and key (KEY_BUF). */
+    assert(n >= 0 && (size_t)n < sizeof o->buf - o->used);
+    o->used += (size_t)n + 1;
+    op_arg(o, p);
 }
 
-static idem_rc unexpected(const struct redis *r, enum script s, redisReply *rep)
+/* EVALSHA of script s with nkeys keys; keys and arguments follow. */
+static void op_init(struct op *o, const struct redis *r, enum script s, const char *nkeys)
 {
-    freeReplyObject(rep);
+    memset(o, 0, offsetof(struct op, buf));
+    o->used = 0;
+    o->s = s;
+    op_arg(o, "EVALSHA");
+    op_arg(o, r->sha[s]);
+    op_arg(o, nkeys);
+}
+
+/* A token script's three keys. */
+static void op_token_keys(struct op *o, const struct redis *r, enum script s,
+                          const char *subject, const char *scene, const char *token)
+{
+    op_init(o, r, s, "3");
+    op_argf(o, "idem:{%s}:tok:%s", scene, token);
+    op_argf(o, "idem:{%s}:tq:%s", scene, subject);
+    op_argf(o, "idem:{%s}:te:%s", scene, subject);
+}
+
+static void op_token_put(struct op *o, const struct redis *r, const char *subject,
+                         const char *scene, const char *token, int64_t ttl_ms,
+                         unsigned per_scene, int64_t now)
+{
+    op_token_keys(o, r, TOKEN_PUT, subject, scene, token);
+    op_arg(o, subject);
+    op_arg(o, token);
+    op_argf(o, "%" PRId64, ttl_ms);
+    op_argf(o, "%u", per_scene);
+    op_argf(o, "%" PRId64, now);
+    op_argf(o, "%" PRId64, now + ttl_ms);
+}
+
+/* A consume or give-back: the token's keys, then subject, token, business
+ * key and now. */
+static void op_spend(struct op *o, const struct redis *r, enum script s, const char *subject,
+                     const char *scene, const char *token, const char *biz_key, int64_t now,
+                     idem_outcome *out, char *spent_key)
+{
+    op_token_keys(o, r, s, subject, scene, token);
+    op_arg(o, subject);
+    op_arg(o, token);
+    op_arg(o, biz_key ? biz_key : "");
+    op_argf(o, "%" PRId64, now);
+    o->out = out;
+    o->spent_key = spent_key;
+}
+
+static void op_lock_acquire(struct op *o, const struct redis *r, const char *space,
+                            const char *key, const char *owner, int64_t ttl_ms, int64_t now,
+                            idem_outcome *out, idem_lock_info *info)
+{
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    op_init(o, r, LOCK_ACQUIRE, "2");
+    op_argf(o, "idem:{%s}:lock:%s", space, key);
+    op_argf(o, "idem:{%s}:fence", space);
+    op_arg(o, owner);
+    op_argf(o, "%" PRId64, ttl_ms);
+    op_argf(o, "%" PRId64, now);
+    op_argf(o, "%" PRIu64,
+            (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u);
+    op_argf(o, "%" PRId64, now + ttl_ms);
+    o->out = out;
+    o->info = info;
+    o->ttl_ms = ttl_ms;
+}
+
+/* Renew (ttl_ms > 0) and release: a yes-or-no script on the lock's key
+ * alone. */
+static void op_lock_cas(struct op *o, const struct redis *r, enum script s, const char *space,
+                        const char *key, const char *owner, int64_t ttl_ms, int64_t now,
+                        idem_outcome *out)
+{
+    op_init(o, r, s, "1");
+    op_argf(o, "idem:{%s}:lock:%s", space, key);
+    op_arg(o, owner);
+    if (ttl_ms > 0)
+        op_argf(o, "%" PRId64, ttl_ms);
+    op_argf(o, "%" PRId64, now);
+    if (ttl_ms > 0)
+        op_argf(o, "%" PRId64, now + ttl_ms);
+    o->out = out;
+}
+
+static int is_noscript(const redisReply *rep)
+{
+    return rep->type == REDIS_REPLY_ERROR && strncmp(rep->str, "NOSCRIPT", 8) == 0;
+}
+
+static idem_rc unexpected(const struct redis *r, enum script s)
+{
     return idem__fail(IDEM_ESTORE, "redis %s: %s: unexpected reply", r->where, script_name[s]);
 }
 
@@ -862,249 +964,161 @@ static int reply_code(const redisReply *rep, long long *code)
     return 1;
 }
 
-/* Run a script that answers a code (an integer, or an array led by one):
- * on IDEM_OK, *rep is the reply, for the caller to free, and *code its code. */
-static idem_rc eval_code(struct redis *r, struct job *j, enum script s, redisReply **rep,
-                         long long *code)
+/* What the reply to o says, into o's out-parameters: IDEM_OK, or the error
+ * (a NOSCRIPT among them: the callers deal with that one first). The reply
+ * stays the caller's. */
+static idem_rc op_answer(const struct redis *r, struct op *o, const redisReply *rep)
 {
-    idem_rc rc = eval(r, j, s, rep);
-    if (rc == IDEM_OK && !reply_code(*rep, code))
-        return unexpected(r, s, *rep);
-    return rc;
-}
-
-/* Run a script that answers 0 (no) or 1 (yes). */
-static idem_rc eval_yes_no(struct redis *r, struct job *j, enum script s, int *yes)
-{
-    redisReply *rep;
+    enum script s = o->s;
     long long code;
-    idem_rc rc = eval_code(r, j, s, &rep, &code);
-    if (rc != IDEM_OK)
-        return rc;
+    if (rep->type == REDIS_REPLY_ERROR)
+        return idem__fail(error_rc(rep->str), "redis %s: %s: %s", r->where, script_name[s],
+                          rep->str);
+    if (!reply_code(rep, &code))
+        return unexpected(r, s);
+    switch (s) {
+    case TOKEN_PUT:
+        return code == 1 ? IDEM_OK : unexpected(r, s);
+    case TOKEN_CONSUME:
+        if (code == 0) {
+            *o->out = IDEM_UNKNOWN;
+        } else if (code == 1) {
+            *o->out = IDEM_CONSUMED;
+        } else if (code == 2 && rep->elements == 2 &&
+                   rep->element[1]->type == REDIS_REPLY_STRING &&
+                   rep->element[1]->len <= IDEM_KEY_MAX) {
+            *o->out = IDEM_ALREADY_CONSUMED;
+            if (o->spent_key) {
+                memcpy(o->spent_key, rep->element[1]->str, rep->element[1]->len);
+                o->spent_key[rep->element[1]->len] = '\0';
+            }
+        } else {
+            return unexpected(r, s);
+        }
+        return IDEM_OK;
+    case LOCK_ACQUIRE:
+        if (code == 1 && rep->elements == 2 &&
+            rep->element[1]->type == REDIS_REPLY_STRING) {
+            char *end;
+            errno = 0;
+            unsigned long long f = strtoull(rep->element[1]->str, &end, 10);
+            if (errno || *end || f == 0)
+                return unexpected(r, s);
+            *o->out = IDEM_ACQUIRED;
+            if (o->info) {
+                o->info->fence = f;
+                o->info->ttl_left_ms = o->ttl_ms;
+                o->info->holder[0] = '\0';
+            }
+        } else if (code == 2 && rep->elements == 3 &&
+                   rep->element[1]->type == REDIS_REPLY_STRING &&
+                   rep->element[1]->len <= IDEM_KEY_MAX &&
+                   rep->element[2]->type == REDIS_REPLY_INTEGER) {
+            *o->out = IDEM_BUSY;
+            if (o->info) {
+                o->info->fence = 0;
+                o->info->ttl_left_ms = rep->element[2]->integer;
+                memcpy(o->info->holder, rep->element[1]->str, rep->element[1]->len);
+                o->info->holder[rep->element[1]->len] = '\0';
+            }
+        } else {
+            return unexpected(r, s);
+        }
+        return IDEM_OK;
+    default:
+        break;
+    }
+    /* The yes-or-no scripts. */
     if (code != 0 && code != 1)
-        return unexpected(r, s, rep);
-    *yes = code == 1;
-    freeReplyObject(rep);
+        return unexpected(r, s);
+    static const idem_outcome yes[NSCRIPTS] = {
+        [TOKEN_GIVE_BACK] = IDEM_RESTORED, [LOCK_RENEW] = IDEM_RENEWED,
+        [LOCK_RELEASE] = IDEM_RELEASED};
+    static const idem_outcome no[NSCRIPTS] = {
+        [TOKEN_GIVE_BACK] = IDEM_UNKNOWN, [LOCK_RENEW] = IDEM_NOT_HELD,
+        [LOCK_RELEASE] = IDEM_NOT_HELD};
+    *o->out = code == 1 ? yes[s] : no[s];
     return IDEM_OK;
 }
 
-/* ---- tokens ---- */
+/* ---- the blocking calls ---- */
 
-struct token_keys {
-    char token[KEY_BUF], queue[KEY_BUF], expiry[KEY_BUF];
-    char at[24]; /* now, for spend_job */
-};
-
-static void token_keys(struct token_keys *k, const char *subject, const char *scene,
-                       const char *token)
+/* Run o on the I/O threads and wait for its answer. A NOSCRIPT answer
+ * loads the script again and retries once. */
+static idem_rc run_op(struct redis *r, struct op *o)
 {
-    snprintf(k->token, sizeof k->token, "idem:{%s}:tok:%s", scene, token);
-    snprintf(k->queue, sizeof k->queue, "idem:{%s}:tq:%s", scene, subject);
-    snprintf(k->expiry, sizeof k->expiry, "idem:{%s}:te:%s", scene, subject);
-}
-
-static void token_job(struct job *j, const struct redis *r, enum script s,
-                      const struct token_keys *k)
-{
-    eval_init(j, r, s, "3");
-    arg(j, k->token);
-    arg(j, k->queue);
-    arg(j, k->expiry);
-}
-
-/* A consume or give-back: the token's keys, then subject, token, business
- * key and now. k holds the strings j points to, so it lives as long as j. */
-static void spend_job(struct job *j, struct token_keys *k, const struct redis *r,
-                      enum script s, const char *subject, const char *scene,
-                      const char *token, const char *biz_key, int64_t now)
-{
-    token_keys(k, subject, scene, token);
-    snprintf(k->at, sizeof k->at, "%" PRId64, now);
-    token_job(j, r, s, k);
-    arg(j, subject);
-    arg(j, token);
-    arg(j, biz_key ? biz_key : "");
-    arg(j, k->at);
+    struct job j;
+    j.argc = o->argc;
+    memcpy(j.argv, o->argv, sizeof j.argv);
+    memcpy(j.len, o->len, sizeof j.len);
+    for (int attempt = 0;; attempt++) {
+        idem_rc rc = submit(r, &j);
+        if (rc != IDEM_OK)
+            return rc;
+        redisReply *rep = j.reply;
+        if (attempt == 0 && is_noscript(rep)) {
+            freeReplyObject(rep);
+            if ((rc = load_script(r, o->s)) != IDEM_OK)
+                return rc;
+            continue;
+        }
+        rc = op_answer(r, o, rep);
+        freeReplyObject(rep);
+        return rc;
+    }
 }
 
 static idem_rc token_put(void *kv, const char *subject, const char *scene,
                          const char *token, int64_t ttl_ms, unsigned per_scene,
                          int64_t now)
 {
-    struct redis *r = kv;
-    struct token_keys k;
-    char ttl[24], cap[16], at[24], until[24];
-    token_keys(&k, subject, scene, token);
-    snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
-    snprintf(cap, sizeof cap, "%u", per_scene);
-    snprintf(at, sizeof at, "%" PRId64, now);
-    snprintf(until, sizeof until, "%" PRId64, now + ttl_ms);
-    struct job j;
-    token_job(&j, r, TOKEN_PUT, &k);
-    arg(&j, subject);
-    arg(&j, token);
-    arg(&j, ttl);
-    arg(&j, cap);
-    arg(&j, at);
-    arg(&j, until);
-    int stored = 0;
-    idem_rc rc = eval_yes_no(r, &j, TOKEN_PUT, &stored);
-    if (rc == IDEM_OK && !stored)
-        return idem__fail(IDEM_ESTORE, "redis %s: %s: unexpected reply", r->where,
-                          script_name[TOKEN_PUT]);
-    return rc;
+    struct op o;
+    op_token_put(&o, kv, subject, scene, token, ttl_ms, per_scene, now);
+    return run_op(kv, &o);
 }
 
 static idem_rc token_consume(void *kv, const char *subject, const char *scene,
                              const char *token, const char *biz_key,
                              int64_t now, idem_outcome *out, char *spent_key)
 {
-    struct redis *r = kv;
-    struct token_keys k;
-    struct job j;
-    spend_job(&j, &k, r, TOKEN_CONSUME, subject, scene, token, biz_key, now);
-    redisReply *rep;
-    long long code;
-    idem_rc rc = eval_code(r, &j, TOKEN_CONSUME, &rep, &code);
-    if (rc != IDEM_OK)
-        return rc;
-    if (code == 0) {
-        *out = IDEM_UNKNOWN;
-    } else if (code == 1) {
-        *out = IDEM_CONSUMED;
-    } else if (code == 2 && rep->elements == 2 &&
-               rep->element[1]->type == REDIS_REPLY_STRING &&
-               rep->element[1]->len <= IDEM_KEY_MAX) {
-        *out = IDEM_ALREADY_CONSUMED;
-        if (spent_key) {
-            memcpy(spent_key, rep->element[1]->str, rep->element[1]->len);
-            spent_key[rep->element[1]->len] = '\0';
-        }
-    } else {
-        return unexpected(r, TOKEN_CONSUME, rep);
-    }
-    freeReplyObject(rep);
-    return IDEM_OK;
+    struct op o;
+    op_spend(&o, kv, TOKEN_CONSUME, subject, scene, token, biz_key, now, out, spent_key);
+    return run_op(kv, &o);
 }
 
 static idem_rc token_give_back(void *kv, const char *subject, const char *scene,
                                const char *token, const char *biz_key,
                                int64_t now, idem_outcome *out)
 {
-    struct redis *r = kv;
-    struct token_keys k;
-    struct job j;
-    spend_job(&j, &k, r, TOKEN_GIVE_BACK, subject, scene, token, biz_key, now);
-    int restored = 0;
-    idem_rc rc = eval_yes_no(r, &j, TOKEN_GIVE_BACK, &restored);
-    if (rc == IDEM_OK)
-        *out = restored ? IDEM_RESTORED : IDEM_UNKNOWN;
-    return rc;
+    struct op o;
+    op_spend(&o, kv, TOKEN_GIVE_BACK, subject, scene, token, biz_key, now, out, NULL);
+    return run_op(kv, &o);
 }
-
-/* ---- locks ---- */
 
 static idem_rc lock_acquire(void *kv, const char *space, const char *key,
                             const char *owner, int64_t ttl_ms, int64_t now,
                             idem_outcome *out, idem_lock_info *info)
 {
-    struct redis *r = kv;
-    char lock[KEY_BUF], fence[KEY_BUF], ttl[24], at[24], seed[24], until[24];
-    snprintf(lock, sizeof lock, "idem:{%s}:lock:%s", space, key);
-    snprintf(fence, sizeof fence, "idem:{%s}:fence", space);
-    snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
-    snprintf(at, sizeof at, "%" PRId64, now);
-    snprintf(until, sizeof until, "%" PRId64, now + ttl_ms);
-    struct timespec wall;
-    clock_gettime(CLOCK_REALTIME, &wall);
-    snprintf(seed, sizeof seed, "%" PRIu64,
-             (uint64_t)wall.tv_sec * 1000000u + (uint64_t)wall.tv_nsec / 1000u);
-    struct job j;
-    eval_init(&j, r, LOCK_ACQUIRE, "2");
-    arg(&j, lock);
-    arg(&j, fence);
-    arg(&j, owner);
-    arg(&j, ttl);
-    arg(&j, at);
-    arg(&j, seed);
-    arg(&j, until);
-    redisReply *rep;
-    long long code;
-    idem_rc rc = eval_code(r, &j, LOCK_ACQUIRE, &rep, &code);
-    if (rc != IDEM_OK)
-        return rc;
-    if (code == 1 && rep->elements == 2 && rep->element[1]->type == REDIS_REPLY_STRING) {
-        char *end;
-        errno = 0;
-        unsigned long long f = strtoull(rep->element[1]->str, &end, 10);
-        if (errno || *end || f == 0)
-            return unexpected(r, LOCK_ACQUIRE, rep);
-        *out = IDEM_ACQUIRED;
-        if (info) {
-            info->fence = f;
-            info->ttl_left_ms = ttl_ms;
-            info->holder[0] = '\0';
-        }
-    } else if (code == 2 && rep->elements == 3 &&
-               rep->element[1]->type == REDIS_REPLY_STRING &&
-               rep->element[1]->len <= IDEM_KEY_MAX &&
-               rep->element[2]->type == REDIS_REPLY_INTEGER) {
-        *out = IDEM_BUSY;
-        if (info) {
-            info->fence = 0;
-            info->ttl_left_ms = rep->element[2]->integer;
-            memcpy(info->holder, rep->element[1]->str, rep->element[1]->len);
-            info->holder[rep->element[1]->len] = '\0';
-        }
-    } else {
-        return unexpected(r, LOCK_ACQUIRE, rep);
-    }
-    freeReplyObject(rep);
-    return IDEM_OK;
-}
-
-/* Renew (ttl_ms > 0) and release: a yes-or-no script on the lock's key
- * alone. */
-static idem_rc lock_cas(struct redis *r, enum script s, const char *space,
-                        const char *key, const char *owner, int64_t ttl_ms,
-                        int64_t now, int *yes)
-{
-    char lock[KEY_BUF], ttl[24], at[24], until[24];
-    snprintf(lock, sizeof lock, "idem:{%s}:lock:%s", space, key);
-    snprintf(ttl, sizeof ttl, "%" PRId64, ttl_ms);
-    snprintf(at, sizeof at, "%" PRId64, now);
-    snprintf(until, sizeof until, "%" PRId64, now + ttl_ms);
-    struct job j;
-    eval_init(&j, r, s, "1");
-    arg(&j, lock);
-    arg(&j, owner);
-    if (ttl_ms > 0)
-        arg(&j, ttl);
-    arg(&j, at);
-    if (ttl_ms > 0)
-        arg(&j, until);
-    return eval_yes_no(r, &j, s, yes);
+    struct op o;
+    op_lock_acquire(&o, kv, space, key, owner, ttl_ms, now, out, info);
+    return run_op(kv, &o);
 }
 
 static idem_rc lock_renew(void *kv, const char *space, const char *key,
                           const char *owner, int64_t ttl_ms, int64_t now,
                           idem_outcome *out)
 {
-    int yes = 0;
-    idem_rc rc = lock_cas(kv, LOCK_RENEW, space, key, owner, ttl_ms, now, &yes);
-    if (rc == IDEM_OK)
-        *out = yes ? IDEM_RENEWED : IDEM_NOT_HELD;
-    return rc;
+    struct op o;
+    op_lock_cas(&o, kv, LOCK_RENEW, space, key, owner, ttl_ms, now, out);
+    return run_op(kv, &o);
 }
 
 static idem_rc lock_release(void *kv, const char *space, const char *key,
                             const char *owner, int64_t now, idem_outcome *out)
 {
-    int yes = 0;
-    idem_rc rc = lock_cas(kv, LOCK_RELEASE, space, key, owner, 0, now, &yes);
-    if (rc == IDEM_OK)
-        *out = yes ? IDEM_RELEASED : IDEM_NOT_HELD;
-    return rc;
+    struct op o;
+    op_lock_cas(&o, kv, LOCK_RELEASE, space, key, owner, 0, now, out);
+    return run_op(kv, &o);
 }
 
 /* ---- the URL ---- */
