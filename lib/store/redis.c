@@ -73,6 +73,7 @@
  */
 #include <assert.h>
 #include <errno.h>
+#include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 #include <hiredis/sds.h>
 #include <inttypes.h>
@@ -346,6 +347,8 @@ struct redis {
     char down[DETAIL_MAX];    /* why the last connect failed */
 
     struct io io[NIO];
+
+    pthread_mutex_t amu;      /* guards the loops' kv_state, made on first use */
 };
 
 static struct timeval timeval_of(int64_t ms)
@@ -1121,6 +1124,687 @@ static idem_rc lock_release(void *kv, const char *space, const char *key,
     return run_op(kv, &o);
 }
 
+/* ---- on the caller's loop ----
+ *
+ * Each loop asynchronous calls are made on gets a connection of its own
+ * (struct aloop, in l->kv_state): a hiredis async context whose fd the
+ * loop watches through the loop interface, and the loop's timer for the
+ * deadlines hiredis 0.14 cannot keep. Calls may come from any thread, so a
+ * start only queues the operation under the loop's mutex and posts one
+ * flush to the loop; the flush, on the loop's thread, appends everything
+ * queued and writes it at once, so the calls made in one turn of the loop
+ * share one write and their replies come back in one read. Each reply is
+ * read by op_answer, as the blocking calls' are.
+ *
+ * Faults keep the blocking calls' meaning. A connection is made (without
+ * blocking) when a flush finds none, unless the last attempt failed less
+ * than the backoff ago: then the calls fail at once with EUNAVAILABLE and
+ * the cause. AUTH and SELECT go first, and the operations wait for their
+ * replies (one that ran on another database would be wrong). Every
+ * command's reply is due timeout_ms after it was appended; when the oldest
+ * one is late the connection is dropped, and each command on it fails:
+ * ETIMEDOUT if it was written (it may have run), EUNAVAILABLE if not. A
+ * connection that breaks (the server closed it) fails what was written
+ * with ETIMEDOUT and queues what was not, once, for the next connection.
+ * An idle connection is checked before use, as the I/O threads do. A NOSCRIPT
+ * reply is answered by sending the same script with EVAL, which needs no
+ * SCRIPT LOAD first. Letting the loop go fails what is queued or in flight
+ * with ECLOSING.
+ */
+
+struct aconn;
+
+/* One operation on a loop. */
+struct acmd {
+    struct acmd *next;        /* in the loop's inbox, its wait list, or in flight */
+    struct idem__call *c;
+    int64_t deadline;         /* monotonic ms: its reply is due */
+    size_t end;               /* where it ends in the connection's output */
+    int resent;               /* queued again once, after a connection broke */
+    int evaled;               /* sent again as EVAL, after NOSCRIPT */
+    struct op op;
+};
+
+struct aloop {
+    struct redis *r;
+    idem_loop *loop;
+
+    pthread_mutex_t mu;       /* guards the inbox, posted, gone */
+    struct acmd *in_head, **in_tail; /* started, not yet taken by a flush */
+    int posted;               /* flush is in the loop's queue */
+    int gone;                 /* let go while posted: the flush frees this */
+    idem_loop_post flush;
+
+    /* The loop's thread only. */
+    struct acmd *wait_head, **wait_tail; /* for a connection to be ready */
+    struct aconn *conn;
+    void *timer;
+    int timer_set;
+    int64_t timer_at;
+    int64_t retry_at;         /* monotonic ms: no connect before */
+    int64_t backoff_ms;
+    char down[DETAIL_MAX];    /* why the last connect failed */
+};
+
+/* One connection of a loop's; freed by hiredis's cleanup hook. */
+struct aconn {
+    struct aloop *a;
+    redisAsyncContext *ac;
+    void *io;
+    unsigned want, applied;   /* IDEM_LOOP_READ / WRITE */
+    int defer;                /* appending: apply want afterwards, once */
+    int connected;            /* the TCP connect completed */
+    int handshake;            /* AUTH / SELECT replies still due */
+    int ready;                /* those answered: operations may go */
+    int64_t ready_by;         /* monotonic ms: the handshake is due */
+    struct acmd *head, *tail; /* in flight, in the order sent */
+    size_t appended;          /* bytes appended to the output, all told */
+    int dropped;              /* let go here, for why_rc and why */
+    idem_rc why_rc;
+    char why[DETAIL_MAX];
+};
+
+static void afinish(struct acmd *m, idem_rc rc, const char *detail)
+{
+    struct idem__call *c = m->c;
+    idem__free(m);
+    c->done(c, rc, detail);
+}
+
+static void afail_list(struct acmd *m, idem_rc rc, const char *detail)
+{
+    while (m) {
+        struct acmd *next = m->next;
+        afinish(m, rc, detail);
+        m = next;
+    }
+}
+
+static void await_push(struct aloop *a, struct acmd *m)
+{
+    m->next = NULL;
+    *a->wait_tail = m;
+    a->wait_tail = &m->next;
+}
+
+static struct acmd *await_take(struct aloop *a)
+{
+    struct acmd *m = a->wait_head;
+    a->wait_head = NULL;
+    a->wait_tail = &a->wait_head;
+    return m;
+}
+
+static void aloop_free(struct aloop *a)
+{
+    if (a->timer)
+        a->loop->ops->timer_free(a->timer);
+    pthread_mutex_destroy(&a->mu);
+    idem__free(a);
+}
+
+static void on_flush(void *arg);
+
+/* Have a flush run on the loop soon. Any thread. */
+static void aschedule(struct aloop *a)
+{
+    pthread_mutex_lock(&a->mu);
+    int post = !a->posted;
+    a->posted = 1;
+    pthread_mutex_unlock(&a->mu);
+    if (post)
+        a->loop->ops->post(a->loop->loop, &a->flush);
+}
+
+/* The connection's wishes, to the loop (once, after appending). A failure
+ * leaves the commands unanswered, and so to their deadline. */
+static void aconn_apply(struct aconn *k)
+{
+    if (k->defer || k->want == k->applied)
+        return;
+    if (k->a->loop->ops->io_want(k->io, k->want) == 0)
+        k->applied = k->want;
+}
+
+static void ev_add_read(void *p)
+{
+    struct aconn *k = p;
+    k->want |= IDEM_LOOP_READ;
+    aconn_apply(k);
+}
+
+static void ev_del_read(void *p)
+{
+    struct aconn *k = p;
+    k->want &= ~IDEM_LOOP_READ;
+    aconn_apply(k);
+}
+
+static void ev_add_write(void *p)
+{
+    struct aconn *k = p;
+    k->want |= IDEM_LOOP_WRITE;
+    aconn_apply(k);
+}
+
+static void ev_del_write(void *p)
+{
+    struct aconn *k = p;
+    k->want &= ~IDEM_LOOP_WRITE;
+    aconn_apply(k);
+}
+
+/* A connect that failed (refused, or the handshake refused or late): back
+ * off, and fail what waited for it. */
+static void aconnect_failed(struct aloop *a, const char *why)
+{
+    a->backoff_ms = a->backoff_ms ? a->backoff_ms * 2 : BACKOFF_MIN_MS;
+    if (a->backoff_ms > BACKOFF_MAX_MS)
+        a->backoff_ms = BACKOFF_MAX_MS;
+    a->retry_at = idem__mono_ms() + a->backoff_ms;
+    say(a->down, sizeof a->down, "%s", why);
+    afail_list(await_take(a), IDEM_EUNAVAILABLE, why);
+}
+
+/* hiredis frees the context: after every callback has had its NULL reply,
+ * before the context goes. */
+static void ev_cleanup(void *p)
+{
+    struct aconn *k = p;
+    struct aloop *a = k->a;
+    a->loop->ops->io_free(k->io);
+    if (a->conn == k)
+        a->conn = NULL;
+    if ((!k->connected || !k->ready) && !(k->dropped && k->why_rc == IDEM_ECLOSING)) {
+        char why[DETAIL_MAX];
+        if (k->dropped)
+            say(why, sizeof why, "%s", k->why);
+        else
+            say(why, sizeof why, "redis %s: connecting: %s", a->r->where,
+                k->ac->errstr ? k->ac->errstr : "connection lost");
+        aconnect_failed(a, why);
+    }
+    idem__free(k);
+}
+
+/* Let the connection go, for rc and why; hiredis answers each command on
+ * it with a NULL reply (at once, or once the callback it is in returns). */
+static void aconn_drop(struct aconn *k, idem_rc rc, const char *why)
+{
+    k->dropped = 1;
+    k->why_rc = rc;
+    say(k->why, sizeof k->why, "%s", why);
+    if (k->a->conn == k)
+        k->a->conn = NULL;
+    redisAsyncFree(k->ac);
+}
+
+/* Set the timer for the connection's first deadline, unless it is set for
+ * an earlier one (which, when it goes off, sets it again). */
+static void aarm(struct aloop *a, int64_t now)
+{
+    struct aconn *k = a->conn;
+    if (!k || !a->timer)
+        return;
+    int64_t at;
+    if (!k->ready)
+        at = k->ready_by;
+    else if (k->head)
+        at = k->head->deadline;
+    else
+        return;
+    if (a->timer_set && a->timer_at <= at)
+        return;
+    if (a->loop->ops->timer_set(a->timer, at > now ? at - now : 0) == 0) {
+        a->timer_set = 1;
+        a->timer_at = at;
+    }
+}
+
+static void on_timer(void *arg)
+{
+    struct aloop *a = arg;
+    struct redis *r = a->r;
+    a->timer_set = 0;
+    struct aconn *k = a->conn;
+    if (!k)
+        return;
+    int64_t now = idem__mono_ms();
+    char why[DETAIL_MAX];
+    if (!k->ready && now >= k->ready_by) {
+        say(why, sizeof why, "redis %s: %s: no reply within %lld ms", r->where,
+            r->password[0] ? "AUTH" : "SELECT", (long long)r->timeout_ms);
+        aconn_drop(k, IDEM_EUNAVAILABLE, why);
+    } else if (k->ready && k->head && now >= k->head->deadline) {
+        say(why, sizeof why, "redis %s: no reply within %lld ms (the command may have run)",
+            r->where, (long long)r->timeout_ms);
+        aconn_drop(k, IDEM_ETIMEDOUT, why);
+    } else {
+        aarm(a, now);
+    }
+}
+
+static void on_reply(redisAsyncContext *ac, void *reply, void *priv);
+
+/* Append m to the connection's output and count it in flight. */
+static void asend(struct aconn *k, struct acmd *m, int64_t now)
+{
+    redisAsyncContext *ac = k->ac;
+    size_t before = sdslen(ac->c.obuf);
+    if (redisAsyncCommandArgv(ac, on_reply, m, m->op.argc, m->op.argv, m->op.len) !=
+        REDIS_OK) {
+        char why[DETAIL_MAX];
+        say(why, sizeof why, "redis %s: out of memory queueing a command", k->a->r->where);
+        afinish(m, IDEM_ENOMEM, why);
+        return;
+    }
+    k->appended += sdslen(ac->c.obuf) - before;
+    m->end = k->appended;
+    m->deadline = now + k->a->r->timeout_ms;
+    m->next = NULL;
+    if (k->tail)
+        k->tail->next = m;
+    else
+        k->head = m;
+    k->tail = m;
+    if (k->head == m)
+        aarm(k->a, now);
+}
+
+/* A command hiredis answers with no reply: its connection is going. */
+static void alost(struct aconn *k, struct acmd *m)
+{
+    struct aloop *a = k->a;
+    struct redis *r = a->r;
+    size_t written = k->appended - sdslen(k->ac->c.obuf);
+    int sent = m->end <= written;
+    char why[DETAIL_MAX];
+    if (k->dropped) {
+        if (k->why_rc == IDEM_ETIMEDOUT && !sent) {
+            say(why, sizeof why, "redis %s: sending: stalled for %lld ms", r->where,
+                (long long)r->timeout_ms);
+            afinish(m, IDEM_EUNAVAILABLE, why);
+        } else {
+            afinish(m, k->why_rc, k->why);
+        }
+    } else if (!k->connected) {
+        say(why, sizeof why, "redis %s: connecting: %s", r->where,
+            k->ac->errstr ? k->ac->errstr : "failed");
+        afinish(m, IDEM_EUNAVAILABLE, why);
+    } else if (sent) {
+        say(why, sizeof why, "redis %s: connection lost: %s (the command may have run)",
+            r->where, k->ac->errstr ? k->ac->errstr : "closed");
+        afinish(m, IDEM_ETIMEDOUT, why);
+    } else if (!m->resent) {
+        /* Not written whole, so it cannot have run: once more, on the next
+         * connection, as the I/O threads do. */
+        m->resent = 1;
+        await_push(a, m);
+        aschedule(a);
+    } else {
+        say(why, sizeof why, "redis %s: sending: %s", r->where,
+            k->ac->errstr ? k->ac->errstr : "connection lost");
+        afinish(m, IDEM_EUNAVAILABLE, why);
+    }
+}
+
+static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct aconn *k = ac->data;
+    struct acmd *m = priv;
+    assert(k->head == m); /* replies come in the order sent */
+    k->head = m->next;
+    if (!k->head)
+        k->tail = NULL;
+    if (!reply) {
+        alost(k, m);
+        return;
+    }
+    struct redis *r = k->a->r;
+    redisReply *rep = reply;
+    if (!m->evaled && is_noscript(rep)) {
+        /* The script cache was flushed: the same script with EVAL, which
+         * needs no SCRIPT LOAD, and caches it again. */
+        m->evaled = 1;
+        m->op.argv[0] = "EVAL";
+        m->op.len[0] = 4;
+        m->op.argv[1] = script_text[m->op.s];
+        m->op.len[1] = strlen(script_text[m->op.s]);
+        asend(k, m, idem__mono_ms());
+        return;
+    }
+    idem_rc rc = op_answer(r, &m->op, rep);
+    afinish(m, rc, rc == IDEM_OK ? "" : idem_errdetail());
+}
+
+static void on_handshake(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct aconn *k = ac->data;
+    const char *what = priv;
+    redisReply *rep = reply;
+    if (!rep)
+        return; /* ev_cleanup fails the connect */
+    if (rep->type == REDIS_REPLY_ERROR) {
+        char why[DETAIL_MAX];
+        say(why, sizeof why, "redis %s: %s: %s", k->a->r->where, what, rep->str);
+        aconn_drop(k, IDEM_EUNAVAILABLE, why);
+        return;
+    }
+    if (--k->handshake == 0) {
+        k->ready = 1;
+        k->a->backoff_ms = 0;
+        aschedule(k->a); /* not from here: the operations go from a flush */
+    }
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+    struct aconn *k = ac->data;
+    if (status != REDIS_OK)
+        return; /* hiredis frees the context next: ev_cleanup */
+    k->connected = 1;
+    if (k->ready)
+        k->a->backoff_ms = 0;
+}
+
+/* Write what the connection has to write now, rather than a turn of the
+ * loop later. The connection may be gone afterwards. */
+static void awrite(struct aconn *k)
+{
+    sigset_t old;
+    sigpipe_block(&old);
+    redisAsyncHandleWrite(k->ac);
+    sigpipe_restore(&old);
+}
+
+static void on_io(void *arg, unsigned ready)
+{
+    struct aconn *k = arg;
+    struct aloop *a = k->a;
+    if (ready & IDEM_LOOP_READ) {
+        redisAsyncHandleRead(k->ac);
+        if (a->conn != k)
+            return; /* dropped, and perhaps freed */
+    }
+    if (ready & IDEM_LOOP_WRITE)
+        awrite(k);
+}
+
+/* A connection, being made: a->conn, or an error with why (and backoff). */
+static idem_rc aconn_new(struct aloop *a, int64_t now, char *why, size_t whylen)
+{
+    struct redis *r = a->r;
+    redisAsyncContext *ac = redisAsyncConnect(r->host, r->port);
+    if (!ac) {
+        say(why, whylen, "redis %s: out of memory connecting", r->where);
+        return IDEM_ENOMEM;
+    }
+    if (ac->err) {
+        say(why, whylen, "redis %s: connecting: %s", r->where, ac->errstr);
+        redisAsyncFree(ac);
+        aconnect_failed(a, why);
+        return IDEM_EUNAVAILABLE;
+    }
+    struct aconn *k = idem__calloc(1, sizeof *k);
+    if (k)
+        k->io = a->loop->ops->io_new(a->loop->loop, ac->c.fd, on_io, k);
+    if (!k || !k->io) {
+        idem__free(k);
+        redisAsyncFree(ac);
+        say(why, whylen, "redis %s: out of memory connecting", r->where);
+        return IDEM_ENOMEM;
+    }
+    k->a = a;
+    k->ac = ac;
+    ac->data = k;
+    ac->ev.data = k;
+    ac->ev.addRead = ev_add_read;
+    ac->ev.delRead = ev_del_read;
+    ac->ev.addWrite = ev_add_write;
+    ac->ev.delWrite = ev_del_write;
+    ac->ev.cleanup = ev_cleanup;
+    redisAsyncSetConnectCallback(ac, on_connect);
+    a->conn = k;
+
+    int ok = 1;
+    k->defer = 1;
+    if (r->password[0]) {
+        const char *argv[3] = {"AUTH", r->user, r->password};
+        int argc = 3;
+        if (!r->user[0]) {
+            argv[1] = r->password;
+            argc = 2;
+        }
+        ok &= redisAsyncCommandArgv(ac, on_handshake, "AUTH", argc, argv, NULL) == REDIS_OK;
+        k->handshake++;
+    }
+    if (r->db) {
+        char dbtext[16];
+        snprintf(dbtext, sizeof dbtext, "%d", r->db);
+        const char *argv[2] = {"SELECT", dbtext};
+        ok &= redisAsyncCommandArgv(ac, on_handshake, "SELECT", 2, argv, NULL) == REDIS_OK;
+        k->handshake++;
+    }
+    k->defer = 0;
+    k->appended = sdslen(ac->c.obuf);
+    k->ready = k->handshake == 0;
+    k->ready_by = now + r->timeout_ms;
+    if (!ok) {
+        say(why, whylen, "redis %s: out of memory connecting", r->where);
+        aconn_drop(k, IDEM_ECLOSING, why); /* no backoff: not the server's doing */
+        return IDEM_ENOMEM;
+    }
+    ev_add_write(k); /* the connect completes when the socket is writable */
+    aarm(a, now);
+    return IDEM_OK;
+}
+
+/* Send what waits, connecting first when there is no connection. */
+static void apump(struct aloop *a)
+{
+    struct redis *r = a->r;
+    if (!a->wait_head)
+        return;
+    char why[DETAIL_MAX];
+    if (!a->timer && !(a->timer = a->loop->ops->timer_new(a->loop->loop, on_timer, a))) {
+        say(why, sizeof why, "redis %s: no memory for the loop's timer", r->where);
+        afail_list(await_take(a), IDEM_ENOMEM, why);
+        return;
+    }
+    int64_t now = idem__mono_ms();
+    struct aconn *k = a->conn;
+    if (k && k->connected && k->ready && !k->head && !conn_alive(&k->ac->c)) {
+        /* Closed by the server while idle (a restart): nothing is lost. */
+        say(why, sizeof why, "redis %s: closed by the server", r->where);
+        aconn_drop(k, IDEM_EUNAVAILABLE, why);
+        k = NULL;
+    }
+    if (!k) {
+        if (now < a->retry_at) {
+            say(why, sizeof why, "%s (next attempt in %lld ms)", a->down,
+                (long long)(a->retry_at - now));
+            afail_list(await_take(a), IDEM_EUNAVAILABLE, why);
+            return;
+        }
+        idem_rc rc = aconn_new(a, now, why, sizeof why);
+        if (rc != IDEM_OK) {
+            afail_list(await_take(a), rc, why);
+            return;
+        }
+        k = a->conn;
+    }
+    if (!k->ready)
+        return; /* on_handshake schedules a flush */
+    k->defer = 1;
+    for (struct acmd *m = await_take(a), *next; m; m = next) {
+        next = m->next;
+        asend(k, m, now);
+    }
+    k->defer = 0;
+    if (k->connected)
+        awrite(k);
+    else
+        aconn_apply(k);
+}
+
+static void on_flush(void *arg)
+{
+    struct aloop *a = arg;
+    pthread_mutex_lock(&a->mu);
+    struct acmd *m = a->in_head;
+    a->in_head = NULL;
+    a->in_tail = &a->in_head;
+    a->posted = 0;
+    int gone = a->gone;
+    pthread_mutex_unlock(&a->mu);
+    if (gone) { /* let go while this was posted: left to free here */
+        aloop_free(a);
+        return;
+    }
+    if (m) {
+        *a->wait_tail = m;
+        while (m->next)
+            m = m->next;
+        a->wait_tail = &m->next;
+    }
+    apump(a);
+}
+
+/* Queue m for l's connection, made on first use. Any thread. */
+static idem_rc astart(struct redis *r, struct idem__loop *l, struct acmd *m)
+{
+    pthread_mutex_lock(&r->amu);
+    struct aloop *a = l->kv_state;
+    if (!a && (a = idem__calloc(1, sizeof *a)) != NULL) {
+        a->r = r;
+        a->loop = l->loop;
+        pthread_mutex_init(&a->mu, NULL);
+        a->in_tail = &a->in_head;
+        a->wait_tail = &a->wait_head;
+        a->flush.fn = on_flush;
+        a->flush.arg = a;
+        l->kv_state = a;
+    }
+    pthread_mutex_unlock(&r->amu);
+    if (!a) {
+        idem__free(m);
+        return idem__fail(IDEM_ENOMEM, "redis %s: no memory for the loop's connection",
+                          r->where);
+    }
+    m->next = NULL;
+    pthread_mutex_lock(&a->mu);
+    *a->in_tail = m;
+    a->in_tail = &m->next;
+    int post = !a->posted;
+    a->posted = 1;
+    pthread_mutex_unlock(&a->mu);
+    if (post)
+        a->loop->ops->post(a->loop->loop, &a->flush);
+    return IDEM_OK;
+}
+
+static struct acmd *acmd_new(struct idem__call *c)
+{
+    struct acmd *m = idem__malloc(sizeof *m);
+    if (!m) {
+        idem__fail(IDEM_ENOMEM, "redis: no memory for the call");
+        return NULL;
+    }
+    m->c = c;
+    m->resent = 0;
+    m->evaled = 0;
+    return m;
+}
+
+static idem_rc token_consume_start(void *kv, struct idem__loop *l, const char *subject,
+                                   const char *scene, const char *token, const char *biz_key,
+                                   int64_t now, idem_outcome *out, char *spent_key,
+                                   struct idem__call *c)
+{
+    struct acmd *m = acmd_new(c);
+    if (!m)
+        return IDEM_ENOMEM;
+    op_spend(&m->op, kv, TOKEN_CONSUME, subject, scene, token, biz_key, now, out, spent_key);
+    return astart(kv, l, m);
+}
+
+static idem_rc token_give_back_start(void *kv, struct idem__loop *l, const char *subject,
+                                     const char *scene, const char *token,
+                                     const char *biz_key, int64_t now, idem_outcome *out,
+                                     struct idem__call *c)
+{
+    struct acmd *m = acmd_new(c);
+    if (!m)
+        return IDEM_ENOMEM;
+    op_spend(&m->op, kv, TOKEN_GIVE_BACK, subject, scene, token, biz_key, now, out, NULL);
+    return astart(kv, l, m);
+}
+
+static idem_rc lock_acquire_start(void *kv, struct idem__loop *l, const char *space,
+                                  const char *key, const char *owner, int64_t ttl_ms,
+                                  int64_t now, idem_outcome *out, idem_lock_info *info,
+                                  struct idem__call *c)
+{
+    struct acmd *m = acmd_new(c);
+    if (!m)
+        return IDEM_ENOMEM;
+    op_lock_acquire(&m->op, kv, space, key, owner, ttl_ms, now, out, info);
+    return astart(kv, l, m);
+}
+
+static idem_rc lock_renew_start(void *kv, struct idem__loop *l, const char *space,
+                                const char *key, const char *owner, int64_t ttl_ms,
+                                int64_t now, idem_outcome *out, struct idem__call *c)
+{
+    struct acmd *m = acmd_new(c);
+    if (!m)
+        return IDEM_ENOMEM;
+    op_lock_cas(&m->op, kv, LOCK_RENEW, space, key, owner, ttl_ms, now, out);
+    return astart(kv, l, m);
+}
+
+static idem_rc lock_release_start(void *kv, struct idem__loop *l, const char *space,
+                                  const char *key, const char *owner, int64_t now,
+                                  idem_outcome *out, struct idem__call *c)
+{
+    struct acmd *m = acmd_new(c);
+    if (!m)
+        return IDEM_ENOMEM;
+    op_lock_cas(&m->op, kv, LOCK_RELEASE, space, key, owner, 0, now, out);
+    return astart(kv, l, m);
+}
+
+/* l is being let go (on its thread, or with it stopped): everything queued
+ * or in flight on it fails with ECLOSING, and its connection goes. */
+static void loop_gone(void *kv, struct idem__loop *l)
+{
+    struct redis *r = kv;
+    pthread_mutex_lock(&r->amu);
+    struct aloop *a = l->kv_state;
+    l->kv_state = NULL;
+    pthread_mutex_unlock(&r->amu);
+    if (!a)
+        return;
+    pthread_mutex_lock(&a->mu);
+    struct acmd *m = a->in_head;
+    a->in_head = NULL;
+    a->in_tail = &a->in_head;
+    a->gone = 1;
+    int posted = a->posted;
+    pthread_mutex_unlock(&a->mu);
+    char why[DETAIL_MAX];
+    say(why, sizeof why, "redis %s: the loop was let go (idem_loop_detach or idem_close)",
+        r->where);
+    afail_list(await_take(a), IDEM_ECLOSING, why);
+    afail_list(m, IDEM_ECLOSING, why);
+    if (a->conn)
+        aconn_drop(a->conn, IDEM_ECLOSING, why);
+    if (a->timer)
+        a->loop->ops->timer_set(a->timer, -1);
+    if (!posted)
+        aloop_free(a);
+}
+
 /* ---- the URL ---- */
 
 static int hexval(char c)
@@ -1272,6 +1956,7 @@ static void redis_close(void *kv)
     }
     pthread_cond_destroy(&r->work);
     pthread_mutex_destroy(&r->mu);
+    pthread_mutex_destroy(&r->amu);
     explicit_bzero(r->password, sizeof r->password);
     idem__free(r);
 }
@@ -1286,6 +1971,12 @@ static const struct idem__kv_ops redis_ops = {
     .lock_renew = lock_renew,
     .lock_release = lock_release,
     .close = redis_close,
+    .token_consume_start = token_consume_start,
+    .token_give_back_start = token_give_back_start,
+    .lock_acquire_start = lock_acquire_start,
+    .lock_renew_start = lock_renew_start,
+    .lock_release_start = lock_release_start,
+    .loop_gone = loop_gone,
 };
 
 idem_rc idem__redis_open(const idem_options *o, const struct idem__kv_ops **ops, void **out)
@@ -1294,6 +1985,7 @@ idem_rc idem__redis_open(const idem_options *o, const struct idem__kv_ops **ops,
     if (!r)
         return idem__fail(IDEM_ENOMEM, "redis store: allocating");
     pthread_mutex_init(&r->mu, NULL);
+    pthread_mutex_init(&r->amu, NULL);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
