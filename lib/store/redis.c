@@ -1673,19 +1673,24 @@ static void on_flush(void *arg)
 /* Queue m for l's connection, made on first use. Any thread. */
 static idem_rc astart(struct redis *r, struct idem__loop *l, struct acmd *m)
 {
-    pthread_mutex_lock(&r->amu);
-    struct aloop *a = l->kv_state;
-    if (!a && (a = idem__calloc(1, sizeof *a)) != NULL) {
-        a->r = r;
-        a->loop = l->loop;
-        pthread_mutex_init(&a->mu, NULL);
-        a->in_tail = &a->in_head;
-        a->wait_tail = &a->wait_head;
-        a->flush.fn = on_flush;
-        a->flush.arg = a;
-        l->kv_state = a;
+    /* Made once, under amu; read without it afterwards, as loops' calls
+     * come from their threads at once. */
+    struct aloop *a = __atomic_load_n(&l->kv_state, __ATOMIC_ACQUIRE);
+    if (!a) {
+        pthread_mutex_lock(&r->amu);
+        a = l->kv_state;
+        if (!a && (a = idem__calloc(1, sizeof *a)) != NULL) {
+            a->r = r;
+            a->loop = l->loop;
+            pthread_mutex_init(&a->mu, NULL);
+            a->in_tail = &a->in_head;
+            a->wait_tail = &a->wait_head;
+            a->flush.fn = on_flush;
+            a->flush.arg = a;
+            __atomic_store_n(&l->kv_state, a, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&r->amu);
     }
-    pthread_mutex_unlock(&r->amu);
     if (!a) {
         idem__free(m);
         return idem__fail(IDEM_ENOMEM, "redis %s: no memory for the loop's connection",
@@ -1781,7 +1786,7 @@ static void loop_gone(void *kv, struct idem__loop *l)
     struct redis *r = kv;
     pthread_mutex_lock(&r->amu);
     struct aloop *a = l->kv_state;
-    l->kv_state = NULL;
+    __atomic_store_n(&l->kv_state, NULL, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&r->amu);
     if (!a)
         return;
