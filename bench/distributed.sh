@@ -361,8 +361,8 @@ pg_sql() {
     echo '\set n :n + 1'
     echo '\set key :client_id * 1000000000000 + :n'
     pg_sql idem_rec_insert ttbitii space key fp now owner lease now
-    pg_sql idem_rec_cas tttitiobiitii space key done now NULL zero yes result expires now \
-        processing now zero
+    pg_sql idem_rec_cas tttitiobiitiib space key done now NULL zero yes result expires now \
+        processing now zero NULL
 } >"$work/pair.sql"
 pg_vars=(-D n=0 -D space=pgbench -D "fp=\\x$(printf 'pgbench' | sha256sum | cut -c1-64)"
     -D owner=user-7 -D now="$now_ms" -D lease=$((now_ms + 30000)) -D done=SUCCEEDED -D zero=0
