@@ -105,8 +105,6 @@ struct daemon {
     pthread_mutex_t cfg_mu;
     struct live_config *live;
     char instance[24];         /* random, names this process in record owners */
-    int kv_local;              /* token and lock calls are in memory, never
-                                  block: the embedded store */
     /* The main listener's token issuance, by subject and by client
      * address; the admin listener's failed API keys, by client address. */
     struct rate_table *issued_by_subject, *issued_by_peer, *auth_failures_by_peer;

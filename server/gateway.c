@@ -9,10 +9,13 @@
  *
  *   W_DB   record calls: the library's asynchronous calls on the request's
  *          loop (idem_record_begin_async ...), answered once durable — a
- *          job of the SQLite writer, or of the PostgreSQL writers; no thread
- *          of ours waits on it.
- *   W_KV   token and lock calls. Embedded: in memory, run on the loop at
- *          once. Distributed (Redis): a worker.
+ *          job of the SQLite writer, or of the PostgreSQL writers.
+ *   W_KV   token and lock calls, asynchronous on the loop too: in memory
+ *          on the embedded store, answered at once; a Redis command on the
+ *          loop's own connection on the distributed one.
+ *
+ * No thread of ours waits on a store, and the gateway never asks which
+ * store it runs on: every call answers the same way.
  *
  * The waits are the request's timer, and the upstream exchange runs on the
  * loop itself (upstream.c). Every way out answers the client exactly once,
@@ -420,24 +423,10 @@ static void keep_rc(struct gw *g, idem_rc rc)
         snprintf(g->detail, sizeof g->detail, "%s", idem_errdetail());
 }
 
-static void do_token(struct gw *g)
-{
-    keep_rc(g, idem_token_consume(g->d->h, g->subject, g->rt->token_scene, g->token, g->key,
-                                  &g->o, g->spent));
-    daemon_count_token(g->rt, g->rc, g->o);
-}
-
-static void do_lock(struct gw *g)
-{
-    const struct route *rt = g->rt;
-    idem_lock_info info;
-    keep_rc(g, idem_lock_acquire(g->d->h, rt->space, g->key, g->owner, rt->lease_ms, &g->o,
-                                 &info));
-    daemon_count_lock(rt, g->rc, g->o);
-}
-
-/* Record calls: asynchronous, on the request's loop; each answer comes
- * back to it through the front (front_resume), as every store call's. */
+/* Every store call is one of the library's asynchronous calls, on the
+ * request's loop; each answer comes back to it through the front
+ * (front_resume). A start that fails has no callback: start_call() then
+ * goes on at once. */
 
 static void resume(struct front_request *req);
 
@@ -479,6 +468,37 @@ static idem_loop *loop_of(const struct gw *g)
     return ((struct daemon_loop *)g->req->loop_ctx)->iloop;
 }
 
+static void on_spent(void *arg, idem_rc rc, idem_outcome o, const char *spent_key,
+                     const char *detail)
+{
+    struct gw *g = arg;
+    snprintf(g->spent, sizeof g->spent, "%s", spent_key);
+    daemon_count_token(g->rt, rc, o);
+    on_outcome(arg, rc, o, detail);
+}
+
+static idem_rc do_token(struct gw *g)
+{
+    return idem_token_consume_async(g->d->h, loop_of(g), g->subject, g->rt->token_scene,
+                                    g->token, g->key, on_spent, g);
+}
+
+static void on_locked(void *arg, idem_rc rc, idem_outcome o, const idem_lock_info *info,
+                      const char *detail)
+{
+    struct gw *g = arg;
+    (void)info;
+    daemon_count_lock(g->rt, rc, o);
+    on_outcome(arg, rc, o, detail);
+}
+
+static idem_rc do_lock(struct gw *g)
+{
+    const struct route *rt = g->rt;
+    return idem_lock_acquire_async(g->d->h, loop_of(g), rt->space, g->key, g->owner,
+                                   rt->lease_ms, on_locked, g);
+}
+
 static idem_rc do_get(struct gw *g)
 {
     return idem_record_get_async(g->d->h, loop_of(g), g->rt->space, g->key, on_record, g);
@@ -512,12 +532,22 @@ static idem_rc do_finish(struct gw *g)
                                   0, 0, on_outcome, g);
 }
 
-static void do_cleanup(struct gw *g)
+/* Best effort: a lock not released runs out at its TTL. */
+static void on_released(void *arg, idem_rc rc, idem_outcome o, const char *detail)
 {
-    idem_outcome o;
-    if (g->locked)
-        idem_lock_release(g->d->h, g->rt->space, g->key, g->owner, &o);
+    struct gw *g = arg;
+    (void)rc;
+    (void)o;
+    (void)detail;
     g->locked = 0;
+    front_resume(g->req, resume);
+}
+
+/* Entered only with the lock held (finish()). */
+static idem_rc do_cleanup(struct gw *g)
+{
+    return idem_lock_release_async(g->d->h, loop_of(g), g->rt->space, g->key, g->owner,
+                                   on_released, g);
 }
 
 /* The claim, still this request's for another lease? Taken over meanwhile
@@ -530,12 +560,17 @@ static idem_rc do_confirm_claim(struct gw *g)
                                     g->rt->lease_ms, on_outcome, g);
 }
 
-static void do_give_back(struct gw *g)
+static void on_given_back(void *arg, idem_rc rc, idem_outcome o, const char *detail)
 {
-    idem_outcome o;
-    keep_rc(g, idem_token_give_back(g->d->h, g->subject, g->rt->token_scene, g->token, g->key,
-                                    &o));
+    struct gw *g = arg;
     g->token_spent = 0;
+    on_outcome(arg, rc, o, detail);
+}
+
+static idem_rc do_give_back(struct gw *g)
+{
+    return idem_token_give_back_async(g->d->h, loop_of(g), g->subject, g->rt->token_scene,
+                                      g->token, g->key, on_given_back, g);
 }
 
 /* ---- the states ---- */
@@ -547,39 +582,34 @@ static void do_give_back(struct gw *g)
 
 enum state_work { W_NONE, W_KV, W_DB, W_TIMER, W_UPSTREAM };
 
-/* A state's store call: W_KV's runs where the store runs it and fills
- * g->rc, g->o; W_DB's starts an asynchronous call whose callback does. */
-union state_call {
-    void (*kv)(struct gw *g);
-    idem_rc (*db)(struct gw *g);
-};
-
 static const struct state_info {
     const char *name;
     enum state_work work;
-    union state_call call;
+    /* W_KV, W_DB: start the state's asynchronous store call, whose
+     * callback fills g->rc, g->o (g->rec) and resumes the request. */
+    idem_rc (*call)(struct gw *g);
     unsigned next;              /* the states it may go on to */
 } states[] = {
-    [S_NEW] = {"new", W_NONE, {NULL}, BIT(S_READ) | BIT(S_TOKEN) | BIT(S_LOCK) | BIT(S_BEGIN)},
-    [S_READ] = {"read", W_DB, {.db = do_get}, BIT(S_LOCK) | BIT(S_BEGIN) | ENDS},
-    [S_TOKEN] = {"token", W_KV, {.kv = do_token}, BIT(S_LOCK) | BIT(S_BEGIN)},
-    [S_LOCK] = {"lock", W_KV, {.kv = do_lock}, BIT(S_LOCK_READ) | BIT(S_BEGIN) | ENDS},
-    [S_LOCK_READ] = {"lock_read", W_DB, {.db = do_get}, BIT(S_LOCK_WAIT) | ENDS},
-    [S_LOCK_WAIT] = {"lock_wait", W_TIMER, {NULL}, BIT(S_LOCK)},
-    [S_BEGIN] = {"begin", W_DB, {.db = do_begin},
+    [S_NEW] = {"new", W_NONE, NULL, BIT(S_READ) | BIT(S_TOKEN) | BIT(S_LOCK) | BIT(S_BEGIN)},
+    [S_READ] = {"read", W_DB, do_get, BIT(S_LOCK) | BIT(S_BEGIN) | ENDS},
+    [S_TOKEN] = {"token", W_KV, do_token, BIT(S_LOCK) | BIT(S_BEGIN)},
+    [S_LOCK] = {"lock", W_KV, do_lock, BIT(S_LOCK_READ) | BIT(S_BEGIN) | ENDS},
+    [S_LOCK_READ] = {"lock_read", W_DB, do_get, BIT(S_LOCK_WAIT) | ENDS},
+    [S_LOCK_WAIT] = {"lock_wait", W_TIMER, NULL, BIT(S_LOCK)},
+    [S_BEGIN] = {"begin", W_DB, do_begin,
                  BIT(S_BEGIN_WAIT) | BIT(S_RESPEND) | BIT(S_FORWARD) | BIT(S_FINISH) | ENDS},
-    [S_BEGIN_WAIT] = {"begin_wait", W_TIMER, {NULL}, BIT(S_BEGIN)},
-    [S_RESPEND] = {"respend", W_KV, {.kv = do_token}, BIT(S_FORWARD) | BIT(S_FINISH)},
+    [S_BEGIN_WAIT] = {"begin_wait", W_TIMER, NULL, BIT(S_BEGIN)},
+    [S_RESPEND] = {"respend", W_KV, do_token, BIT(S_FORWARD) | BIT(S_FINISH)},
     /* A call that cannot start leaves S_FORWARD for the release at once. */
-    [S_FORWARD] = {"forward", W_UPSTREAM, {NULL}, BIT(S_CONFIRM) | BIT(S_FINISH) | ENDS},
-    [S_CONFIRM] = {"confirm", W_DB, {.db = do_confirm_claim}, BIT(S_GIVE_BACK) | BIT(S_FINISH)},
-    [S_GIVE_BACK] = {"give_back", W_KV, {.kv = do_give_back}, BIT(S_FINISH) | ENDS},
-    [S_FINISH] = {"finish", W_DB, {.db = do_finish},
+    [S_FORWARD] = {"forward", W_UPSTREAM, NULL, BIT(S_CONFIRM) | BIT(S_FINISH) | ENDS},
+    [S_CONFIRM] = {"confirm", W_DB, do_confirm_claim, BIT(S_GIVE_BACK) | BIT(S_FINISH)},
+    [S_GIVE_BACK] = {"give_back", W_KV, do_give_back, BIT(S_FINISH) | ENDS},
+    [S_FINISH] = {"finish", W_DB, do_finish,
                   BIT(S_FINISH_WAIT) | BIT(S_FINISH_READ) | ENDS},
-    [S_FINISH_WAIT] = {"finish_wait", W_TIMER, {NULL}, BIT(S_FINISH)},
-    [S_FINISH_READ] = {"finish_read", W_DB, {.db = do_get}, BIT(S_FINISH_WAIT) | ENDS},
-    [S_CLEANUP] = {"cleanup", W_KV, {.kv = do_cleanup}, BIT(S_DONE)},
-    [S_DONE] = {"done", W_NONE, {NULL}, 0},
+    [S_FINISH_WAIT] = {"finish_wait", W_TIMER, NULL, BIT(S_FINISH)},
+    [S_FINISH_READ] = {"finish_read", W_DB, do_get, BIT(S_FINISH_WAIT) | ENDS},
+    [S_CLEANUP] = {"cleanup", W_KV, do_cleanup, BIT(S_DONE)},
+    [S_DONE] = {"done", W_NONE, NULL, 0},
 };
 
 static void done(struct gw *g);
@@ -596,39 +626,17 @@ static void resume(struct front_request *req)
         done(g);
 }
 
-static void run_call(struct front_request *req)
-{
-    struct gw *g = req->state;
-    states[g->state].call.kv(g);
-}
-
-static void to_worker(struct gw *g, struct workers *ws)
-{
-    if (front_work_in(g->req, ws, run_call, resume) != 0) {
-        g->rc = IDEM_ECLOSING;
-        snprintf(g->detail, sizeof g->detail, "the server is shutting down");
-        done(g);
-    }
-}
-
-/* Run the state's store call where the store runs it, then done(). */
-static void start_call(struct gw *g, enum state_work w)
+/* Start the state's store call; its answer comes to done(). */
+static void start_call(struct gw *g)
 {
     g->rc = IDEM_OK;
     g->o = IDEM_NONE;
     g->detail[0] = '\0';
     idem_record_clear(&g->rec);
-    if (w == W_KV && g->d->kv_local) { /* in memory: as quick as a hand-off */
-        states[g->state].call.kv(g);
+    idem_rc rc = states[g->state].call(g);
+    if (rc != IDEM_OK) { /* no callback will come */
+        keep_rc(g, rc);
         done(g);
-    } else if (w == W_KV) {
-        to_worker(g, g->d->workers);
-    } else {
-        idem_rc rc = states[g->state].call.db(g);
-        if (rc != IDEM_OK) { /* no callback will come */
-            keep_rc(g, rc);
-            done(g);
-        }
     }
 }
 
@@ -654,7 +662,7 @@ static void enter(struct gw *g, enum gw_state s)
         }
         /* fall through */
     case W_KV:
-        start_call(g, states[s].work);
+        start_call(g);
         break;
     case W_TIMER:
         arm_timer(g);
@@ -1129,13 +1137,12 @@ static void go_begin(struct gw *g)
  * the upstream has it (S_FORWARD). Each renewal is a store call of its own,
  * which outlives the request if it must; a failed one is logged, and the
  * next comes a third of a lease later, so two more are tried before the
- * lease can run out. On the embedded store the lock's renewal is in
- * memory, on the loop. The claim's is an asynchronous record call on the
- * loop (a writer's job, on either store), so a Redis that stops answering,
- * holding each lock renewal on a worker for up to twice storage.timeout,
- * never delays it. */
+ * lease can run out. Both are asynchronous calls on the request's loop:
+ * the lock's in memory or a Redis command on the loop's connection, the
+ * claim's a job of the store's writers, so a Redis that stops answering
+ * (each lock renewal then fails after storage.timeout) never delays a
+ * claim's. */
 struct renewal {
-    struct work work;
     struct daemon *d;
     int lock; /* the lock's renewal; 0: the claim's extension */
     char space[IDEM_NAME_MAX + 1];
@@ -1148,13 +1155,6 @@ struct renewal {
     char detail[256];
 };
 
-static void renew(struct renewal *t)
-{
-    t->rc = idem_lock_renew(t->d->h, t->space, t->key, t->owner, t->lease_ms, &t->o);
-    if (t->rc != IDEM_OK)
-        snprintf(t->detail, sizeof t->detail, "%s", idem_errdetail());
-}
-
 static void renewal_done(struct renewal *t)
 {
     if (t->rc != IDEM_OK || t->o != IDEM_RENEWED)
@@ -1165,7 +1165,7 @@ static void renewal_done(struct renewal *t)
     free(t);
 }
 
-/* The claim's extension, answered on the loop. */
+/* The renewal, answered on the loop. */
 static void renewal_answered(void *arg, idem_rc rc, idem_outcome o, const char *detail)
 {
     struct renewal *t = arg;
@@ -1173,13 +1173,6 @@ static void renewal_answered(void *arg, idem_rc rc, idem_outcome o, const char *
     t->o = o;
     if (rc != IDEM_OK)
         snprintf(t->detail, sizeof t->detail, "%s", detail);
-    renewal_done(t);
-}
-
-static void renew_on_worker(struct work *w)
-{
-    struct renewal *t = (struct renewal *)w;
-    renew(t);
     renewal_done(t);
 }
 
@@ -1204,16 +1197,14 @@ static void renewal_start(struct gw *g, int lock)
     snprintf(t->owner, sizeof t->owner, "%s", g->owner);
     t->epoch = g->epoch;
     t->lease_ms = g->rt->lease_ms;
-    t->work.run = renew_on_worker;
-    if (!lock) {
-        if (idem_record_extend_async(d->h, loop_of(g), t->space, t->key, t->epoch, t->lease_ms,
-                                     renewal_answered, t) != IDEM_OK)
-            free(t); /* no memory */
-    } else if (d->kv_local) {
-        renew(t);
-        renewal_done(t);
-    } else if (workers_submit(d->workers, &t->work) != 0) {
-        free(t); /* closing */
+    idem_rc rc = lock ? idem_lock_renew_async(d->h, loop_of(g), t->space, t->key, t->owner,
+                                              t->lease_ms, renewal_answered, t)
+                      : idem_record_extend_async(d->h, loop_of(g), t->space, t->key, t->epoch,
+                                                 t->lease_ms, renewal_answered, t);
+    if (rc != IDEM_OK) {
+        daemon_logl(LOG_WARN, "%s/%s: cannot renew the %s: %s", t->space, t->key,
+                    lock ? "lock" : "claim's lease", idem_errdetail());
+        free(t);
     }
 }
 

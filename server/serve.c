@@ -700,7 +700,6 @@ static int run(int argc, char **argv, int consume_only)
         fprintf(stderr, "%s: cannot start %d workers for records\n", me, cfg->workers);
         goto out;
     }
-    s->d.kv_local = embedded;
     s->d.workers = s->workers;
     s->d.record_workers = s->record_workers;
     front_counts_init(&s->counts);
