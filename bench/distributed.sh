@@ -11,7 +11,10 @@
 #      token_put, token_consume, lock_acquire, lock_release, without
 #      pipelining and with -P 16, on a keyspace the size of Idem's own run;
 #      and idem-bench at 64 threads on the distributed store: token issue and
-#      consume (apart, and as one issue + consume), lock acquire + release.
+#      consume (apart, and as one issue + consume), lock acquire + release;
+#      and the same consume and lock pair with the asynchronous calls
+#      (idem-bench --async): 256 in flight on one event loop, and 128 on
+#      each of two loops (threads).
 #   2. PostgreSQL. pgbench -c 32 -j 2 running Idem's own two writes of a
 #      begin + complete (printed by idem-pg-statements from
 #      lib/store/postgres.c): INSERT ... ON CONFLICT DO NOTHING on a fresh
@@ -35,6 +38,9 @@
 #   IDEM_DIST_KV_THREADS [64]    idem-bench threads = redis-benchmark -c
 #   IDEM_DIST_PG_THREADS [32]    idem-bench threads = pgbench -c
 #   IDEM_DIST_PIPELINE [16]      redis-benchmark -P of the reference
+#   IDEM_DIST_ASYNC [256]        asynchronous calls in flight, in all, for
+#                                idem-bench --async (on one loop, and split
+#                                over two)
 #   IDEM_DIST_REDIS_PORT [26410], IDEM_DIST_PG_PORT [25460]
 #   IDEM_DIST_GW_RUNS [record-unique,record-mix,lock-unique]  gateway.sh run
 #                                names, or none
@@ -52,10 +58,11 @@ gw_rounds=${IDEM_DIST_GW_ROUNDS:-1}
 kv_threads=${IDEM_DIST_KV_THREADS:-64}
 pg_threads=${IDEM_DIST_PG_THREADS:-32}
 pipeline=${IDEM_DIST_PIPELINE:-16}
+async_n=${IDEM_DIST_ASYNC:-256}
 redis_port=${IDEM_DIST_REDIS_PORT:-26410}
 pg_port=${IDEM_DIST_PG_PORT:-25460}
 gw_runs=${IDEM_DIST_GW_RUNS:-record-unique,record-mix,lock-unique}
-kv_target=0.8 pg_target=1.5
+kv_target=0.8 pg_target=1.5 async_target=0.9
 
 die() { echo "bench/distributed.sh: $*" >&2; exit 1; }
 say() { echo "$*" >&2; }
@@ -194,6 +201,24 @@ idem_kv() {
     [[ -z $note ]] || notes+=("idem-bench $note")
 }
 
+# idem_kv_async WORKLOAD LOOPS: idem-bench --async on LOOPS event loops (one
+# thread each), async_n calls in flight in all; its JSON is
+# idem-WORKLOAD-asyncLOOPS.json.
+idem_kv_async() {
+    local wl=$1 loops=$2 f=$work/idem-$1-async$2.json
+    rcli FLUSHDB >/dev/null
+    say "-- idem-bench $wl --async $((async_n / loops)), $loops loop(s), ${seconds}s"
+    cpu_begin
+    run_timed "$f" "$bench" --store distributed --redis "$redis_url" --postgres "$pg_url" \
+        --threads "$loops" --async $((async_n / loops)) --seconds "$seconds" --workloads "$wl" \
+        --json || die "idem-bench $wl --async failed"
+    cpu_end "idem.$wl-async$loops"
+    sed 's/^/   /' "$f.err" >&2
+    local note
+    note=$(sed -n 's/.*"workload":"\([^"]*\)".*"note":"\([^"]*\)".*/\1: \2/p' "$f")
+    [[ -z $note ]] || notes+=("idem-bench --async, $loops loop(s), $note")
+}
+
 # ---- 1. Redis ------------------------------------------------------------------
 section "1. Redis: Idem's Lua scripts under redis-benchmark, and idem-bench"
 # A short first run: the backends exist, the schema is made, the connections
@@ -208,6 +233,9 @@ if ! "$bench" --store distributed --redis "$redis_url" --postgres "$pg_url" --th
     die "idem-bench on the distributed store failed (above)"
 fi
 for wl in token-consume token lock; do idem_kv "$wl"; done
+for loops in 1 2; do
+    for wl in token-consume lock; do idem_kv_async "$wl" "$loops"; done
+done
 
 # The scripts Idem runs, as it loads them: their SHA1 must be cached in Redis
 # already, by Idem's own SCRIPT LOAD, so the texts are byte for byte its own.
@@ -466,6 +494,13 @@ for wl in token-issue token-consume token lock record; do
         V[idem.$wl.$k]=$(ib_field "$work/idem-$run.json" "$wl" "$k")
     done
 done
+for loops in 1 2; do
+    for wl in token-consume lock; do
+        for k in ops_per_s p50_us p99_us ops elapsed_s; do
+            V[idem.$wl-async$loops.$k]=$(ib_field "$work/idem-$wl-async$loops.json" "$wl-async" "$k")
+        done
+    done
+done
 idem_version=$(sed -n 's/.*"idem_version":"\([^"]*\)".*/\1/p' "$work/idem-lock.json")
 # Which code was measured: the commit, and the library's files changed since.
 git_rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
@@ -502,6 +537,14 @@ out=bench/results/distributed.md
         "\`token_put\` then \`token_consume\`, -P $P" "${V[ref.token]}" "$kv_target"
     row "lock acquire + release, $kv_threads threads" "${V[idem.lock.ops_per_s]}" \
         "\`lock_acquire\` then \`lock_release\`, -P $P" "${V[ref.lock]}" "$kv_target"
+    for loops in 1 2; do
+        inf="$((async_n / loops)) in flight on each of $loops loop(s)"
+        [[ $loops == 1 ]] && inf="$async_n in flight on 1 loop"
+        row "token consume, asynchronous, $inf" "${V[idem.token-consume-async$loops.ops_per_s]}" \
+            "\`token_consume\`, -P $P" "${V[ref.consume]}" "$async_target"
+        row "lock acquire + release, asynchronous, $inf" "${V[idem.lock-async$loops.ops_per_s]}" \
+            "\`lock_acquire\` then \`lock_release\`, -P $P" "${V[ref.lock]}" "$async_target"
+    done
     row "record begin + complete, $pg_threads threads" "${V[idem.record.ops_per_s]}" \
         "pgbench -c $pg_threads -j 2, the same INSERT then UPDATE" "${V[pgbench.tps]}" "$pg_target"
     printf '\nOne Idem op is one call (issue, consume) or a pair (issue + consume, acquire + release, begin +\n'
@@ -526,12 +569,17 @@ out=bench/results/distributed.md
     done
     printf '\n| Idem, idem-bench --store distributed, %d threads | ops/s | p50 ms | p99 ms | CPU %% (Redis / idem-bench / rest) |\n' "$kv_threads"
     printf '|---|---:|---:|---:|---|\n'
-    for wl in token-issue token-consume token lock; do
+    for wl in token-issue token-consume token lock token-consume-async1 lock-async1 \
+        token-consume-async2 lock-async2; do
         case $wl in
         token-issue) lbl="token issue (a subject per token)"; cw=token-consume ;;
         token-consume) lbl="token consume (the tokens just issued)"; cw=token-consume ;;
         token) lbl="token issue + consume (a subject per thread)"; cw=token ;;
         lock) lbl="lock acquire + release"; cw=lock ;;
+        token-consume-async*) lbl="token consume, --async $((async_n / ${wl: -1})) on ${wl: -1} loop(s)"
+            cw=$wl ;;
+        lock-async*) lbl="lock acquire + release, --async $((async_n / ${wl: -1})) on ${wl: -1} loop(s)"
+            cw=$wl ;;
         esac
         printf '| %s | %s | %s | %s | %s / %s / %s |\n' "$lbl" "$(commas "${V[idem.$wl.ops_per_s]}")" \
             "$(us_ms "${V[idem.$wl.p50_us]}")" "$(us_ms "${V[idem.$wl.p99_us]}")" \
@@ -546,6 +594,9 @@ out=bench/results/distributed.md
     printf 'tokens in the order it issued them, and redis-benchmark draws them at random over the whole\n'
     printf 'keyspace, which costs Redis more as the keyspace grows: read the consume ratio with both in\n'
     printf 'mind. Token issue and consume share their CPU figures (one idem-bench run, two windows).\n'
+    printf 'The --async runs make the calls on event loops (a thread each), each with a Redis connection of\n'
+    printf 'its own, the next call started from the last one'"'"'s callback; their consumes spend tokens issued\n'
+    printf 'by blocking calls from 32 threads per loop in a first window, and may run out early.\n'
 
     printf '\n## 2. PostgreSQL: the INSERT and UPDATE of a begin + complete\n\n'
     V[pgbench.write_xacts_s]=$(awk -v t="${V[pgbench.tps]}" 'BEGIN { printf "%.0f", 2 * t }')
@@ -645,7 +696,8 @@ json_val() { [[ $1 =~ ^-?[0-9]+(\.[0-9]+)?$ ]] && printf '%s' "$1" || json_str "
     done < <(printf '%s\n' "${!V[@]}" | sort)
     printf '\n},\n"idem_bench":['
     sep=""
-    for wl in token-consume token lock record; do
+    for wl in token-consume token lock record token-consume-async1 lock-async1 \
+        token-consume-async2 lock-async2; do
         printf '%s\n%s' "$sep" "$(cat "$work/idem-$wl.json")"
         sep=","
     done

@@ -47,8 +47,20 @@
  * prefix drawn once per measurement; every operation is timed, a network
  * round trip dwarfing the clock read. "writes/commit" is then the
  * PostgreSQL backend's batch: writes per transaction it committed.
+ *
+ * --async N (lock and token-consume only) runs the asynchronous calls
+ * instead: each thread runs a libevent loop of its own and keeps N
+ * operations in flight on it, starting the next one from the callback of
+ * the last (lock: idem_lock_acquire_async, then idem_lock_release_async
+ * from its callback; token-consume: the second window's consumes, with
+ * idem_token_consume_async, the first window's issues staying blocking, on
+ * 32 threads per loop).
+ * The lines are named lock-async and token-consume-async, and the
+ * latency is that of each operation from its start to its last callback.
  */
 #include <errno.h>
+#include <event2/event.h>
+#include <event2/thread.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <sqlite3.h>
@@ -61,6 +73,7 @@
 #include <unistd.h>
 
 #include "idem.h"
+#include "idem/libevent.h"
 
 enum workload { W_TOKEN, W_LOCK, W_RECORD, W_SQLITE, W_TOKEN_CONSUME, W_TOKEN_FULL, W_COUNT_ };
 
@@ -95,6 +108,7 @@ struct config {
     const char *redis_url, *postgres_url;
     unsigned pool_size;       /* 0: the library's default */
     int64_t timeout_ms;       /* 0: the library's default */
+    unsigned async;           /* operations in flight per thread's loop; 0: blocking */
 };
 
 static int distributed(const struct config *cfg)
@@ -166,6 +180,7 @@ struct run {
     char prefix[24];  /* distributed: "r1a2b3c4-" in keys and subjects */
     atomic_int stop;
     atomic_int ran_out; /* token-consume: a thread spent all its tokens */
+    unsigned loops;     /* --async: the threads that run a loop (the first ones) */
     pthread_barrier_t start;
     pthread_barrier_t turn; /* token-consume: between the two windows */
 };
@@ -364,6 +379,173 @@ static int sqlite_connect(struct worker *w, const char *path)
     return 0;
 }
 
+/* ---- --async: operations in flight on each thread's loop ---- */
+
+#define ASYNC_MAX 4096
+#define ISSUERS 32 /* --async token-consume: threads issuing per loop */
+
+struct slot {
+    struct worker *w;
+    uint64_t i, t0;
+    char key[64], subject[64];
+};
+
+struct aloop {
+    struct event_base *base;
+    idem_loop *loop;
+    unsigned in_flight;
+    uint64_t next;
+    unsigned from;    /* token-consume: the issuer whose tokens are spent now */
+};
+
+static _Thread_local struct aloop *cur; /* the thread's loop */
+
+static void slot_start(struct slot *s);
+
+/* An operation of the slot's has ended (ok: as it should): count it, and
+ * start the next, unless the window is over. */
+static void slot_end(struct slot *s, int ok)
+{
+    struct worker *w = s->w;
+    struct run *r = w->run;
+    if (!ok)
+        atomic_store(&r->stop, 1);
+    else if (!atomic_load_explicit(&r->stop, memory_order_relaxed)) {
+        w->ops++;
+        w->lat.n[bucket_of(now_ns() - s->t0)]++;
+    }
+    if (ok && !w->failed && !atomic_load_explicit(&r->stop, memory_order_relaxed)) {
+        slot_start(s);
+        return;
+    }
+    if (--cur->in_flight == 0)
+        event_base_loopbreak(cur->base);
+}
+
+static int check_async(struct worker *w, const char *call, idem_rc rc, idem_outcome got,
+                       idem_outcome want, const char *detail)
+{
+    if (rc != IDEM_OK)
+        return failf(w, "%s: IDEM_%s (%s): %s", call, idem_errname(rc), idem_strerror(rc),
+                     detail);
+    if (got != want)
+        return failf(w, "%s: outcome %s, expected %s", call, idem_outcome_name(got),
+                     idem_outcome_name(want));
+    return 0;
+}
+
+static void on_released(void *arg, idem_rc rc, idem_outcome out, const char *detail)
+{
+    struct slot *s = arg;
+    slot_end(s, check_async(s->w, "idem_lock_release_async", rc, out, IDEM_RELEASED,
+                            detail) == 0);
+}
+
+static void on_acquired(void *arg, idem_rc rc, idem_outcome out, const idem_lock_info *info,
+                        const char *detail)
+{
+    struct slot *s = arg;
+    struct worker *w = s->w;
+    if (check_async(w, "idem_lock_acquire_async", rc, out, IDEM_ACQUIRED, detail) != 0) {
+        slot_end(s, 0);
+        return;
+    }
+    /* One connection per loop answers in order: fences still rise. */
+    if (info->fence <= w->fence) {
+        failf(w, "idem_lock_acquire_async: fence %" PRIu64 " after %" PRIu64, info->fence,
+              w->fence);
+        slot_end(s, 0);
+        return;
+    }
+    w->fence = info->fence;
+    rc = idem_lock_release_async(w->run->h, cur->loop, SPACE, s->key, w->name, on_released, s);
+    if (rc != IDEM_OK) {
+        check(w, "idem_lock_release_async", rc, IDEM_NONE, IDEM_NONE);
+        slot_end(s, 0);
+    }
+}
+
+static void on_consumed(void *arg, idem_rc rc, idem_outcome out, const char *spent_key,
+                        const char *detail)
+{
+    struct slot *s = arg;
+    (void)spent_key;
+    slot_end(s, check_async(s->w, "idem_token_consume_async", rc, out, IDEM_CONSUMED,
+                            detail) == 0);
+}
+
+static void slot_start(struct slot *s)
+{
+    struct worker *w = s->w;
+    struct run *r = w->run;
+    idem_rc rc;
+    s->i = cur->next++;
+    s->t0 = now_ns();
+    if (r->w == W_LOCK) {
+        snprintf(s->key, sizeof s->key, "%sorder-%u-%" PRIu64, r->prefix, w->id, s->i);
+        rc = idem_lock_acquire_async(r->h, cur->loop, SPACE, s->key, w->name, LEASE_MS,
+                                     on_acquired, s);
+        if (rc != IDEM_OK)
+            check(w, "idem_lock_acquire_async", rc, IDEM_NONE, IDEM_NONE);
+    } else {
+        /* The tokens of this loop's issuers, one after the other: workers
+         * w->id * ISSUERS onwards of the array w is in. */
+        struct worker *base = w - w->id, *src = NULL;
+        while (cur->from < ISSUERS) {
+            src = &base[w->id * ISSUERS + cur->from];
+            if (src->issued.next < src->issued.n)
+                break;
+            cur->from++;
+        }
+        if (cur->from == ISSUERS) {
+            atomic_store(&r->ran_out, 1);
+            atomic_store(&r->stop, 1);
+            slot_end(s, 0);
+            return;
+        }
+        struct issued *is = &src->issued;
+        subject_of(src, is->next, s->subject, sizeof s->subject);
+        snprintf(s->key, sizeof s->key, "%sorder-%u-%" PRIu64, r->prefix, src->id, is->next);
+        rc = idem_token_consume_async(r->h, cur->loop, s->subject, SCENE, is->token[is->next],
+                                      s->key, on_consumed, s);
+        is->next++;
+        if (rc != IDEM_OK)
+            check(w, "idem_token_consume_async", rc, IDEM_NONE, IDEM_NONE);
+    }
+    if (rc != IDEM_OK)
+        slot_end(s, 0);
+}
+
+/* The window on the thread's loop, --async operations in flight. */
+static void async_loop(struct worker *w)
+{
+    struct run *r = w->run;
+    unsigned n = r->cfg->async;
+    struct aloop l = {0};
+    struct slot *slots = calloc(n, sizeof *slots);
+    if (!slots || !(l.base = event_base_new()) || !(l.loop = idem_libevent_new(l.base))) {
+        failf(w, "out of memory for the loop");
+        atomic_store(&r->stop, 1);
+        free(slots);
+        if (l.base)
+            event_base_free(l.base);
+        return;
+    }
+    cur = &l;
+    l.in_flight = n;
+    for (unsigned i = 0; i < n; i++) {
+        slots[i].w = w;
+        slot_start(&slots[i]);
+    }
+    if (l.in_flight > 0)
+        event_base_dispatch(l.base);
+    idem_loop_detach(r->h, l.loop);
+    idem_libevent_free(l.loop);
+    event_base_free(l.base);
+    cur = NULL;
+    free(slots);
+}
+
 /* Run op until the stop flag is set; count what finished inside the window. */
 static void loop(struct worker *w, int (*op)(struct worker *, uint64_t), uint64_t mask)
 {
@@ -400,19 +582,23 @@ static void *work(void *arg)
     if (r->w == W_SQLITE && sqlite_connect(w, r->db_path) != 0)
         atomic_store(&r->stop, 1);
     pthread_barrier_wait(&r->start);
-    loop(w, op_of[r->w], mask);
+    if (r->cfg->async && r->w == W_LOCK)
+        async_loop(w);
+    else
+        loop(w, op_of[r->w], mask);
     if (r->w == W_TOKEN_CONSUME) {
         /* The main thread reads the first window's figures, then lets the
          * second one start. */
         pthread_barrier_wait(&r->turn);
         pthread_barrier_wait(&r->turn);
-        if (!w->failed)
+        if (!w->failed && !r->cfg->async)
             loop(w, op_token_spend, mask);
+        else if (!w->failed && w->id < r->loops)
+            async_loop(w); /* the others only issued: their loop spends */
     }
     sqlite3_finalize(w->insert);
     sqlite3_close(w->db);
-    free(w->issued.token);
-    return NULL;
+    return NULL; /* its tokens are freed once every thread is done (--async: a loop's) */
 }
 
 static void remove_files(const char *path)
@@ -518,8 +704,12 @@ static void open_handle(const struct config *cfg, struct run *r)
 
 /* Run one workload at one thread count on fresh files; print its line
  * (token-consume: two lines, token-issue and token-consume). */
-static void measure(const struct config *cfg, enum workload wl, unsigned nthreads)
+static void measure(const struct config *cfg, enum workload wl, unsigned loops)
 {
+    /* --async token-consume: ISSUERS threads per loop issue the tokens its
+     * loop then spends, so that a loop has about as many to spend as it
+     * could in the window. */
+    unsigned nthreads = cfg->async && wl == W_TOKEN_CONSUME ? loops * ISSUERS : loops;
     struct run *r = calloc(1, sizeof *r);
     struct worker *ws = aligned_alloc(64, nthreads * sizeof *ws);
     struct hist *all = calloc(1, sizeof *all);
@@ -528,6 +718,7 @@ static void measure(const struct config *cfg, enum workload wl, unsigned nthread
     memset(ws, 0, nthreads * sizeof *ws);
     r->w = wl;
     r->cfg = cfg;
+    r->loops = loops;
     if (distributed(cfg)) {
         /* Keys and subjects of their own in a store that outlives the run. */
         uint8_t fp[IDEM_FINGERPRINT_LEN];
@@ -597,6 +788,8 @@ static void measure(const struct config *cfg, enum workload wl, unsigned nthread
     }
     for (unsigned i = 0; i < nthreads; i++)
         pthread_join(ws[i].thread, NULL);
+    for (unsigned i = 0; i < nthreads; i++)
+        free(ws[i].issued.token);
     const char *e2 = collect(ws, nthreads, &ops, all);
     if (!err)
         err = e2;
@@ -613,15 +806,17 @@ static void measure(const struct config *cfg, enum workload wl, unsigned nthread
     if (!distributed(cfg))
         remove_files(r->db_path);
     if (err)
-        die("%s, %u threads: %s", workload_name[wl], nthreads, err);
+        die("%s, %u threads: %s", workload_name[wl], loops, err);
 
     if (wl == W_TOKEN_CONSUME) {
         report(cfg, "token-issue", nthreads, issued, issue_elapsed, issue_lat, 0, NULL);
-        report(cfg, "token-consume", nthreads, ops, elapsed, all, 0,
+        report(cfg, cfg->async ? "token-consume-async" : "token-consume", loops, ops,
+               elapsed, all, 0,
                atomic_load(&r->ran_out) ? "a thread ran out of tokens: the window ended early"
                                         : NULL);
     } else {
-        report(cfg, workload_name[wl], nthreads, ops, elapsed, all, batch, NULL);
+        report(cfg, cfg->async ? "lock-async" : workload_name[wl], nthreads, ops, elapsed, all,
+               batch, NULL);
     }
     free(issue_lat);
     free(all);
@@ -640,6 +835,8 @@ static void usage(FILE *f)
             "                  [--token-ttl-ms 30000] [--tokens-max 16000000]\n"
             "                  [--store embedded|distributed --redis URL --postgres URL\n"
             "                   [--pool N] [--timeout-ms MS]]\n"
+            "                  [--async N]   (lock, token-consume: N calls in flight\n"
+            "                                 on each thread's event loop)\n"
             "Measures ops/s of Idem's token, lock and durable record layers and of\n"
             "plain SQLite one-transaction-per-insert. SQLite files go to DIR\n"
             "(default: .): put it on the disk you want measured, not on tmpfs.\n"
@@ -729,6 +926,8 @@ static void parse_args(struct config *cfg, int argc, char **argv)
             cfg->postgres_url = v;
         } else if (strcmp(a, "--pool") == 0) {
             cfg->pool_size = (unsigned)parse_ulong(v, a, 1024);
+        } else if (strcmp(a, "--async") == 0) {
+            cfg->async = (unsigned)parse_ulong(v, a, ASYNC_MAX);
         } else if (strcmp(a, "--timeout-ms") == 0) {
             cfg->timeout_ms = (int64_t)parse_ulong(v, a, 3600ul * 1000);
         } else {
@@ -755,6 +954,15 @@ int main(int argc, char **argv)
         cfg.workloads[W_SQLITE] = 0;
     } else if (cfg.redis_url || cfg.postgres_url || cfg.pool_size || cfg.timeout_ms) {
         die("--redis, --postgres, --pool and --timeout-ms are for --store distributed");
+    }
+    if (cfg.async) {
+        for (int wl = 0; wl < W_COUNT_; wl++)
+            if (cfg.workloads[wl] && wl != W_LOCK && wl != W_TOKEN_CONSUME) {
+                if (cfg.workloads_given)
+                    die("--async: only lock and token-consume have asynchronous calls");
+                cfg.workloads[wl] = 0;
+            }
+        evthread_use_pthreads(); /* the stores post callbacks from their threads */
     }
     if (cfg.json)
         printf("{\"bench\":\"idem-bench\",\"idem_version\":\"%s\",\"sqlite_version\":\"%s\","
