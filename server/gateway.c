@@ -604,8 +604,7 @@ static const struct state_info {
     [S_FORWARD] = {"forward", W_UPSTREAM, NULL, BIT(S_CONFIRM) | BIT(S_FINISH) | ENDS},
     [S_CONFIRM] = {"confirm", W_DB, do_confirm_claim, BIT(S_GIVE_BACK) | BIT(S_FINISH)},
     [S_GIVE_BACK] = {"give_back", W_KV, do_give_back, BIT(S_FINISH) | ENDS},
-    [S_FINISH] = {"finish", W_DB, do_finish,
-                  BIT(S_FINISH_WAIT) | BIT(S_FINISH_READ) | ENDS},
+    [S_FINISH] = {"finish", W_DB, do_finish, BIT(S_FINISH_WAIT) | BIT(S_FINISH_READ) | ENDS},
     [S_FINISH_WAIT] = {"finish_wait", W_TIMER, NULL, BIT(S_FINISH)},
     [S_FINISH_READ] = {"finish_read", W_DB, do_get, BIT(S_FINISH_WAIT) | ENDS},
     [S_CLEANUP] = {"cleanup", W_KV, do_cleanup, BIT(S_DONE)},
@@ -654,7 +653,10 @@ static void enter(struct gw *g, enum gw_state s)
     switch (states[s].work) {
     case W_DB:
         /* A key another request of this daemon claims is decided without
-         * the store (do_begin looks again where the begin runs). */
+         * the store: it is in flight here, even if its lease ran out. (A
+         * begin that claims the key joins the list when its answer comes
+         * back, on_begun; two begins of one key meanwhile are the store's
+         * to tell apart.) */
         if (s == S_BEGIN && (g->held_here = claimed_here(g)) != HELD_NONE) {
             g->rc = IDEM_OK;
             done(g);
