@@ -16,8 +16,10 @@
 # RabbitMQ, for the message consumers, is started apart (it takes some ten
 # seconds): a node of its own (named after STATE_DIR's port), its own epmd,
 # cookie, data and log in STATE_DIR/rabbitmq, on 127.0.0.1 only; AMQP on
-# AMQP_PORT (default 26672), the Erlang distribution on AMQP_PORT+20000 and
-# epmd on AMQP_PORT+20001. rabbitmq-start writes STATE_DIR/rabbitmq/env
+# AMQP_PORT (default 26672), the Erlang distribution on AMQP_PORT-5000,
+# epmd on AMQP_PORT-4999 and rabbitmqctl on the next eight: below Linux's
+# ephemeral range (32768 up), where any client's outgoing connection could
+# hold them (AMQP_PORT must be above 5010). rabbitmq-start writes STATE_DIR/rabbitmq/env
 # with IDEM_TEST_AMQP, its URL.
 #
 # start writes STATE_DIR/env with IDEM_TEST_REDIS and IDEM_TEST_PG, the two
@@ -92,11 +94,11 @@ pg_stop() {
 rabbit_env() {
   local r="$state/rabbitmq" port; port=$(cat "$r/port")
   export HOME="$r" RABBITMQ_NODENAME="idem$port@localhost" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
-    RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT=$((port + 20000)) \
-    ERL_EPMD_PORT=$((port + 20001)) RABBITMQ_MNESIA_BASE="$r/mnesia" RABBITMQ_LOG_BASE="$r/log" \
+    RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT=$((port - 5000)) \
+    ERL_EPMD_PORT=$((port - 4999)) RABBITMQ_MNESIA_BASE="$r/mnesia" RABBITMQ_LOG_BASE="$r/log" \
     RABBITMQ_CONFIG_FILE="$r/rabbitmq" RABBITMQ_ENABLED_PLUGINS_FILE="$r/enabled_plugins" \
     RABBITMQ_CONF_ENV_FILE="$r/rabbitmq-env.conf" RABBITMQ_PID_FILE="$r/rabbitmq.pid" \
-    RABBITMQ_CTL_DIST_PORT_MIN=$((port + 20002)) RABBITMQ_CTL_DIST_PORT_MAX=$((port + 20010))
+    RABBITMQ_CTL_DIST_PORT_MIN=$((port - 4998)) RABBITMQ_CTL_DIST_PORT_MAX=$((port - 4990))
 }
 
 rabbit_start() {
@@ -142,6 +144,8 @@ rabbit_epmd_stop() {
 case "$cmd" in
 rabbitmq-start)
   amqp_port=${3:-26672}
+  [ "$amqp_port" -gt 5010 ] 2>/dev/null ||
+    { echo "services.sh: the AMQP port must be above 5010 (got $amqp_port)" >&2; exit 2; }
   [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ] ||
     { echo "services.sh: rabbitmq-server is not installed" >&2; exit 1; }
   mkdir -p "$state"
