@@ -35,6 +35,19 @@
 #                                must be a real disk, not tmpfs
 #   IDEM_GW_OUT [bench/results/gateway-latest.md]  where the table goes
 #   IDEM_GW_RAW [none]           also write the raw figures there, as JSON
+# Open loop (bench/latency.sh sets the first):
+#   IDEM_GW_OPEN_LOOP [0]        1: after the closed-loop rounds, measure
+#                                latency at a fixed rate with idem-open-loop
+#                                (bench/open_loop.c): each request due at a
+#                                time fixed in advance, its latency from then
+#   IDEM_GW_OPEN_RUNS [direct,proxy,record-unique,lock-unique]  those runs
+#   IDEM_GW_OPEN_RATE_PCT [50]   the rate: this percent of the nginx proxy's
+#                                closed-loop req/s (its median round), so
+#                                IDEM_GW_RUNS must include proxy, unless
+#   IDEM_GW_OPEN_RATE [none]     a rate in req/s is given instead
+#   IDEM_GW_OPEN_SECONDS [IDEM_GW_SECONDS]  counted seconds of each, after a
+#                                second of warm-up at the same rate
+#   IDEM_GW_OPEN_THREADS [1]     idem-open-loop threads; -c is IDEM_GW_CONNECTIONS
 # For bench/distributed.sh, idem serve can run on the distributed store:
 #   IDEM_GW_STORE [embedded]     or distributed: Redis + PostgreSQL, at
 #   IDEM_GW_REDIS, IDEM_GW_POSTGRES  these URLs (servers someone else runs)
@@ -67,6 +80,14 @@ redis_url=${IDEM_GW_REDIS:-}
 pg_url=${IDEM_GW_POSTGRES:-}
 instances=${IDEM_GW_INSTANCES:-1}
 store_pids=${IDEM_GW_STORE_PIDS:-}
+open_loop=${IDEM_GW_OPEN_LOOP:-0}
+open_runs=${IDEM_GW_OPEN_RUNS:-direct,proxy,record-unique,lock-unique}
+open_rate_pct=${IDEM_GW_OPEN_RATE_PCT:-50}
+open_rate=${IDEM_GW_OPEN_RATE:-}
+open_seconds=${IDEM_GW_OPEN_SECONDS:-$seconds}
+open_threads=${IDEM_GW_OPEN_THREADS:-1}
+open_all="direct proxy record-unique lock-unique"
+open_runs=${open_runs//,/ }
 all_runs="direct proxy record-unique record-mix record-replay lock-unique lock-mix"
 [[ $runs == all ]] && runs=$all_runs
 runs=${runs//,/ }
@@ -83,6 +104,24 @@ done
 for r in $runs; do
     [[ " $all_runs " == *" $r "* ]] || die "unknown run '$r' in IDEM_GW_RUNS (known: $all_runs)"
 done
+[[ $open_loop == 0 || $open_loop == 1 ]] || die "IDEM_GW_OPEN_LOOP is 0 or 1 (got '$open_loop')"
+if ((open_loop)); then
+    for v in open_rate_pct open_seconds open_threads; do
+        [[ ${!v} =~ ^[0-9]+$ && ${!v} -gt 0 ]] || die "$v must be a positive integer (got '${!v}')"
+    done
+    ((open_threads <= conns)) || die "IDEM_GW_OPEN_THREADS must not exceed IDEM_GW_CONNECTIONS"
+    for r in $open_runs; do
+        [[ " $open_all " == *" $r "* ]] ||
+            die "unknown run '$r' in IDEM_GW_OPEN_RUNS (known: $open_all)"
+    done
+    if [[ -n $open_rate ]]; then
+        [[ $open_rate =~ ^[0-9]+$ && $open_rate -gt 0 ]] ||
+            die "IDEM_GW_OPEN_RATE must be a positive integer (req/s), got '$open_rate'"
+    else
+        [[ " $runs " == *" proxy "* ]] ||
+            die "the open-loop rate is a share of the proxy's closed-loop rate: IDEM_GW_RUNS must include proxy, or set IDEM_GW_OPEN_RATE"
+    fi
+fi
 case $store in
 embedded) ((instances == 1)) || die "IDEM_GW_INSTANCES > 1 needs IDEM_GW_STORE=distributed" ;;
 distributed)
@@ -143,11 +182,13 @@ trap 'exit 130' INT TERM
 # ---- build -------------------------------------------------------------------
 echo "== building idem (Release, build-bench/)" >&2
 if ! { cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF &&
-       cmake --build build-bench -j"$(nproc)" --target idem_cli; } >"$work/build.log" 2>&1; then
+       cmake --build build-bench -j"$(nproc)" --target idem_cli idem-open-loop \
+           idem-fsync-time; } >"$work/build.log" 2>&1; then
     cat "$work/build.log" >&2
     die "build failed"
 fi
 idem_bin=$PWD/build-bench/idem
+open_bin=$PWD/build-bench/bench/idem-open-loop
 
 fstype=$(df --output=fstype "$work" 2>/dev/null | tail -n 1 || stat -f -c %T "$work")
 if [[ $fstype == tmpfs || $fstype == ramfs ]]; then
@@ -347,46 +388,63 @@ hget() { # hget "health output" name
     sed -n "s/^$2=//p" <<<"$1" | head -n 1
 }
 
-# wrk_run NAME MODE URL...: runs wrk with the script, one wrk per URL, all
-# at once, the connections and threads split evenly between them; leaves the
-# GWRESULT fields in res_<field> (summed over the wrk processes; latencies:
-# the largest of theirs, an upper bound of the combined percentile), the wrk
-# output in $work/NAME[.K].wrk, and the CPU seconds wrk used in wrk_cpu.
+# wrk_run NAME MODE URL...: runs the client, one per URL, all at once, the
+# connections and threads (in the open loop, the rate too) split evenly
+# between them; leaves the result line's fields in res_<field> (summed over
+# the clients; latencies: the largest of theirs, an upper bound of the
+# combined percentile), the client's output in $work/NAME[.K].wrk, and the
+# CPU seconds it used in wrk_cpu. The client: wrk with the script (closed
+# loop), or idem-open-loop at open_rate_now req/s when phase is open.
 wrk_run() {
     local name=$1 mode=$2 n=$(($# - 2)) k=0 url tag c t line lines="" bgs=() tags=()
+    local tagline=GWRESULT sampleline=GWSAMPLE
     shift 2
     c=$((conns / n)) t=$((wthreads / n))
     ((t >= 1)) || t=1
+    if [[ $phase == open ]]; then
+        tagline=OLRESULT sampleline=OLSAMPLE t=$((open_threads / n))
+        ((t >= 1)) || t=1
+    fi
     for url in "$@"; do
         k=$((k + 1)) tag=$name
         ((n == 1)) || tag=$name.$k
-        run_bg "$work/$tag.wrk" "$work/$tag.time" timeout --foreground $((seconds + 60)) wrk \
-            -t "$t" -c "$c" -d "${seconds}s" --latency --timeout 5s -s bench/wrk/gateway.lua \
-            "$url" -- "$mode" "$tag-$$-$RANDOM$RANDOM" "$seed_keys" "$fresh_pct" "$seed_prefix"
+        if [[ $phase == open ]]; then
+            # Fixed-rate: each request's latency from the time it was due.
+            run_bg "$work/$tag.wrk" "$work/$tag.time" timeout --foreground \
+                $((open_seconds + 60)) "$open_bin" --url "$url" \
+                --rate "$(awk -v r="$open_rate_now" -v n="$n" 'BEGIN { printf "%.1f", r / n }')" \
+                --seconds "$open_seconds" --warmup 1 --connections "$c" --threads "$t" \
+                --timeout-ms 5000 --prefix "$tag-$$-$RANDOM$RANDOM"
+        else
+            run_bg "$work/$tag.wrk" "$work/$tag.time" timeout --foreground $((seconds + 60)) wrk \
+                -t "$t" -c "$c" -d "${seconds}s" --latency --timeout 5s -s bench/wrk/gateway.lua \
+                "$url" -- "$mode" "$tag-$$-$RANDOM$RANDOM" "$seed_keys" "$fresh_pct" "$seed_prefix"
+        fi
         bgs+=("$bg_pid") tags+=("$tag")
     done
     wrk_cpu=0 res_sample="" res_parts=""
     for k in "${!bgs[@]}"; do
         tag=${tags[k]}
-        wait_bg "${bgs[k]}" || { cat "$work/$tag.wrk" >&2; die "wrk failed for $tag"; }
+        wait_bg "${bgs[k]}" || { cat "$work/$tag.wrk" >&2; die "the client failed for $tag"; }
         wrk_cpu=$(awk -v s="$wrk_cpu" '{ printf "%.2f", s + $1 + $2 }' "$work/$tag.time")
-        line=$(grep '^GWRESULT' "$work/$tag.wrk") ||
-            { cat "$work/$tag.wrk" >&2; die "no result from wrk for $tag"; }
+        line=$(grep "^$tagline" "$work/$tag.wrk") ||
+            { cat "$work/$tag.wrk" >&2; die "no result from the client for $tag"; }
         lines+=$line$'\n'
         res_parts+="$(sed 's/.* rps=\([0-9.]*\).*/\1/' <<<"$line") "
-        [[ -n $res_sample ]] || res_sample=$(sed -n 's/^GWSAMPLE //p' "$work/$tag.wrk" | head -n 1)
+        [[ -n $res_sample ]] ||
+            res_sample=$(sed -n "s/^$sampleline //p" "$work/$tag.wrk" | head -n 1)
     done
     if ((n > 1)); then
         line=$(awk '{ for (i = 2; i <= NF; i++) {
                           f = substr($i, 1, index($i, "=") - 1); v = substr($i, index($i, "=") + 1) + 0
                           if (!(f in s)) k[++m] = f
                           if (f ~ /_us$/ || f == "seconds") { if (v > s[f]) s[f] = v } else s[f] += v } }
-                     END { printf "GWRESULT"
+                     END { printf "RESULT"
                            for (i = 1; i <= m; i++)
-                               printf (k[i] == "rps" || k[i] == "seconds" ? " %s=%.1f" : " %s=%d"), k[i], s[k[i]]
+                               printf (k[i] ~ /^(rps|seconds|rate)$/ ? " %s=%.1f" : " %s=%d"), k[i], s[k[i]]
                            print "" }' <<<"$lines")
     fi
-    for kv in ${line#GWRESULT }; do
+    for kv in ${line#*RESULT }; do
         printf -v "res_${kv%%=*}" '%s' "${kv#*=}"
     done
 }
@@ -414,6 +472,12 @@ record_result() { # run, then the res_* and the extras
         local v="res_$f"
         R[$run.$f]=${!v:-0}
     done
+    # The open loop's: p99.9, service time (sent → answered), lag (due →
+    # sent), the rate asked for, and every answer, the warm-up's included.
+    for f in p999_us svc_p50_us svc_p99_us svc_p999_us lag_p50_us lag_p99_us rate answered; do
+        local v="res_$f"
+        [[ -z ${!v:-} ]] || R[$run.$f]=${!v}
+    done
     local s=""
     for v in ${!res_status_*}; do s+="${v#res_status_}:${!v} "; done
     R[$run.statuses]=${s% }
@@ -423,8 +487,8 @@ record_result() { # run, then the res_* and the extras
     unset "${!res_@}"
 }
 
-cpu_pct() { # ticks → percent of one core over the run
-    awk -v t="$1" -v hz="$clk_tck" -v s="$seconds" 'BEGIN { printf "%.0f", t / hz / s * 100 }'
+cpu_pct() { # ticks → percent of one core over the run (cpu_secs long)
+    awk -v t="$1" -v hz="$clk_tck" -v s="$cpu_secs" 'BEGIN { printf "%.0f", t / hz / s * 100 }'
 }
 
 # ---- the servers -------------------------------------------------------------
@@ -457,9 +521,11 @@ problems=() # anything unexpected, for the report
 notes=()    # expected by the configuration, but worth saying
 
 run_one() {
-    local run=$1 url mode layers="" d u0 u1 p0 p1 i0 i1 s0=0 s1=0 h0 h1 f kv k
+    local kind=$1 run=$1 url mode layers="" d u0 u1 p0 p1 i0 i1 s0=0 s1=0 h0 h1 f kv k cl=wrk
+    # The open loop's figures are kept apart, as open-RUN.
+    [[ $phase == closed ]] || run=open-$kind cl=idem-open-loop
     local pids=() ports=() urls=() dirs=()
-    case $run in
+    case $kind in
     direct) url="http://127.0.0.1:$upstream_port/refunds" mode=unique ;;
     proxy) url="http://127.0.0.1:$proxy_port/refunds" mode=unique ;;
     record-*) layers="[record]" mode=${run#record-} ;;
@@ -482,14 +548,21 @@ run_one() {
         [[ $mode == unique ]] || seed "${ports[0]}"
         h0=$(health "${ports[@]}")
     fi
-    echo "-- $run: wrk $mode → ${urls[*]}" >&2
+    if [[ $phase == open ]]; then
+        echo "-- $run: $cl at $open_rate_now req/s → ${urls[*]}" >&2
+    else
+        echo "-- $run: wrk $mode → ${urls[*]}" >&2
+    fi
     u0=$(group_ticks "$upstream_pgid") p0=$(group_ticks "$proxy_pgid") i0=0
-    local x0=0 x1=0 m0 m1
+    local x0=0 x1=0 m0 m1 w0 w1
     [[ -n $layers ]] && i0=$(group_ticks "${pids[@]}") x0=$(proc_ctxsw "${pids[@]}")
     [[ -z $store_pids ]] || s0=$(tree_ticks $store_pids)
-    m0=$(machine_ticks)
+    m0=$(machine_ticks) w0=$(date +%s%N)
     wrk_run "$run" "$mode" "${urls[@]}"
-    m1=$(machine_ticks)
+    m1=$(machine_ticks) w1=$(date +%s%N)
+    # CPU shares are of the client's whole run (the open loop's warm-up and
+    # last answers included), not of the counted seconds only.
+    cpu_secs=$(awk -v a="$w0" -v b="$w1" 'BEGIN { printf "%.3f", (b - a) / 1e9 }')
     u1=$(group_ticks "$upstream_pgid") p1=$(group_ticks "$proxy_pgid") i1=0
     [[ -n $layers ]] && i1=$(group_ticks "${pids[@]}") x1=$(proc_ctxsw "${pids[@]}")
     [[ -z $store_pids ]] || s1=$(tree_ticks $store_pids)
@@ -499,7 +572,7 @@ run_one() {
     R[$run.cpu_proxy]=$(cpu_pct $((p1 - p0)))
     R[$run.cpu_idem]=$(cpu_pct $((i1 - i0)))
     R[$run.cpu_store]=$(cpu_pct $((s1 - s0)))
-    R[$run.cpu_wrk]=$(awk -v c="${R[$run.wrk_cpu]}" -v s="$seconds" 'BEGIN { printf "%.0f", c / s * 100 }')
+    R[$run.cpu_wrk]=$(awk -v c="${R[$run.wrk_cpu]}" -v s="$cpu_secs" 'BEGIN { printf "%.0f", c / s * 100 }')
     # The rest of the machine: kernel threads (loopback softirqs, the disk)
     # and anything else running. Much of it means a noisy measurement.
     R[$run.cpu_other]=$(($(cpu_pct $((m1 - m0))) - R[$run.cpu_wrk] - R[$run.cpu_upstream] - \
@@ -544,7 +617,7 @@ run_one() {
         esac
     done
     if ((n409)); then
-        if [[ $run == lock-* && $mode != unique ]]; then
+        if [[ $kind == lock-* && $mode != unique ]]; then
             notes+=("$run: $n409 answers 409 to duplicates of keys already DONE: the lock is taken before the record is read, and a concurrent duplicate holds it. First one: ${R[$run.sample]}")
         else
             bad+="409:$n409 "
@@ -552,10 +625,11 @@ run_one() {
     fi
     [[ -z $bad ]] || problems+=("$run: unexpected answers (status:count) $bad; first: ${R[$run.sample]}")
     for f in connect read write timeout; do
-        [[ ${R[$run.errors_$f]} == 0 ]] || problems+=("$run: wrk $f errors: ${R[$run.errors_$f]}")
+        [[ ${R[$run.errors_$f]} == 0 ]] || problems+=("$run: $cl $f errors: ${R[$run.errors_$f]}")
     done
     if [[ -n $layers ]]; then
-        local ex=${R[$run.h_executions]} rp=${R[$run.h_replays]} rq=${R[$run.requests]}
+        # rq: the answers the client read (the open loop's warm-up included).
+        local ex=${R[$run.h_executions]} rp=${R[$run.h_replays]} rq=${R[$run.answered]:-${R[$run.requests]}}
         local hr=${R[$run.h_requests]} c409=${R[$run.h_in_flight_409]} mm=${R[$run.h_mismatches]}
         case $mode in
         unique) ((rp == 0)) || problems+=("$run: $rp replays with unique keys") ;;
@@ -564,11 +638,11 @@ run_one() {
         # idem saw every answer wrk counted, plus at most one per connection
         # cut off at the end; each was an execution, a replay or a 409.
         ((hr >= rq && hr <= rq + conns)) ||
-            problems+=("$run: idem counted $hr gateway requests, wrk $rq answers")
+            problems+=("$run: idem counted $hr gateway requests, $cl $rq answers")
         ((ex + rp + c409 + mm == hr)) ||
             problems+=("$run: executions $ex + replays $rp + 409s $c409 + mismatches $mm != requests $hr")
-        ((${R[$run.replayed]} <= rp)) || problems+=("$run: wrk saw ${R[$run.replayed]} replays, idem counted $rp")
-        ((c409 >= n409)) || problems+=("$run: wrk saw $n409 409s, idem counted $c409")
+        ((${R[$run.replayed]} <= rp)) || problems+=("$run: $cl saw ${R[$run.replayed]} replays, idem counted $rp")
+        ((c409 >= n409)) || problems+=("$run: $cl saw $n409 409s, idem counted $c409")
         for f in store_errors upstream_unknown conflicts takeovers; do
             ((${R[$run.h_$f]} == 0)) || problems+=("$run: health $f = ${R[$run.h_$f]}")
         done
@@ -600,6 +674,7 @@ per_round() {
     done
 }
 
+phase=closed
 for ((round = 1; round <= rounds; round++)); do
     ((rounds == 1)) || echo "== round $round of $rounds" >&2
     for run in $runs; do
@@ -620,6 +695,54 @@ for run in $runs; do
     done
     R[$run.round]=$mid
 done
+
+# Formats, for the notes and the tables.
+ms() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1000 }'; }
+commas() { awk -v x="$1" 'BEGIN { s = sprintf("%.0f", x); while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]([,]|$)/, ",&", s); print s }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f×", a / b; else printf "n/a" }'; }
+have() { [[ -n ${R[$1.rps]:-} ]]; }
+
+# ---- the open loop -------------------------------------------------------------
+# At a fixed rate, a share of what the nginx proxy answered closed-loop (its
+# median round), each target in turn, in rounds as above. First the disk's
+# own durable write where the SQLite file lives, for the target.
+fsync_line=""
+if ((open_loop)); then
+    echo "-- the disk: idem-fsync-time $work, 1000 × (4 KiB write + fdatasync)" >&2
+    fsync_line=$("$PWD/build-bench/bench/idem-fsync-time" "$work" 1000) ||
+        die "idem-fsync-time failed"
+    for kv in ${fsync_line#FSYNCRESULT }; do R[fsync.${kv%%=*}]=${kv#*=}; done
+    open_rate_now=$open_rate open_rate_how="IDEM_GW_OPEN_RATE"
+    if [[ -z $open_rate ]]; then
+        open_rate_now=$(awk -v r="${R[proxy.rps]}" -v p="$open_rate_pct" 'BEGIN { printf "%d", r * p / 100 }')
+        open_rate_how="$open_rate_pct% of the nginx proxy's closed-loop $(commas "${R[proxy.rps]}") req/s"
+        ((open_rate_now > 0)) || die "the proxy's closed-loop rate is 0: no open-loop rate"
+    fi
+    phase=open
+    for ((round = 1; round <= rounds; round++)); do
+        echo "== open loop at $open_rate_now req/s ($open_rate_how), round $round of $rounds" >&2
+        for run in $open_runs; do
+            np=${#problems[@]} nn=${#notes[@]}
+            run_one "$run"
+            # Due requests that wait long for a free connection: the target
+            # answers slower than the rate, and its latency is that queue's.
+            if ((R[open-$run.lag_p99_us] > 50000)); then
+                notes+=("open-$run: requests waited $(ms "${R[open-$run.lag_p99_us]}") ms (p99) for a free connection: it did not keep up with $open_rate_now req/s, and its latency is mostly that queue")
+            fi
+            keep_round "open-$run" "$round" "$np" "$nn"
+        done
+    done
+    # Each open run's row: its median round by p99.
+    for run in $open_runs; do
+        pairs=()
+        for ((round = 1; round <= rounds; round++)); do pairs+=("${R[open-$run@$round.p99_us]} $round"); done
+        mid=$(printf '%s\n' "${pairs[@]}" | sort -g | awk '{ r[NR] = $2 } END { print r[(NR + 1) / 2] }')
+        for k in "${!R[@]}"; do
+            [[ $k == "open-$run@$mid".* ]] && R[open-$run.${k#"open-$run@$mid".}]=${R[$k]}
+        done
+        R[open-$run.round]=$mid
+    done
+fi
 for n in upstream proxy; do
     if [[ -s $work/$n/error.log ]]; then
         problems+=("nginx $n logged: $(head -c 600 "$work/$n/error.log" | tr '\n' '|')")
@@ -627,10 +750,6 @@ for n in upstream proxy; do
 done
 
 # ---- the table -----------------------------------------------------------------
-ms() { awk -v u="$1" 'BEGIN { printf "%.2f", u / 1000 }'; }
-commas() { awk -v x="$1" 'BEGIN { s = sprintf("%.0f", x); while (s ~ /[0-9][0-9][0-9][0-9]/) sub(/[0-9][0-9][0-9]([,]|$)/, ",&", s); print s }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f×", a / b; else printf "n/a" }'; }
-have() { [[ -n ${R[$1.rps]:-} ]]; }
 
 describe() {
     local who=idem
@@ -654,20 +773,115 @@ if [[ $store != embedded ]]; then
 fi
 [[ -z $store_pids ]] || cpu_cols="wrk / upstream / proxy / idem / store / rest"
 
+met() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { ok = op == ">=" ? v >= t : v <= t; print ok ? "yes" : "**no**" }'; }
+target_row() { # LABEL UNIT TARGET OP FORMULA A-FIELD B-FIELD: a row over the rounds
+    local label=$1 unit=$2 t=$3 op=$4 f=$5 a=$6 b=$7 v vals hit=0 sym=≥
+    [[ $op == ">=" ]] || sym=≤
+    vals=($(per_round "$f" "$a" "$b"))
+    for v in "${vals[@]}"; do
+        [[ $(met "$v" "$t" "$op") == yes ]] && hit=$((hit + 1))
+    done
+    v=$(median "${vals[@]}")
+    printf '| %s | %s%s | %s %s%s | %s | %s | %d of %d |\n' "$label" "$v" "$unit" \
+        "$sym" "$t" "$unit" "$(met "$v" "$t" "$op")" "${vals[*]}" "$hit" "$rounds"
+}
+
+# open_table: the open loop's section of the table.
+open_table() {
+    local run pc fs99 tgt
+    printf '## Open loop: latency at a fixed rate, %s req/s (%s)\n\n' \
+        "$(commas "$open_rate_now")" "$open_rate_how"
+    printf 'idem-open-loop (bench/open_loop.c), %d keep-alive connections, %d thread(s): request i is due at\n' \
+        "$conns" "$open_threads"
+    printf 'start + i / rate, whatever became of the others, and goes out on the first idle connection; its latency\n'
+    printf 'runs from that due time to the end of its answer (coordinated omission corrected). %d s counted after\n' \
+        "$open_seconds"
+    printf '1 s of warm-up at the same rate; unique keys. "added": the run'"'"'s percentile minus direct'"'"'s, the\n'
+    printf 'median of the rounds'"'"' own. "service": sent → answered, what a closed-loop client would time; "lag":\n'
+    printf 'due → sent, the wait for an idle connection (or for the client).'
+    ((rounds == 1)) || printf ' Each row is its run'"'"'s median round by p99.'
+    printf '\n\n'
+    printf '| run | answered req/s | rate ÷ its closed-loop req/s | p50 ms | p99 ms | p99.9 ms | max ms | added p50 / p99 / p99.9 ms | service p99 ms | lag p99 ms | statuses | CPU %% of a core (client / upstream / proxy / idem / rest) | idem executions |\n'
+    printf '|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|---:|\n'
+    for run in $open_all; do
+        have "open-$run" || continue
+        local o=open-$run added="–" ex="–" load="–"
+        # Above 1, the target cannot answer that fast: requests queue.
+        have "$run" && load=$(ratio "$open_rate_now" "${R[$run.rps]}")
+        if [[ $run != direct ]] && have open-direct; then
+            added=""
+            for pc in p50_us p99_us p999_us; do
+                added+="$(median $(per_round "(a - b) / 1000" "$o.$pc" "open-direct.$pc")) / "
+            done
+            added=${added% / }
+        fi
+        [[ $run == direct || $run == proxy ]] || ex=$(commas "${R[$o.h_executions]}")
+        local what
+        what=$(describe "$run")
+        printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s / %s / %s / %s / %s | %s |\n' \
+            "${what/wrk →/idem-open-loop →}" "$(commas "${R[$o.rps]}")" "$load" "$(ms "${R[$o.p50_us]}")" \
+            "$(ms "${R[$o.p99_us]}")" "$(ms "${R[$o.p999_us]}")" "$(ms "${R[$o.max_us]}")" \
+            "$added" "$(ms "${R[$o.svc_p99_us]}")" "$(ms "${R[$o.lag_p99_us]}")" \
+            "${R[$o.statuses]// /, }" "${R[$o.cpu_wrk]}" "${R[$o.cpu_upstream]}" \
+            "${R[$o.cpu_proxy]}" "${R[$o.cpu_idem]}" "${R[$o.cpu_other]}" "$ex"
+    done
+    fs99=$(ms "${R[fsync.p99_us]}")
+    tgt=$(awk -v f="${R[fsync.p99_us]}" 'BEGIN { printf "%.2f", 2 * f / 1000 + 1 }')
+    printf '\nThe disk where idem'"'"'s SQLite file lives (%s, `idem-fsync-time`: 1000 × a 4 KiB write + `fdatasync`,\n' "$fstype"
+    printf 'measured before the open-loop runs): p50 %s ms, p99 %s ms, max %s ms. Target: the p99 idem adds\n' \
+        "$(ms "${R[fsync.p50_us]}")" "$fs99" "$(ms "${R[fsync.max_us]}")"
+    printf 'over direct ≤ 2 × the disk'"'"'s p99 + 1 ms = %s ms (an execution waits for two durable writes).\n\n' "$tgt"
+    printf '| figure | value | target | met | each round | met in |\n|---|---:|---:|:---:|---|---:|\n'
+    for run in record-unique lock-unique; do
+        have "open-$run" && have open-direct || continue
+        target_row "$(describe "$run"): p99 added over direct, open loop" " ms" "$tgt" "<=" \
+            "(a - b) / 1000" "open-$run.p99_us" open-direct.p99_us
+    done
+    if ((rounds > 1)); then
+        printf '\np99 ms in each round (open loop):\n\n| run |'
+        for ((r = 1; r <= rounds; r++)); do printf ' round %d |' "$r"; done
+        printf '\n|---|'
+        for ((r = 1; r <= rounds; r++)); do printf -- '---:|'; done
+        printf '\n'
+        for run in $open_all; do
+            have "open-$run" || continue
+            what=$(describe "$run")
+            printf '| %s |' "${what/wrk →/idem-open-loop →}"
+            for ((r = 1; r <= rounds; r++)); do printf ' %s |' "$(ms "${R[open-$run@$r.p99_us]}")"; done
+            printf '\n'
+        done
+    fi
+    printf '\n'
+}
+
 out=$out_md
 mkdir -p "$(dirname "$out")"
 {
-    printf '# Idem gateway benchmark\n\n'
+    if ((open_loop)); then
+        printf '# Idem gateway latency benchmark: open loop, and closed loop beside it\n\n'
+    else
+        printf '# Idem gateway benchmark\n\n'
+    fi
     printf '%s · %s · %d cores · Linux %s · idem %s · nginx %s (worker_processes %s) · wrk %s `-t%s -c%s -d%ss --latency` · idem workers %s · %s\n\n' \
         "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -n)" "$(nproc)" "$(uname -r)" \
         "${idem_version:-?}" "$nginx_version" "$nginx_workers" "$wrk_version" "$wthreads" \
         "$conns" "$seconds" "$idem_workers" "$where"
-    printf 'Everything on 127.0.0.1, load generator included: the servers and wrk share the %d cores.\n' "$(nproc)"
+    if ((open_loop)); then
+        printf 'Everything on 127.0.0.1, load generators included: the servers, wrk and idem-open-loop share the %d cores.\n' "$(nproc)"
+    else
+        printf 'Everything on 127.0.0.1, load generator included: the servers and wrk share the %d cores.\n' "$(nproc)"
+    fi
     printf 'Every request: `POST /refunds {"refund_no":"<key>","amount":"1.00"}`; the upstream answers `201 {"ok":true}`.\n'
     if ((rounds > 1)); then
         printf '%d rounds, each measuring every run once, in turn; each row is its run'"'"'s median round by req/s.\n' "$rounds"
     fi
     printf '\n'
+    if ((open_loop)); then
+        open_table
+        printf '## Closed loop (wrk), in the same run\n\n'
+        printf 'wrk `-t%s -c%s -d%ss`: each connection sends its next request when the last answer is in.\n\n' \
+            "$wthreads" "$conns" "$seconds"
+    fi
     printf '| run | req/s | × nginx proxy | p50 ms | p99 ms | max ms | idem executions | idem replays | statuses | CPU %% of a core (%s) | idem CPU µs / req | idem context switches / req |\n' "$cpu_cols"
     printf '|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|\n'
     for run in $all_runs; do
@@ -695,18 +909,6 @@ mkdir -p "$(dirname "$out")"
         printf 'the median over the %d rounds, and "met" judges that median (as the × nginx proxy column).\n\n' "$rounds"
     fi
     printf '| figure | value | target | met | each round | met in |\n|---|---:|---:|:---:|---|---:|\n'
-    met() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { ok = op == ">=" ? v >= t : v <= t; print ok ? "yes" : "**no**" }'; }
-    target_row() { # LABEL UNIT TARGET OP FORMULA A-FIELD B-FIELD: a row over the rounds
-        local label=$1 unit=$2 t=$3 op=$4 f=$5 a=$6 b=$7 v vals hit=0 sym=≥
-        [[ $op == ">=" ]] || sym=≤
-        vals=($(per_round "$f" "$a" "$b"))
-        for v in "${vals[@]}"; do
-            [[ $(met "$v" "$t" "$op") == yes ]] && hit=$((hit + 1))
-        done
-        v=$(median "${vals[@]}")
-        printf '| %s | %s%s | %s %s%s | %s | %s | %d of %d |\n' "$label" "$v" "$unit" \
-            "$sym" "$t" "$unit" "$(met "$v" "$t" "$op")" "${vals[*]}" "$hit" "$rounds"
-    }
     if have record-unique && have proxy; then
         target_row "idem [record] unique keys / nginx proxy, req/s" "×" 0.5 ">=" "a / b" \
             record-unique.rps proxy.rps
@@ -784,11 +986,12 @@ if [[ -n $out_raw ]]; then
             "$fresh_pct" "$(json_str "${idem_version:-}")" "$(json_str "$nginx_version")" \
             "$(json_str "$wrk_version")"
         sep=""
-        for run in $all_runs; do
+        for run in $all_runs $(for r in $open_all; do echo "open-$r"; done); do
             have "$run" || continue
-            printf '%s\n  "%s":{"description":%s' "$sep" "$run" "$(json_str "$(describe "$run")")"
+            printf '%s\n  "%s":{"description":%s' "$sep" "$run" "$(json_str "$(describe "${run#open-}")")"
             sep=","
-            for f in round requests rps p50_us p99_us max_us replayed errors_connect errors_read \
+            for f in round requests rps p50_us p99_us max_us p999_us svc_p50_us svc_p99_us \
+                svc_p999_us lag_p50_us lag_p99_us rate answered replayed errors_connect errors_read \
                 errors_write errors_timeout wrk_cpu cpu_wrk cpu_upstream cpu_proxy cpu_idem \
                 cpu_store cpu_other idem_cpu_us ctxsw h_requests h_executions h_replays \
                 h_in_flight_409 h_mismatches h_store_errors h_upstream_unknown h_commits \
@@ -796,10 +999,19 @@ if [[ -n $out_raw ]]; then
                 # The health counters (h_*) as idem_*, apart from wrk's figures.
                 [[ -n ${R[$run.$f]:-} ]] && printf ',"%s":%s' "${f/#h_/idem_}" "${R[$run.$f]}"
             done
-            printf ',"statuses":%s,"wrk_rps_each":%s}' "$(json_str "${R[$run.statuses]}")" \
-                "$(json_str "${R[$run.rps_parts]}")"
+            # Each round's req/s and p99, in round order (for bench/growth.sh).
+            each_rps="" each_p99=""
+            for ((r = 1; r <= rounds; r++)); do
+                each_rps+="${R[$run@$r.rps]} " each_p99+="${R[$run@$r.p99_us]} "
+            done
+            printf ',"statuses":%s,"wrk_rps_each":%s,"rps_each_round":%s,"p99_us_each_round":%s}' \
+                "$(json_str "${R[$run.statuses]}")" "$(json_str "${R[$run.rps_parts]}")" \
+                "$(json_str "${each_rps% }")" "$(json_str "${each_p99% }")"
         done
-        printf '\n},"notes":['
+        printf '\n}'
+        ((open_loop)) && printf ',"open_rate":%s,"fsync_4k":{"p50_us":%s,"p99_us":%s,"max_us":%s}' \
+            "$open_rate_now" "${R[fsync.p50_us]}" "${R[fsync.p99_us]}" "${R[fsync.max_us]}"
+        printf ',"notes":['
         sep=""
         for p in "${notes[@]}"; do printf '%s%s' "$sep" "$(json_str "$p")"; sep=","; done
         printf '],"problems":['
