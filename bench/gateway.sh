@@ -56,6 +56,14 @@
 #   IDEM_GW_STORE_PIDS [none]    the main process ids of the store's servers
 #                                (with their children), to show their CPU
 #                                apart from the rest
+# For bench/growth.sh:
+#   IDEM_GW_DB [none]            the embedded store's SQLite file: every idem
+#                                serve opens this one, kept as it is, instead
+#                                of a fresh file per run
+#   IDEM_GW_UNIQUE_KEYS [ordered]  or scattered: each unique key starts with
+#                                8 random hex digits, so that a run's keys
+#                                spread over the key index as random ids do,
+#                                instead of following each other
 # Needs wrk, nginx, curl and the build dependencies. Takes about 2.3 minutes
 # a round on a 2-core VM: 7 minutes with the default 3 rounds.
 set -euo pipefail
@@ -80,6 +88,8 @@ redis_url=${IDEM_GW_REDIS:-}
 pg_url=${IDEM_GW_POSTGRES:-}
 instances=${IDEM_GW_INSTANCES:-1}
 store_pids=${IDEM_GW_STORE_PIDS:-}
+db_file=${IDEM_GW_DB:-}
+unique_keys=${IDEM_GW_UNIQUE_KEYS:-ordered}
 open_loop=${IDEM_GW_OPEN_LOOP:-0}
 open_runs=${IDEM_GW_OPEN_RUNS:-direct,proxy,record-unique,lock-unique}
 open_rate_pct=${IDEM_GW_OPEN_RATE_PCT:-50}
@@ -122,6 +132,10 @@ if ((open_loop)); then
             die "the open-loop rate is a share of the proxy's closed-loop rate: IDEM_GW_RUNS must include proxy, or set IDEM_GW_OPEN_RATE"
     fi
 fi
+[[ $unique_keys == ordered || $unique_keys == scattered ]] ||
+    die "IDEM_GW_UNIQUE_KEYS is ordered or scattered (got '$unique_keys')"
+[[ -z $db_file || $store == embedded ]] || die "IDEM_GW_DB is for the embedded store"
+[[ -z $db_file || $db_file == /* ]] || die "IDEM_GW_DB must be an absolute path"
 case $store in
 embedded) ((instances == 1)) || die "IDEM_GW_INSTANCES > 1 needs IDEM_GW_STORE=distributed" ;;
 distributed)
@@ -341,7 +355,9 @@ start_idem() {
     for ((tries = 0; tries < 5; tries++)); do
         pick_port
         idem_port=$picked_port
-        if [[ $store == embedded ]]; then
+        if [[ -n $db_file ]]; then
+            storage="{ kind: embedded, path: $(yaml_quote "$db_file") }"
+        elif [[ $store == embedded ]]; then
             rm -f "$d"/idem.db*
             storage="{ kind: embedded, path: $d/idem.db }"
         else
@@ -528,9 +544,11 @@ run_one() {
     case $kind in
     direct) url="http://127.0.0.1:$upstream_port/refunds" mode=unique ;;
     proxy) url="http://127.0.0.1:$proxy_port/refunds" mode=unique ;;
-    record-*) layers="[record]" mode=${run#record-} ;;
-    lock-*) layers="[lock, record]" mode=${run#lock-} ;;
+    record-*) layers="[record]" mode=${kind#record-} ;;
+    lock-*) layers="[lock, record]" mode=${kind#lock-} ;;
     esac
+    local wmode=$mode
+    [[ $mode != unique || $unique_keys == ordered ]] || wmode=scatter
     # The seed keys: a store shared by several runs needs new ones each time.
     seed_prefix=seed
     [[ $store == embedded ]] || seed_prefix="seed-$run-$$-$RANDOM"
@@ -558,7 +576,7 @@ run_one() {
     [[ -n $layers ]] && i0=$(group_ticks "${pids[@]}") x0=$(proc_ctxsw "${pids[@]}")
     [[ -z $store_pids ]] || s0=$(tree_ticks $store_pids)
     m0=$(machine_ticks) w0=$(date +%s%N)
-    wrk_run "$run" "$mode" "${urls[@]}"
+    wrk_run "$run" "$wmode" "${urls[@]}"
     m1=$(machine_ticks) w1=$(date +%s%N)
     # CPU shares are of the client's whole run (the open loop's warm-up and
     # last answers included), not of the counted seconds only.
@@ -772,6 +790,8 @@ if [[ $store != embedded ]]; then
     commit_what="PostgreSQL transaction"
 fi
 [[ -z $store_pids ]] || cpu_cols="wrk / upstream / proxy / idem / store / rest"
+[[ -z $db_file ]] || where+=" $db_file, kept across runs (IDEM_GW_DB)"
+[[ $unique_keys == ordered ]] || where+=" · unique keys scattered: 8 random hex digits first"
 
 met() { awk -v v="$1" -v t="$2" -v op="$3" 'BEGIN { ok = op == ">=" ? v >= t : v <= t; print ok ? "yes" : "**no**" }'; }
 target_row() { # LABEL UNIT TARGET OP FORMULA A-FIELD B-FIELD: a row over the rounds

@@ -11,6 +11,9 @@
 --
 -- MODE
 --   unique  a fresh key per request: PREFIX-<thread>-<counter>
+--   scatter as unique, behind 8 random hex digits: <hex>-PREFIX-<thread>-<counter>,
+--           so that the keys of a run land all over a key index, as random
+--           ids (UUIDs) do, rather than next to each other
 --   seed    seed-0 .. seed-(SEED_KEYS-1) in order, round and round, and
 --           stops the thread after SEED_KEYS + 64 answers. Run it with -t 1
 --           and at most 64 connections: the keys in flight at any moment are
@@ -59,7 +62,8 @@ function init(args)
     nseed = tonumber(args[3] or "1000")
     fresh_pct = tonumber(args[4] or "10")
     seed_prefix = args[5] or "seed"
-    if mode ~= "unique" and mode ~= "seed" and mode ~= "mix" and mode ~= "replay" then
+    if mode ~= "unique" and mode ~= "scatter" and mode ~= "seed" and mode ~= "mix"
+        and mode ~= "replay" then
         error("gateway.lua: unknown mode " .. tostring(mode))
     end
     -- Different threads draw different sequences.
@@ -83,6 +87,8 @@ function request()
     local key
     if mode == "unique" then
         key = fresh()
+    elseif mode == "scatter" then
+        key = string.format("%08x-", math.random(0, 0x7fffffff)) .. fresh()
     elseif mode == "seed" then
         key = seed_prefix .. "-" .. ((counter - 1) % nseed)
     elseif mode == "mix" then
