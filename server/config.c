@@ -1770,7 +1770,7 @@ static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
                                                         &r->unknown_hold))
         return -1;
     if ((v = FIELD("key_required"))) {
-        int required;
+        int required = 1;
         if (get_bool(c, v, fpath, &required))
             return -1;
         r->key_optional = !required;
