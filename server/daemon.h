@@ -204,8 +204,9 @@ void daemon_observe(const struct route *rt, int64_t start_us);
 void daemon_write_ok(struct daemon *d);
 void daemon_write_failed(struct daemon *d, idem_rc rc);
 
-/* The loop has stopped: every asynchronous call it made is finished and
- * its answer run (onto the front's queue, which front_free() empties). */
+/* The loop has stopped, its parked requests aborted: every asynchronous
+ * call it made is finished and its callback run (the request, finding the
+ * front closing, is abandoned). */
 void daemon_loop_settle(struct daemon_loop *l);
 
 /* The handler the front end runs on the loop for every request. */

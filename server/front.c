@@ -1217,6 +1217,8 @@ void front_abort_parked(struct front *f)
             abort(req); /* ends with front_answer(), which frees req */
         }
     }
+    /* What comes back from now on finds the front closing. */
+    f->closing = 1;
 }
 
 void front_free(struct front *f)

@@ -176,8 +176,9 @@ void front_drain(struct front *f, int64_t timeout_ms);
 /* Requests being handled right now (not yet answered). */
 size_t front_in_flight(struct front *f);
 
-/* Requests parked on this loop's own events are aborted (on_abort): call
- * after the loop stopped, before the event base and the store close. */
+/* Requests parked on this loop's own events are aborted (on_abort), and
+ * the front is closing from then on (front_closing): call after the loop
+ * stopped, before the event base and the store close. */
 void front_abort_parked(struct front *f);
 
 /* Free the front end: steps still queued run with front_closing() true.

@@ -424,11 +424,12 @@ static void keep_rc(struct gw *g, idem_rc rc)
 }
 
 /* Every store call is one of the library's asynchronous calls, on the
- * request's loop; each answer comes back to it through the front
- * (front_resume). A start that fails has no callback: start_call() then
- * goes on at once. */
+ * request's loop. Its callback runs on the loop, never inside the call
+ * that started it (idem/loop.h), so it goes on with the request at once:
+ * back(). A start that fails has no callback: start_call() then goes on at
+ * once. */
 
-static void resume(struct front_request *req);
+static void back(struct gw *g);
 
 static void on_record(void *arg, idem_rc rc, idem_outcome o, idem_record *rec,
                       const char *detail)
@@ -443,7 +444,7 @@ static void on_record(void *arg, idem_rc rc, idem_outcome o, idem_record *rec,
         g->rec = *rec; /* taken: its result is g's now */
         memset(rec, 0, sizeof *rec);
     }
-    front_resume(g->req, resume);
+    back(g);
 }
 
 static void on_outcome(void *arg, idem_rc rc, idem_outcome o, const char *detail)
@@ -540,7 +541,7 @@ static void on_released(void *arg, idem_rc rc, idem_outcome o, const char *detai
     (void)o;
     (void)detail;
     g->locked = 0;
-    front_resume(g->req, resume);
+    back(g);
 }
 
 /* Entered only with the lock held (finish()). */
@@ -615,11 +616,12 @@ static void done(struct gw *g);
 static void answer(struct gw *g);
 static void arm_timer(struct gw *g);
 
-/* A store call came back to the loop. */
-static void resume(struct front_request *req)
+/* A store call came back to the loop. Once the daemon is stopping (the
+ * loop no longer runs: its last answers are run by the shutdown, see
+ * daemon_loop_settle), the request is abandoned. */
+static void back(struct gw *g)
 {
-    struct gw *g = req->state;
-    if (front_closing(req))
+    if (front_closing(g->req))
         abandon(g);
     else
         done(g);
