@@ -23,6 +23,9 @@
 #include "store/store.h"
 
 #define DETAIL_MAX 256 /* as error.c's detail */
+/* The strings of most calls fit here, and their block then comes from the
+ * thread's pool (core/alloc.h); a call with longer ones is allocated alone. */
+#define TEXT_POOLED (3 * (IDEM_KEY_MAX + 1) + IDEM_NAME_MAX + 1)
 
 enum op { CONSUME, GIVE_BACK, ACQUIRE, RENEW, RELEASE };
 
@@ -49,8 +52,17 @@ struct kv_call {
     idem_lock_info info;
     char spent_key[IDEM_KEY_MAX + 1];
     char detail[DETAIL_MAX];
+    int pooled;
     char text[];
 };
+
+static void call_free(struct kv_call *k)
+{
+    if (k->pooled)
+        idem__pool_put(k, sizeof *k + TEXT_POOLED);
+    else
+        idem__free(k);
+}
 
 static void run_callback(void *arg)
 {
@@ -66,7 +78,7 @@ static void run_callback(void *arg)
         k->cb.outcome(k->arg, k->rc, k->out, k->detail);
         break;
     }
-    idem__free(k);
+    call_free(k);
 }
 
 /* The answer is in: post the callback (any thread; the loop's own when the
@@ -110,12 +122,15 @@ static struct kv_call *call_new(enum op op, int n, const char *const *s)
         len[i] = s[i] ? strlen(s[i]) + 1 : 0;
         total += len[i];
     }
-    struct kv_call *k = idem__malloc(sizeof *k + total);
+    int pooled = total <= TEXT_POOLED;
+    struct kv_call *k = pooled ? idem__pool_get(sizeof *k + TEXT_POOLED)
+                               : idem__malloc(sizeof *k + total);
     if (!k) {
         idem__fail(IDEM_ENOMEM, "asynchronous call: no memory for the call");
         return NULL;
     }
     memset(k, 0, sizeof *k);
+    k->pooled = pooled;
     k->op = op;
     k->call.done = call_done;
     char *p = k->text;
@@ -195,7 +210,7 @@ static idem_rc start(idem *h, idem_loop *loop, struct kv_call *k)
 {
     struct idem__loop *l = idem__loop_of(h, loop);
     if (!l) {
-        idem__free(k);
+        call_free(k);
         return IDEM_ENOMEM;
     }
     k->l = l;

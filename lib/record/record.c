@@ -570,8 +570,16 @@ struct rec_async {
     char key[IDEM_KEY_MAX + 1];
     char owner[IDEM_KEY_MAX + 1];
     uint8_t fingerprint[IDEM_FINGERPRINT_LEN];
-    unsigned char result[]; /* complete, fail: the result's bytes */
+    void *result;           /* complete, fail: a copy of the result's bytes */
 };
+
+/* A call is made and answered on the caller's loop: its block comes from
+ * and goes back to that thread's pool (core/alloc.h). */
+static void async_free(struct rec_async *a)
+{
+    idem__free(a->result);
+    idem__pool_put(a, sizeof *a);
+}
 
 /* On the loop: the answer. */
 static void deliver(void *arg)
@@ -584,7 +592,7 @@ static void deliver(void *arg)
     else
         a->out_cb(a->arg, dr->rc, dr->rc == IDEM_OK ? dr->out : IDEM_NONE, detail);
     idem_record_clear(&dr->cur);
-    idem__free(a);
+    async_free(a);
 }
 
 static void post_answer(struct rec_async *a)
@@ -616,12 +624,16 @@ static idem_rc async_new(idem *h, idem_loop *loop, const char *space, const char
 {
     if (!loop || !loop->ops || loop->ops->version < IDEM_LOOP_OPS_VERSION)
         return idem__fail(IDEM_EINVAL, "loop: NULL, or not an IDEM_LOOP_OPS_VERSION adapter");
-    struct rec_async *a = idem__malloc(sizeof *a + result_len);
+    struct rec_async *a = idem__pool_get(sizeof *a);
     if (!a)
         return idem__fail(IDEM_ENOMEM, "records: no memory for an asynchronous call");
     memset(a, 0, sizeof *a);
+    if (result_len && !(a->result = idem__malloc(result_len))) {
+        async_free(a);
+        return idem__fail(IDEM_ENOMEM, "records: no memory for a copy of the result");
+    }
     if (!(a->l = idem__loop_of(h, loop))) {
-        idem__free(a);
+        async_free(a);
         return IDEM_ENOMEM;
     }
     a->arg = arg;
@@ -636,7 +648,7 @@ static idem_rc async_go(idem *h, struct rec_async *a)
 {
     const struct idem__db_ops *db = h->db_ops;
     if (!db->rec_get_start || !db->rec_insert_start || !db->rec_cas_start) {
-        idem__free(a);
+        async_free(a);
         return idem__fail(IDEM_ENOTSUP, "asynchronous record calls: not offered by the %s store",
                           h->store_name);
     }
@@ -647,7 +659,7 @@ static idem_rc async_go(idem *h, struct rec_async *a)
                                        &a->got);
         if (rc != IDEM_OK) {
             idem__loop_end(a->l);
-            idem__free(a);
+            async_free(a);
         }
         return rc;
     }
