@@ -7,7 +7,9 @@
  * state for it. Detaching a loop fails what the kv backend runs on the loop
  * itself (it will not run again), waits for the rest (writer threads'
  * jobs), then frees the state. Loops are few (a daemon has one per core),
- * so the table is a list searched under loops_mu.
+ * so the table is a list searched under loops_mu; each thread remembers
+ * the last one it found, until a detach or a close anywhere makes that
+ * memory stale (loops_gen).
  */
 #include <string.h>
 
@@ -15,8 +17,20 @@
 #include "core/error.h"
 #include "store/store.h"
 
+static atomic_ulong loops_gen = 1; /* raised before any loop's state is freed */
+
+static _Thread_local struct {
+    idem *h;
+    idem_loop *loop;
+    struct idem__loop *l;
+    unsigned long gen;
+} last;
+
 struct idem__loop *idem__loop_of(idem *h, idem_loop *loop)
 {
+    unsigned long gen = atomic_load(&loops_gen);
+    if (last.h == h && last.loop == loop && last.gen == gen)
+        return last.l;
     pthread_mutex_lock(&h->loops_mu);
     struct idem__loop *l = h->loops;
     while (l && l->loop != loop)
@@ -30,8 +44,14 @@ struct idem__loop *idem__loop_of(idem *h, idem_loop *loop)
         h->loops = l;
     }
     pthread_mutex_unlock(&h->loops_mu);
-    if (!l)
+    if (!l) {
         idem__fail(IDEM_ENOMEM, "asynchronous call: no memory for the loop's state");
+        return NULL;
+    }
+    last.h = h;
+    last.loop = loop;
+    last.l = l;
+    last.gen = gen;
     return l;
 }
 
@@ -60,6 +80,7 @@ void idem__loop_end(struct idem__loop *l)
 
 static void let_go(idem *h, struct idem__loop *l)
 {
+    atomic_fetch_add(&loops_gen, 1);
     if (h->kv_ops && h->kv_ops->loop_gone)
         h->kv_ops->loop_gone(h->kv, l);
     pthread_mutex_lock(&h->loops_mu);
