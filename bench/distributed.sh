@@ -100,6 +100,7 @@ trap 'exit 130' INT TERM
 
 # tree_ticks PID..., machine_ticks, clk_tck.
 source bench/cpu.sh
+source bench/report.sh
 
 # ---- build -------------------------------------------------------------------
 say "== building idem-bench, idem and the helpers (Release, build-bench/)"
@@ -659,14 +660,7 @@ out=bench/results/distributed.md
             done <"$work/gw-$kind.tail"
         done
     fi
-    if ((${#notes[@]})); then
-        printf '\n## Notes\n\n'
-        for p in "${notes[@]}"; do printf -- '- %s\n' "$p"; done
-    fi
-    if ((${#problems[@]})); then
-        printf '\n## Problems seen in this run\n\n'
-        for p in "${problems[@]}"; do printf -- '- %s\n' "$p"; done
-    fi
+    print_notes_and_problems
     printf '\nSee bench/README.md.\n'
 } >"$out"
 

@@ -289,6 +289,7 @@ forget_group() { # pgid: no longer ours to stop
 
 # group_ticks PGID..., tree_ticks PID..., machine_ticks, clk_tck.
 source bench/cpu.sh
+source bench/report.sh
 
 # Context switches (voluntary + involuntary) of every thread of the processes "$@".
 proc_ctxsw() {
@@ -982,14 +983,7 @@ mkdir -p "$(dirname "$out")"
     fi
     printf '%d seed keys, not counted). The token layer is not measured here (each request would need a\n' "$seed_keys"
     printf 'fresh token from the JSON API): `bash bench/run.sh` measures it. See bench/README.md.\n'
-    if ((${#notes[@]})); then
-        printf '\n## Notes\n\n'
-        for p in "${notes[@]}"; do printf -- '- %s\n' "$p"; done
-    fi
-    if ((${#problems[@]})); then
-        printf '\n## Problems seen in this run\n\n'
-        for p in "${problems[@]}"; do printf -- '- %s\n' "$p"; done
-    fi
+    print_notes_and_problems
 } >"$out"
 
 # The raw figures, for bench/distributed.sh: one object per run.

@@ -42,6 +42,7 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source bench/report.sh
 quick=${IDEM_GROWTH_QUICK:-0}
 if [[ $quick == 1 ]]; then
     sizes=${IDEM_GROWTH_SIZES:-10000,100000} rounds=${IDEM_GROWTH_ROUNDS:-1}
@@ -350,14 +351,7 @@ mkdir -p "$(dirname "$out_md")"
             "$(div "${F[$store.$first.ratio]}" "${F[$store.$largest.ratio]}")" \
             "$(div "${F[$store.$largest.p99_us]}" "${F[$store.$first.p99_us]}")"
     done
-    if ((${#notes[@]})); then
-        printf '\n## Notes\n\n'
-        for p in "${notes[@]}"; do printf -- '- %s\n' "$p"; done
-    fi
-    if ((${#problems[@]})); then
-        printf '\n## Problems seen in this run\n\n'
-        for p in "${problems[@]}"; do printf -- '- %s\n' "$p"; done
-    fi
+    print_notes_and_problems
 } >"$out_md"
 echo >&2
 cat "$out_md"
