@@ -345,6 +345,10 @@ struct redis {
     int64_t retry_at;         /* monotonic ms: no connect before */
     int64_t backoff_ms;
     char down[DETAIL_MAX];    /* why the last connect failed */
+    /* Monotonic ms of the last connection of this handle's, any thread's
+     * or loop's, that got through: a loop backing off after a failure
+     * older than that tries again at once (the server is back). */
+    int64_t up_at;            /* __atomic */
 
     struct io io[NIO];
 
@@ -654,6 +658,7 @@ static void reconnect(struct redis *r, struct io *io)
         r->nconnected++;
         r->backoff_ms = 0;
         r->retry_at = 0;
+        __atomic_store_n(&r->up_at, idem__mono_ms(), __ATOMIC_RELAXED);
         return;
     }
     r->backoff_ms = r->backoff_ms ? r->backoff_ms * 2 : BACKOFF_MIN_MS;
@@ -1139,7 +1144,9 @@ static idem_rc lock_release(void *kv, const char *space, const char *key,
  * Faults keep the blocking calls' meaning. A connection is made (without
  * blocking) when a flush finds none, unless the last attempt failed less
  * than the backoff ago: then the calls fail at once with EUNAVAILABLE and
- * the cause. AUTH and SELECT go first, and the operations wait for their
+ * the cause — but not once a connection of another loop or thread of the
+ * handle has got through since that attempt began (r->up_at): the server
+ * is back, and the loop connects again at once. AUTH and SELECT go first, and the operations wait for their
  * replies (one that ran on another database would be wrong). Every
  * command's reply is due timeout_ms after it was appended; when the oldest
  * one is late the connection is dropped, and each command on it fails:
@@ -1183,6 +1190,7 @@ struct aloop {
     int64_t timer_at;
     int64_t retry_at;         /* monotonic ms: no connect before */
     int64_t backoff_ms;
+    int64_t tried_at;         /* monotonic ms: the last connect began */
     char down[DETAIL_MAX];    /* why the last connect failed */
 };
 
@@ -1493,6 +1501,7 @@ static void on_handshake(redisAsyncContext *ac, void *reply, void *priv)
     if (--k->handshake == 0) {
         k->ready = 1;
         k->a->backoff_ms = 0;
+        __atomic_store_n(&k->a->r->up_at, idem__mono_ms(), __ATOMIC_RELAXED);
         aschedule(k->a); /* not from here: the operations go from a flush */
     }
 }
@@ -1620,12 +1629,16 @@ static void apump(struct aloop *a)
         k = NULL;
     }
     if (!k) {
-        if (now < a->retry_at) {
+        /* Backing off, unless a connection of another loop (or thread) got
+         * through since this loop's last attempt began. */
+        if (now < a->retry_at &&
+            __atomic_load_n(&r->up_at, __ATOMIC_RELAXED) <= a->tried_at) {
             say(why, sizeof why, "%s (next attempt in %lld ms)", a->down,
                 (long long)(a->retry_at - now));
             afail_list(await_take(a), IDEM_EUNAVAILABLE, why);
             return;
         }
+        a->tried_at = now;
         idem_rc rc = aconn_new(a, now, why, sizeof why);
         if (rc != IDEM_OK) {
             afail_list(await_take(a), rc, why);
