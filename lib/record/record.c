@@ -13,6 +13,7 @@
  * thread (run_async); the calls above, made from it, take the same path and
  * the backend runs them inline in the writer's transaction.
  */
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -105,7 +106,10 @@ struct drive {
     int hit;             /* the step's write was made */
     idem_record next;    /* a refused update: the row as it stands */
     struct idem__call call;
-    int stepping, stepped; /* a step's done ran before its start returned */
+    /* An asynchronous step ends twice: its start returns, and its done
+     * runs (on the writer's thread, maybe first). Each adds one; the second
+     * to arrive goes on with the drive. */
+    atomic_int meet;
     idem_rc step_rc;
 };
 
@@ -192,18 +196,16 @@ static int stepped(struct drive *dr, idem_rc rc, const char *detail)
 
 static void on_step(struct idem__call *c, idem_rc rc, const char *detail);
 
-/* Start the decision's write: IDEM_OK with dr->stepped set when it is done
- * already (a blocking drive's always is), or an error from the start. */
+/* The decision's write. Blocking: made, and its result. Asynchronous:
+ * started (on_step has its result), or the start's error. */
 static idem_rc step(struct drive *dr)
 {
     idem *h = dr->h;
     dr->hit = 0;
     if (dr->d.action == IDEM__ACT_INSERT) {
         idem_record_clear(&dr->cur);
-        if (!dr->async) {
-            dr->stepped = 1;
-            return dr->step_rc = h->db_ops->rec_insert(h->db, &dr->d.insert, &dr->hit, &dr->cur);
-        }
+        if (!dr->async)
+            return h->db_ops->rec_insert(h->db, &dr->d.insert, &dr->hit, &dr->cur);
         return h->db_ops->rec_insert_start(h->db, &dr->d.insert, &dr->hit, &dr->cur, &dr->call);
     }
     /* IDEM__ACT_CAS: the expected state may point into cur, which the
@@ -213,11 +215,8 @@ static idem_rc step(struct drive *dr)
         dr->d.cas.expect_state = dr->expect;
     }
     memset(&dr->next, 0, sizeof dr->next);
-    if (!dr->async) {
-        dr->stepped = 1;
-        return dr->step_rc = h->db_ops->rec_cas(h->db, &dr->d.cas, &dr->hit, &dr->found,
-                                                &dr->next);
-    }
+    if (!dr->async)
+        return h->db_ops->rec_cas(h->db, &dr->d.cas, &dr->hit, &dr->found, &dr->next);
     return h->db_ops->rec_cas_start(h->db, &dr->d.cas, &dr->hit, &dr->found, &dr->next,
                                     &dr->call);
 }
@@ -239,16 +238,20 @@ static void drive_run(struct drive *dr)
             drive_end(dr, IDEM_OK, "");
             return;
         }
-        dr->stepping = 1;
-        dr->stepped = 0;
+        if (!dr->async) {
+            idem_rc rc = step(dr);
+            if (!stepped(dr, rc, idem_errdetail()))
+                return;
+            continue;
+        }
+        atomic_store(&dr->meet, 0);
         idem_rc rc = step(dr);
-        dr->stepping = 0;
-        if (rc != IDEM_OK && !dr->stepped) {
+        if (rc != IDEM_OK) { /* no done will come */
             drive_end(dr, rc, idem_errdetail());
             return;
         }
-        if (!dr->stepped)
-            return; /* on_step goes on */
+        if (atomic_fetch_add(&dr->meet, 1) == 0)
+            return; /* done has not run: it goes on */
         if (!stepped(dr, dr->step_rc, dr->detail))
             return;
     }
@@ -260,13 +263,12 @@ static void drive_run(struct drive *dr)
 static void on_step(struct idem__call *c, idem_rc rc, const char *detail)
 {
     struct drive *dr = (struct drive *)((char *)c - offsetof(struct drive, call));
-    if (dr->stepping) { /* done before its start returned: drive_run goes on */
-        dr->stepped = 1;
-        dr->step_rc = rc;
+    dr->step_rc = rc;
+    if (rc != IDEM_OK)
         snprintf(dr->detail, sizeof dr->detail, "%s", detail);
-        return;
-    }
-    if (stepped(dr, rc, detail)) {
+    if (atomic_fetch_add(&dr->meet, 1) == 0)
+        return; /* its start has not returned: drive_run goes on */
+    if (stepped(dr, rc, dr->detail)) {
         dr->round++;
         drive_run(dr);
     }
