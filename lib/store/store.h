@@ -221,8 +221,9 @@ struct idem__db_ops {
 
     /* Version 5. rec_insert, rec_cas and rec_get without waiting (struct
      * idem__call): the arguments and out-parameters must stay until done
-     * runs, on a writer thread. NULL: not offered; record calls then run
-     * through run_async, on its writer. */
+     * runs (on a writer thread, or before the start returns: a SQLite
+     * file's read). NULL: not offered, and the asynchronous record calls
+     * answer IDEM_ENOTSUP on that store. */
     idem_rc (*rec_insert_start)(void *db, const struct idem__rec_new *n, int *inserted,
                                 idem_record *cur, struct idem__call *c);
     idem_rc (*rec_cas_start)(void *db, const struct idem__rec_cas *cas, int *changed,
