@@ -9,7 +9,7 @@
 
 #include "idem.h"
 #include "idem_help.h"
-#include "run.h"
+#include "run/run.h"
 #include "serve.h"
 #include "verify.h"
 

@@ -1,5 +1,5 @@
 /*
- * fuzz_http_request.c — libFuzzer target for server/http_parser.c in request
+ * fuzz_http_request.c — libFuzzer target for server/http/http_parser.c in request
  * mode (what any client of idem serve can send). fuzz_http_response.c
  * includes this file to run the same driver in response mode.
  *
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_parser.h"
+#include "http/http_parser.h"
 
 #ifndef FUZZ_HTTP_MODE
 #define FUZZ_HTTP_MODE HTTP_PARSE_REQUEST

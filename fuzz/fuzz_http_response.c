@@ -1,5 +1,5 @@
 /*
- * fuzz_http_response.c — libFuzzer target for server/http_parser.c in
+ * fuzz_http_response.c — libFuzzer target for server/http/http_parser.c in
  * response mode (what an upstream answers idem serve). It is the driver of
  * fuzz_http_request.c, included here in response mode, so both modes are
  * checked the same way: every cut of the stream parses alike, limits hold,

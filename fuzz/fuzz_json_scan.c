@@ -1,5 +1,5 @@
 /*
- * fuzz_json_scan.c — the body scan (server/json_scan.c) against the full
+ * fuzz_json_scan.c — the body scan (server/gateway/json_scan.c) against the full
  * parse it stands in for. The input is a path, a newline, then a body. The
  * full parse (jansson, duplicates refused) and the lookup request_key.c uses
  * when the scan is unsure (request_json_field) give the reference. Whenever
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json_scan.h"
-#include "request_key.h"
+#include "gateway/json_scan.h"
+#include "gateway/request_key.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "request_key.h"
+#include "gateway/request_key.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

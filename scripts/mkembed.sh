@@ -4,7 +4,7 @@
 #   mkembed.sh SRC OUT.h VAR      static const unsigned char VAR[] and
 #                                 static const size_t VAR_len
 #
-# The console's page, script and style sheet (server/console/) are served
+# The console's page, script and style sheet (server/admin/console/) are served
 # from the binary this way: nothing to install beside it, nothing read from
 # disk at run time. Only od, awk and sh: the build needs nothing more.
 set -eu

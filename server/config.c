@@ -28,9 +28,9 @@
 
 #include <yaml.h>
 
-#include "http_parser.h"
+#include "http/http_parser.h"
 #include "idem.h"
-#include "upstream.h"
+#include "http/upstream.h"
 #include "utf8.h"
 
 #define FILE_MAX (1024 * 1024)

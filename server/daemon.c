@@ -10,15 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "admin.h"
+#include "admin/admin.h"
 #include "idem/libevent.h"
-#include "console.h"
+#include "admin/console.h"
 #include "daemon.h"
-#include "metrics.h"
+#include "admin/metrics.h"
 #include "mono.h"
-#include "rate.h"
-#include "request_key.h"
-#include "router.h"
+#include "http/rate.h"
+#include "gateway/request_key.h"
+#include "gateway/router.h"
 #include "workers.h"
 
 /* ---- the configuration, answers, write health ---- */

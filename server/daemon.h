@@ -9,7 +9,7 @@
 #include <stdatomic.h>
 
 #include "config.h"
-#include "front.h"
+#include "http/front.h"
 #include "idem.h"
 
 /* A configuration in use. Requests hold a reference for their whole life,

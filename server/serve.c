@@ -26,21 +26,21 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "access_log.h"
-#include "consume.h"
+#include "telemetry/access_log.h"
+#include "consume/consume.h"
 #include "daemon.h"
 #include "log.h"
-#include "metrics.h"
-#include "peers.h"
-#include "rate.h"
-#include "replay_cache.h"
+#include "admin/metrics.h"
+#include "http/peers.h"
+#include "http/rate.h"
+#include "gateway/replay_cache.h"
 #include "serve.h"
-#include "tls.h"
+#include "http/tls.h"
 /* The --help texts, made from docs/man/ (scripts/mkman.sh). */
 #include "idem/libevent.h"
 #include "idem_consume_help.h"
 #include "idem_serve_help.h"
-#include "upstream.h"
+#include "http/upstream.h"
 
 /* Each request of the main listener as its answer goes out: counted in
  * the metrics, and its line in the access log (when on). */

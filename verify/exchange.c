@@ -2,7 +2,7 @@
  * exchange.c — how idem verify sends: every request on a connection of its
  * own (Connection: close), so duplicates are as independent as requests from
  * different clients, and read back with the daemon's strict response parser
- * (server/http_parser.c), so an answer the gateway would call malformed is
+ * (server/http/http_parser.c), so an answer the gateway would call malformed is
  * malformed here too.
  *
  * The starting gun (xchg_gun) is the point of `burst`: a thread per request
@@ -29,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "http_parser.h"
+#include "http/http_parser.h"
 #include "idem.h"
 #include "mono.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_http_parser.c — the HTTP/1.1 parser of idem serve (server/http_parser.c).
+ * test_http_parser.c — the HTTP/1.1 parser of idem serve (server/http/http_parser.c).
  *
  * Every message here is parsed several ways: in one piece, one byte at a
  * time, and in pieces of 2, 3 and 7 bytes; all must give the same message or
@@ -16,7 +16,7 @@
 #include <malloc.h>
 #endif
 
-#include "http_parser.h"
+#include "http/http_parser.h"
 #include "testlib.h"
 
 static const struct http_limits limits = {

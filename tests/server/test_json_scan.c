@@ -1,12 +1,12 @@
 /*
- * test_json_scan.c — the body scan (server/json_scan.c): the bodies it must
+ * test_json_scan.c — the body scan (server/gateway/json_scan.c): the bodies it must
  * answer itself (or it saves nothing), and the ones it must leave to the
  * full parse. That its answers equal the full parse's is the fuzz target's
  * job (fuzz/fuzz_json_scan.c), over its corpus in every build.
  */
 #include <string.h>
 
-#include "json_scan.h"
+#include "gateway/json_scan.h"
 #include "testlib.h"
 
 static enum json_scan scan(const char *body, const char *path, char *out, size_t cap)

@@ -1,13 +1,13 @@
 /*
  * test_replay_cache.c — the gateway's cache of finished answers
- * (server/replay_cache.c): what it answers, for how long, for which payload,
+ * (server/gateway/replay_cache.c): what it answers, for how long, for which payload,
  * within which budget. Time is passed in, so nothing here sleeps.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "replay_cache.h"
+#include "gateway/replay_cache.h"
 #include "testlib.h"
 
 static const uint8_t fp_a[IDEM_FINGERPRINT_LEN] = {1};

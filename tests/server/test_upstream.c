@@ -1,5 +1,5 @@
 /*
- * test_upstream.c — the upstream client of idem serve (server/upstream.c).
+ * test_upstream.c — the upstream client of idem serve (server/http/upstream.c).
  *
  * Every case runs against a real loopback server: a thread of this test
  * with a listening socket on port 0 and a thread per connection, scripted
@@ -25,7 +25,7 @@
 #include <event2/event.h>
 
 #include "testlib.h"
-#include "upstream.h"
+#include "http/upstream.h"
 
 #define HOST "127.0.0.1"
 #define MAX_CONNS 256

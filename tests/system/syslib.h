@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#include "http_parser.h"
+#include "http/http_parser.h"
 
 struct proc {
     pid_t pid;

@@ -1,0 +1,649 @@
+/*
+ * console.js — the operator console's behaviour (server/admin/console/index.html).
+ *
+ * Plain JavaScript, no framework and nothing fetched but this daemon's JSON
+ * API (/_idem/v1/), with the API key the operator signs in with, kept in
+ * sessionStorage (this tab only) and sent as "Authorization: Bearer". Keys,
+ * owners and stored bodies are the clients' text: everything shown goes in
+ * through textContent or attributes, never as markup.
+ */
+'use strict';
+
+const API = '/_idem/v1/';
+const POLL_MS = 2000;
+const SAMPLES = 300; /* 10 minutes at POLL_MS */
+const KEY_STORE = 'idem.console.key';
+
+/* The per-route counters charted, as /_idem/v1/metrics names them (a
+ * family with more labels than route summed over them). */
+const COUNTERS = [
+  ['idem_gateway_executions_total', 'executions'],
+  ['idem_gateway_replays_total', 'replays'],
+  ['idem_gateway_in_flight_rejections_total', 'in flight (409)'],
+  ['idem_gateway_mismatches_total', 'key reused (422)'],
+  ['idem_upstream_errors_total', 'upstream errors'],
+  ['idem_gateway_unknown_outcomes_total', 'unknown outcomes'],
+  ['idem_gateway_store_errors_total', 'store errors (503)'],
+];
+
+const state = {
+  key: null,
+  write: false,
+  spaces: [],
+  history: new Map(), /* route -> counter -> [{t, total}] */
+  cursor: null,
+  timer: null,
+  view: 'overview',
+};
+
+const $ = (id) => document.getElementById(id);
+
+/* An element with its text (never parsed as markup) and attributes. */
+function el(tag, text, attrs) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
+  return e;
+}
+
+function row(cells) {
+  const tr = document.createElement('tr');
+  for (const c of cells) {
+    const td = document.createElement('td');
+    if (c instanceof Node) td.append(c);
+    else td.textContent = c === undefined || c === null ? '' : String(c);
+    tr.append(td);
+  }
+  return tr;
+}
+
+function say(text, bad) {
+  const s = $('status');
+  s.textContent = text;
+  s.className = bad ? 'error' : 'ok';
+}
+
+function time(ms) {
+  return ms ? new Date(ms).toLocaleString() : '';
+}
+
+function duration(ms) {
+  if (ms === undefined || ms === null) return '';
+  const s = Math.round(ms / 1000);
+  if (s < 120) return s + ' s';
+  if (s < 7200) return Math.round(s / 60) + ' min';
+  if (s < 172800) return Math.round(s / 3600) + ' h';
+  return Math.round(s / 86400) + ' days';
+}
+
+class HttpError extends Error {
+  constructor(status, detail) {
+    super(detail);
+    this.status = status;
+  }
+}
+
+/* A call of the JSON API with the key: the parsed answer, or an HttpError
+ * saying plainly what was refused. */
+async function call(path, options) {
+  const opts = Object.assign({ headers: {} }, options || {});
+  opts.headers.Authorization = 'Bearer ' + state.key;
+  opts.cache = 'no-store';
+  opts.credentials = 'omit';
+  let r;
+  try {
+    r = await fetch(API + path, opts);
+  } catch (e) {
+    throw new HttpError(0, 'the daemon does not answer (' + e.message + ')');
+  }
+  const type = r.headers.get('Content-Type') || '';
+  const body = type.includes('json') ? await r.json().catch(() => null) : await r.text();
+  if (r.ok) return body;
+  const detail = body && body.detail ? body.detail : r.statusText;
+  if (r.status === 401)
+    throw new HttpError(401, 'This key is not accepted by the daemon (401): ' + detail);
+  if (r.status === 403)
+    throw new HttpError(403, 'This key may not do that (403): ' + detail);
+  throw new HttpError(r.status, r.status + ': ' + detail);
+}
+
+/* ---- signing in ---- */
+
+async function signIn(key) {
+  state.key = key;
+  let me;
+  try {
+    me = await call('whoami');
+  } catch (e) {
+    state.key = null;
+    sessionStorage.removeItem(KEY_STORE);
+    $('sign-in-error').textContent = e.message;
+    $('sign-in-view').hidden = false;
+    $('app').hidden = true;
+    $('api-key').focus();
+    return;
+  }
+  sessionStorage.setItem(KEY_STORE, key);
+  state.write = me.write === true;
+  $('sign-in-error').textContent = '';
+  $('sign-in-view').hidden = true;
+  $('app').hidden = false;
+  $('who').hidden = false;
+  $('who-text').textContent = 'Signed in as ' + me.name + ' (' + me.scope + ' key' +
+    (state.write ? '' : ': sees, cannot act') + ')';
+  document.body.dataset.scope = me.scope;
+  await loadSpaces();
+  show('overview');
+  poll();
+  state.timer = setInterval(poll, POLL_MS);
+}
+
+function signOut() {
+  clearInterval(state.timer);
+  state.timer = null;
+  state.key = null;
+  state.write = false;
+  state.history.clear();
+  sessionStorage.removeItem(KEY_STORE);
+  /* Nothing the last key saw, or could do, stays behind. */
+  for (const id of ['confirm', 'detail'])
+    if ($(id).open) $(id).close();
+  for (const id of ['routes', 'records', 'held', 'in-flight', 'events', 'detail-fields',
+    'detail-body', 'detail-actions', 'detail-status', 'consumers', 'health', 'status'])
+    $(id).replaceChildren();
+  $('detail-headers').tBodies[0].replaceChildren();
+  $('next-page').hidden = true;
+  $('who').hidden = true;
+  $('app').hidden = true;
+  $('sign-in-view').hidden = false;
+  $('api-key').value = '';
+  $('api-key').focus();
+}
+
+async function loadSpaces() {
+  try {
+    state.spaces = (await call('spaces')).spaces || [];
+  } catch (e) {
+    state.spaces = [];
+    say(e.message, true);
+  }
+  const sel = $('space');
+  sel.replaceChildren();
+  for (const s of state.spaces) {
+    const users = s.routes.map((r) => 'route ' + r).concat(s.consumers.map((c) => 'consumer ' + c));
+    sel.append(el('option', s.space + ' (' + users.join(', ') + ')', { value: s.space }));
+  }
+}
+
+/* ---- views ---- */
+
+function show(view) {
+  state.view = view;
+  $('status').textContent = '';
+  for (const b of document.querySelectorAll('nav button')) {
+    if (b.dataset.view === view) b.setAttribute('aria-current', 'page');
+    else b.removeAttribute('aria-current');
+  }
+  for (const v of ['overview', 'records', 'claims', 'events'])
+    $('view-' + v).hidden = v !== view;
+  if (view === 'claims') loadClaims();
+  if (view === 'events') loadEvents();
+}
+
+/* ---- counters ---- */
+
+/* The series of the Prometheus text: [{name, labels: {...}, value}]. */
+function parseSeries(text) {
+  const out = [];
+  const line = /^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+)$/;
+  const pair = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)",?/g;
+  for (const l of text.split('\n')) {
+    const m = line.exec(l);
+    if (!m) continue;
+    const labels = {};
+    for (const p of m[2].matchAll(pair))
+      labels[p[1]] = p[2].replace(/\\(.)/g, (all, c) => (c === 'n' ? '\n' : c));
+    out.push({ name: m[1], labels, value: Number(m[3]) });
+  }
+  return out;
+}
+
+/* The per-route counters charted: route -> name -> value. */
+function routeCounters(series) {
+  const out = new Map();
+  const charted = new Set(COUNTERS.map((c) => c[0]));
+  for (const s of series) {
+    const route = s.labels.route;
+    if (route === undefined || !charted.has(s.name)) continue;
+    if (!out.has(route)) out.set(route, new Map());
+    const r = out.get(route);
+    r.set(s.name, (r.get(s.name) || 0) + s.value);
+  }
+  return out;
+}
+
+const SVG = 'http://www.w3.org/2000/svg';
+
+/* A chart of the increase between samples, drawn with DOM calls. */
+function chart(samples) {
+  const w = 300, h = 48;
+  const svg = document.createElementNS(SVG, 'svg');
+  svg.setAttribute('viewBox', '0 0 ' + w + ' ' + h);
+  svg.setAttribute('preserveAspectRatio', 'none');
+  svg.setAttribute('aria-hidden', 'true');
+  const deltas = [];
+  for (let i = 1; i < samples.length; i++)
+    deltas.push(Math.max(0, samples[i].total - samples[i - 1].total));
+  const max = Math.max(1, ...deltas);
+  const pts = deltas.map((d, i) => {
+    const x = w - (deltas.length - 1 - i) * (w / (SAMPLES - 1));
+    return x.toFixed(1) + ',' + (h - 2 - (d / max) * (h - 6)).toFixed(1);
+  });
+  if (pts.length > 1) {
+    const line = document.createElementNS(SVG, 'polyline');
+    line.setAttribute('points', pts.join(' '));
+    line.setAttribute('fill', 'none');
+    line.setAttribute('stroke', '#0b5cad');
+    line.setAttribute('stroke-width', '1.5');
+    svg.append(line);
+  }
+  const top = document.createElementNS(SVG, 'text');
+  top.setAttribute('x', '4');
+  top.setAttribute('y', '12');
+  top.setAttribute('font-size', '10');
+  top.setAttribute('fill', '#5b6670');
+  top.textContent = 'max ' + max + ' / 2 s';
+  svg.append(top);
+  return svg;
+}
+
+function drawRoutes() {
+  const box = $('routes');
+  box.replaceChildren();
+  if (state.history.size === 0)
+    box.append(el('p', 'No routes configured.', { class: 'hint' }));
+  for (const [route, counters] of state.history) {
+    const div = el('div', null, { class: 'route', 'data-route': route });
+    div.append(el('h3', route));
+    const grid = el('div', null, { class: 'charts' });
+    for (const [name, label] of COUNTERS) {
+      const samples = counters.get(name) || [];
+      const last = samples.length ? samples[samples.length - 1].total : 0;
+      const c = el('div', null, { class: 'chart', 'data-counter': name });
+      c.append(el('div', label));
+      c.append(el('div', last, { class: 'value' }));
+      c.append(chart(samples));
+      grid.append(c);
+    }
+    div.append(grid);
+    box.append(div);
+  }
+}
+
+function drawHealth(h) {
+  const p = $('health');
+  p.className = h.status === 'ok' ? 'ok' : 'error';
+  p.textContent = 'Status ' + h.status + ' — records ' + h.records + ', tokens and locks ' +
+    h.tokens_and_locks + ', ' + h.store + ' store, idem ' + h.version;
+}
+
+/* The consumers: connected or not (health), and their counters (metrics). */
+function drawConsumers(h, series) {
+  const box = $('consumers');
+  const names = Object.keys(h.consumers || {});
+  box.replaceChildren();
+  if (names.length === 0) {
+    box.append(el('p', 'No consumers configured.', { class: 'hint' }));
+    return;
+  }
+  const per = new Map();
+  for (const s of series) {
+    const m = /^idem_consumer_([a-z_]+?)(?:_total)?$/.exec(s.name);
+    const c = s.labels.consumer;
+    if (!m || c === undefined) continue;
+    if (!per.has(c)) per.set(c, {});
+    per.get(c)[m[1]] = s.value;
+  }
+  const t = el('table');
+  const head = row(['Consumer', 'Broker', 'Received', 'Executed', 'Duplicates', 'Retried',
+    'Dead-lettered', 'In flight']);
+  t.append(head);
+  for (const n of names) {
+    const c = per.get(n) || {};
+    t.append(row([n, h.consumers[n], c.received, c.executed, c.duplicates, c.retried,
+      c.dead_lettered, c.in_flight]));
+  }
+  box.append(t);
+}
+
+async function poll() {
+  if (!state.key) return;
+  let text, h;
+  try {
+    [text, h] = await Promise.all([call('metrics'), call('health').catch((e) => {
+      if (e.status === 503) return null; /* the store is down: said below */
+      throw e;
+    })]);
+  } catch (e) {
+    say(e.message, true);
+    if (e.status === 401) signOut();
+    return;
+  }
+  const now = Date.now();
+  const series = parseSeries(text);
+  for (const [route, counters] of routeCounters(series)) {
+    if (!state.history.has(route)) state.history.set(route, new Map());
+    const hist = state.history.get(route);
+    for (const [name] of COUNTERS) {
+      if (!hist.has(name)) hist.set(name, []);
+      const s = hist.get(name);
+      s.push({ t: now, total: counters.get(name) || 0 });
+      if (s.length > SAMPLES) s.shift();
+    }
+  }
+  drawRoutes();
+  if (h) {
+    drawHealth(h);
+    drawConsumers(h, series);
+  } else {
+    $('health').className = 'error';
+    $('health').textContent = 'The store is unavailable (health answers 503).';
+  }
+}
+
+/* ---- records ---- */
+
+function openButton(space, key) {
+  const b = el('button', key, { type: 'button', class: 'link', 'data-open': key });
+  b.addEventListener('click', () => openRecord(space, key));
+  return b;
+}
+
+async function search(more) {
+  const space = $('space').value;
+  if (!space) {
+    say('No space to search: no route or consumer is configured.', true);
+    return;
+  }
+  const q = new URLSearchParams({ space, limit: '50' });
+  if ($('prefix').value) q.set('prefix', $('prefix').value);
+  if ($('state').value) q.set('state', $('state').value);
+  if (more && state.cursor) q.set('cursor', state.cursor);
+  let page;
+  try {
+    page = await call('records?' + q.toString());
+  } catch (e) {
+    say(e.message, true);
+    return;
+  }
+  const body = $('records');
+  if (!more) body.replaceChildren();
+  for (const r of page.records) {
+    const tr = row([openButton(space, r.key), r.state, r.epoch, r.status, time(r.updated_ms)]);
+    tr.children[0].className = 'key';
+    tr.children[1].className = 'state-' + r.state;
+    body.append(tr);
+  }
+  if (!more && page.records.length === 0)
+    body.append(row(['No record matches.']));
+  state.cursor = page.next_cursor;
+  $('next-page').hidden = !page.next_cursor;
+  say(body.children.length + ' shown' + (page.next_cursor ? '; more on the next page' : ''));
+}
+
+/* A stored answer ("IDEM1 status headers length\n" headers, body) from
+ * the record's result: {status, headers, body} or null when not one. */
+function decodeStored(rec) {
+  let bytes;
+  if (typeof rec.result === 'string') bytes = new TextEncoder().encode(rec.result);
+  else if (typeof rec.result_base64 === 'string')
+    bytes = Uint8Array.from(atob(rec.result_base64), (c) => c.charCodeAt(0));
+  else return null;
+  const nl = bytes.indexOf(10);
+  const first = new TextDecoder().decode(bytes.subarray(0, nl < 0 ? 0 : nl));
+  const m = /^IDEM1 (\d{3}) (\d+) (\d+)$/.exec(first);
+  if (!m) return { status: null, headers: [], body: bytes };
+  let at = nl + 1;
+  const headers = [];
+  for (let i = 0; i < Number(m[2]); i++) {
+    const end = bytes.indexOf(10, at);
+    if (end < 0) break;
+    const line = new TextDecoder().decode(bytes.subarray(at, end));
+    const colon = line.indexOf(':');
+    headers.push([line.slice(0, colon), line.slice(colon + 1).trim()]);
+    at = end + 1;
+  }
+  return { status: Number(m[1]), headers, body: bytes.subarray(at) };
+}
+
+/* The body as text: JSON pretty-printed, other UTF-8 text as it is, and
+ * anything else in hexadecimal. */
+function bodyText(bytes) {
+  let text;
+  try {
+    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes);
+  } catch (e) {
+    return Array.from(bytes.subarray(0, 4096), (b) => b.toString(16).padStart(2, '0')).join(' ') +
+      (bytes.length > 4096 ? ' …' : '') + '\n(' + bytes.length + ' bytes, not UTF-8 text)';
+  }
+  try {
+    return JSON.stringify(JSON.parse(text), null, 2);
+  } catch (e) {
+    return text;
+  }
+}
+
+async function openRecord(space, key) {
+  let answer;
+  try {
+    answer = await call('records/' + encodeURIComponent(space) + '/' + encodeURIComponent(key));
+  } catch (e) {
+    say(e.message, true);
+    return;
+  }
+  const rec = answer.record;
+  $('detail-title').textContent = 'Record ' + key;
+  const dl = $('detail-fields');
+  dl.replaceChildren();
+  const now = Date.now();
+  const fields = [
+    ['Space', space], ['Key', key], ['State', rec.state], ['Epoch', rec.epoch],
+    ['Owner', rec.owner],
+    ['Lease', rec.state === 'PROCESSING'
+      ? 'until ' + time(rec.lease_until_ms) + ' (' + duration(rec.lease_until_ms - now) + ' left)'
+      : '—'],
+    ['Created', time(rec.created_ms)], ['Updated', time(rec.updated_ms)],
+    ['Expires', rec.expires_ms ? time(rec.expires_ms) : 'kept until deleted'],
+  ];
+  for (const [k, v] of fields) {
+    dl.append(el('dt', k));
+    dl.append(el('dd', v));
+  }
+  const stored = decodeStored(rec);
+  const headers = $('detail-headers').tBodies[0];
+  headers.replaceChildren();
+  if (!stored) {
+    $('detail-status').textContent = 'No answer stored.';
+    $('detail-body').textContent = '';
+  } else {
+    $('detail-status').textContent = stored.status
+      ? 'Status ' + stored.status : 'Not an answer the gateway stored; the result as kept:';
+    for (const [n, v] of stored.headers) headers.append(row([n, v]));
+    $('detail-body').textContent = bodyText(stored.body);
+  }
+  const actions = $('detail-actions');
+  actions.replaceChildren();
+  if (rec.state === 'PROCESSING') {
+    actions.append(actionButton('release', space, key, rec.epoch));
+    actions.append(' ');
+    actions.append(actionButton('mark_failed', space, key, rec.epoch));
+  } else {
+    actions.append(actionButton('delete', space, key, rec.epoch));
+  }
+  const d = $('detail');
+  if (!d.open) d.showModal();
+  $('detail-close').focus();
+}
+
+/* ---- held and in flight ---- */
+
+const ACTIONS = {
+  release: {
+    label: 'Release',
+    text: (s, k, e) => 'Release the claim on key ' + k + ' (space ' + s + ', epoch ' + e +
+      ')? The next retry of the key executes, once. Do it only when you know the first ' +
+      'attempt did not take effect upstream.',
+  },
+  mark_failed: {
+    label: 'Mark failed',
+    text: (s, k, e) => 'Mark the claim on key ' + k + ' (space ' + s + ', epoch ' + e +
+      ') failed? Every retry of the key is answered with this error from now on.',
+  },
+  delete: {
+    label: 'Delete',
+    text: (s, k, e) => 'Delete the record of key ' + k + ' (space ' + s + ', epoch ' + e +
+      ')? Its stored answer is gone, and the next request with the key executes again.',
+  },
+};
+
+/* A button for an action: disabled, and saying why, for a read key. */
+function actionButton(op, space, key, epoch) {
+  const b = el('button', ACTIONS[op].label, { type: 'button', 'data-action': op });
+  if (!state.write) {
+    b.disabled = true;
+    b.title = 'A write key is needed';
+  }
+  b.addEventListener('click', () => confirmAction(op, space, key, epoch, b));
+  return b;
+}
+
+function confirmAction(op, space, key, epoch, opener) {
+  if (!state.write) return;
+  const d = $('confirm');
+  $('confirm-title').textContent = ACTIONS[op].label + '?';
+  $('confirm-text').textContent = ACTIONS[op].text(space, key, epoch);
+  $('confirm-fail').hidden = op !== 'mark_failed';
+  $('fail-reason').required = op === 'mark_failed';
+  $('fail-reason').value = '';
+  $('confirm-ok').textContent = ACTIONS[op].label;
+  d.onclose = () => {
+    if (opener && opener.isConnected) opener.focus();
+  };
+  $('confirm-form').onsubmit = async (ev) => {
+    ev.preventDefault();
+    const body = { space, key, epoch };
+    if (op === 'mark_failed') {
+      body.reason = $('fail-reason').value;
+      body.status = Number($('fail-status').value);
+    }
+    d.close();
+    try {
+      const r = await call('records/' + op, {
+        method: 'POST',
+        headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify(body),
+      });
+      say(ACTIONS[op].label + ' ' + key + ': ' + r.outcome);
+    } catch (e) {
+      say(ACTIONS[op].label + ' ' + key + ' refused: ' + e.message, true);
+    }
+    if ($('detail').open) $('detail').close();
+    if (state.view === 'claims') loadClaims();
+    if (state.view === 'records') search(false);
+  };
+  d.showModal();
+  $('confirm-cancel').focus();
+}
+
+/* The held claims (records/held, for the spaces that hold) and the other
+ * claims in flight, CLAIMS_MAX of each per space at most. */
+const CLAIMS_MAX = 200;
+
+async function loadClaims() {
+  const held = $('held'), flying = $('in-flight');
+  const heldRows = [], flyingRows = [];
+  const more = [];
+  const actions = (space, r) => {
+    const span = el('span');
+    span.append(actionButton('release', space, r.key, r.epoch), ' ',
+      actionButton('mark_failed', space, r.key, r.epoch));
+    return span;
+  };
+  try {
+    for (const s of state.spaces) {
+      const q = new URLSearchParams({ space: s.space, limit: String(CLAIMS_MAX) });
+      if (s.holds) {
+        const page = await call('records/held?' + q.toString());
+        for (const r of page.records)
+          heldRows.push(row([s.space, openButton(s.space, r.key), r.epoch, r.owner,
+            time(r.updated_ms), actions(s.space, r)]));
+        if (page.next_cursor) more.push('held in ' + s.space);
+      }
+      q.set('state', 'PROCESSING');
+      const page = await call('records?' + q.toString());
+      for (const r of page.records)
+        if (!r.held)
+          flyingRows.push(row([s.space, openButton(s.space, r.key), r.epoch, r.owner,
+            duration(r.lease_left_ms), actions(s.space, r)]));
+      if (page.next_cursor) more.push('in flight in ' + s.space);
+    }
+  } catch (e) {
+    say(e.message, true);
+    return;
+  }
+  held.replaceChildren(...(heldRows.length ? heldRows : [row(['No held claims.'])]));
+  flying.replaceChildren(...(flyingRows.length ? flyingRows : [row(['No claims in flight.'])]));
+  if (more.length)
+    say('More than ' + CLAIMS_MAX + ' claims ' + more.join(', ') + ': the first ' + CLAIMS_MAX +
+      ' are shown; Records with state PROCESSING pages through them all.');
+}
+
+async function loadEvents() {
+  let list;
+  try {
+    list = await call('events?limit=100');
+  } catch (e) {
+    say(e.message, true);
+    return;
+  }
+  const body = $('events');
+  body.replaceChildren();
+  for (const e of list.events)
+    body.append(row([time(e.time_ms), e.kind, e.route, e.key, e.epoch]));
+  if (list.events.length === 0) body.append(row(['No events yet.']));
+}
+
+/* ---- wiring ---- */
+
+document.addEventListener('DOMContentLoaded', () => {
+  $('sign-in').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    signIn($('api-key').value.trim());
+  });
+  $('sign-out').addEventListener('click', signOut);
+  for (const b of document.querySelectorAll('nav button'))
+    b.addEventListener('click', () => show(b.dataset.view));
+  $('search').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    search(false);
+  });
+  $('next-page').addEventListener('click', () => search(true));
+  $('detail-close').addEventListener('click', () => $('detail').close());
+  $('confirm-cancel').addEventListener('click', () => $('confirm').close());
+  /* "/" goes to the search, as in most consoles; not while typing. */
+  document.addEventListener('keydown', (ev) => {
+    const t = ev.target;
+    const typing = t instanceof HTMLInputElement || t instanceof HTMLTextAreaElement ||
+      t instanceof HTMLSelectElement;
+    if (ev.key === '/' && !typing && !ev.ctrlKey && !ev.metaKey && !ev.altKey &&
+        state.key && !document.querySelector('dialog[open]')) {
+      ev.preventDefault();
+      show('records');
+      $('prefix').focus();
+      $('prefix').select();
+    }
+  });
+  const saved = sessionStorage.getItem(KEY_STORE);
+  if (saved) signIn(saved);
+  else $('api-key').focus();
+});

@@ -1,0 +1,672 @@
+/*
+ * mq_redis.c — the Redis Streams source of the consumers (consume.h), on
+ * hiredis's asynchronous API, attached to the consumer's event loop.
+ *
+ * Two connections. The reading one asks for as many entries as the
+ * consumer takes, one request at a time: XREADGROUP GROUP g NAME COUNT n
+ * BLOCK 1000 STREAMS s >, or, when due (at connecting, then every few
+ * seconds), XAUTOCLAIM of the entries consumers that stopped answering
+ * left pending past min_idle (the lease, the handler's timeout and the
+ * longest backoff, so that an entry a live consumer holds is not taken).
+ * A blocked read holds its connection, which is why the other exists: it
+ * acks (XACK) and dead-letters. A dead letter is one script (XADD to the
+ * dead stream, then XACK), so the entry leaves the group only once its
+ * dead letter is written.
+ *
+ * An entry's field body_field is the message's body, message_id its id
+ * (else the entry's id), and every other field a header. The group is
+ * used as it is when it exists; otherwise it is made from the stream's
+ * first entry (nothing already in the stream is skipped), with MKSTREAM.
+ * The consumer's name in the group is this instance's.
+ */
+#include <event2/event.h>
+#include <hiredis/adapters/libevent.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "consume/consume.h"
+#include "log.h"
+#include "mono.h"
+
+#define CONNECT_TIMEOUT_MS 2000
+#define RECONNECT_MIN_MS 250
+#define RECONNECT_MAX_MS 10000
+#define CLAIM_EVERY_MS 2000
+#define DEAD_HEADERS_MAX 1000 /* a dead letter's headers, at most */
+
+/* XADD the dead letter, then XACK the entry: if the first fails the
+ * script stops, and the entry stays pending. KEYS: dead stream, stream;
+ * ARGV: group, entry id, then the dead letter's fields and values. */
+static const char dead_letter_script[] =
+    "local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 3))\n"
+    "redis.call('XACK', KEYS[2], ARGV[1], ARGV[2])\n"
+    "return id\n";
+
+struct redis_src {
+    struct consumer *k;
+    struct event_base *base;
+    const struct consumer_config *cfg;
+    char host[256];
+    int port, db;
+    char password[512];          /* "" for none */
+    char name[96];               /* the consumer's name in the group */
+    redisAsyncContext *rd, *wr;  /* reading, writing; NULL when closed */
+    int rd_up, wr_up;            /* connected and set up */
+    int reading;                 /* an XREADGROUP is out */
+    size_t want;                 /* how many more the consumer takes */
+    int claim_due;               /* the next read is an XAUTOCLAIM */
+    unsigned long gen;           /* this pair of connections (consumer_gen when up) */
+    struct event *dial_ev, *claim_ev, *timeout_ev;
+    int64_t backoff_ms, min_idle_ms;
+    unsigned long failures;
+    int stopped, connected;
+    char claim_cursor[48];
+};
+
+static void lost(struct redis_src *r, const char *why);
+static void read_more(struct redis_src *r);
+
+/* redis://[[user]:password@]host[:port][/db] */
+static int parse_url(struct redis_src *r, const char *url)
+{
+    const char *s = url + 8; /* "redis://": checked by the configuration */
+    const char *at = strrchr(s, '@');
+    if (at) {
+        const char *colon = memchr(s, ':', (size_t)(at - s));
+        if (colon && (size_t)(at - colon - 1) < sizeof r->password)
+            snprintf(r->password, sizeof r->password, "%.*s", (int)(at - colon - 1), colon + 1);
+        s = at + 1;
+    }
+    const char *end = s + strcspn(s, "/?");
+    const char *port = NULL;
+    if (*s == '[') {
+        const char *close = memchr(s, ']', (size_t)(end - s));
+        if (!close)
+            return -1;
+        snprintf(r->host, sizeof r->host, "%.*s", (int)(close - s - 1), s + 1);
+        port = close[1] == ':' ? close + 2 : NULL;
+    } else {
+        const char *colon = memchr(s, ':', (size_t)(end - s));
+        snprintf(r->host, sizeof r->host, "%.*s", (int)((colon ? colon : end) - s), s);
+        port = colon ? colon + 1 : NULL;
+    }
+    r->port = port ? atoi(port) : 6379;
+    r->db = *end == '/' ? atoi(end + 1) : 0;
+    return r->host[0] && r->port > 0 && r->port < 65536 && r->db >= 0 ? 0 : -1;
+}
+
+static int is_error(const redisReply *x)
+{
+    return !x || x->type == REDIS_REPLY_ERROR;
+}
+
+static const char *error_text(const redisAsyncContext *c, const redisReply *x)
+{
+    if (x && x->type == REDIS_REPLY_ERROR)
+        return x->str;
+    return c && c->errstr[0] ? c->errstr : "the connection closed";
+}
+
+/* ---- entries ---- */
+
+static struct mq_message *from_entry(struct redis_src *r, const redisReply *e)
+{
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+        e->element[0]->type != REDIS_REPLY_STRING)
+        return NULL;
+    const redisReply *fields = e->element[1];
+    struct mq_message *m = calloc(1, sizeof *m);
+    if (!m)
+        return NULL;
+    m->gen = consumer_gen(r->k);
+    snprintf(m->entry, sizeof m->entry, "%s", e->element[0]->str);
+    size_t n = fields->type == REDIS_REPLY_ARRAY ? fields->elements / 2 : 0;
+    int oom = n && !(m->headers = calloc(n, sizeof *m->headers));
+    for (size_t i = 0; !oom && i < n; i++) {
+        const redisReply *f = fields->element[2 * i], *v = fields->element[2 * i + 1];
+        if (f->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+            continue;
+        if (!strcmp(f->str, r->cfg->body_field) && !m->body) {
+            oom = !(m->body = malloc(v->len + 1));
+            if (!oom) {
+                memcpy(m->body, v->str, v->len);
+                m->body[v->len] = '\0';
+                m->body_len = v->len;
+            }
+        } else if (!strcmp(f->str, "message_id") && !m->id) {
+            oom = !(m->id = strndup(v->str, v->len));
+            if (!oom && (!mq_field_text(v->str, v->len) || strlen(m->id) != v->len))
+                m->bad = "message_id_invalid";
+        } else {
+            oom = mq_add_header(m, f->str, f->len, v->str, v->len) != 0;
+        }
+    }
+    if (!oom && !m->id)
+        oom = !(m->id = strdup(m->entry));
+    if (!oom && !m->body)
+        oom = !(m->body = calloc(1, 1));
+    if (oom) {
+        mq_message_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+
+/* The entries of an XREADGROUP or XAUTOCLAIM reply, to the consumer. An
+ * entry deleted from the stream while pending comes as an id alone: it is
+ * acked, there being nothing to handle. */
+static void deliver_entries(struct redis_src *r, const redisReply *list)
+{
+    unsigned long gen = r->gen;
+    if (list && list->type == REDIS_REPLY_ARRAY)
+        r->want = r->want > list->elements ? r->want - list->elements : 0;
+    for (size_t i = 0; list && list->type == REDIS_REPLY_ARRAY && i < list->elements; i++) {
+        const redisReply *e = list->element[i];
+        if (e->type == REDIS_REPLY_ARRAY && e->elements == 2 &&
+            e->element[1]->type == REDIS_REPLY_NIL && e->element[0]->type == REDIS_REPLY_STRING) {
+            redisAsyncCommand(r->wr, NULL, NULL, "XACK %s %s %s", r->cfg->queue, r->cfg->group,
+                              e->element[0]->str);
+            continue;
+        }
+        /* A claim gives back entries this consumer holds too (waiting long
+         * for their next attempt): they are here already. */
+        if (e->type == REDIS_REPLY_ARRAY && e->elements == 2 &&
+            e->element[0]->type == REDIS_REPLY_STRING &&
+            consumer_holds(r->k, e->element[0]->str))
+            continue;
+        struct mq_message *m = from_entry(r, e);
+        if (m)
+            consumer_deliver(r->k, m);
+        if (r->gen != gen) /* the consumer lost the connection meanwhile */
+            return;
+    }
+}
+
+static void on_read(redisAsyncContext *c, void *reply, void *arg)
+{
+    struct redis_src *r = arg;
+    redisReply *x = reply;
+    (void)c;
+    if (!r->rd || c != r->rd)
+        return; /* an old connection's */
+    r->reading = 0;
+    if (is_error(x)) {
+        char why[300];
+        snprintf(why, sizeof why, "XREADGROUP: %s", error_text(c, x));
+        lost(r, why);
+        return;
+    }
+    /* [[stream, [entry...]]], or nil after BLOCK without entries. */
+    if (x->type == REDIS_REPLY_ARRAY && x->elements > 0 &&
+        x->element[0]->type == REDIS_REPLY_ARRAY && x->element[0]->elements == 2) {
+        deliver_entries(r, x->element[0]->element[1]);
+    }
+    read_more(r);
+}
+
+static void on_claimed(redisAsyncContext *c, void *reply, void *arg);
+
+/* The next read on the reading connection, as many as the consumer takes:
+ * new entries, or (claim_due) the pending entries consumers left. One at a
+ * time, so that what is out never asks for more than the consumer takes. */
+static void read_more(struct redis_src *r)
+{
+    size_t n = r->want;
+    if (r->stopped || !r->connected || r->reading || n == 0)
+        return;
+    char count[24], idle[24];
+    snprintf(count, sizeof count, "%zu", n);
+    snprintf(idle, sizeof idle, "%lld", (long long)r->min_idle_ms);
+    const char *rd[] = {"XREADGROUP", "GROUP", r->cfg->group, r->name, "COUNT", count,
+                        "BLOCK", "1000", "STREAMS", r->cfg->queue, ">"};
+    const char *claim[] = {"XAUTOCLAIM", r->cfg->queue, r->cfg->group, r->name, idle,
+                           r->claim_cursor[0] ? r->claim_cursor : "0-0", "COUNT", count};
+    int claiming = r->claim_due && strcmp(r->claim_cursor, "off") != 0;
+    r->claim_due = 0;
+    if ((claiming ? redisAsyncCommandArgv(r->rd, on_claimed, r, 8, claim, NULL)
+                  : redisAsyncCommandArgv(r->rd, on_read, r, 11, rd, NULL)) == REDIS_OK) {
+        r->reading = 1;
+    }
+}
+
+/* ---- pending entries of consumers gone ---- */
+
+static void on_claimed(redisAsyncContext *c, void *reply, void *arg)
+{
+    struct redis_src *r = arg;
+    redisReply *x = reply;
+    if (!r->rd || c != r->rd)
+        return;
+    r->reading = 0;
+    if (is_error(x) && !x) {
+        lost(r, "XAUTOCLAIM: the connection closed");
+        return;
+    }
+    if (is_error(x)) {
+        /* XAUTOCLAIM is Redis 6.2's: before it, pending entries of a dead
+         * consumer stay until an operator claims them. Said once. */
+        if (x && !r->claim_cursor[0]) {
+            daemon_log("consumer %s: XAUTOCLAIM failed (%s): entries left pending by a "
+                       "consumer that stopped are not taken over",
+                       r->cfg->route.name, error_text(c, x));
+            snprintf(r->claim_cursor, sizeof r->claim_cursor, "off");
+        }
+        read_more(r);
+        return;
+    }
+    /* [next cursor, [entry...], (7.0: deleted ids)] */
+    if (x->type != REDIS_REPLY_ARRAY || x->elements < 2) {
+        read_more(r);
+        return;
+    }
+    if (x->element[0]->type == REDIS_REPLY_STRING)
+        snprintf(r->claim_cursor, sizeof r->claim_cursor, "%s", x->element[0]->str);
+    unsigned long gen = r->gen;
+    deliver_entries(r, x->element[1]);
+    if (r->gen != gen)
+        return;
+    /* More of the group's pending entries to look at: go on with them
+     * before new ones, as far as the consumer takes more. */
+    r->claim_due = strcmp(r->claim_cursor, "0-0") != 0;
+    read_more(r);
+}
+
+struct ids {
+    const char **argv;
+    size_t n, cap;
+};
+
+static void add_id(void *arg, const char *entry)
+{
+    struct ids *ids = arg;
+    if (ids->n < ids->cap)
+        ids->argv[ids->n++] = entry;
+}
+
+/* The entries held here, claimed again by this consumer (XCLAIM min-idle 0
+ * JUSTID): their idle time starts anew, so that no consumer takes over an
+ * entry this one still holds, however long its attempts take. */
+static void refresh_held(struct redis_src *r)
+{
+    size_t cap = r->cfg->prefetch * 2 + 8;
+    struct ids ids = {calloc(cap, sizeof(char *)), 0, cap};
+    if (!ids.argv)
+        return;
+    const char *head[] = {"XCLAIM", r->cfg->queue, r->cfg->group, r->name, "0"};
+    for (size_t i = 0; i < 5; i++)
+        ids.argv[ids.n++] = head[i];
+    consumer_each_held(r->k, add_id, &ids);
+    if (ids.n > 5 && ids.n < cap) {
+        ids.argv[ids.n++] = "JUSTID";
+        redisAsyncCommandArgv(r->wr, NULL, NULL, (int)ids.n, ids.argv, NULL);
+    }
+    free(ids.argv);
+}
+
+static void on_claim_tick(evutil_socket_t fd, short what, void *arg)
+{
+    struct redis_src *r = arg;
+    (void)fd;
+    (void)what;
+    if (r->stopped || !r->connected)
+        return;
+    refresh_held(r);
+    r->claim_due = 1;
+    read_more(r); /* or once the read out now is answered */
+}
+
+/* ---- connecting ---- */
+
+static void close_connections(struct redis_src *r)
+{
+    /* Freed later by hiredis when inside one of its callbacks. */
+    redisAsyncContext *rd = r->rd, *wr = r->wr;
+    r->rd = r->wr = NULL;
+    r->rd_up = r->wr_up = r->reading = 0;
+    if (rd) {
+        rd->data = NULL;
+        redisAsyncFree(rd);
+    }
+    if (wr) {
+        wr->data = NULL;
+        redisAsyncFree(wr);
+    }
+}
+
+static void redial_later(struct redis_src *r)
+{
+    if (r->stopped)
+        return;
+    struct timeval tv = ms_timeval(r->backoff_ms);
+    r->backoff_ms = r->backoff_ms * 2 > RECONNECT_MAX_MS ? RECONNECT_MAX_MS : r->backoff_ms * 2;
+    evtimer_add(r->dial_ev, &tv);
+}
+
+static void failed(struct redis_src *r, const char *why)
+{
+    r->failures++;
+    if ((r->failures & (r->failures - 1)) == 0)
+        daemon_logl(LOG_WARN,
+                    "consumer %s: cannot connect to Redis (%s; %lu tries so far), trying again",
+                    r->cfg->route.name, why, r->failures);
+    close_connections(r);
+    redial_later(r);
+}
+
+static void lost(struct redis_src *r, const char *why)
+{
+    int was = r->connected;
+    r->connected = 0;
+    evtimer_del(r->timeout_ev);
+    if (!was) {
+        failed(r, why);
+        return;
+    }
+    close_connections(r);
+    consumer_connection(r->k, 0, why);
+    r->backoff_ms = RECONNECT_MIN_MS;
+    redial_later(r);
+}
+
+static void set_up(struct redis_src *r)
+{
+    if (!r->rd_up || !r->wr_up || r->connected)
+        return;
+    evtimer_del(r->timeout_ev);
+    r->connected = 1;
+    r->failures = 0;
+    r->backoff_ms = RECONNECT_MIN_MS;
+    r->gen++;
+    char where[400];
+    snprintf(where, sizeof where, "%s:%d db %d, stream %s, group %s as %s", r->host, r->port,
+             r->db, r->cfg->queue, r->cfg->group, r->name);
+    r->claim_cursor[0] = '\0';
+    r->claim_due = 1; /* what consumers that died left, first */
+    consumer_connection(r->k, 1, where); /* asks for messages: read_more */
+}
+
+/* The reply to the last setup command of a connection (after AUTH and
+ * SELECT, pipelined before it): any error ends the attempt. */
+static void on_setup(redisAsyncContext *c, void *reply, void *arg)
+{
+    struct redis_src *r = arg;
+    redisReply *x = reply;
+    if (c != r->rd && c != r->wr)
+        return;
+    if (is_error(x) && !(x && c == r->wr && !strncmp(x->str, "BUSYGROUP", 9))) {
+        char why[300];
+        snprintf(why, sizeof why, "setting up: %s", error_text(c, x));
+        lost(r, why);
+        return;
+    }
+    if (c == r->wr && x->type != REDIS_REPLY_ERROR)
+        daemon_log("consumer %s: made group %s of stream %s, from its first entry",
+                   r->cfg->route.name, r->cfg->group, r->cfg->queue);
+    if (c == r->rd)
+        r->rd_up = 1;
+    else
+        r->wr_up = 1;
+    set_up(r);
+}
+
+static void on_step(redisAsyncContext *c, void *reply, void *arg)
+{
+    struct redis_src *r = arg;
+    redisReply *x = reply;
+    if ((c == r->rd || c == r->wr) && is_error(x)) {
+        char why[300];
+        snprintf(why, sizeof why, "setting up: %s", error_text(c, x));
+        lost(r, why);
+    }
+}
+
+static void on_disconnect(const redisAsyncContext *c, int status)
+{
+    struct redis_src *r = c->data;
+    (void)status;
+    if (r && (c == r->rd || c == r->wr)) {
+        /* hiredis frees c after this callback: ours to forget, not free. */
+        if (c == r->rd)
+            r->rd = NULL;
+        else
+            r->wr = NULL;
+        lost(r, c->errstr[0] ? c->errstr : "the server closed the connection");
+    }
+}
+
+static void on_connect(const redisAsyncContext *c, int status)
+{
+    struct redis_src *r = c->data;
+    if (r && status != REDIS_OK && (c == r->rd || c == r->wr)) {
+        if (c == r->rd)
+            r->rd = NULL;
+        else
+            r->wr = NULL;
+        char why[300];
+        snprintf(why, sizeof why, "%s:%d: %s", r->host, r->port, c->errstr);
+        lost(r, why);
+    }
+}
+
+static redisAsyncContext *connect_one(struct redis_src *r, int writer)
+{
+    redisAsyncContext *c = redisAsyncConnect(r->host, r->port);
+    if (!c || c->err) {
+        if (c)
+            redisAsyncFree(c);
+        return NULL;
+    }
+    c->data = r;
+    redisLibeventAttach(c, r->base);
+    redisAsyncSetConnectCallback(c, on_connect);
+    redisAsyncSetDisconnectCallback(c, on_disconnect);
+    if (r->password[0])
+        redisAsyncCommand(c, on_step, r, "AUTH %s", r->password);
+    redisAsyncCommand(c, on_step, r, "SELECT %d", r->db);
+    if (writer)
+        redisAsyncCommand(c, on_setup, r, "XGROUP CREATE %s %s 0 MKSTREAM", r->cfg->queue,
+                          r->cfg->group);
+    else
+        redisAsyncCommand(c, on_setup, r, "PING");
+    return c;
+}
+
+static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    struct redis_src *r = arg;
+    (void)fd;
+    (void)what;
+    if (!r->connected)
+        lost(r, "no answer within 2 s");
+}
+
+static void on_dial(evutil_socket_t fd, short what, void *arg)
+{
+    struct redis_src *r = arg;
+    (void)fd;
+    (void)what;
+    if (r->stopped || r->rd || r->wr)
+        return;
+    r->rd = connect_one(r, 0);
+    r->wr = r->rd ? connect_one(r, 1) : NULL;
+    if (!r->wr) {
+        failed(r, "cannot make a connection");
+        return;
+    }
+    struct timeval tv = ms_timeval(CONNECT_TIMEOUT_MS);
+    evtimer_add(r->timeout_ev, &tv);
+}
+
+/* ---- the source ---- */
+
+static void *redis_open(struct consumer *k, struct event_base *base,
+                        const struct consumer_config *cfg, const char *instance)
+{
+    struct redis_src *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->k = k;
+    r->base = base;
+    r->cfg = cfg;
+    r->backoff_ms = RECONNECT_MIN_MS;
+    snprintf(r->name, sizeof r->name, "%s", instance);
+    int64_t longest = 0;
+    for (size_t i = 0; i < cfg->backoff_count; i++)
+        longest = cfg->backoff_ms[i] > longest ? cfg->backoff_ms[i] : longest;
+    r->min_idle_ms = cfg->route.lease_ms + cfg->route.upstream_timeout_ms + longest;
+    if (parse_url(r, cfg->url) != 0) {
+        daemon_log("consumer %s: the redis_stream URL does not parse", cfg->route.name);
+        free(r);
+        return NULL;
+    }
+    r->dial_ev = evtimer_new(base, on_dial, r);
+    r->timeout_ev = evtimer_new(base, on_connect_timeout, r);
+    r->claim_ev = event_new(base, -1, EV_PERSIST, on_claim_tick, r);
+    /* Often enough that a held entry is refreshed well within min_idle. */
+    int64_t every_ms = r->min_idle_ms / 3 < CLAIM_EVERY_MS ? r->min_idle_ms / 3 : CLAIM_EVERY_MS;
+    struct timeval now = {0, 0}, every = ms_timeval(every_ms > 100 ? every_ms : 100);
+    if (!r->dial_ev || !r->timeout_ev || !r->claim_ev || evtimer_add(r->dial_ev, &now) != 0 ||
+        event_add(r->claim_ev, &every) != 0) {
+        if (r->dial_ev)
+            event_free(r->dial_ev);
+        if (r->timeout_ev)
+            event_free(r->timeout_ev);
+        if (r->claim_ev)
+            event_free(r->claim_ev);
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+static void redis_want(void *src, size_t n)
+{
+    struct redis_src *r = src;
+    /* What the read out now brings comes off it when it comes. */
+    r->want = n;
+    read_more(r);
+}
+
+static int redis_ack(void *src, const struct mq_message *m)
+{
+    struct redis_src *r = src;
+    if (!r->connected)
+        return -1;
+    const char *argv[] = {"XACK", r->cfg->queue, r->cfg->group, m->entry};
+    return redisAsyncCommandArgv(r->wr, NULL, NULL, 4, argv, NULL) == REDIS_OK ? 0 : -1;
+}
+
+static void on_dead_lettered(redisAsyncContext *c, void *reply, void *arg)
+{
+    redisReply *x = reply;
+    struct redis_src *r = c->data;
+    (void)arg;
+    if (r && x && x->type == REDIS_REPLY_ERROR)
+        daemon_logl(LOG_ERROR,
+                    "consumer %s: dead-lettering to %s failed (%s): the entry stays pending, "
+                    "and is taken over again later",
+                    r->cfg->route.name, r->cfg->dead_letter, x->str);
+}
+
+static int redis_dead_letter(void *src, const struct mq_message *m, const char *reason,
+                             unsigned attempts, int last_status)
+{
+    struct redis_src *r = src;
+    if (!r->connected)
+        return -1;
+    /* Lua's unpack() takes some 8000 values: past DEAD_HEADERS_MAX headers
+     * (a message refused for too many), the rest are left out, and the
+     * dead letter says how many. */
+    size_t headers = m->header_count < DEAD_HEADERS_MAX ? m->header_count : DEAD_HEADERS_MAX;
+    size_t n = 7 + 2 * (headers + 8);
+    const char **argv = calloc(n, sizeof *argv);
+    size_t *lens = calloc(n, sizeof *lens);
+    if (!argv || !lens) {
+        free(argv);
+        free(lens);
+        return -1;
+    }
+    char att[16], st[16];
+    snprintf(att, sizeof att, "%u", attempts);
+    snprintf(st, sizeof st, "%d", last_status);
+    size_t i = 0;
+#define ARG(s, l) (argv[i] = (s), lens[i] = (l), i++)
+#define STR(s) ARG((s), strlen(s))
+    STR("EVAL");
+    ARG(dead_letter_script, sizeof dead_letter_script - 1);
+    STR("2");
+    STR(r->cfg->dead_letter);
+    STR(r->cfg->queue);
+    STR(r->cfg->group);
+    STR(m->entry);
+    STR(r->cfg->body_field);
+    ARG(m->body, m->body_len);
+    for (size_t h = 0; h < headers; h++) {
+        STR(m->headers[h].name);
+        STR(m->headers[h].value);
+    }
+    char dropped[24];
+    if (headers < m->header_count) {
+        snprintf(dropped, sizeof dropped, "%zu", m->header_count - headers);
+        STR("x-idem-headers-left-out");
+        STR(dropped);
+    }
+    STR("message_id");
+    STR(m->id ? m->id : m->entry);
+    STR("x-idem-reason");
+    STR(reason);
+    STR("x-idem-attempts");
+    STR(att);
+    STR("x-idem-last-status");
+    STR(st);
+    STR("x-idem-consumer");
+    STR(r->cfg->route.name);
+    STR("x-idem-entry");
+    STR(m->entry);
+#undef STR
+#undef ARG
+    int rc = redisAsyncCommandArgv(r->wr, on_dead_lettered, NULL, (int)i, argv, lens);
+    free(argv);
+    free(lens);
+    return rc == REDIS_OK ? 0 : -1;
+}
+
+static void redis_stop(void *src)
+{
+    struct redis_src *r = src;
+    r->stopped = 1;
+    event_del(r->dial_ev);
+    event_del(r->claim_ev);
+}
+
+static void redis_close(void *src)
+{
+    struct redis_src *r = src;
+    r->stopped = 1;
+    r->connected = 0;
+    /* The acks and dead letters queued last (the loop has ended): out to
+     * the socket before the connection goes, or their entries would stay
+     * pending until another consumer takes them over. */
+    if (r->wr)
+        redisAsyncHandleWrite(r->wr);
+    close_connections(r);
+    event_free(r->dial_ev);
+    event_free(r->timeout_ev);
+    event_free(r->claim_ev);
+    free(r);
+}
+
+const struct mq_source_ops mq_redis_ops = {
+    .kind = "redis_stream",
+    .open = redis_open,
+    .want = redis_want,
+    .ack = redis_ack,
+    .dead_letter = redis_dead_letter,
+    .stop = redis_stop,
+    .close = redis_close,
+};
