@@ -234,9 +234,6 @@ int api_public_endpoint(const char *rest);
  * (the store's trouble, or 404 record_not_found), rec then empty. */
 struct http_response *api_record_get(struct daemon *d, const char *space, const char *key,
                                      idem_record *rec);
-/* An application/json answer of status, j (taken) its body; NULL (503) when j is. */
-struct json_t;
-struct http_response *json_response(int status, struct json_t *j);
 
 
 #endif

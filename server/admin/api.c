@@ -23,20 +23,6 @@
 
 #define PREFIX "/_idem/v1"
 
-struct http_response *json_response(int status, json_t *j)
-{
-    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
-    json_decref(j);
-    struct http_response *r = text ? response_new(status) : NULL;
-    if (!r || response_add_header(r, "Content-Type", "application/json") ||
-        response_set_body(r, text, strlen(text))) {
-        response_free(r);
-        r = NULL;
-    }
-    free(text);
-    return r;
-}
-
 static struct http_response *outcome(idem_outcome o, json_t *extra)
 {
     json_t *j = extra ? extra : json_object();

@@ -4,7 +4,8 @@
  * Every error the daemon answers goes through problem(): one shape
  * (application/problem+json), a stable type a client can switch on, and a
  * detail a person can act on; a failed Idem call becomes one through
- * problem_from_rc(), for the gateway and the JSON API alike.
+ * problem_from_rc(), for the gateway and the JSON API alike; a JSON answer
+ * through json_response().
  */
 #include "http/response.h"
 
@@ -273,4 +274,18 @@ struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char
 struct http_response *problem_from_idem(idem_rc rc, const char *what)
 {
     return problem_from_rc(rc, idem_errdetail(), what);
+}
+
+struct http_response *json_response(int status, json_t *j)
+{
+    char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    struct http_response *r = text ? response_new(status) : NULL;
+    if (!r || response_add_header(r, "Content-Type", "application/json") ||
+        response_set_body(r, text, strlen(text))) {
+        response_free(r);
+        r = NULL;
+    }
+    free(text);
+    return r;
 }

@@ -69,4 +69,9 @@ struct http_response *problem_from_idem(idem_rc rc, const char *what);
  * thread). */
 struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char *what);
 
+/* An application/json answer of status, j (taken, NULL allowed) its body;
+ * NULL (the caller's 503) when j is NULL or memory runs out. */
+struct json_t;
+struct http_response *json_response(int status, struct json_t *j);
+
 #endif
