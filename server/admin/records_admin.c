@@ -37,56 +37,11 @@
 #include "log.h"
 #include "gateway/request_key.h"
 #include "gateway/stored.h"
+#include "telemetry/incidents.h"
 
-#define EVENTS_MAX 256
 #define QUERY_VALUE_MAX 1200 /* a cursor, percent-encoded at worst */
 #define REASON_MAX 1000
 #define AGE_MAX_MS (3650 * 24 * 3600 * 1000LL)
-
-/* ---- the events ring ---- */
-
-struct event {
-    int64_t time_ms; /* wall clock */
-    enum event_kind kind;
-    char route[65];
-    char space[IDEM_NAME_MAX + 1];
-    char key[IDEM_KEY_MAX + 1];
-    uint64_t epoch;
-};
-
-/* One ring per process, as there is one daemon per process. */
-static struct {
-    pthread_mutex_t mu;
-    struct event ev[EVENTS_MAX];
-    uint64_t noted; /* ev[(noted - 1) % EVENTS_MAX] is the newest */
-} ring = {.mu = PTHREAD_MUTEX_INITIALIZER};
-
-static const char *const kind_names[] = {
-    [EV_IN_FLIGHT_409] = "in_flight_409",
-    [EV_MISMATCH_422] = "mismatch_422",
-    [EV_TAKEOVER] = "takeover",
-    [EV_HELD] = "held",
-};
-
-static void copy(char *dst, size_t cap, const char *src)
-{
-    snprintf(dst, cap, "%s", src ? src : "");
-}
-
-void events_note(enum event_kind kind, const struct route *rt, const char *key, uint64_t epoch)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    pthread_mutex_lock(&ring.mu);
-    struct event *e = &ring.ev[ring.noted++ % EVENTS_MAX];
-    e->time_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-    e->kind = kind;
-    copy(e->route, sizeof e->route, rt ? rt->name : "");
-    copy(e->space, sizeof e->space, rt ? rt->space : "");
-    copy(e->key, sizeof e->key, key);
-    e->epoch = epoch;
-    pthread_mutex_unlock(&ring.mu);
-}
 
 /* ---- query strings ---- */
 
@@ -319,23 +274,27 @@ static struct http_response *events(const char *target)
     struct query q = {.names = {"limit"}};
     struct http_response *r = parse_query(&q, target);
     int64_t limit;
-    if (r || (r = int_param(&q, "limit", 1, EVENTS_MAX, EVENTS_MAX, &limit)))
+    if (r || (r = int_param(&q, "limit", 1, INCIDENTS_MAX, INCIDENTS_MAX, &limit)))
         return r;
+    struct incident *newest = malloc((size_t)limit * sizeof *newest);
+    if (!newest)
+        return NULL;
+    uint64_t noted;
+    size_t n = incidents_newest(newest, (size_t)limit, &noted);
     json_t *list = json_array();
-    pthread_mutex_lock(&ring.mu);
-    uint64_t noted = ring.noted;
-    for (uint64_t n = 0; n < (uint64_t)limit && n < noted && n < EVENTS_MAX; n++) {
-        const struct event *e = &ring.ev[(noted - 1 - n) % EVENTS_MAX];
+    for (size_t i = 0; i < n; i++) {
+        const struct incident *e = &newest[i];
         json_t *o = json_pack("{s:I, s:s, s:s, s:s, s:s}", "time_ms", (json_int_t)e->time_ms,
-                              "kind", kind_names[e->kind], "route", e->route, "space", e->space,
-                              "key", e->key);
+                              "kind", incident_kind_name(e->kind), "route", e->route, "space",
+                              e->space, "key", e->key);
         if (o && e->epoch)
             json_object_set_new(o, "epoch", json_integer((json_int_t)e->epoch));
         json_array_append_new(list, o);
     }
-    pthread_mutex_unlock(&ring.mu);
+    free(newest);
     return json_response(200, json_pack("{s:o, s:I, s:I}", "events", list, "noted",
-                                        (json_int_t)noted, "kept_max", (json_int_t)EVENTS_MAX));
+                                        (json_int_t)noted, "kept_max",
+                                        (json_int_t)INCIDENTS_MAX));
 }
 
 /* ---- actions ---- */

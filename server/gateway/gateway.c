@@ -81,11 +81,11 @@
 #include "log.h"
 #include "mono.h"
 #include "put.h"
-#include "admin/records_admin.h"
 #include "gateway/replay_cache.h"
 #include "gateway/request_key.h"
 #include "gateway/stored.h"
 #include "http/upstream.h"
+#include "telemetry/incidents.h"
 
 /* A gateway counter: the route's (the daemon's totals are their sums). */
 #define COUNT(rt, field) atomic_fetch_add(&(rt)->n->field, 1)
@@ -892,7 +892,7 @@ static void after_busy_get(struct gw *g)
     if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
         COUNT(g->rt, in_flight_409);
         const idem_record *rec = g->rc == IDEM_OK && g->o == IDEM_FOUND ? &g->rec : NULL;
-        events_note(EV_IN_FLIGHT_409, g->rt, g->key, rec ? rec->epoch : 0);
+        incidents_note(INCIDENT_IN_FLIGHT_409, g->rt, g->key, rec ? rec->epoch : 0);
         /* The token stays spent on this key, as with the record's 409: a
          * retry with it and the key goes on to the record (finish_record
          * says why it is not given back). */
@@ -950,7 +950,7 @@ static void in_flight_elsewhere(struct gw *g, const char *why, const idem_record
 {
     if (!g->rt->in_flight_wait || mono_ms() >= g->deadline) {
         COUNT(g->rt, in_flight_409);
-        events_note(EV_IN_FLIGHT_409, g->rt, g->key, rec ? rec->epoch : 0);
+        incidents_note(INCIDENT_IN_FLIGHT_409, g->rt, g->key, rec ? rec->epoch : 0);
         g->out = in_flight(g, why, rec, g->rt->lease_ms);
         finish(g);
         return;
@@ -997,7 +997,7 @@ static void key_reused(struct gw *g)
 {
     COUNT(g->rt, mismatches);
     VERDICT(g, GW_MISMATCH);
-    events_note(EV_MISMATCH_422, g->rt, g->key, 0);
+    incidents_note(INCIDENT_MISMATCH_422, g->rt, g->key, 0);
     g->out = problem(422, "key_reused",
                      "the idempotency key %s was already used with another payload", g->key);
     finish(g); /* the token stays spent on the key: see finish_record */
@@ -1027,7 +1027,7 @@ static void hold_abandoned(struct gw *g)
     idem_record_clear(&g->rec);
     COUNT(rt, in_flight_409);
     VERDICT(g, GW_HELD);
-    events_note(EV_HELD, rt, g->key, g->epoch);
+    incidents_note(INCIDENT_HELD, rt, g->key, g->epoch);
     daemon_log("%s/%s: a claim whose lease ran out, its outcome unknown, is held at epoch "
                "%" PRIu64 " for %" PRId64 " ms (on_unknown_outcome: hold): an operator "
                "finishes it through the JSON API",
@@ -1101,7 +1101,7 @@ static void after_begin(struct gw *g)
             hold_abandoned(g);
             return;
         }
-        events_note(EV_TAKEOVER, g->rt, g->key, g->rec.epoch);
+        incidents_note(INCIDENT_TAKEOVER, g->rt, g->key, g->rec.epoch);
         /* fall through */
     case IDEM_NEW:
         g->epoch = g->rec.epoch;
@@ -1478,7 +1478,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         COUNT(g->rt, upstream_unknown);
         VERDICT(g, rt->unknown_hold ? GW_HELD : GW_OUTCOME_UNKNOWN);
         if (rt->unknown_hold) {
-            events_note(EV_HELD, rt, g->key, g->epoch);
+            incidents_note(INCIDENT_HELD, rt, g->key, g->epoch);
             g->out = problem(504, "outcome_unknown",
                              "%s; the request may have been executed. Its record is held "
                              "PROCESSING (epoch %" PRIu64 ") for %" PRId64 " ms, until an "

@@ -1,0 +1,47 @@
+/*
+ * incidents.h — the process's ring of the last incidents an operator looks
+ * for (telemetry): requests refused because another held their key, keys
+ * reused with another payload, claims taken over, claims held. The gateway
+ * notes them; the admin side reads them (GET /_idem/v1/events).
+ */
+#ifndef IDEM_SERVER_INCIDENTS_H
+#define IDEM_SERVER_INCIDENTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "idem.h"
+
+#define INCIDENTS_MAX 256
+
+enum incident_kind {
+    INCIDENT_IN_FLIGHT_409, /* a request refused: another holds its key's claim */
+    INCIDENT_MISMATCH_422,  /* a key reused with another payload */
+    INCIDENT_TAKEOVER,      /* a claim whose lease ran out, taken over to execute */
+    INCIDENT_HELD,          /* a claim held for an operator (on_unknown_outcome: hold) */
+};
+
+struct incident {
+    int64_t time_ms; /* wall clock */
+    enum incident_kind kind;
+    char route[65];
+    char space[IDEM_NAME_MAX + 1];
+    char key[IDEM_KEY_MAX + 1];
+    uint64_t epoch; /* the claim's; 0 when unknown */
+};
+
+/* Note an incident of route rt (NULL: none) on key in the ring of the last
+ * INCIDENTS_MAX, the oldest dropped. Any thread; a mutex and a copy, never
+ * a store call. */
+void incidents_note(enum incident_kind kind, const struct route *rt, const char *key,
+                    uint64_t epoch);
+
+/* Copy the newest max incidents (at most INCIDENTS_MAX) into out, newest
+ * first; returns how many, and *noted how many were ever noted. Any thread. */
+size_t incidents_newest(struct incident *out, size_t max, uint64_t *noted);
+
+/* "in_flight_409", "mismatch_422", "takeover", "held". */
+const char *incident_kind_name(enum incident_kind kind);
+
+#endif
