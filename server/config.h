@@ -46,7 +46,7 @@ struct upstream_url {
     struct upstream_addrs *addrs;  /* looked up by config_resolve(); NULL before */
 };
 
-struct daemon_counters;
+struct route_counts;
 
 /* A listener's TLS: its certificate chain and key (PEM files), and for the
  * admin listener a CA whose client certificates it requires. cert NULL:
@@ -71,7 +71,7 @@ struct route {
     int prefix;              /* match.path ended in slash-star: a prefix match */
     char *folded_path;       /* path through config_fold_path(), a prefix's
                               * final '/' kept */
-    struct daemon_counters *n; /* the daemon's counters for this route's name:
+    struct route_counts *n; /* the daemon's counters for this route's name:
                                 * set by the daemon, not the parser */
     struct upstream_url upstream;   /* required */
     struct key_part *key;    /* one part, or several for a composite key */

@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "http/front.h"
+#include "telemetry/counters.h"
 #include "idem.h"
 
 /* A configuration in use. Requests hold a reference for their whole life,
@@ -17,57 +18,6 @@
 struct live_config {
     struct server_config *c;
     atomic_int refs;
-};
-
-/* How long gateway requests took, from their arrival to their answer: a
- * count per bucket, each bucket up to its bound in daemon_latency_bounds_us
- * (the last has none). */
-#define LATENCY_BUCKETS 15
-
-/* The values of enum gw_outcome (below), of enum upstream_result
- * (upstream.h), and the status codes counted (100 to 599): what bounds a
- * route's series in the metrics (metrics.c checks the first two). */
-#define GW_OUTCOMES 14
-#define UPSTREAM_RESULTS 5
-#define STATUS_MIN 100
-#define STATUS_CODES 500
-
-/* A route's counters (the daemon's totals are their sums). */
-struct daemon_counters {
-    atomic_ulong requests;     /* gateway requests */
-    atomic_ulong executions;   /* forwarded to the upstream under a claim */
-    atomic_ulong replays;      /* answered from a stored result */
-    atomic_ulong in_flight_409;
-    atomic_ulong mismatches;
-    atomic_ulong store_errors;
-    atomic_ulong upstream_unknown; /* sent, outcome unknown: left PROCESSING */
-    atomic_ulong redis_down_skips; /* token or lock layer skipped: Redis down */
-    atomic_ulong unkeyed;      /* without the key on a key_required: false route:
-                                  forwarded unguarded */
-    atomic_ulong latency[LATENCY_BUCKETS];
-    atomic_ulong latency_sum_us;
-    /* Counted as each answer goes out (metrics_count_request): by verdict,
-     * by status, the upstream's failures by kind ([UPSTREAM_OK] unused) and
-     * its time, in the latency buckets. */
-    atomic_ulong outcomes[GW_OUTCOMES];
-    atomic_ulong codes[STATUS_CODES];
-    atomic_ulong upstream_errors[UPSTREAM_RESULTS];
-    atomic_ulong upstream_latency[LATENCY_BUCKETS];
-    atomic_ulong upstream_latency_sum_us;
-    atomic_ulong tokens_consumed; /* the token layer spent the request's token */
-    atomic_ulong tokens_refused;  /* the token layer refused the request */
-    atomic_ulong locks_acquired;  /* the lock layer took the key's lock */
-    atomic_ulong locks_busy;      /* the lock layer found it held */
-};
-
-extern const int64_t daemon_latency_bounds_us[LATENCY_BUCKETS - 1];
-
-/* A route's counters, by its name: a reload that keeps a route's name keeps
- * its counts. Made when a configuration is loaded, kept until exit. */
-struct route_counters {
-    struct route_counters *next;
-    char name[65];
-    struct daemon_counters n;
 };
 
 /* One event loop's own: its base, its upstream connections (every request
@@ -137,56 +87,12 @@ struct daemon {
     pthread_mutex_t claims_mu;
     struct gw *claims[1024]; /* by the hash of space and key */
     atomic_ulong unkept_count;
-    /* Each route's counters (route->n points into this list), and where
-     * a route's go when there is no memory for its own. */
-    pthread_mutex_t routes_mu;
-    struct route_counters *route_n;
-    struct daemon_counters n_unlisted;
+    struct counts counts; /* each route's (route->n points into it) */
 };
 
 struct gw;
 
-/* What became of a gateway request (front_request.outcome), as the
- * consumers act on it and the counters see it. */
-enum gw_outcome {
-    GW_UNDECIDED = 0,     /* answered before a verdict (503 for want of memory, a
-                             shutdown): nothing is known to have happened */
-    GW_EXECUTED,          /* executed under its claim, its answer durably kept */
-    GW_RELEASED,          /* not executed, or failed retryably: its claim released,
-                             a retry executes (attempt says which this was) */
-    GW_REPLAYED,          /* finished before: its stored answer */
-    GW_IN_FLIGHT,         /* another request holds the key: 409 */
-    GW_MISMATCH,          /* the key was used with another payload: 422 */
-    GW_TOKEN_REFUSED,     /* the token layer said no: 409 or 428 */
-    GW_KEY_INVALID,       /* no usable key, subject or fingerprint: 400
-                             (front_request.outcome_type says which) */
-    GW_STORE_UNAVAILABLE, /* a store call failed: 503, nothing executed */
-    GW_OUTCOME_UNKNOWN,   /* sent, and no answer kept: the record stays PROCESSING
-                             until its lease ends */
-    GW_HELD,              /* held for an operator (on_unknown_outcome: hold) */
-    GW_EXHAUSTED,         /* a consumer's message claimed past its max_attempts:
-                             not sent again, the record failed for good */
-    GW_PASSED_THROUGH,    /* on no route: proxied untouched */
-    GW_UNKEYED,           /* on a key_required: false route without the key:
-                             forwarded unguarded, nothing recorded */
-};
-
-/* The verdict's name in the access log: "executed", "replayed" ... */
-const char *gw_outcome_name(int outcome);
-
 struct live_config *daemon_config_get(struct daemon *d);
-/* The sum over every route of the counter at offset field of struct
- * daemon_counters (offsetof). */
-unsigned long daemon_total(struct daemon *d, size_t field);
-/* The counter at offset field of n. */
-static inline unsigned long daemon_counter(const struct daemon_counters *n, size_t field)
-{
-    return atomic_load((const atomic_ulong *)((const char *)n + field));
-}
-
-/* Point each route of cfg at its counters (made for a new name). Before
- * cfg is live. */
-void daemon_attach_counters(struct daemon *d, struct server_config *cfg);
 void daemon_config_put(struct live_config *lc);
 /* Another reference to lc (one the caller holds). */
 struct live_config *daemon_config_ref(struct live_config *lc);
@@ -194,10 +100,6 @@ struct live_config *daemon_config_ref(struct live_config *lc);
 /* Answer req with r (NULL: 503) before anything else holds the request,
  * and drop the configuration reference taken for it. */
 void daemon_answer(struct live_config *lc, struct front_request *req, struct http_response *r);
-
-/* A gateway request that arrived at start_us (mono_us()) is answered now:
- * counted in its route's durations (rt may be NULL: none). */
-void daemon_observe(const struct route *rt, int64_t start_us);
 
 /* What became of a record write (a begin or a finish), for the health
  * check. Any thread. */
@@ -218,11 +120,6 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
                    struct front_request *req);
 void passthrough_start(struct daemon *d, const struct server_config *cfg,
                        struct front_request *req);
-/* What the token and lock layers' calls said (rc, o) on a route: counted
- * for the metrics. Any thread. */
-void daemon_count_token(const struct route *rt, idem_rc rc, idem_outcome o);
-void daemon_count_lock(const struct route *rt, idem_rc rc, idem_outcome o);
-
 /* In api.c, on a worker thread: the whole JSON API for a request of the
  * admin listener; for one of the main listener, only what clients may do
  * there (api_public_endpoint). */

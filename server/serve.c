@@ -30,7 +30,6 @@
 #include "consume/consume.h"
 #include "daemon.h"
 #include "log.h"
-#include "admin/metrics.h"
 #include "http/peers.h"
 #include "http/rate.h"
 #include "gateway/replay_cache.h"
@@ -47,7 +46,7 @@
 static void on_answer_out(void *arg, const struct front_request *req, int status)
 {
     struct daemon_loop *loop = arg;
-    metrics_count_request(req->route_n, req, status);
+    counts_answer(req->route_n, req, status);
     if (loop->alog)
         access_log_request(loop->alog, req, status);
 }
@@ -431,7 +430,7 @@ static void reload(struct serve *s)
                               sizeof err) != 0)
             daemon_log("SIGHUP: %s.tls: %s; its certificate stays", certs[i].name, err);
     next->limits = *s->limits;
-    daemon_attach_counters(&s->d, next);
+    counts_attach(&s->d.counts, next);
     lc->c = next;
     atomic_init(&lc->refs, 1);
     pthread_mutex_lock(&s->d.cfg_mu);
@@ -647,9 +646,9 @@ static int run(int argc, char **argv, int consume_only)
     s->upstream_tls = upstream_tls;
     pthread_mutex_init(&s->d.cfg_mu, NULL);
     pthread_mutex_init(&s->d.claims_mu, NULL);
-    pthread_mutex_init(&s->d.routes_mu, NULL);
+    counts_init(&s->d.counts);
     pthread_mutex_init(&s->d.public_health.mu, NULL);
-    daemon_attach_counters(&s->d, cfg);
+    counts_attach(&s->d.counts, cfg);
     s->d.live = lc;
     s->start = daemon_config_get(&s->d); /* what SIGHUP compares with */
     s->limits = &cfg->limits;
@@ -890,13 +889,8 @@ out:
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);
     pthread_mutex_destroy(&s->d.claims_mu);
-    pthread_mutex_destroy(&s->d.routes_mu);
     pthread_mutex_destroy(&s->d.public_health.mu);
-    while (s->d.route_n) {
-        struct route_counters *dead = s->d.route_n;
-        s->d.route_n = dead->next;
-        free(dead);
-    }
+    counts_free(&s->d.counts);
     free(s);
     return rc;
 }

@@ -185,7 +185,7 @@ static json_t *record_json(const idem_record *r)
     return j;
 }
 
-#define TOTAL(d, field) ((json_int_t)daemon_total(d, offsetof(struct daemon_counters, field)))
+#define TOTAL(d, field) ((json_int_t)counts_total(&d->counts, offsetof(struct route_counts, field)))
 
 static struct http_response *health(struct daemon *d, int admin);
 

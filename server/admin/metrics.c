@@ -25,6 +25,7 @@
 
 #include "consume/consume.h"
 #include "daemon.h"
+#include "telemetry/counters.h"
 #include "http/upstream.h"
 
 _Static_assert(GW_UNKEYED + 1 == GW_OUTCOMES, "GW_OUTCOMES counts enum gw_outcome");
@@ -38,34 +39,6 @@ static const char *const upstream_kinds[UPSTREAM_RESULTS] = {
     [UPSTREAM_TIMEOUT] = "timeout",
     [UPSTREAM_TOO_BIG] = "too_big",
 };
-
-static void observe(atomic_ulong *buckets, atomic_ulong *sum_us, int64_t us)
-{
-    int b = 0;
-    while (b < LATENCY_BUCKETS - 1 && us > daemon_latency_bounds_us[b])
-        b++;
-    atomic_fetch_add(&buckets[b], 1);
-    atomic_fetch_add(sum_us, (unsigned long)(us > 0 ? us : 0));
-}
-
-void metrics_count_request(struct daemon_counters *n, const struct front_request *req,
-                           int status)
-{
-    if (!n)
-        return;
-    if (req->outcome >= 0 && req->outcome < GW_OUTCOMES)
-        atomic_fetch_add(&n->outcomes[req->outcome], 1);
-    if (req->outcome == GW_TOKEN_REFUSED)
-        atomic_fetch_add(&n->tokens_refused, 1);
-    if (status >= STATUS_MIN && status < STATUS_MIN + STATUS_CODES)
-        atomic_fetch_add(&n->codes[status - STATUS_MIN], 1);
-    /* The upstream was asked: it answered (a status), or it failed. */
-    if (req->upstream_status || req->upstream_us) {
-        observe(n->upstream_latency, &n->upstream_latency_sum_us, req->upstream_us);
-        if (req->upstream_result > UPSTREAM_OK && req->upstream_result < UPSTREAM_RESULTS)
-            atomic_fetch_add(&n->upstream_errors[req->upstream_result], 1);
-    }
-}
 
 /* The text, growing as it is written; failed once a realloc did. */
 struct out {
@@ -159,7 +132,7 @@ static void add_latency(struct out *o, const char *name, const char *route,
 {
     uint64_t bounds[LATENCY_BUCKETS], counts[LATENCY_BUCKETS];
     for (int b = 0; b < LATENCY_BUCKETS - 1; b++)
-        bounds[b] = (uint64_t)daemon_latency_bounds_us[b];
+        bounds[b] = (uint64_t)latency_bounds_us[b];
     for (int b = 0; b < LATENCY_BUCKETS; b++)
         counts[b] = atomic_load(&buckets[b]);
     char esc[LABEL_MAX], labels[LABEL_MAX + 16];
@@ -287,43 +260,43 @@ struct http_response *metrics_render(struct daemon *d)
 {
     static const struct {
         const char *name, *help;
-        size_t field; /* in struct daemon_counters */
+        size_t field; /* in struct route_counts */
     } per_route[] = {
         {"idem_gateway_requests_total", "Requests that matched the route.",
-         offsetof(struct daemon_counters, requests)},
+         offsetof(struct route_counts, requests)},
         {"idem_gateway_executions_total",
          "Requests forwarded to the upstream under a claimed record.",
-         offsetof(struct daemon_counters, executions)},
+         offsetof(struct route_counts, executions)},
         {"idem_gateway_replays_total", "Requests answered with a stored answer.",
-         offsetof(struct daemon_counters, replays)},
+         offsetof(struct route_counts, replays)},
         {"idem_gateway_in_flight_rejections_total",
          "Duplicates answered 409 while the first request ran.",
-         offsetof(struct daemon_counters, in_flight_409)},
+         offsetof(struct route_counts, in_flight_409)},
         {"idem_gateway_mismatches_total", "Keys reused with another payload, answered 422.",
-         offsetof(struct daemon_counters, mismatches)},
+         offsetof(struct route_counts, mismatches)},
         {"idem_gateway_store_errors_total",
          "Requests the store failed, answered 503 (never forwarded unclaimed).",
-         offsetof(struct daemon_counters, store_errors)},
+         offsetof(struct route_counts, store_errors)},
         {"idem_gateway_unknown_outcomes_total",
          "Requests sent upstream with no answer (timeout, lost connection): left claimed "
          "until their lease ends.",
-         offsetof(struct daemon_counters, upstream_unknown)},
+         offsetof(struct route_counts, upstream_unknown)},
         {"idem_gateway_unkeyed_total",
          "Requests without the key on a key_required: false route, forwarded unguarded.",
-         offsetof(struct daemon_counters, unkeyed)},
+         offsetof(struct route_counts, unkeyed)},
         {"idem_gateway_redis_down_skips_total",
          "Requests that went on without the token and lock layers while Redis was down.",
-         offsetof(struct daemon_counters, redis_down_skips)},
+         offsetof(struct route_counts, redis_down_skips)},
         {"idem_tokens_consumed_total", "Tokens the route's token layer spent.",
-         offsetof(struct daemon_counters, tokens_consumed)},
+         offsetof(struct route_counts, tokens_consumed)},
         {"idem_tokens_refused_total",
          "Requests the route's token layer refused (409 or 428: spent, unknown, expired).",
-         offsetof(struct daemon_counters, tokens_refused)},
+         offsetof(struct route_counts, tokens_refused)},
         {"idem_locks_acquired_total", "Locks the route's lock layer took.",
-         offsetof(struct daemon_counters, locks_acquired)},
+         offsetof(struct route_counts, locks_acquired)},
         {"idem_locks_busy_total",
          "Lock attempts of the route's lock layer that found the key's lock held.",
-         offsetof(struct daemon_counters, locks_busy)},
+         offsetof(struct route_counts, locks_busy)},
     };
     idem_stats st;
     idem_get_stats(d->h, &st);
@@ -373,23 +346,23 @@ struct http_response *metrics_render(struct daemon *d)
     if (!(o.buf = malloc(o.cap)))
         return NULL; /* 503, as for any response that cannot be built */
     char esc[LABEL_MAX];
-    pthread_mutex_lock(&d->routes_mu);
+    pthread_mutex_lock(&d->counts.mu);
     for (size_t i = 0; i < sizeof per_route / sizeof per_route[0]; i++) {
         family(&o, per_route[i].name, "counter", per_route[i].help);
-        for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
+        for (const struct named_counts *rc = d->counts.list; rc; rc = rc->next)
             add(&o, "%s{route=\"%s\"} %lu\n", per_route[i].name, label(rc->name, esc),
-                daemon_counter(&rc->n, per_route[i].field));
+                counts_read(&rc->n, per_route[i].field));
     }
     family(&o, "idem_requests_total", "counter",
            "Requests on the route (consumers' messages included) by what became of them: "
            "one series per verdict, the access log's outcome.");
-    for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
+    for (const struct named_counts *rc = d->counts.list; rc; rc = rc->next)
         for (int v = 0; v < GW_OUTCOMES; v++)
             add(&o, "idem_requests_total{route=\"%s\",outcome=\"%s\"} %lu\n",
                 label(rc->name, esc), gw_outcome_name(v), atomic_load(&rc->n.outcomes[v]));
     family(&o, "idem_responses_total", "counter",
            "Answers on the route by status code (those answered at least once).");
-    for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
+    for (const struct named_counts *rc = d->counts.list; rc; rc = rc->next)
         for (int c = 0; c < STATUS_CODES; c++) {
             unsigned long v = atomic_load(&rc->n.codes[c]);
             if (v)
@@ -401,7 +374,7 @@ struct http_response *metrics_render(struct daemon *d)
            "refused, unreachable), unknown (sent, then the connection failed or the answer "
            "was malformed), timeout (sent, no whole answer in time), too_big (an answer over "
            "the limits).");
-    for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
+    for (const struct named_counts *rc = d->counts.list; rc; rc = rc->next)
         for (int k = UPSTREAM_OK + 1; k < UPSTREAM_RESULTS; k++)
             add(&o, "idem_upstream_errors_total{route=\"%s\",kind=\"%s\"} %lu\n",
                 label(rc->name, esc), upstream_kinds[k], atomic_load(&rc->n.upstream_errors[k]));
@@ -409,15 +382,15 @@ struct http_response *metrics_render(struct daemon *d)
     family(&o, dur, "histogram",
            "From a request's arrival at the route to its answer (the upstream's time "
            "included).");
-    for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
+    for (const struct named_counts *rc = d->counts.list; rc; rc = rc->next)
         add_latency(&o, dur, rc->name, rc->n.latency, &rc->n.latency_sum_us);
     const char *up = "idem_upstream_duration_seconds";
     family(&o, up, "histogram",
            "The upstream's part of a request: from sending it to the upstream's whole answer, "
            "or its failure.");
-    for (const struct route_counters *rc = d->route_n; rc; rc = rc->next)
+    for (const struct named_counts *rc = d->counts.list; rc; rc = rc->next)
         add_latency(&o, up, rc->name, rc->n.upstream_latency, &rc->n.upstream_latency_sum_us);
-    pthread_mutex_unlock(&d->routes_mu);
+    pthread_mutex_unlock(&d->counts.mu);
     const char *commit = "idem_store_commit_duration_seconds";
     family(&o, commit, "histogram",
            "Durable store transactions, from a batch's first statement to its durable "

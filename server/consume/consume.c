@@ -51,7 +51,6 @@
 #include "idem/libevent.h"
 #include "http/front.h"
 #include "log.h"
-#include "admin/metrics.h"
 #include "mono.h"
 #include "gateway/replay_cache.h"
 #include "http/upstream.h"
@@ -336,7 +335,7 @@ static void on_answered(struct front_request *req)
     struct consumer *k = h->k;
     const struct route *rt = &k->cfg->route;
     int status = req->resp ? req->resp->status : 503;
-    metrics_count_request(rt->n, req, status);
+    counts_answer(rt->n, req, status);
     enum action a = WAIT;
     const char *reason = NULL;
     int64_t delay = 1000;

@@ -93,29 +93,6 @@
 /* The verdict a request's answer carries (enum gw_outcome). */
 #define VERDICT(g, v) ((g)->req->outcome = (v))
 
-const char *gw_outcome_name(int outcome)
-{
-    static const char *const names[] = {
-        [GW_UNDECIDED] = "undecided",
-        [GW_EXECUTED] = "executed",
-        [GW_RELEASED] = "upstream_error",
-        [GW_REPLAYED] = "replayed",
-        [GW_IN_FLIGHT] = "in_flight",
-        [GW_MISMATCH] = "mismatch",
-        [GW_TOKEN_REFUSED] = "token_refused",
-        [GW_KEY_INVALID] = "key_invalid",
-        [GW_STORE_UNAVAILABLE] = "store_unavailable",
-        [GW_OUTCOME_UNKNOWN] = "outcome_unknown",
-        [GW_HELD] = "held",
-        [GW_EXHAUSTED] = "attempts_exhausted",
-        [GW_PASSED_THROUGH] = "passed_through",
-        [GW_UNKEYED] = "unkeyed",
-    };
-    return outcome >= 0 && (size_t)outcome < sizeof names / sizeof names[0] && names[outcome]
-               ? names[outcome]
-               : "undecided";
-}
-
 /* ---- the request's state ---- */
 
 /* How long on_unknown_outcome: hold keeps a claim: retention, and no more
@@ -352,7 +329,7 @@ static struct http_response *localise(const struct server_config *cfg, const str
 
 static void answer(struct gw *g)
 {
-    daemon_observe(g->rt, g->t0);
+    counts_observe(g->rt, g->t0);
     struct front_request *req = g->req;
     localise(g->lc->c, g->rt, g->out);
     req->resp = g->out;
@@ -474,7 +451,7 @@ static void on_spent(void *arg, idem_rc rc, idem_outcome o, const char *spent_ke
 {
     struct gw *g = arg;
     snprintf(g->spent, sizeof g->spent, "%s", spent_key);
-    daemon_count_token(g->rt, rc, o);
+    counts_token(g->rt, rc, o);
     on_outcome(arg, rc, o, detail);
 }
 
@@ -489,7 +466,7 @@ static void on_locked(void *arg, idem_rc rc, idem_outcome o, const idem_lock_inf
 {
     struct gw *g = arg;
     (void)info;
-    daemon_count_lock(g->rt, rc, o);
+    counts_lock(g->rt, rc, o);
     on_outcome(arg, rc, o, detail);
 }
 
@@ -1618,7 +1595,7 @@ static void reading_found(struct daemon *d, int found)
 static void answer_early(struct live_config *lc, const struct route *rt,
                          struct front_request *req, struct http_response *r, int64_t t0)
 {
-    daemon_observe(rt, t0);
+    counts_observe(rt, t0);
     daemon_answer(lc, req, localise(lc->c, rt, r));
 }
 
@@ -1649,7 +1626,7 @@ static int answer_kept(struct daemon *d, struct live_config *lc, const struct ro
     if (raw && kept.wire_len) {
         response_free(r);
         COUNT(rt, replays);
-        daemon_observe(rt, t0);
+        counts_observe(rt, t0);
         daemon_config_put(lc);
         front_answer_raw(req, kept.wire, kept.wire_len);
         return 1;
@@ -1685,7 +1662,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
          * route's upstream unguarded, as Stripe takes a POST without an
          * Idempotency-Key. */
         COUNT(rt, unkeyed);
-        daemon_observe(rt, t0);
+        counts_observe(rt, t0);
         forward_untouched(d, &rt->upstream, rt->upstream_timeout_ms, cfg, req, GW_UNKEYED);
         daemon_config_put(lc);
         return;

@@ -17,7 +17,7 @@
 #include "workers.h"
 
 struct conn;
-struct daemon_counters;
+struct route_counts;
 struct front_request;
 
 /* A step of a request's handling, run on its loop thread. */
@@ -53,9 +53,9 @@ struct front_request {
     int upstream_status;
     int64_t upstream_us;
     int upstream_result;        /* the upstream call's enum upstream_result */
-    /* The route's counters (struct daemon_counters), for the metrics as
+    /* The route's counters (struct route_counts), for the metrics as
      * the answer goes out; NULL: on no route. */
-    struct daemon_counters *route_n;
+    struct route_counts *route_n;
     int64_t start_us;           /* mono_us() when the request was whole */
     /* A request the daemon made itself (front_inject): no connection, and
      * its answer goes to answered, on the loop, instead of a client. */
