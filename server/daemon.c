@@ -14,6 +14,7 @@
 #include "idem/libevent.h"
 #include "admin/console.h"
 #include "daemon.h"
+#include "gateway/gateway.h"
 #include "admin/metrics.h"
 #include "mono.h"
 #include "http/rate.h"

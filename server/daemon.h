@@ -66,10 +66,6 @@ struct daemon {
     const struct front_counts *front_counts;
     struct daemon_health public_health;
     atomic_ulong seq;
-    /* The loop's read for finished records: how often it found one lately
-     * (a score, see worth_reading() in gateway.c). */
-    atomic_int read_score;
-    atomic_ulong read_tick;
     /* Raised by a transition made through the JSON API: the loops' replay
      * caches drop what they kept before it. */
     atomic_ulong replay_gen;
@@ -79,18 +75,9 @@ struct daemon {
      * reads may still work (a full disk, a store gone read-only), so the
      * health check then tries a write of its own. */
     atomic_int writes_failing;
-    /* The keys claimed by this daemon's requests, from their begin to their
-     * answer: no other request for one is begun here meanwhile, whatever
-     * its record's lease says. unkept_count: those whose answer the store
-     * failed to keep, which write it again until it is (gateway.c, "claims
-     * held here"). */
-    pthread_mutex_t claims_mu;
-    struct gw *claims[1024]; /* by the hash of space and key */
-    atomic_ulong unkept_count;
+    struct gateway *gateway; /* the gateway's own (gateway/gateway.h) */
     struct counts counts; /* each route's (route->n points into it) */
 };
-
-struct gw;
 
 struct live_config *daemon_config_get(struct daemon *d);
 void daemon_config_put(struct live_config *lc);
@@ -114,12 +101,6 @@ void daemon_loop_settle(struct daemon_loop *l);
 /* The handler the front end runs on the loop for every request. */
 void daemon_handle(void *arg, struct front_request *req);
 
-/* In gateway.c: a request on a route, and a request on no route (proxied
- * untouched). gateway_start takes over the reference lc. Loop thread. */
-void gateway_start(struct daemon *d, struct live_config *lc, const struct route *rt,
-                   struct front_request *req);
-void passthrough_start(struct daemon *d, const struct server_config *cfg,
-                       struct front_request *req);
 /* In api.c, on a worker thread: the whole JSON API for a request of the
  * admin listener; for one of the main listener, only what clients may do
  * there (api_public_endpoint). */

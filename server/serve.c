@@ -29,6 +29,7 @@
 #include "telemetry/access_log.h"
 #include "consume/consume.h"
 #include "daemon.h"
+#include "gateway/gateway.h"
 #include "log.h"
 #include "http/peers.h"
 #include "http/rate.h"
@@ -629,8 +630,10 @@ static int run(int argc, char **argv, int consume_only)
 
     struct serve *s = calloc(1, sizeof *s);
     struct live_config *lc = calloc(1, sizeof *lc);
+    struct gateway *gw = gateway_new();
     int rc = 1;
-    if (!s || !lc) {
+    if (!s || !lc || !gw) {
+        gateway_free(gw);
         free(lc);
         config_free(cfg);
         free(s);
@@ -640,12 +643,12 @@ static int run(int argc, char **argv, int consume_only)
         return 1;
     }
     lc->c = cfg;
+    s->d.gateway = gw;
     atomic_init(&lc->refs, 1);
     s->tls = tls[0];
     s->admin_tls = tls[1];
     s->upstream_tls = upstream_tls;
     pthread_mutex_init(&s->d.cfg_mu, NULL);
-    pthread_mutex_init(&s->d.claims_mu, NULL);
     counts_init(&s->d.counts);
     pthread_mutex_init(&s->d.public_health.mu, NULL);
     counts_attach(&s->d.counts, cfg);
@@ -888,7 +891,7 @@ out:
     daemon_config_put(s->start);
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);
-    pthread_mutex_destroy(&s->d.claims_mu);
+    gateway_free(s->d.gateway);
     pthread_mutex_destroy(&s->d.public_health.mu);
     counts_free(&s->d.counts);
     free(s);

@@ -16,6 +16,7 @@
 #include "admin/console.h"
 #include "consume/consume.h"
 #include "daemon.h"
+#include "gateway/gateway.h"
 #include "admin/metrics.h"
 #include "mono.h"
 #include "admin/records_admin.h"
@@ -315,7 +316,7 @@ static struct http_response *health(struct daemon *d, int admin)
         "in_flight_409", TOTAL(d, in_flight_409), "mismatches", TOTAL(d, mismatches),
         "store_errors", TOTAL(d, store_errors), "upstream_unknown", TOTAL(d, upstream_unknown),
         "passthrough", (json_int_t)atomic_load(&d->passthrough), "redis_down_skips",
-        TOTAL(d, redis_down_skips), "answers_not_kept", (json_int_t)atomic_load(&d->unkept_count));
+        TOTAL(d, redis_down_skips), "answers_not_kept", (json_int_t)gateway_unkept(d->gateway));
     if (j)
         json_object_set_new(j, "consumers", consumers);
     else

@@ -25,6 +25,7 @@
 
 #include "consume/consume.h"
 #include "daemon.h"
+#include "gateway/gateway.h"
 #include "telemetry/counters.h"
 #include "http/upstream.h"
 
@@ -313,7 +314,7 @@ struct http_response *metrics_render(struct daemon *d)
         {"idem_gateway_answers_not_kept", "gauge",
          "Requests executed whose answer the store has not kept yet: each holds its claim "
          "and writes it again until the store takes it.",
-         atomic_load(&d->unkept_count)},
+         gateway_unkept(d->gateway)},
         {"idem_requests_in_flight", "gauge",
          "Requests of the main listener being handled now (in_flight_max bounds them).",
          d->front_counts ? atomic_load(&d->front_counts->in_flight) : 0},

@@ -48,6 +48,7 @@
 
 #include "telemetry/access_log.h"
 #include "daemon.h"
+#include "gateway/gateway.h"
 #include "idem/libevent.h"
 #include "http/front.h"
 #include "log.h"

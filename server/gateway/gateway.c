@@ -69,6 +69,8 @@
  * the client is told 504 outcome_unknown if the request was forwarded, 503
  * shutting_down if not.
  */
+#include "gateway/gateway.h"
+
 #include <assert.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -77,14 +79,13 @@
 #include <strings.h>
 #include <time.h>
 
-#include "daemon.h"
-#include "log.h"
-#include "mono.h"
-#include "put.h"
 #include "gateway/replay_cache.h"
 #include "gateway/request_key.h"
 #include "gateway/stored.h"
 #include "http/upstream.h"
+#include "log.h"
+#include "mono.h"
+#include "put.h"
 #include "telemetry/incidents.h"
 
 /* A gateway counter: the route's (the daemon's totals are their sums). */
@@ -244,50 +245,85 @@ static void gw_free(struct gw *g)
  * a claim over once its lease ends (the lock layer keeps it out while Redis
  * works). */
 
-static struct gw **claim_bucket(struct daemon *d, uint64_t hash)
+/* The list, and the read-skip score (see worth_reading), are what the
+ * gateway shares across its loops. */
+struct gateway {
+    /* The keys claimed by this daemon's requests, from their begin to their
+     * answer, by the hash of space and key; unkept_count: those whose
+     * answer the store failed to keep. */
+    pthread_mutex_t claims_mu;
+    struct gw *claims[1024];
+    atomic_ulong unkept_count;
+    /* How often the read for finished records found one lately. */
+    atomic_int read_score;
+    atomic_ulong read_tick;
+};
+
+struct gateway *gateway_new(void)
 {
-    return &d->claims[hash % (sizeof d->claims / sizeof d->claims[0])];
+    struct gateway *gw = calloc(1, sizeof *gw);
+    if (gw)
+        pthread_mutex_init(&gw->claims_mu, NULL);
+    return gw;
+}
+
+void gateway_free(struct gateway *gw)
+{
+    if (!gw)
+        return;
+    pthread_mutex_destroy(&gw->claims_mu);
+    free(gw);
+}
+
+unsigned long gateway_unkept(struct gateway *gw)
+{
+    return atomic_load(&gw->unkept_count);
+}
+
+static struct gw **claim_bucket(struct gateway *gw, uint64_t hash)
+{
+    return &gw->claims[hash % (sizeof gw->claims / sizeof gw->claims[0])];
 }
 
 static void claim_add(struct gw *g)
 {
-    struct daemon *d = g->d;
-    pthread_mutex_lock(&d->claims_mu);
-    struct gw **b = claim_bucket(d, g->key_hash);
+    struct gateway *gw = g->d->gateway;
+    pthread_mutex_lock(&gw->claims_mu);
+    struct gw **b = claim_bucket(gw, g->key_hash);
     g->claim_next = *b;
     *b = g;
     g->claimed = 1;
-    pthread_mutex_unlock(&d->claims_mu);
+    pthread_mutex_unlock(&gw->claims_mu);
 }
 
 static void set_unkept(struct gw *g, int unkept)
 {
-    struct daemon *d = g->d;
+    struct gateway *gw = g->d->gateway;
     if (g->unkept == unkept)
         return;
-    pthread_mutex_lock(&d->claims_mu);
+    pthread_mutex_lock(&gw->claims_mu);
     g->unkept = unkept;
     if (unkept)
-        atomic_fetch_add(&d->unkept_count, 1);
+        atomic_fetch_add(&gw->unkept_count, 1);
     else
-        atomic_fetch_sub(&d->unkept_count, 1);
-    pthread_mutex_unlock(&d->claims_mu);
+        atomic_fetch_sub(&gw->unkept_count, 1);
+    pthread_mutex_unlock(&gw->claims_mu);
 }
 
 static void claim_remove(struct gw *g)
 {
-    struct daemon *d = g->d;
+    struct gateway *gw = g->d->gateway;
     set_unkept(g, 0);
     if (!g->claimed)
         return;
-    pthread_mutex_lock(&d->claims_mu);
-    for (struct gw **p = claim_bucket(d, g->key_hash); *p; p = &(*p)->claim_next)
+    pthread_mutex_lock(&gw->claims_mu);
+    for (struct gw **p = claim_bucket(gw, g->key_hash); *p; p = &(*p)->claim_next)
         if (*p == g) {
             *p = g->claim_next;
             break;
         }
     g->claimed = 0;
-    pthread_mutex_unlock(&d->claims_mu);
+    pthread_mutex_unlock(&gw->claims_mu);
 }
 
 /* Is this key claimed by another request of this daemon (enum held_here;
@@ -295,10 +331,10 @@ static void claim_remove(struct gw *g)
  * refuse as well)? Any thread. */
 static enum held_here claimed_here(struct gw *self)
 {
-    struct daemon *d = self->d;
+    struct gateway *gw = self->d->gateway;
     enum held_here found = HELD_NONE;
-    pthread_mutex_lock(&d->claims_mu);
-    for (struct gw *g = *claim_bucket(d, self->key_hash); g && !found; g = g->claim_next)
+    pthread_mutex_lock(&gw->claims_mu);
+    for (struct gw *g = *claim_bucket(gw, self->key_hash); g && !found; g = g->claim_next)
         if (g->key_hash == self->key_hash && g != self && strcmp(g->key, self->key) == 0 &&
             strcmp(g->rt->space, self->rt->space) == 0)
             found = g->has_fp && self->has_fp &&
@@ -306,7 +342,7 @@ static enum held_here claimed_here(struct gw *self)
                         ? HELD_OTHER_PAYLOAD
                     : g->unkept ? HELD_UNKEPT
                                 : HELD_RUNNING;
-    pthread_mutex_unlock(&d->claims_mu);
+    pthread_mutex_unlock(&gw->claims_mu);
     return found;
 }
 
@@ -843,17 +879,17 @@ static void after_token(struct gw *g)
     go_lock(g);
 }
 
-static void reading_found(struct daemon *d, int found);
+static void reading_found(struct gateway *gw, int found);
 
 /* A finished record found before any layer is asked: its answer. */
 static void after_read(struct gw *g)
 {
     if (g->rc == IDEM_OK && (g->out = replay_finished(g, g->o, &g->rec)) != NULL) {
-        reading_found(g->d, 1);
+        reading_found(g->d->gateway, 1);
         enter(g, S_DONE);
         return;
     }
-    reading_found(g->d, 0);
+    reading_found(g->d->gateway, 0);
     idem_record_clear(&g->rec);
     go_lock(g);
 }
@@ -1093,7 +1129,7 @@ static void after_begin(struct gw *g)
         enter(g, g->token_rode ? S_RESPEND : S_FORWARD);
         return;
     case IDEM_DONE:
-        reading_found(g->d, 1); /* a read on the loop would have found it */
+        reading_found(g->d->gateway, 1); /* a read on the loop would have found it */
         g->out = replay(g, &g->rec);
         finish(g);
         return;
@@ -1577,17 +1613,17 @@ static void done(struct gw *g)
 #define READ_HIT 16
 #define READ_SCORE_MAX 256
 
-static int worth_reading(struct daemon *d)
+static int worth_reading(struct gateway *gw)
 {
-    return atomic_load_explicit(&d->read_score, memory_order_relaxed) > 0 ||
-           atomic_fetch_add_explicit(&d->read_tick, 1, memory_order_relaxed) % READ_SAMPLE == 0;
+    return atomic_load_explicit(&gw->read_score, memory_order_relaxed) > 0 ||
+           atomic_fetch_add_explicit(&gw->read_tick, 1, memory_order_relaxed) % READ_SAMPLE == 0;
 }
 
-static void reading_found(struct daemon *d, int found)
+static void reading_found(struct gateway *gw, int found)
 {
-    int s = atomic_load_explicit(&d->read_score, memory_order_relaxed);
+    int s = atomic_load_explicit(&gw->read_score, memory_order_relaxed);
     s = found ? (s + READ_HIT > READ_SCORE_MAX ? READ_SCORE_MAX : s + READ_HIT) : (s > 0 ? s - 1 : 0);
-    atomic_store_explicit(&d->read_score, s, memory_order_relaxed);
+    atomic_store_explicit(&gw->read_score, s, memory_order_relaxed);
 }
 
 /* An answer given before the request's state exists (see answer() for the
@@ -1726,7 +1762,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     g->deadline = mono_ms() + rt->wait_timeout_ms;
     g->backoff_ms = 2;
     if (!rt->layer_token) {
-        if (worth_reading(d))
+        if (worth_reading(d->gateway))
             enter(g, S_READ);
         else
             go_lock(g);
