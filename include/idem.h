@@ -656,6 +656,47 @@ IDEM_EXTERN idem_rc idem_record_extend_async(idem *h, idem_loop *loop, const cha
 IDEM_EXTERN idem_rc idem_record_get_async(idem *h, idem_loop *loop, const char *space,
                                           const char *key, idem_record_fn cb, void *arg);
 
+/* The calls below answer with what their blocking forms put in their
+ * out-parameters, and refuse at once exactly the input those refuse.
+ *
+ * idem_token_issue_async: token is the token issued (IDEM_TOKEN_LEN
+ * characters), valid during the call; "" on error. */
+typedef void (*idem_token_fn)(void *arg, idem_rc rc, const char *token, const char *detail);
+IDEM_EXTERN idem_rc idem_token_issue_async(idem *h, idem_loop *loop, const char *subject,
+                                           const char *scene, int64_t ttl_ms,
+                                           idem_token_fn cb, void *arg);
+
+/* idem_record_transition_async: out as idem_record_transition's; current
+ * is the record's state when out is IDEM_CONFLICT, else "". */
+typedef void (*idem_transition_fn)(void *arg, idem_rc rc, idem_outcome out,
+                                   const char *current, const char *detail);
+IDEM_EXTERN idem_rc idem_record_transition_async(idem *h, idem_loop *loop, const char *space,
+                                                 const char *key, const char *from,
+                                                 const char *to, idem_transition_fn cb,
+                                                 void *arg);
+
+/* idem_record_delete_async: as idem_record_delete; on CONFLICT, current
+ * and current_epoch say what stands ("" and 0 otherwise). */
+typedef void (*idem_delete_fn)(void *arg, idem_rc rc, idem_outcome out, const char *current,
+                               uint64_t current_epoch, const char *detail);
+IDEM_EXTERN idem_rc idem_record_delete_async(idem *h, idem_loop *loop, const char *space,
+                                             const char *key, uint64_t epoch,
+                                             idem_delete_fn cb, void *arg);
+
+/* idem_record_list_async: q and every string it points to (space,
+ * key_prefix, state, cursor) are copied; a cursor that is not one is
+ * IDEM_EINVAL at once. page: valid during the call; to keep it, copy *page
+ * and zero it, and it is the callback's to idem_record_page_clear(). Empty
+ * on error. */
+typedef void (*idem_page_fn)(void *arg, idem_rc rc, idem_record_page *page, const char *detail);
+IDEM_EXTERN idem_rc idem_record_list_async(idem *h, idem_loop *loop, const idem_record_query *q,
+                                           idem_page_fn cb, void *arg);
+
+/* idem_record_purge_async: count is how many records went (0 on error). */
+typedef void (*idem_count_fn)(void *arg, idem_rc rc, unsigned count, const char *detail);
+IDEM_EXTERN idem_rc idem_record_purge_async(idem *h, idem_loop *loop, unsigned limit,
+                                            idem_count_fn cb, void *arg);
+
 /* Let loop go: on the loop's thread, once it no longer runs. Every call
  * made on it is finished (those that wait on the loop itself, Redis
  * commands, fail with IDEM_ECLOSING) and its callback posted; the caller

@@ -27,7 +27,7 @@
  * thread's pool (core/alloc.h); a call with longer ones is allocated alone. */
 #define TEXT_POOLED (3 * (IDEM_KEY_MAX + 1) + IDEM_NAME_MAX + 1)
 
-enum op { CONSUME, GIVE_BACK, ACQUIRE, RENEW, RELEASE };
+enum op { ISSUE, CONSUME, GIVE_BACK, ACQUIRE, RENEW, RELEASE };
 
 struct kv_call {
     struct idem__call call;
@@ -35,14 +35,15 @@ struct kv_call {
     struct idem__loop *l;
     enum op op;
     union {
+        idem_token_fn token;
         idem_spend_fn spend;
         idem_outcome_fn outcome;
         idem_lock_fn lock;
     } cb;
     void *arg;
 
-    /* The arguments, copied into text: subject, scene, token, biz_key (or
-     * NULL), or space, key, owner. */
+    /* The arguments, copied into text: subject, scene (and for a spend
+     * token, biz_key or NULL), or space, key, owner. */
     const char *s[4];
     int64_t ttl_ms;
 
@@ -50,6 +51,7 @@ struct kv_call {
     idem_rc rc;
     idem_outcome out;
     idem_lock_info info;
+    char token[IDEM_TOKEN_LEN + 1]; /* issue: drawn before the store is asked */
     char spent_key[IDEM_KEY_MAX + 1];
     char detail[DETAIL_MAX];
     int pooled;
@@ -68,6 +70,9 @@ static void run_callback(void *arg)
 {
     struct kv_call *k = arg;
     switch (k->op) {
+    case ISSUE:
+        k->cb.token(k->arg, k->rc, k->token, k->detail);
+        break;
     case CONSUME:
         k->cb.spend(k->arg, k->rc, k->out, k->spent_key, k->detail);
         break;
@@ -95,6 +100,7 @@ static void call_done(struct idem__call *c, idem_rc rc, const char *detail)
         /* An error answers nothing: no half-filled outcome or info. */
         k->out = IDEM_NONE;
         k->spent_key[0] = '\0';
+        k->token[0] = '\0';
         memset(&k->info, 0, sizeof k->info);
     }
     k->post.fn = run_callback;
@@ -154,6 +160,19 @@ static void dispatch(idem *h, struct kv_call *k)
     int64_t now = idem__now(h);
     idem_rc rc;
     switch (k->op) {
+    case ISSUE:
+        /* The token is drawn here, by the token layer, as the blocking
+         * call draws it; the store only keeps it. */
+        if ((rc = idem__token_draw(k->token)) != IDEM_OK)
+            break;
+        rc = kv->token_put_start
+                 ? kv->token_put_start(h->kv, k->l, s[0], s[1], k->token, k->ttl_ms,
+                                       h->tokens_per_scene, now, c)
+                 : kv->token_put(h->kv, s[0], s[1], k->token, k->ttl_ms, h->tokens_per_scene,
+                                 now);
+        if (!kv->token_put_start || rc != IDEM_OK)
+            break;
+        return;
     case CONSUME:
         rc = kv->token_consume_start
                  ? kv->token_consume_start(h->kv, k->l, s[0], s[1], s[2], s[3], now, &k->out,
@@ -218,6 +237,25 @@ static idem_rc start(idem *h, idem_loop *loop, struct kv_call *k)
     idem__loop_begin(l);
     dispatch(h, k);
     return IDEM_OK;
+}
+
+IDEM_EXTERN idem_rc idem_token_issue_async(idem *h, idem_loop *loop, const char *subject,
+                                           const char *scene, int64_t ttl_ms,
+                                           idem_token_fn cb, void *arg)
+{
+    idem_rc rc;
+    idem__clear_detail();
+    if ((rc = idem__token_check_issue(h, subject, scene, ttl_ms)) != IDEM_OK ||
+        (rc = check_loop(loop, cb != NULL)) != IDEM_OK)
+        return rc;
+    const char *s[2] = {subject, scene};
+    struct kv_call *k = call_new(ISSUE, 2, s);
+    if (!k)
+        return IDEM_ENOMEM;
+    k->ttl_ms = ttl_ms;
+    k->cb.token = cb;
+    k->arg = arg;
+    return start(h, loop, k);
 }
 
 IDEM_EXTERN idem_rc idem_token_consume_async(idem *h, idem_loop *loop, const char *subject,

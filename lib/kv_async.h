@@ -8,6 +8,12 @@
 
 #include "idem.h"
 
+/* idem_token_issue's checks but the out-parameter's (token.c). */
+idem_rc idem__token_check_issue(idem *h, const char *subject, const char *scene,
+                                int64_t ttl_ms);
+/* A fresh token, as idem_token_issue draws it. */
+idem_rc idem__token_draw(char token[IDEM_TOKEN_LEN + 1]);
+
 /* idem_token_consume's and idem_token_give_back's checks but the
  * out-parameter's (token.c). */
 idem_rc idem__token_check_spend(idem *h, const char *subject, const char *scene,

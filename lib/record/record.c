@@ -461,29 +461,41 @@ IDEM_EXTERN idem_rc idem_record_extend(idem *h, const char *space,
     return drive(h, &ev, out, NULL, NULL);
 }
 
+static idem_rc transition_event(idem *h, const char *space, const char *key, const char *from,
+                                const char *to, struct idem__rec_event_args *ev)
+{
+    idem_rc rc;
+    if ((rc = check_target(h, space, key)) != IDEM_OK ||
+        (rc = idem__check_name(from, "from")) != IDEM_OK ||
+        (rc = idem__check_name(to, "to")) != IDEM_OK)
+        return rc;
+    if (strcmp(from, IDEM_STATE_PROCESSING) == 0 || strcmp(to, IDEM_STATE_PROCESSING) == 0)
+        return idem__fail(IDEM_EINVAL,
+                          "transition: PROCESSING is entered by begin and left by "
+                          "complete/fail with the claim's epoch");
+    *ev = (struct idem__rec_event_args){
+        .kind = IDEM__EV_TRANSITION, .space = space, .key = key,
+        .now = idem__now(h), .from = from, .to = to,
+    };
+    return IDEM_OK;
+}
+
 IDEM_EXTERN idem_rc idem_record_transition(idem *h, const char *space,
                                            const char *key, const char *from,
                                            const char *to, idem_outcome *out,
                                            char *current)
 {
     idem_rc rc;
+    struct idem__rec_event_args ev;
     idem__clear_detail();
     if ((rc = check_target(h, space, key)) != IDEM_OK ||
-        (rc = idem__check_name(from, "from")) != IDEM_OK ||
-        (rc = idem__check_name(to, "to")) != IDEM_OK ||
         (rc = idem__check_out(out, "out")) != IDEM_OK)
         return rc;
     *out = IDEM_NONE;
     if (current)
         current[0] = '\0';
-    if (strcmp(from, IDEM_STATE_PROCESSING) == 0 || strcmp(to, IDEM_STATE_PROCESSING) == 0)
-        return idem__fail(IDEM_EINVAL,
-                          "transition: PROCESSING is entered by begin and left by "
-                          "complete/fail with the claim's epoch");
-    struct idem__rec_event_args ev = {
-        .kind = IDEM__EV_TRANSITION, .space = space, .key = key,
-        .now = idem__now(h), .from = from, .to = to,
-    };
+    if ((rc = transition_event(h, space, key, from, to, &ev)) != IDEM_OK)
+        return rc;
     return drive(h, &ev, out, NULL, current);
 }
 
@@ -565,12 +577,14 @@ struct rec_async {
     idem_loop_post post;
     int get;                /* a get, not a drive */
     idem_record_fn rec_cb;  /* begin, get */
+    idem_transition_fn tr_cb; /* transition */
     idem_outcome_fn out_cb; /* the others */
     void *arg;
     struct idem__call got;  /* a get's step */
     char space[IDEM_NAME_MAX + 1];
     char key[IDEM_KEY_MAX + 1];
     char owner[IDEM_KEY_MAX + 1];
+    char from[IDEM_NAME_MAX + 1], to[IDEM_NAME_MAX + 1]; /* transition */
     uint8_t fingerprint[IDEM_FINGERPRINT_LEN];
     void *result;           /* complete, fail: a copy of the result's bytes */
 };
@@ -589,8 +603,11 @@ static void deliver(void *arg)
     struct rec_async *a = arg;
     struct drive *dr = &a->dr;
     const char *detail = dr->rc == IDEM_OK ? "" : dr->detail;
+    idem_outcome out = dr->rc == IDEM_OK ? dr->out : IDEM_NONE;
     if (a->rec_cb)
-        a->rec_cb(a->arg, dr->rc, dr->rc == IDEM_OK ? dr->out : IDEM_NONE, &dr->cur, detail);
+        a->rec_cb(a->arg, dr->rc, out, &dr->cur, detail);
+    else if (a->tr_cb)
+        a->tr_cb(a->arg, dr->rc, out, out == IDEM_CONFLICT ? dr->current : "", detail);
     else
         a->out_cb(a->arg, dr->rc, dr->rc == IDEM_OK ? dr->out : IDEM_NONE, detail);
     idem_record_clear(&dr->cur);
@@ -673,9 +690,10 @@ static idem_rc async_go(idem *h, struct rec_async *a)
 
 /* A drive of ev on a loop: ev's strings and result copied into a. */
 static idem_rc drive_async(idem *h, idem_loop *loop, const struct idem__rec_event_args *ev,
-                           idem_record_fn rec_cb, idem_outcome_fn out_cb, void *arg)
+                           idem_record_fn rec_cb, idem_outcome_fn out_cb,
+                           idem_transition_fn tr_cb, void *arg)
 {
-    if (!rec_cb && !out_cb)
+    if (!rec_cb && !out_cb && !tr_cb)
         return idem__fail(IDEM_EINVAL, "cb: NULL");
     struct rec_async *a = NULL;
     idem_rc rc = async_new(h, loop, ev->space, ev->key, ev->result_len, arg, &a);
@@ -683,12 +701,19 @@ static idem_rc drive_async(idem *h, idem_loop *loop, const struct idem__rec_even
         return rc;
     a->rec_cb = rec_cb;
     a->out_cb = out_cb;
+    a->tr_cb = tr_cb;
     drive_init(&a->dr, h, ev);
     a->dr.ev.space = a->space;
     a->dr.ev.key = a->key;
     if (ev->owner) {
         idem__copy(a->owner, sizeof a->owner, ev->owner);
         a->dr.ev.owner = a->owner;
+    }
+    if (ev->from) {
+        idem__copy(a->from, sizeof a->from, ev->from);
+        idem__copy(a->to, sizeof a->to, ev->to);
+        a->dr.ev.from = a->from;
+        a->dr.ev.to = a->to;
     }
     if (ev->fingerprint) {
         memcpy(a->fingerprint, ev->fingerprint, IDEM_FINGERPRINT_LEN);
@@ -711,7 +736,7 @@ IDEM_EXTERN idem_rc idem_record_begin_async(idem *h, idem_loop *loop, const char
     idem_rc rc = begin_event(h, space, key, fingerprint, owner, lease_ms, &ev);
     if (rc == IDEM_OK && !cb)
         rc = idem__fail(IDEM_EINVAL, "cb: NULL");
-    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, cb, NULL, arg);
+    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, cb, NULL, NULL, arg);
 }
 
 static idem_rc finish_async(idem *h, idem_loop *loop, enum idem__rec_event kind,
@@ -723,7 +748,7 @@ static idem_rc finish_async(idem *h, idem_loop *loop, enum idem__rec_event kind,
     idem_rc rc = finish_event(h, kind, space, key, epoch, result, len, retention_ms, &ev);
     if (rc == IDEM_OK && !cb)
         rc = idem__fail(IDEM_EINVAL, "cb: NULL");
-    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, arg);
+    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, NULL, arg);
 }
 
 IDEM_EXTERN idem_rc idem_record_complete_async(idem *h, idem_loop *loop, const char *space,
@@ -759,7 +784,20 @@ IDEM_EXTERN idem_rc idem_record_extend_async(idem *h, idem_loop *loop, const cha
     idem_rc rc = extend_event(h, space, key, epoch, lease_ms, &ev);
     if (rc == IDEM_OK && !cb)
         rc = idem__fail(IDEM_EINVAL, "cb: NULL");
-    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, arg);
+    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, NULL, arg);
+}
+
+IDEM_EXTERN idem_rc idem_record_transition_async(idem *h, idem_loop *loop, const char *space,
+                                                 const char *key, const char *from,
+                                                 const char *to, idem_transition_fn cb,
+                                                 void *arg)
+{
+    struct idem__rec_event_args ev;
+    idem__clear_detail();
+    idem_rc rc = transition_event(h, space, key, from, to, &ev);
+    if (rc == IDEM_OK && !cb)
+        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
+    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, NULL, cb, arg);
 }
 
 IDEM_EXTERN idem_rc idem_record_get_async(idem *h, idem_loop *loop, const char *space,
@@ -779,6 +817,28 @@ IDEM_EXTERN idem_rc idem_record_get_async(idem *h, idem_loop *loop, const char *
     return async_go(h, a);
 }
 
+static idem_rc delete_check(idem *h, const char *space, const char *key, uint64_t epoch)
+{
+    idem_rc rc;
+    if ((rc = check_target(h, space, key)) != IDEM_OK)
+        return rc;
+    if (epoch == 0)
+        return idem__fail(IDEM_EINVAL, "epoch: 0 is never a claim's epoch");
+    return IDEM_OK;
+}
+
+/* What a delete's store step said, as the caller is answered. */
+static idem_outcome delete_outcome(idem *h, const char *space, const char *key, uint64_t epoch,
+                                   int deleted, int found)
+{
+    if (deleted) {
+        idem__log(h, IDEM_LOG_INFO, "record %s/%s deleted at epoch %llu", space, key,
+                  (unsigned long long)epoch);
+        return IDEM_APPLIED;
+    }
+    return found ? IDEM_CONFLICT : IDEM_NOT_FOUND;
+}
+
 IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space, const char *key,
                                        uint64_t epoch, idem_outcome *out, char *current,
                                        uint64_t *current_epoch)
@@ -793,8 +853,8 @@ IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space, const char *k
         current[0] = '\0';
     if (current_epoch)
         *current_epoch = 0;
-    if (epoch == 0)
-        return idem__fail(IDEM_EINVAL, "epoch: 0 is never a claim's epoch");
+    if ((rc = delete_check(h, space, key, epoch)) != IDEM_OK)
+        return rc;
     if (!h->db_ops->rec_delete)
         return idem__fail(IDEM_ENOTSUP, "deleting records: not offered by the %s store",
                           h->store_name);
@@ -804,14 +864,8 @@ IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space, const char *k
     rc = h->db_ops->rec_delete(h->db, space, key, epoch, &deleted, &found, &cur);
     if (rc != IDEM_OK)
         return rc;
-    if (deleted) {
-        *out = IDEM_APPLIED;
-        idem__log(h, IDEM_LOG_INFO, "record %s/%s deleted at epoch %llu", space, key,
-                  (unsigned long long)epoch);
-    } else if (!found) {
-        *out = IDEM_NOT_FOUND;
-    } else {
-        *out = IDEM_CONFLICT;
+    *out = delete_outcome(h, space, key, epoch, deleted, found);
+    if (*out == IDEM_CONFLICT) {
         if (current)
             strcpy(current, cur.state);
         if (current_epoch)
@@ -930,18 +984,13 @@ static void cursor_encode(const idem_record_item *it, char *out)
     out[n] = '\0';
 }
 
-IDEM_EXTERN idem_rc idem_record_list(idem *h, const idem_record_query *q,
-                                     idem_record_page *out)
+/* A listing's query, checked and decoded; the strings of l point into q
+ * and into after_key and upper. */
+static idem_rc list_query(idem *h, const idem_record_query *q, struct idem__rec_list *l,
+                          unsigned *limit, char after_key[IDEM_KEY_MAX + 1],
+                          char upper[IDEM_KEY_MAX + 1])
 {
     idem_rc rc;
-    idem__clear_detail();
-    if (!h)
-        return idem__fail(IDEM_EINVAL, "handle: NULL");
-    if (!q)
-        return idem__fail(IDEM_EINVAL, "query: NULL");
-    if ((rc = idem__check_out(out, "out")) != IDEM_OK)
-        return rc;
-    memset(out, 0, sizeof *out);
     if ((rc = idem__check_name(q->space, "space")) != IDEM_OK)
         return rc;
     int has_prefix = q->key_prefix && *q->key_prefix;
@@ -956,35 +1005,298 @@ IDEM_EXTERN idem_rc idem_record_list(idem *h, const idem_record_query *q,
                                                     : "min_lease_span_ms");
     if (q->limit > IDEM_LIST_LIMIT_MAX)
         return idem__fail(IDEM_EINVAL, "limit: %u, at most %d", q->limit, IDEM_LIST_LIMIT_MAX);
-    if (!h->db_ops->rec_list)
-        return idem__fail(IDEM_ENOTSUP, "listing records: not offered by the %s store",
-                          h->store_name);
-    unsigned limit = q->limit ? q->limit : IDEM_LIST_LIMIT_DEFAULT;
-    char after_key[IDEM_KEY_MAX + 1], upper[IDEM_KEY_MAX + 1];
-    struct idem__rec_list l = {
+    *limit = q->limit ? q->limit : IDEM_LIST_LIMIT_DEFAULT;
+    *l = (struct idem__rec_list){
         .space = q->space, .prefix = has_prefix ? q->key_prefix : NULL, .state = q->state,
         .created_before = q->created_before_ms, .created_after = q->created_after_ms,
-        .min_lease_span = q->min_lease_span_ms, .fetch = limit + 1,
+        .min_lease_span = q->min_lease_span_ms, .fetch = *limit + 1,
     };
     if (q->cursor && *q->cursor) {
-        if ((rc = cursor_decode(q->cursor, &l.after_created, after_key)) != IDEM_OK)
+        if ((rc = cursor_decode(q->cursor, &l->after_created, after_key)) != IDEM_OK)
             return rc;
-        l.after_key = after_key;
+        l->after_key = after_key;
     }
     if (has_prefix) {
-        prefix_upper(q->key_prefix, upper, sizeof upper);
-        l.prefix_upper = *upper ? upper : NULL;
+        prefix_upper(q->key_prefix, upper, IDEM_KEY_MAX + 1);
+        l->prefix_upper = *upper ? upper : NULL;
     }
-    idem_record_item *items = NULL;
-    size_t count = 0;
-    if ((rc = h->db_ops->rec_list(h->db, &l, &items, &count)) != IDEM_OK)
-        return rc;
-    /* One row more than the page was asked for: whether there is a next. */
+    return IDEM_OK;
+}
+
+/* The page of the rows a listing fetched: one row more than the page was
+ * asked for says whether there is a next. */
+static void page_of(idem_record_item *items, size_t count, unsigned limit,
+                    idem_record_page *out)
+{
     if (count > limit) {
         count = limit;
         cursor_encode(&items[count - 1], out->next_cursor);
     }
     out->items = items;
     out->count = count;
+}
+
+IDEM_EXTERN idem_rc idem_record_list(idem *h, const idem_record_query *q,
+                                     idem_record_page *out)
+{
+    idem_rc rc;
+    idem__clear_detail();
+    if (!h)
+        return idem__fail(IDEM_EINVAL, "handle: NULL");
+    if (!q)
+        return idem__fail(IDEM_EINVAL, "query: NULL");
+    if ((rc = idem__check_out(out, "out")) != IDEM_OK)
+        return rc;
+    memset(out, 0, sizeof *out);
+    unsigned limit = 0;
+    char after_key[IDEM_KEY_MAX + 1], upper[IDEM_KEY_MAX + 1];
+    struct idem__rec_list l;
+    if ((rc = list_query(h, q, &l, &limit, after_key, upper)) != IDEM_OK)
+        return rc;
+    if (!h->db_ops->rec_list)
+        return idem__fail(IDEM_ENOTSUP, "listing records: not offered by the %s store",
+                          h->store_name);
+    idem_record_item *items = NULL;
+    size_t count = 0;
+    if ((rc = h->db_ops->rec_list(h->db, &l, &items, &count)) != IDEM_OK)
+        return rc;
+    page_of(items, count, limit, out);
     return IDEM_OK;
+}
+
+/* ---- the operators' calls on a loop: delete, list, purge ----
+ *
+ * Each is one store step (a _start operation, version 6), whose done posts
+ * the answer to the loop, where the callback gets it as its blocking form
+ * would have. The call holds copies of everything the step reads. */
+
+enum admin_kind { ADMIN_DELETE, ADMIN_LIST, ADMIN_PURGE };
+
+struct admin_async {
+    struct idem__call call;
+    idem_loop_post post;
+    struct idem__loop *l;
+    idem *h;
+    enum admin_kind kind;
+    union {
+        idem_delete_fn del;
+        idem_page_fn page;
+        idem_count_fn count;
+    } cb;
+    void *arg;
+    idem_rc rc;
+    char detail[256];
+
+    char space[IDEM_NAME_MAX + 1];
+    char key[IDEM_KEY_MAX + 1];     /* delete: the key; list: the key prefix */
+    uint64_t epoch;                 /* delete */
+    int deleted, found;
+    idem_record cur;
+
+    struct idem__rec_list list;     /* list: its strings point into this call */
+    char state[IDEM_NAME_MAX + 1];
+    char after_key[IDEM_KEY_MAX + 1], upper[IDEM_KEY_MAX + 1];
+    unsigned limit;
+    idem_record_item *items;
+    size_t count;
+
+    unsigned purged;                /* purge */
+};
+
+/* On the loop: the answer, then the call is freed. */
+static void admin_deliver(void *arg)
+{
+    struct admin_async *a = arg;
+    const char *detail = a->rc == IDEM_OK ? "" : a->detail;
+    switch (a->kind) {
+    case ADMIN_DELETE: {
+        idem_outcome out = IDEM_NONE;
+        if (a->rc == IDEM_OK)
+            out = delete_outcome(a->h, a->space, a->key, a->epoch, a->deleted, a->found);
+        int conflict = out == IDEM_CONFLICT;
+        a->cb.del(a->arg, a->rc, out, conflict ? a->cur.state : "", conflict ? a->cur.epoch : 0,
+                  detail);
+        idem_record_clear(&a->cur);
+        break;
+    }
+    case ADMIN_LIST: {
+        idem_record_page page;
+        memset(&page, 0, sizeof page);
+        if (a->rc == IDEM_OK)
+            page_of(a->items, a->count, a->limit, &page);
+        else
+            idem__free(a->items);
+        a->cb.page(a->arg, a->rc, &page, detail);
+        idem_record_page_clear(&page);
+        break;
+    }
+    case ADMIN_PURGE:
+        a->cb.count(a->arg, a->rc, a->rc == IDEM_OK ? a->purged : 0, detail);
+        break;
+    }
+    idem__free(a);
+}
+
+static void admin_done(struct idem__call *c, idem_rc rc, const char *detail)
+{
+    struct admin_async *a = (struct admin_async *)c;
+    a->rc = rc;
+    if (rc != IDEM_OK)
+        snprintf(a->detail, sizeof a->detail, "%s", detail ? detail : "");
+    a->post.fn = admin_deliver;
+    a->post.arg = a;
+    idem__loop_post(a->l, &a->post);
+}
+
+static idem_rc check_loop(idem_loop *loop, int has_cb)
+{
+    if (!loop || !loop->ops || loop->ops->version < IDEM_LOOP_OPS_VERSION)
+        return idem__fail(IDEM_EINVAL, "loop: NULL, or not an IDEM_LOOP_OPS_VERSION adapter");
+    if (!has_cb)
+        return idem__fail(IDEM_EINVAL, "cb: NULL");
+    return IDEM_OK;
+}
+
+/* *out: a call of kind on loop. offered: the backend has the step's
+ * _start operation. */
+static idem_rc admin_new(idem *h, idem_loop *loop, enum admin_kind kind, int offered,
+                         const char *what, void *arg, struct admin_async **out)
+{
+    if (!offered)
+        return idem__fail(IDEM_ENOTSUP, "%s asynchronously: not offered by the %s store", what,
+                          h->store_name);
+    struct admin_async *a = idem__malloc(sizeof *a);
+    if (!a)
+        return idem__fail(IDEM_ENOMEM, "records: no memory for an asynchronous call");
+    memset(a, 0, sizeof *a);
+    if (!(a->l = idem__loop_of(h, loop))) {
+        idem__free(a);
+        return IDEM_ENOMEM;
+    }
+    a->h = h;
+    a->kind = kind;
+    a->arg = arg;
+    a->call.done = admin_done;
+    *out = a;
+    return IDEM_OK;
+}
+
+/* Hand a's step to the backend: the answer comes through admin_done, or
+ * the start's error is returned and a is gone. */
+static idem_rc admin_go(struct admin_async *a, idem_rc (*start)(struct admin_async *a))
+{
+    idem__loop_begin(a->l);
+    idem_rc rc = start(a);
+    if (rc != IDEM_OK) {
+        idem__loop_end(a->l);
+        idem__free(a);
+    }
+    return rc;
+}
+
+static idem_rc delete_start(struct admin_async *a)
+{
+    idem *h = a->h;
+    return h->db_ops->rec_delete_start(h->db, a->space, a->key, a->epoch, &a->deleted,
+                                       &a->found, &a->cur, &a->call);
+}
+
+IDEM_EXTERN idem_rc idem_record_delete_async(idem *h, idem_loop *loop, const char *space,
+                                             const char *key, uint64_t epoch,
+                                             idem_delete_fn cb, void *arg)
+{
+    idem__clear_detail();
+    idem_rc rc = delete_check(h, space, key, epoch);
+    if (rc == IDEM_OK)
+        rc = check_loop(loop, cb != NULL);
+    if (rc != IDEM_OK)
+        return rc;
+    struct admin_async *a = NULL;
+    if ((rc = admin_new(h, loop, ADMIN_DELETE, h->db_ops->rec_delete_start != NULL, "deleting records", arg,
+                        &a)) != IDEM_OK)
+        return rc;
+    a->cb.del = cb;
+    idem__copy(a->space, sizeof a->space, space);
+    idem__copy(a->key, sizeof a->key, key);
+    a->epoch = epoch;
+    return admin_go(a, delete_start);
+}
+
+static idem_rc list_start(struct admin_async *a)
+{
+    idem *h = a->h;
+    return h->db_ops->rec_list_start(h->db, &a->list, &a->items, &a->count, &a->call);
+}
+
+IDEM_EXTERN idem_rc idem_record_list_async(idem *h, idem_loop *loop, const idem_record_query *q,
+                                           idem_page_fn cb, void *arg)
+{
+    idem__clear_detail();
+    if (!h)
+        return idem__fail(IDEM_EINVAL, "handle: NULL");
+    if (!q)
+        return idem__fail(IDEM_EINVAL, "query: NULL");
+    unsigned limit = 0;
+    char after_key[IDEM_KEY_MAX + 1], upper[IDEM_KEY_MAX + 1];
+    struct idem__rec_list l;
+    idem_rc rc = list_query(h, q, &l, &limit, after_key, upper);
+    if (rc == IDEM_OK)
+        rc = check_loop(loop, cb != NULL);
+    if (rc != IDEM_OK)
+        return rc;
+    struct admin_async *a = NULL;
+    if ((rc = admin_new(h, loop, ADMIN_LIST, h->db_ops->rec_list_start != NULL, "listing records", arg,
+                        &a)) != IDEM_OK)
+        return rc;
+    a->cb.page = cb;
+    a->limit = limit;
+    a->list = l;
+    /* The query's strings, copied: the listing outlives the call. */
+    idem__copy(a->space, sizeof a->space, l.space);
+    a->list.space = a->space;
+    if (l.prefix) {
+        idem__copy(a->key, sizeof a->key, l.prefix);
+        a->list.prefix = a->key;
+    }
+    if (l.prefix_upper) {
+        idem__copy(a->upper, sizeof a->upper, l.prefix_upper);
+        a->list.prefix_upper = a->upper;
+    }
+    if (l.state) {
+        idem__copy(a->state, sizeof a->state, l.state);
+        a->list.state = a->state;
+    }
+    if (l.after_key) {
+        idem__copy(a->after_key, sizeof a->after_key, l.after_key);
+        a->list.after_key = a->after_key;
+    }
+    return admin_go(a, list_start);
+}
+
+static idem_rc purge_start(struct admin_async *a)
+{
+    idem *h = a->h;
+    if (a->limit == 0) { /* nothing to ask the store: answered as the blocking call */
+        admin_done(&a->call, IDEM_OK, "");
+        return IDEM_OK;
+    }
+    return h->db_ops->rec_purge_start(h->db, idem__now(h), a->limit, &a->purged, &a->call);
+}
+
+IDEM_EXTERN idem_rc idem_record_purge_async(idem *h, idem_loop *loop, unsigned limit,
+                                            idem_count_fn cb, void *arg)
+{
+    idem__clear_detail();
+    if (!h)
+        return idem__fail(IDEM_EINVAL, "handle: NULL");
+    idem_rc rc = check_loop(loop, cb != NULL);
+    if (rc != IDEM_OK)
+        return rc;
+    struct admin_async *a = NULL;
+    if ((rc = admin_new(h, loop, ADMIN_PURGE, h->db_ops->rec_purge_start != NULL, "purging records", arg,
+                        &a)) != IDEM_OK)
+        return rc;
+    a->cb.count = cb;
+    a->limit = limit;
+    return admin_go(a, purge_start);
 }

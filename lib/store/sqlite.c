@@ -927,6 +927,11 @@ static void rec_started_done(struct idem__gc_job *job)
         a->j.cur->result = NULL;
         a->j.cur->result_len = 0;
     }
+    if (rc != IDEM_OK && a->j.items) { /* a listing whose batch did not commit */
+        idem__free(*a->j.items);
+        *a->j.items = NULL;
+        *a->j.count = 0;
+    }
     struct idem__call *call = a->call;
     idem__free(a);
     call->done(call, rc, rc == IDEM_OK ? "" : detail);
@@ -980,6 +985,47 @@ static idem_rc rec_get_start(void *db, const char *space, const char *key, int *
     idem_rc rc = rec_get(db, space, key, found, cur);
     c->done(c, rc, rc == IDEM_OK ? "" : idem_errdetail());
     return IDEM_OK;
+}
+
+static idem_rc rec_delete_start(void *db, const char *space, const char *key, uint64_t epoch,
+                                int *deleted, int *found, idem_record *cur,
+                                struct idem__call *c)
+{
+    struct rec_job j = {.job.run = run_rec_delete, .job.single_write = 1, .space = space,
+                        .key = key, .epoch = epoch, .deleted = deleted, .found = found,
+                        .cur = cur};
+    return start_rec(db, &j, c);
+}
+
+static idem_rc rec_purge_start(void *db, int64_t now, unsigned limit, unsigned *purged,
+                               struct idem__call *c)
+{
+    struct rec_job j = {.job.run = run_rec_purge, .now = now, .limit = limit,
+                        .purged = purged};
+    return start_rec(db, &j, c);
+}
+
+/* A listing without waiting is a job of the writer's, unlike a get's read
+ * (rec_get_start), which is one probe of the primary key and is made at
+ * once on the caller's thread. A listing's cost is the query's: a state or
+ * lease condition over a large space may walk much of an index before it
+ * has 500 rows, and the caller's thread is an event loop that every other
+ * call on it would wait for, its token and lock calls included. The writer
+ * is the thread that is there to block on the file; the listing delays its
+ * batch's COMMIT as a purge's DELETE does, for an operator's call made a
+ * few times a minute. It runs inside the batch, so it may read rows of
+ * writes made before it in that batch, not yet committed; but its answer,
+ * like theirs, is given only once the batch is durable, and a batch that
+ * fails fails the listing too: it never shows a row that was not kept. It
+ * writes nothing, so it needs no savepoint (single_write). */
+static idem_rc rec_list_start(void *db, const struct idem__rec_list *l,
+                              idem_record_item **items, size_t *count, struct idem__call *c)
+{
+    *items = NULL;
+    *count = 0;
+    struct rec_job j = {.job.run = run_rec_list, .job.single_write = 1, .list = l,
+                        .items = items, .count = count};
+    return start_rec(db, &j, c);
 }
 
 /* The hint for begin: from a reader. None where the only connection to read
@@ -1244,6 +1290,9 @@ static const struct idem__db_ops sqlite_ops = {
     .rec_insert_start = rec_insert_start,
     .rec_cas_start = rec_cas_start,
     .rec_get_start = rec_get_start,
+    .rec_delete_start = rec_delete_start,
+    .rec_list_start = rec_list_start,
+    .rec_purge_start = rec_purge_start,
 };
 
 /* Set up the file: WAL, FULL sync, the schema, the schema version. */

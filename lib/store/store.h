@@ -25,9 +25,11 @@
 
 #include "idem.h"
 
-#define IDEM_KV_OPS_VERSION 2 /* 2: the asynchronous operations, loop_gone */
+#define IDEM_KV_OPS_VERSION 3 /* 2: the asynchronous operations, loop_gone;
+                                 3: token_put_start */
 #define IDEM_DB_OPS_VERSION 5 /* 2: run_async; 3: its one_call; 4: rec_delete, rec_list;
-                                 5: the _start operations */
+                                 5: the _start operations; 6: rec_delete_start,
+                                 rec_list_start, rec_purge_start */
 
 struct idem__loop;
 
@@ -96,6 +98,11 @@ struct idem__kv_ops {
                                   const char *key, const char *owner, int64_t now,
                                   idem_outcome *out, struct idem__call *c);
     void (*loop_gone)(void *kv, struct idem__loop *l); /* a second call: a no-op */
+
+    /* Version 3. token_put on loop l, as the version 2 operations. */
+    idem_rc (*token_put_start)(void *kv, struct idem__loop *l, const char *subject,
+                               const char *scene, const char *token, int64_t ttl_ms,
+                               unsigned per_scene, int64_t now, struct idem__call *c);
 };
 
 /* Compare-and-set on one record: the update happens only if the row is in
@@ -230,6 +237,19 @@ struct idem__db_ops {
                              int *found, idem_record *cur, struct idem__call *c);
     idem_rc (*rec_get_start)(void *db, const char *space, const char *key, int *found,
                              idem_record *cur, struct idem__call *c);
+
+    /* Version 6. rec_delete, rec_list and rec_purge without waiting, as
+     * version 5's: everything they are given, the listing's strings
+     * included, must stay until done runs. A listing's *items are the
+     * caller's once done reports IDEM_OK, and NULL otherwise. NULL: not
+     * offered (the asynchronous calls answer IDEM_ENOTSUP). */
+    idem_rc (*rec_delete_start)(void *db, const char *space, const char *key, uint64_t epoch,
+                                int *deleted, int *found, idem_record *cur,
+                                struct idem__call *c);
+    idem_rc (*rec_list_start)(void *db, const struct idem__rec_list *l,
+                              idem_record_item **items, size_t *count, struct idem__call *c);
+    idem_rc (*rec_purge_start)(void *db, int64_t now, unsigned limit, unsigned *purged,
+                               struct idem__call *c);
 };
 
 /* What a handle keeps for each loop asynchronous calls were made on

@@ -46,18 +46,31 @@ idem_rc idem__token_check_spend(idem *h, const char *subject, const char *scene,
     return biz_key ? idem__check_key(biz_key, "biz_key", 0) : IDEM_OK;
 }
 
+idem_rc idem__token_check_issue(idem *h, const char *subject, const char *scene,
+                                int64_t ttl_ms)
+{
+    idem_rc rc;
+    if ((rc = check_common(h, subject, scene)) != IDEM_OK)
+        return rc;
+    return idem__check_ms(ttl_ms, 1, TOKEN_TTL_MAX, "ttl_ms");
+}
+
+idem_rc idem__token_draw(char token[IDEM_TOKEN_LEN + 1])
+{
+    return idem__random_token(token);
+}
+
 IDEM_EXTERN idem_rc idem_token_issue(idem *h, const char *subject,
                                      const char *scene, int64_t ttl_ms,
                                      char token[IDEM_TOKEN_LEN + 1])
 {
     idem_rc rc;
     idem__clear_detail();
-    if ((rc = check_common(h, subject, scene)) != IDEM_OK ||
-        (rc = idem__check_ms(ttl_ms, 1, TOKEN_TTL_MAX, "ttl_ms")) != IDEM_OK ||
+    if ((rc = idem__token_check_issue(h, subject, scene, ttl_ms)) != IDEM_OK ||
         (rc = idem__check_out(token, "token")) != IDEM_OK)
         return rc;
     char fresh[IDEM_TOKEN_LEN + 1];
-    if ((rc = idem__random_token(fresh)) != IDEM_OK)
+    if ((rc = idem__token_draw(fresh)) != IDEM_OK)
         return rc;
     rc = h->kv_ops->token_put(h->kv, subject, scene, fresh, ttl_ms,
                               h->tokens_per_scene, idem__now(h));

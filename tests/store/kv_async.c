@@ -145,6 +145,14 @@ static void on_lock(void *arg, idem_rc rc, idem_outcome out, const idem_lock_inf
     note(a, rc, out, detail);
 }
 
+static void on_token(void *arg, idem_rc rc, const char *token, const char *detail)
+{
+    struct answer *a = arg;
+    /* The token rides in spent_key: both are strings the callback copies. */
+    snprintf(a->spent_key, sizeof a->spent_key, "%s", token ? token : "(null)");
+    note(a, rc, IDEM_NONE, detail);
+}
+
 static void answer_init(struct answer *a, int n, int *count)
 {
     memset(a, 0, (size_t)n * sizeof *a);
@@ -375,6 +383,49 @@ static void test_token_storm(void **state)
     assert_answer(u[1], IDEM_UNKNOWN);
 }
 
+/* Tokens issued on the loop: each one fresh, IDEM_TOKEN_LEN characters,
+ * and spent once by the blocking call as any issued token is; a scene's
+ * tokens_per_scene (16) newest are kept, so the first of 20 issued is
+ * gone. */
+static void test_token_issue(void **state)
+{
+    struct fix *f = *state;
+    enum { ISSUED = 20 };
+    static struct answer a[ISSUED];
+    int count;
+    answer_init(a, ISSUED, &count);
+    for (int i = 0; i < ISSUED; i++) {
+        char subject[16] = "user-9";
+        assert_idem_ok(idem_token_issue_async(f->h, f->loop, subject, "checkout", 60000,
+                                              on_token, &a[i]));
+        a[i].returned = 1;
+        memset(subject, 'x', sizeof subject - 1); /* the call copied it */
+    }
+    assert_int_equal(count, 0);
+    run_until(f, &count, ISSUED, 10000);
+    assert_each_once(a, ISSUED);
+    for (int i = 0; i < ISSUED; i++) {
+        assert_idem_ok(a[i].rc);
+        assert_string_equal(a[i].detail, "");
+        assert_int_equal(strlen(a[i].spent_key), IDEM_TOKEN_LEN);
+        for (int j = 0; j < i; j++)
+            assert_string_not_equal(a[i].spent_key, a[j].spent_key);
+    }
+    idem_outcome out;
+    assert_idem_ok(idem_token_consume(f->h, "user-9", "checkout", a[ISSUED - 1].spent_key,
+                                      NULL, &out, NULL));
+    assert_outcome(out, IDEM_CONSUMED);
+    assert_idem_ok(idem_token_consume(f->h, "user-9", "checkout", a[ISSUED - 1].spent_key,
+                                      NULL, &out, NULL));
+    assert_outcome(out, IDEM_ALREADY_CONSUMED);
+    assert_idem_ok(idem_token_consume(f->h, "user-9", "checkout", a[0].spent_key, NULL, &out,
+                                      NULL));
+    assert_outcome(out, IDEM_UNKNOWN);
+    assert_idem_ok(idem_token_consume(f->h, "user-2", "checkout", a[ISSUED - 2].spent_key,
+                                      NULL, &out, NULL));
+    assert_outcome(out, IDEM_UNKNOWN);
+}
+
 /* ---- the callback rule ---- */
 
 /* Input the blocking calls refuse is refused here too, with IDEM_EINVAL
@@ -425,6 +476,18 @@ static void test_bad_input_no_callback(void **state)
     REFUSED(idem_token_give_back_async(f->h, f->loop, "u", "checkout", "t", "b\x01",
                                        on_outcome, &a),
             "biz_key");
+    REFUSED(idem_token_issue_async(NULL, f->loop, "u", "checkout", 1000, on_token, &a),
+            "handle");
+    REFUSED(idem_token_issue_async(f->h, f->loop, "u\n", "checkout", 1000, on_token, &a),
+            "subject");
+    REFUSED(idem_token_issue_async(f->h, f->loop, "u", "check out", 1000, on_token, &a),
+            "scene");
+    REFUSED(idem_token_issue_async(f->h, f->loop, "u", "checkout", 0, on_token, &a), "ttl_ms");
+    REFUSED(idem_token_issue_async(f->h, f->loop, "u", "checkout", 8 * IDEM_DAY_MS, on_token,
+                                   &a),
+            "ttl_ms");
+    REFUSED(idem_token_issue_async(f->h, NULL, "u", "checkout", 1000, on_token, &a), "loop");
+    REFUSED(idem_token_issue_async(f->h, f->loop, "u", "checkout", 1000, NULL, &a), "cb");
 #undef REFUSED
     run_until(f, &count, 1, 200);
     assert_int_equal(count, 0);
@@ -778,6 +841,7 @@ int main(int argc, char **argv)
         T(test_lock_renew),
         T(test_lock_blocking_agrees),
         T(test_token_storm),
+        T(test_token_issue),
         T(test_bad_input_no_callback),
         T(test_arguments_copied_callback_once),
         T(test_calls_from_another_thread),
