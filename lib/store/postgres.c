@@ -78,9 +78,25 @@
  * does (see run_batch for why only then). Messages name the server as
  * host:port, never by its URL, whose password they must not show.
  *
+ * The operators' calls. A listing (up to 500 rows) and a delete by epoch
+ * are an operator's, a few a minute, and run on a connection of their own,
+ * outside the batches: a listing in a batch would hold a hundred begins'
+ * COMMIT for its rows. Their asynchronous forms needed something to run
+ * them that is not the caller's loop, and no new thread was to be had: so
+ * they are jobs of the two writers, queued as any write is, which a writer
+ * sets apart from its batch and runs alone, after the batch, on that
+ * connection; at most one writer at a time does so, and the other goes on
+ * committing batches (see "the operators' calls" below). The blocking
+ * forms queue the same jobs and wait, as a blocking write does. Their
+ * failures are those of the statements they were before: a deadline of
+ * timeout_ms, one reconnect of a connection found dead before use, and a
+ * timeout that may have deleted (IDEM_ETIMEDOUT). A purge is a batch's job
+ * already; its _start form queues it with a completion.
+ *
  * Threads: the writers; the callers, who also serve reads. Locks: q.mu (the
  * write queue, the counters), pool_mu (the read queue, idle connections),
- * backoff_mu; none is held while another is taken, nor across a round trip.
+ * backoff_mu, admin_mu (the operators' queue); none is held while another
+ * is taken, nor across a round trip.
  */
 #include <endian.h>
 #include <errno.h>
@@ -229,6 +245,10 @@ enum job_kind {
     JOB_REC_PURGE,
     JOB_INBOX_INSERT,
     JOB_INBOX_CAS,
+    /* The operators' calls: never in a batch, each run alone on the
+     * operators' connection (see "the operators' calls" below). */
+    JOB_REC_DELETE,
+    JOB_REC_LIST,
 };
 
 /* A write, queued by its caller, carried out by a writer. The caller's
@@ -251,11 +271,16 @@ struct job {
     int64_t lease_until, now;
     unsigned limit;
     int want_row;          /* rec_cas: read the row when not changed */
+    uint64_t epoch;        /* rec_delete */
+    const struct idem__rec_list *list;
 
     idem_rc rc;
     int hit;               /* inserted / changed */
     int found;
     unsigned count;        /* purged */
+    idem_record_item *items; /* listed: nitems of them, handed to the caller */
+    size_t nitems;
+    struct job *admin_next; /* on the operators' queue */
     idem_record rec;
     idem_inbox_entry entry;
     char detail[256];
@@ -303,8 +328,10 @@ struct pg_db {
     struct reader *idle;
     struct reader *readers; /* pool_size of them */
 
-    pthread_mutex_t admin_mu; /* the operators' connection (rec_list, rec_delete) */
-    PGconn *admin;
+    pthread_mutex_t admin_mu; /* the operators' queue, and who drains it */
+    struct job *admin_head, **admin_tail;
+    int admin_draining;       /* a writer runs the operators' jobs */
+    PGconn *admin;            /* the operators' connection: the drainer's alone */
 };
 
 /* ---- time, messages ---- */
@@ -773,6 +800,9 @@ static void job_reset(struct job *j)
 {
     idem__free(j->rec.result);
     memset(&j->rec, 0, sizeof j->rec);
+    idem__free(j->items);
+    j->items = NULL;
+    j->nitems = 0;
     memset(&j->entry, 0, sizeof j->entry);
     j->rc = IDEM_OK;
     j->hit = j->found = 0;
@@ -850,6 +880,9 @@ static int send_write(PGconn *pg, const struct job *j)
         p_int(&p, c->lease_expired_at);
         return send_stmt(pg, ST_INBOX_CAS, &p);
     }
+    case JOB_REC_DELETE: /* never in a batch (writer_main) */
+    case JOB_REC_LIST:
+        break;
     }
     return 0;
 }
@@ -876,6 +909,9 @@ static void read_write(struct job *j, const PGresult *r)
     case JOB_INBOX_CAS:
         if (j->hit && (j->rc = parse_inbox(r, &j->entry)) == IDEM_OK)
             j->found = 1;
+        break;
+    case JOB_REC_DELETE:
+    case JOB_REC_LIST:
         break;
     }
     if (j->rc != IDEM_OK)
@@ -1219,14 +1255,34 @@ answer:
     }
 }
 
+static int is_operators(const struct job *j)
+{
+    return j->kind == JOB_REC_DELETE || j->kind == JOB_REC_LIST;
+}
+
+static void operators_queue(struct pg_db *d, struct job *j);
+static void operators_drain(struct pg_db *d);
+
+/* Take what is queued: the operators' jobs go to their own queue, the rest
+ * is a batch; then, unless the other writer is at it, run the operators'
+ * jobs, one at a time. */
 static void *writer_main(void *arg)
 {
     struct writer *w = arg;
+    struct pg_db *d = w->db;
     unsigned n;
-    while ((n = idem__cq_take(&w->db->q, w->items)) > 0) {
-        for (unsigned i = 0; i < n; i++)
-            w->batch[i] = (struct job *)w->items[i];
-        run_batch(w, w->batch, n);
+    while ((n = idem__cq_take(&d->q, w->items)) > 0) {
+        unsigned m = 0;
+        for (unsigned i = 0; i < n; i++) {
+            struct job *j = (struct job *)w->items[i];
+            if (is_operators(j))
+                operators_queue(d, j);
+            else
+                w->batch[m++] = j;
+        }
+        if (m)
+            run_batch(w, w->batch, m);
+        operators_drain(d);
     }
     return NULL;
 }
@@ -1331,6 +1387,9 @@ struct started {
     int tries;
     int *hit, *found;
     idem_record *cur;
+    unsigned *count;           /* purge */
+    idem_record_item **items;  /* list */
+    size_t *nitems;
     struct idem__call *call;
 };
 
@@ -1365,16 +1424,24 @@ static void started_over(struct job *j)
             *a->cur = j->rec;
         else
             idem__free(j->rec.result);
+        if (a->count)
+            *a->count = j->count;
+        if (a->items) {
+            *a->items = j->items;
+            *a->nitems = j->nitems;
+        } else {
+            idem__free(j->items);
+        }
     } else {
         idem__free(j->rec.result);
+        idem__free(j->items);
     }
     struct idem__call *call = a->call;
     idem__free(a);
     call->done(call, rc, rc == IDEM_OK ? "" : detail);
 }
 
-static idem_rc start(struct pg_db *d, const struct job *model, int *hit, int *found,
-                     idem_record *cur, struct idem__call *call)
+static idem_rc start_any(struct pg_db *d, const struct job *model, struct started *outs)
 {
     struct started *a = idem__malloc(sizeof *a);
     if (!a)
@@ -1384,16 +1451,26 @@ static idem_rc start(struct pg_db *d, const struct job *model, int *hit, int *fo
     a->j.item.bytes += 512;
     a->j.over = started_over;
     a->d = d;
-    a->hit = hit;
-    a->found = found;
-    a->cur = cur;
-    a->call = call;
-    if (cur)
-        memset(cur, 0, sizeof *cur);
+    a->hit = outs->hit;
+    a->found = outs->found;
+    a->cur = outs->cur;
+    a->count = outs->count;
+    a->items = outs->items;
+    a->nitems = outs->nitems;
+    a->call = outs->call;
+    if (a->cur)
+        memset(a->cur, 0, sizeof *a->cur);
     idem_rc rc = enqueue(d, &a->j);
     if (rc != IDEM_OK)
         idem__free(a);
     return rc;
+}
+
+static idem_rc start(struct pg_db *d, const struct job *model, int *hit, int *found,
+                     idem_record *cur, struct idem__call *call)
+{
+    struct started outs = {.hit = hit, .found = found, .cur = cur, .call = call};
+    return start_any(d, model, &outs);
 }
 
 static idem_rc rec_insert_start(void *db, const struct idem__rec_new *n, int *inserted,
@@ -1427,6 +1504,15 @@ static idem_rc rec_purge(void *db, int64_t now, unsigned limit, unsigned *purged
     if (rc == IDEM_OK)
         *purged = j.count;
     return rc;
+}
+
+static idem_rc rec_purge_start(void *db, int64_t now, unsigned limit, unsigned *purged,
+                               struct idem__call *c)
+{
+    struct job j = {.kind = JOB_REC_PURGE, .table = 2, .now = now, .limit = limit};
+    struct started outs = {.count = purged, .call = c};
+    *purged = 0;
+    return start_any(db, &j, &outs);
 }
 
 /* ---- the read pool ----
@@ -1743,6 +1829,21 @@ static idem_rc rec_peek(void *db, const char *space, const char *key, int *found
  * one statement, and so its own transaction: the DELETE is atomic with its
  * conditions as a batch's UPDATE is, and waits, as one does, for a batch
  * that holds the row.
+ *
+ * Who runs them: the writers, without a thread of their own. A call, the
+ * blocking one or its _start form, queues a job on the writers' queue as
+ * any write does; the writer that takes it moves it to the operators'
+ * queue (admin_head, under admin_mu) instead of its batch, commits its
+ * batch, and then, unless the other writer is already at it
+ * (admin_draining), runs the operators' queue to its end, one job at a
+ * time, on the operators' connection, and answers each as a batch's jobs
+ * are answered (the caller woken, or over() called). So at most one writer
+ * is ever busy with operators' work, the other goes on committing batches,
+ * and the operators' connection has one user at a time, the drainer. A
+ * job that waited timeout_ms for a writer fails untried, as a write does;
+ * the statement gets timeout_ms of its own (admin_exec). The failures are
+ * admin_exec's: a timeout drops the connection and is IDEM_ETIMEDOUT (a
+ * DELETE may have been made), a refused connection IDEM_EUNAVAILABLE.
  */
 
 /* Run one statement with parameters, binary in and out; *res its rows. */
@@ -1795,49 +1896,39 @@ static idem_rc admin_exec(struct pg_db *d, const char *sql, const struct params 
     return rc;
 }
 
-static idem_rc rec_delete(void *db, const char *space, const char *key, uint64_t epoch,
-                          int *deleted, int *found, idem_record *cur)
+/* A delete's statement: j->hit 1 if the row went; else j->found and
+ * j->rec say what stands. */
+static idem_rc run_delete(struct pg_db *d, struct job *j)
 {
-    struct pg_db *d = db;
     struct params p = {0};
-    *deleted = *found = 0;
-    if (cur)
-        memset(cur, 0, sizeof *cur);
-    p_text(&p, space);
-    p_text(&p, key);
-    p_int(&p, (int64_t)epoch);
+    p_text(&p, j->k1);
+    p_text(&p, j->k2);
+    p_int(&p, (int64_t)j->epoch);
     /* When nothing was deleted, the row is read by a second statement: it
      * takes a fresh snapshot, so it sees what the DELETE waited for, which
      * a SELECT in the DELETE's own statement would not (see the top). */
-    pthread_mutex_lock(&d->admin_mu);
     PGresult *r;
     idem_rc rc = admin_exec(d,
                             "DELETE FROM idem_record WHERE space = $1 AND key = $2"
                             " AND epoch = $3 AND state <> 'PROCESSING'",
                             &p, "deleting a record", &r);
     if (rc == IDEM_OK) {
-        *deleted = cmd_rows(r) == 1;
+        j->hit = cmd_rows(r) == 1;
         PQclear(r);
         r = NULL;
         p.n = 2;
-        if (!*deleted)
+        if (!j->hit)
             rc = admin_exec(d,
                             "SELECT state, epoch, owner, lease_until, created_ms, updated_ms,"
                             " expires_ms, NULL::bytea, NULL::bytea FROM idem_record"
                             " WHERE space = $1 AND key = $2",
                             &p, "reading a record", &r);
     }
-    pthread_mutex_unlock(&d->admin_mu);
     if (rc != IDEM_OK || !r)
         return rc;
-    *found = PQntuples(r) == 1;
-    idem_record row;
-    if (*found && (rc = parse_record(r, &row)) == IDEM_OK) {
-        if (cur)
-            *cur = row;
-        else
-            idem_record_clear(&row);
-    }
+    j->found = PQntuples(r) == 1;
+    if (j->found)
+        rc = parse_record(r, &j->rec);
     PQclear(r);
     return rc;
 }
@@ -1846,14 +1937,11 @@ static idem_rc rec_delete(void *db, const char *space, const char *key, uint64_t
  * every value a parameter, the key prefix a range of the primary key (no
  * LIKE, so no wildcard), PROCESSING written out as the partial index's
  * condition is. */
-static idem_rc rec_list(void *db, const struct idem__rec_list *l, idem_record_item **items,
-                        size_t *count)
+static idem_rc run_list(struct pg_db *d, struct job *j)
 {
-    struct pg_db *d = db;
+    const struct idem__rec_list *l = j->list;
     struct params p = {0};
     char sql[1024], cond[512] = "", num[16];
-    *items = NULL;
-    *count = 0;
 #define COND(text, bind)                                                                         \
     do {                                                                                         \
         bind;                                                                                    \
@@ -1888,10 +1976,8 @@ static idem_rc rec_list(void *db, const struct idem__rec_list *l, idem_record_it
              " octet_length(result)::bigint, substring(result from 1 for %d) FROM idem_record"
              " WHERE space = $1%s ORDER BY created_ms DESC, key DESC LIMIT $%d",
              IDEM_RESULT_HEAD, cond, p.n);
-    pthread_mutex_lock(&d->admin_mu);
     PGresult *r;
     idem_rc rc = admin_exec(d, sql, &p, "listing records", &r);
-    pthread_mutex_unlock(&d->admin_mu);
     if (rc != IDEM_OK)
         return rc;
     size_t n = (size_t)PQntuples(r);
@@ -1941,9 +2027,108 @@ static idem_rc rec_list(void *db, const struct idem__rec_list *l, idem_record_it
         memcpy(it->result_head, PQgetvalue(r, row, 9), it->result_head_len);
     }
     PQclear(r);
-    *items = out;
-    *count = n;
+    j->items = out;
+    j->nitems = n;
     return IDEM_OK;
+}
+
+static void operators_queue(struct pg_db *d, struct job *j)
+{
+    j->admin_next = NULL;
+    pthread_mutex_lock(&d->admin_mu);
+    *d->admin_tail = j;
+    d->admin_tail = &j->admin_next;
+    pthread_mutex_unlock(&d->admin_mu);
+}
+
+/* Run the operators' queue to its end, unless another writer does. */
+static void operators_drain(struct pg_db *d)
+{
+    pthread_mutex_lock(&d->admin_mu);
+    if (d->admin_draining) {
+        pthread_mutex_unlock(&d->admin_mu);
+        return;
+    }
+    d->admin_draining = 1;
+    for (;;) {
+        struct job *j = d->admin_head;
+        if (!j)
+            break;
+        d->admin_head = j->admin_next;
+        if (!d->admin_head)
+            d->admin_tail = &d->admin_head;
+        pthread_mutex_unlock(&d->admin_mu);
+        idem__clear_detail();
+        idem_rc rc;
+        if (idem__mono_ms() >= j->deadline)
+            rc = idem__fail(IDEM_ETIMEDOUT, "postgres: %s: waited %lld ms for a writer",
+                            d->where, (long long)d->timeout_ms);
+        else
+            rc = j->kind == JOB_REC_DELETE ? run_delete(d, j) : run_list(d, j);
+        if (rc != IDEM_OK)
+            job_fail(j, rc, idem_errdetail());
+        /* A job may be gone once its caller runs. */
+        if (j->over)
+            j->over(j);
+        else
+            sem_post(&j->done);
+        pthread_mutex_lock(&d->admin_mu);
+    }
+    d->admin_draining = 0;
+    pthread_mutex_unlock(&d->admin_mu);
+}
+
+static idem_rc rec_delete(void *db, const char *space, const char *key, uint64_t epoch,
+                          int *deleted, int *found, idem_record *cur)
+{
+    struct job j = {.kind = JOB_REC_DELETE, .k1 = space, .k2 = key, .epoch = epoch};
+    *deleted = *found = 0;
+    if (cur)
+        memset(cur, 0, sizeof *cur);
+    idem_rc rc = submit(db, &j);
+    if (rc != IDEM_OK)
+        return rc;
+    *deleted = j.hit;
+    *found = j.found;
+    if (cur && j.found && !j.hit)
+        *cur = j.rec;
+    else
+        idem__free(j.rec.result);
+    return IDEM_OK;
+}
+
+static idem_rc rec_list(void *db, const struct idem__rec_list *l, idem_record_item **items,
+                        size_t *count)
+{
+    struct job j = {.kind = JOB_REC_LIST, .list = l};
+    *items = NULL;
+    *count = 0;
+    idem_rc rc = submit(db, &j);
+    if (rc != IDEM_OK)
+        return rc;
+    *items = j.items;
+    *count = j.nitems;
+    return IDEM_OK;
+}
+
+static idem_rc rec_delete_start(void *db, const char *space, const char *key, uint64_t epoch,
+                                int *deleted, int *found, idem_record *cur,
+                                struct idem__call *c)
+{
+    struct job j = {.kind = JOB_REC_DELETE, .k1 = space, .k2 = key, .epoch = epoch};
+    struct started outs = {.hit = deleted, .found = found, .cur = cur, .call = c};
+    *deleted = *found = 0;
+    return start_any(db, &j, &outs);
+}
+
+static idem_rc rec_list_start(void *db, const struct idem__rec_list *l,
+                              idem_record_item **items, size_t *count, struct idem__call *c)
+{
+    struct job j = {.kind = JOB_REC_LIST, .list = l};
+    struct started outs = {.items = items, .nitems = count, .call = c};
+    *items = NULL;
+    *count = 0;
+    return start_any(db, &j, &outs);
 }
 
 /* ---- inbox ---- */
@@ -2042,6 +2227,9 @@ static const struct idem__db_ops postgres_ops = {
     .rec_insert_start = rec_insert_start,
     .rec_cas_start = rec_cas_start,
     .rec_get_start = rec_get_start,
+    .rec_delete_start = rec_delete_start,
+    .rec_list_start = rec_list_start,
+    .rec_purge_start = rec_purge_start,
 };
 
 /* Bring the schema to SCHEMA_VERSION, one process at a time. */
@@ -2141,6 +2329,7 @@ idem_rc idem__postgres_open(const idem_options *o, const struct idem__db_ops **o
     pthread_mutex_init(&d->backoff_mu, NULL);
     pthread_mutex_init(&d->pool_mu, NULL);
     pthread_mutex_init(&d->admin_mu, NULL);
+    d->admin_tail = &d->admin_head;
     d->rq_tail = &d->rq_head;
     d->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 2000;
     d->batch_max = o->commit_batch_max ? o->commit_batch_max : 512;

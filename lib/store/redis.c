@@ -1734,6 +1734,17 @@ static struct acmd *acmd_new(struct idem__call *c)
     return m;
 }
 
+static idem_rc token_put_start(void *kv, struct idem__loop *l, const char *subject,
+                               const char *scene, const char *token, int64_t ttl_ms,
+                               unsigned per_scene, int64_t now, struct idem__call *c)
+{
+    struct acmd *m = acmd_new(c);
+    if (!m)
+        return IDEM_ENOMEM;
+    op_token_put(&m->op, kv, subject, scene, token, ttl_ms, per_scene, now);
+    return astart(kv, l, m);
+}
+
 static idem_rc token_consume_start(void *kv, struct idem__loop *l, const char *subject,
                                    const char *scene, const char *token, const char *biz_key,
                                    int64_t now, idem_outcome *out, char *spent_key,
@@ -1995,6 +2006,7 @@ static const struct idem__kv_ops redis_ops = {
     .lock_renew_start = lock_renew_start,
     .lock_release_start = lock_release_start,
     .loop_gone = loop_gone,
+    .token_put_start = token_put_start,
 };
 
 idem_rc idem__redis_open(const idem_options *o, const struct idem__kv_ops **ops, void **out)

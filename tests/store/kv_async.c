@@ -642,7 +642,9 @@ static const char *redis_where(void)
 
 /* A Redis that stops answering: each call in flight answers ETIMEDOUT (it
  * may have run) about timeout_ms after it was sent; once Redis answers
- * again, so do new calls. */
+ * again, so do new calls. A call never waits for Redis itself: the token
+ * issues among them return at once (run blocking, each would take
+ * timeout_ms on the loop's thread). */
 static void test_redis_stopped_times_out(void **state)
 {
     struct fix *f = *state;
@@ -658,10 +660,18 @@ static void test_redis_stopped_times_out(void **state)
     answer_init(s, 10, &count);
     int64_t t0 = mono_ms();
     for (int i = 0; i < 10; i++) {
-        assert_idem_ok(idem_lock_acquire_async(f->h, f->loop, "orders", "R-stopped", "bob",
-                                               30000, on_lock, &s[i]));
+        if (i % 2)
+            assert_idem_ok(idem_lock_acquire_async(f->h, f->loop, "orders", "R-stopped", "bob",
+                                                   30000, on_lock, &s[i]));
+        else
+            assert_idem_ok(idem_token_issue_async(f->h, f->loop, "bob", "checkout", 30000,
+                                                  on_token, &s[i]));
         s[i].returned = 1;
     }
+    int64_t calls_took = mono_ms() - t0;
+    if (calls_took > 250)
+        fail_msg("the calls took %lld ms to return: one waited for Redis",
+                 (long long)calls_took);
     run_until(f, &count, 10, 10000);
     int64_t took = mono_ms() - t0;
     assert_int_equal(kill(pid, SIGCONT), 0);
@@ -671,6 +681,8 @@ static void test_redis_stopped_times_out(void **state)
         assert_non_null(strstr(s[i].detail, "no reply within 500 ms"));
         assert_non_null(strstr(s[i].detail, redis_where()));
         assert_outcome(s[i].out, IDEM_NONE);
+        if (i % 2 == 0)
+            assert_string_equal(s[i].spent_key, ""); /* no token on an error */
     }
     /* About timeout_ms: not before it, nor many times it. */
     if (took < 450 || took > 5000)

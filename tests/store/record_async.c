@@ -391,8 +391,6 @@ static void transition(struct fixture *f, const char *key, const char *from, con
 static void test_transition(void **state)
 {
     struct fixture *f = *state;
-    if (!strcmp(store, "distributed"))
-        skip(); /* PostgreSQL's _start operations: not yet */
     finished(f, "ship", "o-1", 0);
     transition(f, "o-1", IDEM_STATE_SUCCEEDED, "SHIPPED");
     run_until(f, 1);
@@ -440,8 +438,6 @@ static void delete(struct fixture *f, const char *key, uint64_t epoch)
 static void test_delete(void **state)
 {
     struct fixture *f = *state;
-    if (!strcmp(store, "distributed"))
-        skip(); /* PostgreSQL's _start operations: not yet */
     uint64_t epoch = finished(f, "ship", "d-1", 0);
     delete(f, "d-1", epoch + 1);
     run_until(f, 1);
@@ -485,8 +481,6 @@ static void test_delete(void **state)
 static void test_list(void **state)
 {
     struct fixture *f = *state;
-    if (!strcmp(store, "distributed"))
-        skip(); /* PostgreSQL's _start operations: not yet */
     enum { ROWS = 7 };
     for (int i = 0; i < ROWS; i++) {
         char key[16];
@@ -564,8 +558,6 @@ static void test_list(void **state)
 static void test_purge(void **state)
 {
     struct fixture *f = *state;
-    if (!strcmp(store, "distributed"))
-        skip(); /* PostgreSQL's _start operations: not yet */
     for (int i = 0; i < 5; i++) {
         char key[16];
         snprintf(key, sizeof key, "p-%d", i);
