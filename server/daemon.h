@@ -98,20 +98,4 @@ void daemon_write_failed(struct daemon *d, idem_rc rc);
  * front closing, is abandoned). */
 void daemon_loop_settle(struct daemon_loop *l);
 
-/* The handler the front end runs on the loop for every request. */
-void daemon_handle(void *arg, struct front_request *req);
-
-/* In api.c, on a worker thread: the whole JSON API for a request of the
- * admin listener; for one of the main listener, only what clients may do
- * there (api_public_endpoint). */
-void api_handle(struct daemon *d, const struct server_config *cfg, struct front_request *req);
-/* 1 for the endpoints of the main listener: health, and token issuance
- * (rest is the path after /_idem/v1/). */
-int api_public_endpoint(const char *rest);
-/* The record (space, key) read into rec: NULL, or the problem to answer
- * (the store's trouble, or 404 record_not_found), rec then empty. */
-struct http_response *api_record_get(struct daemon *d, const char *space, const char *key,
-                                     idem_record *rec);
-
-
 #endif

@@ -29,6 +29,7 @@
 #include "telemetry/access_log.h"
 #include "consume/consume.h"
 #include "daemon.h"
+#include "dispatch.h"
 #include "gateway/gateway.h"
 #include "log.h"
 #include "http/peers.h"
@@ -742,7 +743,7 @@ static int run(int argc, char **argv, int consume_only)
         l->ctx.replays = replay_cache_new(s->limits->replay_cache);
         l->ctx.alog = s->access && l->ctx.base ? access_buf_new(s->access, l->ctx.base) : NULL;
         l->front = l->ctx.upstreams && (l->ctx.alog || !s->access)
-                       ? front_new(l->ctx.base, s->limits, s->workers, daemon_handle, &s->d,
+                       ? front_new(l->ctx.base, s->limits, s->workers, dispatch_request, &s->d,
                                    &l->ctx)
                        : NULL;
         if (l->front)

@@ -116,19 +116,12 @@ static struct http_response *spaces(const struct server_config *cfg)
     return json_response(200, json_pack("{s:o}", "spaces", list));
 }
 
-int console_api_handle(const struct server_config *cfg, struct front_request *req,
-                       const char *rest)
+void api_whoami(struct api_call *c)
 {
-    const struct http_msg *m = req->msg;
-    if (!req->admin || (strcmp(rest, "whoami") != 0 && strcmp(rest, "spaces") != 0))
-        return 0;
-    if (strcmp(m->method, "GET") != 0 && strcmp(m->method, "HEAD") != 0) {
-        req->resp = problem(405, "method_not_allowed",
-                            "%s /_idem/v1/%s: this endpoint takes GET, HEAD", m->method, rest);
-        if (req->resp)
-            response_add_header(req->resp, "Allow", "GET, HEAD");
-        return 1;
-    }
-    req->resp = strcmp(rest, "whoami") == 0 ? whoami(cfg, m) : spaces(cfg);
-    return 1;
+    api_answer(c, whoami(c->cfg, c->req->msg));
+}
+
+void api_spaces(struct api_call *c)
+{
+    api_answer(c, spaces(c->cfg));
 }

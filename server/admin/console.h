@@ -5,6 +5,7 @@
 #ifndef IDEM_SERVER_CONSOLE_H
 #define IDEM_SERVER_CONSOLE_H
 
+#include "admin/call.h"
 #include "config.h"
 #include "daemon.h"
 
@@ -13,10 +14,8 @@
  * when path is none of them. On the loop; memory only. */
 int console_answer(struct live_config *lc, struct front_request *req, const char *path);
 
-/* GET whoami and GET spaces, for a request of the admin listener whose
- * path is /_idem/v1/rest: 1 with req->resp set when rest is one of them,
- * 0 to leave it to the rest of the JSON API. */
-int console_api_handle(const struct server_config *cfg, struct front_request *req,
-                       const char *rest);
+/* GET whoami and GET spaces, handlers of the endpoint table (api.c). */
+void api_whoami(struct api_call *c);
+void api_spaces(struct api_call *c);
 
 #endif

@@ -23,6 +23,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "admin/call.h"
 #include "consume/consume.h"
 #include "daemon.h"
 #include "gateway/gateway.h"
@@ -426,4 +427,9 @@ struct http_response *metrics_render(struct daemon *d)
     }
     free(o.buf);
     return r;
+}
+
+void api_metrics(struct api_call *c)
+{
+    api_answer(c, metrics_render(c->d));
 }

@@ -13,4 +13,8 @@ struct http_response;
  * the store, so any thread, a loop's too. NULL on OOM (a 503). */
 struct http_response *metrics_render(struct daemon *d);
 
+/* GET metrics, a handler of the endpoint table (api.c). */
+struct api_call;
+void api_metrics(struct api_call *c);
+
 #endif

@@ -34,6 +34,7 @@
 #include <time.h>
 
 #include "admin/admin.h"
+#include "admin/call.h"
 #include "log.h"
 #include "gateway/request_key.h"
 #include "gateway/stored.h"
@@ -204,81 +205,129 @@ static const char *state_name(const char *s)
     return s;
 }
 
+/* What a listing's callback needs to show each row. */
+struct listing {
+    char space[IDEM_NAME_MAX + 1];
+    int64_t now, lease;
+    int holds;
+};
+
+/* A listing refused for its query: the parameter named, as the library's
+ * detail names the field. */
+static struct http_response *list_refused(idem_rc rc, const char *detail)
+{
+    if (rc != IDEM_EINVAL)
+        return problem_from_rc(rc, detail, "listing records");
+    const char *name = strncmp(detail, "key_prefix", 10) == 0 ? "prefix"
+                       : strncmp(detail, "cursor", 6) == 0    ? "cursor"
+                       : strncmp(detail, "state", 5) == 0     ? "state"
+                                                              : NULL;
+    /* "cursor: not one ..." said as the parameter's name, once. */
+    const char *colon = strstr(detail, ": ");
+    return problem(400, "invalid_parameter", "parameter %s: %s", name ? name : "space",
+                   colon ? colon + 2 : detail);
+}
+
+static void on_listed(void *arg, idem_rc rc, idem_record_page *page, const char *detail)
+{
+    struct api_call *c = arg;
+    const struct listing *l = c->own;
+    if (rc != IDEM_OK) {
+        api_answer(c, list_refused(rc, detail));
+        return;
+    }
+    json_t *items = json_array();
+    for (size_t i = 0; i < page->count; i++)
+        json_array_append_new(items, item_json(l->space, &page->items[i], l->now, l->lease,
+                                               l->holds));
+    json_t *j = json_pack("{s:o, s:o}", "records", items, "next_cursor",
+                          page->next_cursor[0] ? json_string(page->next_cursor) : json_null());
+    api_answer(c, json_response(200, j));
+}
+
 /* GET records and records/held. */
-static struct http_response *list(struct daemon *d, const struct server_config *cfg,
-                                  const char *target, int held)
+static void list(struct api_call *c, int held)
 {
     struct query q = {.names = {"space", "prefix", "state", "older_than_ms", "newer_than_ms",
                                 "limit", "cursor"}};
     if (held)
         q.names[1] = "limit", q.names[2] = "cursor", q.names[3] = NULL;
-    struct http_response *r = parse_query(&q, target);
-    if (r)
-        return r;
+    struct http_response *r = parse_query(&q, c->req->msg->target);
+    if (r) {
+        api_answer(c, r);
+        return;
+    }
     const char *space = param(&q, "space");
-    if (!space)
-        return problem(400, "invalid_parameter",
-                       "parameter space: required (records are listed one key space at a time)");
+    if (!space) {
+        api_answer(c, problem(400, "invalid_parameter", "parameter space: required (records "
+                              "are listed one key space at a time)"));
+        return;
+    }
     int64_t older = 0, newer = 0, limit = 0;
     if ((r = int_param(&q, "older_than_ms", 1, AGE_MAX_MS, 0, &older)) ||
         (r = int_param(&q, "newer_than_ms", 1, AGE_MAX_MS, 0, &newer)) ||
-        (r = int_param(&q, "limit", 1, IDEM_LIST_LIMIT_MAX, IDEM_LIST_LIMIT_DEFAULT, &limit)))
-        return r;
-    int holds;
-    int64_t lease = space_lease(cfg, space, &holds);
-    if (held && !holds)
-        return problem(400, "invalid_parameter",
-                       "parameter space: no route on space %s has on_unknown_outcome: hold, "
-                       "so none of its claims is held",
-                       space);
-    int64_t now = wall_ms();
+        (r = int_param(&q, "limit", 1, IDEM_LIST_LIMIT_MAX, IDEM_LIST_LIMIT_DEFAULT, &limit))) {
+        api_answer(c, r);
+        return;
+    }
+    struct listing *l = calloc(1, sizeof *l);
+    if (!l) {
+        api_answer(c, NULL);
+        return;
+    }
+    c->own = l;
+    snprintf(l->space, sizeof l->space, "%s", space);
+    l->lease = space_lease(c->cfg, space, &l->holds);
+    if (held && !l->holds) {
+        api_answer(c, problem(400, "invalid_parameter",
+                              "parameter space: no route on space %s has on_unknown_outcome: "
+                              "hold, so none of its claims is held",
+                              space));
+        return;
+    }
+    l->now = wall_ms();
     idem_record_query rq = {
         .space = space,
         .key_prefix = param(&q, "prefix"),
         .state = held ? IDEM_STATE_PROCESSING : param(&q, "state") ? state_name(param(&q, "state"))
                                                                    : NULL,
-        .created_before_ms = older ? now - older : 0,
-        .created_after_ms = newer ? now - newer : 0,
-        .min_lease_span_ms = held ? lease : 0,
+        .created_before_ms = older ? l->now - older : 0,
+        .created_after_ms = newer ? l->now - newer : 0,
+        .min_lease_span_ms = held ? l->lease : 0,
         .limit = (unsigned)limit,
         .cursor = param(&q, "cursor"),
     };
-    idem_record_page page;
-    idem_rc rc = idem_record_list(d->h, &rq, &page);
-    if (rc == IDEM_EINVAL) {
-        /* The detail names the field, as the library calls it. */
-        const char *detail = idem_errdetail();
-        const char *name = strncmp(detail, "key_prefix", 10) == 0 ? "prefix"
-                           : strncmp(detail, "cursor", 6) == 0    ? "cursor"
-                           : strncmp(detail, "state", 5) == 0     ? "state"
-                                                                  : NULL;
-        /* "cursor: not one ..." said as the parameter's name, once. */
-        const char *colon = strstr(detail, ": ");
-        return problem(400, "invalid_parameter", "parameter %s: %s", name ? name : "space",
-                       colon ? colon + 2 : detail);
-    }
+    idem_rc rc = idem_record_list_async(c->d->h, c->loop, &rq, on_listed, c);
     if (rc != IDEM_OK)
-        return problem_from_idem(rc, "listing records");
-    json_t *items = json_array();
-    for (size_t i = 0; i < page.count; i++)
-        json_array_append_new(items, item_json(space, &page.items[i], now, lease, holds));
-    json_t *j = json_pack("{s:o, s:o}", "records", items, "next_cursor",
-                          page.next_cursor[0] ? json_string(page.next_cursor) : json_null());
-    idem_record_page_clear(&page);
-    return json_response(200, j);
+        api_answer(c, list_refused(rc, idem_errdetail()));
+}
+
+void api_records_list(struct api_call *c)
+{
+    list(c, 0);
+}
+
+void api_records_held(struct api_call *c)
+{
+    list(c, 1);
 }
 
 /* GET events?limit=: newest first. */
-static struct http_response *events(const char *target)
+void api_events(struct api_call *c)
 {
+    const char *target = c->req->msg->target;
     struct query q = {.names = {"limit"}};
     struct http_response *r = parse_query(&q, target);
     int64_t limit;
-    if (r || (r = int_param(&q, "limit", 1, INCIDENTS_MAX, INCIDENTS_MAX, &limit)))
-        return r;
+    if (r || (r = int_param(&q, "limit", 1, INCIDENTS_MAX, INCIDENTS_MAX, &limit))) {
+        api_answer(c, r);
+        return;
+    }
     struct incident *newest = malloc((size_t)limit * sizeof *newest);
-    if (!newest)
-        return NULL;
+    if (!newest) {
+        api_answer(c, NULL);
+        return;
+    }
     uint64_t noted;
     size_t n = incidents_newest(newest, (size_t)limit, &noted);
     json_t *list = json_array();
@@ -292,54 +341,43 @@ static struct http_response *events(const char *target)
         json_array_append_new(list, o);
     }
     free(newest);
-    return json_response(200, json_pack("{s:o, s:I, s:I}", "events", list, "noted",
-                                        (json_int_t)noted, "kept_max",
-                                        (json_int_t)INCIDENTS_MAX));
+    api_answer(c, json_response(200, json_pack("{s:o, s:I, s:I}", "events", list, "noted",
+                                               (json_int_t)noted, "kept_max",
+                                               (json_int_t)INCIDENTS_MAX)));
 }
 
-/* ---- actions ---- */
-
-/* The record as it stands, for a 409: {"current": {...}} or no record. */
-static struct http_response *moved_on(struct daemon *d, const char *space, const char *key,
-                                      uint64_t epoch, const char *action)
-{
-    idem_record rec;
-    struct http_response *r = api_record_get(d, space, key, &rec);
-    if (r)
-        return r;
-    r =
-        problem(409, "record_moved_on",
-                "%s refused: the record is %s at epoch %" PRIu64 ", not %s at epoch %" PRIu64
-                "; nothing was changed",
-                action, rec.state, rec.epoch,
-                strcmp(action, "delete") == 0 ? "finished" : IDEM_STATE_PROCESSING, epoch);
-    idem_record_clear(&rec);
-    return r;
-}
+/* ---- actions ----
+ *
+ * An action's walk, each step the library's asynchronous call:
+ *
+ *   release, mark_failed:  read ── not PROCESSING at the epoch ──► 409
+ *                            │
+ *                            └─► fail (retryable / final) ── CONFLICT ──► read ──► 409
+ *                                     │
+ *                                     └─► 200, or 404
+ *   delete:                delete ── CONFLICT (the record as it stands) ──► 409
+ *                            └─► 200, or 404
+ *
+ * A claim that moved on is refused before the store is asked to change it:
+ * the store would refuse it too, but as a finish of a claim taken over,
+ * logged and counted as the conflict alert rules watch for. (One that
+ * moves on between the read and the write is refused the same way, and
+ * then counted.)
+ */
 
 /* The fields of an action's body: space, key, epoch, and for mark_failed
- * reason and status. 0, or the 400. */
+ * reason and status (the endpoint table refuses any other). */
 struct action {
-    const char *space, *key, *reason;
+    const char *op;              /* release, mark_failed, delete */
+    const char *space, *key, *reason; /* in the call's body */
     uint64_t epoch;
     int status;
 };
 
-static struct http_response *parse_action(json_t *body, const char *op, struct action *a)
+/* 0, or the 400. */
+static struct http_response *parse_action(json_t *body, struct action *a)
 {
-    static const char *const fields[] = {"space", "key", "epoch", "reason", "status"};
-    int failing = strcmp(op, "mark_failed") == 0;
-    const char *name;
-    json_t *v;
-    json_object_foreach(body, name, v) {
-        size_t k = 0, known = failing ? 5 : 3;
-        while (k < known && strcmp(fields[k], name) != 0)
-            k++;
-        if (k == known)
-            return problem(400, "invalid_field", "field %.64s: records/%s takes no such field "
-                           "(it takes space, key, epoch%s)",
-                           name, op, failing ? ", reason, status" : "");
-    }
+    int failing = strcmp(a->op, "mark_failed") == 0;
     json_t *s = json_object_get(body, "space"), *k = json_object_get(body, "key"),
            *e = json_object_get(body, "epoch"), *why = json_object_get(body, "reason"),
            *st = json_object_get(body, "status");
@@ -372,105 +410,149 @@ static struct http_response *parse_action(json_t *body, const char *op, struct a
     return NULL;
 }
 
-static struct http_response *act(struct daemon *d, const struct server_config *cfg,
-                                 const struct front_request *req, const char *op)
+/* The action's answer r, logged with the key that asked for it. done: the
+ * record changed. */
+static void act_end(struct api_call *c, struct http_response *r, int done)
 {
-    const struct http_msg *m = req->msg;
-    json_error_t jerr;
-    json_t *body = json_loadb(m->body, m->body_len, JSON_REJECT_DUPLICATES, &jerr);
-    struct action a = {0};
-    struct http_response *r = NULL;
-    if (!body || !json_is_object(body))
-        r = problem(400, "invalid_json", "the body must be a JSON object%s%s", body ? "" : ": ",
-                    body ? "" : jerr.text);
-    else
-        r = parse_action(body, op, &a);
-    idem_outcome o = IDEM_NONE;
-    idem_rc rc = IDEM_OK;
-    /* A claim that moved on is refused here, before the store is asked:
-     * the store would refuse it too, but as a finish of a claim taken over,
-     * logged and counted as the conflict alert rules watch for. (One that
-     * moves on between this read and the write is refused the same way,
-     * and then counted.) */
-    int finishing = strcmp(op, "release") == 0 || strcmp(op, "mark_failed") == 0;
-    idem_record cur;
-    if (!r && finishing && !(r = api_record_get(d, a.space, a.key, &cur))) {
-        if (strcmp(cur.state, IDEM_STATE_PROCESSING) != 0 || cur.epoch != a.epoch)
-            o = IDEM_CONFLICT;
-        idem_record_clear(&cur);
-    }
-    if (!r && o == IDEM_CONFLICT) {
-        /* refused below, with the record as it stands */
-    } else if (!r && strcmp(op, "release") == 0) {
-        rc = idem_record_fail(d->h, a.space, a.key, a.epoch, IDEM_FAIL_RETRYABLE, NULL, 0, 0, &o);
-    } else if (!r && strcmp(op, "mark_failed") == 0) {
-        /* Stored as the gateway stores its own answers: every retry of
-         * the key is answered with this problem from now on. */
-        struct http_response *answer = problem(a.status, "failed_by_operator", "%s", a.reason);
-        size_t len = 0;
-        char *stored = stored_encode_response(answer, &len);
-        response_free(answer);
-        if (!stored)
-            r = problem(503, "out_of_memory", "no memory to store the answer");
-        else
-            rc = idem_record_fail(d->h, a.space, a.key, a.epoch, IDEM_FAIL_FINAL, stored, len, 0,
-                                  &o);
-        free(stored);
-    } else if (!r) {
-        rc = idem_record_delete(d->h, a.space, a.key, a.epoch, &o, NULL, NULL);
-    }
-    int done = !r && rc == IDEM_OK && (o == IDEM_COMPLETED || o == IDEM_APPLIED);
-    const char *what = strcmp(op, "release") == 0  ? IDEM_STATE_RELEASED
-                       : strcmp(op, "delete") == 0 ? "DELETED"
-                                                   : IDEM_STATE_FAILED;
+    const struct action *a = c->own;
+    const char *what = strcmp(a->op, "release") == 0  ? IDEM_STATE_RELEASED
+                       : strcmp(a->op, "delete") == 0 ? "DELETED"
+                                                      : IDEM_STATE_FAILED;
     if (done) {
         r = json_response(200, json_pack("{s:s}", "outcome", what));
         /* What the record answered before is no longer its answer: the
          * loops' replay caches drop what they kept. */
-        atomic_fetch_add(&d->replay_gen, 1);
-    } else if (!r && rc != IDEM_OK) {
-        r = problem_from_idem(rc, op);
-    } else if (!r && o == IDEM_NOT_FOUND) {
-        r = problem(404, "record_not_found", "no record %s in space %s", a.key, a.space);
-    } else if (!r) {
-        r = moved_on(d, a.space, a.key, a.epoch, op);
+        atomic_fetch_add(&c->d->replay_gen, 1);
     }
-    const struct api_key *key = admin_key(cfg, m);
+    const struct api_key *key = admin_key(c->cfg, c->req->msg);
     daemon_logl(LOG_WARN,
                 "admin: API key %s from %s: records/%s %s/%s epoch %" PRIu64 ": %d %s",
-                key ? key->name : "?", req->peer, op, a.space ? a.space : "-",
-                a.key ? a.key : "-", a.epoch, r ? r->status : 503,
+                key ? key->name : "?", c->req->peer, a->op, a->space ? a->space : "-",
+                a->key ? a->key : "-", a->epoch, r ? r->status : 503,
                 done ? what : "refused, nothing changed");
-    json_decref(body);
-    return r;
+    api_answer(c, r);
 }
 
-int records_admin_handle(struct daemon *d, const struct server_config *cfg,
-                         struct front_request *req, const char *rest)
+/* The 409 of an action refused: the record is state at epoch now. */
+static struct http_response *moved_on(const struct action *a, const char *state, uint64_t epoch)
 {
-    const struct http_msg *m = req->msg;
-    int get = strcmp(m->method, "GET") == 0 || strcmp(m->method, "HEAD") == 0;
-    int post = strcmp(m->method, "POST") == 0;
-    int is_get_ep = strcmp(rest, "records") == 0 || strcmp(rest, "records/held") == 0 ||
-                    strcmp(rest, "events") == 0;
-    int is_post_ep = strcmp(rest, "records/release") == 0 ||
-                     strcmp(rest, "records/mark_failed") == 0 ||
-                     strcmp(rest, "records/delete") == 0;
-    if (!is_get_ep && !is_post_ep)
-        return 0;
-    if (is_get_ep ? !get : !post) {
-        const char *allow = is_get_ep ? "GET, HEAD" : "POST";
-        req->resp = problem(405, "method_not_allowed", "%s /_idem/v1/%s: this endpoint takes %s",
-                            m->method, rest, allow);
-        if (req->resp)
-            response_add_header(req->resp, "Allow", allow);
-        return 1;
-    }
-    if (strcmp(rest, "events") == 0)
-        req->resp = events(m->target);
-    else if (is_get_ep)
-        req->resp = list(d, cfg, m->target, strcmp(rest, "records/held") == 0);
+    return problem(409, "record_moved_on",
+                   "%s refused: the record is %s at epoch %" PRIu64 ", not %s at epoch %" PRIu64
+                   "; nothing was changed",
+                   a->op, state, epoch,
+                   strcmp(a->op, "delete") == 0 ? "finished" : IDEM_STATE_PROCESSING, a->epoch);
+}
+
+static void not_found(struct api_call *c)
+{
+    const struct action *a = c->own;
+    act_end(c, problem(404, "record_not_found", "no record %s in space %s", a->key, a->space),
+            0);
+}
+
+/* The read after a refused finish: the record as it stands, for the 409. */
+static void on_moved(void *arg, idem_rc rc, idem_outcome o, idem_record *rec, const char *detail)
+{
+    struct api_call *c = arg;
+    if (rc != IDEM_OK)
+        act_end(c, problem_from_rc(rc, detail, "reading the record"), 0);
+    else if (o == IDEM_NOT_FOUND)
+        not_found(c);
     else
-        req->resp = act(d, cfg, req, rest + 8);
-    return 1;
+        act_end(c, moved_on(c->own, rec->state, rec->epoch), 0);
+}
+
+static void on_finished(void *arg, idem_rc rc, idem_outcome o, const char *detail)
+{
+    struct api_call *c = arg;
+    const struct action *a = c->own;
+    if (rc != IDEM_OK) {
+        act_end(c, problem_from_rc(rc, detail, a->op), 0);
+    } else if (o == IDEM_NOT_FOUND) {
+        not_found(c);
+    } else if (o != IDEM_CONFLICT) {
+        act_end(c, NULL, 1);
+    } else if ((rc = idem_record_get_async(c->d->h, c->loop, a->space, a->key, on_moved, c)) !=
+               IDEM_OK) {
+        act_end(c, problem_from_idem(rc, "reading the record"), 0);
+    }
+}
+
+/* The read before a finish: is the claim still the one the operator saw? */
+static void on_claim_read(void *arg, idem_rc rc, idem_outcome o, idem_record *rec,
+                          const char *detail)
+{
+    struct api_call *c = arg;
+    const struct action *a = c->own;
+    if (rc != IDEM_OK) {
+        act_end(c, problem_from_rc(rc, detail, "reading the record"), 0);
+        return;
+    }
+    if (o == IDEM_NOT_FOUND) {
+        not_found(c);
+        return;
+    }
+    if (strcmp(rec->state, IDEM_STATE_PROCESSING) != 0 || rec->epoch != a->epoch) {
+        act_end(c, moved_on(a, rec->state, rec->epoch), 0);
+        return;
+    }
+    if (strcmp(a->op, "release") == 0) {
+        rc = idem_record_fail_async(c->d->h, c->loop, a->space, a->key, a->epoch,
+                                    IDEM_FAIL_RETRYABLE, NULL, 0, 0, on_finished, c);
+    } else {
+        /* Stored as the gateway stores its own answers: every retry of
+         * the key is answered with this problem from now on. */
+        struct http_response *answer = problem(a->status, "failed_by_operator", "%s", a->reason);
+        size_t len = 0;
+        char *stored = stored_encode_response(answer, &len);
+        response_free(answer);
+        if (!stored) {
+            act_end(c, problem(503, "out_of_memory", "no memory to store the answer"), 0);
+            return;
+        }
+        rc = idem_record_fail_async(c->d->h, c->loop, a->space, a->key, a->epoch,
+                                    IDEM_FAIL_FINAL, stored, len, 0, on_finished, c);
+        free(stored); /* copied by the call */
+    }
+    if (rc != IDEM_OK)
+        act_end(c, problem_from_idem(rc, a->op), 0);
+}
+
+static void on_deleted(void *arg, idem_rc rc, idem_outcome o, const char *current,
+                       uint64_t current_epoch, const char *detail)
+{
+    struct api_call *c = arg;
+    const struct action *a = c->own;
+    if (rc != IDEM_OK)
+        act_end(c, problem_from_rc(rc, detail, a->op), 0);
+    else if (o == IDEM_NOT_FOUND)
+        not_found(c);
+    else if (o == IDEM_CONFLICT)
+        act_end(c, moved_on(a, current, current_epoch), 0);
+    else
+        act_end(c, NULL, 1);
+}
+
+/* POST records/release, records/mark_failed, records/delete. */
+void api_records_act(struct api_call *c)
+{
+    struct action *a = calloc(1, sizeof *a);
+    if (!a) {
+        api_answer(c, NULL);
+        return;
+    }
+    c->own = a;
+    a->op = c->rest + strlen("records/");
+    struct http_response *r = parse_action(c->body, a);
+    if (r) {
+        act_end(c, r, 0);
+        return;
+    }
+    idem_rc rc = strcmp(a->op, "delete") == 0
+                     ? idem_record_delete_async(c->d->h, c->loop, a->space, a->key, a->epoch,
+                                                on_deleted, c)
+                     : idem_record_get_async(c->d->h, c->loop, a->space, a->key, on_claim_read,
+                                             c);
+    if (rc != IDEM_OK)
+        act_end(c, problem_from_idem(rc, a->op), 0);
 }

@@ -8,13 +8,13 @@
 
 #include <stdint.h>
 
-#include "config.h"
-#include "daemon.h"
+#include "admin/call.h"
 
-/* The endpoints of this file, for a request of the admin listener whose
- * path is PREFIX/rest: 1 with req->resp set when rest is one of them, 0
- * to leave it to the rest of the JSON API. On a worker thread. */
-int records_admin_handle(struct daemon *d, const struct server_config *cfg,
-                         struct front_request *req, const char *rest);
+/* The endpoints of records_admin.c, handlers of the endpoint table
+ * (api.c). Loop thread. */
+void api_records_list(struct api_call *c); /* GET records */
+void api_records_held(struct api_call *c); /* GET records/held */
+void api_events(struct api_call *c);       /* GET events */
+void api_records_act(struct api_call *c);  /* POST records/{release,mark_failed,delete} */
 
 #endif

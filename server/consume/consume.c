@@ -600,6 +600,15 @@ static void consumer_free(struct consumer *k)
     daemon_config_put(k->lc);
 }
 
+/* A consumer's front listens nowhere: its requests are the messages it
+ * injects (front_inject), each handed to the gateway by the consumer. */
+static void no_listener(void *arg, struct front_request *req)
+{
+    (void)arg;
+    req->resp = problem(404, "no_such_endpoint", "a consumer's loop takes no requests");
+    front_answer(req);
+}
+
 struct consumers *consumers_start(struct daemon *d, struct live_config *lc, SSL_CTX *tls,
                                   struct access_log *alog, char *err, size_t errlen)
 {
@@ -625,7 +634,7 @@ struct consumers *consumers_start(struct daemon *d, struct live_config *lc, SSL_
         k->ctx.replays = replay_cache_new(cfg->limits.replay_cache);
         k->ctx.alog = alog && k->ctx.base ? access_buf_new(alog, k->ctx.base) : NULL;
         k->front = k->ctx.upstreams ? front_new(k->ctx.base, &cfg->limits, d->workers,
-                                                daemon_handle, d, &k->ctx)
+                                                no_listener, d, &k->ctx)
                                     : NULL;
         k->drain_ev = k->ctx.base ? event_new(k->ctx.base, -1, 0, on_drain, k) : NULL;
         k->src = k->front && k->drain_ev && (k->ctx.alog || !alog)

@@ -2,6 +2,7 @@
 #include "syslib.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -439,4 +440,28 @@ void sys_finish(struct proc *p, char *dir)
         fprintf(stderr, "test dir kept: %s\n", dir);
     else
         test_rmdir(dir);
+}
+
+int sys_threads(pid_t pid, const char *name)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        fail_msg("%s: %s", path, strerror(errno));
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.')
+            continue;
+        char comm_path[sizeof path + sizeof e->d_name + 8], comm[32] = "";
+        snprintf(comm_path, sizeof comm_path, "%s/%s/comm", path, e->d_name);
+        FILE *f = name ? fopen(comm_path, "r") : NULL; /* a thread just gone: none */
+        if (f && fgets(comm, sizeof comm, f))
+            comm[strcspn(comm, "\n")] = '\0';
+        if (f)
+            fclose(f);
+        n += !name || strcmp(comm, name) == 0;
+    }
+    closedir(d);
+    return n;
 }

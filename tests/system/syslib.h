@@ -108,4 +108,8 @@ void sys_write_file(const char *path, const char *text);
 /* The whole file, NUL-terminated; free() it. */
 char *sys_read_file(const char *path);
 
+/* How many of process pid's threads are named name (their /proc comm),
+ * or with name NULL how many it runs. */
+int sys_threads(pid_t pid, const char *name);
+
 #endif

@@ -10,7 +10,6 @@
  * after, so tests do not depend on each other.
  */
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -3749,6 +3748,74 @@ static void expect_status_soon(int port, const char *path, int status)
     expect_status(port, path, status);
 }
 
+/* The JSON API runs on the event loops, as the gateway does: 100
+ * concurrent begins of one key through it make exactly one claim, 100
+ * concurrent transitions of one record exactly one move. */
+struct api_post {
+    int port;
+    const char *path, *body;
+    struct sys_resp resp;
+    pthread_t t;
+};
+
+static void *api_post_main(void *arg)
+{
+    struct api_post *a = arg;
+    sys_admin_http(a->port, "POST", a->path, a->body, 15000, &a->resp);
+    return NULL;
+}
+
+/* Fire n POSTs of body at path at once; how many answers held word. */
+static int api_storm(int port, const char *path, const char *body, const char *word)
+{
+    enum { N = 100 };
+    static struct api_post a[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = (struct api_post){.port = port, .path = path, .body = body};
+        assert_int_equal(pthread_create(&a[i].t, NULL, api_post_main, &a[i]), 0);
+    }
+    int n = 0;
+    for (int i = 0; i < N; i++) {
+        pthread_join(a[i].t, NULL);
+        if (a[i].resp.status != 200)
+            fail_msg("%s: %d %s", path, a[i].resp.status, a[i].resp.m ? a[i].resp.m->body : "");
+        n += strstr(a[i].resp.m->body, word) != NULL;
+        sys_resp_free(&a[i].resp);
+    }
+    return n;
+}
+
+static void test_json_api_on_the_loops(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, "event_loops: 2\n" "routes:\n" REFUND_ROUTE, "api-loops.db");
+    int p = gw.admin_port;
+    assert_int_equal(api_storm(p, "/_idem/v1/records/begin",
+                               "{\"space\":\"storm\",\"key\":\"S-1\",\"owner\":\"w\"}",
+                               "\"outcome\":\"NEW\""),
+                     1);
+    struct sys_resp r = api(p, "/_idem/v1/records/storm/S-1", NULL);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    json_int_t epoch = json_integer_value(json_object_get(json_object_get(j, "record"), "epoch"));
+    json_decref(j);
+    sys_resp_free(&r);
+    char body[200];
+    snprintf(body, sizeof body,
+             "{\"space\":\"storm\",\"key\":\"S-1\",\"epoch\":%lld,\"result\":\"ok\"}",
+             (long long)epoch);
+    api_expect(p, "/_idem/v1/records/complete", body, 200, "\"outcome\":\"COMPLETED\"");
+    assert_int_equal(api_storm(p, "/_idem/v1/records/transition",
+                               "{\"space\":\"storm\",\"key\":\"S-1\","
+                               "\"from\":\"SUCCEEDED\",\"to\":\"REFUNDED\"}",
+                               "\"outcome\":\"APPLIED\""),
+                     1);
+    api_expect(p, "/_idem/v1/records?space=storm", NULL, 200, "\"state\":\"REFUNDED\"");
+    expect_status(gw.port, "/_idem/v1/health", 200);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* The admin listener's connections and requests are counted apart from the
  * main listener's: clients filling connections_max or in_flight_max there
  * leave the JSON API answering; admin_connections_max bounds it alone. */
@@ -3845,30 +3912,6 @@ static void test_connection_limit_burst(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
-/* How many of pid's threads are named name (their /proc comm). */
-static int threads_named(pid_t pid, const char *name)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
-    DIR *d = opendir(path);
-    assert_non_null(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d));) {
-        if (e->d_name[0] == '.')
-            continue;
-        char comm_path[sizeof path + sizeof e->d_name + 8], comm[32] = "";
-        snprintf(comm_path, sizeof comm_path, "%s/%s/comm", path, e->d_name);
-        FILE *f = fopen(comm_path, "r");
-        if (f && fgets(comm, sizeof comm, f))
-            comm[strcspn(comm, "\n")] = '\0';
-        if (f)
-            fclose(f);
-        n += strcmp(comm, name) == 0;
-    }
-    closedir(d);
-    return n;
-}
-
 /* The daemon's threads say what they are (top -H, perf, gdb): the event
  * loops past the first (which is the main thread), the store's writer, the
  * workers. */
@@ -3877,11 +3920,11 @@ static void test_thread_names(void **state)
     (void)state;
     struct proc gw;
     start_idem(&gw, burst_routes, "names.db");
-    assert_int_equal(threads_named(gw.pid, "idem-loop-1"), 1);
-    assert_int_equal(threads_named(gw.pid, "idem-loop-3"), 1);
-    assert_int_equal(threads_named(gw.pid, "idem-loop-4"), 0);
-    assert_int_equal(threads_named(gw.pid, "idem-writer"), 1);
-    assert_true(threads_named(gw.pid, "idem-worker") >= 1);
+    assert_int_equal(sys_threads(gw.pid, "idem-loop-1"), 1);
+    assert_int_equal(sys_threads(gw.pid, "idem-loop-3"), 1);
+    assert_int_equal(sys_threads(gw.pid, "idem-loop-4"), 0);
+    assert_int_equal(sys_threads(gw.pid, "idem-writer"), 1);
+    assert_true(sys_threads(gw.pid, "idem-worker") >= 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
@@ -4634,6 +4677,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sighup_reloads_routes),
         cmocka_unit_test(test_upstream_names),
         cmocka_unit_test(test_json_api),
+        cmocka_unit_test(test_json_api_on_the_loops),
         cmocka_unit_test(test_example_config_exposes_nothing),
         cmocka_unit_test(test_two_surfaces),
         cmocka_unit_test(test_failed_keys_slowed),
