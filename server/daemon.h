@@ -1,6 +1,8 @@
 /*
- * daemon.h — what the pieces of idem serve share: the Idem handle, the
- * current configuration (replaced whole on SIGHUP), counters.
+ * daemon.h — what the rooms of idem serve share (daemon.c): the Idem
+ * handle, the current configuration (replaced whole on SIGHUP) and its
+ * references, an event loop's own, the counters, the store's write health.
+ * Every room may read it; it reads none of them.
  */
 #ifndef IDEM_SERVER_DAEMON_H
 #define IDEM_SERVER_DAEMON_H
@@ -44,14 +46,6 @@ struct daemon_health {
 
 struct daemon {
     idem *h;
-    struct workers *workers;
-    /* The JSON API's record endpoints (a service finishing its own claims
-     * among them) on the distributed store run on a pool of their own: a
-     * Redis that stops answering holds each token call of the API on a
-     * worker for up to twice the store's timeout, and must not hold them
-     * up. NULL on the embedded store. (The gateway's calls are the
-     * library's asynchronous ones, on the loops: no pool at all.) */
-    struct workers *record_workers;
     pthread_mutex_t cfg_mu;
     struct live_config *live;
     char instance[24];         /* random, names this process in record owners */

@@ -3,8 +3,10 @@
  * (daemon).
  *
  * One libevent loop per processor (at most 4), or event_loops of them (loop 0
- * on the main thread) handles requests without blocking (front.c, gateway.c); workers run
- * only what blocks: the JSON API, and store calls on the distributed store.
+ * on the main thread), handles requests without blocking (dispatch.c): the
+ * gateway, the JSON API and the consumers make the library's asynchronous
+ * calls on their loop. Only what must block has a thread: the store's own
+ * (its writers), and one for a reload (background.c).
  * SIGTERM or SIGINT drains: no new connections, requests in flight finish
  * (up to shutdown_timeout), then the handle closes, which waits for the last
  * group commit — no record is left half-written. SIGHUP reloads the routes
@@ -26,6 +28,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "background.h"
 #include "telemetry/access_log.h"
 #include "consume/consume.h"
 #include "daemon.h"
@@ -148,16 +151,13 @@ struct serve {
     int nloops;
     struct front_counts counts;  /* all loops' connections and requests */
     struct event_base *base;     /* loops[0].ctx.base */
-    struct workers *workers, *record_workers;
-    /* The reload and the purge: one thread of their own (idem-bg), so that
-     * neither waits behind store calls a stalled Redis holds on workers,
-     * nor holds a worker a request needs. */
-    struct workers *background;
+    /* The reload: on a thread of its own (idem-bg), since reading the file,
+     * its certificates and its upstreams' names blocks. */
+    struct background *background;
     struct event *sig_term, *sig_int, *sig_hup, *sig_usr1, *purge_timer;
     const char *listen_arg, *db_arg; /* --listen and --db, or NULL */
     struct live_config *start;       /* the configuration it started with (kept) */
-    struct work purge_work;
-    int purge_running;
+    int purge_running;               /* a round of batches is under way, on loop 0 */
     int purge_stop;                  /* set at SIGTERM: a running purge ends */
     int store_lock;                  /* the embedded store's file, flock()ed; -1 */
     const char *admin_socket;        /* the Unix socket made (start's config), unlinked at exit */
@@ -166,7 +166,7 @@ struct serve {
     struct consumers *consumers;     /* consumers: (start's config), or NULL */
     struct access_log *access;       /* access_log (start's config), or NULL: off */
     int consume_only;                /* idem consume: no main listener */
-    struct work reload_work; /* SIGHUP's reload, on the background thread */
+    struct job reload_job; /* SIGHUP's reload, on the background thread */
     int reload_running, reload_again;
 };
 
@@ -398,7 +398,6 @@ static void reload(struct serve *s)
              !same_address(next->admin_unix, 0, st->admin_unix, 0),
          "admin_listen"},
         {strcmp(next->storage_kind, st->storage_kind) || strcmp(was, now), "storage"},
-        {next->workers != st->workers, "workers"},
         {loop_count(next) != s->nloops, "event_loops"},
         {memcmp(&next->limits, s->limits, sizeof *s->limits) != 0, "limits"},
         {!next->listen_tls.cert != !st->listen_tls.cert, "listen.tls (on or off)"},
@@ -466,9 +465,9 @@ static void on_reopen(evutil_socket_t sig, short what, void *arg)
 }
 
 /* One reload at a time; a SIGHUP during one asks for another after it. */
-static void run_reload(struct work *w)
+static void run_reload(struct job *j)
 {
-    struct serve *s = (struct serve *)((char *)w - offsetof(struct serve, reload_work));
+    struct serve *s = (struct serve *)((char *)j - offsetof(struct serve, reload_job));
     for (;;) {
         __atomic_store_n(&s->reload_again, 0, __ATOMIC_RELEASE);
         reload(s);
@@ -487,34 +486,41 @@ static void on_reload(evutil_socket_t sig, short what, void *arg)
     __atomic_store_n(&s->reload_again, 1, __ATOMIC_RELEASE);
     if (__atomic_exchange_n(&s->reload_running, 1, __ATOMIC_ACQ_REL))
         return; /* the running one sees reload_again */
-    s->reload_work.run = run_reload;
-    if (workers_submit(s->background, &s->reload_work) != 0) {
+    s->reload_job.run = run_reload;
+    if (background_submit(s->background, &s->reload_job) != 0) {
         __atomic_store_n(&s->reload_running, 0, __ATOMIC_RELEASE);
         daemon_log("SIGHUP: the daemon is stopping; not reloaded");
     }
 }
 
-/* At start and each minute, every record whose retention has run out goes, PURGE_BATCH
- * at a time: each batch is one store call, so the requests' writes take
- * turns with it, never waiting behind one long delete. Each batch is a job
- * of the background thread of its own, queued again while batches come
- * back full, so a reload asked for meanwhile runs between two. A stop
- * (SIGTERM) ends the round between batches. */
+/* At start and each minute, every record whose retention has run out goes,
+ * PURGE_BATCH at a time: each batch is one asynchronous store call made on
+ * loop 0, so the requests' writes take turns with it, never waiting behind
+ * one long delete, and the next batch is asked for while they come back
+ * full. A stop (SIGTERM) ends the round between batches. Loop 0 only. */
 #define PURGE_BATCH 1000
 
-static void run_purge(struct work *w)
+static void purge_next(struct serve *s);
+
+static void on_purged(void *arg, idem_rc rc, unsigned n, const char *detail)
 {
-    struct serve *s = (struct serve *)((char *)w - offsetof(struct serve, purge_work));
-    unsigned n = 0;
-    idem_rc rc = IDEM_OK;
-    if (!__atomic_load_n(&s->purge_stop, __ATOMIC_ACQUIRE))
-        rc = idem_record_purge(s->d.h, PURGE_BATCH, &n);
-    if (rc != IDEM_OK)
-        daemon_log("purging expired records: %s: %s", idem_strerror(rc),
-                idem_errdetail());
-    if (rc == IDEM_OK && n == PURGE_BATCH && workers_submit(s->background, w) == 0)
-        return; /* the next batch, behind what is queued now */
-    __atomic_store_n(&s->purge_running, 0, __ATOMIC_RELEASE);
+    struct serve *s = arg;
+    if (rc != IDEM_OK && rc != IDEM_ECLOSING)
+        daemon_log("purging expired records: %s: %s", idem_strerror(rc), detail);
+    if (rc == IDEM_OK && n == PURGE_BATCH && !s->purge_stop)
+        purge_next(s);
+    else
+        s->purge_running = 0;
+}
+
+static void purge_next(struct serve *s)
+{
+    idem_rc rc = idem_record_purge_async(s->d.h, s->loops[0].ctx.iloop, PURGE_BATCH, on_purged,
+                                         s);
+    if (rc != IDEM_OK) {
+        daemon_log("purging expired records: %s: %s", idem_strerror(rc), idem_errdetail());
+        s->purge_running = 0;
+    }
 }
 
 static void on_purge(evutil_socket_t fd, short what, void *arg)
@@ -522,11 +528,10 @@ static void on_purge(evutil_socket_t fd, short what, void *arg)
     struct serve *s = arg;
     (void)fd;
     (void)what;
-    if (__atomic_exchange_n(&s->purge_running, 1, __ATOMIC_ACQ_REL))
+    if (s->purge_running || s->purge_stop)
         return;
-    s->purge_work.run = run_purge;
-    if (workers_submit(s->background, &s->purge_work) != 0)
-        __atomic_store_n(&s->purge_running, 0, __ATOMIC_RELEASE);
+    s->purge_running = 1;
+    purge_next(s);
 }
 
 static void on_idem_log(void *arg, idem_log_level level, const char *msg)
@@ -687,24 +692,10 @@ static int run(int argc, char **argv, int consume_only)
     }
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
-    s->workers = workers_start(cfg->workers, "idem-worker");
-    if (!s->workers) {
-        fprintf(stderr, "%s: cannot start %d workers\n", me, cfg->workers);
+    if (!(s->background = background_start("idem-bg"))) {
+        fprintf(stderr, "%s: cannot start the background thread (reload)\n", me);
         goto out;
     }
-    if (!(s->background = workers_start(1, "idem-bg"))) {
-        fprintf(stderr, "%s: cannot start the background thread (reload, purge)\n", me);
-        goto out;
-    }
-    /* On the distributed store the JSON API's record endpoints have a
-     * pool of their own (see daemon.h). */
-    int embedded = strcmp(cfg->storage_kind, "embedded") == 0;
-    if (!embedded && !(s->record_workers = workers_start(cfg->workers, "idem-worker"))) {
-        fprintf(stderr, "%s: cannot start %d workers for records\n", me, cfg->workers);
-        goto out;
-    }
-    s->d.workers = s->workers;
-    s->d.record_workers = s->record_workers;
     front_counts_init(&s->counts);
     s->d.front_counts = &s->counts;
     if (!(s->counts.peers = peer_table_new(8192))) {
@@ -743,8 +734,7 @@ static int run(int argc, char **argv, int consume_only)
         l->ctx.replays = replay_cache_new(s->limits->replay_cache);
         l->ctx.alog = s->access && l->ctx.base ? access_buf_new(s->access, l->ctx.base) : NULL;
         l->front = l->ctx.upstreams && (l->ctx.alog || !s->access)
-                       ? front_new(l->ctx.base, s->limits, s->workers, dispatch_request, &s->d,
-                                   &l->ctx)
+                       ? front_new(l->ctx.base, s->limits, dispatch_request, &s->d, &l->ctx)
                        : NULL;
         if (l->front)
             front_set_log(l->front, on_answer_out, &l->ctx);
@@ -830,7 +820,7 @@ static int run(int argc, char **argv, int consume_only)
 
 out:
     /* Loop 0 has drained (or never ran): stop the others and the consumers
-     * (draining since SIGTERM), then the workers. */
+     * (draining since SIGTERM). */
     for (int i = 1; i < s->nloops; i++)
         if (s->loops[i].running) {
             if (rc != 0)
@@ -843,15 +833,13 @@ out:
     if (rc == 0)
         daemon_log("stopped (%zu requests were still in flight)", in_flight(s));
     /* Requests still in flight after shutdown_timeout are abandoned: first
-     * those parked on a loop (their upstream exchange, a wait), then, once
-     * the workers and the writer have handed back every step they had,
-     * those steps' requests. The handle stays open until then: abandoning a
-     * request releases its lock. */
+     * those parked on a loop (their upstream exchange, a wait), then, as
+     * each loop lets the store go, those whose store call was still out
+     * (its callback finds the front closing). The handle stays open until
+     * then: abandoning a request releases its lock. */
     for (int i = 0; i < s->nloops; i++)
         front_abort_parked(s->loops[i].front);
-    workers_stop(s->background);
-    workers_stop(s->workers);
-    workers_stop(s->record_workers);
+    background_stop(s->background);
     for (int i = 0; i < s->nloops; i++)
         daemon_loop_settle(&s->loops[i].ctx);
     for (int i = 0; i < s->nloops; i++)

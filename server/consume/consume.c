@@ -633,9 +633,9 @@ struct consumers *consumers_start(struct daemon *d, struct live_config *lc, SSL_
         k->ctx.upstreams = k->ctx.iloop ? upstream_loop_new(k->ctx.base, tls) : NULL;
         k->ctx.replays = replay_cache_new(cfg->limits.replay_cache);
         k->ctx.alog = alog && k->ctx.base ? access_buf_new(alog, k->ctx.base) : NULL;
-        k->front = k->ctx.upstreams ? front_new(k->ctx.base, &cfg->limits, d->workers,
-                                                no_listener, d, &k->ctx)
-                                    : NULL;
+        k->front = k->ctx.upstreams
+                       ? front_new(k->ctx.base, &cfg->limits, no_listener, d, &k->ctx)
+                       : NULL;
         k->drain_ev = k->ctx.base ? event_new(k->ctx.base, -1, 0, on_drain, k) : NULL;
         k->src = k->front && k->drain_ev && (k->ctx.alog || !alog)
                      ? k->ops->open(k, k->ctx.base, k->cfg, d->instance) : NULL;

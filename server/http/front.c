@@ -4,11 +4,10 @@
  * Each libevent loop owns its client connections. It parses requests with
  * the strict parser (http_parser.c) under the configured limits and gives
  * each complete request to the handler, on the loop thread. The handler never
- * blocks: what must block (a store call on a remote store) goes to the worker
- * pool with front_work(), and a store's callback or a worker brings the
- * request back to its loop with front_resume(), through a queue and an event
- * the loop is woken by. A connection serves one request at a time (pipelined
- * requests wait in its input buffer), so responses go out in order.
+ * blocks: what waits on a store is the library's asynchronous calls, whose
+ * callbacks the library posts to this same loop (include/idem/libevent.h).
+ * A connection serves one request at a time (pipelined requests wait in its
+ * input buffer), so responses go out in order.
  *
  * A connection's lifecycle — every change goes through set_state():
  *
@@ -106,14 +105,12 @@ struct front {
     struct evconnlistener *listener;
     struct evconnlistener *admin_listener; /* admin_listen, or NULL */
     struct tls_server *tls, *admin_tls;    /* the listeners' TLS, or NULL */
-    struct event *done_ev;
     struct event *drain_ev;
     struct event *accept_pause_ev;  /* listening again after a failed accept() */
     unsigned long accept_failures;  /* since the last log line */
     int64_t accept_logged_ms;
     const struct server_limits *limits;
     struct http_limits parse_limits;
-    struct workers *workers;
     front_handler_fn handler;
     void *handler_arg;
     front_log_fn log;               /* or NULL */
@@ -123,8 +120,7 @@ struct front {
     int draining;
     int closing;                    /* front_free() is running the last steps */
 
-    pthread_mutex_t mu;             /* guards done_head and in_flight */
-    struct front_request *done_head;
+    pthread_mutex_t mu;             /* guards in_flight */
     size_t in_flight;               /* this loop's requests being handled */
 
     struct front_request *injected; /* front_inject()'s, not answered yet */
@@ -284,44 +280,6 @@ static void send_problem_and_close(struct conn *c, int status, const char *type,
 
 /* ---- steps and answers ---- */
 
-void front_resume(struct front_request *req, front_step_fn step)
-{
-    struct front *f = req->front;
-    req->resume_with = step;
-    pthread_mutex_lock(&f->mu);
-    int first = f->done_head == NULL;
-    req->work.next = (struct work *)f->done_head;
-    f->done_head = req;
-    pthread_mutex_unlock(&f->mu);
-    /* Only the first of a run activates the loop's event: on_done takes
-     * the whole list, so a request added to a list not yet taken goes with
-     * it. (The store's writer resumes a batch's requests in a row, and each
-     * event_active takes the loop's own lock.) */
-    if (first)
-        event_active(f->done_ev, EV_READ, 0);
-}
-
-static void run_on_worker(struct work *w)
-{
-    struct front_request *req = (struct front_request *)w;
-    req->worker_step(req);
-    front_resume(req, req->resume_with);
-}
-
-int front_work_in(struct front_request *req, struct workers *ws, front_step_fn blocking,
-                  front_step_fn then)
-{
-    req->worker_step = blocking;
-    req->resume_with = then;
-    req->work.run = run_on_worker;
-    return req->front->closing ? -1 : workers_submit(ws ? ws : req->front->workers, &req->work);
-}
-
-int front_work(struct front_request *req, front_step_fn blocking, front_step_fn then)
-{
-    return front_work_in(req, NULL, blocking, then);
-}
-
 int front_closing(const struct front_request *req)
 {
     return req->front->closing;
@@ -440,7 +398,7 @@ static void answer_injected(struct front_request *req)
     struct front *f = req->front;
     pthread_mutex_lock(&f->mu);
     f->in_flight--;
-    int idle = f->draining && f->in_flight == 0 && !f->done_head;
+    int idle = f->draining && f->in_flight == 0;
     pthread_mutex_unlock(&f->mu);
     unlink_injected(req);
     req->on_abort = NULL;
@@ -472,25 +430,6 @@ void front_answer(struct front_request *req)
     send_response(c, req->resp);
     response_free(req->resp);
     req->resp = NULL;
-}
-
-static void on_done(evutil_socket_t fd, short what, void *arg)
-{
-    struct front *f = arg;
-    (void)fd;
-    (void)what;
-    pthread_mutex_lock(&f->mu);
-    struct front_request *list = f->done_head;
-    f->done_head = NULL;
-    pthread_mutex_unlock(&f->mu);
-    /* Newest first; the order between requests does not matter. */
-    while (list) {
-        struct front_request *req = list;
-        list = (struct front_request *)req->work.next;
-        front_step_fn step = req->resume_with;
-        req->resume_with = NULL;
-        step(req);
-    }
 }
 
 /* A request refused before any handler had it (a limit): its line in the
@@ -746,7 +685,7 @@ static void conn_free(struct conn *c)
     free(c);
     if (f->draining) {
         pthread_mutex_lock(&f->mu);
-        int idle = f->in_flight == 0 && !f->done_head;
+        int idle = f->in_flight == 0;
         pthread_mutex_unlock(&f->mu);
         if (idle)
             event_active(f->drain_ev, EV_TIMEOUT, 0);
@@ -907,14 +846,13 @@ static void on_drain(evutil_socket_t fd, short what, void *arg)
 }
 
 struct front *front_new(struct event_base *base, const struct server_limits *limits,
-                        struct workers *ws, front_handler_fn fn, void *arg, void *loop_ctx)
+                        front_handler_fn fn, void *arg, void *loop_ctx)
 {
     struct front *f = calloc(1, sizeof *f);
     if (!f)
         return NULL;
     f->base = base;
     f->limits = limits;
-    f->workers = ws;
     f->handler = fn;
     f->handler_arg = arg;
     f->loop_ctx = loop_ctx;
@@ -925,10 +863,9 @@ struct front *front_new(struct event_base *base, const struct server_limits *lim
     pthread_mutex_init(&f->mu, NULL);
     front_counts_init(&f->own_counts);
     f->counts = &f->own_counts;
-    f->done_ev = event_new(base, -1, 0, on_done, f);
     f->drain_ev = event_new(base, -1, 0, on_drain, f);
     f->accept_pause_ev = evtimer_new(base, on_accept_resume, f);
-    if (!f->done_ev || !f->drain_ev || !f->accept_pause_ev) {
+    if (!f->drain_ev || !f->accept_pause_ev) {
         front_free(f);
         return NULL;
     }
@@ -1225,10 +1162,7 @@ void front_free(struct front *f)
 {
     if (!f)
         return;
-    /* Steps that were queued after the loop stopped: they see closing. */
     f->closing = 1;
-    if (f->done_ev)
-        on_done(-1, 0, f);
     /* Anything still HANDLING now has nobody left to answer it. */
     while (f->conns)
         conn_free(f->conns);
@@ -1243,8 +1177,6 @@ void front_free(struct front *f)
         evconnlistener_free(f->listener);
     if (f->admin_listener)
         evconnlistener_free(f->admin_listener);
-    if (f->done_ev)
-        event_free(f->done_ev);
     if (f->drain_ev)
         event_free(f->drain_ev);
     if (f->accept_pause_ev)

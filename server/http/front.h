@@ -14,7 +14,6 @@
 #include "config.h"
 #include "http/http_parser.h"
 #include "http/response.h"
-#include "workers.h"
 
 struct conn;
 struct route_counts;
@@ -26,7 +25,6 @@ typedef void (*front_step_fn)(struct front_request *req);
 /* One request, from its parsing to its answer. The handler owns it from
  * the moment it is called until it calls front_answer(). */
 struct front_request {
-    struct work work;           /* the worker pool's link */
     struct http_msg *msg;       /* the request, parsed */
     char peer[64];              /* "127.0.0.1:53211" */
     struct http_response *resp; /* the answer; NULL at front_answer() means OOM (503) */
@@ -62,15 +60,14 @@ struct front_request {
     front_step_fn answered;
     void *owner;                /* answered's */
     struct front_request *inj_prev, *inj_next; /* private to front.c */
-    front_step_fn resume_with;  /* private to front.c */
-    front_step_fn worker_step;  /* private to front.c */
     struct conn *conn;          /* private to front.c */
     struct front *front;        /* private to front.c */
 };
 
 /* Runs on the loop thread for every request, and must not block: it either
- * answers at once or parks the request (front_resume, front_work, or events
- * of its own on the loop) and answers later. Either way it ends with exactly
+ * answers at once or parks the request (an asynchronous call of the
+ * library's, whose callback comes to this loop, or events of its own on the
+ * loop) and answers later. Either way it ends with exactly
  * one front_answer(). */
 typedef void (*front_handler_fn)(void *arg, struct front_request *req);
 
@@ -101,17 +98,6 @@ struct front_request *front_inject(struct front *f, struct http_msg *msg,
 typedef void (*front_log_fn)(void *arg, const struct front_request *req, int status);
 void front_set_log(struct front *f, front_log_fn fn, void *arg);
 
-/* Run step on req's loop thread, from any thread (a store's callback, a
- * worker). */
-void front_resume(struct front_request *req, front_step_fn step);
-
-/* Run blocking on a worker thread, then then on the loop thread. 0, or -1
- * when the workers are stopping (nothing runs). Loop thread only. */
-int front_work(struct front_request *req, front_step_fn blocking, front_step_fn then);
-/* The same on another pool than the front's own (NULL: the front's). */
-int front_work_in(struct front_request *req, struct workers *ws, front_step_fn blocking,
-                  front_step_fn then);
-
 /* 1 when the loop is being torn down: a step that sees it must free what it
  * holds and front_answer() without starting anything new. */
 int front_closing(const struct front_request *req);
@@ -120,7 +106,7 @@ struct front;
 
 /* loop_ctx is handed to every request of this loop (req->loop_ctx). */
 struct front *front_new(struct event_base *base, const struct server_limits *limits,
-                        struct workers *ws, front_handler_fn fn, void *arg, void *loop_ctx);
+                        front_handler_fn fn, void *arg, void *loop_ctx);
 
 /* What the limits count, over the fronts of all loops. */
 struct front_counts {
@@ -181,10 +167,9 @@ size_t front_in_flight(struct front *f);
  * stopped, before the event base and the store close. */
 void front_abort_parked(struct front *f);
 
-/* Free the front end: steps still queued run with front_closing() true.
- * Nothing may resume a request any more: the workers stopped, and the
- * store's callbacks all made (serve.c waits for the writer) or the store
- * closed. NULL: no-op. */
+/* Free the front end, once nothing may answer a request any more: every
+ * asynchronous call made on the loop has called back (daemon_loop_settle).
+ * NULL: no-op. */
 void front_free(struct front *f);
 
 #endif

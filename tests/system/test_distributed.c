@@ -814,6 +814,35 @@ static void test_password_never_logged(void **state)
     assert_null(strstr(err, "hunter2"));
 }
 
+/* The JSON API runs on the event loops on the distributed store too: its
+ * record, lock and listing endpoints answer through Redis and PostgreSQL
+ * with event_loops: 2 on at most eight threads (the two loops, Redis's and
+ * PostgreSQL's own threads, the background thread for reloads), none of
+ * them a pool of workers. */
+static void test_json_api_threads(void **state)
+{
+    (void)state;
+    struct proc p;
+    start_idem(&p, "event_loops: 2\n" LOCKED_REFUND_ROUTE "    in_flight: reject\n");
+    post_until(p.admin_port, "/_idem/v1/records/begin",
+               "{\"space\":\"t\",\"key\":\"T-1\",\"owner\":\"w\"}", 200, "\"NEW\"");
+    post_until(p.admin_port, "/_idem/v1/locks/acquire",
+               "{\"space\":\"t\",\"key\":\"T-1\",\"owner\":\"w\"}", 200, "ACQUIRED");
+    struct sys_resp r;
+    sys_admin_http(p.admin_port, "GET", "/_idem/v1/records?space=t", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"key\":\"T-1\""));
+    sys_resp_free(&r);
+    post_until(p.port, "/refunds", "{\"refund_no\":\"R-threads\",\"amount\":\"1.00\"}", 201,
+               NULL);
+    int threads = sys_threads(p.pid, NULL), workers = sys_threads(p.pid, "idem-worker");
+    if (threads > 8 || workers != 0)
+        fail_msg("idem serve with event_loops: 2 runs %d threads (at most 8), %d of them "
+                 "idem-worker (none)",
+                 threads, workers);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -860,6 +889,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_give_back_unanswered_holds, setup),
         cmocka_unit_test_setup(test_renewals_not_starved_by_stuck_redis, setup),
         cmocka_unit_test_setup(test_password_never_logged, setup),
+        cmocka_unit_test_setup(test_json_api_threads, setup),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -3750,7 +3750,10 @@ static void expect_status_soon(int port, const char *path, int status)
 
 /* The JSON API runs on the event loops, as the gateway does: 100
  * concurrent begins of one key through it make exactly one claim, 100
- * concurrent transitions of one record exactly one move. */
+ * concurrent transitions of one record exactly one move, and the daemon
+ * does it all with event_loops: 2 on at most six threads (the two loops,
+ * the store's writer, the background thread for reloads, and room for
+ * what the libraries start), none of them a pool of workers. */
 struct api_post {
     int port;
     const char *path, *body;
@@ -3813,6 +3816,11 @@ static void test_json_api_on_the_loops(void **state)
                      1);
     api_expect(p, "/_idem/v1/records?space=storm", NULL, 200, "\"state\":\"REFUNDED\"");
     expect_status(gw.port, "/_idem/v1/health", 200);
+    int threads = sys_threads(gw.pid, NULL), workers = sys_threads(gw.pid, "idem-worker");
+    if (threads > 6 || workers != 0)
+        fail_msg("idem serve with event_loops: 2 runs %d threads (at most 6), %d of them "
+                 "idem-worker (none)",
+                 threads, workers);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
@@ -3914,7 +3922,7 @@ static void test_connection_limit_burst(void **state)
 
 /* The daemon's threads say what they are (top -H, perf, gdb): the event
  * loops past the first (which is the main thread), the store's writer, the
- * workers. */
+ * background thread; and there is no pool of workers. */
 static void test_thread_names(void **state)
 {
     (void)state;
@@ -3924,7 +3932,8 @@ static void test_thread_names(void **state)
     assert_int_equal(sys_threads(gw.pid, "idem-loop-3"), 1);
     assert_int_equal(sys_threads(gw.pid, "idem-loop-4"), 0);
     assert_int_equal(sys_threads(gw.pid, "idem-writer"), 1);
-    assert_true(sys_threads(gw.pid, "idem-worker") >= 1);
+    assert_int_equal(sys_threads(gw.pid, "idem-bg"), 1);
+    assert_int_equal(sys_threads(gw.pid, "idem-worker"), 0);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
