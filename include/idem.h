@@ -250,9 +250,9 @@ IDEM_EXTERN void idem_options_init(idem_options *opts);
 IDEM_EXTERN idem_rc idem_open(const idem_options *opts, idem **out);
 
 /* Close a handle: stops its watchdog and writer, waits for calls in flight
- * on the writer to finish and runs every job queued by idem_record_async()
- * to its done callback, frees everything. idem_close(NULL) is a no-op. No
- * other call on the handle may be running or start. */
+ * on the writer to finish, lets every loop go (idem_loop_detach) with each
+ * asynchronous call's callback posted, frees everything. idem_close(NULL)
+ * is a no-op. No other call on the handle may be running or start. */
 IDEM_EXTERN void idem_close(idem *h);
 
 /* The store's name: "embedded" or "distributed". Static storage. */
@@ -545,52 +545,6 @@ IDEM_EXTERN idem_rc idem_record_list(idem *h, const idem_record_query *q,
 
 /* Free what a page holds and zero it. NULL is a no-op. */
 IDEM_EXTERN void idem_record_page_clear(idem_record_page *page);
-
-/* Record calls without a blocked thread, on the embedded store: an event loop
- * hands work to the store's writer thread, which already batches every write
- * into one transaction and one fsync (group commit), and is called back once
- * the work is durable.
- *
- * fn(h, arg) runs on the writer thread, inside the transaction of the batch
- * that carries its writes, in a savepoint of its own. It may call
- * idem_record_begin, _complete, _fail, _extend, _transition and _get on h:
- * there they run at once on the batch's transaction (instead of queueing
- * behind it) and see what the batch wrote before them — of two begins on one
- * (space, key) in one batch, the first gets NEW and the second IN_PROGRESS.
- * fn must not call the token, lock or inbox functions (tokens and locks live
- * outside the transaction, which could not take them back), nor block: the
- * whole batch waits for it. Returning IDEM_OK keeps fn's writes; anything
- * else rolls them back, and done receives that code.
- *
- * done(arg, rc, detail) runs on the writer thread once fn's batch is durable
- * (rc IDEM_OK, detail "") or has failed (rc the error; detail what
- * idem_errdetail() would say, valid only during the call). On failure nothing
- * fn wrote happened, even what a record call inside fn answered NEW or
- * COMPLETED: act on done's rc alone. done must not block nor call Idem. */
-typedef idem_rc (*idem_async_fn)(idem *h, void *arg);
-typedef void (*idem_async_done_fn)(void *arg, idem_rc rc, const char *detail);
-
-/* Queue fn to run as above and done to report it. arg is the caller's, passed
- * to both; Idem never frees it. Thread-safe, and never waits for the writer.
- * If the call returns an error, neither fn nor done runs; otherwise done runs
- * exactly once, also when the handle is closed first: idem_close() runs every
- * queued fn and done before it returns. Returns IDEM_OK (queued), IDEM_EINVAL
- * (h, fn or done NULL), IDEM_ENOTSUP when the store has no writer thread to
- * run fn on (the distributed store: use the blocking calls from a thread of
- * the caller's own), IDEM_ECLOSING when the handle is closing, IDEM_ENOMEM. */
-IDEM_EXTERN idem_rc idem_record_async(idem *h, idem_async_fn fn,
-                                      idem_async_done_fn done, void *arg);
-
-/* As idem_record_async, for an fn that makes exactly one record call on h
- * (begin, complete, fail, extend, transition or get) and returns what that
- * call returned. Each of those writes once at most, and only as the last
- * thing it does before it succeeds, so such an fn never fails after a write:
- * it needs no savepoint of its own and runs without one (two statements
- * fewer per call on the embedded store). An fn that does more — two record
- * calls, or a failure of its own after a call — must use idem_record_async:
- * run this way, its failure could leave a write behind. */
-IDEM_EXTERN idem_rc idem_record_async_one(idem *h, idem_async_fn fn,
-                                          idem_async_done_fn done, void *arg);
 
 /* ------------------------------------------------------------------------- */
 /* Asynchronous calls, on the caller's event loop (idem/loop.h: the loop

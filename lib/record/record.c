@@ -9,9 +9,9 @@
  * another caller changed the row in between, and each such change moves the
  * row forward.
  *
- * idem_record_async() hands a caller's function to the db backend's writer
- * thread (run_async); the calls above, made from it, take the same path and
- * the backend runs them inline in the writer's transaction.
+ * The asynchronous forms (idem/loop.h) run the same loop with each step a
+ * _start operation of the backend's, resumed where the backend completes
+ * it; the operators' calls (delete, list, purge) are one step each.
  */
 #include <stdatomic.h>
 #include <stddef.h>
@@ -534,37 +534,6 @@ IDEM_EXTERN idem_rc idem_record_purge(idem *h, unsigned limit, unsigned *purged)
     if (limit == 0)
         return IDEM_OK;
     return h->db_ops->rec_purge(h->db, idem__now(h), limit, purged);
-}
-
-static idem_rc record_async(idem *h, idem_async_fn fn, idem_async_done_fn done, void *arg,
-                            int one_call)
-{
-    idem__clear_detail();
-    if (!h)
-        return idem__fail(IDEM_EINVAL, "handle: NULL");
-    if (!fn || !done)
-        return idem__fail(IDEM_EINVAL, "%s: NULL callback", fn ? "done" : "fn");
-    if (!h->db_ops->run_async)
-        return idem__fail(IDEM_ENOTSUP,
-                          "async record calls: the %s store has no writer thread to run "
-                          "them on; call the blocking functions from a thread of your own",
-                          h->store_name);
-    return h->db_ops->run_async(h->db, h, fn, done, arg, one_call);
-}
-
-IDEM_EXTERN idem_rc idem_record_async(idem *h, idem_async_fn fn,
-                                      idem_async_done_fn done, void *arg)
-{
-    return record_async(h, fn, done, arg, 0);
-}
-
-/* Each record call writes once at most, as the last thing it does before
- * it succeeds (drive() answers right after its write): an fn that makes one
- * call and returns its result never fails after a write. */
-IDEM_EXTERN idem_rc idem_record_async_one(idem *h, idem_async_fn fn,
-                                          idem_async_done_fn done, void *arg)
-{
-    return record_async(h, fn, done, arg, 1);
 }
 
 /* ---- asynchronous calls (idem/loop.h) ---- */

@@ -16,12 +16,9 @@
  *
  * A job may also be queued with a completion (on_done) instead of a waiting
  * caller: the writer calls on_done where it would have woken the caller, so
- * an event loop can have durable writes without a thread waiting on each. A
- * queued job's code may itself call the store's blocking operations; on the
- * writer thread those cannot wait for a later batch (the writer would wait
- * for itself), so a job submitted there, from inside a running job, runs at
- * once in a savepoint nested in that job's: its writes join the batch, are
- * seen by the jobs after it, and are committed or rolled back with it.
+ * an event loop can have durable writes without a thread waiting on each.
+ * Nothing on the writer thread may wait for a job (it would wait for
+ * itself): an on_done queues its next job, never submits it.
  */
 #include "group_commit.h"
 
@@ -42,7 +39,6 @@ struct idem__gc {
     pthread_t thread;
     const struct idem__gc_driver *drv;
     void *ctx;
-    int in_job; /* writer thread only: one of a batch's jobs is running */
 };
 
 static struct idem__gc_job *job_at(struct idem__cq_item *it)
@@ -96,7 +92,6 @@ static void run_batch(struct idem__gc *gc, unsigned n)
     int64_t t0 = idem__mono_us();
     idem_rc rc = d->begin(gc->ctx);
     if (rc == IDEM_OK) {
-        gc->in_job = 1;
         for (unsigned i = 0; i < n; i++) {
             struct idem__gc_job *j = job_at(batch[i]);
             idem__clear_detail();
@@ -112,7 +107,6 @@ static void run_batch(struct idem__gc *gc, unsigned n)
             if (i + 1 == n)
                 n += idem__cq_take_more(&gc->q, batch, n, 0);
         }
-        gc->in_job = 0;
         if (rc == IDEM_OK) {
             idem__clear_detail();
             rc = d->commit(gc->ctx);
@@ -188,15 +182,9 @@ idem_rc idem__gc_queue(struct idem__gc *gc, struct idem__gc_job *job)
 idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job)
 {
     job->on_done = NULL;
-    if (idem__gc_on_writer(gc)) {
-        if (!gc->in_job)
-            return idem__fail(IDEM_EINVAL, "a completion on the store's writer "
-                                           "thread called the store; it must not");
-        if (!gc->drv->in_transaction(gc->ctx))
-            return idem__fail(IDEM_ESTORE, "the database rolled back the batch after an "
-                                           "error; nothing more can be written in it");
-        return run_in_savepoint(gc, job);
-    }
+    if (idem__gc_on_writer(gc))
+        return idem__fail(IDEM_EINVAL, "the store's writer thread called the store and "
+                                       "would wait for itself; it must not");
     sem_init(&job->done, 0, 0);
     idem_rc rc = idem__gc_queue(gc, job);
     if (rc != IDEM_OK) {

@@ -60,12 +60,8 @@ idem_rc idem__gc_start(const struct idem__gc_driver *drv, void *ctx,
                        unsigned batch_max, struct idem__gc **out);
 /* Run the job in the next batch and wait until that batch is durable (or
  * failed). Returns job->rc and sets the caller's error detail from it.
- *
- * Called on the writer thread from inside a running job (a queued job's code
- * calling the record functions), the job runs at once, in a savepoint nested
- * in the running job's, on the batch's transaction: waiting for a later batch
- * would wait for the writer itself. Called there outside a job (from an
- * on_done), it fails with IDEM_EINVAL. */
+ * Called on the writer thread (a job's code, an on_done), it would wait for
+ * the writer itself: it fails with IDEM_EINVAL. */
 idem_rc idem__gc_submit(struct idem__gc *gc, struct idem__gc_job *job);
 /* Queue a job and return without waiting: its on_done runs exactly once, on
  * the writer thread, after the job's batch; the job must stay valid until

@@ -2219,9 +2219,6 @@ static const struct idem__db_ops postgres_ops = {
     .inbox_cas = inbox_cas,
     .commit_stats = commit_stats,
     .close = postgres_close,
-    /* Its writers batch statements, not callers' code: record calls from a
-     * caller's callback would have no connection to run inline on. */
-    .run_async = NULL,
     .rec_delete = rec_delete,
     .rec_list = rec_list,
     .rec_insert_start = rec_insert_start,

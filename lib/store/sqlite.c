@@ -7,9 +7,8 @@
  * all statements are prepared once; reads of a file go to read-only
  * connections of their own. The file is in WAL mode with synchronous=FULL: a
  * job's caller returns only after the batch that carried its write has been
- * fsynced. A caller's async function (run_async) runs as a job too, and the
- * operations it calls run inline on the writer's connection — reads
- * included, so that it sees its batch's uncommitted rows.
+ * fsynced, and a job started without a waiting caller (the _start
+ * operations) is answered then.
  *
  * The table's PRIMARY KEY (space, key) decides who creates a record:
  * INSERT ... ON CONFLICT DO NOTHING, then changes() — never a read followed
@@ -876,16 +875,14 @@ static void reader_give_back(struct sqlite_db *d, struct reader *r)
 /* A read outside the writer's queue: WAL lets readers see the last commit
  * without waiting for the writer. Only committed (and so, with
  * synchronous=FULL, durable) rows are visible. An in-memory database has one
- * connection, so there it goes through the writer; and on the writer thread
- * (an async function's read) it is the writer's own connection, which sees
- * the running batch's rows. */
+ * connection, so there it goes through the writer. */
 static idem_rc rec_get(void *db, const char *space, const char *key,
                        int *found, idem_record *cur)
 {
     struct sqlite_db *d = db;
     if (cur)
         memset(cur, 0, sizeof *cur);
-    if (!d->path || idem__gc_on_writer(d->gc)) {
+    if (!d->path) {
         struct rec_job j = {.job.run = run_rec_get, .job.single_write = 1, .space = space,
                             .key = key, .found = found, .cur = cur};
         return submit_rec(db, &j);
@@ -977,7 +974,7 @@ static idem_rc rec_get_start(void *db, const char *space, const char *key, int *
                              idem_record *cur, struct idem__call *c)
 {
     struct sqlite_db *d = db;
-    if (!d->path || idem__gc_on_writer(d->gc)) {
+    if (!d->path) {
         struct rec_job j = {.job.run = run_rec_get, .job.single_write = 1, .space = space,
                             .key = key, .found = found, .cur = cur};
         return start_rec(d, &j, c);
@@ -1029,14 +1026,13 @@ static idem_rc rec_list_start(void *db, const struct idem__rec_list *l,
 }
 
 /* The hint for begin: from a reader. None where the only connection to read
- * is the writer's — an in-memory database, or the writer thread itself: the
- * peek exists to spare a begin the queue, and there begin's insert runs at
- * once and reads the row in the same step anyway. */
+ * is the writer's, an in-memory database: the peek exists to spare a begin
+ * the queue, and there it would queue. */
 static idem_rc rec_peek(void *db, const char *space, const char *key, int *found,
                         idem_record *cur)
 {
     struct sqlite_db *d = db;
-    if (!d->path || idem__gc_on_writer(d->gc)) {
+    if (!d->path) {
         *found = 0;
         if (cur)
             memset(cur, 0, sizeof *cur);
@@ -1070,7 +1066,7 @@ static idem_rc rec_list(void *db, const struct idem__rec_list *l, idem_record_it
     struct sqlite_db *d = db;
     *items = NULL;
     *count = 0;
-    if (!d->path || idem__gc_on_writer(d->gc)) {
+    if (!d->path) {
         struct rec_job j = {.job.run = run_rec_list, .job.single_write = 1, .list = l,
                             .items = items, .count = count};
         idem_rc rc = idem__gc_submit(d->gc, &j.job);
@@ -1197,50 +1193,6 @@ static idem_rc inbox_cas(void *db, const struct idem__inbox_cas *c, int *changed
     return idem__gc_submit(d->gc, &j.job);
 }
 
-/* ---- a caller's function on the writer thread ---- */
-
-struct async_job {
-    struct idem__gc_job job;
-    idem *h;
-    idem_async_fn fn;
-    idem_async_done_fn done;
-    void *arg;
-};
-
-static idem_rc run_async_fn(struct idem__gc_job *job, void *ctx)
-{
-    struct async_job *a = (struct async_job *)job;
-    (void)ctx;
-    return a->fn(a->h, a->arg);
-}
-
-static void on_async_done(struct idem__gc_job *job)
-{
-    struct async_job *a = (struct async_job *)job;
-    a->done(a->arg, job->rc, job->detail);
-    idem__free(a);
-}
-
-static idem_rc run_async(void *db, idem *h, idem_async_fn fn,
-                         idem_async_done_fn done, void *arg, int one_call)
-{
-    struct sqlite_db *d = db;
-    struct async_job *a = idem__calloc(1, sizeof *a);
-    if (!a)
-        return idem__fail(IDEM_ENOMEM, "sqlite: allocating an async job");
-    a->job.run = run_async_fn;
-    a->job.on_done = on_async_done;
-    a->job.single_write = one_call;
-    a->h = h;
-    a->fn = fn;
-    a->done = done;
-    a->arg = arg;
-    idem_rc rc = idem__gc_queue(d->gc, &a->job);
-    if (rc != IDEM_OK)
-        idem__free(a);
-    return rc;
-}
-
 /* ---- open and close ---- */
 
 static void commit_stats(void *db, idem_stats *stats, idem_commit_times *times,
@@ -1284,7 +1236,6 @@ static const struct idem__db_ops sqlite_ops = {
     .inbox_cas = inbox_cas,
     .commit_stats = commit_stats,
     .close = sqlite_close,
-    .run_async = run_async,
     .rec_delete = rec_delete,
     .rec_list = rec_list,
     .rec_insert_start = rec_insert_start,

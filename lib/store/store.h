@@ -27,9 +27,10 @@
 
 #define IDEM_KV_OPS_VERSION 3 /* 2: the asynchronous operations, loop_gone;
                                  3: token_put_start */
-#define IDEM_DB_OPS_VERSION 5 /* 2: run_async; 3: its one_call; 4: rec_delete, rec_list;
-                                 5: the _start operations; 6: rec_delete_start,
-                                 rec_list_start, rec_purge_start */
+#define IDEM_DB_OPS_VERSION 7 /* 4: rec_delete, rec_list; 5: the _start operations;
+                                 6: rec_delete_start, rec_list_start,
+                                 rec_purge_start; 7: version 2's run_async (and
+                                 3's one_call) gone with idem_record_async */
 
 struct idem__loop;
 
@@ -202,18 +203,6 @@ struct idem__db_ops {
                          idem_commit_batches *batches);
 
     void (*close)(void *db);
-
-    /* Version 2. Queue fn(h, arg) to run on the backend's writer thread,
-     * inside the transaction of the batch that carries its writes and in a
-     * savepoint of its own (rolled back unless fn returns IDEM_OK); then
-     * call done(arg, rc, detail) on that thread once the batch is durable or
-     * failed. The operations above, called from fn on that thread, run at
-     * once on the batch's connection and see its uncommitted rows. IDEM_OK,
-     * or IDEM_ECLOSING / IDEM_ENOMEM and done never runs. NULL: the backend
-     * has no writer thread to run callers' code on. Version 3: one_call
-     * (idem_record_async_one) runs fn without the savepoint. */
-    idem_rc (*run_async)(void *db, idem *h, idem_async_fn fn,
-                         idem_async_done_fn done, void *arg, int one_call);
 
     /* Version 4. Delete (space, key) if it is at epoch and not PROCESSING;
      * *deleted 1 if it went. When it did not, *found and *cur (if not
