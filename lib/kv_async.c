@@ -18,9 +18,9 @@
 #include "core/alloc.h"
 #include "core/check.h"
 #include "core/error.h"
-#include "kv_async.h"
-#include "lock/lock_watchdog.h"
+#include "lock/lock.h"
 #include "store/store.h"
+#include "token/token.h"
 
 #define DETAIL_MAX 256 /* as error.c's detail */
 /* The strings of most calls fit here, and their block then comes from the

@@ -8,8 +8,7 @@
  */
 #include "core/check.h"
 #include "core/error.h"
-#include "kv_async.h"
-#include "lock_watchdog.h"
+#include "lock.h"
 #include "store/store.h"
 
 idem_rc idem__lock_check(idem *h, const char *space, const char *key, const char *owner)

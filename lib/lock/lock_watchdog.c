@@ -29,6 +29,7 @@
 #include "core/clock.h"
 #include "core/check.h"
 #include "core/error.h"
+#include "lock.h"
 #include "store/store.h"
 
 struct idem_watch {

@@ -9,6 +9,4 @@ struct idem__watchdog;
 /* Stop the thread and free the watchdog (not the watches). NULL: no-op. */
 void idem__watchdog_free(struct idem__watchdog *wd);
 
-idem_rc idem__check_lock_ttl(int64_t ttl_ms);
-
 #endif

@@ -12,8 +12,8 @@
 #include "core/check.h"
 #include "core/crypto.h"
 #include "core/error.h"
-#include "kv_async.h"
 #include "store/store.h"
+#include "token.h"
 
 #define TOKEN_TTL_MAX (7 * IDEM_DAY_MS)
 
