@@ -23,22 +23,21 @@
 #include "core/error.h"
 #include "core/str.h"
 #include "record_state.h"
+#include "store/row.h"
 #include "store/store.h"
 
 #define ROUNDS_MAX 16
 #define RETENTION_MAX (3650 * IDEM_DAY_MS)
 
+/* The store layer's definitions (store/row.h), which its backends use too. */
 IDEM_EXTERN void idem_record_clear(idem_record *rec)
 {
-    if (!rec)
-        return;
-    idem__free(rec->result);
-    memset(rec, 0, sizeof *rec);
+    idem__row_clear(rec);
 }
 
 IDEM_EXTERN int idem_record_finished(const char *state)
 {
-    return strcmp(state, IDEM_STATE_PROCESSING) != 0 && strcmp(state, IDEM_STATE_RELEASED) != 0;
+    return idem__state_finished(state);
 }
 
 static idem_rc check_target(idem *h, const char *space, const char *key)

@@ -116,6 +116,7 @@
 #include "core/error.h"
 #include "commit_queue.h"
 #include "core/stats.h"
+#include "row.h"
 #include "store.h"
 
 #define SCHEMA_VERSION 2
@@ -1806,7 +1807,7 @@ static idem_rc rec_peek(void *db, const char *space, const char *key, int *found
     idem_rc rc = rec_get(db, space, key, found, cur);
     if (rc != IDEM_OK)
         return rc;
-    int useful = *found && cur && idem_record_finished(cur->state);
+    int useful = *found && cur && idem__state_finished(cur->state);
     if (useful) {
         atomic_store(&d->peek_streak, 0);
     } else {
