@@ -91,6 +91,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/redis_url.h"
 #include "store.h"
 
 #define NIO 2              /* I/O threads, each with its own connection */
@@ -327,11 +328,11 @@ struct io {
 
 struct redis {
     /* From the URL; read-only once open. */
-    char host[256];
+    char host[IDEM_REDIS_HOST_MAX + 1];
     int port;
     int db;
-    char user[256];
-    char password[512];
+    char user[IDEM_REDIS_USER_MAX + 1];
+    char password[IDEM_REDIS_PASSWORD_MAX + 1];
     char where[300];          /* host:port, for messages */
     int64_t timeout_ms;
     char sha[NSCRIPTS][41];   /* set by the first connect, before threads */
@@ -1836,133 +1837,20 @@ static void loop_gone(void *kv, struct idem__loop *l)
 
 /* ---- the URL ---- */
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* Percent-decode [s, s + n) into out (cap bytes with the NUL); -1 if it is
- * malformed, does not fit, or decodes to a control character. */
-static int unescape(const char *s, size_t n, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        int c = (unsigned char)s[i];
-        if (c == '%') {
-            int hi = i + 2 < n ? hexval(s[i + 1]) : -1;
-            int lo = i + 2 < n ? hexval(s[i + 2]) : -1;
-            if (hi < 0 || lo < 0)
-                return -1;
-            c = hi * 16 + lo;
-            i += 2;
-        }
-        if (c < 0x20 || c == 0x7f || o + 1 >= cap)
-            return -1;
-        out[o++] = (char)c;
-    }
-    out[o] = '\0';
-    return 0;
-}
-
-/* A decimal number in [s, e) within 0..max; -1 otherwise. */
-static long number(const char *s, const char *e, long max)
-{
-    long v = 0;
-    if (s == e)
-        return -1;
-    for (; s < e; s++) {
-        if (*s < '0' || *s > '9')
-            return -1;
-        v = v * 10 + (*s - '0');
-        if (v > max)
-            return -1;
-    }
-    return v;
-}
-
-/* redis://[[user]:password@]host[:port][/db]. The details name parts of the
- * URL that are not the credentials. */
+/* The URL's parts, by the one parser of redis:// URLs (core/redis_url.c). */
 static idem_rc parse_url(const char *url, struct redis *r)
 {
-    static const char usage[] = "(redis://[[user]:password@]host[:port][/db])";
-    if (strncmp(url, "redis://", 8) != 0)
-        return idem__fail(IDEM_EINVAL, "redis_url: not a redis:// URL %s", usage);
-    const char *p = url + 8;
-    const char *end = p + strcspn(p, "/");
-
-    const char *at = NULL;
-    for (const char *q = p; q < end; q++)
-        if (*q == '@')
-            at = q;
-    if (at) {
-        const char *colon = memchr(p, ':', (size_t)(at - p));
-        if (!colon)
-            return idem__fail(IDEM_EINVAL, "redis_url: credentials must be "
-                                           "user:password or :password %s", usage);
-        if (unescape(p, (size_t)(colon - p), r->user, sizeof r->user) != 0)
-            return idem__fail(IDEM_EINVAL, "redis_url: malformed or overlong user name");
-        if (unescape(colon + 1, (size_t)(at - colon - 1), r->password, sizeof r->password) != 0)
-            return idem__fail(IDEM_EINVAL, "redis_url: malformed or overlong password");
-        if (!r->password[0])
-            return idem__fail(IDEM_EINVAL, "redis_url: empty password");
-        p = at + 1;
-    }
-
-    const char *host = p, *host_end;
-    if (*p == '[') {
-        host = p + 1;
-        host_end = memchr(host, ']', (size_t)(end - host));
-        if (!host_end)
-            return idem__fail(IDEM_EINVAL, "redis_url: unclosed [ in the host");
-        p = host_end + 1;
-        for (const char *q = host; q < host_end; q++)
-            if (hexval(*q) < 0 && *q != ':' && *q != '.')
-                return idem__fail(IDEM_EINVAL, "redis_url: malformed IPv6 address");
-    } else {
-        host_end = p + strcspn(p, ":/");
-        if (host_end > end)
-            host_end = end;
-        p = host_end;
-        for (const char *q = host; q < host_end; q++)
-            if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
-                  (*q >= '0' && *q <= '9') || *q == '.' || *q == '-' || *q == '_'))
-                return idem__fail(IDEM_EINVAL, "redis_url: the host may hold letters, "
-                                               "digits, '.', '-' and '_'");
-    }
-    if (host == host_end)
-        return idem__fail(IDEM_EINVAL, "redis_url: no host %s", usage);
-    if ((size_t)(host_end - host) >= sizeof r->host)
-        return idem__fail(IDEM_EINVAL, "redis_url: host longer than %zu bytes",
-                          sizeof r->host - 1);
-    memcpy(r->host, host, (size_t)(host_end - host));
-    r->host[host_end - host] = '\0';
-
-    r->port = 6379;
-    if (*p == ':') {
-        long port = number(p + 1, end, 65535);
-        if (port < 1)
-            return idem__fail(IDEM_EINVAL, "redis_url: the port must be 1..65535");
-        r->port = (int)port;
-    } else if (p != end) {
-        return idem__fail(IDEM_EINVAL, "redis_url: unexpected text after the host %s", usage);
-    }
-
-    r->db = 0;
-    if (*end == '/' && end[1]) {
-        long db = number(end + 1, end + strlen(end), 1000000);
-        if (db < 0)
-            return idem__fail(IDEM_EINVAL, "redis_url: the db must be a number "
-                                           "(0..1000000) %s", usage);
-        r->db = (int)db;
-    }
-    snprintf(r->where, sizeof r->where, strchr(r->host, ':') ? "[%s]:%d" : "%s:%d",
-             r->host, r->port);
+    struct idem__redis_url u;
+    idem_rc rc = idem__redis_url_parse(url, "redis_url", &u);
+    if (rc != IDEM_OK)
+        return rc;
+    snprintf(r->host, sizeof r->host, "%s", u.host);
+    r->port = u.port;
+    r->db = u.db;
+    snprintf(r->user, sizeof r->user, "%s", u.user);
+    snprintf(r->password, sizeof r->password, "%s", u.password);
+    snprintf(r->where, sizeof r->where, "%s", u.where);
+    idem__redis_url_wipe(&u);
     return IDEM_OK;
 }
 

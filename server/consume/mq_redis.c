@@ -29,6 +29,7 @@
 #include <strings.h>
 
 #include "consume/consume.h"
+#include "core/redis_url.h"
 #include "log.h"
 #include "mono.h"
 
@@ -50,9 +51,10 @@ struct redis_src {
     struct consumer *k;
     struct event_base *base;
     const struct consumer_config *cfg;
-    char host[256];
+    char host[IDEM_REDIS_HOST_MAX + 1];
     int port, db;
-    char password[512];          /* "" for none */
+    char user[IDEM_REDIS_USER_MAX + 1];         /* "" for none */
+    char password[IDEM_REDIS_PASSWORD_MAX + 1]; /* "" for none */
     char name[96];               /* the consumer's name in the group */
     redisAsyncContext *rd, *wr;  /* reading, writing; NULL when closed */
     int rd_up, wr_up;            /* connected and set up */
@@ -69,35 +71,6 @@ struct redis_src {
 
 static void lost(struct redis_src *r, const char *why);
 static void read_more(struct redis_src *r);
-
-/* redis://[[user]:password@]host[:port][/db] */
-static int parse_url(struct redis_src *r, const char *url)
-{
-    const char *s = url + 8; /* "redis://": checked by the configuration */
-    const char *at = strrchr(s, '@');
-    if (at) {
-        const char *colon = memchr(s, ':', (size_t)(at - s));
-        if (colon && (size_t)(at - colon - 1) < sizeof r->password)
-            snprintf(r->password, sizeof r->password, "%.*s", (int)(at - colon - 1), colon + 1);
-        s = at + 1;
-    }
-    const char *end = s + strcspn(s, "/?");
-    const char *port = NULL;
-    if (*s == '[') {
-        const char *close = memchr(s, ']', (size_t)(end - s));
-        if (!close)
-            return -1;
-        snprintf(r->host, sizeof r->host, "%.*s", (int)(close - s - 1), s + 1);
-        port = close[1] == ':' ? close + 2 : NULL;
-    } else {
-        const char *colon = memchr(s, ':', (size_t)(end - s));
-        snprintf(r->host, sizeof r->host, "%.*s", (int)((colon ? colon : end) - s), s);
-        port = colon ? colon + 1 : NULL;
-    }
-    r->port = port ? atoi(port) : 6379;
-    r->db = *end == '/' ? atoi(end + 1) : 0;
-    return r->host[0] && r->port > 0 && r->port < 65536 && r->db >= 0 ? 0 : -1;
-}
 
 static int is_error(const redisReply *x)
 {
@@ -465,7 +438,9 @@ static redisAsyncContext *connect_one(struct redis_src *r, int writer)
     redisLibeventAttach(c, r->base);
     redisAsyncSetConnectCallback(c, on_connect);
     redisAsyncSetDisconnectCallback(c, on_disconnect);
-    if (r->password[0])
+    if (r->user[0])
+        redisAsyncCommand(c, on_step, r, "AUTH %s %s", r->user, r->password);
+    else if (r->password[0])
         redisAsyncCommand(c, on_step, r, "AUTH %s", r->password);
     redisAsyncCommand(c, on_step, r, "SELECT %d", r->db);
     if (writer)
@@ -519,11 +494,20 @@ static void *redis_open(struct consumer *k, struct event_base *base,
     for (size_t i = 0; i < cfg->backoff_count; i++)
         longest = cfg->backoff_ms[i] > longest ? cfg->backoff_ms[i] : longest;
     r->min_idle_ms = cfg->route.lease_ms + cfg->route.upstream_timeout_ms + longest;
-    if (parse_url(r, cfg->url) != 0) {
-        daemon_log("consumer %s: the redis_stream URL does not parse", cfg->route.name);
+    /* The library's parser (core/redis_url.h), the distributed store's
+     * own: its detail names what is wrong, never the password. */
+    struct idem__redis_url url;
+    if (idem__redis_url_parse(cfg->url, "redis_stream", &url) != IDEM_OK) {
+        daemon_log("consumer %s: %s", cfg->route.name, idem_errdetail());
         free(r);
         return NULL;
     }
+    snprintf(r->host, sizeof r->host, "%s", url.host);
+    r->port = url.port;
+    r->db = url.db;
+    snprintf(r->user, sizeof r->user, "%s", url.user);
+    snprintf(r->password, sizeof r->password, "%s", url.password);
+    idem__redis_url_wipe(&url);
     r->dial_ev = evtimer_new(base, on_dial, r);
     r->timeout_ev = evtimer_new(base, on_connect_timeout, r);
     r->claim_ev = event_new(base, -1, EV_PERSIST, on_claim_tick, r);

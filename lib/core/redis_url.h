@@ -1,0 +1,44 @@
+/*
+ * redis_url.h — the one parser of redis:// URLs (core layer), for the
+ * distributed store's Redis (lib/store/redis.c) and for the daemon's Redis
+ * Streams consumers (server/consume/mq_redis.c):
+ *
+ *   redis://[[user]:password@]host[:port][/db]
+ *
+ * The user and the password are percent-decoded (a '/', '?', '#' or '@' in
+ * a password is written %2F, %3F, %23, %40); the host is a name of letters,
+ * digits, '.', '-' and '_', or an IPv6 address in brackets. Anything that
+ * does not fit is refused, with a detail that names the part and what is
+ * wrong with it, and never shows the password (nor the user).
+ */
+#ifndef IDEM_CORE_REDIS_URL_H
+#define IDEM_CORE_REDIS_URL_H
+
+#include <stddef.h>
+
+#include "idem.h"
+
+#define IDEM_REDIS_HOST_MAX 255
+#define IDEM_REDIS_USER_MAX 255
+#define IDEM_REDIS_PASSWORD_MAX 511 /* bytes, decoded */
+#define IDEM_REDIS_DB_MAX 1000000
+#define IDEM_REDIS_PORT_DEFAULT 6379
+
+struct idem__redis_url {
+    char host[IDEM_REDIS_HOST_MAX + 1];   /* without the brackets of an IPv6 address */
+    int port;                             /* 6379 when the URL has none */
+    int db;                               /* 0 when the URL has none */
+    char user[IDEM_REDIS_USER_MAX + 1];   /* "" for none (Redis's "default") */
+    char password[IDEM_REDIS_PASSWORD_MAX + 1]; /* "" for none */
+    char where[IDEM_REDIS_HOST_MAX + 16]; /* host:port, [host]:port for IPv6: for messages */
+};
+
+/* Parse url into *out: IDEM_OK, or IDEM_EINVAL with the thread's detail
+ * saying "<what>: ..." and what was wrong. what names the setting in the
+ * messages ("redis_url"). On error *out holds no credentials. Any thread. */
+idem_rc idem__redis_url_parse(const char *url, const char *what, struct idem__redis_url *out);
+
+/* Wipe the credentials of *u (explicit_bzero), once they are used. */
+void idem__redis_url_wipe(struct idem__redis_url *u);
+
+#endif
