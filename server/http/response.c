@@ -267,6 +267,8 @@ struct http_response *problem_from_rc(idem_rc rc, const char *detail, const char
 {
     if (rc == IDEM_EINVAL || rc == IDEM_ETOOBIG)
         return problem(400, "invalid_argument", "%s: %s", what, detail);
+    if (rc == IDEM_ECLOSING)
+        return problem(503, "shutting_down", "%s: the server is shutting down", what);
     return problem(503, "store_unavailable", "%s: the store failed (%s): %s", what,
                    idem_strerror(rc), detail);
 }
