@@ -6,8 +6,9 @@ the running daemon.
    $ref resolves, every operation has responses, its schemas use only the
    JSON Schema keywords the checker below implements (any other fails here,
    so the description cannot say something that goes unchecked).
-2. Its operations are the endpoints docs/http-api.md has headings for, and
-   every problem type the daemon's source names is among its problem types.
+2. Its operations are the endpoints docs/http-api.md has headings for and
+   the rows of the daemon's endpoint table (server/admin/api.c), and every
+   problem type the daemon's source names is among its problem types.
 3. idem serve (embedded store, admin_listen on a loopback TCP port, a read
    and a write API key) in front of the example refund service: every
    operation is called with valid and invalid input, at least one success
@@ -315,12 +316,27 @@ def doc_endpoints():
     return out
 
 
+def table_endpoints():
+    """The (METHOD, path) of every row of the JSON API's endpoint table
+    (server/admin/api.c): what the daemon routes. A path ending in "{}" is
+    records/{space}/{key}."""
+    text = open(os.path.join(SRC, "server", "admin", "api.c"), encoding="utf-8").read()
+    table = text[text.index("endpoints[] = {"):]
+    table = table[:table.index("};")]
+    out = set()
+    for m, p in re.findall(r'\{"(GET|POST)", "([a-z_/{}]+)",', table):
+        out.add((m, "/_idem/v1/" + (p[:-2] + "{space}/{key}" if p.endswith("{}") else p)))
+    if not out:
+        raise SpecError("server/admin/api.c: no endpoint table found")
+    return out
+
+
 def source_problem_types():
     found = set()
-    for name in os.listdir(os.path.join(SRC, "server")):
-        if not name.endswith(".c"):
-            continue
-        text = open(os.path.join(SRC, "server", name), encoding="utf-8").read()
+    sources = [os.path.join(top, name) for top, _, names in os.walk(os.path.join(SRC, "server"))
+               for name in names if name.endswith(".c")]
+    for path in sources:
+        text = open(path, encoding="utf-8").read()
         found |= set(re.findall(r'problem\([^,()]+,\s*"([a-z_]+)"', text))
         found |= set(re.findall(r'bad\(type,\s*"([a-z_]+)"', text))
         found |= set(re.findall(r'send_problem_and_close\(c,\s*\d+,\s*"([a-z_]+)"', text))
@@ -917,6 +933,11 @@ def main():
         fail("http-api.md has a heading for %s %s, openapi.yaml does not describe it" % (m, p))
     for m, p in sorted(described - documented):
         fail("openapi.yaml describes %s %s, http-api.md has no heading for it" % (m, p))
+    routed = table_endpoints()
+    for m, p in sorted(routed - described):
+        fail("the endpoint table routes %s %s, openapi.yaml does not describe it" % (m, p))
+    for m, p in sorted(described - routed):
+        fail("openapi.yaml describes %s %s, the endpoint table has no row for it" % (m, p))
     types = set(t[len("urn:idem:"):] for t in problem_types(spec))
     for t in sorted(source_problem_types() - types):
         fail("server/ answers problem type %s, and ProblemType does not list it" % t)
