@@ -227,9 +227,12 @@ static void gw_free(struct gw *g)
  * A request that claimed its key (a begin that answered NEW or TAKEN_OVER)
  * is on the daemon's list until it is answered, and no other request for
  * that key is begun in this daemon meanwhile: it is in flight here (409, or
- * a wait), whatever the record's lease says. The begin checks the list where
- * it runs (the writer, or a worker), so a begin queued before the claim was
- * listed is held too.
+ * a wait), whatever the record's lease says. The list is looked at on the
+ * loop, before a begin is asked of the store (enter, S_BEGIN), and a begin
+ * that claims the key joins it when its answer comes back (on_begun): two
+ * begins of one key in flight together are the store's to tell apart, as
+ * its unique key does for any two, and the second finds the first's claim
+ * with its lease running.
  *
  * That matters when the lease runs out under a live claim. The upstream
  * has executed and answered, and the write that finishes the record fails
@@ -1103,7 +1106,7 @@ static void after_begin(struct gw *g)
         finish(g); /* the token stays spent on the key: see finish_record */
         return;
     }
-    if (g->held_here != HELD_NONE) { /* decided without the store: see do_begin */
+    if (g->held_here != HELD_NONE) { /* decided without the store: see enter */
         held_elsewhere(g, g->held_here);
         return;
     }
