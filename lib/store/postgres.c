@@ -114,6 +114,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/error.h"
+#include "core/hint.h"
 #include "commit_queue.h"
 #include "core/stats.h"
 #include "row.h"
@@ -128,7 +129,6 @@
 #define PARAMS_MAX 14
 #define READ_BATCH_MAX 128
 #define READS_PER_SERVER 16
-#define PEEK_SKIP_MAX 64
 #define WRITERS 2
 
 /* ---- schema ---- */
@@ -321,7 +321,7 @@ struct pg_db {
     struct idem__cq q;   /* the writers' (commit_queue.h), and the counters */
     struct writer writers[WRITERS];
 
-    atomic_int peek_skip, peek_streak; /* see rec_peek */
+    struct idem__hint peek; /* see rec_peek */
 
     pthread_mutex_t pool_mu; /* the read queue and the idle readers */
     struct read_req *rq_head, **rq_tail;
@@ -1787,37 +1787,24 @@ static idem_rc rec_get(void *db, const char *space, const char *key, int *found,
 
 /* begin's hint. A peek pays off only for a finished record (a replay: DONE
  * without queueing behind writes); for a new key, the common case, it is a
- * round trip the insert makes anyway. So peeks that find nothing useful
- * lengthen a run of begins that skip it (1, 2, 4 ... PEEK_SKIP_MAX), and one
- * that finds a finished record ends the run: a retry storm is answered from
- * the pool, fresh writes do not pay for the hint. A skipped peek answers
- * "not found", which a hint may: the insert's primary key then decides, as
- * it always does. */
+ * round trip the insert makes anyway. So it is taken while it pays off
+ * (core/hint.h): a retry storm is answered from the pool, fresh writes do
+ * not pay for the hint. A skipped peek answers "not found", which a hint
+ * may: the insert's primary key then decides, as it always does. */
 static idem_rc rec_peek(void *db, const char *space, const char *key, int *found,
                         idem_record *cur)
 {
     struct pg_db *d = db;
-    if (atomic_fetch_sub(&d->peek_skip, 1) > 0) {
+    if (!idem__hint_take(&d->peek)) {
         *found = 0;
         if (cur)
             memset(cur, 0, sizeof *cur);
         return IDEM_OK;
     }
-    atomic_store(&d->peek_skip, 0);
     idem_rc rc = rec_get(db, space, key, found, cur);
     if (rc != IDEM_OK)
         return rc;
-    int useful = *found && cur && idem__state_finished(cur->state);
-    if (useful) {
-        atomic_store(&d->peek_streak, 0);
-    } else {
-        int streak = atomic_load(&d->peek_streak);
-        streak = streak ? streak * 2 : 1;
-        if (streak > PEEK_SKIP_MAX)
-            streak = PEEK_SKIP_MAX;
-        atomic_store(&d->peek_streak, streak);
-        atomic_store(&d->peek_skip, streak);
-    }
+    idem__hint_paid(&d->peek, *found && cur && idem__state_finished(cur->state));
     return IDEM_OK;
 }
 

@@ -79,6 +79,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "core/hint.h"
 #include "gateway/replay_cache.h"
 #include "gateway/request_key.h"
 #include "gateway/stored.h"
@@ -131,7 +132,7 @@ enum held_here {
 enum gw_state {
     S_NEW,         /* keyed and fingerprinted, no store touched yet */
     S_READ,        /* db: is the record finished already? (no token layer,
-                      and only while such reads find any: worth_reading) */
+                      and only while such reads find any: core/hint.h) */
     S_TOKEN,       /* kv: spending the Idem-Token on the key */
     S_LOCK,        /* kv: acquiring the business-key lock; acquired, the
                       lease timer renews it until S_CLEANUP */
@@ -248,7 +249,7 @@ static void gw_free(struct gw *g)
  * a claim over once its lease ends (the lock layer keeps it out while Redis
  * works). */
 
-/* The list, and the read-skip score (see worth_reading), are what the
+/* The list, and whether the read for finished records pays off, are what the
  * gateway shares across its loops. */
 struct gateway {
     /* The keys claimed by this daemon's requests, from their begin to their
@@ -257,9 +258,8 @@ struct gateway {
     pthread_mutex_t claims_mu;
     struct gw *claims[1024];
     atomic_ulong unkept_count;
-    /* How often the read for finished records found one lately. */
-    atomic_int read_score;
-    atomic_ulong read_tick;
+    /* Whether the read for finished records pays off lately. */
+    struct idem__hint reads;
 };
 
 struct gateway *gateway_new(void)
@@ -882,17 +882,16 @@ static void after_token(struct gw *g)
     go_lock(g);
 }
 
-static void reading_found(struct gateway *gw, int found);
 
 /* A finished record found before any layer is asked: its answer. */
 static void after_read(struct gw *g)
 {
     if (g->rc == IDEM_OK && (g->out = replay_finished(g, g->o, &g->rec)) != NULL) {
-        reading_found(g->d->gateway, 1);
+        idem__hint_paid(&g->d->gateway->reads, 1);
         enter(g, S_DONE);
         return;
     }
-    reading_found(g->d->gateway, 0);
+    idem__hint_paid(&g->d->gateway->reads, 0);
     idem_record_clear(&g->rec);
     go_lock(g);
 }
@@ -1132,7 +1131,7 @@ static void after_begin(struct gw *g)
         enter(g, g->token_rode ? S_RESPEND : S_FORWARD);
         return;
     case IDEM_DONE:
-        reading_found(g->d->gateway, 1); /* a read on the loop would have found it */
+        idem__hint_paid(&g->d->gateway->reads, 1); /* a read on the loop would have found it */
         g->out = replay(g, &g->rec);
         finish(g);
         return;
@@ -1608,27 +1607,9 @@ static void done(struct gw *g)
  * file a transaction on a reader, at once; on PostgreSQL a statement in
  * the writers' next batch. On traffic of fresh keys it never finds one, and
  * the begin that follows finds a finished record anyway (DONE), only later:
- * so while the reads keep coming back empty they are skipped, all but one
- * in READ_SAMPLE, which keeps watching. The score rises by READ_HIT for a hit, or for a begin the writer
- * answered DONE (a read would have found that one), and falls by one for a
- * miss, within [0, READ_SCORE_MAX]; at 0, reads are sampled. */
-#define READ_SAMPLE 128
-#define READ_HIT 16
-#define READ_SCORE_MAX 256
-
-static int worth_reading(struct gateway *gw)
-{
-    return atomic_load_explicit(&gw->read_score, memory_order_relaxed) > 0 ||
-           atomic_fetch_add_explicit(&gw->read_tick, 1, memory_order_relaxed) % READ_SAMPLE == 0;
-}
-
-static void reading_found(struct gateway *gw, int found)
-{
-    int s = atomic_load_explicit(&gw->read_score, memory_order_relaxed);
-    s = found ? (s + READ_HIT > READ_SCORE_MAX ? READ_SCORE_MAX : s + READ_HIT) : (s > 0 ? s - 1 : 0);
-    atomic_store_explicit(&gw->read_score, s, memory_order_relaxed);
-}
-
+ * so it is taken while it pays off (core/hint.h, the store's own rule for
+ * its peeks), a begin the writer answered DONE counting as a read that
+ * would have. */
 /* An answer given before the request's state exists (see answer() for the
  * others): timed, then sent. */
 static void answer_early(struct live_config *lc, const struct route *rt,
@@ -1765,7 +1746,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     g->deadline = mono_ms() + rt->wait_timeout_ms;
     g->backoff_ms = 2;
     if (!rt->layer_token) {
-        if (worth_reading(d->gateway))
+        if (idem__hint_take(&d->gateway->reads))
             enter(g, S_READ);
         else
             go_lock(g);
