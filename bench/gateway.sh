@@ -22,7 +22,6 @@
 #   IDEM_GW_CONNECTIONS [64]     wrk connections (-c)
 #   IDEM_GW_THREADS [2]          wrk threads (-t)
 #   IDEM_GW_NGINX_WORKERS [1]    worker_processes of each nginx (a number or auto)
-#   IDEM_GW_IDEM_WORKERS [64]    idem serve's `workers:`
 #   IDEM_GW_SEED_KEYS [1000]     keys executed before the mix and replay runs
 #   IDEM_GW_FRESH_PCT [10]       fresh keys in the mix run, percent
 #   IDEM_GW_ACCESS_LOG [off]     idem serve's access_log: off, or file (JSON
@@ -74,7 +73,6 @@ rounds=${IDEM_GW_ROUNDS:-3}
 conns=${IDEM_GW_CONNECTIONS:-64}
 wthreads=${IDEM_GW_THREADS:-2}
 nginx_workers=${IDEM_GW_NGINX_WORKERS:-1}
-idem_workers=${IDEM_GW_IDEM_WORKERS:-64}
 access_log=${IDEM_GW_ACCESS_LOG:-off}
 [[ $access_log == off || $access_log == file ]] ||
     { echo "bench/gateway.sh: IDEM_GW_ACCESS_LOG is off or file, not $access_log" >&2; exit 2; }
@@ -103,7 +101,7 @@ all_runs="direct proxy record-unique record-mix record-replay lock-unique lock-m
 runs=${runs//,/ }
 
 die() { echo "bench/gateway.sh: $*" >&2; exit 1; }
-for v in seconds rounds conns wthreads idem_workers seed_keys fresh_pct instances; do
+for v in seconds rounds conns wthreads seed_keys fresh_pct instances; do
     [[ ${!v} =~ ^[0-9]+$ && ${!v} -gt 0 ]] || die "$v must be a positive integer (got '${!v}')"
 done
 ((seed_keys >= 100)) || die "IDEM_GW_SEED_KEYS must be at least 100"
@@ -364,7 +362,7 @@ start_idem() {
         else
             storage="{ kind: distributed, redis: $(yaml_quote "$redis_url"), postgres: $(yaml_quote "$pg_url") }"
         fi
-        sed -e "s|@PORT@|$idem_port|" -e "s|@STORAGE@|$(sed_repl "$storage")|" -e "s|@WORKERS@|$idem_workers|" \
+        sed -e "s|@PORT@|$idem_port|" -e "s|@STORAGE@|$(sed_repl "$storage")|" \
             -e "s|@DIR@|$(sed_repl "$d")|" \
             -e "s|@ACCESS_LOG@|$([[ $access_log == off ]] && echo off || sed_repl "$d/access.log")|" \
             -e "s|@UPSTREAM_PORT@|$upstream_port|" -e "s|@LAYERS@|$layers|" \
@@ -883,10 +881,10 @@ mkdir -p "$(dirname "$out")"
     else
         printf '# Idem gateway benchmark\n\n'
     fi
-    printf '%s · %s · %d cores · Linux %s · idem %s · nginx %s (worker_processes %s) · wrk %s `-t%s -c%s -d%ss --latency` · idem workers %s · %s\n\n' \
+    printf '%s · %s · %d cores · Linux %s · idem %s · nginx %s (worker_processes %s) · wrk %s `-t%s -c%s -d%ss --latency` · %s\n\n' \
         "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(uname -n)" "$(nproc)" "$(uname -r)" \
         "${idem_version:-?}" "$nginx_version" "$nginx_workers" "$wrk_version" "$wthreads" \
-        "$conns" "$seconds" "$idem_workers" "$where"
+        "$conns" "$seconds" "$where"
     if ((open_loop)); then
         printf 'Everything on 127.0.0.1, load generators included: the servers, wrk and idem-open-loop share the %d cores.\n' "$(nproc)"
     else
@@ -995,8 +993,8 @@ json_str() { # a JSON string literal
 }
 if [[ -n $out_raw ]]; then
     {
-        printf '{"bench":"gateway","store":"%s","instances":%d,"connections":%d,"wrk_threads":%d,"seconds":%d,"rounds":%d,"idem_workers":%d,"seed_keys":%d,"fresh_pct":%d,"idem_version":%s,"nginx_version":%s,"wrk_version":%s,"runs":{' \
-            "$store" "$instances" "$conns" "$wthreads" "$seconds" "$rounds" "$idem_workers" "$seed_keys" \
+        printf '{"bench":"gateway","store":"%s","instances":%d,"connections":%d,"wrk_threads":%d,"seconds":%d,"rounds":%d,"seed_keys":%d,"fresh_pct":%d,"idem_version":%s,"nginx_version":%s,"wrk_version":%s,"runs":{' \
+            "$store" "$instances" "$conns" "$wthreads" "$seconds" "$rounds" "$seed_keys" \
             "$fresh_pct" "$(json_str "${idem_version:-}")" "$(json_str "$nginx_version")" \
             "$(json_str "$wrk_version")"
         sep=""
