@@ -606,11 +606,22 @@ static void on_got(struct idem__call *c, idem_rc rc, const char *detail)
     post_answer(a);
 }
 
-static idem_rc async_new(idem *h, idem_loop *loop, const char *space, const char *key,
-                         size_t result_len, void *arg, struct rec_async **out)
+/* The loop and callback of every asynchronous record call. */
+static idem_rc check_loop(idem_loop *loop, int has_cb)
 {
     if (!loop || !loop->ops || loop->ops->version < IDEM_LOOP_OPS_VERSION)
         return idem__fail(IDEM_EINVAL, "loop: NULL, or not an IDEM_LOOP_OPS_VERSION adapter");
+    if (!has_cb)
+        return idem__fail(IDEM_EINVAL, "cb: NULL");
+    return IDEM_OK;
+}
+
+static idem_rc async_new(idem *h, idem_loop *loop, const char *space, const char *key,
+                         size_t result_len, void *arg, struct rec_async **out)
+{
+    idem_rc rc = check_loop(loop, 1); /* the callback: checked by each call */
+    if (rc != IDEM_OK)
+        return rc;
     struct rec_async *a = idem__pool_get(sizeof *a);
     if (!a)
         return idem__fail(IDEM_ENOMEM, "records: no memory for an asynchronous call");
@@ -1114,15 +1125,6 @@ static void admin_done(struct idem__call *c, idem_rc rc, const char *detail)
     a->post.fn = admin_deliver;
     a->post.arg = a;
     idem__loop_post(a->l, &a->post);
-}
-
-static idem_rc check_loop(idem_loop *loop, int has_cb)
-{
-    if (!loop || !loop->ops || loop->ops->version < IDEM_LOOP_OPS_VERSION)
-        return idem__fail(IDEM_EINVAL, "loop: NULL, or not an IDEM_LOOP_OPS_VERSION adapter");
-    if (!has_cb)
-        return idem__fail(IDEM_EINVAL, "cb: NULL");
-    return IDEM_OK;
 }
 
 /* *out: a call of kind on loop. offered: the backend has the step's
