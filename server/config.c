@@ -28,6 +28,7 @@
 
 #include <yaml.h>
 
+#include "config_value.h"
 #include "http/http_parser.h"
 #include "idem.h"
 #include "http/upstream.h"
@@ -39,157 +40,12 @@
 #define API_KEYS_MAX 100
 #define API_KEY_MIN 16 /* bytes: a key shorter than that is a password, not a key */
 #define KEY_PARTS_MAX 8
-#define LIST_MAX 64        /* replay_headers, fingerprint fields */
-#define NAME_MAX_LEN 64    /* route names, spaces, scenes: Idem's names */
-#define FIELD_MAX_LEN 255  /* header names, JSON fields, query parameters */
-#define URL_PATH_MAX 2048  /* match.path, an upstream's base path */
-#define FS_PATH_MAX 4096   /* storage.path */
-#define MSG_MAX 512
 #define DEPTH_MAX 32       /* the schema nests 5 deep: root, routes, route, key, part */
 #define VALUES_MAX 200000  /* scalars, lists and mappings in the document */
 
-#define MS_SEC 1000LL
-#define MS_MIN (60 * MS_SEC)
-#define MS_HOUR (60 * MS_MIN)
-#define MS_DAY (24 * MS_HOUR)
-#define KIB ((size_t)1024)
-#define MIB (1024 * KIB)
-#define GIB (1024 * MIB)
-
-/* ------------------------------------------------------------------------- */
-/* Durations and sizes. */
-
-static int is_digit(int ch)
-{
-    return ch >= '0' && ch <= '9';
-}
-
-static int lower(int ch)
-{
-    return ch >= 'A' && ch <= 'Z' ? ch + ('a' - 'A') : ch;
-}
-
-/* Leading decimal digits of s into *v; returns the end, or NULL when there are
- * none or the value passes max. */
-static const char *digits(const char *s, uint64_t max, uint64_t *v)
-{
-    uint64_t n = 0;
-    if (!is_digit((unsigned char)*s))
-        return NULL;
-    for (; is_digit((unsigned char)*s); s++) {
-        unsigned d = (unsigned)(*s - '0');
-        if (n > (max - d) / 10)
-            return NULL;
-        n = n * 10 + d;
-    }
-    *v = n;
-    return s;
-}
-
-static const char *skip_blanks(const char *s)
-{
-    while (*s == ' ' || *s == '\t')
-        s++;
-    return s;
-}
-
-int config_parse_duration(const char *s, int64_t *ms)
-{
-    static const struct { const char *unit; int64_t ms; } units[] = {
-        {"", 1}, {"ms", 1}, {"s", MS_SEC}, {"m", MS_MIN}, {"h", MS_HOUR},
-        {"d", MS_DAY},
-    };
-    uint64_t n;
-    const char *end;
-    if (!s || !(end = digits(s, (uint64_t)INT64_MAX, &n)))
-        return -1;
-    end = skip_blanks(end);
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(end, units[i].unit) != 0)
-            continue;
-        if (n > (uint64_t)(INT64_MAX / units[i].ms))
-            return -1;
-        *ms = (int64_t)n * units[i].ms;
-        return 0;
-    }
-    return -1;
-}
-
-int config_parse_size(const char *s, size_t *bytes)
-{
-    static const struct { const char *unit; size_t mult; } units[] = {
-        {"", 1},      {"b", 1},      {"k", KIB},    {"kb", KIB},
-        {"kib", KIB}, {"m", MIB},    {"mb", MIB},   {"mib", MIB},
-        {"g", GIB},   {"gb", GIB},   {"gib", GIB},
-    };
-    uint64_t n = 0;
-    const char *end;
-    char unit[4];
-    size_t len = 0;
-    int too_big = 0;
-    if (!s || !is_digit((unsigned char)*s))
-        return -1;
-    if (!(end = digits(s, SIZE_MAX, &n))) {
-        too_big = 1; /* a size still, if a unit follows: said as such */
-        for (end = s; is_digit((unsigned char)*end); end++)
-            ;
-    }
-    end = skip_blanks(end);
-    for (; end[len]; len++) {
-        if (len == sizeof unit - 1)
-            return -1;
-        unit[len] = (char)lower((unsigned char)end[len]);
-    }
-    unit[len] = '\0';
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(unit, units[i].unit) != 0)
-            continue;
-        if (too_big || n > SIZE_MAX / units[i].mult)
-            return -2;
-        *bytes = (size_t)n * units[i].mult;
-        return 0;
-    }
-    return -1;
-}
-
-/* "24h", "10m", "1500ms": the largest unit that divides evenly. */
-static const char *fmt_duration(int64_t ms, char *buf, size_t size)
-{
-    static const struct { const char *unit; int64_t ms; } units[] = {
-        {"d", MS_DAY}, {"h", MS_HOUR}, {"m", MS_MIN}, {"s", MS_SEC},
-    };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (ms != 0 && ms % units[i].ms == 0) {
-            snprintf(buf, size, "%lld%s", (long long)(ms / units[i].ms), units[i].unit);
-            return buf;
-        }
-    snprintf(buf, size, "%lldms", (long long)ms);
-    return buf;
-}
-
-static const char *fmt_size(size_t n, char *buf, size_t size)
-{
-    static const struct { const char *unit; size_t mult; } units[] = {
-        {"GiB", GIB}, {"MiB", MIB}, {"KiB", KIB},
-    };
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
-        if (n != 0 && n % units[i].mult == 0) {
-            snprintf(buf, size, "%zu%s", n / units[i].mult, units[i].unit);
-            return buf;
-        }
-    snprintf(buf, size, "%zuB", n);
-    return buf;
-}
 
 /* ------------------------------------------------------------------------- */
 /* Freeing and defaults. */
-
-static void free_list(char **list, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(list[i]);
-    free(list);
-}
 
 static void problems_free(struct problem_text *p, size_t n)
 {
@@ -215,8 +71,8 @@ static void route_free(struct route *r)
     free(r->key);
     free(r->space);
     free(r->token_scene);
-    free_list(r->replay_headers, r->replay_header_count);
-    free_list(r->fingerprint_fields, r->fingerprint_field_count);
+    config_free_list(r->replay_headers, r->replay_header_count);
+    config_free_list(r->fingerprint_fields, r->fingerprint_field_count);
     problems_free(r->problems, r->problem_count);
 }
 
@@ -326,552 +182,17 @@ static int route_defaults(struct route *r)
     return 0;
 }
 
-/* ------------------------------------------------------------------------- */
-/* Walking the document: errors, node access, field tables. */
-
-struct ctx {
-    yaml_document_t doc;
-    const char *name;     /* the file, for messages */
-    const char *input;    /* the text, to place reader errors */
-    size_t input_len;
-    char *err;
-    size_t errlen;
-    char quoted[112];     /* the one user value a message quotes */
-};
-
-#if defined(__GNUC__)
-#define PRINTF_LIKE(f, a) __attribute__((format(printf, f, a)))
-#else
-#define PRINTF_LIKE(f, a)
-#endif
-
-PRINTF_LIKE(4, 0)
-static int vfail(struct ctx *c, unsigned long line, const char *path,
-                 const char *fmt, va_list ap)
-{
-    char msg[MSG_MAX];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    if (!c->err || c->errlen == 0)
-        return -1;
-    const char *sep = path && *path ? ": " : "";
-    if (line)
-        snprintf(c->err, c->errlen, "%s:%lu: %s%s%s", c->name, line,
-                 path ? path : "", sep, msg);
-    else
-        snprintf(c->err, c->errlen, "%s: %s%s%s", c->name, path ? path : "", sep,
-                 msg);
-    return -1;
-}
-
-/* "name:line: path: message", the line being n's (none when n is NULL).
- * Always returns -1. */
-PRINTF_LIKE(4, 5)
-static int fail(struct ctx *c, const yaml_node_t *n, const char *path,
-                const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vfail(c, n ? (unsigned long)n->start_mark.line + 1 : 0, path, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-PRINTF_LIKE(3, 4)
-static int fail_at(struct ctx *c, const yaml_mark_t *mark, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vfail(c, (unsigned long)mark->line + 1, NULL, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
-/* s in double quotes, escaped, cut short if long: safe to print whatever the
- * file held. Valid until the next call. */
-static const char *quote(struct ctx *c, const char *s)
-{
-    char *o = c->quoted;
-    size_t n = 0, cap = sizeof c->quoted;
-    o[n++] = '"';
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (n + 10 >= cap) {
-            memcpy(o + n, "...", 3);
-            n += 3;
-            break;
-        }
-        if (*p == '"' || *p == '\\') {
-            o[n++] = '\\';
-            o[n++] = (char)*p;
-        } else if (*p < 0x20 || *p >= 0x7f) {
-            n += (size_t)snprintf(o + n, cap - n, "\\x%02x", *p);
-        } else {
-            o[n++] = (char)*p;
-        }
-    }
-    o[n++] = '"';
-    o[n] = '\0';
-    return o;
-}
-
-/* A field's path for messages ("routes[0].key[1].json"). A long one is cut
- * short, which is harmless: the line number is there too. */
-PRINTF_LIKE(3, 4)
-static void pathf(char *buf, size_t size, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, size, fmt, ap);
-    va_end(ap);
-}
-
-static void join(char *buf, size_t size, const char *path, const char *field)
-{
-    if (*path)
-        pathf(buf, size, "%s.%s", path, field);
-    else
-        pathf(buf, size, "%s", field);
-}
-
-static yaml_node_t *node(struct ctx *c, int id)
-{
-    return yaml_document_get_node(&c->doc, id);
-}
-
-static const char *scalar_value(const yaml_node_t *n)
-{
-    return (const char *)n->data.scalar.value;
-}
-
-/* A plain empty, "~" or "null" scalar: YAML's way of writing nothing. */
-static int is_null(const yaml_node_t *n)
-{
-    if (n->type != YAML_SCALAR_NODE || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE)
-        return 0;
-    const char *v = scalar_value(n);
-    return !strcmp(v, "") || !strcmp(v, "~") || !strcmp(v, "null") ||
-           !strcmp(v, "Null") || !strcmp(v, "NULL");
-}
-
-static const char *kind_name(const yaml_node_t *n)
-{
-    switch (n->type) {
-    case YAML_MAPPING_NODE:
-        return "a mapping";
-    case YAML_SEQUENCE_NODE:
-        return "a list";
-    default:
-        /* "key:" with nothing after it is an empty plain scalar. */
-        return n->data.scalar.length == 0 && n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE
-                   ? "no value"
-                   : "a single value";
-    }
-}
-
-/* n as a string: a scalar, not null, without NUL bytes ("\0" in a double-
- * quoted scalar would otherwise cut the value short unseen). */
-static int scalar(struct ctx *c, const yaml_node_t *n, const char *path,
-                  const char *expected, const char **out)
-{
-    if (n->type != YAML_SCALAR_NODE)
-        return fail(c, n, path, "expected %s, got %s", expected, kind_name(n));
-    if (is_null(n))
-        return fail(c, n, path, "no value (expected %s)", expected);
-    if (strlen(scalar_value(n)) != n->data.scalar.length)
-        return fail(c, n, path, "contains a NUL byte");
-    *out = scalar_value(n);
-    return 0;
-}
-
-/* Edit distance, for "did you mean". Both strings are at most 64 bytes. */
-static size_t distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b), row[65];
-    if (la > 64 || lb > 64)
-        return SIZE_MAX;
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t best = diag + (lower((unsigned char)a[i - 1]) !=
-                                  lower((unsigned char)b[j - 1]));
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
-/* A field name a message can show: printable, cut short. */
-static void safe_name(char *buf, size_t size, const char *s)
-{
-    size_t n = 0;
-    for (const unsigned char *p = (const unsigned char *)s; *p && n + 1 < size; p++)
-        buf[n++] = *p > 0x20 && *p < 0x7f ? (char)*p : '?';
-    buf[n] = '\0';
-}
-
-/* Checks that map is a mapping (or nothing) whose keys are plain strings, each
- * one of known[] and none given twice. */
-static int check_fields(struct ctx *c, const yaml_node_t *map, const char *path,
-                        const char *const *known, size_t nknown)
-{
-    uint64_t seen = 0;
-    if (is_null(map))
-        return 0;
-    if (map->type != YAML_MAPPING_NODE)
-        return fail(c, map, path, "expected a mapping (field: value), got %s",
-                    kind_name(map));
-    for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
-         p < map->data.mapping.pairs.top; p++) {
-        const yaml_node_t *k = node(c, p->key);
-        char name[72], fpath[160];
-        if (!k || k->type != YAML_SCALAR_NODE ||
-            strlen(scalar_value(k)) != k->data.scalar.length)
-            return fail(c, k ? k : map, path, "field names must be plain strings");
-        safe_name(name, sizeof name, scalar_value(k));
-        join(fpath, sizeof fpath, path, name);
-        size_t i = 0;
-        while (i < nknown && strcmp(scalar_value(k), known[i]) != 0)
-            i++;
-        if (i < nknown) {
-            if (seen & ((uint64_t)1 << i))
-                return fail(c, k, fpath, "given twice");
-            seen |= (uint64_t)1 << i;
-            continue;
-        }
-        size_t best = SIZE_MAX, at = 0;
-        for (size_t j = 0; j < nknown; j++) {
-            size_t d = distance(scalar_value(k), known[j]);
-            if (d < best) {
-                best = d;
-                at = j;
-            }
-        }
-        if (best <= 2 && best < strlen(known[at]))
-            return fail(c, k, fpath, "unknown field (did you mean %s?)", known[at]);
-        char list[MSG_MAX / 2];
-        size_t n = 0;
-        list[0] = '\0';
-        for (size_t j = 0; j < nknown && n < sizeof list; j++)
-            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", j ? ", " : "",
-                                  known[j]);
-        return fail(c, k, fpath, "unknown field (known here: %s)", list);
-    }
-    return 0;
-}
-
-/* The value of field name in map (already checked), or NULL. */
-static yaml_node_t *field(struct ctx *c, const yaml_node_t *map, const char *name)
-{
-    if (map->type != YAML_MAPPING_NODE)
-        return NULL;
-    for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
-         p < map->data.mapping.pairs.top; p++) {
-        const yaml_node_t *k = node(c, p->key);
-        if (k && k->type == YAML_SCALAR_NODE && !strcmp(scalar_value(k), name))
-            return node(c, p->value);
-    }
-    return NULL;
-}
-
-/* The items of a list field, or none for a null. */
-static int list_items(struct ctx *c, const yaml_node_t *n, const char *path,
-                      const char *expected, yaml_node_item_t **start, size_t *count)
-{
-    if (is_null(n)) {
-        *start = NULL;
-        *count = 0;
-        return 0;
-    }
-    if (n->type != YAML_SEQUENCE_NODE)
-        return fail(c, n, path, "expected %s, got %s", expected, kind_name(n));
-    *start = n->data.sequence.items.start;
-    *count = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
-    return 0;
-}
-
-/* ------------------------------------------------------------------------- */
-/* Typed values. */
-
-static int set_string(char **dst, const char *s)
-{
-    char *copy = strdup(s);
-    if (!copy)
-        return -1;
-    free(*dst);
-    *dst = copy;
-    return 0;
-}
-
-static int oom(struct ctx *c)
-{
-    return fail(c, NULL, NULL, "out of memory");
-}
-
-static int get_duration(struct ctx *c, const yaml_node_t *n, const char *path,
-                        int64_t min, int64_t max, int64_t *out)
-{
-    const char *s;
-    int64_t ms;
-    char a[32], b[32];
-    if (scalar(c, n, path, "a duration like 500ms, 30s, 5m, 24h", &s))
-        return -1;
-    if (*s == '-')
-        return fail(c, n, path, "%s: negative durations are not allowed (must be "
-                    "%s to %s)", quote(c, s), fmt_duration(min, a, sizeof a),
-                    fmt_duration(max, b, sizeof b));
-    if (config_parse_duration(s, &ms))
-        return fail(c, n, path, "%s is not a duration (use a whole number with "
-                    "ms, s, m, h or d, e.g. 500ms, 30s, 5m, 24h; a bare number "
-                    "is milliseconds)", quote(c, s));
-    if (ms < min || ms > max)
-        return fail(c, n, path, "%s is out of range (must be %s to %s)",
-                    quote(c, s), fmt_duration(min, a, sizeof a),
-                    fmt_duration(max, b, sizeof b));
-    *out = ms;
-    return 0;
-}
-
-static int get_size(struct ctx *c, const yaml_node_t *n, const char *path,
-                    size_t min, size_t max, size_t *out)
-{
-    const char *s;
-    size_t v;
-    char a[32], b[32];
-    if (scalar(c, n, path, "a size like 64KiB or 1MiB", &s))
-        return -1;
-    int bad = config_parse_size(s, &v);
-    if (bad == -1)
-        return fail(c, n, path, "%s is not a size (use a whole number of bytes "
-                    "with an optional unit B, KiB, MiB, GiB; k/KB, m/MB, g/GB "
-                    "are accepted and also mean multiples of 1024)", quote(c, s));
-    if (bad == -2 || v < min || v > max) /* -2: a size, too large to hold */
-        return fail(c, n, path, "%s is out of range (must be %s to %s)",
-                    quote(c, s), fmt_size(min, a, sizeof a), fmt_size(max, b, sizeof b));
-    *out = v;
-    return 0;
-}
-
-static int get_count(struct ctx *c, const yaml_node_t *n, const char *path,
-                     uint64_t min, uint64_t max, uint64_t *out)
-{
-    const char *s, *end;
-    uint64_t v;
-    if (scalar(c, n, path, "a whole number", &s))
-        return -1;
-    end = digits(s, UINT64_MAX, &v);
-    if (!end || *end)
-        return fail(c, n, path, "%s is not a whole number (must be %llu to %llu)",
-                    quote(c, s), (unsigned long long)min, (unsigned long long)max);
-    if (v < min || v > max)
-        return fail(c, n, path, "%s is out of range (must be %llu to %llu)",
-                    quote(c, s), (unsigned long long)min, (unsigned long long)max);
-    *out = v;
-    return 0;
-}
-
-/* One of two words: *out = 0 for a, 1 for b. */
-static int get_choice(struct ctx *c, const yaml_node_t *n, const char *path,
-                      const char *a, const char *b, int *out)
-{
-    const char *s = NULL;
-    char expected[64];
-    snprintf(expected, sizeof expected, "%s or %s", a, b);
-    if (scalar(c, n, path, expected, &s))
-        return -1;
-    if (!strcmp(s, a) || !strcmp(s, b)) {
-        *out = !strcmp(s, b);
-        return 0;
-    }
-    return fail(c, n, path, "%s is not %s", quote(c, s), expected);
-}
-
-/* Idem's names: key spaces, scenes, and so route names. */
-int config_is_name(const char *s)
-{
-    size_t n = 0;
-    for (; s[n]; n++) {
-        unsigned char ch = (unsigned char)s[n];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || is_digit(ch) ||
-              ch == '_' || ch == '.' || ch == ':' || ch == '-'))
-            return 0;
-    }
-    return n >= 1 && n <= NAME_MAX_LEN;
-}
-
-static int get_name(struct ctx *c, const yaml_node_t *n, const char *path, char **dst)
-{
-    const char *s;
-    if (scalar(c, n, path, "a name of 1 to 64 of A-Z a-z 0-9 _ . : -", &s))
-        return -1;
-    if (!config_is_name(s))
-        return fail(c, n, path, "%s is not a valid name (1 to 64 of A-Z a-z 0-9 "
-                    "_ . : -)", quote(c, s));
-    return set_string(dst, s) ? oom(c) : 0;
-}
-
-/* An HTTP field name (RFC 9110 token). */
-static int is_token(const char *s, size_t max)
-{
-    size_t n = 0;
-    for (; s[n]; n++) {
-        unsigned char ch = (unsigned char)s[n];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || is_digit(ch) ||
-              (ch && strchr("!#$%&'*+-.^_`|~", ch))))
-            return 0;
-    }
-    return n >= 1 && n <= max;
-}
-
-static int get_header_name(struct ctx *c, const yaml_node_t *n, const char *path,
-                           const char **out)
-{
-    if (scalar(c, n, path, "a header name", out))
-        return -1;
-    if (!is_token(*out, FIELD_MAX_LEN))
-        return fail(c, n, path, "%s is not a header name (1 to 255 of A-Z a-z "
-                    "0-9 and !#$%%&'*+-.^_`|~)", quote(c, *out));
-    return 0;
-}
-
-/* 1 if s holds a control character (bytes < 0x20 and 0x7f). */
-static int has_control(const char *s)
-{
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-        if (*p < 0x20 || *p == 0x7f)
-            return 1;
-    return 0;
-}
-
-/* "refund_no" or "order.id": dot-separated JSON object fields. */
-static int get_json_field(struct ctx *c, const yaml_node_t *n, const char *path,
-                          const char **out)
-{
-    const char *s = NULL;
-    if (scalar(c, n, path, "a JSON field name", &s))
-        return -1;
-    size_t len = strlen(s);
-    int bad = len > FIELD_MAX_LEN || s[0] == '.' || s[len - 1] == '.' ||
-              strstr(s, "..") != NULL;
-    if (bad || has_control(s))
-        return fail(c, n, path, "%s is not a JSON field (a name, or names joined "
-                    "by dots for nested objects, 1 to 255 bytes, no control "
-                    "characters)", quote(c, s));
-    *out = s;
-    return 0;
-}
-
-static char *lower_dup(const char *s)
-{
-    char *d = strdup(s);
-    if (d)
-        for (char *p = d; *p; p++)
-            *p = (char)lower((unsigned char)*p);
-    return d;
-}
-
-/* ------------------------------------------------------------------------- */
-/* Addresses. */
-
-static int is_hostname(const char *s, size_t len)
-{
-    if (len == 0 || len > 253)
-        return 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || is_digit(ch) ||
-              ch == '.' || ch == '-' || ch == '_'))
-            return 0;
-    }
-    return 1;
-}
-
-static int is_ipv6(const char *s, size_t len)
-{
-    int colons = 0;
-    if (len < 2 || len > 45)
-        return 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if (ch == ':')
-            colons++;
-        else if (!(is_digit(ch) || (lower(ch) >= 'a' && lower(ch) <= 'f') || ch == '.'))
-            return 0;
-    }
-    return colons >= 2;
-}
-
-/* A port; 0 only where allow_zero (listen: the system picks a free port,
- * which is what tests want). */
-static int parse_port(const char *s, int *port, int allow_zero)
-{
-    uint64_t v;
-    const char *end = digits(s, 65535, &v);
-    if (!end || *end || (v == 0 && !allow_zero))
-        return -1;
-    *port = (int)v;
-    return 0;
-}
-
-/* "host:port", "[v6]:port", ":port" or "port". On failure says why. */
-static const char *parse_hostport(const char *s, int need_port, int allow_zero, char **host,
-                                  int *port)
-{
-    const char *h = s, *colon;
-    size_t hlen;
-    if (*s == '[') {
-        const char *close = strchr(s, ']');
-        if (!close)
-            return "a '[' without its ']'";
-        h = s + 1;
-        hlen = (size_t)(close - h);
-        if (!is_ipv6(h, hlen))
-            return "not an IPv6 address between [ and ]";
-        colon = close[1] == ':' ? close + 1 : NULL;
-        if (close[1] && !colon)
-            return "unexpected text after ]";
-    } else {
-        colon = strchr(s, ':');
-        if (colon && strchr(colon + 1, ':'))
-            return "an IPv6 address goes in brackets, as in [::1]:8080";
-        hlen = colon ? (size_t)(colon - s) : strlen(s);
-        if (hlen && !is_hostname(h, hlen))
-            return "not a host name or IPv4 address";
-    }
-    if (colon) {
-        if (parse_port(colon + 1, port, allow_zero))
-            return allow_zero ? "the port must be a number from 0 to 65535"
-                              : "the port must be a number from 1 to 65535";
-    } else if (need_port) {
-        return "no port";
-    }
-    if (hlen) {
-        char *copy = strndup(h, hlen);
-        if (!copy)
-            return "out of memory";
-        free(*host);
-        *host = copy;
-    }
-    return NULL;
-}
 
 /* A listening address into *host and *port; on failure says why. */
 static const char *parse_listen_address(const char *s, char **host, int *port)
 {
     if (s[strspn(s, "0123456789")] == '\0' || (*s == ':' && !strchr(s + 1, ':'))) {
         /* Just a port: loopback, the safe choice for a gateway. */
-        if (parse_port(s + (*s == ':'), port, 1))
+        if (config_parse_port(s + (*s == ':'), port, 1))
             return "the port must be a number from 0 to 65535";
-        return set_string(host, "127.0.0.1") ? "out of memory" : NULL;
+        return config_set_string(host, "127.0.0.1") ? "out of memory" : NULL;
     }
-    return parse_hostport(s, 1, 1, host, port);
+    return config_parse_hostport(s, 1, 1, host, port);
 }
 
 #define LISTEN_FORMS "use host:port, [::1]:port, :port or port"
@@ -879,55 +200,27 @@ static const char *parse_listen_address(const char *s, char **host, int *port)
 /* A Unix socket's path fits in sun_path with its NUL. */
 #define UNIX_PATH_MAX 107
 
-static int get_bool(struct ctx *c, const yaml_node_t *n, const char *path, int *out)
-{
-    const char *s;
-    if (scalar(c, n, path, "true or false", &s))
-        return -1;
-    if (strcmp(s, "true") != 0 && strcmp(s, "false") != 0)
-        return fail(c, n, path, "%s: expected true or false", quote(c, s));
-    *out = strcmp(s, "true") == 0;
-    return 0;
-}
-
-/* A path the daemon opens (what: "file" for a certificate, key or CA,
- * "directory" for state_dir), checked for what a path may hold; whether it
- * opens is for the part that opens it to say. */
-static int get_path(struct ctx *c, const yaml_node_t *n, const char *path, const char *what,
-                    char **dst)
-{
-    const char *s;
-    if (scalar(c, n, path, "a path", &s))
-        return -1;
-    if (!*s || strlen(s) > FS_PATH_MAX || has_control(s))
-        return fail(c, n, path, "%s: expected a %s's path (at most %d bytes, no control "
-                    "characters)", quote(c, s), what, FS_PATH_MAX);
-    return set_string(dst, s) ? oom(c) : 0;
-}
-
-/* listen.tls / admin_listen.tls: { cert, key } (and for the admin
- * listener client_ca, with_ca set). */
-static int get_tls_files(struct ctx *c, const yaml_node_t *n, const char *path, int with_ca,
+static int get_tls_files(struct config_ctx *c, const yaml_node_t *n, const char *path, int with_ca,
                          struct tls_files *t)
 {
     static const char *const known[] = {"cert", "key", "client_ca"};
     const yaml_node_t *v;
     char fpath[64];
     if (n->type != YAML_MAPPING_NODE)
-        return fail(c, n, path, "expected { cert: FILE, key: FILE%s }, got %s",
-                    with_ca ? ", client_ca: FILE" : "", kind_name(n));
-    if (check_fields(c, n, path, known, with_ca ? 3 : 2))
+        return config_fail(c, n, path, "expected { cert: FILE, key: FILE%s }, got %s",
+                           with_ca ? ", client_ca: FILE" : "", config_kind_name(n));
+    if (config_check_fields(c, n, path, known, with_ca ? 3 : 2))
         return -1;
     char **dst[] = {&t->cert, &t->key, &t->client_ca};
     for (int i = 0; i < 3; i++) {
-        pathf(fpath, sizeof fpath, "%s.%s", path, known[i]);
-        if (!(v = field(c, n, known[i]))) {
+        config_pathf(fpath, sizeof fpath, "%s.%s", path, known[i]);
+        if (!(v = config_field(c, n, known[i]))) {
             if (i < 2)
-                return fail(c, n, fpath, "missing (the %s's PEM file)",
-                            i == 0 ? "certificate chain" : "private key");
+                return config_fail(c, n, fpath, "missing (the %s's PEM file)",
+                                   i == 0 ? "certificate chain" : "private key");
             continue;
         }
-        if (get_path(c, v, fpath, "file", dst[i]))
+        if (config_get_path(c, v, fpath, "file", dst[i]))
             return -1;
     }
     return 0;
@@ -937,7 +230,7 @@ static int get_tls_files(struct ctx *c, const yaml_node_t *n, const char *path, 
  * key }, allow_plaintext: true } (the last for one that others than this
  * machine reach without TLS). admin_listen also takes unix:PATH (unix_path
  * non-NULL) and tls.client_ca. */
-static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path, char **host,
+static int get_listen(struct config_ctx *c, const yaml_node_t *n, const char *path, char **host,
                       int *port, char **unix_path, int *plaintext, struct tls_files *tls)
 {
     static const char *const known[] = {"address", "allow_plaintext", "tls"};
@@ -946,38 +239,38 @@ static int get_listen(struct ctx *c, const yaml_node_t *n, const char *path, cha
     const yaml_node_t *a = n;
     if (n->type == YAML_MAPPING_NODE) {
         const yaml_node_t *v;
-        if (check_fields(c, n, path, known, 3))
+        if (config_check_fields(c, n, path, known, 3))
             return -1;
-        pathf(fpath, sizeof fpath, "%s.allow_plaintext", path);
-        if ((v = field(c, n, "allow_plaintext")) && get_bool(c, v, fpath, plaintext))
+        config_pathf(fpath, sizeof fpath, "%s.allow_plaintext", path);
+        if ((v = config_field(c, n, "allow_plaintext")) && config_get_bool(c, v, fpath, plaintext))
             return -1;
-        pathf(fpath, sizeof fpath, "%s.tls", path);
-        if ((v = field(c, n, "tls")) && get_tls_files(c, v, fpath, unix_path != NULL, tls))
+        config_pathf(fpath, sizeof fpath, "%s.tls", path);
+        if ((v = config_field(c, n, "tls")) && get_tls_files(c, v, fpath, unix_path != NULL, tls))
             return -1;
-        if (!(a = field(c, n, "address")))
-            return fail(c, n, path, "no address (give address: HOST:PORT)");
-        pathf(fpath, sizeof fpath, "%s.address", path);
+        if (!(a = config_field(c, n, "address")))
+            return config_fail(c, n, path, "no address (give address: HOST:PORT)");
+        config_pathf(fpath, sizeof fpath, "%s.address", path);
         path = fpath;
     }
-    if (scalar(c, a, path, "an address like 127.0.0.1:8080", &s))
+    if (config_scalar(c, a, path, "an address like 127.0.0.1:8080", &s))
         return -1;
     if (unix_path && strncmp(s, "unix:", 5) == 0 && tls->cert)
-        return fail(c, a, path, "a Unix socket takes no tls (only this machine reaches it)");
+        return config_fail(c, a, path, "a Unix socket takes no tls (only this machine reaches it)");
     if (unix_path && strncmp(s, "unix:", 5) == 0) {
         if (!s[5])
-            return fail(c, a, path, "unix: without a path (give unix:/run/idem/admin.sock)");
+            return config_fail(c, a, path, "unix: without a path (give unix:/run/idem/admin.sock)");
         if (strlen(s + 5) > UNIX_PATH_MAX)
-            return fail(c, a, path, "the socket's path is longer than %d bytes, the most a "
-                        "Unix socket's path may be", UNIX_PATH_MAX);
-        if (has_control(s))
-            return fail(c, a, path, "%s holds a control character", quote(c, s));
+            return config_fail(c, a, path, "the socket's path is longer than %d bytes, the most a "
+                               "Unix socket's path may be", UNIX_PATH_MAX);
+        if (config_has_control(s))
+            return config_fail(c, a, path, "%s holds a control character", config_quote(c, s));
         free(*host);
         *host = NULL;
-        return set_string(unix_path, s + 5) ? oom(c) : 0;
+        return config_set_string(unix_path, s + 5) ? config_oom(c) : 0;
     }
     if ((why = parse_listen_address(s, host, port)))
-        return fail(c, a, path, "%s: %s (" LISTEN_FORMS "%s)", quote(c, s), why,
-                    unix_path ? ", or unix:PATH" : "");
+        return config_fail(c, a, path, "%s: %s (" LISTEN_FORMS "%s)", config_quote(c, s), why,
+                           unix_path ? ", or unix:PATH" : "");
     if (unix_path) {
         free(*unix_path);
         *unix_path = NULL;
@@ -1083,70 +376,6 @@ int config_check_addresses(const struct server_config *cfg, char *err, size_t er
     return -1;
 }
 
-static int has_prefix_nocase(const char *s, const char *prefix)
-{
-    for (; *prefix; s++, prefix++)
-        if (lower((unsigned char)*s) != *prefix)
-            return 0;
-    return 1;
-}
-
-/* The part of a URL path both match.path and a base path allow. */
-static int url_path_char(unsigned char ch)
-{
-    return ch > 0x20 && ch < 0x7f && ch != '?' && ch != '#';
-}
-
-static int get_upstream(struct ctx *c, const yaml_node_t *n, const char *path,
-                        struct upstream_url *u)
-{
-    const char *url, *s, *why = NULL, *rest;
-    char *authority = NULL;
-    if (scalar(c, n, path, "a URL like http://127.0.0.1:9000", &url))
-        return -1;
-    s = url;
-    u->tls = has_prefix_nocase(s, "https://");
-    if (!u->tls && !has_prefix_nocase(s, "http://"))
-        return fail(c, n, path, "%s is not an upstream URL (use http://host[:port]"
-                    "[/base] or https://...)", quote(c, s));
-    s += u->tls ? 8 : 7;
-    rest = s + strcspn(s, "/?#");
-    if (strpbrk(s, "?#"))
-        why = "a query or fragment is not allowed (use http://host[:port][/base])";
-    else if (memchr(s, '@', (size_t)(rest - s)))
-        why = "user:password@ is not allowed in an upstream URL";
-    else if (rest == s || *s == ':')
-        why = "no host (use http://host[:port][/base])";
-    if (!why && !(authority = strndup(s, (size_t)(rest - s))))
-        return oom(c);
-    if (!why) {
-        u->port = u->tls ? 443 : 80;
-        why = parse_hostport(authority, 0, 0, &u->host, &u->port);
-        free(authority);
-    }
-    if (!why) {
-        size_t len = strlen(rest);
-        while (len > 0 && rest[len - 1] == '/')
-            len--;
-        if (len > URL_PATH_MAX)
-            why = "the base path is longer than 2048 bytes";
-        for (size_t i = 0; i < len && !why; i++)
-            if (!url_path_char((unsigned char)rest[i]))
-                why = "the base path holds a space or control character";
-        if (!why) {
-            char *base = strndup(rest, len);
-            if (!base)
-                return oom(c);
-            free(u->base_path);
-            u->base_path = base;
-        }
-    }
-    if (why)
-        return fail(c, n, path, "%s: %s", quote(c, url), why);
-    u->line = (unsigned long)n->start_mark.line + 1;
-    return 0;
-}
-
 static int resolve_one(const struct server_config *cfg, struct upstream_url *u,
                        const char *field, char *err, size_t errlen)
 {
@@ -1185,54 +414,55 @@ int config_resolve(struct server_config *cfg, char *err, size_t errlen)
 /* ------------------------------------------------------------------------- */
 /* A route's parts. */
 
-static int get_match(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_match(struct config_ctx *c, const yaml_node_t *n, const char *path,
                      struct route *r)
 {
     static const char *const known[] = {"method", "path"};
     char fpath[64];
     const yaml_node_t *v;
     const char *s;
-    if (check_fields(c, n, path, known, 2))
+    if (config_check_fields(c, n, path, known, 2))
         return -1;
-    if ((v = field(c, n, "method"))) {
-        join(fpath, sizeof fpath, path, "method");
-        if (scalar(c, v, fpath, "an HTTP method like POST", &s))
+    if ((v = config_field(c, n, "method"))) {
+        config_join(fpath, sizeof fpath, path, "method");
+        if (config_scalar(c, v, fpath, "an HTTP method like POST", &s))
             return -1;
-        if (!is_token(s, 32))
-            return fail(c, v, fpath, "%s is not an HTTP method", quote(c, s));
+        if (!config_is_token(s, 32))
+            return config_fail(c, v, fpath, "%s is not an HTTP method", config_quote(c, s));
         char *m = strdup(s);
         if (!m)
-            return oom(c);
+            return config_oom(c);
         for (char *p = m; *p; p++)
             if (*p >= 'a' && *p <= 'z')
                 *p = (char)(*p - 'a' + 'A');
         r->method = m;
     }
-    if (!(v = field(c, n, "path")))
-        return fail(c, n, path, "path is required (e.g. path: /refunds, or "
-                    "/refunds/* for a prefix)");
-    join(fpath, sizeof fpath, path, "path");
-    if (scalar(c, v, fpath, "a path like /refunds", &s))
+    if (!(v = config_field(c, n, "path")))
+        return config_fail(c, n, path, "path is required (e.g. path: /refunds, or "
+                           "/refunds/* for a prefix)");
+    config_join(fpath, sizeof fpath, path, "path");
+    if (config_scalar(c, v, fpath, "a path like /refunds", &s))
         return -1;
     size_t len = strlen(s);
     if (s[0] != '/')
-        return fail(c, v, fpath, "%s must start with /", quote(c, s));
+        return config_fail(c, v, fpath, "%s must start with /", config_quote(c, s));
     if (len > URL_PATH_MAX)
-        return fail(c, v, fpath, "longer than 2048 bytes");
+        return config_fail(c, v, fpath, "longer than 2048 bytes");
     for (size_t i = 0; i < len; i++)
-        if (!url_path_char((unsigned char)s[i]))
-            return fail(c, v, fpath, "%s: a path has no spaces, control "
-                        "characters, query (?) or fragment (#)", quote(c, s));
+        if (!config_url_path_char((unsigned char)s[i]))
+            return config_fail(c, v, fpath, "%s: a path has no spaces, control "
+                               "characters, query (?) or fragment (#)", config_quote(c, s));
     r->prefix = len >= 2 && s[len - 2] == '/' && s[len - 1] == '*';
     if (r->prefix)
         len--;
     for (size_t i = 0; i < len; i++)
         if (s[i] == '*' && (s[i - 1] != '/' || (i + 1 < len && s[i + 1] != '/')))
-            return fail(c, v, fpath, "%s: '*' stands for a whole segment (/orders/*/refunds) "
-                        "or, last, for every path below (/refunds/*), never for part of one",
-                        quote(c, s));
+            return config_fail(c, v, fpath,
+                               "%s: '*' stands for a whole segment (/orders/*/refunds) "
+                               "or, last, for every path below (/refunds/*), never for part of one",
+                               config_quote(c, s));
     if (!(r->path = strndup(s, len)) || !(r->folded_path = malloc(len + 2)))
-        return oom(c);
+        return config_oom(c);
     /* Folding drops a final '/', which a prefix needs: it is put back. */
     config_fold_path(r->path, r->folded_path, len + 1); /* never longer */
     size_t flen = strlen(r->folded_path);
@@ -1289,7 +519,7 @@ void config_fold_path(const char *path, char *out, size_t cap)
 /* One part of a key. Routes take header, json, query and path_segment;
  * consumers (for_consumer) header, json and message_id, since a message
  * has no path or query. */
-static int get_key_part(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *path,
                         struct key_part *k, int for_consumer)
 {
     /* In the order of enum key_source, then message_id. */
@@ -1300,12 +530,12 @@ static int get_key_part(struct ctx *c, const yaml_node_t *n, const char *path,
     char fpath[96];
     size_t given = 0, which = 0;
     if (n->type != YAML_MAPPING_NODE)
-        return fail(c, n, path, "expected a mapping like { header: Idempotency-Key }"
-                    ", got %s", kind_name(n));
-    if (check_fields(c, n, path, known, 5))
+        return config_fail(c, n, path, "expected a mapping like { header: Idempotency-Key }"
+                           ", got %s", config_kind_name(n));
+    if (config_check_fields(c, n, path, known, 5))
         return -1;
     for (size_t i = 0; i < 5; i++) {
-        const yaml_node_t *x = field(c, n, known[i]);
+        const yaml_node_t *x = config_field(c, n, known[i]);
         if (x) {
             given++;
             v = x;
@@ -1313,105 +543,105 @@ static int get_key_part(struct ctx *c, const yaml_node_t *n, const char *path,
         }
     }
     if (given != 1)
-        return fail(c, n, path, for_consumer
-                    ? "give exactly one of header, json, message_id (a list of such "
+        return config_fail(c, n, path, for_consumer
+                           ? "give exactly one of header, json, message_id (a list of such "
                       "mappings makes a composite key)"
                     : "give exactly one of header, json, query, path_segment (a list "
                       "of such mappings makes a composite key)");
-    join(fpath, sizeof fpath, path, known[which]);
+    config_join(fpath, sizeof fpath, path, known[which]);
     if (which == 4 && !for_consumer)
-        return fail(c, v, fpath, "only a consumer's messages have ids; a route takes "
-                    "header, json, query or path_segment");
+        return config_fail(c, v, fpath, "only a consumer's messages have ids; a route takes "
+                           "header, json, query or path_segment");
     if ((which == KEY_QUERY || which == KEY_PATH_SEGMENT) && for_consumer)
-        return fail(c, v, fpath, "a message has no %s; a consumer takes header, json or "
-                    "message_id", which == KEY_QUERY ? "query" : "path");
+        return config_fail(c, v, fpath, "a message has no %s; a consumer takes header, json or "
+                           "message_id", which == KEY_QUERY ? "query" : "path");
     if (which == 4) {
         int yes = 0;
-        if (get_choice(c, v, fpath, "false", "true", &yes))
+        if (config_get_choice(c, v, fpath, "false", "true", &yes))
             return -1;
         if (!yes)
-            return fail(c, v, fpath, "message_id: false names no key part; say true, or "
-                        "give header or json");
+            return config_fail(c, v, fpath, "message_id: false names no key part; say true, or "
+                               "give header or json");
         k->source = KEY_HEADER;
-        return (k->name = strdup(CONSUMER_MESSAGE_ID_HEADER)) ? 0 : oom(c);
+        return (k->name = strdup(CONSUMER_MESSAGE_ID_HEADER)) ? 0 : config_oom(c);
     }
     k->source = (enum key_source)which;
     switch (k->source) {
     case KEY_HEADER:
-        if (get_header_name(c, v, fpath, &s))
+        if (config_get_header_name(c, v, fpath, &s))
             return -1;
         if (for_consumer && !strcasecmp(s, CONSUMER_MESSAGE_ID_HEADER))
-            return fail(c, v, fpath, "%s is where the consumer puts the message's id: say "
-                        "message_id: true", quote(c, s));
+            return config_fail(c, v, fpath, "%s is where the consumer puts the message's id: say "
+                               "message_id: true", config_quote(c, s));
         break;
     case KEY_JSON:
-        if (get_json_field(c, v, fpath, &s))
+        if (config_get_json_field(c, v, fpath, &s))
             return -1;
         break;
     case KEY_QUERY:
-        if (scalar(c, v, fpath, "a query parameter name", &s))
+        if (config_scalar(c, v, fpath, "a query parameter name", &s))
             return -1;
         if (strlen(s) > FIELD_MAX_LEN || strcspn(s, "&=# \t") != strlen(s))
-            return fail(c, v, fpath, "%s is not a query parameter name (1 to 255 "
-                        "bytes, without & = # or blanks)", quote(c, s));
-        if (has_control(s))
-            return fail(c, v, fpath, "%s holds a control character", quote(c, s));
+            return config_fail(c, v, fpath, "%s is not a query parameter name (1 to 255 "
+                               "bytes, without & = # or blanks)", config_quote(c, s));
+        if (config_has_control(s))
+            return config_fail(c, v, fpath, "%s holds a control character", config_quote(c, s));
         break;
     case KEY_PATH_SEGMENT: {
         uint64_t seg;
-        if (get_count(c, v, fpath, 1, 64, &seg))
+        if (config_get_count(c, v, fpath, 1, 64, &seg))
             return -1;
         k->segment = (int)seg;
         return 0;
     }
     }
-    return (k->name = strdup(s)) ? 0 : oom(c);
+    return (k->name = strdup(s)) ? 0 : config_oom(c);
 }
 
-static int get_key(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_key(struct config_ctx *c, const yaml_node_t *n, const char *path,
                    struct route *r, int for_consumer)
 {
     char ipath[64];
     if (n->type == YAML_MAPPING_NODE) {
         if (!(r->key = calloc(1, sizeof *r->key)))
-            return oom(c);
+            return config_oom(c);
         r->key_parts = 1;
         return get_key_part(c, n, path, &r->key[0], for_consumer);
     }
     if (n->type != YAML_SEQUENCE_NODE)
-        return fail(c, n, path, "expected a mapping like { json: refund_no } or a "
-                    "list of them, got %s", kind_name(n));
+        return config_fail(c, n, path, "expected a mapping like { json: refund_no } or a "
+                           "list of them, got %s", config_kind_name(n));
     yaml_node_item_t *it = n->data.sequence.items.start;
     size_t count = (size_t)(n->data.sequence.items.top - it);
     if (count == 0 || count > KEY_PARTS_MAX)
-        return fail(c, n, path, "a composite key has 1 to %d parts, not %zu",
-                    KEY_PARTS_MAX, count);
+        return config_fail(c, n, path, "a composite key has 1 to %d parts, not %zu",
+                           KEY_PARTS_MAX, count);
     if (!(r->key = calloc(count, sizeof *r->key)))
-        return oom(c);
+        return config_oom(c);
     r->key_parts = count;
     for (size_t i = 0; i < count; i++) {
-        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (get_key_part(c, node(c, it[i]), ipath, &r->key[i], for_consumer))
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (get_key_part(c, config_node(c, it[i]), ipath, &r->key[i], for_consumer))
             return -1;
     }
     return 0;
 }
 
-static int get_layers(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_layers(struct config_ctx *c, const yaml_node_t *n, const char *path,
                       struct route *r)
 {
     yaml_node_item_t *it;
     size_t count;
     int record = 0;
-    if (list_items(c, n, path, "a list like [token, lock, record]", &it, &count))
+    if (config_list_items(c, n, path, "a list like [token, lock, record]", &it, &count))
         return -1;
     for (size_t i = 0; i < count; i++) {
-        const yaml_node_t *v = node(c, it[i]);
+        const yaml_node_t *v = config_node(c, it[i]);
         const char *s;
         int *flag;
         char ipath[112];
-        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (scalar(c, v, ipath, "token, lock or record", &s))
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (config_scalar(c, v, ipath, "token, lock or record", &s))
             return -1;
         if (!strcmp(s, "token"))
             flag = &r->layer_token;
@@ -1420,96 +650,96 @@ static int get_layers(struct ctx *c, const yaml_node_t *n, const char *path,
         else if (!strcmp(s, "record"))
             flag = &record;
         else
-            return fail(c, v, ipath, "%s is not a layer (use token, lock, record)",
-                        quote(c, s));
+            return config_fail(c, v, ipath, "%s is not a layer (use token, lock, record)",
+                               config_quote(c, s));
         if (*flag)
-            return fail(c, v, ipath, "%s is listed twice", s);
+            return config_fail(c, v, ipath, "%s is listed twice", s);
         *flag = 1;
     }
     if (!record)
-        return fail(c, n, path, "record is always on: list it (e.g. [record], "
-                    "[lock, record] or [token, lock, record])");
+        return config_fail(c, n, path, "record is always on: list it (e.g. [record], "
+                           "[lock, record] or [token, lock, record])");
     return 0;
 }
 
-static int get_replay_headers(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_replay_headers(struct config_ctx *c, const yaml_node_t *n, const char *path,
                               struct route *r)
 {
     yaml_node_item_t *it;
     size_t count;
-    if (list_items(c, n, path, "a list of header names", &it, &count))
+    if (config_list_items(c, n, path, "a list of header names", &it, &count))
         return -1;
     if (count > LIST_MAX)
-        return fail(c, n, path, "%zu headers; at most %d", count, LIST_MAX);
-    free_list(r->replay_headers, r->replay_header_count);
+        return config_fail(c, n, path, "%zu headers; at most %d", count, LIST_MAX);
+    config_free_list(r->replay_headers, r->replay_header_count);
     r->replay_header_count = 0;
     if (!(r->replay_headers = calloc(count ? count : 1, sizeof *r->replay_headers)))
-        return oom(c);
+        return config_oom(c);
     for (size_t i = 0; i < count; i++) {
-        const yaml_node_t *v = node(c, it[i]);
+        const yaml_node_t *v = config_node(c, it[i]);
         const char *s;
         char *h, ipath[112];
-        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (get_header_name(c, v, ipath, &s))
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (config_get_header_name(c, v, ipath, &s))
             return -1;
-        if (!(h = lower_dup(s)))
-            return oom(c);
+        if (!(h = config_lower_dup(s)))
+            return config_oom(c);
         r->replay_headers[r->replay_header_count++] = h;
         /* The names the store never keeps (http_is_replayable_name), each
          * also spelt with '_' (Keep_Alive), as CGI-style upstreams read it. */
         if (http_is_hop_by_hop(NULL, h))
-            return fail(c, v, ipath, "%s is a hop-by-hop header: it is never "
-                        "stored, so it cannot be replayed", h);
+            return config_fail(c, v, ipath, "%s is a hop-by-hop header: it is never "
+                               "stored, so it cannot be replayed", h);
         if (http_name_alike(h, "content-length"))
-            return fail(c, v, ipath, "%s is computed for each reply; "
-                        "leave it out", h);
+            return config_fail(c, v, ipath, "%s is computed for each reply; "
+                               "leave it out", h);
         for (size_t j = 0; j + 1 < r->replay_header_count; j++)
             if (!strcmp(h, r->replay_headers[j]))
-                return fail(c, v, ipath, "%s is listed twice", h);
+                return config_fail(c, v, ipath, "%s is listed twice", h);
     }
     return 0;
 }
 
-static int get_fingerprint(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_fingerprint(struct config_ctx *c, const yaml_node_t *n, const char *path,
                            struct route *r)
 {
     if (n->type == YAML_SCALAR_NODE) {
         const char *s;
-        if (scalar(c, n, path, "body, none or a list of JSON fields", &s))
+        if (config_scalar(c, n, path, "body, none or a list of JSON fields", &s))
             return -1;
         if (!strcmp(s, "body"))
             r->fingerprint = FINGERPRINT_BODY;
         else if (!strcmp(s, "none"))
             r->fingerprint = FINGERPRINT_NONE;
         else
-            return fail(c, n, path, "%s is not body, none or a list of JSON fields",
-                        quote(c, s));
+            return config_fail(c, n, path, "%s is not body, none or a list of JSON fields",
+                               config_quote(c, s));
         return 0;
     }
     if (n->type != YAML_SEQUENCE_NODE)
-        return fail(c, n, path, "expected body, none or a list of JSON fields, got %s",
-                    kind_name(n));
+        return config_fail(c, n, path, "expected body, none or a list of JSON fields, got %s",
+                           config_kind_name(n));
     yaml_node_item_t *it = n->data.sequence.items.start;
     size_t count = (size_t)(n->data.sequence.items.top - it);
     if (count == 0)
-        return fail(c, n, path, "an empty list: to fingerprint nothing, say none");
+        return config_fail(c, n, path, "an empty list: to fingerprint nothing, say none");
     if (count > LIST_MAX)
-        return fail(c, n, path, "%zu fields; at most %d", count, LIST_MAX);
+        return config_fail(c, n, path, "%zu fields; at most %d", count, LIST_MAX);
     if (!(r->fingerprint_fields = calloc(count, sizeof *r->fingerprint_fields)))
-        return oom(c);
+        return config_oom(c);
     r->fingerprint = FINGERPRINT_FIELDS;
     for (size_t i = 0; i < count; i++) {
-        const yaml_node_t *v = node(c, it[i]);
+        const yaml_node_t *v = config_node(c, it[i]);
         const char *s;
         char ipath[112];
-        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (get_json_field(c, v, ipath, &s))
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (config_get_json_field(c, v, ipath, &s))
             return -1;
         for (size_t j = 0; j < r->fingerprint_field_count; j++)
             if (!strcmp(s, r->fingerprint_fields[j]))
-                return fail(c, v, ipath, "%s is listed twice", quote(c, s));
+                return config_fail(c, v, ipath, "%s is listed twice", config_quote(c, s));
         if (!(r->fingerprint_fields[r->fingerprint_field_count] = strdup(s)))
-            return oom(c);
+            return config_oom(c);
         r->fingerprint_field_count++;
     }
     return 0;
@@ -1517,24 +747,24 @@ static int get_fingerprint(struct ctx *c, const yaml_node_t *n, const char *path
 
 /* What a route and a consumer say alike of their records: space (default:
  * the name), lease, retention, replay_headers, fingerprint. */
-static int get_record_fields(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_record_fields(struct config_ctx *c, const yaml_node_t *n, const char *path,
                              struct route *r)
 {
     char fpath[96];
     const yaml_node_t *v;
-#define FIELD(fname) (join(fpath, sizeof fpath, path, fname), field(c, n, fname))
-    if ((v = FIELD("space")) && get_name(c, v, fpath, &r->space))
+#define FIELD(fname) (config_join(fpath, sizeof fpath, path, fname), config_field(c, n, fname))
+    if ((v = FIELD("space")) && config_get_name(c, v, fpath, &r->space))
         return -1;
-    if (!r->space && set_string(&r->space, r->name))
-        return oom(c);
+    if (!r->space && config_set_string(&r->space, r->name))
+        return config_oom(c);
     /* At least a second: the gateway extends a live claim every lease/3
      * through the store, and a lease shorter than the store's ordinary
      * delays would run out under a live request, letting a duplicate take
      * it over and execute again. */
-    if ((v = FIELD("lease")) && get_duration(c, v, fpath, MS_SEC, MS_DAY, &r->lease_ms))
+    if ((v = FIELD("lease")) && config_get_duration(c, v, fpath, MS_SEC, MS_DAY, &r->lease_ms))
         return -1;
     if ((v = FIELD("retention")) &&
-        get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->retention_ms))
+        config_get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->retention_ms))
         return -1;
     if ((v = FIELD("replay_headers")) && get_replay_headers(c, v, fpath, r))
         return -1;
@@ -1557,42 +787,42 @@ int config_route_keeps(const struct route *r, int status)
 }
 
 /* store_statuses: a list of classes (2xx) and statuses (422). */
-static int get_store_statuses(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_store_statuses(struct config_ctx *c, const yaml_node_t *n, const char *path,
                               struct route *r)
 {
     yaml_node_item_t *it;
     size_t count;
-    if (list_items(c, n, path, "a list like [2xx, 409, 422]", &it, &count))
+    if (config_list_items(c, n, path, "a list like [2xx, 409, 422]", &it, &count))
         return -1;
     if (count == 0)
-        return fail(c, n, path, "an empty list keeps no answer, so every retry would "
-                    "execute again; list what to keep, e.g. [2xx, 4xx]");
+        return config_fail(c, n, path, "an empty list keeps no answer, so every retry would "
+                           "execute again; list what to keep, e.g. [2xx, 4xx]");
     if (count > LIST_MAX)
-        return fail(c, n, path, "%zu entries; at most %d", count, LIST_MAX);
+        return config_fail(c, n, path, "%zu entries; at most %d", count, LIST_MAX);
     memset(r->keep_status, 0, sizeof r->keep_status);
     r->store_statuses_set = 1;
     for (size_t i = 0; i < count; i++) {
-        const yaml_node_t *v = node(c, it[i]);
+        const yaml_node_t *v = config_node(c, it[i]);
         const char *s, *end;
         uint64_t code;
         int from, to;
         char ipath[112];
-        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (scalar(c, v, ipath, "a status class like 2xx or a status like 422", &s))
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (config_scalar(c, v, ipath, "a status class like 2xx or a status like 422", &s))
             return -1;
         if (s[0] >= '1' && s[0] <= '5' && !strcmp(s + 1, "xx")) {
             from = (s[0] - '0') * 100;
             to = from + 99;
-        } else if ((end = digits(s, 999, &code)) && !*end && end - s == 3 &&
+        } else if ((end = config_digits(s, 999, &code)) && !*end && end - s == 3 &&
                    code >= 100 && code <= 599) {
             from = to = (int)code;
         } else {
-            return fail(c, v, ipath, "%s is not a status class (1xx to 5xx) or a status "
-                        "(100 to 599)", quote(c, s));
+            return config_fail(c, v, ipath, "%s is not a status class (1xx to 5xx) or a status "
+                               "(100 to 599)", config_quote(c, s));
         }
         for (int st = from; st <= to; st++)
             if (config_route_keeps(r, st))
-                return fail(c, v, ipath, "%s: %d is listed already", quote(c, s), st);
+                return config_fail(c, v, ipath, "%s: %d is listed already", config_quote(c, s), st);
         keep_statuses(r, from, to);
     }
     return 0;
@@ -1611,64 +841,66 @@ static const char *const problem_types[] = {
 #define PROBLEM_DETAIL_MAX 1024
 
 /* A title or detail: text for people, any language, on one line. */
-static int get_problem_field(struct ctx *c, const yaml_node_t *n, const char *path, size_t max,
+static int get_problem_field(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                             size_t max,
                              char **dst)
 {
     const char *s;
-    if (scalar(c, n, path, "a string", &s))
+    if (config_scalar(c, n, path, "a string", &s))
         return -1;
     size_t len = strlen(s);
     if (!len || len > max)
-        return fail(c, n, path, "%zu bytes: 1 to %zu", len, max);
-    if (has_control(s))
-        return fail(c, n, path, "holds a control character (a title or detail is one line)");
+        return config_fail(c, n, path, "%zu bytes: 1 to %zu", len, max);
+    if (config_has_control(s))
+        return config_fail(c, n, path, "holds a control character (a title or detail is one line)");
     const unsigned char *p = (const unsigned char *)s, *end = p + len;
     while (p < end) {
         size_t k = *p < 0x80 ? 1 : utf8_seq_len(p, end);
         if (!k)
-            return fail(c, n, path, "is not UTF-8");
+            return config_fail(c, n, path, "is not UTF-8");
         p += k;
     }
-    return set_string(dst, s) ? oom(c) : 0;
+    return config_set_string(dst, s) ? config_oom(c) : 0;
 }
 
 /* problems: { token_spent: { title: ..., detail: ... }, ... } */
-static int get_problems(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_problems(struct config_ctx *c, const yaml_node_t *n, const char *path,
                         struct problem_text **out, size_t *count)
 {
     if (n->type != YAML_MAPPING_NODE)
-        return fail(c, n, path, "expected a mapping like { token_spent: { title: ..., "
-                    "detail: ... } }, got %s", kind_name(n));
-    if (check_fields(c, n, path, problem_types, sizeof problem_types / sizeof problem_types[0]))
+        return config_fail(c, n, path, "expected a mapping like { token_spent: { title: ..., "
+                           "detail: ... } }, got %s", config_kind_name(n));
+    if (config_check_fields(c, n, path, problem_types,
+                            sizeof problem_types / sizeof problem_types[0]))
         return -1;
     size_t pairs = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
     if (!(*out = calloc(pairs ? pairs : 1, sizeof **out)))
-        return oom(c);
+        return config_oom(c);
     for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
         static const char *const fields[] = {"title", "detail"};
-        const char *type = scalar_value(node(c, p->key));
-        const yaml_node_t *v = node(c, p->value), *f;
+        const char *type = config_scalar_value(config_node(c, p->key));
+        const yaml_node_t *v = config_node(c, p->value), *f;
         struct problem_text *t = &(*out)[*count];
         char tpath[112], fpath[128];
-        join(tpath, sizeof tpath, path, type); /* check_fields: known, and once */
+        config_join(tpath, sizeof tpath, path, type); /* check_fields: known, and once */
         if (!(t->type = strdup(type)))
-            return oom(c);
+            return config_oom(c);
         (*count)++;
         if (v->type != YAML_MAPPING_NODE)
-            return fail(c, v, tpath, "expected a mapping like { title: ..., detail: ... }, "
-                        "got %s", kind_name(v));
-        if (check_fields(c, v, tpath, fields, 2))
+            return config_fail(c, v, tpath, "expected a mapping like { title: ..., detail: ... }, "
+                               "got %s", config_kind_name(v));
+        if (config_check_fields(c, v, tpath, fields, 2))
             return -1;
-        join(fpath, sizeof fpath, tpath, "title");
-        if ((f = field(c, v, "title")) &&
+        config_join(fpath, sizeof fpath, tpath, "title");
+        if ((f = config_field(c, v, "title")) &&
             get_problem_field(c, f, fpath, PROBLEM_TITLE_MAX, &t->title))
             return -1;
-        join(fpath, sizeof fpath, tpath, "detail");
-        if ((f = field(c, v, "detail")) &&
+        config_join(fpath, sizeof fpath, tpath, "detail");
+        if ((f = config_field(c, v, "detail")) &&
             get_problem_field(c, f, fpath, PROBLEM_DETAIL_MAX, &t->detail))
             return -1;
         if (!t->title && !t->detail)
-            return fail(c, v, tpath, "give a title, a detail or both");
+            return config_fail(c, v, tpath, "give a title, a detail or both");
     }
     return 0;
 }
@@ -1702,83 +934,83 @@ static const char *const route_fields[] = {
 
 /* routes[i] from n; the routes before it are read already, and their names
  * are checked against this one's before the rest is read. */
-static int get_route(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *path,
                      struct server_config *cfg, const yaml_node_item_t *items, size_t i)
 {
     struct route *r = &cfg->routes[i];
     char fpath[96];
     const yaml_node_t *v;
     if (route_defaults(r))
-        return oom(c);
+        return config_oom(c);
     if (n->type != YAML_MAPPING_NODE)
-        return fail(c, n, path, "expected a mapping (a route: name, match, "
-                    "upstream, key, ...), got %s", kind_name(n));
-    if (check_fields(c, n, path, route_fields,
-                     sizeof route_fields / sizeof route_fields[0]))
+        return config_fail(c, n, path, "expected a mapping (a route: name, match, "
+                           "upstream, key, ...), got %s", config_kind_name(n));
+    if (config_check_fields(c, n, path, route_fields,
+                            sizeof route_fields / sizeof route_fields[0]))
         return -1;
 
-#define FIELD(fname) (join(fpath, sizeof fpath, path, fname), field(c, n, fname))
+#define FIELD(fname) (config_join(fpath, sizeof fpath, path, fname), config_field(c, n, fname))
     if (!(v = FIELD("name")))
-        return fail(c, n, path, "name is required");
-    if (get_name(c, v, fpath, &r->name))
+        return config_fail(c, n, path, "name is required");
+    if (config_get_name(c, v, fpath, &r->name))
         return -1;
     for (size_t j = 0; j < i; j++)
         if (!strcmp(r->name, cfg->routes[j].name))
-            return fail(c, v, fpath, "%s is already the name of routes[%zu] (line "
-                        "%lu); names must be unique", quote(c, r->name), j,
-                        (unsigned long)node(c, items[j])->start_mark.line + 1);
+            return config_fail(c, v, fpath, "%s is already the name of routes[%zu] (line "
+                               "%lu); names must be unique", config_quote(c, r->name), j,
+                               (unsigned long)config_node(c, items[j])->start_mark.line + 1);
     if (!(v = FIELD("match")))
-        return fail(c, n, path, "match is required (e.g. match: { method: POST, "
-                    "path: /refunds })");
+        return config_fail(c, n, path, "match is required (e.g. match: { method: POST, "
+                           "path: /refunds })");
     if (get_match(c, v, fpath, r))
         return -1;
     if (!(v = FIELD("upstream")))
-        return fail(c, n, path, "upstream is required (e.g. upstream: "
-                    "http://127.0.0.1:9000)");
-    if (get_upstream(c, v, fpath, &r->upstream))
+        return config_fail(c, n, path, "upstream is required (e.g. upstream: "
+                           "http://127.0.0.1:9000)");
+    if (config_get_upstream(c, v, fpath, &r->upstream))
         return -1;
     if (!(v = FIELD("key")))
-        return fail(c, n, path, "key is required (e.g. key: { header: "
-                    "Idempotency-Key })");
+        return config_fail(c, n, path, "key is required (e.g. key: { header: "
+                           "Idempotency-Key })");
     if (get_key(c, v, fpath, r, 0) || get_record_fields(c, n, path, r))
         return -1;
-    if ((v = FIELD("scope")) && get_choice(c, v, fpath, "global", "subject",
-                                           &r->scope_subject))
+    if ((v = FIELD("scope")) && config_get_choice(c, v, fpath, "global", "subject",
+                                                  &r->scope_subject))
         return -1;
     if ((v = FIELD("layers")) && get_layers(c, v, fpath, r))
         return -1;
-    if ((v = FIELD("token_scene")) && get_name(c, v, fpath, &r->token_scene))
+    if ((v = FIELD("token_scene")) && config_get_name(c, v, fpath, &r->token_scene))
         return -1;
-    if (!r->token_scene && set_string(&r->token_scene, r->name))
-        return oom(c);
-    if ((v = FIELD("in_flight")) && get_choice(c, v, fpath, "reject", "wait",
-                                               &r->in_flight_wait))
+    if (!r->token_scene && config_set_string(&r->token_scene, r->name))
+        return config_oom(c);
+    if ((v = FIELD("in_flight")) && config_get_choice(c, v, fpath, "reject", "wait",
+                                                      &r->in_flight_wait))
         return -1;
     if ((v = FIELD("wait_timeout")) &&
-        get_duration(c, v, fpath, 1, 10 * MS_MIN, &r->wait_timeout_ms))
+        config_get_duration(c, v, fpath, 1, 10 * MS_MIN, &r->wait_timeout_ms))
         return -1;
     if ((v = FIELD("upstream_timeout")) &&
-        get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))
+        config_get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))
         return -1;
-    if ((v = FIELD("on_upstream_5xx")) && get_choice(c, v, fpath, "release", "store",
-                                                     &r->on_5xx_store))
+    if ((v = FIELD("on_upstream_5xx")) && config_get_choice(c, v, fpath, "release", "store",
+                                                            &r->on_5xx_store))
         return -1;
-    if ((v = FIELD("on_redis_down")) && get_choice(c, v, fpath, "skip", "reject",
-                                                   &r->on_redis_down_reject))
+    if ((v = FIELD("on_redis_down")) && config_get_choice(c, v, fpath, "skip", "reject",
+                                                          &r->on_redis_down_reject))
         return -1;
-    if ((v = FIELD("on_unknown_outcome")) && get_choice(c, v, fpath, "expire", "hold",
-                                                        &r->unknown_hold))
+    if ((v = FIELD("on_unknown_outcome")) && config_get_choice(c, v, fpath, "expire", "hold",
+                                                               &r->unknown_hold))
         return -1;
     if ((v = FIELD("key_required"))) {
         int required = 1;
-        if (get_bool(c, v, fpath, &required))
+        if (config_get_bool(c, v, fpath, &required))
             return -1;
         r->key_optional = !required;
     }
     if ((v = FIELD("store_statuses"))) {
-        if (field(c, n, "on_upstream_5xx"))
-            return fail(c, v, fpath, "store_statuses says which answers are kept, 5xx "
-                        "included: list 5xx there rather than set on_upstream_5xx too");
+        if (config_field(c, n, "on_upstream_5xx"))
+            return config_fail(c, v, fpath, "store_statuses says which answers are kept, 5xx "
+                               "included: list 5xx there rather than set on_upstream_5xx too");
         if (get_store_statuses(c, v, fpath, r))
             return -1;
     } else {
@@ -1798,23 +1030,23 @@ static int same_match(const struct route *a, const struct route *b)
     return methods && a->prefix == b->prefix && !strcmp(a->path, b->path);
 }
 
-static int get_routes(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+static int get_routes(struct config_ctx *c, const yaml_node_t *n, struct server_config *cfg)
 {
     yaml_node_item_t *it = NULL;
     size_t count = 0;
     char path[32];
-    if (list_items(c, n, "routes", "a list of routes", &it, &count))
+    if (config_list_items(c, n, "routes", "a list of routes", &it, &count))
         return -1;
     if (count > ROUTES_MAX)
-        return fail(c, n, "routes", "%zu routes; at most %d", count, ROUTES_MAX);
+        return config_fail(c, n, "routes", "%zu routes; at most %d", count, ROUTES_MAX);
     if (count == 0)
         return 0;
     if (!(cfg->routes = calloc(count, sizeof *cfg->routes)))
-        return oom(c);
+        return config_oom(c);
     cfg->route_count = count;
     for (size_t i = 0; i < count; i++) {
-        const yaml_node_t *rn = node(c, it[i]);
-        pathf(path, sizeof path, "routes[%zu]", i);
+        const yaml_node_t *rn = config_node(c, it[i]);
+        config_pathf(path, sizeof path, "routes[%zu]", i);
         if (get_route(c, rn, path, cfg, it, i))
             return -1;
         for (size_t j = 0; j < i; j++) {
@@ -1822,14 +1054,15 @@ static int get_routes(struct ctx *c, const yaml_node_t *n, struct server_config 
             const struct route *a = &cfg->routes[i], *b = &cfg->routes[j];
             if (a->layer_token && b->layer_token && !strcmp(a->token_scene, b->token_scene) &&
                 strcmp(a->space, b->space)) {
-                join(fpath, sizeof fpath, path, "token_scene");
+                config_join(fpath, sizeof fpath, path, "token_scene");
                 /* Names: get_name let only plain characters through. */
-                return fail(c, rn, fpath, "\"%s\", as routes[%zu] (line %lu), whose space is "
-                            "\"%s\", not \"%s\": a token spent on a key in one space would "
-                            "let that key through in the other; give the two routes one space "
-                            "or different token scenes",
-                            a->token_scene, j, (unsigned long)node(c, it[j])->start_mark.line + 1,
-                            b->space, a->space);
+                return config_fail(
+                    c, rn, fpath, "\"%s\", as routes[%zu] (line %lu), whose space is "
+                    "\"%s\", not \"%s\": a token spent on a key in one space would "
+                    "let that key through in the other; give the two routes one space "
+                    "or different token scenes",
+                    a->token_scene, j, (unsigned long)config_node(c, it[j])->start_mark.line + 1,
+                    b->space, a->space);
             }
             /* A subject route's record key is the subject and its parts,
              * a '/' between; a global route's, its parts: a global route
@@ -1837,23 +1070,24 @@ static int get_routes(struct ctx *c, const yaml_node_t *n, struct server_config 
              * a client sets, and read or block another subject's. */
             if (!strcmp(a->space, b->space) &&
                 (a->scope_subject != b->scope_subject || a->key_parts != b->key_parts)) {
-                join(fpath, sizeof fpath, path, "space");
-                return fail(c, rn, fpath, "\"%s\", as routes[%zu] (line %lu), with %s and %zu "
-                            "key part%s there and %s and %zu here: one space's keys are built "
-                            "one way, or one route's keys could be another's (a subject's with "
-                            "another subject's); give the two routes one scope and key shape, "
-                            "or spaces of their own",
-                            a->space, j, (unsigned long)node(c, it[j])->start_mark.line + 1,
-                            b->scope_subject ? "scope: subject" : "scope: global", b->key_parts,
-                            b->key_parts == 1 ? "" : "s",
-                            a->scope_subject ? "scope: subject" : "scope: global", a->key_parts);
+                config_join(fpath, sizeof fpath, path, "space");
+                return config_fail(
+                    c, rn, fpath, "\"%s\", as routes[%zu] (line %lu), with %s and %zu "
+                    "key part%s there and %s and %zu here: one space's keys are built "
+                    "one way, or one route's keys could be another's (a subject's with "
+                    "another subject's); give the two routes one scope and key shape, "
+                    "or spaces of their own",
+                    a->space, j, (unsigned long)config_node(c, it[j])->start_mark.line + 1,
+                    b->scope_subject ? "scope: subject" : "scope: global", b->key_parts,
+                    b->key_parts == 1 ? "" : "s",
+                    a->scope_subject ? "scope: subject" : "scope: global", a->key_parts);
             }
             if (!same_match(a, b))
                 continue;
-            join(fpath, sizeof fpath, path, "match");
-            return fail(c, field(c, rn, "match"), fpath, "the same method and path "
-                        "as routes[%zu] (line %lu): this route would never be used",
-                        j, (unsigned long)node(c, it[j])->start_mark.line + 1);
+            config_join(fpath, sizeof fpath, path, "match");
+            return config_fail(c, config_field(c, rn, "match"), fpath, "the same method and path "
+                               "as routes[%zu] (line %lu): this route would never be used",
+                               j, (unsigned long)config_node(c, it[j])->start_mark.line + 1);
         }
     }
     return 0;
@@ -1899,81 +1133,35 @@ static const struct limit_field limit_fields[] = {
 #undef LIMIT
 #define N_LIMITS (sizeof limit_fields / sizeof limit_fields[0])
 
-static int get_limits(struct ctx *c, const yaml_node_t *n, struct server_limits *l)
+static int get_limits(struct config_ctx *c, const yaml_node_t *n, struct server_limits *l)
 {
     const char *known[N_LIMITS];
     char fpath[64];
     for (size_t i = 0; i < N_LIMITS; i++)
         known[i] = limit_fields[i].name;
-    if (check_fields(c, n, "limits", known, N_LIMITS))
+    if (config_check_fields(c, n, "limits", known, N_LIMITS))
         return -1;
     for (size_t i = 0; i < N_LIMITS; i++) {
         const struct limit_field *f = &limit_fields[i];
-        const yaml_node_t *v = field(c, n, f->name);
+        const yaml_node_t *v = config_field(c, n, f->name);
         char *at = (char *)l + f->offset;
         uint64_t count;
         if (!v)
             continue;
-        join(fpath, sizeof fpath, "limits", f->name);
+        config_join(fpath, sizeof fpath, "limits", f->name);
         if (f->kind == 's') {
-            if (get_size(c, v, fpath, (size_t)f->min, (size_t)f->max, (size_t *)(void *)at))
+            if (config_get_size(c, v, fpath, (size_t)f->min, (size_t)f->max, (size_t *)(void *)at))
                 return -1;
         } else if (f->kind == 'n') {
-            if (get_count(c, v, fpath, (uint64_t)f->min, (uint64_t)f->max, &count))
+            if (config_get_count(c, v, fpath, (uint64_t)f->min, (uint64_t)f->max, &count))
                 return -1;
             *(size_t *)(void *)at = (size_t)count;
         } else {
-            if (get_duration(c, v, fpath, f->min, f->max, (int64_t *)(void *)at))
+            if (config_get_duration(c, v, fpath, f->min, f->max, (int64_t *)(void *)at))
                 return -1;
         }
     }
     return 0;
-}
-
-/* A URL's user part ends at its LAST '@' (as the Redis backend reads it), so
- * that a password holding '/', '?' or '#' unescaped still counts as one and
- * is never printed. NULL when there is no '@' after the scheme. */
-static const char *userinfo_end(const char *url)
-{
-    const char *scheme = strstr(url, "://");
-    return scheme ? strrchr(scheme + 3, '@') : NULL;
-}
-
-int config_url_has_password(const char *url)
-{
-    const char *scheme = strstr(url, "://");
-    if (scheme) {
-        const char *at = userinfo_end(url);
-        if (at && memchr(scheme + 3, ':', (size_t)(at - (scheme + 3))))
-            return 1;
-        /* postgresql://host/db?password=... */
-        const char *q = strchr(at ? at : scheme + 3, '?');
-        return q && (strstr(q, "?password=") || strstr(q, "&password="));
-    }
-    /* key=value form: a password keyword anywhere. */
-    for (const char *p = url; (p = strstr(p, "password")) != NULL; p += 8) {
-        const char *q = p + 8;
-        while (*q == ' ')
-            q++;
-        if ((p == url || p[-1] == ' ') && *q == '=')
-            return 1;
-    }
-    return 0;
-}
-
-/* url without its user, password and parameters: "redis://host:6379/0". */
-static void url_without_userinfo(const char *url, char *buf, size_t size)
-{
-    const char *scheme = strstr(url, "://");
-    if (!scheme) {
-        snprintf(buf, size, "%s", config_url_has_password(url)
-                                      ? "(a connection string with a password)" : url);
-        return;
-    }
-    const char *at = userinfo_end(url);
-    const char *host = at ? at + 1 : scheme + 3;
-    int n = (int)strcspn(host, "?#");
-    snprintf(buf, size, "%.*s%.*s", (int)(scheme + 3 - url), url, n, host);
 }
 
 void config_storage_where(const struct server_config *c, char *buf, size_t size)
@@ -1983,174 +1171,109 @@ void config_storage_where(const struct server_config *c, char *buf, size_t size)
         return;
     }
     char r[512], p[512];
-    url_without_userinfo(c->redis_url ? c->redis_url : "", r, sizeof r);
-    url_without_userinfo(c->postgres_url ? c->postgres_url : "", p, sizeof p);
+    config_url_without_userinfo(c->redis_url ? c->redis_url : "", r, sizeof r);
+    config_url_without_userinfo(c->postgres_url ? c->postgres_url : "", p, sizeof p);
     snprintf(buf, size, "%s + %s", r, p);
 }
 
-#define SECRET_MAX 4096
-
-/* A secret from { env: NAME } or { file: PATH } (its first line) in n, a
- * mapping whose other fields are in known (env and file among them), into
- * buf (SECRET_MAX + 2 bytes). 0, or -1 having said why. */
-static int get_secret(struct ctx *c, const yaml_node_t *n, const char *path,
-                      const char *const *known, size_t nknown, char *buf)
-{
-    const char *s;
-    char fpath[64];
-    {
-        const yaml_node_t *env, *file;
-        if (check_fields(c, n, path, known, nknown))
-            return -1;
-        env = field(c, n, "env");
-        file = field(c, n, "file");
-        if (!env == !file)
-            return fail(c, n, path, "give exactly one of env: NAME or file: PATH");
-        pathf(fpath, sizeof fpath, "%s.%s", path, env ? "env" : "file");
-        if (scalar(c, env ? env : file, fpath, env ? "a variable name" : "a file path", &s))
-            return -1;
-        if (env) {
-            const char *val = getenv(s);
-            if (!val || !*val)
-                return fail(c, env, fpath, "the environment variable %s is %s", quote(c, s),
-                            val ? "empty" : "not set");
-            if (strlen(val) > SECRET_MAX)
-                return fail(c, env, fpath, "the value of %s is longer than %d bytes",
-                            quote(c, s), SECRET_MAX);
-            snprintf(buf, SECRET_MAX + 2, "%s", val);
-        } else {
-            /* A regular file only: a FIFO or a device could block. */
-            int fd = open(s, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-            struct stat st;
-            if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-                int e = fd < 0 ? errno : 0;
-                if (fd >= 0)
-                    close(fd);
-                return fail(c, file, fpath, "cannot read %s: %s", quote(c, s),
-                            e ? strerror(e) : "not a regular file");
-            }
-            ssize_t r = read(fd, buf, SECRET_MAX + 1);
-            close(fd);
-            size_t got = r > 0 ? (size_t)r : 0;
-            buf[got] = '\0';
-            buf[strcspn(buf, "\r\n")] = '\0';
-            if (got > SECRET_MAX)
-                return fail(c, file, fpath, "%s is longer than %d bytes", quote(c, s),
-                            SECRET_MAX);
-            if (!*buf)
-                return fail(c, file, fpath, "%s is empty", quote(c, s));
-        }
-        if (has_control(buf))
-            return fail(c, n, fpath, "the secret holds a control character");
-    }
-    return 0;
-}
-
-/* storage.redis / storage.postgres: a URL written out, or { env: NAME } or
- * { file: PATH } for one that holds a password, which is then read from the
- * environment or the file (its first line) and never printed. */
-static int get_server_url(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_server_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
                           const char *example, char **dst)
 {
     static const char *const known[] = {"env", "file"};
     const char *s;
     char buf[SECRET_MAX + 2];
     if (n->type == YAML_MAPPING_NODE) {
-        if (get_secret(c, n, path, known, 2, buf))
+        if (config_get_secret(c, n, path, known, 2, buf))
             return -1;
-        return set_string(dst, buf) ? oom(c) : 0;
+        return config_set_string(dst, buf) ? config_oom(c) : 0;
     }
-    if (scalar(c, n, path, example, &s))
+    if (config_scalar(c, n, path, example, &s))
         return -1;
     if (!*s)
-        return fail(c, n, path, "empty (expected %s)", example);
+        return config_fail(c, n, path, "empty (expected %s)", example);
     if (strlen(s) > SECRET_MAX)
-        return fail(c, n, path, "longer than %d bytes", SECRET_MAX);
-    if (has_control(s))
-        return fail(c, n, path, "holds a control character");
+        return config_fail(c, n, path, "longer than %d bytes", SECRET_MAX);
+    if (config_has_control(s))
+        return config_fail(c, n, path, "holds a control character");
     if (config_url_has_password(s))
-        return fail(c, n, path, "the URL holds a password: keep it out of this file "
-                    "with { env: NAME } or { file: PATH }");
-    return set_string(dst, s) ? oom(c) : 0;
+        return config_fail(c, n, path, "the URL holds a password: keep it out of this file "
+                           "with { env: NAME } or { file: PATH }");
+    return config_set_string(dst, s) ? config_oom(c) : 0;
 }
 
 /* api_keys: [{ name, scope: read | write, env: NAME | file: PATH }], the
  * admin listener's keys. Their text comes from the environment or a file,
  * never from this one, and only its SHA-256 is kept. */
-static int get_api_keys(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+static int get_api_keys(struct config_ctx *c, const yaml_node_t *n, struct server_config *cfg)
 {
     static const char *const known[] = {"env", "file", "name", "scope"};
+    static const char *const scopes[] = {"read", "write"}; /* k->write 0, 1 */
     yaml_node_item_t *it = NULL;
     size_t count = 0;
     char path[32], fpath[48], text[SECRET_MAX + 2];
     int rc = -1;
-    if (list_items(c, n, "api_keys", "a list of { name, scope, env or file }", &it, &count))
+    if (config_list_items(c, n, "api_keys", "a list of { name, scope, env or file }", &it, &count))
         return -1;
     if (count > API_KEYS_MAX)
-        return fail(c, n, "api_keys", "%zu keys; at most %d", count, API_KEYS_MAX);
+        return config_fail(c, n, "api_keys", "%zu keys; at most %d", count, API_KEYS_MAX);
     if (count && !(cfg->api_keys = calloc(count, sizeof *cfg->api_keys)))
-        return oom(c);
+        return config_oom(c);
     for (size_t i = 0; i < count; i++) {
-        const yaml_node_t *kn = node(c, it[i]), *v;
+        const yaml_node_t *kn = config_node(c, it[i]), *v;
         struct api_key *k = &cfg->api_keys[i];
-        const char *s;
         cfg->api_key_count = i + 1;
         k->line = (unsigned long)kn->start_mark.line + 1;
-        pathf(path, sizeof path, "api_keys[%zu]", i);
+        config_pathf(path, sizeof path, "api_keys[%zu]", i);
         if (kn->type != YAML_MAPPING_NODE) {
-            fail(c, kn, path, "expected { name: ..., scope: read or write, env: NAME or "
-                 "file: PATH }, got %s", kind_name(kn));
+            config_fail(c, kn, path, "expected { name: ..., scope: read or write, env: NAME or "
+                        "file: PATH }, got %s", config_kind_name(kn));
             goto out;
         }
-        if ((v = field(c, kn, "key")) || (v = field(c, kn, "value"))) {
-            fail(c, v, path, "a key's text never sits in this file: give env: NAME or "
-                 "file: PATH, which holds it");
+        if ((v = config_field(c, kn, "key")) || (v = config_field(c, kn, "value"))) {
+            config_fail(c, v, path, "a key's text never sits in this file: give env: NAME or "
+                        "file: PATH, which holds it");
             goto out;
         }
-        pathf(fpath, sizeof fpath, "%s.name", path);
-        if (!(v = field(c, kn, "name"))) {
-            fail(c, kn, fpath, "missing (a name for the log, say ops or grafana)");
+        config_pathf(fpath, sizeof fpath, "%s.name", path);
+        if (!(v = config_field(c, kn, "name"))) {
+            config_fail(c, kn, fpath, "missing (a name for the log, say ops or grafana)");
             goto out;
         }
-        if (get_name(c, v, fpath, &k->name))
+        if (config_get_name(c, v, fpath, &k->name))
             goto out;
-        pathf(fpath, sizeof fpath, "%s.scope", path);
-        if (!(v = field(c, kn, "scope"))) {
-            fail(c, kn, fpath, "missing (read: GET records and metrics; write: everything)");
-            goto out;
-        }
-        if (scalar(c, v, fpath, "read or write", &s))
-            goto out;
-        if (strcmp(s, "read") != 0 && strcmp(s, "write") != 0) {
-            fail(c, v, fpath, "%s is not a scope (read or write)", quote(c, s));
+        config_pathf(fpath, sizeof fpath, "%s.scope", path);
+        if (!(v = config_field(c, kn, "scope"))) {
+            config_fail(c, kn, fpath, "missing (read: GET records and metrics; write: everything)");
             goto out;
         }
-        k->write = strcmp(s, "write") == 0;
-        if (get_secret(c, kn, path, known, 4, text))
+        if (config_get_enum(c, v, fpath, "read or write", scopes, 2, "a scope (read or write)",
+                            &k->write))
+            goto out;
+        if (config_get_secret(c, kn, path, known, 4, text))
             goto out;
         size_t len = strlen(text);
         for (size_t j = 0; j < len; j++)
             if ((unsigned char)text[j] <= ' ' || (unsigned char)text[j] >= 0x7f) {
-                fail(c, kn, path, "the key holds a space or a character outside printable "
-                     "ASCII (make one with: openssl rand -hex 32)");
+                config_fail(c, kn, path, "the key holds a space or a character outside printable "
+                            "ASCII (make one with: openssl rand -hex 32)");
                 goto out;
             }
         if (len < API_KEY_MIN) {
-            fail(c, kn, path, "the key is %zu bytes; at least %d (make one with: openssl "
-                 "rand -hex 32)", len, API_KEY_MIN);
+            config_fail(c, kn, path, "the key is %zu bytes; at least %d (make one with: openssl "
+                        "rand -hex 32)", len, API_KEY_MIN);
             goto out;
         }
         idem_fingerprint(text, len, k->hash);
-        pathf(fpath, sizeof fpath, "%s.name", path);
+        config_pathf(fpath, sizeof fpath, "%s.name", path);
         for (size_t j = 0; j < i; j++) {
             if (strcmp(cfg->api_keys[j].name, k->name) == 0) {
-                fail(c, kn, fpath, "the name %s is api_keys[%zu]'s too (line %lu): each "
-                     "key has a name of its own", k->name, j, cfg->api_keys[j].line);
+                config_fail(c, kn, fpath, "the name %s is api_keys[%zu]'s too (line %lu): each "
+                            "key has a name of its own", k->name, j, cfg->api_keys[j].line);
                 goto out;
             }
             if (memcmp(cfg->api_keys[j].hash, k->hash, sizeof k->hash) == 0) {
-                fail(c, kn, path, "the same key as api_keys[%zu] (line %lu): each name "
-                     "needs a key of its own", j, cfg->api_keys[j].line);
+                config_fail(c, kn, path, "the same key as api_keys[%zu] (line %lu): each name "
+                            "needs a key of its own", j, cfg->api_keys[j].line);
                 goto out;
             }
         }
@@ -2163,74 +1286,78 @@ out:
     return rc;
 }
 
-static int get_storage(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+static int get_storage(struct config_ctx *c, const yaml_node_t *n, struct server_config *cfg)
 {
     static const char *const known[] = {"kind", "path", "redis", "postgres", "pool",
                                         "timeout"};
     const yaml_node_t *v;
     const char *s;
-    if (check_fields(c, n, "storage", known, sizeof known / sizeof known[0]))
+    if (config_check_fields(c, n, "storage", known, sizeof known / sizeof known[0]))
         return -1;
-    if ((v = field(c, n, "kind"))) {
-        if (scalar(c, v, "storage.kind", "embedded or distributed", &s))
+    if ((v = config_field(c, n, "kind"))) {
+        static const char *const kinds[] = {"embedded", "distributed"};
+        int i;
+        if (config_get_enum(c, v, "storage.kind", "embedded or distributed", kinds, 2,
+                            "a storage kind (use embedded, or distributed for Redis and "
+                            "PostgreSQL)", &i))
             return -1;
-        if (strcmp(s, "embedded") != 0 && strcmp(s, "distributed") != 0)
-            return fail(c, v, "storage.kind", "%s is not a storage kind (use embedded, "
-                        "or distributed for Redis and PostgreSQL)", quote(c, s));
-        if (set_string(&cfg->storage_kind, s))
-            return oom(c);
+        if (config_set_string(&cfg->storage_kind, kinds[i]))
+            return config_oom(c);
     }
     int distributed = strcmp(cfg->storage_kind, "distributed") == 0;
     static const char *const only_distributed[] = {"redis", "postgres", "pool", "timeout"};
     for (size_t i = 0; i < 4; i++)
-        if (!distributed && (v = field(c, n, only_distributed[i]))) {
+        if (!distributed && (v = config_field(c, n, only_distributed[i]))) {
             char fp[32];
-            pathf(fp, sizeof fp, "storage.%s", only_distributed[i]);
-            return fail(c, v, fp, "only for kind: distributed");
+            config_pathf(fp, sizeof fp, "storage.%s", only_distributed[i]);
+            return config_fail(c, v, fp, "only for kind: distributed");
         }
     if (distributed) {
-        if ((v = field(c, n, "path")))
-            return fail(c, v, "storage.path", "only for kind: embedded (the distributed "
-                        "store is in Redis and PostgreSQL)");
-        if (!(v = field(c, n, "redis")))
-            return fail(c, n, "storage.redis", "missing (kind: distributed needs "
-                        "redis: redis://host:port/db)");
+        if ((v = config_field(c, n, "path")))
+            return config_fail(c, v, "storage.path", "only for kind: embedded (the distributed "
+                               "store is in Redis and PostgreSQL)");
+        if (!(v = config_field(c, n, "redis")))
+            return config_fail(c, n, "storage.redis", "missing (kind: distributed needs "
+                               "redis: redis://host:port/db)");
         if (get_server_url(c, v, "storage.redis", "a URL like redis://127.0.0.1:6379/0",
                            &cfg->redis_url))
             return -1;
-        if (!(v = field(c, n, "postgres")))
-            return fail(c, n, "storage.postgres", "missing (kind: distributed needs "
-                        "postgres: postgresql://user@host/db)");
+        if (!(v = config_field(c, n, "postgres")))
+            return config_fail(c, n, "storage.postgres", "missing (kind: distributed needs "
+                               "postgres: postgresql://user@host/db)");
         if (get_server_url(c, v, "storage.postgres",
                            "a URL like postgresql://idem@127.0.0.1/idem", &cfg->postgres_url))
             return -1;
         uint64_t pool;
-        if ((v = field(c, n, "pool"))) {
-            if (get_count(c, v, "storage.pool", 1, 256, &pool))
+        if ((v = config_field(c, n, "pool"))) {
+            if (config_get_count(c, v, "storage.pool", 1, 256, &pool))
                 return -1;
             cfg->storage_pool = (unsigned)pool;
         }
-        if ((v = field(c, n, "timeout")) &&
-            get_duration(c, v, "storage.timeout", 1, 10 * 60 * MS_SEC, &cfg->storage_timeout_ms))
+        if ((v = config_field(c, n, "timeout")) &&
+            config_get_duration(c, v, "storage.timeout", 1, 10 * 60 * MS_SEC,
+                                &cfg->storage_timeout_ms))
             return -1;
         return 0;
     }
-    if ((v = field(c, n, "path"))) {
-        if (scalar(c, v, "storage.path", "a file path", &s))
+    if ((v = config_field(c, n, "path"))) {
+        if (config_scalar(c, v, "storage.path", "a file path", &s))
             return -1;
         if (!*s)
-            return fail(c, v, "storage.path", "empty (give a file path, or "
-                        ":memory: for a store that does not survive a restart)");
+            return config_fail(c, v, "storage.path", "empty (give a file path, or "
+                               ":memory: for a store that does not survive a restart)");
         if (strlen(s) > FS_PATH_MAX)
-            return fail(c, v, "storage.path", "longer than %d bytes", FS_PATH_MAX);
-        if (has_control(s))
-            return fail(c, v, "storage.path", "%s holds a control character", quote(c, s));
+            return config_fail(c, v, "storage.path", "longer than %d bytes", FS_PATH_MAX);
+        if (config_has_control(s))
+            return config_fail(c, v, "storage.path", "%s holds a control character",
+                               config_quote(c, s));
         if (strncmp(s, "file:", 5) == 0)
-            return fail(c, v, "storage.path", "%s is a SQLite URI; give the file's path (the "
-                        "daemon locks the file against a second idem serve by its path)",
-                        quote(c, s));
-        if (set_string(&cfg->storage_path, s))
-            return oom(c);
+            return config_fail(c, v, "storage.path",
+                               "%s is a SQLite URI; give the file's path (the "
+                               "daemon locks the file against a second idem serve by its path)",
+                               config_quote(c, s));
+        if (config_set_string(&cfg->storage_path, s))
+            return config_oom(c);
     }
     return 0;
 }
@@ -2259,49 +1386,49 @@ static int guest_on_loopback(const char *url)
 
 /* A broker's URL: written out (without a password, but guest:guest on
  * loopback), or { env: NAME } / { file: PATH }. */
-static int get_broker_url(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_broker_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
                           const char *scheme, char **dst)
 {
     static const char *const known[] = {"env", "file"};
     char buf[SECRET_MAX + 2];
     const char *s = buf;
     if (n->type == YAML_MAPPING_NODE) {
-        if (get_secret(c, n, path, known, 2, buf))
+        if (config_get_secret(c, n, path, known, 2, buf))
             return -1;
     } else {
-        if (scalar(c, n, path, "a URL", &s))
+        if (config_scalar(c, n, path, "a URL", &s))
             return -1;
-        if (strlen(s) > SECRET_MAX || has_control(s))
-            return fail(c, n, path, "not a URL (longer than %d bytes, or a control "
-                        "character)", SECRET_MAX);
+        if (strlen(s) > SECRET_MAX || config_has_control(s))
+            return config_fail(c, n, path, "not a URL (longer than %d bytes, or a control "
+                               "character)", SECRET_MAX);
         if (config_url_has_password(s) && !guest_on_loopback(s))
-            return fail(c, n, path, "the URL holds a password: keep it out of this file "
-                        "with { env: NAME } or { file: PATH }");
+            return config_fail(c, n, path, "the URL holds a password: keep it out of this file "
+                               "with { env: NAME } or { file: PATH }");
     }
     size_t sl = strlen(scheme);
     if (strncasecmp(s, scheme, sl) != 0 || strncmp(s + sl, "://", 3) != 0 || !s[sl + 3])
-        return fail(c, n, path, "%s is not a %s:// URL", n->type == YAML_MAPPING_NODE
-                    ? "the secret" : quote(c, s), scheme);
-    return set_string(dst, s) ? oom(c) : 0;
+        return config_fail(c, n, path, "%s is not a %s:// URL", n->type == YAML_MAPPING_NODE
+                           ? "the secret" : config_quote(c, s), scheme);
+    return config_set_string(dst, s) ? config_oom(c) : 0;
 }
 
 /* A queue or stream name: 1 to 255 bytes, printable, no blanks. */
-static int get_queue_name(struct ctx *c, const yaml_node_t *n, const char *path, char **dst)
+static int get_queue_name(struct config_ctx *c, const yaml_node_t *n, const char *path, char **dst)
 {
     const char *s;
-    if (scalar(c, n, path, "a queue or stream name", &s))
+    if (config_scalar(c, n, path, "a queue or stream name", &s))
         return -1;
     size_t len = strlen(s);
     int bad = len == 0 || len > FIELD_MAX_LEN;
     for (size_t i = 0; i < len && !bad; i++)
         bad = (unsigned char)s[i] <= ' ' || s[i] == 0x7f;
     if (bad)
-        return fail(c, n, path, "%s is not a queue or stream name (1 to 255 bytes, "
-                    "no blanks or control characters)", quote(c, s));
-    return set_string(dst, s) ? oom(c) : 0;
+        return config_fail(c, n, path, "%s is not a queue or stream name (1 to 255 bytes, "
+                           "no blanks or control characters)", config_quote(c, s));
+    return config_set_string(dst, s) ? config_oom(c) : 0;
 }
 
-static int get_source(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_source(struct config_ctx *c, const yaml_node_t *n, const char *path,
                       struct consumer_config *k)
 {
     static const char *const known[] = {"amqp", "queue", "prefetch", "redis_stream",
@@ -2310,89 +1437,90 @@ static int get_source(struct ctx *c, const yaml_node_t *n, const char *path,
     const yaml_node_t *v;
     uint64_t prefetch;
     if (n->type != YAML_MAPPING_NODE)
-        return fail(c, n, path, "expected a mapping like { amqp: \"amqp://…\", queue: "
-                    "NAME } or { redis_stream: \"redis://…\", stream: NAME }, got %s",
-                    kind_name(n));
-    if (check_fields(c, n, path, known, sizeof known / sizeof known[0]))
+        return config_fail(c, n, path, "expected a mapping like { amqp: \"amqp://…\", queue: "
+                           "NAME } or { redis_stream: \"redis://…\", stream: NAME }, got %s",
+                           config_kind_name(n));
+    if (config_check_fields(c, n, path, known, sizeof known / sizeof known[0]))
         return -1;
-    const yaml_node_t *amqp = field(c, n, "amqp"), *redis = field(c, n, "redis_stream");
+    const yaml_node_t *amqp = config_field(c, n, "amqp"), *redis = config_field(c, n,
+                                                                                "redis_stream");
     if (!amqp == !redis)
-        return fail(c, n, path, "give exactly one of amqp: URL or redis_stream: URL");
+        return config_fail(c, n, path, "give exactly one of amqp: URL or redis_stream: URL");
     k->source = amqp ? SOURCE_AMQP : SOURCE_REDIS_STREAM;
     /* Each source's own fields; the other's are refused. */
     const char *own = amqp ? "queue" : "stream";
     const char *const *foreign = amqp ? (const char *const[]){"stream", "group", "body_field"}
                                       : (const char *const[]){"queue", NULL, NULL};
     for (int i = 0; i < 3; i++)
-        if (foreign[i] && (v = field(c, n, foreign[i]))) {
-            join(fpath, sizeof fpath, path, foreign[i]);
-            return fail(c, v, fpath, "%s belongs to %s sources", foreign[i],
-                        amqp ? "redis_stream" : "amqp");
+        if (foreign[i] && (v = config_field(c, n, foreign[i]))) {
+            config_join(fpath, sizeof fpath, path, foreign[i]);
+            return config_fail(c, v, fpath, "%s belongs to %s sources", foreign[i],
+                               amqp ? "redis_stream" : "amqp");
         }
-    join(fpath, sizeof fpath, path, amqp ? "amqp" : "redis_stream");
+    config_join(fpath, sizeof fpath, path, amqp ? "amqp" : "redis_stream");
     if (get_broker_url(c, amqp ? amqp : redis, fpath, amqp ? "amqp" : "redis", &k->url))
         return -1;
-    join(fpath, sizeof fpath, path, own);
-    if (!(v = field(c, n, own)))
-        return fail(c, n, path, "%s is required", own);
+    config_join(fpath, sizeof fpath, path, own);
+    if (!(v = config_field(c, n, own)))
+        return config_fail(c, n, path, "%s is required", own);
     if (get_queue_name(c, v, fpath, &k->queue))
         return -1;
-    join(fpath, sizeof fpath, path, "prefetch");
-    if ((v = field(c, n, "prefetch"))) {
-        if (get_count(c, v, fpath, 1, 4096, &prefetch))
+    config_join(fpath, sizeof fpath, path, "prefetch");
+    if ((v = config_field(c, n, "prefetch"))) {
+        if (config_get_count(c, v, fpath, 1, 4096, &prefetch))
             return -1;
         k->prefetch = (size_t)prefetch;
     }
-    join(fpath, sizeof fpath, path, "group");
-    if ((v = field(c, n, "group")) && get_name(c, v, fpath, &k->group))
+    config_join(fpath, sizeof fpath, path, "group");
+    if ((v = config_field(c, n, "group")) && config_get_name(c, v, fpath, &k->group))
         return -1;
-    join(fpath, sizeof fpath, path, "body_field");
-    if ((v = field(c, n, "body_field")) && get_queue_name(c, v, fpath, &k->body_field))
+    config_join(fpath, sizeof fpath, path, "body_field");
+    if ((v = config_field(c, n, "body_field")) && get_queue_name(c, v, fpath, &k->body_field))
         return -1;
     if (k->source == SOURCE_REDIS_STREAM &&
-        ((!k->group && set_string(&k->group, "idem")) ||
-         (!k->body_field && set_string(&k->body_field, "body"))))
-        return oom(c);
+        ((!k->group && config_set_string(&k->group, "idem")) ||
+         (!k->body_field && config_set_string(&k->body_field, "body"))))
+        return config_oom(c);
     return 0;
 }
 
-static int get_dead_letter(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_dead_letter(struct config_ctx *c, const yaml_node_t *n, const char *path,
                            struct consumer_config *k)
 {
     static const char *const known[] = {"queue", "stream"};
     const char *want = k->source == SOURCE_AMQP ? "queue" : "stream";
     char fpath[96];
     if (n->type != YAML_MAPPING_NODE)
-        return fail(c, n, path, "expected a mapping like { %s: NAME }, got %s", want,
-                    kind_name(n));
-    if (check_fields(c, n, path, known, 2))
+        return config_fail(c, n, path, "expected a mapping like { %s: NAME }, got %s", want,
+                           config_kind_name(n));
+    if (config_check_fields(c, n, path, known, 2))
         return -1;
-    const yaml_node_t *v = field(c, n, want);
+    const yaml_node_t *v = config_field(c, n, want);
     if (!v || n->data.mapping.pairs.top - n->data.mapping.pairs.start != 1)
-        return fail(c, n, path, "a %s source's dead letter is { %s: NAME }",
-                    k->source == SOURCE_AMQP ? "amqp" : "redis_stream", want);
-    join(fpath, sizeof fpath, path, want);
+        return config_fail(c, n, path, "a %s source's dead letter is { %s: NAME }",
+                           k->source == SOURCE_AMQP ? "amqp" : "redis_stream", want);
+    config_join(fpath, sizeof fpath, path, want);
     if (get_queue_name(c, v, fpath, &k->dead_letter))
         return -1;
     if (!strcmp(k->dead_letter, k->queue))
-        return fail(c, v, fpath, "the dead letter is the %s itself: its messages would "
-                    "come back for ever", want);
+        return config_fail(c, v, fpath, "the dead letter is the %s itself: its messages would "
+                           "come back for ever", want);
     return 0;
 }
 
-static int get_backoff(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_backoff(struct config_ctx *c, const yaml_node_t *n, const char *path,
                        struct consumer_config *k)
 {
     yaml_node_item_t *it;
     size_t count;
     char ipath[112];
-    if (list_items(c, n, path, "a list of durations like [1s, 5s, 30s]", &it, &count))
+    if (config_list_items(c, n, path, "a list of durations like [1s, 5s, 30s]", &it, &count))
         return -1;
     if (count == 0 || count > CONSUMER_BACKOFFS_MAX)
-        return fail(c, n, path, "1 to %d durations, not %zu", CONSUMER_BACKOFFS_MAX, count);
+        return config_fail(c, n, path, "1 to %d durations, not %zu", CONSUMER_BACKOFFS_MAX, count);
     for (size_t i = 0; i < count; i++) {
-        pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (get_duration(c, node(c, it[i]), ipath, 10, MS_HOUR, &k->backoff_ms[i]))
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (config_get_duration(c, config_node(c, it[i]), ipath, 10, MS_HOUR, &k->backoff_ms[i]))
             return -1;
     }
     k->backoff_count = count;
@@ -2405,7 +1533,7 @@ static const char *const consumer_fields[] = {
     "retention", "replay_headers",
 };
 
-static int get_consumer(struct ctx *c, const yaml_node_t *n, const char *path,
+static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *path,
                         struct server_config *cfg, size_t i)
 {
     struct consumer_config *k = &cfg->consumers[i];
@@ -2414,7 +1542,7 @@ static int get_consumer(struct ctx *c, const yaml_node_t *n, const char *path,
     const yaml_node_t *v;
     uint64_t attempts;
     if (route_defaults(r))
-        return oom(c);
+        return config_oom(c);
     r->upstream_timeout_ms = 10 * MS_SEC;
     r->max_attempts = 5;
     k->prefetch = 64;
@@ -2424,46 +1552,46 @@ static int get_consumer(struct ctx *c, const yaml_node_t *n, const char *path,
     k->backoff_count = 3;
     k->line = (unsigned long)n->start_mark.line + 1;
     if (n->type != YAML_MAPPING_NODE)
-        return fail(c, n, path, "expected a mapping (a consumer: name, source, key, "
-                    "handler, ...), got %s", kind_name(n));
-    if (check_fields(c, n, path, consumer_fields,
-                     sizeof consumer_fields / sizeof consumer_fields[0]))
+        return config_fail(c, n, path, "expected a mapping (a consumer: name, source, key, "
+                           "handler, ...), got %s", config_kind_name(n));
+    if (config_check_fields(c, n, path, consumer_fields,
+                            sizeof consumer_fields / sizeof consumer_fields[0]))
         return -1;
-#define FIELD(fname) (join(fpath, sizeof fpath, path, fname), field(c, n, fname))
+#define FIELD(fname) (config_join(fpath, sizeof fpath, path, fname), config_field(c, n, fname))
     if (!(v = FIELD("name")))
-        return fail(c, n, path, "name is required");
-    if (get_name(c, v, fpath, &r->name))
+        return config_fail(c, n, path, "name is required");
+    if (config_get_name(c, v, fpath, &r->name))
         return -1;
     /* One list of counters by name holds routes and consumers alike. */
     for (size_t j = 0; j < cfg->route_count; j++)
         if (!strcmp(r->name, cfg->routes[j].name))
-            return fail(c, v, fpath, "%s is already the name of routes[%zu]; route and "
-                        "consumer names must be unique", quote(c, r->name), j);
+            return config_fail(c, v, fpath, "%s is already the name of routes[%zu]; route and "
+                               "consumer names must be unique", config_quote(c, r->name), j);
     for (size_t j = 0; j < i; j++)
         if (!strcmp(r->name, cfg->consumers[j].route.name))
-            return fail(c, v, fpath, "%s is already the name of consumers[%zu] (line %lu); "
-                        "names must be unique", quote(c, r->name), j,
-                        cfg->consumers[j].line);
+            return config_fail(c, v, fpath, "%s is already the name of consumers[%zu] (line %lu); "
+                               "names must be unique", config_quote(c, r->name), j,
+                               cfg->consumers[j].line);
     if (!(v = FIELD("source")))
-        return fail(c, n, path, "source is required (e.g. source: { amqp: "
-                    "\"amqp://guest:guest@127.0.0.1:5672/%%2f\", queue: refund.result })");
+        return config_fail(c, n, path, "source is required (e.g. source: { amqp: "
+                           "\"amqp://guest:guest@127.0.0.1:5672/%%2f\", queue: refund.result })");
     if (get_source(c, v, fpath, k))
         return -1;
     if (!(v = FIELD("handler")))
-        return fail(c, n, path, "handler is required (e.g. handler: "
-                    "http://127.0.0.1:9000/mq/refund-result): each message is POSTed there");
-    if (get_upstream(c, v, fpath, &r->upstream))
+        return config_fail(c, n, path, "handler is required (e.g. handler: "
+                           "http://127.0.0.1:9000/mq/refund-result): each message is POSTed there");
+    if (config_get_upstream(c, v, fpath, &r->upstream))
         return -1;
     if (!(v = FIELD("key")))
-        return fail(c, n, path, "key is required (e.g. key: { json: refund_no } or "
-                    "key: { message_id: true })");
+        return config_fail(c, n, path, "key is required (e.g. key: { json: refund_no } or "
+                           "key: { message_id: true })");
     if (get_key(c, v, fpath, r, 1) || get_record_fields(c, n, path, r))
         return -1;
     if ((v = FIELD("handler_timeout")) &&
-        get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))
+        config_get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))
         return -1;
     if ((v = FIELD("max_attempts"))) {
-        if (get_count(c, v, fpath, 1, 1000, &attempts))
+        if (config_get_count(c, v, fpath, 1, 1000, &attempts))
             return -1;
         r->max_attempts = (unsigned)attempts;
     }
@@ -2474,10 +1602,10 @@ static int get_consumer(struct ctx *c, const yaml_node_t *n, const char *path,
     if (!k->dead_letter) {
         size_t len = strlen(k->queue);
         if (len + 5 > FIELD_MAX_LEN)
-            return fail(c, n, path, "the %s's name is too long to add .dead to: give "
-                        "dead_letter", k->source == SOURCE_AMQP ? "queue" : "stream");
+            return config_fail(c, n, path, "the %s's name is too long to add .dead to: give "
+                               "dead_letter", k->source == SOURCE_AMQP ? "queue" : "stream");
         if (!(k->dead_letter = malloc(len + 6)))
-            return oom(c);
+            return config_oom(c);
         memcpy(k->dead_letter, k->queue, len);
         memcpy(k->dead_letter + len, ".dead", 6);
     }
@@ -2487,16 +1615,16 @@ static int get_consumer(struct ctx *c, const yaml_node_t *n, const char *path,
      * in-process claims keep a key to one delivery at a time), an answer
      * in flight refused (the consumer comes back to it later), a 5xx
      * released so that the next attempt runs. */
-    if (set_string(&r->method, "POST") || set_string(&r->path, "") ||
-        set_string(&r->token_scene, r->name))
-        return oom(c);
+    if (config_set_string(&r->method, "POST") || config_set_string(&r->path, "") ||
+        config_set_string(&r->token_scene, r->name))
+        return config_oom(c);
     return 0;
 }
 
 /* A space a route and a consumer share must build its keys one way, and
  * their fingerprints must agree: one payment's callback and its message
  * are one request. */
-static int check_shared_space(struct ctx *c, const yaml_node_t *n, const char *path,
+static int check_shared_space(struct config_ctx *c, const yaml_node_t *n, const char *path,
                               const struct server_config *cfg, const struct route *r)
 {
     for (size_t j = 0; j < cfg->route_count; j++) {
@@ -2504,40 +1632,40 @@ static int check_shared_space(struct ctx *c, const yaml_node_t *n, const char *p
         char fpath[96];
         if (strcmp(o->space, r->space) != 0)
             continue;
-        join(fpath, sizeof fpath, path, "space");
+        config_join(fpath, sizeof fpath, path, "space");
         if (o->scope_subject || o->key_parts != r->key_parts)
-            return fail(c, n, fpath, "\"%s\", as routes[%zu] (%s, %zu key part%s) and this "
-                        "consumer (global, %zu key part%s): one space's keys are built one "
-                        "way; give them one key shape, or spaces of their own",
-                        r->space, j, o->scope_subject ? "scope: subject" : "scope: global",
-                        o->key_parts, o->key_parts == 1 ? "" : "s", r->key_parts,
-                        r->key_parts == 1 ? "" : "s");
+            return config_fail(c, n, fpath, "\"%s\", as routes[%zu] (%s, %zu key part%s) and this "
+                               "consumer (global, %zu key part%s): one space's keys are built one "
+                               "way; give them one key shape, or spaces of their own",
+                               r->space, j, o->scope_subject ? "scope: subject" : "scope: global",
+                               o->key_parts, o->key_parts == 1 ? "" : "s", r->key_parts,
+                               r->key_parts == 1 ? "" : "s");
         if (o->fingerprint == FINGERPRINT_BODY || r->fingerprint == FINGERPRINT_BODY)
-            return fail(c, n, fpath, "\"%s\", as routes[%zu]: a route's fingerprint: body "
-                        "covers its method and path, which a message has not, so the two "
-                        "would never agree (422); give both fingerprint: none or the same "
-                        "list of JSON fields", r->space, j);
+            return config_fail(c, n, fpath, "\"%s\", as routes[%zu]: a route's fingerprint: body "
+                               "covers its method and path, which a message has not, so the two "
+                               "would never agree (422); give both fingerprint: none or the same "
+                               "list of JSON fields", r->space, j);
     }
     return 0;
 }
 
-static int get_consumers(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+static int get_consumers(struct config_ctx *c, const yaml_node_t *n, struct server_config *cfg)
 {
     yaml_node_item_t *it = NULL;
     size_t count = 0;
     char path[40];
-    if (list_items(c, n, "consumers", "a list of consumers", &it, &count))
+    if (config_list_items(c, n, "consumers", "a list of consumers", &it, &count))
         return -1;
     if (count > CONSUMERS_MAX)
-        return fail(c, n, "consumers", "%zu consumers; at most %d", count, CONSUMERS_MAX);
+        return config_fail(c, n, "consumers", "%zu consumers; at most %d", count, CONSUMERS_MAX);
     if (count == 0)
         return 0;
     if (!(cfg->consumers = calloc(count, sizeof *cfg->consumers)))
-        return oom(c);
+        return config_oom(c);
     cfg->consumer_count = count;
     for (size_t i = 0; i < count; i++) {
-        const yaml_node_t *kn = node(c, it[i]);
-        pathf(path, sizeof path, "consumers[%zu]", i);
+        const yaml_node_t *kn = config_node(c, it[i]);
+        config_pathf(path, sizeof path, "consumers[%zu]", i);
         if (get_consumer(c, kn, path, cfg, i) ||
             check_shared_space(c, kn, path, cfg, &cfg->consumers[i].route))
             return -1;
@@ -2546,10 +1674,10 @@ static int get_consumers(struct ctx *c, const yaml_node_t *n, struct server_conf
             char fpath[64];
             if (strcmp(a->space, b->space) != 0 || a->key_parts == b->key_parts)
                 continue;
-            join(fpath, sizeof fpath, path, "space");
-            return fail(c, kn, fpath, "\"%s\", as consumers[%zu], with %zu key parts there "
-                        "and %zu here: one space's keys are built one way", a->space, j,
-                        b->key_parts, a->key_parts);
+            config_join(fpath, sizeof fpath, path, "space");
+            return config_fail(c, kn, fpath, "\"%s\", as consumers[%zu], with %zu key parts there "
+                               "and %zu here: one space's keys are built one way", a->space, j,
+                               b->key_parts, a->key_parts);
         }
     }
     return 0;
@@ -2557,74 +1685,64 @@ static int get_consumers(struct ctx *c, const yaml_node_t *n, struct server_conf
 
 /* log: { level: debug|info|warn|error, format: text|json }: the daemon's
  * own log (stderr). */
-static int get_log(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+static int get_log(struct config_ctx *c, const yaml_node_t *n, struct server_config *cfg)
 {
     static const char *const known[] = {"level", "format"};
     static const char *const levels[] = {"debug", "info", "warn", "error"};
     const yaml_node_t *v;
-    const char *s;
     if (n->type != YAML_MAPPING_NODE)
-        return fail(c, n, "log", "expected a mapping like { level: info, format: text }, got %s",
-                    kind_name(n));
-    if (check_fields(c, n, "log", known, 2))
+        return config_fail(c, n, "log",
+                           "expected a mapping like { level: info, format: text }, got %s",
+                           config_kind_name(n));
+    if (config_check_fields(c, n, "log", known, 2))
         return -1;
-    if ((v = field(c, n, "format")) &&
-        get_choice(c, v, "log.format", "text", "json", &cfg->log_json))
+    if ((v = config_field(c, n, "format")) &&
+        config_get_choice(c, v, "log.format", "text", "json", &cfg->log_json))
         return -1;
-    if ((v = field(c, n, "level"))) {
-        if (scalar(c, v, "log.level", "debug, info, warn or error", &s))
-            return -1;
-        size_t i = 0;
-        while (i < 4 && strcmp(s, levels[i]) != 0)
-            i++;
-        if (i == 4)
-            return fail(c, v, "log.level", "%s is not debug, info, warn or error", quote(c, s));
-        cfg->log_level = (int)i;
-    }
+    if ((v = config_field(c, n, "level")) &&
+        config_get_enum(c, v, "log.level", "debug, info, warn or error", levels, 4, NULL,
+                        &cfg->log_level))
+        return -1;
     return 0;
 }
 
 /* access_log: off | stderr | PATH, or { to: off|stderr|PATH, format:
  * json|text, subject: hash|plain|off }. */
-static int get_access_log(struct ctx *c, const yaml_node_t *n, struct server_config *cfg)
+static int get_access_log(struct config_ctx *c, const yaml_node_t *n, struct server_config *cfg)
 {
     static const char *const known[] = {"to", "format", "subject"};
     const yaml_node_t *to = n, *v;
     const char *s;
     if (n->type == YAML_MAPPING_NODE) {
-        if (check_fields(c, n, "access_log", known, 3))
+        if (config_check_fields(c, n, "access_log", known, 3))
             return -1;
-        to = field(c, n, "to");
-        if ((v = field(c, n, "format")) &&
-            get_choice(c, v, "access_log.format", "json", "text", &cfg->access_text))
+        to = config_field(c, n, "to");
+        if ((v = config_field(c, n, "format")) &&
+            config_get_choice(c, v, "access_log.format", "json", "text", &cfg->access_text))
             return -1;
-        if ((v = field(c, n, "subject"))) {
-            if (scalar(c, v, "access_log.subject", "hash, plain or off", &s))
+        if ((v = config_field(c, n, "subject"))) {
+            /* In the order of SUBJECT_HASH, SUBJECT_PLAIN, SUBJECT_OFF. */
+            static const char *const subjects[] = {"hash", "plain", "off"};
+            int i;
+            if (config_get_enum(c, v, "access_log.subject", "hash, plain or off", subjects, 3,
+                                NULL, &i))
                 return -1;
-            if (!strcmp(s, "hash"))
-                cfg->access_subject = SUBJECT_HASH;
-            else if (!strcmp(s, "plain"))
-                cfg->access_subject = SUBJECT_PLAIN;
-            else if (!strcmp(s, "off"))
-                cfg->access_subject = SUBJECT_OFF;
-            else
-                return fail(c, v, "access_log.subject", "%s is not hash, plain or off",
-                            quote(c, s));
+            cfg->access_subject = i == 0 ? SUBJECT_HASH : i == 1 ? SUBJECT_PLAIN : SUBJECT_OFF;
         }
         if (!to)
             return 0;
     }
     const char *where = n == to ? "access_log" : "access_log.to";
-    if (scalar(c, to, where, "off, stderr or a file's path", &s))
+    if (config_scalar(c, to, where, "off, stderr or a file's path", &s))
         return -1;
     if (!strcmp(s, "stderr"))
         return 0;
     if (!strcmp(s, "off"))
-        return set_string(&cfg->access_to, "") ? oom(c) : 0;
-    return get_path(c, to, where, "file", &cfg->access_to);
+        return config_set_string(&cfg->access_to, "") ? config_oom(c) : 0;
+    return config_get_path(c, to, where, "file", &cfg->access_to);
 }
 
-static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config *cfg)
+static int get_root(struct config_ctx *c, const yaml_node_t *root, struct server_config *cfg)
 {
     static const char *const known[] = {"listen", "admin_listen", "api_keys", "state_dir",
                                         "tls_ca", "storage", "subject_header", "upstream",
@@ -2633,66 +1751,68 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
     const yaml_node_t *v;
     const char *s;
     uint64_t workers, loops;
-    if (root->type != YAML_MAPPING_NODE && !is_null(root))
-        return fail(c, root, NULL, "the top level must be a mapping (listen: ..., "
-                    "routes: ...), not %s", kind_name(root));
-    if (check_fields(c, root, "", known, sizeof known / sizeof known[0]))
+    if (root->type != YAML_MAPPING_NODE && !config_is_null(root))
+        return config_fail(c, root, NULL, "the top level must be a mapping (listen: ..., "
+                           "routes: ...), not %s", config_kind_name(root));
+    if (config_check_fields(c, root, "", known, sizeof known / sizeof known[0]))
         return -1;
-    if ((v = field(c, root, "listen")) &&
+    if ((v = config_field(c, root, "listen")) &&
         get_listen(c, v, "listen", &cfg->listen_host, &cfg->listen_port, NULL,
                    &cfg->listen_plaintext, &cfg->listen_tls))
         return -1;
-    if ((v = field(c, root, "admin_listen"))) {
+    if ((v = config_field(c, root, "admin_listen"))) {
         if (get_listen(c, v, "admin_listen", &cfg->admin_host, &cfg->admin_port,
                        &cfg->admin_unix, &cfg->admin_plaintext, &cfg->admin_tls))
             return -1;
         if (same_listen_address(cfg))
-            return fail(c, v, "admin_listen", "would share connections with listen (the same "
-                        "address, or a wildcard, on the same port): the JSON API gets a "
-                        "listener of its own (another port, or a Unix socket)");
+            return config_fail(c, v, "admin_listen",
+                               "would share connections with listen (the same "
+                               "address, or a wildcard, on the same port): the JSON API gets a "
+                               "listener of its own (another port, or a Unix socket)");
     }
-    if ((v = field(c, root, "state_dir")) &&
-        get_path(c, v, "state_dir", "directory", &cfg->state_dir))
+    if ((v = config_field(c, root, "state_dir")) &&
+        config_get_path(c, v, "state_dir", "directory", &cfg->state_dir))
         return -1;
-    if ((v = field(c, root, "api_keys")) && get_api_keys(c, v, cfg))
+    if ((v = config_field(c, root, "api_keys")) && get_api_keys(c, v, cfg))
         return -1;
-    if ((v = field(c, root, "tls_ca")) && get_path(c, v, "tls_ca", "file", &cfg->tls_ca))
+    if ((v = config_field(c, root, "tls_ca")) && config_get_path(c, v, "tls_ca", "file",
+                                                                 &cfg->tls_ca))
         return -1;
-    if ((v = field(c, root, "storage")) && get_storage(c, v, cfg))
+    if ((v = config_field(c, root, "storage")) && get_storage(c, v, cfg))
         return -1;
-    if ((v = field(c, root, "subject_header"))) {
-        if (get_header_name(c, v, "subject_header", &s))
+    if ((v = config_field(c, root, "subject_header"))) {
+        if (config_get_header_name(c, v, "subject_header", &s))
             return -1;
-        if (set_string(&cfg->subject_header, s))
-            return oom(c);
+        if (config_set_string(&cfg->subject_header, s))
+            return config_oom(c);
     }
-    if ((v = field(c, root, "upstream"))) {
-        if (get_upstream(c, v, "upstream", &cfg->upstream))
+    if ((v = config_field(c, root, "upstream"))) {
+        if (config_get_upstream(c, v, "upstream", &cfg->upstream))
             return -1;
         cfg->has_upstream = 1;
     }
-    if ((v = field(c, root, "workers"))) {
-        if (get_count(c, v, "workers", 1, 4096, &workers))
+    if ((v = config_field(c, root, "workers"))) {
+        if (config_get_count(c, v, "workers", 1, 4096, &workers))
             return -1;
         cfg->workers = (int)workers;
     }
-    if ((v = field(c, root, "event_loops"))) {
-        if (get_count(c, v, "event_loops", 1, 16, &loops))
+    if ((v = config_field(c, root, "event_loops"))) {
+        if (config_get_count(c, v, "event_loops", 1, 16, &loops))
             return -1;
         cfg->event_loops = (int)loops;
     }
-    if ((v = field(c, root, "limits")) && get_limits(c, v, &cfg->limits))
+    if ((v = config_field(c, root, "limits")) && get_limits(c, v, &cfg->limits))
         return -1;
-    if ((v = field(c, root, "access_log")) && get_access_log(c, v, cfg))
+    if ((v = config_field(c, root, "access_log")) && get_access_log(c, v, cfg))
         return -1;
-    if ((v = field(c, root, "log")) && get_log(c, v, cfg))
+    if ((v = config_field(c, root, "log")) && get_log(c, v, cfg))
         return -1;
-    if ((v = field(c, root, "problems")) &&
+    if ((v = config_field(c, root, "problems")) &&
         get_problems(c, v, "problems", &cfg->problems, &cfg->problem_count))
         return -1;
-    if ((v = field(c, root, "routes")) && get_routes(c, v, cfg))
+    if ((v = config_field(c, root, "routes")) && get_routes(c, v, cfg))
         return -1;
-    if ((v = field(c, root, "consumers")) && get_consumers(c, v, cfg))
+    if ((v = config_field(c, root, "consumers")) && get_consumers(c, v, cfg))
         return -1;
     return 0;
 }
@@ -2700,7 +1820,7 @@ static int get_root(struct ctx *c, const yaml_node_t *root, struct server_config
 /* ------------------------------------------------------------------------- */
 /* Entry points. */
 
-static void syntax_error(struct ctx *c, const yaml_parser_t *p)
+static void syntax_error(struct config_ctx *c, const yaml_parser_t *p)
 {
     if (!c->err || c->errlen == 0)
         return;
@@ -2740,14 +1860,14 @@ static void syntax_error(struct ctx *c, const yaml_parser_t *p)
  * the loader makes an alias a second reference to the anchored node). So
  * nesting and values are capped, aliases and second documents refused. An
  * anchor alone is harmless and allowed. */
-static int prescan(struct ctx *c)
+static int prescan(struct config_ctx *c)
 {
     yaml_parser_t p;
     yaml_event_t ev;
     int depth = 0, documents = 0, rc = 0, done = 0;
     size_t values = 0;
     if (!yaml_parser_initialize(&p))
-        return oom(c);
+        return config_oom(c);
     yaml_parser_set_input_string(&p, (const unsigned char *)c->input, c->input_len);
     while (!done && rc == 0) {
         if (!yaml_parser_parse(&p, &ev)) {
@@ -2761,24 +1881,24 @@ static int prescan(struct ctx *c)
             break;
         case YAML_DOCUMENT_START_EVENT:
             if (++documents > 1)
-                rc = fail_at(c, &ev.start_mark, "a second YAML document (after "
-                             "---); the configuration is one document");
+                rc = config_fail_at(c, &ev.start_mark, "a second YAML document (after "
+                                    "---); the configuration is one document");
             break;
         case YAML_ALIAS_EVENT:
-            rc = fail_at(c, &ev.start_mark, "*%s: anchors and aliases are not "
-                         "supported; write the value out",
-                         (const char *)ev.data.alias.anchor);
+            rc = config_fail_at(c, &ev.start_mark, "*%s: anchors and aliases are not "
+                                "supported; write the value out",
+                                (const char *)ev.data.alias.anchor);
             break;
         case YAML_SEQUENCE_START_EVENT:
         case YAML_MAPPING_START_EVENT:
             if (++depth > DEPTH_MAX)
-                rc = fail_at(c, &ev.start_mark, "nested more than %d levels deep; "
-                             "a configuration needs at most 5", DEPTH_MAX);
+                rc = config_fail_at(c, &ev.start_mark, "nested more than %d levels deep; "
+                                    "a configuration needs at most 5", DEPTH_MAX);
             /* fall through */
         case YAML_SCALAR_EVENT:
             if (rc == 0 && ++values > VALUES_MAX)
-                rc = fail_at(c, &ev.start_mark, "more than %d values; a "
-                             "configuration has far fewer", VALUES_MAX);
+                rc = config_fail_at(c, &ev.start_mark, "more than %d values; a "
+                                    "configuration has far fewer", VALUES_MAX);
             break;
         case YAML_SEQUENCE_END_EVENT:
         case YAML_MAPPING_END_EVENT:
@@ -2796,7 +1916,7 @@ static int prescan(struct ctx *c)
 int config_parse(const char *yaml, size_t len, const char *name,
                  struct server_config **out, char *err, size_t errlen)
 {
-    struct ctx c = {
+    struct config_ctx c = {
         .name = name ? name : "config",
         .input = yaml ? yaml : "",
         .input_len = yaml ? len : 0,
@@ -2810,13 +1930,13 @@ int config_parse(const char *yaml, size_t len, const char *name,
         err[0] = '\0';
     *out = NULL;
     if (c.input_len > FILE_MAX) {
-        fail(&c, NULL, NULL, "%zu bytes; a configuration is at most 1 MiB", len);
+        config_fail(&c, NULL, NULL, "%zu bytes; a configuration is at most 1 MiB", len);
         goto out;
     }
     if (prescan(&c))
         goto out;
     if (!(cfg = config_default()) || !yaml_parser_initialize(&parser)) {
-        oom(&c);
+        config_oom(&c);
         goto out;
     }
     parser_ready = 1;
