@@ -10,108 +10,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum key_source {
-    KEY_HEADER,       /* { header: Idempotency-Key } */
-    KEY_JSON,         /* { json: refund_no }  (a top-level field; "a.b" for nested) */
-    KEY_QUERY,        /* { query: id } */
-    KEY_PATH_SEGMENT, /* { path_segment: 2 }  (1-based: /refunds/R-1 -> 2 is R-1) */
-};
-
-/* A consumer's { message_id: true }: the message's id, which the consumer
- * puts in this header of the request it hands the gateway (and of its POST
- * to the handler), in place of any the message carried. */
-#define CONSUMER_MESSAGE_ID_HEADER "Idem-Message-Id"
-
-
-struct key_part {
-    enum key_source source;
-    char *name;  /* header, JSON field or query parameter */
-    int segment; /* KEY_PATH_SEGMENT */
-};
-
-enum fingerprint_kind {
-    FINGERPRINT_BODY,   /* method, target with its query, and the whole body (default) */
-    FINGERPRINT_FIELDS, /* the listed JSON fields only: routes sharing a space agree */
-    FINGERPRINT_NONE,
-};
-
-struct upstream_addrs;
-
-struct upstream_url {
-    char *host;       /* "127.0.0.1" */
-    int port;         /* 80 (https: 443) when not given */
-    int tls;          /* https://: the certificate checked (tls_ca) */
-    char *base_path;  /* "" or "/api" (no trailing slash): prefixed to the path */
-    unsigned long line;            /* where the file gives it */
-    struct upstream_addrs *addrs;  /* looked up by config_resolve(); NULL before */
-};
-
-struct route_counts;
+#include "gateway/route_config.h"
+#include "http/upstream_config.h"
 
 /* A listener's TLS: its certificate chain and key (PEM files), and for the
  * admin listener a CA whose client certificates it requires. cert NULL:
  * plain HTTP. */
 struct tls_files {
     char *cert, *key, *client_ca;
-};
-
-/* problems: the text a team gives one problem type of the gateway's answers
- * (localised: "请刷新后重试" for token_spent); the type itself never changes. */
-struct problem_text {
-    char *type;   /* token_spent: the type without its urn:idem: */
-    char *title;  /* NULL: the status's reason phrase, or the global one */
-    char *detail; /* NULL: Idem's own detail, or the global one */
-};
-
-struct route {
-    char *name;              /* required; unique */
-    char *method;            /* match.method, upper case; NULL: any */
-    char *path;              /* match.path without the trailing "*"; a '*'
-                              * segment in it stands for any one segment */
-    int prefix;              /* match.path ended in slash-star: a prefix match */
-    char *folded_path;       /* path through config_fold_path(), a prefix's
-                              * final '/' kept */
-    struct route_counts *n; /* the daemon's counters for this route's name:
-                                * set by the daemon, not the parser */
-    struct upstream_url upstream;   /* required */
-    struct key_part *key;    /* one part, or several for a composite key */
-    size_t key_parts;        /* >= 1; required */
-    char *space;             /* default: the route's name */
-    int scope_subject;       /* scope: subject (1) or global (0, default) */
-    int layer_token;         /* layers: [token, lock, record]; record always on */
-    int layer_lock;
-    char *token_scene;       /* default: the route's name */
-    int in_flight_wait;      /* in_flight: wait (1) or reject (0, default) */
-    int64_t wait_timeout_ms; /* default 5 s */
-    int64_t lease_ms;        /* default 30 s */
-    int64_t retention_ms;    /* default 24 h */
-    int64_t upstream_timeout_ms; /* default 30 s */
-    char **replay_headers;   /* lower-cased; default: content-type */
-    size_t replay_header_count;
-    enum fingerprint_kind fingerprint;
-    char **fingerprint_fields; /* FINGERPRINT_FIELDS */
-    size_t fingerprint_field_count;
-    int on_5xx_store;        /* on_upstream_5xx: store (1) or release (0, default) */
-    /* store_statuses: the upstream statuses (100..599) whose answers are
-     * kept, bit (status - 100); the rest release the claim. Default: every
-     * status under 500, and 5xx with on_upstream_5xx: store. Routes only: a
-     * consumer's attempts follow max_attempts. */
-    uint64_t keep_status[(500 + 63) / 64];
-    int store_statuses_set;  /* store_statuses was given */
-    struct problem_text *problems; /* problems: this route's, over the global ones */
-    size_t problem_count;
-    int on_redis_down_reject; /* on_redis_down: reject (1: 503) or skip (0, default:
-                                 layers 1-2 are skipped, the record still holds) */
-    int key_optional;         /* key_required: false (1): a request without the key is
-                                 forwarded unguarded, counted and logged as unkeyed */
-    int unknown_hold;         /* on_unknown_outcome: hold (1: the claim is held for
-                                 retention, at most a day, until an operator finishes
-                                 it) or expire
-                                 (0, default: retries run once the lease ends) */
-    /* A consumer's route (consumer.route): its handler is the upstream,
-     * and each claim is an attempt — the record's epoch counts them (see
-     * gateway.c, "attempts"). 0 on the routes of routes:. */
-    unsigned max_attempts;
 };
 
 enum consumer_source {
@@ -239,17 +145,6 @@ int config_parse(const char *yaml, size_t len, const char *name,
  * upstream svc:9000: Name or service not known"). */
 int config_resolve(struct server_config *cfg, char *err, size_t errlen);
 
-/* A path as a lenient upstream reads it, for telling spellings of one path
- * apart: letters in lower case, %-escapes of unreserved characters and of
- * '/' decoded (nginx, for one, routes on %2F as a '/'), path parameters (a
- * ';' to its segment's end) dropped (servlet containers map a path without
- * them), no trailing slash. Never longer than path; out holds cap bytes. */
-void config_fold_path(const char *path, char *out, size_t cap);
-/* 1 when path is matched by a route's path (or folded path) pattern: its
- * characters as they are, but a '*' segment for any one segment that is not
- * empty, and with prefix, anything after all that. */
-int config_path_match(const char *pattern, int prefix, const char *path);
-
 /* The configuration with every default and no routes (no file given). */
 struct server_config *config_default(void);
 
@@ -284,15 +179,6 @@ int config_url_has_password(const char *url);
 /* 1 for one of Idem's names, as a route's space must be: 1 to 64 of
  * A-Z a-z 0-9 _ . : - (idem run checks its --space with it). */
 int config_is_name(const char *s);
-
-/* Does the route keep an answer with this upstream status (store_statuses)? */
-int config_route_keeps(const struct route *r, int status);
-
-/* The text configured for problem type on route rt (NULL: none), field by
- * field: the route's problems, else the global ones; NULL where neither
- * sets it. */
-void config_problem_text(const struct server_config *c, const struct route *rt,
-                         const char *type, const char **title, const char **detail);
 
 /* "500ms", "30s", "5m", "24h", "2d" or a bare number of milliseconds. */
 int config_parse_duration(const char *s, int64_t *ms);

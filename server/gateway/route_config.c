@@ -1,0 +1,756 @@
+/*
+ * route_config.c — reads routes: (and the global problems:) of idem serve's
+ * configuration into struct route (route_config.h): each route's match, its
+ * key and key parts, its layers, its record's policy (lease, retention,
+ * replay_headers, fingerprint, store_statuses) and its problems' texts,
+ * then what no route can see alone (two routes of one token scene in two
+ * spaces, one space built two ways, a route shadowed by another). A
+ * consumer's route is read with the same parts (consume/consumer_config.c).
+ * The values are read with config_value.h; config.c calls in here.
+ */
+#include "gateway/route_config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "config.h"
+#include "config_value.h"
+#include "http/http_parser.h"
+#include "http/upstream.h"
+#include "utf8.h"
+
+#define ROUTES_MAX 1000
+#define KEY_PARTS_MAX 8
+
+/* ------------------------------------------------------------------------- */
+/* Freeing and defaults. */
+
+void config_problems_free(struct problem_text *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(p[i].type);
+        free(p[i].title);
+        free(p[i].detail);
+    }
+    free(p);
+}
+
+void config_route_free(struct route *r)
+{
+    free(r->name);
+    free(r->method);
+    free(r->path);
+    free(r->folded_path);
+    free(r->upstream.host);
+    free(r->upstream.base_path);
+    upstream_addrs_put(r->upstream.addrs);
+    for (size_t i = 0; i < r->key_parts; i++)
+        free(r->key[i].name);
+    free(r->key);
+    free(r->space);
+    free(r->token_scene);
+    config_free_list(r->replay_headers, r->replay_header_count);
+    config_free_list(r->fingerprint_fields, r->fingerprint_field_count);
+    config_problems_free(r->problems, r->problem_count);
+}
+
+
+/* A route's defaults, before its fields are read. Strings that default to the
+ * name are filled in after. */
+int config_route_defaults(struct route *r)
+{
+    r->wait_timeout_ms = 5 * MS_SEC;
+    r->lease_ms = 30 * MS_SEC;
+    r->retention_ms = MS_DAY;
+    r->upstream_timeout_ms = 30 * MS_SEC;
+    r->fingerprint = FINGERPRINT_BODY;
+    r->replay_headers = calloc(1, sizeof *r->replay_headers);
+    if (!r->replay_headers || !(r->replay_headers[0] = strdup("content-type")))
+        return -1;
+    r->replay_header_count = 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* A route's parts. */
+
+static int get_match(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                     struct route *r)
+{
+    static const char *const known[] = {"method", "path"};
+    char fpath[64];
+    const yaml_node_t *v;
+    const char *s;
+    if (config_check_fields(c, n, path, known, 2))
+        return -1;
+    if ((v = config_field(c, n, "method"))) {
+        config_join(fpath, sizeof fpath, path, "method");
+        if (config_scalar(c, v, fpath, "an HTTP method like POST", &s))
+            return -1;
+        if (!config_is_token(s, 32))
+            return config_fail(c, v, fpath, "%s is not an HTTP method", config_quote(c, s));
+        char *m = strdup(s);
+        if (!m)
+            return config_oom(c);
+        for (char *p = m; *p; p++)
+            if (*p >= 'a' && *p <= 'z')
+                *p = (char)(*p - 'a' + 'A');
+        r->method = m;
+    }
+    if (!(v = config_field(c, n, "path")))
+        return config_fail(c, n, path, "path is required (e.g. path: /refunds, or "
+                           "/refunds/* for a prefix)");
+    config_join(fpath, sizeof fpath, path, "path");
+    if (config_scalar(c, v, fpath, "a path like /refunds", &s))
+        return -1;
+    size_t len = strlen(s);
+    if (s[0] != '/')
+        return config_fail(c, v, fpath, "%s must start with /", config_quote(c, s));
+    if (len > URL_PATH_MAX)
+        return config_fail(c, v, fpath, "longer than 2048 bytes");
+    for (size_t i = 0; i < len; i++)
+        if (!config_url_path_char((unsigned char)s[i]))
+            return config_fail(c, v, fpath, "%s: a path has no spaces, control "
+                               "characters, query (?) or fragment (#)", config_quote(c, s));
+    r->prefix = len >= 2 && s[len - 2] == '/' && s[len - 1] == '*';
+    if (r->prefix)
+        len--;
+    for (size_t i = 0; i < len; i++)
+        if (s[i] == '*' && (s[i - 1] != '/' || (i + 1 < len && s[i + 1] != '/')))
+            return config_fail(c, v, fpath,
+                               "%s: '*' stands for a whole segment (/orders/*/refunds) "
+                               "or, last, for every path below (/refunds/*), never for part of one",
+                               config_quote(c, s));
+    if (!(r->path = strndup(s, len)) || !(r->folded_path = malloc(len + 2)))
+        return config_oom(c);
+    /* Folding drops a final '/', which a prefix needs: it is put back. */
+    config_fold_path(r->path, r->folded_path, len + 1); /* never longer */
+    size_t flen = strlen(r->folded_path);
+    if (r->prefix && r->folded_path[flen - 1] != '/')
+        memcpy(r->folded_path + flen, "/", 2);
+    return 0;
+}
+
+int config_path_match(const char *pattern, int prefix, const char *path)
+{
+    for (const char *p = pattern; *p; p++) {
+        if (*p == '*' && p[-1] == '/' && (p[1] == '/' || !p[1])) {
+            /* One segment, whatever it holds, but something. */
+            if (!*path || *path == '/')
+                return 0;
+            path += strcspn(path, "/");
+            continue;
+        }
+        if (*p != *path)
+            return 0;
+        path++;
+    }
+    return prefix || !*path;
+}
+
+void config_fold_path(const char *path, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (const char *c = path; *c && o + 1 < cap; c++) {
+        int ch = (unsigned char)*c;
+        if (ch == ';') {
+            /* A path parameter, dropped to the segment's end. */
+            while (c[1] && c[1] != '/' && !(c[1] == '%' && c[2] == '2' && (c[3] | 32) == 'f'))
+                c++;
+            continue;
+        }
+        if (ch == '%' && http_hex_value((unsigned char)c[1]) >= 0 &&
+            http_hex_value((unsigned char)c[2]) >= 0) {
+            int v = http_hex_value((unsigned char)c[1]) * 16 +
+                    http_hex_value((unsigned char)c[2]);
+            if ((v >= 'A' && v <= 'Z') || (v >= 'a' && v <= 'z') || (v >= '0' && v <= '9') ||
+                v == '-' || v == '.' || v == '_' || v == '~' || v == '/') {
+                ch = v;
+                c += 2;
+            }
+        }
+        out[o++] = (char)(ch >= 'A' && ch <= 'Z' ? ch + 32 : ch);
+    }
+    if (o > 1 && out[o - 1] == '/')
+        o--;
+    out[o] = '\0';
+}
+
+/* One part of a key. Routes take header, json, query and path_segment;
+ * consumers (for_consumer) header, json and message_id, since a message
+ * has no path or query. */
+static int get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                        struct key_part *k, int for_consumer)
+{
+    /* In the order of enum key_source, then message_id. */
+    static const char *const known[] = {"header", "json", "query", "path_segment",
+                                        "message_id"};
+    const yaml_node_t *v = NULL;
+    const char *s = NULL;
+    char fpath[96];
+    size_t given = 0, which = 0;
+    if (n->type != YAML_MAPPING_NODE)
+        return config_fail(c, n, path, "expected a mapping like { header: Idempotency-Key }"
+                           ", got %s", config_kind_name(n));
+    if (config_check_fields(c, n, path, known, 5))
+        return -1;
+    for (size_t i = 0; i < 5; i++) {
+        const yaml_node_t *x = config_field(c, n, known[i]);
+        if (x) {
+            given++;
+            v = x;
+            which = i;
+        }
+    }
+    if (given != 1)
+        return config_fail(c, n, path, for_consumer
+                           ? "give exactly one of header, json, message_id (a list of such "
+                      "mappings makes a composite key)"
+                    : "give exactly one of header, json, query, path_segment (a list "
+                      "of such mappings makes a composite key)");
+    config_join(fpath, sizeof fpath, path, known[which]);
+    if (which == 4 && !for_consumer)
+        return config_fail(c, v, fpath, "only a consumer's messages have ids; a route takes "
+                           "header, json, query or path_segment");
+    if ((which == KEY_QUERY || which == KEY_PATH_SEGMENT) && for_consumer)
+        return config_fail(c, v, fpath, "a message has no %s; a consumer takes header, json or "
+                           "message_id", which == KEY_QUERY ? "query" : "path");
+    if (which == 4) {
+        int yes = 0;
+        if (config_get_choice(c, v, fpath, "false", "true", &yes))
+            return -1;
+        if (!yes)
+            return config_fail(c, v, fpath, "message_id: false names no key part; say true, or "
+                               "give header or json");
+        k->source = KEY_HEADER;
+        return (k->name = strdup(CONSUMER_MESSAGE_ID_HEADER)) ? 0 : config_oom(c);
+    }
+    k->source = (enum key_source)which;
+    switch (k->source) {
+    case KEY_HEADER:
+        if (config_get_header_name(c, v, fpath, &s))
+            return -1;
+        if (for_consumer && !strcasecmp(s, CONSUMER_MESSAGE_ID_HEADER))
+            return config_fail(c, v, fpath, "%s is where the consumer puts the message's id: say "
+                               "message_id: true", config_quote(c, s));
+        break;
+    case KEY_JSON:
+        if (config_get_json_field(c, v, fpath, &s))
+            return -1;
+        break;
+    case KEY_QUERY:
+        if (config_scalar(c, v, fpath, "a query parameter name", &s))
+            return -1;
+        if (strlen(s) > FIELD_MAX_LEN || strcspn(s, "&=# \t") != strlen(s))
+            return config_fail(c, v, fpath, "%s is not a query parameter name (1 to 255 "
+                               "bytes, without & = # or blanks)", config_quote(c, s));
+        if (config_has_control(s))
+            return config_fail(c, v, fpath, "%s holds a control character", config_quote(c, s));
+        break;
+    case KEY_PATH_SEGMENT: {
+        uint64_t seg;
+        if (config_get_count(c, v, fpath, 1, 64, &seg))
+            return -1;
+        k->segment = (int)seg;
+        return 0;
+    }
+    }
+    return (k->name = strdup(s)) ? 0 : config_oom(c);
+}
+
+int config_get_key(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                   struct route *r, int for_consumer)
+{
+    char ipath[64];
+    if (n->type == YAML_MAPPING_NODE) {
+        if (!(r->key = calloc(1, sizeof *r->key)))
+            return config_oom(c);
+        r->key_parts = 1;
+        return get_key_part(c, n, path, &r->key[0], for_consumer);
+    }
+    if (n->type != YAML_SEQUENCE_NODE)
+        return config_fail(c, n, path, "expected a mapping like { json: refund_no } or a "
+                           "list of them, got %s", config_kind_name(n));
+    yaml_node_item_t *it = n->data.sequence.items.start;
+    size_t count = (size_t)(n->data.sequence.items.top - it);
+    if (count == 0 || count > KEY_PARTS_MAX)
+        return config_fail(c, n, path, "a composite key has 1 to %d parts, not %zu",
+                           KEY_PARTS_MAX, count);
+    if (!(r->key = calloc(count, sizeof *r->key)))
+        return config_oom(c);
+    r->key_parts = count;
+    for (size_t i = 0; i < count; i++) {
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (get_key_part(c, config_node(c, it[i]), ipath, &r->key[i], for_consumer))
+            return -1;
+    }
+    return 0;
+}
+
+static int get_layers(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                      struct route *r)
+{
+    yaml_node_item_t *it;
+    size_t count;
+    int record = 0;
+    if (config_list_items(c, n, path, "a list like [token, lock, record]", &it, &count))
+        return -1;
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *v = config_node(c, it[i]);
+        const char *s;
+        int *flag;
+        char ipath[112];
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (config_scalar(c, v, ipath, "token, lock or record", &s))
+            return -1;
+        if (!strcmp(s, "token"))
+            flag = &r->layer_token;
+        else if (!strcmp(s, "lock"))
+            flag = &r->layer_lock;
+        else if (!strcmp(s, "record"))
+            flag = &record;
+        else
+            return config_fail(c, v, ipath, "%s is not a layer (use token, lock, record)",
+                               config_quote(c, s));
+        if (*flag)
+            return config_fail(c, v, ipath, "%s is listed twice", s);
+        *flag = 1;
+    }
+    if (!record)
+        return config_fail(c, n, path, "record is always on: list it (e.g. [record], "
+                           "[lock, record] or [token, lock, record])");
+    return 0;
+}
+
+static int get_replay_headers(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                              struct route *r)
+{
+    yaml_node_item_t *it;
+    size_t count;
+    if (config_list_items(c, n, path, "a list of header names", &it, &count))
+        return -1;
+    if (count > LIST_MAX)
+        return config_fail(c, n, path, "%zu headers; at most %d", count, LIST_MAX);
+    config_free_list(r->replay_headers, r->replay_header_count);
+    r->replay_header_count = 0;
+    if (!(r->replay_headers = calloc(count ? count : 1, sizeof *r->replay_headers)))
+        return config_oom(c);
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *v = config_node(c, it[i]);
+        const char *s;
+        char *h, ipath[112];
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (config_get_header_name(c, v, ipath, &s))
+            return -1;
+        if (!(h = config_lower_dup(s)))
+            return config_oom(c);
+        r->replay_headers[r->replay_header_count++] = h;
+        /* The names the store never keeps (http_is_replayable_name), each
+         * also spelt with '_' (Keep_Alive), as CGI-style upstreams read it. */
+        if (http_is_hop_by_hop(NULL, h))
+            return config_fail(c, v, ipath, "%s is a hop-by-hop header: it is never "
+                               "stored, so it cannot be replayed", h);
+        if (http_name_alike(h, "content-length"))
+            return config_fail(c, v, ipath, "%s is computed for each reply; "
+                               "leave it out", h);
+        for (size_t j = 0; j + 1 < r->replay_header_count; j++)
+            if (!strcmp(h, r->replay_headers[j]))
+                return config_fail(c, v, ipath, "%s is listed twice", h);
+    }
+    return 0;
+}
+
+static int get_fingerprint(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                           struct route *r)
+{
+    if (n->type == YAML_SCALAR_NODE) {
+        const char *s;
+        if (config_scalar(c, n, path, "body, none or a list of JSON fields", &s))
+            return -1;
+        if (!strcmp(s, "body"))
+            r->fingerprint = FINGERPRINT_BODY;
+        else if (!strcmp(s, "none"))
+            r->fingerprint = FINGERPRINT_NONE;
+        else
+            return config_fail(c, n, path, "%s is not body, none or a list of JSON fields",
+                               config_quote(c, s));
+        return 0;
+    }
+    if (n->type != YAML_SEQUENCE_NODE)
+        return config_fail(c, n, path, "expected body, none or a list of JSON fields, got %s",
+                           config_kind_name(n));
+    yaml_node_item_t *it = n->data.sequence.items.start;
+    size_t count = (size_t)(n->data.sequence.items.top - it);
+    if (count == 0)
+        return config_fail(c, n, path, "an empty list: to fingerprint nothing, say none");
+    if (count > LIST_MAX)
+        return config_fail(c, n, path, "%zu fields; at most %d", count, LIST_MAX);
+    if (!(r->fingerprint_fields = calloc(count, sizeof *r->fingerprint_fields)))
+        return config_oom(c);
+    r->fingerprint = FINGERPRINT_FIELDS;
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *v = config_node(c, it[i]);
+        const char *s;
+        char ipath[112];
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (config_get_json_field(c, v, ipath, &s))
+            return -1;
+        for (size_t j = 0; j < r->fingerprint_field_count; j++)
+            if (!strcmp(s, r->fingerprint_fields[j]))
+                return config_fail(c, v, ipath, "%s is listed twice", config_quote(c, s));
+        if (!(r->fingerprint_fields[r->fingerprint_field_count] = strdup(s)))
+            return config_oom(c);
+        r->fingerprint_field_count++;
+    }
+    return 0;
+}
+
+/* What a route and a consumer say alike of their records: space (default:
+ * the name), lease, retention, replay_headers, fingerprint. */
+int config_get_record_fields(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                             struct route *r)
+{
+    char fpath[96];
+    const yaml_node_t *v;
+#define FIELD(fname) (config_join(fpath, sizeof fpath, path, fname), config_field(c, n, fname))
+    if ((v = FIELD("space")) && config_get_name(c, v, fpath, &r->space))
+        return -1;
+    if (!r->space && config_set_string(&r->space, r->name))
+        return config_oom(c);
+    /* At least a second: the gateway extends a live claim every lease/3
+     * through the store, and a lease shorter than the store's ordinary
+     * delays would run out under a live request, letting a duplicate take
+     * it over and execute again. */
+    if ((v = FIELD("lease")) && config_get_duration(c, v, fpath, MS_SEC, MS_DAY, &r->lease_ms))
+        return -1;
+    if ((v = FIELD("retention")) &&
+        config_get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->retention_ms))
+        return -1;
+    if ((v = FIELD("replay_headers")) && get_replay_headers(c, v, fpath, r))
+        return -1;
+    if ((v = FIELD("fingerprint")) && get_fingerprint(c, v, fpath, r))
+        return -1;
+#undef FIELD
+    return 0;
+}
+
+static void keep_statuses(struct route *r, int from, int to)
+{
+    for (int st = from; st <= to; st++)
+        r->keep_status[(st - 100) / 64] |= UINT64_C(1) << ((st - 100) % 64);
+}
+
+int config_route_keeps(const struct route *r, int status)
+{
+    return status >= 100 && status <= 599 &&
+           (r->keep_status[(status - 100) / 64] >> ((status - 100) % 64) & 1);
+}
+
+/* store_statuses: a list of classes (2xx) and statuses (422). */
+static int get_store_statuses(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                              struct route *r)
+{
+    yaml_node_item_t *it;
+    size_t count;
+    if (config_list_items(c, n, path, "a list like [2xx, 409, 422]", &it, &count))
+        return -1;
+    if (count == 0)
+        return config_fail(c, n, path, "an empty list keeps no answer, so every retry would "
+                           "execute again; list what to keep, e.g. [2xx, 4xx]");
+    if (count > LIST_MAX)
+        return config_fail(c, n, path, "%zu entries; at most %d", count, LIST_MAX);
+    memset(r->keep_status, 0, sizeof r->keep_status);
+    r->store_statuses_set = 1;
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *v = config_node(c, it[i]);
+        const char *s, *end;
+        uint64_t code;
+        int from, to;
+        char ipath[112];
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (config_scalar(c, v, ipath, "a status class like 2xx or a status like 422", &s))
+            return -1;
+        if (s[0] >= '1' && s[0] <= '5' && !strcmp(s + 1, "xx")) {
+            from = (s[0] - '0') * 100;
+            to = from + 99;
+        } else if ((end = config_digits(s, 999, &code)) && !*end && end - s == 3 &&
+                   code >= 100 && code <= 599) {
+            from = to = (int)code;
+        } else {
+            return config_fail(c, v, ipath, "%s is not a status class (1xx to 5xx) or a status "
+                               "(100 to 599)", config_quote(c, s));
+        }
+        for (int st = from; st <= to; st++)
+            if (config_route_keeps(r, st))
+                return config_fail(c, v, ipath, "%s: %d is listed already", config_quote(c, s), st);
+        keep_statuses(r, from, to);
+    }
+    return 0;
+}
+
+/* The problem types of a route's answers, which problems: may retitle. */
+static const char *const problem_types[] = {
+    "key_missing",      "key_invalid",       "subject_missing",   "subject_invalid",
+    "fingerprint_unavailable", "token_missing", "token_spent",    "request_in_flight",
+    "key_reused",       "store_unavailable", "invalid_argument",  "upstream_unreachable",
+    "upstream_response_too_large", "outcome_unknown", "shutting_down", "attempts_exhausted",
+    "stored_result_unreadable",
+};
+
+#define PROBLEM_TITLE_MAX 256
+#define PROBLEM_DETAIL_MAX 1024
+
+/* A title or detail: text for people, any language, on one line. */
+static int get_problem_field(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                             size_t max,
+                             char **dst)
+{
+    const char *s;
+    if (config_scalar(c, n, path, "a string", &s))
+        return -1;
+    size_t len = strlen(s);
+    if (!len || len > max)
+        return config_fail(c, n, path, "%zu bytes: 1 to %zu", len, max);
+    if (config_has_control(s))
+        return config_fail(c, n, path, "holds a control character (a title or detail is one line)");
+    const unsigned char *p = (const unsigned char *)s, *end = p + len;
+    while (p < end) {
+        size_t k = *p < 0x80 ? 1 : utf8_seq_len(p, end);
+        if (!k)
+            return config_fail(c, n, path, "is not UTF-8");
+        p += k;
+    }
+    return config_set_string(dst, s) ? config_oom(c) : 0;
+}
+
+/* problems: { token_spent: { title: ..., detail: ... }, ... } */
+int config_get_problems(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                        struct problem_text **out, size_t *count)
+{
+    if (n->type != YAML_MAPPING_NODE)
+        return config_fail(c, n, path, "expected a mapping like { token_spent: { title: ..., "
+                           "detail: ... } }, got %s", config_kind_name(n));
+    if (config_check_fields(c, n, path, problem_types,
+                            sizeof problem_types / sizeof problem_types[0]))
+        return -1;
+    size_t pairs = (size_t)(n->data.mapping.pairs.top - n->data.mapping.pairs.start);
+    if (!(*out = calloc(pairs ? pairs : 1, sizeof **out)))
+        return config_oom(c);
+    for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
+        static const char *const fields[] = {"title", "detail"};
+        const char *type = config_scalar_value(config_node(c, p->key));
+        const yaml_node_t *v = config_node(c, p->value), *f;
+        struct problem_text *t = &(*out)[*count];
+        char tpath[112], fpath[128];
+        config_join(tpath, sizeof tpath, path, type); /* check_fields: known, and once */
+        if (!(t->type = strdup(type)))
+            return config_oom(c);
+        (*count)++;
+        if (v->type != YAML_MAPPING_NODE)
+            return config_fail(c, v, tpath, "expected a mapping like { title: ..., detail: ... }, "
+                               "got %s", config_kind_name(v));
+        if (config_check_fields(c, v, tpath, fields, 2))
+            return -1;
+        config_join(fpath, sizeof fpath, tpath, "title");
+        if ((f = config_field(c, v, "title")) &&
+            get_problem_field(c, f, fpath, PROBLEM_TITLE_MAX, &t->title))
+            return -1;
+        config_join(fpath, sizeof fpath, tpath, "detail");
+        if ((f = config_field(c, v, "detail")) &&
+            get_problem_field(c, f, fpath, PROBLEM_DETAIL_MAX, &t->detail))
+            return -1;
+        if (!t->title && !t->detail)
+            return config_fail(c, v, tpath, "give a title, a detail or both");
+    }
+    return 0;
+}
+
+static const struct problem_text *find_problem(const struct problem_text *p, size_t n,
+                                               const char *type)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(p[i].type, type))
+            return &p[i];
+    return NULL;
+}
+
+void config_problem_text(const struct server_config *c, const struct route *rt,
+                         const char *type, const char **title, const char **detail)
+{
+    const struct problem_text *r = rt ? find_problem(rt->problems, rt->problem_count, type) : NULL;
+    const struct problem_text *g = find_problem(c->problems, c->problem_count, type);
+    *title = r && r->title ? r->title : g ? g->title : NULL;
+    *detail = r && r->detail ? r->detail : g ? g->detail : NULL;
+}
+
+static const char *const route_fields[] = {
+    "name",         "match",     "upstream",     "key",
+    "space",        "scope",     "layers",       "token_scene",
+    "in_flight",    "wait_timeout", "lease",     "retention",
+    "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
+    "on_redis_down", "on_unknown_outcome", "key_required", "store_statuses",
+    "problems",
+};
+
+/* routes[i] from n; the routes before it are read already, and their names
+ * are checked against this one's before the rest is read. */
+static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                     struct server_config *cfg, const yaml_node_item_t *items, size_t i)
+{
+    struct route *r = &cfg->routes[i];
+    char fpath[96];
+    const yaml_node_t *v;
+    if (config_route_defaults(r))
+        return config_oom(c);
+    if (n->type != YAML_MAPPING_NODE)
+        return config_fail(c, n, path, "expected a mapping (a route: name, match, "
+                           "upstream, key, ...), got %s", config_kind_name(n));
+    if (config_check_fields(c, n, path, route_fields,
+                            sizeof route_fields / sizeof route_fields[0]))
+        return -1;
+
+#define FIELD(fname) (config_join(fpath, sizeof fpath, path, fname), config_field(c, n, fname))
+    if (!(v = FIELD("name")))
+        return config_fail(c, n, path, "name is required");
+    if (config_get_name(c, v, fpath, &r->name))
+        return -1;
+    for (size_t j = 0; j < i; j++)
+        if (!strcmp(r->name, cfg->routes[j].name))
+            return config_fail(c, v, fpath, "%s is already the name of routes[%zu] (line "
+                               "%lu); names must be unique", config_quote(c, r->name), j,
+                               (unsigned long)config_node(c, items[j])->start_mark.line + 1);
+    if (!(v = FIELD("match")))
+        return config_fail(c, n, path, "match is required (e.g. match: { method: POST, "
+                           "path: /refunds })");
+    if (get_match(c, v, fpath, r))
+        return -1;
+    if (!(v = FIELD("upstream")))
+        return config_fail(c, n, path, "upstream is required (e.g. upstream: "
+                           "http://127.0.0.1:9000)");
+    if (config_get_upstream(c, v, fpath, &r->upstream))
+        return -1;
+    if (!(v = FIELD("key")))
+        return config_fail(c, n, path, "key is required (e.g. key: { header: "
+                           "Idempotency-Key })");
+    if (config_get_key(c, v, fpath, r, 0) || config_get_record_fields(c, n, path, r))
+        return -1;
+    if ((v = FIELD("scope")) && config_get_choice(c, v, fpath, "global", "subject",
+                                                  &r->scope_subject))
+        return -1;
+    if ((v = FIELD("layers")) && get_layers(c, v, fpath, r))
+        return -1;
+    if ((v = FIELD("token_scene")) && config_get_name(c, v, fpath, &r->token_scene))
+        return -1;
+    if (!r->token_scene && config_set_string(&r->token_scene, r->name))
+        return config_oom(c);
+    if ((v = FIELD("in_flight")) && config_get_choice(c, v, fpath, "reject", "wait",
+                                                      &r->in_flight_wait))
+        return -1;
+    if ((v = FIELD("wait_timeout")) &&
+        config_get_duration(c, v, fpath, 1, 10 * MS_MIN, &r->wait_timeout_ms))
+        return -1;
+    if ((v = FIELD("upstream_timeout")) &&
+        config_get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))
+        return -1;
+    if ((v = FIELD("on_upstream_5xx")) && config_get_choice(c, v, fpath, "release", "store",
+                                                            &r->on_5xx_store))
+        return -1;
+    if ((v = FIELD("on_redis_down")) && config_get_choice(c, v, fpath, "skip", "reject",
+                                                          &r->on_redis_down_reject))
+        return -1;
+    if ((v = FIELD("on_unknown_outcome")) && config_get_choice(c, v, fpath, "expire", "hold",
+                                                               &r->unknown_hold))
+        return -1;
+    if ((v = FIELD("key_required"))) {
+        int required = 1;
+        if (config_get_bool(c, v, fpath, &required))
+            return -1;
+        r->key_optional = !required;
+    }
+    if ((v = FIELD("store_statuses"))) {
+        if (config_field(c, n, "on_upstream_5xx"))
+            return config_fail(c, v, fpath, "store_statuses says which answers are kept, 5xx "
+                               "included: list 5xx there rather than set on_upstream_5xx too");
+        if (get_store_statuses(c, v, fpath, r))
+            return -1;
+    } else {
+        keep_statuses(r, 100, r->on_5xx_store ? 599 : 499);
+    }
+    if ((v = FIELD("problems")) &&
+        config_get_problems(c, v, fpath, &r->problems, &r->problem_count))
+        return -1;
+#undef FIELD
+    return 0;
+}
+
+static int same_match(const struct route *a, const struct route *b)
+{
+    int methods = (!a->method && !b->method) ||
+                  (a->method && b->method && !strcmp(a->method, b->method));
+    return methods && a->prefix == b->prefix && !strcmp(a->path, b->path);
+}
+
+int config_read_routes(struct config_ctx *c, const yaml_node_t *n, struct server_config *cfg)
+{
+    yaml_node_item_t *it = NULL;
+    size_t count = 0;
+    char path[32];
+    if (config_list_items(c, n, "routes", "a list of routes", &it, &count))
+        return -1;
+    if (count > ROUTES_MAX)
+        return config_fail(c, n, "routes", "%zu routes; at most %d", count, ROUTES_MAX);
+    if (count == 0)
+        return 0;
+    if (!(cfg->routes = calloc(count, sizeof *cfg->routes)))
+        return config_oom(c);
+    cfg->route_count = count;
+    for (size_t i = 0; i < count; i++) {
+        const yaml_node_t *rn = config_node(c, it[i]);
+        config_pathf(path, sizeof path, "routes[%zu]", i);
+        if (get_route(c, rn, path, cfg, it, i))
+            return -1;
+        for (size_t j = 0; j < i; j++) {
+            char fpath[48];
+            const struct route *a = &cfg->routes[i], *b = &cfg->routes[j];
+            if (a->layer_token && b->layer_token && !strcmp(a->token_scene, b->token_scene) &&
+                strcmp(a->space, b->space)) {
+                config_join(fpath, sizeof fpath, path, "token_scene");
+                /* Names: get_name let only plain characters through. */
+                return config_fail(
+                    c, rn, fpath, "\"%s\", as routes[%zu] (line %lu), whose space is "
+                    "\"%s\", not \"%s\": a token spent on a key in one space would "
+                    "let that key through in the other; give the two routes one space "
+                    "or different token scenes",
+                    a->token_scene, j, (unsigned long)config_node(c, it[j])->start_mark.line + 1,
+                    b->space, a->space);
+            }
+            /* A subject route's record key is the subject and its parts,
+             * a '/' between; a global route's, its parts: a global route
+             * of one part more would build the same keys from a header
+             * a client sets, and read or block another subject's. */
+            if (!strcmp(a->space, b->space) &&
+                (a->scope_subject != b->scope_subject || a->key_parts != b->key_parts)) {
+                config_join(fpath, sizeof fpath, path, "space");
+                return config_fail(
+                    c, rn, fpath, "\"%s\", as routes[%zu] (line %lu), with %s and %zu "
+                    "key part%s there and %s and %zu here: one space's keys are built "
+                    "one way, or one route's keys could be another's (a subject's with "
+                    "another subject's); give the two routes one scope and key shape, "
+                    "or spaces of their own",
+                    a->space, j, (unsigned long)config_node(c, it[j])->start_mark.line + 1,
+                    b->scope_subject ? "scope: subject" : "scope: global", b->key_parts,
+                    b->key_parts == 1 ? "" : "s",
+                    a->scope_subject ? "scope: subject" : "scope: global", a->key_parts);
+            }
+            if (!same_match(a, b))
+                continue;
+            config_join(fpath, sizeof fpath, path, "match");
+            return config_fail(c, config_field(c, rn, "match"), fpath, "the same method and path "
+                               "as routes[%zu] (line %lu): this route would never be used",
+                               j, (unsigned long)config_node(c, it[j])->start_mark.line + 1);
+        }
+    }
+    return 0;
+}
