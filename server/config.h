@@ -12,38 +12,8 @@
 
 #include "consume/consumer_config.h"
 #include "gateway/route_config.h"
+#include "http/front_config.h"
 #include "http/upstream_config.h"
-
-/* A listener's TLS: its certificate chain and key (PEM files), and for the
- * admin listener a CA whose client certificates it requires. cert NULL:
- * plain HTTP. */
-struct tls_files {
-    char *cert, *key, *client_ca;
-};
-
-struct server_limits {
-    size_t request_line_max;    /* default 8 KiB */
-    size_t header_count_max;    /* default 100 */
-    size_t header_bytes_max;    /* default 32 KiB */
-    size_t body_max;            /* default 1 MiB */
-    size_t response_max;        /* stored/forwarded upstream response body; default 1 MiB */
-    size_t connections_max;     /* default 10000 */
-    size_t connections_per_peer; /* of those, from one client address; default 1000 */
-    size_t admin_connections_max; /* on admin_listen, counted apart; default 64 */
-    size_t requests_per_connection; /* default 10000 */
-    int64_t idle_timeout_ms;    /* keep-alive connection idle; default 60 s */
-    int64_t header_timeout_ms;  /* a request's head must arrive within; default 10 s */
-    int64_t body_timeout_ms;    /* its body within; default 30 s */
-    int64_t send_timeout_ms;    /* a client reads nothing of its answer; default 60 s */
-    size_t in_flight_max;       /* requests being handled at once; default 1024 */
-    size_t in_flight_per_peer;  /* of those, from one client address; default 256 */
-    int64_t shutdown_timeout_ms; /* SIGTERM: how long in-flight requests may finish; default 30 s */
-    size_t replay_cache;        /* finished answers kept per event loop; default 16 MiB, 0: off */
-    size_t tokens_per_scene;    /* unspent tokens per subject and scene; default 16 */
-    int64_t token_ttl_max_ms;   /* a token issued on listen lives at most; default 1 h */
-    size_t token_rate_subject;  /* tokens issued on listen per second, per subject; 10 */
-    size_t token_rate_peer;     /* the same per client address; default 100 */
-};
 
 /* An API key of the admin listener: its name (logged on use), its scope,
  * and the SHA-256 of its text (the text itself is not kept). */
@@ -120,10 +90,6 @@ int config_resolve(struct server_config *cfg, char *err, size_t errlen);
 /* The configuration with every default and no routes (no file given). */
 struct server_config *config_default(void);
 
-/* --listen over the file's listen, with the forms and checks of listen.
- * 0, or -1 with err ("--listen X: what is wrong"). */
-int config_set_listen(struct server_config *cfg, const char *s, char *err, size_t errlen);
-
 /* What a command-line change can break across fields (admin_listen spelled
  * as listen). 0, or -1 with err. */
 int config_check_addresses(const struct server_config *cfg, char *err, size_t errlen);
@@ -134,9 +100,6 @@ int config_check_addresses(const struct server_config *cfg, char *err, size_t er
  * says allow_plaintext: true for it. 0, or -1 with err saying why and what
  * to write instead. */
 int config_finish(struct server_config *cfg, char *err, size_t errlen);
-
-/* 1 for an address only this machine reaches: 127.0.0.0/8, ::1, localhost. */
-int config_is_loopback(const char *host);
 
 void config_free(struct server_config *c);
 

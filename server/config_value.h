@@ -29,6 +29,7 @@
 #define URL_PATH_MAX 2048  /* match.path, an upstream's base path */
 #define FS_PATH_MAX 4096   /* storage.path */
 #define SECRET_MAX 4096    /* a secret read from the environment or a file */
+#define UNIX_PATH_MAX 107  /* a Unix socket's path fits in sun_path with its NUL */
 #define MSG_MAX 512
 
 #define MS_SEC 1000LL
