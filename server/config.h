@@ -10,20 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "admin/admin_config.h"
 #include "consume/consumer_config.h"
 #include "gateway/route_config.h"
 #include "http/front_config.h"
 #include "http/upstream_config.h"
-
-/* An API key of the admin listener: its name (logged on use), its scope,
- * and the SHA-256 of its text (the text itself is not kept). */
-struct api_key {
-    char *name;
-    int write;               /* scope: write (1: everything) or read (0: GET only) */
-    unsigned char hash[32];
-    unsigned long line;      /* where the file gives it */
-    int64_t logged_ms;       /* when its use was last logged (serve.c) */
-};
 
 struct server_config {
     char *path;               /* the file it came from (for reload), or NULL */
@@ -89,10 +80,6 @@ int config_resolve(struct server_config *cfg, char *err, size_t errlen);
 
 /* The configuration with every default and no routes (no file given). */
 struct server_config *config_default(void);
-
-/* What a command-line change can break across fields (admin_listen spelled
- * as listen). 0, or -1 with err. */
-int config_check_addresses(const struct server_config *cfg, char *err, size_t errlen);
 
 /* After --listen and --db are applied: admin_listen's default (the Unix
  * socket idem-admin.sock in state_dir), and the exposure check: listen or
