@@ -15,6 +15,17 @@
 #              nothing stored
 #   failure    a non-zero exit is stored; --exit-done; --retry-on-failure
 #   stop       SIGTERM passed on to the command; stopped, the key is released
+#   stall      our stdout a FIFO nobody reads: the command's output waits
+#              (back-pressure, in bounded memory), the lease is still
+#              renewed, and a second invocation after the lease would have
+#              lapsed does not run the command; once read, all of it comes
+#   grace      the claim lost under a command that ignores SIGTERM: killed
+#              after its 10 s grace, exit 70
+#   outage     (embedded) the store locked by another process for longer
+#              than the lease: the command is stopped, exit 70
+#   timeout    `timeout` sends SIGTERM to idem run and to its process
+#              group: the command gets exactly one; the key is released
+#   hup        SIGHUP passed on, with its grace; the key is released
 #   tail       the last 64 KiB of stdout, exactly, for a later invocation
 #   codes      65 for a record not idem run's, 78 for a bad configuration
 #   usage      bad --key, --space, options: 64 and what is wrong
@@ -214,6 +225,148 @@ if wait_for "$tmp/stop.up"; then
   check "the SIGTERM passed on" "$(cat "$tmp/stop.term" 2>/dev/null)" term
   out=$("$idem" run -c "$cfg" -s jobs -k "$key" -- echo next 2>/dev/null)
   check "the run after a stopped one (released)" "$? $out" "0 next"
+fi
+
+# ---- stall ----
+case=stall
+key="stall-$run_id"
+mkfifo "$tmp/stall.fifo"
+exec 9<>"$tmp/stall.fifo" # held open, never read: a reader that stalled
+# 128 MiB of output: far more than the pipe, and than idem run may buffer
+# (what it holds stays under 64 MiB, a sanitizer's own memory included).
+"$idem" run -c "$cfg" -s jobs -k "$key" --lease 3s -- sh -c \
+  "echo ran >>'$tmp/stall.count'; head -c 134217728 /dev/zero; echo end" \
+  >"$tmp/stall.fifo" 2>"$tmp/stall.err" &
+runner=$!
+pids+=($runner)
+if wait_for "$tmp/stall.count"; then
+  # Well past the 3 s lease: a loop blocked in a write would let it lapse.
+  sleep 8
+  alive "$runner" || fail "the first invocation ended: $(cat "$tmp/stall.err")"
+  rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$runner/status" 2>/dev/null)
+  [ -n "$rss" ] && [ "$rss" -lt 65536 ] || fail "the first invocation holds '$rss' KiB"
+  "$idem" run -c "$cfg" -s jobs -k "$key" --lease 3s -- sh -c "echo ran >>'$tmp/stall.count'" \
+    >/dev/null 2>"$tmp/stall2.err"
+  check "a second invocation while the first's stdout stalls" $? 75
+  check "times the command ran, stdout stalled" "$(wc -l <"$tmp/stall.count" | tr -d ' ')" 1
+  cat "$tmp/stall.fifo" >"$tmp/stall.out" 9>&- &
+  reader=$!
+  exec 9>&-
+  wait "$runner"
+  check "the first invocation's status, once read" $? 0
+  wait "$reader"
+  check "the bytes passed on" "$(wc -c <"$tmp/stall.out" | tr -d ' ')" 134217732
+  "$idem" run -c "$cfg" -s jobs -k "$key" -- sh -c "echo ran >>'$tmp/stall.count'" \
+    >/dev/null 2>&1
+  check "a later invocation's status" $? 0
+  check "times the command ran, after it" "$(wc -l <"$tmp/stall.count" | tr -d ' ')" 1
+fi
+exec 9>&-
+
+# ---- grace ----
+case=grace
+key="grace-$run_id"
+cat >"$tmp/grace.sh" <<EOF
+#!/bin/sh
+trap 'echo term >>"$tmp/grace.term"' TERM
+echo \$\$ >"$tmp/grace.pid"
+while :; do sleep 0.2; done
+EOF
+chmod +x "$tmp/grace.sh"
+"$idem" run -c "$cfg" -s jobs -k "$key" --lease 9s -- "$tmp/grace.sh" >/dev/null \
+  2>"$tmp/grace.err" &
+runner=$!
+pids+=($runner)
+if wait_for "$tmp/grace.pid"; then
+  started=$SECONDS
+  bump_epoch jobs "$key"
+  wait "$runner"
+  check "exit status once the claim is lost, SIGTERM ignored" $? 70
+  took=$((SECONDS - started))
+  [ "$took" -ge 9 ] || fail "killed after $took s, before its 10 s grace"
+  check "the SIGTERM it ignored" "$(cat "$tmp/grace.term" 2>/dev/null)" term
+  grep -q "did not stop within 10 s" "$tmp/grace.err" || fail "stderr: $(cat "$tmp/grace.err")"
+  alive "$(cat "$tmp/grace.pid")" && fail "the command outlived its grace"
+fi
+
+# ---- outage ----
+if [ "$kind" = embedded ]; then
+  case=outage
+  key="outage-$run_id"
+  cat >"$tmp/outage.sh" <<EOF
+#!/bin/sh
+trap 'echo term >>"$tmp/outage.term"; exit 143' TERM
+echo up >"$tmp/outage.up"
+while :; do sleep 0.2; done
+EOF
+  chmod +x "$tmp/outage.sh"
+  "$idem" run -c "$cfg" -s jobs -k "$key" --lease 3s -- "$tmp/outage.sh" >/dev/null \
+    2>"$tmp/outage.err" &
+  runner=$!
+  pids+=($runner)
+  if wait_for "$tmp/outage.up"; then
+    # Another process holds the file's write lock for longer than the lease.
+    sqlite3 "$tmp/idem.db" ".timeout 20000" "BEGIN EXCLUSIVE" ".system sleep 15" "COMMIT" &
+    holder=$!
+    pids+=($holder)
+    wait "$runner"
+    check "exit status once the store is away for longer than the lease" $? 70
+    grep -q "is lost (" "$tmp/outage.err" || fail "stderr: $(cat "$tmp/outage.err")"
+    check "the command was stopped" "$(cat "$tmp/outage.term" 2>/dev/null)" term
+    wait "$holder"
+  fi
+fi
+
+# ---- timeout ----
+case=timeout
+key="timeout-$run_id"
+# timeout sends SIGTERM to idem run, then to its own process group, which
+# idem run is in. The command is not (its process group is its own, its
+# grandparent being idem run), and gets one SIGTERM, passed on. Each one
+# it gets interrupts its `wait` at once and is written down, and it waits
+# 2 s more for a second one.
+timeout -k 60 5 "$idem" run -c "$cfg" -s jobs -k "$key" -- sh -c "
+  trap 'echo TERM >>\"$tmp/timeout.term\"' TERM
+  runner=\$(ps -o ppid= -p \$PPID)
+  echo \$(ps -o pgid= -p \$\$) \$(ps -o pgid= -p \$runner) >\"$tmp/timeout.groups\"
+  sleep 30 & p=\$!
+  wait \$p
+  sleep 2 & q=\$!
+  while kill -0 \$q 2>/dev/null; do wait \$q; done
+  kill \$p; exit 3" >/dev/null 2>"$tmp/timeout.err"
+check "timeout's status" $? 124
+if [ -s "$tmp/timeout.groups" ]; then
+  read -r mine runners <"$tmp/timeout.groups"
+  [ "$mine" != "$runners" ] || fail "the command is in idem run's process group ($mine)"
+else
+  fail "the command never started: $(cat "$tmp/timeout.err")"
+fi
+check "the SIGTERMs the command got" "$(cat "$tmp/timeout.term" 2>/dev/null)" TERM
+out=$("$idem" run -c "$cfg" -s jobs -k "$key" -- echo next 2>/dev/null)
+check "the run after a timed-out one (released)" "$? $out" "0 next"
+
+# ---- hup ----
+case=hup
+key="hup-$run_id"
+cat >"$tmp/hup.sh" <<EOF
+#!/bin/sh
+trap 'echo hup >>"$tmp/hup.log"; sleep 1; echo cleaned >>"$tmp/hup.log"; exit 9' HUP
+echo up >"$tmp/hup.up"
+while :; do sleep 0.1; done
+EOF
+chmod +x "$tmp/hup.sh"
+"$idem" run -c "$cfg" -s jobs -k "$key" -- "$tmp/hup.sh" >/dev/null 2>"$tmp/hup.err" &
+runner=$!
+pids+=($runner)
+if wait_for "$tmp/hup.up"; then
+  kill -HUP "$runner"
+  wait "$runner"
+  check "the status of a command stopped by SIGHUP" $? 9
+  # It got the signal once, and the time to clean up before it exited.
+  check "what the command did on SIGHUP" "$(tr '\n' ' ' <"$tmp/hup.log" 2>/dev/null)" \
+    "hup cleaned "
+  out=$("$idem" run -c "$cfg" -s jobs -k "$key" -- echo next 2>/dev/null)
+  check "the run after a hung-up one (released)" "$? $out" "0 next"
 fi
 
 # ---- tail ----
