@@ -1513,8 +1513,11 @@ static void on_connect(const redisAsyncContext *ac, int status)
     if (status != REDIS_OK)
         return; /* hiredis frees the context next: ev_cleanup */
     k->connected = 1;
-    if (k->ready)
+    if (k->ready) {
+        /* No handshake to wait for: through, as on_handshake says of one. */
         k->a->backoff_ms = 0;
+        __atomic_store_n(&k->a->r->up_at, idem__mono_ms(), __ATOMIC_RELAXED);
+    }
 }
 
 /* Write what the connection has to write now, rather than a turn of the
