@@ -24,7 +24,7 @@ static void check(const struct server_config *c)
     CHECK(!c->admin_host || (c->admin_port >= 0 && c->admin_port <= 65535));
     CHECK(!c->admin_host || strcmp(c->admin_host, c->listen_host) != 0 ||
           c->admin_port != c->listen_port || c->listen_port == 0);
-    CHECK(c->workers >= 1 && c->workers <= 4096);
+    CHECK(c->workers == 0 || (c->workers >= 1 && c->workers <= 4096)); /* ignored */
     CHECK(c->event_loops >= 0 && c->event_loops <= 16);
     CHECK(c->storage_kind && c->storage_path && c->subject_header);
     CHECK(c->route_count <= 1000);

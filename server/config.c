@@ -86,7 +86,6 @@ struct server_config *config_default(void)
     c->storage_timeout_ms = 2 * MS_SEC;
     c->subject_header = strdup("X-Subject");
     c->log_level = 1; /* info */
-    c->workers = 64;
     c->limits = (struct server_limits){
         .request_line_max = 8 * KIB,
         .header_count_max = 100,

@@ -42,7 +42,8 @@ struct server_config {
     char *subject_header;     /* default X-Subject */
     struct upstream_url upstream; /* where requests no route matches go */
     int has_upstream;         /* 0: those get 404 no_route */
-    int workers;              /* threads for blocking calls (API, distributed store); default 64 */
+    int workers;              /* workers: as given (0: not), and ignored: the JSON API
+                                 runs on the event loops; kept so older files load */
     int event_loops;          /* 0: one per processor, at most 4; else 1..16 */
     /* access_log: a line per request on listen and per message consumed.
      * to: NULL stderr (the default), "" off, else a file (opened for

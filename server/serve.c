@@ -803,6 +803,9 @@ static int run(int argc, char **argv, int consume_only)
         snprintf(admin, sizeof admin, ", JSON API on %s:%d", cfg->admin_host, admin_port);
     else
         snprintf(admin, sizeof admin, ", JSON API on unix:%s", cfg->admin_unix);
+    if (cfg->workers)
+        daemon_log("workers: ignored: the JSON API runs on the event loops (event_loops), "
+                   "with no pool of threads to size; the line can go");
     if (cfg->api_key_count == 0)
         daemon_log("api_keys: none, so the admin listener refuses every request (401); add a "
                    "key to read or change records, locks and tokens there");
