@@ -51,6 +51,7 @@
 #include "gateway/gateway.h"
 #include "idem/libevent.h"
 #include "http/front.h"
+#include "http/http_parser.h"
 #include "log.h"
 #include "mono.h"
 #include "gateway/replay_cache.h"
@@ -110,30 +111,12 @@ void mq_message_free(struct mq_message *m)
     free(m);
 }
 
-static int is_token_char(unsigned char ch)
-{
-    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-           (ch && strchr("!#$%&'*+-.^_`|~", ch));
-}
-
-int mq_field_text(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
-            return 0;
-    }
-    return 1;
-}
-
 int mq_add_header(struct mq_message *m, const char *name, size_t nlen, const char *value,
                   size_t vlen)
 {
     static const char *const reserved[] = {"content-length", "transfer-encoding", "host",
                                            "connection", "idem-message-id"};
-    int ok = nlen > 0 && nlen <= 255 && mq_field_text(value, vlen);
-    for (size_t i = 0; ok && i < nlen; i++)
-        ok = is_token_char((unsigned char)name[i]);
+    int ok = nlen <= 255 && http_is_token(name, nlen) && http_is_field_text(value, vlen);
     if (!ok) {
         m->bad = "header_invalid";
         return 0;

@@ -67,10 +67,6 @@ struct mq_message {
 
 void mq_message_free(struct mq_message *m);
 
-/* 1 when s[0..n) is text a header may carry: no control character but
- * tab (no CR, LF or NUL). */
-int mq_field_text(const char *s, size_t n);
-
 /* Add a header a message carries (name[0..nlen), value[0..vlen)) to m,
  * whose headers has room for it: a name that is not an HTTP field name, or
  * a value with a control character (CR, LF, NUL...), marks m bad

@@ -31,6 +31,7 @@
 #include <strings.h>
 
 #include "consume/consume.h"
+#include "http/http_parser.h"
 #include "log.h"
 #include "mono.h"
 
@@ -298,13 +299,13 @@ static struct mq_message *from_envelope(struct amqp_src *a, const amqp_envelope_
     int oom = !(m->body = dup_bytes(env->message.body));
     if (!oom && (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG)) {
         oom = !(m->id = dup_bytes(p->message_id));
-        if (!oom && (!mq_field_text(m->id, p->message_id.len) ||
+        if (!oom && (!http_is_field_text(m->id, p->message_id.len) ||
                      strlen(m->id) != p->message_id.len))
             m->bad = "message_id_invalid";
     }
     if (!oom && (p->_flags & AMQP_BASIC_CONTENT_TYPE_FLAG)) {
         oom = !(m->content_type = dup_bytes(p->content_type));
-        if (!oom && !mq_field_text(m->content_type, p->content_type.len))
+        if (!oom && !http_is_field_text(m->content_type, p->content_type.len))
             m->bad = "header_invalid";
     }
     const amqp_table_t *t = (p->_flags & AMQP_BASIC_HEADERS_FLAG) ? &p->headers : NULL;

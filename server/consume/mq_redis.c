@@ -29,6 +29,7 @@
 #include <strings.h>
 
 #include "consume/consume.h"
+#include "http/http_parser.h"
 #include "core/redis_url.h"
 #include "log.h"
 #include "mono.h"
@@ -112,7 +113,7 @@ static struct mq_message *from_entry(struct redis_src *r, const redisReply *e)
             }
         } else if (!strcmp(f->str, "message_id") && !m->id) {
             oom = !(m->id = strndup(v->str, v->len));
-            if (!oom && (!mq_field_text(v->str, v->len) || strlen(m->id) != v->len))
+            if (!oom && (!http_is_field_text(v->str, v->len) || strlen(m->id) != v->len))
                 m->bad = "message_id_invalid";
         } else {
             oom = mq_add_header(m, f->str, f->len, v->str, v->len) != 0;
