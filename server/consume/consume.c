@@ -30,6 +30,41 @@
  *                                                              ends, then taken over
  *   store down ─────────────────────────────────────────────► held, tried again; nothing acked
  *
+ * The same walk as the states a message held here is in (struct held's
+ * state; every change goes through enter(), which checks allowed_next[]):
+ *
+ *      ┌──────────── bad, over limits: dead letter ────────────┐
+ *      │        submit()                on_answered()            ▼
+ *   DELIVERED ───────────► RUNNING ──────────────────────────► SETTLING ──► DONE
+ *      │                     ▲   │ retry_later()                  │
+ *      │ no request          │   │ (released, in flight,          │ dead letter
+ *      │ (OOM)     on_retry()│   ▼  store down)                   │ not sure written
+ *      └───────────────────► HELD ◄───────────────────────────────┘
+ *                             │
+ *                             └── lost connection, draining ──► DONE
+ *
+ *   DELIVERED → RUNNING   submit(): the request is in the gateway
+ *   DELIVERED → SETTLING  consumer_deliver(): bad or over limits, dead letter
+ *   DELIVERED → HELD      submit(): no request could be made (OOM)
+ *   RUNNING → SETTLING    on_answered(): ack or dead letter
+ *   RUNNING → HELD        on_answered(): retry or wait (retry_later())
+ *   SETTLING → HELD       dead_letter(): not sure it was written, again later
+ *   HELD → RUNNING        on_retry(): submit() again
+ *   HELD → HELD           on_retry(): no request could be made (OOM)
+ *   any → DONE            drop(): acked, dead-lettered, or left to the broker
+ *                         (a lost connection, draining, a stopped loop)
+ *
+ *   DELIVERED  taken from the source and in the held list; checked
+ *              (consumer_deliver) and not yet anywhere else.
+ *   RUNNING    a request in the gateway: its on_answered() runs exactly
+ *              once; a lost connection or a drain leaves it be.
+ *   SETTLING   the broker is being told (ack, dead letter): whoever tells
+ *              it drops it or holds it; a lost connection leaves it be.
+ *   HELD       its timer is armed, nothing else refers to it: a lost
+ *              connection or a drain drops it (the broker has it again).
+ *   DONE       given up here (acked, dead-lettered, left to the broker):
+ *              drop() frees it at once.
+ *
  * A held message is not acked, so it occupies one of the prefetch slots
  * (the broker sends no more than prefetch unacked messages): with the
  * store down, the consumer soon takes nothing more. A message of a lost
@@ -38,6 +73,7 @@
  */
 #include "consume/consume.h"
 
+#include <assert.h>
 #include <event2/event.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -57,6 +93,19 @@
 #include "gateway/replay_cache.h"
 #include "http/upstream.h"
 
+/* Where a message held here is in its walk (the picture above). */
+enum msg_state { M_DELIVERED, M_RUNNING, M_SETTLING, M_HELD, M_DONE };
+
+#define BIT(s) (1u << (s))
+
+static const unsigned allowed_next[] = {
+    [M_DELIVERED] = BIT(M_RUNNING) | BIT(M_SETTLING) | BIT(M_HELD) | BIT(M_DONE),
+    [M_RUNNING] = BIT(M_SETTLING) | BIT(M_HELD) | BIT(M_DONE),
+    [M_SETTLING] = BIT(M_HELD) | BIT(M_DONE),
+    [M_HELD] = BIT(M_RUNNING) | BIT(M_HELD) | BIT(M_DONE),
+    [M_DONE] = 0,
+};
+
 /* A message the consumer holds, from its delivery to its ack (or to its
  * connection's loss). */
 struct held {
@@ -64,8 +113,7 @@ struct held {
     struct held *prev, *next;
     struct mq_message *m;
     struct event *timer;  /* waiting to be tried again */
-    int busy;             /* in the gateway, or being told to the broker: a lost
-                             connection leaves it to whoever holds it */
+    enum msg_state state; /* changed by enter() only */
     int last_status;      /* the handler's last answer (0: none seen here) */
     unsigned attempts;    /* the last claim's number */
     unsigned waits;       /* tries again without an attempt (in flight elsewhere, store) */
@@ -159,6 +207,15 @@ void consumer_each_held(const struct consumer *k, void (*fn)(void *arg, const ch
             fn(arg, h->m->entry);
 }
 
+/* Every change of a message's state: a refused one is a bug here, not
+ * anything a broker or a handler can cause. */
+static void enter(struct held *h, enum msg_state to)
+{
+    assert(allowed_next[h->state] & BIT(to));
+    (void)allowed_next; /* read by the assertion only */
+    h->state = to;
+}
+
 static size_t held_count(const struct consumer *k)
 {
     return atomic_load(&k->n.in_flight);
@@ -169,6 +226,7 @@ static size_t held_count(const struct consumer *k)
 static void drop(struct held *h)
 {
     struct consumer *k = h->k;
+    enter(h, M_DONE);
     if (h->prev)
         h->prev->next = h->next;
     else
@@ -193,6 +251,7 @@ static int current(const struct held *h)
 
 static void ack(struct held *h)
 {
+    enter(h, M_SETTLING);
     if (current(h))
         h->k->ops->ack(h->k->src, h->m);
     drop(h);
@@ -224,7 +283,7 @@ static void retry_later(struct held *h, int64_t ms)
     }
     struct timeval tv = ms_timeval(ms);
     evtimer_add(h->timer, &tv);
-    h->busy = 0;
+    enter(h, M_HELD);
 }
 
 static void dead_letter(struct held *h, const char *reason)
@@ -234,6 +293,7 @@ static void dead_letter(struct held *h, const char *reason)
         drop(h);
         return;
     }
+    enter(h, M_SETTLING);
     if (k->ops->dead_letter(k->src, h->m, reason, h->attempts, h->last_status) != 0) {
         /* Not sure it is there: the message stays unacked, and is tried
          * again (a second copy on the dead letter is possible, never none). */
@@ -465,7 +525,7 @@ static void submit(struct held *h)
         retry_later(h, 1000);
         return;
     }
-    h->busy = 1;
+    enter(h, M_RUNNING);
     gateway_start(k->d, daemon_config_ref(k->lc), &k->cfg->route, req);
 }
 
@@ -502,7 +562,7 @@ void consumer_deliver(struct consumer *k, struct mq_message *m)
         k->held->prev = h;
     k->held = h;
     atomic_fetch_add(&k->n.in_flight, 1);
-    h->busy = 1;
+    h->state = M_DELIVERED; /* the first state, entered once */
     const char *bad = m->bad ? m->bad : over_limits(k, m);
     if (bad)
         dead_letter(h, bad);
@@ -536,7 +596,7 @@ void consumer_connection(struct consumer *k, int up, const char *detail)
      * being told to the broker is dropped by the one telling. */
     for (struct held *h = k->held, *next; h; h = next) {
         next = h->next;
-        if (!h->busy)
+        if (h->state == M_HELD)
             drop(h);
     }
 }
@@ -559,7 +619,7 @@ static void on_drain(evutil_socket_t fd, short what, void *arg)
     k->ops->stop(k->src);
     for (struct held *h = k->held, *next; h; h = next) {
         next = h->next;
-        if (!h->busy)
+        if (h->state == M_HELD)
             drop(h); /* waiting to be tried again: the broker gives it out again */
     }
     front_drain(k->front, k->drain_ms);
