@@ -373,9 +373,9 @@ static void log_message(struct consumer *k, const struct held *h, const struct f
 }
 
 /* What the gateway made of the message: tell the broker, or hold it. */
-static void on_answered(struct front_request *req)
+static void on_answered(void *owner, struct front_request *req)
 {
-    struct held *h = req->owner;
+    struct held *h = owner;
     struct consumer *k = h->k;
     const struct route *rt = &k->cfg->route;
     int status = req->resp ? req->resp->status : 503;

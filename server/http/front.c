@@ -123,7 +123,7 @@ struct front {
     pthread_mutex_t mu;             /* guards in_flight */
     size_t in_flight;               /* this loop's requests being handled */
 
-    struct front_request *injected; /* front_inject()'s, not answered yet */
+    struct injected *injected;      /* front_inject()'s, not answered yet */
     size_t nconns;            /* this loop's connections */
     struct front_counts own_counts;
     struct front_counts *counts; /* all loops': what the limits count */
@@ -358,54 +358,74 @@ static void answer_at_close(struct conn *c, struct http_response *r)
     free(bytes);
 }
 
-static void unlink_injected(struct front_request *req)
+/* A request front_inject() made: its answer goes to answered, on the loop,
+ * instead of a client. req comes first, so that a request with no
+ * connection is one of these. */
+struct injected {
+    struct front_request req;
+    front_answered_fn answered;
+    void *owner;                   /* answered's */
+    struct injected *prev, *next;  /* the front's, not answered yet */
+};
+
+static struct injected *injected_of(struct front_request *req)
 {
-    struct front *f = req->front;
-    if (req->inj_prev)
-        req->inj_prev->inj_next = req->inj_next;
+    return (struct injected *)req;
+}
+
+static void unlink_injected(struct injected *in)
+{
+    struct front *f = in->req.front;
+    if (in->prev)
+        in->prev->next = in->next;
     else
-        f->injected = req->inj_next;
-    if (req->inj_next)
-        req->inj_next->inj_prev = req->inj_prev;
+        f->injected = in->next;
+    if (in->next)
+        in->next->prev = in->prev;
+}
+
+static void free_injected(struct injected *in)
+{
+    http_msg_free(in->req.msg);
+    response_free(in->req.resp);
+    free(in);
 }
 
 struct front_request *front_inject(struct front *f, struct http_msg *msg,
-                                   front_step_fn answered, void *owner)
+                                   front_answered_fn answered, void *owner)
 {
-    struct front_request *req = f->draining || f->closing ? NULL : calloc(1, sizeof *req);
-    if (!req) {
+    struct injected *in = f->draining || f->closing ? NULL : calloc(1, sizeof *in);
+    if (!in) {
         http_msg_free(msg);
         return NULL;
     }
-    req->start_us = mono_us();
-    req->msg = msg;
-    req->front = f;
-    req->loop_ctx = f->loop_ctx;
-    req->answered = answered;
-    req->owner = owner;
-    req->inj_next = f->injected;
+    in->req.start_us = mono_us();
+    in->req.msg = msg;
+    in->req.front = f;
+    in->req.loop_ctx = f->loop_ctx;
+    in->answered = answered;
+    in->owner = owner;
+    in->next = f->injected;
     if (f->injected)
-        f->injected->inj_prev = req;
-    f->injected = req;
+        f->injected->prev = in;
+    f->injected = in;
     pthread_mutex_lock(&f->mu);
     f->in_flight++;
     pthread_mutex_unlock(&f->mu);
-    return req;
+    return &in->req;
 }
 
-static void answer_injected(struct front_request *req)
+static void answer_injected(struct injected *in)
 {
-    struct front *f = req->front;
+    struct front *f = in->req.front;
     pthread_mutex_lock(&f->mu);
     f->in_flight--;
     int idle = f->draining && f->in_flight == 0;
     pthread_mutex_unlock(&f->mu);
-    unlink_injected(req);
-    req->on_abort = NULL;
-    req->answered(req);
-    http_msg_free(req->msg);
-    response_free(req->resp);
-    free(req);
+    unlink_injected(in);
+    in->req.on_abort = NULL;
+    in->answered(in->owner, &in->req);
+    free_injected(in);
     if (idle)
         event_active(f->drain_ev, EV_TIMEOUT, 0);
 }
@@ -414,7 +434,7 @@ void front_answer(struct front_request *req)
 {
     struct conn *c = req->conn;
     if (!c) {
-        answer_injected(req);
+        answer_injected(injected_of(req));
         return;
     }
     log_answer(req, req->resp ? req->resp->status : 503);
@@ -1146,12 +1166,12 @@ void front_abort_parked(struct front *f)
             abort(&c->req); /* ends with front_answer(), which may free c */
         }
     }
-    for (struct front_request *req = f->injected, *next; req; req = next) {
-        next = req->inj_next;
-        if (req->on_abort) {
-            front_step_fn abort = req->on_abort;
-            req->on_abort = NULL;
-            abort(req); /* ends with front_answer(), which frees req */
+    for (struct injected *in = f->injected, *next; in; in = next) {
+        next = in->next;
+        if (in->req.on_abort) {
+            front_step_fn abort = in->req.on_abort;
+            in->req.on_abort = NULL;
+            abort(&in->req); /* ends with front_answer(), which frees in */
         }
     }
     /* What comes back from now on finds the front closing. */
@@ -1167,11 +1187,9 @@ void front_free(struct front *f)
     while (f->conns)
         conn_free(f->conns);
     while (f->injected) {
-        struct front_request *req = f->injected;
-        unlink_injected(req);
-        http_msg_free(req->msg);
-        response_free(req->resp);
-        free(req);
+        struct injected *in = f->injected;
+        unlink_injected(in);
+        free_injected(in);
     }
     if (f->listener)
         evconnlistener_free(f->listener);

@@ -55,12 +55,7 @@ struct front_request {
      * the answer goes out; NULL: on no route. */
     struct route_counts *route_n;
     int64_t start_us;           /* mono_us() when the request was whole */
-    /* A request the daemon made itself (front_inject): no connection, and
-     * its answer goes to answered, on the loop, instead of a client. */
-    front_step_fn answered;
-    void *owner;                /* answered's */
-    struct front_request *inj_prev, *inj_next; /* private to front.c */
-    struct conn *conn;          /* private to front.c */
+    struct conn *conn;          /* private to front.c: NULL when injected */
     struct front *front;        /* private to front.c */
 };
 
@@ -87,11 +82,12 @@ void front_answer_raw(struct front_request *req, const void *bytes, size_t len);
  * with no connection: msg is taken over, peer is "" (nothing to forward
  * as X-Forwarded-For). It counts as in flight on f (front_drain waits for
  * it) but not against the listeners' limits. Hand it to a handler as the
- * front would; its front_answer() calls answered(req), which reads
+ * front would; its front_answer() calls answered(owner, req), which reads
  * req->resp (the front frees it, the message and req after). NULL when f
  * drains or on OOM (msg is freed). Loop thread only. */
+typedef void (*front_answered_fn)(void *owner, struct front_request *req);
 struct front_request *front_inject(struct front *f, struct http_msg *msg,
-                                   front_step_fn answered, void *owner);
+                                   front_answered_fn answered, void *owner);
 
 /* Called on the loop for each request of the main listener as its answer
  * (of this status) goes out: the access log. */
