@@ -1061,14 +1061,16 @@ static void hold_abandoned(struct gw *g)
 
 /* ---- attempts ----
  *
- * A consumer's message is tried at most max_attempts times, however often
- * it is delivered and however often Idem restarts meanwhile: the count is
- * the record's, since every claim of a key moves its epoch on by one, from
- * the clock at its creation (created_ms). A claim past max_attempts is not
- * sent: the record fails for good with attempts_exhausted, and the
- * consumer dead-letters the message. A claim that is the last attempt
- * keeps whatever the handler answers, so that no later delivery sends it
- * again. On the routes of routes: (max_attempts 0) nothing is counted. */
+ * A route with max_attempts (a consumer's) is tried at most that many
+ * times per key, however often its message is delivered and however often
+ * Idem restarts meanwhile: the count is the record's, since every claim of
+ * a key moves its epoch on by one, from the clock at its creation
+ * (created_ms). A claim past max_attempts is not sent: the record fails for
+ * good with attempts_exhausted (a consumer dead-letters the message). A
+ * claim that is the last attempt keeps whatever the upstream answers, so
+ * that no later delivery sends it again. Which answers are worth another
+ * attempt is the route's keep set (store_statuses), whoever configured it.
+ * With max_attempts 0 (the routes of routes:) nothing is counted. */
 
 static unsigned attempt_of(const idem_record *rec)
 {
@@ -1086,13 +1088,6 @@ static void exhausted(struct gw *g)
                      g->attempt, g->rt->max_attempts);
     g->stored = g->out ? stored_encode_response(g->out, &g->stored_len) : NULL;
     finish_record(g, g->stored ? FINISH_FAIL_FINAL : FINISH_NONE);
-}
-
-/* A consumer's handler answered status: is it worth another attempt? A
- * 5xx, 408 and 429 are; any other answer is the handler's last word. */
-static int consumer_retries(int status)
-{
-    return status >= 500 || status == 408 || status == 429;
 }
 
 static void after_begin(struct gw *g)
@@ -1451,11 +1446,10 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     g->req->upstream_result = (int)ur;
     switch (ur) {
     case UPSTREAM_OK: {
-        /* A consumer's last attempt keeps what it got (see "attempts"). */
+        /* A last attempt keeps what it got (see "attempts"). */
         int last = rt->max_attempts && g->attempt >= rt->max_attempts;
-        int retry = rt->max_attempts ? consumer_retries(resp->status) && !last
-                                     : !config_route_keeps(rt, resp->status);
-        int ok = rt->max_attempts ? resp->status < 400 : resp->status < 500;
+        int retry = !config_route_keeps(rt, resp->status) && !last;
+        int ok = resp->status < rt->fails_from;
         g->out = from_upstream(resp, strcmp(g->req->msg->method, "HEAD") == 0);
         if (retry) {
             finish_record(g, FINISH_FAIL_RETRYABLE);
@@ -1530,7 +1524,7 @@ static void forward(struct gw *g)
     char attempt_hdr[32];
     o = put(attempt_hdr, "Idem-Attempt: ", 14);
     *put_uint(o, g->attempt) = '\0';
-    /* Only a consumer's claims are counted (see "attempts"). */
+    /* Only a route with max_attempts counts its claims (see "attempts"). */
     const char *extra[] = {epoch_hdr, key_hdr, rt->max_attempts ? attempt_hdr : NULL, NULL};
     struct upstream_request rq = {
         .method = m->method,

@@ -65,6 +65,7 @@ int config_route_defaults(struct route *r)
     r->lease_ms = 30 * MS_SEC;
     r->retention_ms = MS_DAY;
     r->upstream_timeout_ms = 30 * MS_SEC;
+    r->fails_from = 500;
     r->fingerprint = FINGERPRINT_BODY;
     r->replay_headers = calloc(1, sizeof *r->replay_headers);
     if (!r->replay_headers || !(r->replay_headers[0] = strdup("content-type")))
@@ -436,7 +437,7 @@ int config_get_record_fields(struct config_ctx *c, const yaml_node_t *n, const c
     return 0;
 }
 
-static void keep_statuses(struct route *r, int from, int to)
+void config_route_keep(struct route *r, int from, int to)
 {
     for (int st = from; st <= to; st++)
         r->keep_status[(st - 100) / 64] |= UINT64_C(1) << ((st - 100) % 64);
@@ -485,7 +486,7 @@ static int get_store_statuses(struct config_ctx *c, const yaml_node_t *n, const 
         for (int st = from; st <= to; st++)
             if (config_route_keeps(r, st))
                 return config_fail(c, v, ipath, "%s: %d is listed already", config_quote(c, s), st);
-        keep_statuses(r, from, to);
+        config_route_keep(r, from, to);
     }
     return 0;
 }
@@ -676,7 +677,7 @@ static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *pat
         if (get_store_statuses(c, v, fpath, r))
             return -1;
     } else {
-        keep_statuses(r, 100, r->on_5xx_store ? 599 : 499);
+        config_route_keep(r, 100, r->on_5xx_store ? 599 : 499);
     }
     if ((v = FIELD("problems")) &&
         config_get_problems(c, v, fpath, &r->problems, &r->problem_count))

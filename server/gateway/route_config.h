@@ -76,9 +76,10 @@ struct route {
     size_t fingerprint_field_count;
     int on_5xx_store;        /* on_upstream_5xx: store (1) or release (0, default) */
     /* store_statuses: the upstream statuses (100..599) whose answers are
-     * kept, bit (status - 100); the rest release the claim. Default: every
-     * status under 500, and 5xx with on_upstream_5xx: store. Routes only: a
-     * consumer's attempts follow max_attempts. */
+     * kept, bit (status - 100); the rest release the claim for another
+     * try. Default: every status under 500, and 5xx with on_upstream_5xx:
+     * store. A consumer's: all but 5xx, 408 and 429 (its handler's word
+     * that another attempt is worth it). */
     uint64_t keep_status[(500 + 63) / 64];
     int store_statuses_set;  /* store_statuses was given */
     struct problem_text *problems; /* problems: this route's, over the global ones */
@@ -91,9 +92,13 @@ struct route {
                                  retention, at most a day, until an operator finishes
                                  it) or expire
                                  (0, default: retries run once the lease ends) */
-    /* A consumer's route (consumer.route): its handler is the upstream,
-     * and each claim is an attempt — the record's epoch counts them (see
-     * gateway.c, "attempts"). 0 on the routes of routes:. */
+    /* A kept answer with this status or above fails the record (FAILED),
+     * one below completes it: 500 on routes, 400 for a consumer's handler. */
+    int fails_from;
+    /* Each claim is an attempt, and at most this many are made: the
+     * record's epoch counts them (see gateway.c, "attempts"), the last one
+     * keeps whatever it gets. A consumer's (max_attempts); 0 on the routes
+     * of routes:, whose clients decide when to retry. */
     unsigned max_attempts;
 };
 
@@ -110,6 +115,8 @@ int config_path_match(const char *pattern, int prefix, const char *path);
 
 /* Does the route keep an answer with this upstream status (store_statuses)? */
 int config_route_keeps(const struct route *r, int status);
+/* Keep the answers with a status from..to (100..599) as well. */
+void config_route_keep(struct route *r, int from, int to);
 
 struct server_config;
 
