@@ -323,9 +323,11 @@ static const char *parse_write(struct evhttp_request *req, struct pending *p)
 
     p->delay_ms = delay_ms;
 
-    if ((hdr = evhttp_find_header(headers, "X-Fail")) &&
-        (p->fail = (int)parse_long(hdr, 500, 599)) < 0)
-        return "X-Fail must be a 5xx status";
+    if ((hdr = evhttp_find_header(headers, "X-Fail"))) {
+        p->fail = (int)parse_long(hdr, 408, 599);
+        if (p->fail < 500 && p->fail != 408 && p->fail != 425 && p->fail != 429)
+            return "X-Fail must be a 5xx status, 408, 425 or 429";
+    }
     if ((hdr = evhttp_find_header(headers, "X-Delay-Ms")) &&
         (p->delay_ms = parse_long(hdr, 0, MAX_DELAY_MS)) < 0)
         return "X-Delay-Ms must be a number of milliseconds";

@@ -281,14 +281,11 @@ static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *
     /* What a consumer's route is, whatever the file says: POST to the
      * handler, the record layer alone (no client to hold a token; the
      * in-process claims keep a key to one delivery at a time), an answer
-     * in flight refused (the consumer comes back to it later). A 5xx, 408
-     * or 429 releases the claim so that the next attempt runs (unless it
-     * was the last); any other answer is the handler's last word, and a
+     * in flight refused (the consumer comes back to it later). A 5xx, 408,
+     * 425 or 429 releases the claim so that the next attempt runs (unless
+     * it was the last); any other answer is the handler's last word, and a
      * 4xx among them fails the message (it is dead-lettered). */
-    memset(r->keep_status, 0, sizeof r->keep_status);
-    config_route_keep(r, 100, 407);
-    config_route_keep(r, 409, 428);
-    config_route_keep(r, 430, 499);
+    config_route_keep_default(r, 0);
     r->fails_from = 400;
     if (config_set_string(&r->method, "POST") || config_set_string(&r->path, "") ||
         config_set_string(&r->token_scene, r->name))

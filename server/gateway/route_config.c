@@ -443,6 +443,15 @@ void config_route_keep(struct route *r, int from, int to)
         r->keep_status[(st - 100) / 64] |= UINT64_C(1) << ((st - 100) % 64);
 }
 
+void config_route_keep_default(struct route *r, int with_5xx)
+{
+    memset(r->keep_status, 0, sizeof r->keep_status);
+    config_route_keep(r, 100, 407);
+    config_route_keep(r, 409, 424);
+    config_route_keep(r, 426, 428);
+    config_route_keep(r, 430, with_5xx ? 599 : 499);
+}
+
 int config_route_keeps(const struct route *r, int status)
 {
     return status >= 100 && status <= 599 &&
@@ -677,7 +686,7 @@ static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *pat
         if (get_store_statuses(c, v, fpath, r))
             return -1;
     } else {
-        config_route_keep(r, 100, r->on_5xx_store ? 599 : 499);
+        config_route_keep_default(r, r->on_5xx_store);
     }
     if ((v = FIELD("problems")) &&
         config_get_problems(c, v, fpath, &r->problems, &r->problem_count))

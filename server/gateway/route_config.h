@@ -77,9 +77,9 @@ struct route {
     int on_5xx_store;        /* on_upstream_5xx: store (1) or release (0, default) */
     /* store_statuses: the upstream statuses (100..599) whose answers are
      * kept, bit (status - 100); the rest release the claim for another
-     * try. Default: every status under 500, and 5xx with on_upstream_5xx:
-     * store. A consumer's: all but 5xx, 408 and 429 (its handler's word
-     * that another attempt is worth it). */
+     * try. Default (routes and consumers): every status under 500 but the
+     * ones that ask for a retry (408, 425, 429), and 5xx with
+     * on_upstream_5xx: store. */
     uint64_t keep_status[(500 + 63) / 64];
     int store_statuses_set;  /* store_statuses was given */
     struct problem_text *problems; /* problems: this route's, over the global ones */
@@ -117,6 +117,10 @@ int config_path_match(const char *pattern, int prefix, const char *path);
 int config_route_keeps(const struct route *r, int status);
 /* Keep the answers with a status from..to (100..599) as well. */
 void config_route_keep(struct route *r, int from, int to);
+/* Keep what a route keeps without store_statuses: every answer under 500
+ * but 408, 425 and 429, which ask for a retry, and with with_5xx the 5xx
+ * too. */
+void config_route_keep_default(struct route *r, int with_5xx);
 
 struct server_config;
 

@@ -301,7 +301,8 @@ static void test_route_values(void **state)
 }
 
 /* store_statuses: which upstream answers a route keeps; the default is
- * every status under 500, with 5xx too under on_upstream_5xx: store. */
+ * every status under 500 but 408, 425 and 429, with 5xx too under
+ * on_upstream_5xx: store. */
 static void test_store_statuses(void **state)
 {
     struct server_config *c = parse_ok(ROUTE);
@@ -311,6 +312,13 @@ static void test_store_statuses(void **state)
     assert_true(config_route_keeps(r, 201));
     assert_true(config_route_keeps(r, 422));
     assert_true(config_route_keeps(r, 499));
+    assert_true(config_route_keeps(r, 409));
+    assert_true(config_route_keeps(r, 426));
+    assert_true(config_route_keeps(r, 430));
+    /* The answers that ask for a retry are not kept. */
+    assert_false(config_route_keeps(r, 408));
+    assert_false(config_route_keeps(r, 425));
+    assert_false(config_route_keeps(r, 429));
     assert_false(config_route_keeps(r, 500));
     assert_false(config_route_keeps(r, 503));
     assert_false(config_route_keeps(r, 99));

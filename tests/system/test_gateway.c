@@ -700,7 +700,8 @@ static void test_upstream_5xx_release(void **state)
 /* store_statuses: [2xx, 409]: the service's 400 for a bad amount is passed
  * on and not kept, so the corrected request under the same key executes
  * (and is kept: the bad one is then the other payload). By default the
- * 400 is kept, and the corrected one is refused as another payload. */
+ * 400 is kept, and the corrected one is refused as another payload, while
+ * a 408, 425 or 429 is released for the retry. */
 static void test_store_statuses_release_rejected(void **state)
 {
     (void)state;
@@ -727,13 +728,29 @@ static void test_store_statuses_release_rejected(void **state)
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 
-    /* The default keeps every answer under 500, the 400 included. */
+    /* The default keeps every answer under 500, the 400 included... */
     start_idem(&gw, "routes:\n" REFUND_ROUTE, "statuses-default.db");
     const char *bad2 = "{\"refund_no\":\"R-kept-2\",\"amount\":\"1,00\"}";
     const char *good2 = "{\"refund_no\":\"R-kept-2\",\"amount\":\"1.00\"}";
     post_expect(gw.port, bad2, 400, 0);
     post_expect(gw.port, bad2, 400, 1);
     post_expect(gw.port, good2, 422, 0);
+    /* ...but those that ask for a retry: each is passed on and released,
+     * and the retry of the same request executes and is kept. */
+    static const char *const busy[][2] = {{"X-Fail: 429", NULL}, {"X-Fail: 408", NULL},
+                                          {"X-Fail: 425", NULL}};
+    const char *busy_body = "{\"refund_no\":\"R-busy\",\"amount\":\"1.00\"}";
+    before = sys_stat(service.port, "executions");
+    for (size_t i = 0; i < sizeof busy / sizeof busy[0]; i++) {
+        sys_http(gw.port, "POST", "/refunds", busy[i], busy_body, 5000, &r);
+        assert_int_equal(r.status, atoi(busy[i][0] + 8));
+        assert_null(sys_header(&r, "Idempotent-Replayed"));
+        assert_null(sys_header(&r, "Idempotency-Key-Expires"));
+        sys_resp_free(&r);
+    }
+    post_expect(gw.port, busy_body, 201, 0);
+    post_expect(gw.port, busy_body, 201, 1);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 4);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
