@@ -20,6 +20,7 @@
 #include <strings.h>
 
 #include "gateway/json_scan.h"
+#include "http/http_parser.h"
 #include "put.h"
 
 size_t request_path(const char *target, char *out, size_t cap)
@@ -206,21 +207,25 @@ int request_subject(const struct http_msg *m, const char *header, const char **s
     return 400;
 }
 
-/* The Idempotency-Key header is a Structured Field sf-string (RFC 8941,
- * as draft-ietf-httpapi-idempotency-key-header defines it): "abc", with \"
- * and \\ the only escapes, printable ASCII inside. in (the field's value,
- * trimmed) to out (cap bytes): 0, or -1 with why. A bare token (what many
+/* ---- the Idempotency-Key header ----
+ *
+ * A Structured Field Item whose bare item is an sf-string (RFC 8941, as
+ * draft-ietf-httpapi-idempotency-key-header defines it): "abc", with \"
+ * and \\ the only escapes, printable ASCII inside, then parameters
+ * (;a=1;b), which are checked and ignored. A bare token (what many
  * clients send) is taken as it is, so that "abc" and abc are one key. */
-static int sf_string(const char *in, char *out, size_t cap, const char **why)
+
+/* A quoted string at p (on its '"'): its content to out (cap bytes, out
+ * NULL: only checked); the end past the closing quote, or NULL with why. */
+static const char *sf_quoted(const char *p, char *out, size_t cap, const char **why)
 {
     size_t o = 0;
-    const char *p = in + 1;
-    for (;; p++) {
+    for (p++;; p++) {
         unsigned char ch = (unsigned char)*p;
         if (!ch) {
             *why = "it opens a quoted string (a Structured Field sf-string) and does not "
                    "close it";
-            return -1;
+            return NULL;
         }
         if (ch == '"')
             break;
@@ -228,25 +233,92 @@ static int sf_string(const char *in, char *out, size_t cap, const char **why)
             ch = (unsigned char)*++p;
             if (ch != '"' && ch != '\\') {
                 *why = "a backslash in a quoted string escapes only \" and \\";
-                return -1;
+                return NULL;
             }
         } else if (ch < 0x20 || ch > 0x7e) {
             *why = "a quoted string holds printable ASCII only";
-            return -1;
+            return NULL;
         }
-        if (o + 1 >= cap) {
-            *why = "it is too long";
-            return -1;
+        if (out) {
+            if (o + 1 >= cap) {
+                *why = "it is too long";
+                return NULL;
+            }
+            out[o++] = (char)ch;
         }
-        out[o++] = (char)ch;
     }
-    if (p[1]) {
-        *why = "something follows the quoted string (one sf-string, without parameters, is "
-               "the key)";
+    if (out)
+        out[o] = '\0';
+    return p + 1;
+}
+
+static int lcalpha(char c)
+{
+    return c >= 'a' && c <= 'z';
+}
+
+static int digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* A parameter's bare item at p (RFC 8941 3.3): an integer or decimal, a
+ * string, a token, a byte sequence or a boolean. Its end, or NULL. */
+static const char *sf_bare_item(const char *p, const char **why)
+{
+    if (*p == '"')
+        return sf_quoted(p, NULL, 0, why);
+    if (*p == '-' || digit(*p)) {
+        p += *p == '-';
+        size_t whole = strspn(p, "0123456789"), frac = 0;
+        p += whole;
+        if (*p == '.') {
+            frac = strspn(p + 1, "0123456789");
+            p += 1 + frac;
+        }
+        if (whole && (frac ? whole <= 12 && frac <= 3 : whole <= 15 && p[-1] != '.'))
+            return p;
+    } else if (*p == '?') {
+        if (p[1] == '0' || p[1] == '1')
+            return p + 2;
+    } else if (*p == ':') {
+        p += 1 + strspn(p + 1, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                               "0123456789+/=");
+        if (*p == ':')
+            return p + 1;
+    } else if ((*p >= 'A' && *p <= 'Z') || lcalpha(*p) || *p == '*') {
+        for (p++; *p && (http_is_token(p, 1) || *p == ':' || *p == '/'); p++)
+            ;
+        return p;
+    }
+    *why = "a parameter's value is not a Structured Field bare item (an integer, a "
+           "decimal, a string, a token, a byte sequence or a boolean)";
+    return NULL;
+}
+
+/* in (the field's value, trimmed, on its '"') to out (cap bytes): 0, or
+ * -1 with why. */
+static int sf_string(const char *in, char *out, size_t cap, const char **why)
+{
+    const char *p = sf_quoted(in, out, cap, why);
+    while (p && *p == ';') {
+        for (p++; *p == ' '; p++)
+            ;
+        if (!lcalpha(*p) && *p != '*') {
+            *why = "a parameter after the quoted string does not start with a name (a "
+                   "lower-case letter or '*')";
+            return -1;
+        }
+        p += strspn(p, "abcdefghijklmnopqrstuvwxyz0123456789_-.*");
+        if (*p == '=')
+            p = sf_bare_item(p + 1, why);
+    }
+    if (p && *p) {
+        *why = "something follows the quoted string (one sf-string, with parameters as "
+               ";name=value, is the key)";
         return -1;
     }
-    out[o] = '\0';
-    return 0;
+    return p ? 0 : -1;
 }
 
 int request_key(const struct route *rt, const struct http_msg *m, const char *subject, char *key,
