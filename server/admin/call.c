@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base64.h"
+
 void api_answer(struct api_call *c, struct http_response *r)
 {
     struct front_request *req = c->req;
@@ -73,20 +75,10 @@ static void put_result(json_t *j, const void *data, size_t len)
         json_object_set_new(j, "result", s);
         return;
     }
-    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    const unsigned char *p = data;
-    char *out = malloc((len + 2) / 3 * 4 + 1), *o = out;
+    char *out = malloc(BASE64_LEN(len) + 1);
     if (!out)
         return;
-    for (size_t i = 0; i < len; i += 3) {
-        unsigned v = (unsigned)p[i] << 16 | (i + 1 < len ? (unsigned)p[i + 1] << 8 : 0) |
-                     (i + 2 < len ? p[i + 2] : 0);
-        *o++ = b64[v >> 18 & 63];
-        *o++ = b64[v >> 12 & 63];
-        *o++ = i + 1 < len ? b64[v >> 6 & 63] : '=';
-        *o++ = i + 2 < len ? b64[v & 63] : '=';
-    }
-    *o = '\0';
+    base64_encode(data, len, out);
     json_object_set_new(j, "result_base64", json_string(out));
     free(out);
 }

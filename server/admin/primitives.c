@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base64.h"
 #include "gateway/request_key.h"
 #include "http/front.h"
 #include "http/rate.h"
@@ -307,37 +308,15 @@ static unsigned char *get_result(struct api_call *a, size_t *len)
         return copy;
     }
     if (b && json_is_string(b)) {
-        const char *s = json_string_value(b);
-        size_t n = json_string_length(b), pad = 0;
-        /* RFC 4648 base64: at most two '=', at the end, and only where they
-         * complete the last group of four; without them, no group of one. */
-        while (pad < n && pad < 3 && s[n - 1 - pad] == '=')
-            pad++;
-        if (pad > 2 || (pad && n % 4) || (!pad && n % 4 == 1)) {
+        size_t n = json_string_length(b);
+        unsigned char *out = malloc(n / 4 * 3 + 3);
+        long got = out ? base64_decode(json_string_value(b), n, out) : 0;
+        if (got < 0) {
+            free(out);
             a->err = problem(400, "invalid_field", "field result_base64: not base64");
             return NULL;
         }
-        n -= pad;
-        unsigned char *out = malloc(n / 4 * 3 + 3);
-        unsigned acc = 0;
-        int bits = 0;
-        for (size_t i = 0; out && i < n; i++) {
-            const char *pos = strchr("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                     "0123456789+/",
-                                     s[i]);
-            if (!pos || !s[i]) {
-                free(out);
-                a->err = problem(400, "invalid_field", "field result_base64: not base64");
-                return NULL;
-            }
-            acc = acc << 6 | (unsigned)(pos - "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                              "0123456789+/");
-            bits += 6;
-            if (bits >= 8) {
-                bits -= 8;
-                out[(*len)++] = (unsigned char)(acc >> bits);
-            }
-        }
+        *len = (size_t)got;
         return out;
     }
     if ((t && !json_is_null(t)) || (b && !json_is_null(b)))
