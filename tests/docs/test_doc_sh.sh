@@ -39,11 +39,16 @@ free_port() {
   done
   echo "no free port" >&2; exit 1
 }
-p_idem=$(free_port) p_svc=$(free_port) p_naive=$(free_port)
+p_idem=$(free_port) p_svc=$(free_port) p_naive=$(free_port) p_idem2=$(free_port)
 [ "$p_idem" != "$p_svc" ] || p_svc=$((p_idem + 1))
 [ "$p_naive" != "$p_idem" ] && [ "$p_naive" != "$p_svc" ] || p_naive=$((p_svc + 1))
-# 9001 is the docs' naive service, which a block starts itself.
+while [ "$p_idem2" = "$p_idem" ] || [ "$p_idem2" = "$p_svc" ] || [ "$p_idem2" = "$p_naive" ]; do
+  p_idem2=$((p_idem2 + 1))
+done
+# 9001 is the docs' naive service, and 8081 a second idem serve, which a
+# block starts itself.
 ports() { sed -e "s/\(localhost\|127\.0\.0\.1\):8080/\1:$p_idem/g" \
+              -e "s/\(localhost\|127\.0\.0\.1\):8081/\1:$p_idem2/g" \
               -e "s/\(localhost\|127\.0\.0\.1\):9000/\1:$p_svc/g" \
               -e "s/\(localhost\|127\.0\.0\.1\):9001/\1:$p_naive/g"; }
 

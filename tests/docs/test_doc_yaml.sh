@@ -13,6 +13,13 @@ for doc in "$@"; do
     /^```$/ && inb { inb = 0; close(out); next }
     inb { print > out }' "$doc"
 done
+# A secret an example takes from the environment ({ env: NAME }) is set
+# as a user would set it, when the test's environment does not: a
+# Standard Webhooks secret (whsec_ and base64), which every scheme takes.
+for name in $(cat "$tmp"/*.yaml 2>/dev/null | grep -o 'env: *[A-Za-z_][A-Za-z0-9_]*' |
+              sed 's/env: *//' | sort -u); do
+  eval "[ -n \"\${$name:-}\" ]" || export "$name=whsec_MDEyMzQ1Njc4OWFiY2RlZmdoaWo="
+done
 for f in "$tmp"/*.yaml; do
   [ -e "$f" ] || continue
   n=$((n + 1))
