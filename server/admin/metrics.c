@@ -30,7 +30,7 @@
 #include "telemetry/counters.h"
 #include "http/upstream.h"
 
-_Static_assert(GW_UNKEYED + 1 == GW_OUTCOMES, "GW_OUTCOMES counts enum gw_outcome");
+_Static_assert(GW_SIGNATURE_REFUSED + 1 == GW_OUTCOMES, "GW_OUTCOMES counts enum gw_outcome");
 _Static_assert(UPSTREAM_TOO_BIG + 1 == UPSTREAM_RESULTS,
                "UPSTREAM_RESULTS counts enum upstream_result");
 

@@ -82,6 +82,7 @@
 #include "core/hint.h"
 #include "gateway/replay_cache.h"
 #include "gateway/request_key.h"
+#include "gateway/signature.h"
 #include "gateway/stored.h"
 #include "http/upstream.h"
 #include "log.h"
@@ -1665,8 +1666,19 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     int64_t t0 = mono_us();
     COUNT(rt, requests);
     snprintf(req->log_route, sizeof req->log_route, "%s", rt->name);
+    /* Signed callbacks: before the key is even read, so that a forgery
+     * leaves no trace in any layer (see signature.h). */
+    int status = rt->signature
+                     ? signature_check(rt->signature, m, wall_ms(), &type, detail, sizeof detail)
+                     : 0;
+    if (status) {
+        req->outcome = GW_SIGNATURE_REFUSED;
+        req->outcome_type = type;
+        answer_early(lc, rt, req, problem(status, type, "%s", detail), t0);
+        return;
+    }
     const char *subject;
-    int status = request_subject(m, cfg->subject_header, &subject, detail, sizeof detail);
+    status = request_subject(m, cfg->subject_header, &subject, detail, sizeof detail);
     if (status)
         type = "subject_invalid";
     else

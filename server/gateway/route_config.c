@@ -17,6 +17,8 @@
 
 #include "config.h"
 #include "config_value.h"
+#include "gateway/signature.h"
+#include "gateway/signature_config.h"
 #include "http/http_parser.h"
 #include "http/upstream.h"
 #include "utf8.h"
@@ -39,6 +41,7 @@ void config_problems_free(struct problem_text *p, size_t n)
 
 void config_route_free(struct route *r)
 {
+    signature_free(r->signature);
     free(r->name);
     free(r->method);
     free(r->path);
@@ -506,7 +509,7 @@ static const char *const problem_types[] = {
     "fingerprint_unavailable", "token_missing", "token_spent",    "request_in_flight",
     "key_reused",       "store_unavailable", "invalid_argument",  "upstream_unreachable",
     "upstream_response_too_large", "outcome_unknown", "shutting_down", "attempts_exhausted",
-    "stored_result_unreadable",
+    "stored_result_unreadable", "signature_invalid", "signature_expired",
 };
 
 #define PROBLEM_TITLE_MAX 256
@@ -601,7 +604,7 @@ static const char *const route_fields[] = {
     "in_flight",    "wait_timeout", "lease",     "retention",
     "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
     "on_redis_down", "on_unknown_outcome", "key_required", "store_statuses",
-    "problems",
+    "problems", "signature",
 };
 
 /* routes[i] from n; the routes before it are read already, and their names
@@ -688,6 +691,8 @@ static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *pat
     } else {
         config_route_keep_default(r, r->on_5xx_store);
     }
+    if ((v = FIELD("signature")) && config_get_signature(c, v, fpath, &r->signature))
+        return -1;
     if ((v = FIELD("problems")) &&
         config_get_problems(c, v, fpath, &r->problems, &r->problem_count))
         return -1;

@@ -92,6 +92,9 @@ struct route {
                                  retention, at most a day, until an operator finishes
                                  it) or expire
                                  (0, default: retries run once the lease ends) */
+    /* signature: the provider's signature checked on the body before
+     * anything else (gateway/signature.h), or NULL. */
+    struct signature *signature;
     /* A kept answer with this status or above fails the record (FAILED),
      * one below completes it: 500 on routes, 400 for a consumer's handler. */
     int fails_from;

@@ -36,6 +36,7 @@ const char *gw_outcome_name(int outcome)
         [GW_EXHAUSTED] = "attempts_exhausted",
         [GW_PASSED_THROUGH] = "passed_through",
         [GW_UNKEYED] = "unkeyed",
+        [GW_SIGNATURE_REFUSED] = "signature_refused",
     };
     return outcome >= 0 && (size_t)outcome < sizeof names / sizeof names[0] && names[outcome]
                ? names[outcome]

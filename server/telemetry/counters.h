@@ -47,12 +47,15 @@ enum gw_outcome {
     GW_PASSED_THROUGH,    /* on no route: proxied untouched */
     GW_UNKEYED,           /* on a key_required: false route without the key:
                              forwarded unguarded, nothing recorded */
+    GW_SIGNATURE_REFUSED, /* on a route with signature:, not signed by its
+                             secrets, or too long ago: 401, nothing recorded
+                             (front_request.outcome_type says which) */
 };
 
 /* The values of enum gw_outcome, of enum upstream_result (http/upstream.h),
  * and the status codes counted (100 to 599): what bounds a route's series
  * in the metrics (metrics.c checks the first two). */
-#define GW_OUTCOMES 14
+#define GW_OUTCOMES 15
 #define UPSTREAM_RESULTS 5
 #define STATUS_MIN 100
 #define STATUS_CODES 500

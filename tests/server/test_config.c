@@ -1,6 +1,7 @@
 /* Tests of server/config.c: the YAML file idem serve reads. Every field with
  * its default and its value, and every way a file is refused, asserting that
  * the message names the line and the field. */
+#include "gateway/signature.h"
 #include "testlib.h"
 
 #include <stdio.h>
@@ -298,6 +299,63 @@ static void test_route_values(void **state)
     assert_int_equal(r->fingerprint, FINGERPRINT_NONE);
     assert_int_equal(r->replay_header_count, 0);
     config_free(c);
+}
+
+/* signature: read with its secrets from the environment, and refused,
+ * with file:line, when it could never check anything. */
+static void test_signature(void **state)
+{
+    (void)state;
+    setenv("IDEM_TEST_SIG", "0123456789abcdef-secret", 1);
+    setenv("IDEM_TEST_SIG_SHORT", "short", 1);
+    setenv("IDEM_TEST_WHSEC", "whsec_MDEyMzQ1Njc4OWFiY2RlZmdoaWo=", 1);
+    struct server_config *c =
+        parse_ok(ROUTE "    signature: { scheme: stripe, secrets: [{ env: IDEM_TEST_SIG }] }\n");
+    const struct signature *s = c->routes[0].signature;
+    assert_non_null(s);
+    assert_int_equal(s->scheme, SIGNATURE_STRIPE);
+    assert_int_equal(s->secret_count, 1);
+    assert_int_equal(s->secrets[0].len, strlen("0123456789abcdef-secret"));
+    assert_int_equal(s->tolerance_ms, 300000); /* 5 min */
+    config_free(c);
+    c = parse_ok(ROUTE "    signature:\n      scheme: standard_webhooks\n"
+                       "      secrets: [{ env: IDEM_TEST_WHSEC }]\n      tolerance: 1m\n");
+    s = c->routes[0].signature;
+    assert_int_equal(s->secrets[0].len, 20); /* the key is whsec_'s base64, decoded */
+    assert_memory_equal(s->secrets[0].key, "0123456789abcdefghij", 20);
+    assert_int_equal(s->tolerance_ms, 60000);
+    config_free(c);
+    /* The second secret above is refused: shown by the line it is on. */
+    parse_bad(ROUTE "    signature:\n      scheme: standard_webhooks\n"
+                    "      secrets: [{ env: IDEM_TEST_WHSEC }, { env: IDEM_TEST_SIG }]\n",
+              "idem.yaml:8", "whsec_ and the base64 of at least 16 bytes");
+    c = parse_ok(ROUTE "    signature:\n      scheme: hmac_sha256\n      header: X-Sig\n"
+                       "      encoding: base64\n      prefix: \"sha256=\"\n"
+                       "      secrets: [{ env: IDEM_TEST_SIG }]\n");
+    s = c->routes[0].signature;
+    assert_int_equal(s->scheme, SIGNATURE_HMAC_SHA256);
+    assert_string_equal(s->header, "X-Sig");
+    assert_int_equal(s->base64, 1);
+    assert_string_equal(s->prefix, "sha256=");
+    config_free(c);
+    parse_bad(ROUTE "    signature: { scheme: stripe, secrets: [{ env: IDEM_TEST_SIG_SHORT }] }\n",
+              "routes[0].signature.secrets[0]", "5 bytes; at least 16");
+    parse_bad(ROUTE "    signature: { scheme: stripe, secrets: [\"in-the-file\"] }\n",
+              "signature.secrets[0]", "never written in this file");
+    parse_bad(ROUTE "    signature: { scheme: stripe, secrets: [{ env: IDEM_TEST_UNSET_X }] }\n",
+              "IDEM_TEST_UNSET_X", "not set");
+    parse_bad(ROUTE "    signature: { scheme: stripe, secrets: [] }\n", "0 secrets", "1 to 8");
+    parse_bad(ROUTE "    signature: { scheme: stripe }\n", "secrets is required", NULL);
+    parse_bad(ROUTE "    signature: { scheme: paypal, secrets: [{ env: IDEM_TEST_SIG }] }\n",
+              "signature.scheme", "stripe, github, standard_webhooks or hmac_sha256");
+    parse_bad(ROUTE "    signature: { scheme: github, tolerance: 1m, secrets: [{ env: IDEM_TEST_SIG }] }\n",
+              "signature.tolerance", "signs no timestamp");
+    parse_bad(ROUTE "    signature: { scheme: github, header: X-A, secrets: [{ env: IDEM_TEST_SIG }] }\n",
+              "signature.header", "for scheme hmac_sha256");
+    parse_bad(ROUTE "    signature: { scheme: hmac_sha256, secrets: [{ env: IDEM_TEST_SIG }] }\n",
+              "header is required", NULL);
+    parse_bad(ROUTE "    signature: { scheme: stripe, secret: x, secrets: [{ env: IDEM_TEST_SIG }] }\n",
+              "secret", NULL);
 }
 
 /* store_statuses: which upstream answers a route keeps; the default is
@@ -1671,6 +1729,7 @@ int main(void)
         cmocka_unit_test(test_route_defaults),
         cmocka_unit_test(test_route_values),
         cmocka_unit_test(test_store_statuses),
+        cmocka_unit_test(test_signature),
         cmocka_unit_test(test_problems),
         cmocka_unit_test(test_shared_space),
         cmocka_unit_test(test_durations),

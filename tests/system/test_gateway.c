@@ -21,6 +21,8 @@
 #include <sys/wait.h>
 #include <signal.h>
 #include <jansson.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -2867,6 +2869,161 @@ static void test_idempotency_key_sf_string(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* ---- signed callbacks ---- */
+
+/* HMAC-SHA256 of a.b.c (the parts that are not NULL, joined by '.') under
+ * key, as hex (base64 0) or base64, into out. OpenSSL's one-shot HMAC, not
+ * the daemon's code. */
+static void sign(const char *key, size_t key_len, const char *a, const char *b, const char *c,
+                 int base64, char *out)
+{
+    char text[1024];
+    snprintf(text, sizeof text, "%s%s%s%s%s", a, b ? "." : "", b ? b : "", c ? "." : "",
+             c ? c : "");
+    unsigned char mac[32];
+    unsigned len = 0;
+    HMAC(EVP_sha256(), key, (int)key_len, (const unsigned char *)text, strlen(text), mac, &len);
+    assert_int_equal(len, 32);
+    if (base64) {
+        EVP_EncodeBlock((unsigned char *)out, mac, 32);
+        return;
+    }
+    for (int i = 0; i < 32; i++)
+        sprintf(out + 2 * i, "%02x", mac[i]);
+}
+
+enum { STRIPE, GITHUB, STANDARD, OWN };
+
+/* The headers that sign body as scheme does, with key, at time t. */
+static void signed_headers(int scheme, const char *key, size_t key_len, const char *body,
+                           long long t, char h[3][512])
+{
+    char sig[128], ts[24];
+    snprintf(ts, sizeof ts, "%lld", t);
+    h[1][0] = h[2][0] = '\0';
+    switch (scheme) {
+    case STRIPE:
+        sign(key, key_len, ts, body, NULL, 0, sig);
+        /* Another v1 (an old secret's) and a v0 beside it, as Stripe sends. */
+        snprintf(h[0], 512, "Stripe-Signature: t=%s,v1=%064d,v1=%s,v0=%064d", ts, 0, sig, 0);
+        break;
+    case GITHUB:
+        sign(key, key_len, body, NULL, NULL, 0, sig);
+        snprintf(h[0], 512, "X-Hub-Signature-256: sha256=%s", sig);
+        break;
+    case STANDARD:
+        sign(key, key_len, "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W", ts, body, 1, sig);
+        snprintf(h[0], 512, "webhook-signature: v1,bm90IHRoaXMgb25lIGF0IGFsbCwgbm8= v1,%s", sig);
+        snprintf(h[1], 512, "webhook-id: msg_2KWPBgLlAfxdpx2AI54pPJ85f4W");
+        snprintf(h[2], 512, "webhook-timestamp: %s", ts);
+        break;
+    default:
+        sign(key, key_len, body, NULL, NULL, 1, sig);
+        snprintf(h[0], 512, "X-Signature: hmac=%s", sig);
+        break;
+    }
+}
+
+static void post_signed(int port, int scheme, const char *key, size_t key_len, const char *body,
+                        long long t, int status, const char *type, int replayed)
+{
+    char h[3][512];
+    signed_headers(scheme, key, key_len, body, t, h);
+    const char *hs[] = {h[0], h[1][0] ? h[1] : NULL, h[2][0] ? h[2] : NULL, NULL};
+    struct sys_resp r;
+    sys_http(port, "POST", "/refunds", hs, body, 5000, &r);
+    if (r.status != status || (type && !strstr(r.m->body, type)))
+        fail_msg("scheme %d, %s: %d %s, not %d %s", scheme, body, r.status,
+                 r.m ? r.m->body : "", status, type ? type : "");
+    if (replayed)
+        assert_non_null(sys_header(&r, "Idempotent-Replayed"));
+    else
+        assert_null(sys_header(&r, "Idempotent-Replayed"));
+    sys_resp_free(&r);
+}
+
+/* Every scheme: a forgery (the wrong secret) on a real event's key is 401
+ * and leaves no record, so the genuine event then executes once and its
+ * redeliveries replay; an unsigned request and an old timestamp are 401;
+ * the second of two secrets (a rotation) is accepted. */
+static void test_signed_callbacks(void **state)
+{
+    (void)state;
+    static const char secret1[] = "sk-one-0123456789abcdef", secret2[] = "sk-two-0123456789abcdef";
+    /* Standard Webhooks' secrets are whsec_ and the base64 of the key. */
+    static const char raw1[] = "std-one-0123456789ab", raw2[] = "std-two-0123456789ab";
+    char wh1[64] = "whsec_", wh2[64] = "whsec_";
+    EVP_EncodeBlock((unsigned char *)wh1 + 6, (const unsigned char *)raw1, sizeof raw1 - 1);
+    EVP_EncodeBlock((unsigned char *)wh2 + 6, (const unsigned char *)raw2, sizeof raw2 - 1);
+    static const char *const names[] = {"stripe", "github", "standard_webhooks", "hmac_sha256"};
+    static const char *const extra[] = {"", "", "", "      header: X-Signature\n"
+                                                    "      encoding: base64\n"
+                                                    "      prefix: hmac=\n"};
+    char envfile[4300];
+    snprintf(envfile, sizeof envfile, "%s/second.secret", dir);
+    for (int scheme = STRIPE; scheme <= OWN; scheme++) {
+        int std = scheme == STANDARD;
+        setenv("IDEM_TEST_SIGNING_SECRET", std ? wh1 : secret1, 1);
+        char second[80];
+        snprintf(second, sizeof second, "%s\n", std ? wh2 : secret2);
+        sys_write_file(envfile, second);
+        const char *k1 = std ? raw1 : secret1, *k2 = std ? raw2 : secret2;
+        size_t l1 = strlen(k1), l2 = strlen(k2);
+        char routes[8192], db[32];
+        snprintf(routes, sizeof routes,
+                 "routes:\n" REFUND_ROUTE
+                 "    signature:\n"
+                 "      scheme: %s\n"
+                 "      secrets: [{ env: IDEM_TEST_SIGNING_SECRET }, { file: %s }]\n%s",
+                 names[scheme], envfile, extra[scheme]);
+        snprintf(db, sizeof db, "signed-%d.db", scheme);
+        struct proc gw;
+        start_idem(&gw, routes, db);
+        long before = sys_stat(service.port, "executions");
+        long long now = (long long)time(NULL);
+        char body[96];
+        snprintf(body, sizeof body, "{\"refund_no\":\"SIG-%d\",\"amount\":\"1.00\"}", scheme);
+        static const char forger[] = "not-the-secret-0123456789";
+        for (int i = 0; i < 2; i++) /* the forger first, twice */
+            post_signed(gw.port, scheme, forger, strlen(forger), body, now, 401,
+                        "urn:idem:signature_invalid", 0);
+        struct sys_resp r;
+        sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r); /* not signed at all */
+        assert_int_equal(r.status, 401);
+        assert_non_null(strstr(r.m->body, "is not signed"));
+        sys_resp_free(&r);
+        assert_int_equal(sys_stat(service.port, "executions") - before, 0);
+        post_signed(gw.port, scheme, k1, l1, body, now, 201, NULL, 0);
+        post_signed(gw.port, scheme, k1, l1, body, now + 1, 201, NULL, 1);
+        post_signed(gw.port, scheme, k2, l2, body, now, 201, NULL, 1); /* the second secret */
+        /* A forged redelivery of the executed event is still refused. */
+        post_signed(gw.port, scheme, forger, strlen(forger), body, now, 401,
+                    "urn:idem:signature_invalid", 0);
+        char body2[96];
+        snprintf(body2, sizeof body2, "{\"refund_no\":\"SIG-%d-b\",\"amount\":\"1.00\"}", scheme);
+        if (scheme == STRIPE || std) {
+            /* A genuine signature from ten minutes ago: a replayed request. */
+            post_signed(gw.port, scheme, k1, l1, body2, now - 600, 401,
+                        "urn:idem:signature_expired", 0);
+            post_signed(gw.port, scheme, forger, strlen(forger), body2, now - 600, 401,
+                        "urn:idem:signature_invalid", 0);
+        }
+        post_signed(gw.port, scheme, k2, l2, body2, now, 201, NULL, 0);
+        assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+        /* The refusals are counted, by what became of them. */
+        sys_admin_http(gw.admin_port, "GET", "/_idem/v1/metrics", NULL, 5000, &r);
+        char want[128];
+        snprintf(want, sizeof want,
+                 "idem_requests_total{route=\"refund\",outcome=\"signature_refused\"} %d",
+                 scheme == STRIPE || std ? 6 : 4);
+        if (!strstr(r.m->body, want))
+            fail_msg("%s: no \"%s\" in the metrics", names[scheme], want);
+        sys_resp_free(&r);
+        assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    }
+    unsetenv("IDEM_TEST_SIGNING_SECRET");
+}
+
 /* key_required: false: a request without the key goes to the route's
  * upstream unguarded (each one executes), counted and logged as unkeyed;
  * one with the key is guarded as ever. */
@@ -4734,6 +4891,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_date_on_every_answer),
         cmocka_unit_test(test_key_optional),
         cmocka_unit_test(test_idempotency_key_sf_string),
+        cmocka_unit_test(test_signed_callbacks),
         cmocka_unit_test(test_per_peer_limits),
         cmocka_unit_test(test_admin_listen_overlap_refused),
         cmocka_unit_test(test_transition_reaches_replays),
