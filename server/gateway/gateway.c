@@ -191,6 +191,8 @@ struct gw {
     int forwarded;             /* the upstream may have it */
     struct event *timer;       /* a wait (in g's block) */
     struct event *lease;       /* renews what it holds (see "leases"; in g's block) */
+    struct renewal *extending; /* the claim's latest extension in flight, told if
+                                  it finds the claim gone (see "leases") */
     struct upstream_call *call;
     enum finish_kind finish;
     char *stored;              /* what the record is finished with */
@@ -211,10 +213,12 @@ struct gw {
 };
 
 static void claim_remove(struct gw *g);
+static void extending_forget(struct gw *g);
 
 static void gw_free(struct gw *g)
 {
     claim_remove(g); /* other threads look at the list */
+    extending_forget(g);
     event_del(g->timer); /* in g's own block */
     event_del(g->lease);
     idem_record_clear(&g->rec);
@@ -428,6 +432,7 @@ static void on_abort(struct front_request *req)
     if (g->call)
         upstream_call_cancel(g->call);
     g->call = NULL;
+    extending_forget(g);
     abandon(g);
 }
 
@@ -1156,9 +1161,18 @@ static void go_begin(struct gw *g)
  * the lock's in memory or a Redis command on the loop's connection, the
  * claim's a job of the store's writers, so a Redis that stops answering
  * (each lock renewal then fails after storage.timeout) never delays a
- * claim's. */
+ * claim's.
+ *
+ * A claim's extension that finds the claim gone (CONFLICT: taken over,
+ * its lease having run out while this daemon could not renew it, or
+ * finished by an operator; NOT_FOUND: deleted) reaches the request if it
+ * is still forwarding at that epoch (g->extending, cleared as the request
+ * moves on or goes): the upstream call is cut, since whatever it does now
+ * runs beside the key's new owner, and the client gets 504 outcome_unknown
+ * (it may have executed); the record is not touched, it is not ours. */
 struct renewal {
     struct daemon *d;
+    struct gw *g; /* the request, while it forwards at epoch; else NULL */
     int lock; /* the lock's renewal; 0: the claim's extension */
     char space[IDEM_NAME_MAX + 1];
     char key[IDEM_KEY_MAX + 1];
@@ -1180,14 +1194,30 @@ static void renewal_done(struct renewal *t)
     free(t);
 }
 
+/* The request stops listening to its claim's extension. */
+static void extending_forget(struct gw *g)
+{
+    if (g->extending)
+        g->extending->g = NULL;
+    g->extending = NULL;
+}
+
+static void claim_lost(struct gw *g, idem_outcome o);
+
 /* The renewal, answered on the loop. */
 static void renewal_answered(void *arg, idem_rc rc, idem_outcome o, const char *detail)
 {
     struct renewal *t = arg;
+    struct gw *g = t->g;
     t->rc = rc;
     t->o = o;
     if (rc != IDEM_OK)
         snprintf(t->detail, sizeof t->detail, "%s", detail);
+    if (g)
+        g->extending = NULL;
+    if (g && rc == IDEM_OK && (o == IDEM_CONFLICT || o == IDEM_NOT_FOUND) &&
+        g->state == S_FORWARD && g->call && g->epoch == t->epoch)
+        claim_lost(g, o);
     renewal_done(t);
 }
 
@@ -1220,6 +1250,12 @@ static void renewal_start(struct gw *g, int lock)
         daemon_logl(LOG_WARN, "%s/%s: cannot renew the %s: %s", t->space, t->key,
                     lock ? "lock" : "claim's lease", idem_errdetail());
         free(t);
+        return;
+    }
+    if (!lock) { /* the latest extension is the one that tells */
+        extending_forget(g);
+        t->g = g;
+        g->extending = t;
     }
 }
 
@@ -1440,6 +1476,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     const struct server_config *cfg = g->lc->c;
     g->call = NULL;
     g->req->on_abort = NULL;
+    extending_forget(g);
     if (!g->renewing)
         evtimer_del(g->lease); /* it renewed the claim alone */
     g->req->upstream_us = mono_us() - g->sent_us;
@@ -1508,6 +1545,36 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         break;
     }
     http_msg_free(resp);
+}
+
+/* The claim's extension found the claim gone while the upstream had the
+ * request (see "leases"): cut the call, answer as an unknown outcome,
+ * leave the record to its new owner. */
+static void claim_lost(struct gw *g, idem_outcome o)
+{
+    const struct route *rt = g->rt;
+    upstream_call_cancel(g->call);
+    g->call = NULL;
+    g->req->on_abort = NULL;
+    if (!g->renewing)
+        evtimer_del(g->lease);
+    g->req->upstream_us = mono_us() - g->sent_us;
+    g->req->upstream_status = 0;
+    g->req->upstream_result = (int)UPSTREAM_UNKNOWN;
+    COUNT(rt, upstream_unknown);
+    VERDICT(g, GW_OUTCOME_UNKNOWN);
+    const char *why = o == IDEM_NOT_FOUND
+                          ? "its record was deleted"
+                          : "its record is no longer PROCESSING at this claim's epoch (taken "
+                            "over after its lease ran out, or finished by an operator)";
+    daemon_logl(LOG_WARN, "%s/%s: the claim (epoch %" PRIu64 ") was lost while the upstream "
+                "had the request: %s; the upstream call is cut", rt->space, g->key, g->epoch,
+                why);
+    g->out = problem(504, "outcome_unknown",
+                     "the claim (epoch %" PRIu64 ") was lost while the upstream had the request: "
+                     "%s. The call was cut, and the request may have been executed",
+                     g->epoch, why);
+    finish_record(g, FINISH_NONE);
 }
 
 static void forward(struct gw *g)

@@ -639,17 +639,20 @@ static void test_paused_holder_is_fenced(void **state)
     assert_int_equal(health_stat(b.admin_port, "store_stats", "takeovers", NULL), 1);
 
     assert_int_equal(kill(a.pid, SIGCONT), 0);
-    pthread_join(pa.t, NULL); /* A's service call returns; its complete is refused */
+    /* A's first extension after the pause is refused (counted), and cuts
+     * its service call; or, with a slow store, the call returns first and
+     * its complete is refused. Either way A writes nothing. */
+    pthread_join(pa.t, NULL);
     sys_resp_free(&pa.resp);
-    /* (Its lease extensions, late, are refused too, and counted.) */
     assert_true(health_stat(a.admin_port, "store_stats", "conflicts", NULL) >= 1);
     char log[16384] = "";
     FILE *f = fopen(a.log, "r");
     assert_non_null(f);
     log[fread(log, 1, sizeof log - 1, f)] = '\0';
     fclose(f);
-    if (!strstr(log, "record refund/R-fenced: finishing epoch"))
-        fail_msg("A's log does not show its completion refused:\n%s", log);
+    if (!strstr(log, "record refund/R-fenced: finishing epoch") &&
+        !strstr(log, "refund/R-fenced: the claim (epoch"))
+        fail_msg("A's log shows neither its call cut nor its completion refused:\n%s", log);
 
     /* The record holds B's answer; every later retry replays it. */
     sys_http(a.port, "POST", "/refunds", NULL, pa.body, 10000, &r);
@@ -698,8 +701,12 @@ static void test_taken_over_spender_keeps_token(void **state)
     assert_null(sys_header(&r, "Idempotent-Replayed"));
     sys_resp_free(&r);
     assert_int_equal(kill(a.pid, SIGCONT), 0);
-    pthread_join(pa.t, NULL); /* A's 500: its claim is no longer its own */
-    assert_int_equal(pa.resp.status, 500);
+    /* A's claim is no longer its own: its first extension after the pause
+     * finds that and cuts the call (504), or, with a slow store, the
+     * service's 500 comes first and is not kept. */
+    pthread_join(pa.t, NULL);
+    if (pa.resp.status != 504 && pa.resp.status != 500)
+        fail_msg("A answered %d %s", pa.resp.status, pa.resp.m ? pa.resp.m->body : "");
     sys_resp_free(&pa.resp);
     /* The token paid for R-spender: not for another key. */
     sys_http(b.port, "POST", "/refunds", plain, "{\"refund_no\":\"R-spender-2\",\"amount\":\"5.00\"}",

@@ -1356,6 +1356,55 @@ static void test_lease_timer_renews_lock_and_claim(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* A claim lost while the upstream has the request (here an operator
+ * marks it failed mid-call; a takeover after a lease that could not be
+ * renewed looks the same to the gateway): the next extension finds it
+ * gone, the upstream call is cut at once rather than left to run beside
+ * the key's new owner, the client gets 504 outcome_unknown, and the record
+ * keeps what its owner wrote. */
+static void test_lost_claim_cuts_the_call(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, long_call_routes, "lostclaim.db");
+    static const char *const slow[] = {"X-Delay-Ms: 6000", NULL};
+    struct bg_post b = {.port = gw.port, .headers = slow,
+                        .body = "{\"refund_no\":\"R-lost\",\"amount\":\"1.00\"}"};
+    pthread_create(&b.t, NULL, bg_post_main, &b);
+    sleep_ms(400);
+    struct sys_resp r;
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/refund/R-lost", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    const char *ep = strstr(r.m->body, "\"epoch\":");
+    assert_non_null(ep);
+    char body[200];
+    snprintf(body, sizeof body,
+             "{\"space\":\"refund\",\"key\":\"R-lost\",\"epoch\":%lld,\"reason\":\"refunded "
+             "by hand\",\"status\":409}",
+             strtoll(ep + 8, NULL, 10));
+    sys_resp_free(&r);
+    long long t0 = wall_secs();
+    api_expect(gw.admin_port, "/_idem/v1/records/mark_failed", body, 200, "FAILED");
+    pthread_join(b.t, NULL);
+    /* Within a lease's third or so, not after the service's 6 s. */
+    assert_true(wall_secs() - t0 <= 2);
+    if (b.resp.status != 504 || !strstr(b.resp.m->body, "urn:idem:outcome_unknown") ||
+        !strstr(b.resp.m->body, "was lost while the upstream had the request"))
+        fail_msg("the client got %d %s", b.resp.status, b.resp.m ? b.resp.m->body : "");
+    sys_resp_free(&b.resp);
+    /* The operator's word stands. */
+    sys_http(gw.port, "POST", "/refunds", NULL, b.body, 5000, &r);
+    assert_int_equal(r.status, 409);
+    assert_non_null(strstr(r.m->body, "refunded by hand"));
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    char *text = sys_read_file(gw.log);
+    assert_non_null(strstr(text, "refund/R-lost: the claim"));
+    assert_non_null(strstr(text, "the upstream call is cut"));
+    free(text);
+}
+
 /* SIGTERM while the requests' claims wait on the store's writer: another
  * process (an operator's sqlite3 shell, say) holds the file's write lock, so
  * the claims are queued behind it when the daemon is told to stop, and still
@@ -4862,6 +4911,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_sigterm_past_timeout_abandons),
         cmocka_unit_test(test_answer_in_time_read_after_stall),
         cmocka_unit_test(test_lease_timer_renews_lock_and_claim),
+        cmocka_unit_test(test_lost_claim_cuts_the_call),
         cmocka_unit_test(test_other_payload_in_flight_422),
         cmocka_unit_test(test_sigterm_with_claims_queued_on_writer),
         cmocka_unit_test(test_health_sees_failing_writes),
