@@ -8,7 +8,8 @@
  * "the gateway let one request through" from "the database threw the rest away".
  * --naive breaks refunds on purpose (check, delay, insert into a table with no
  * UNIQUE constraint) to give `idem verify` something to catch. Test hooks: the
- * X-Fail and X-Delay-Ms request headers. GET / is a refund form (page[] and
+ * X-Fail and X-Delay-Ms request headers. It honours Idem-Epoch as a fence
+ * (see "fencing" below). GET / is a refund form (page[] and
  * script[] below) that, reached through `idem serve`, shows the token flow in
  * a browser. examples/README.md lists the endpoints.
  *
@@ -47,6 +48,7 @@ struct kind {
     atomic_long executions;
 };
 
+static atomic_long fenced; /* writes refused for a stale Idem-Epoch */
 static struct kind refunds = {"refund_no", "refunds", "refunds_naive", "duplicate refund_no", 0};
 static struct kind payments = {"serial_no", "payments", NULL, "duplicate serial_no", 0};
 
@@ -60,6 +62,7 @@ struct pending {
     long delay_ms;
     long execution;                 /* this kind's execution count, this one included */
     int fail;                       /* injected 5xx status, or 0 */
+    long long epoch;                /* its Idem-Epoch, or 0 when it has none */
 };
 
 /* GET /: the refund form, meant to be reached through `idem serve` (which
@@ -175,10 +178,13 @@ static long delay_ms;
 static bool naive;
 static LIST_HEAD(, pending) waiting = LIST_HEAD_INITIALIZER(waiting);
 
-#define COLUMNS " subject TEXT, amount TEXT NOT NULL," \
+#define COLUMNS " subject TEXT, amount TEXT NOT NULL, epoch INTEGER," \
                 " created_at TEXT DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')))"
 static const char schema[] =
     "PRAGMA journal_mode=WAL;"
+    /* The newest Idem-Epoch each key has been called with (see "fencing"). */
+    "CREATE TABLE IF NOT EXISTS fences(kind TEXT NOT NULL, key TEXT NOT NULL,"
+    " epoch INTEGER NOT NULL, PRIMARY KEY(kind, key));"
     "CREATE TABLE IF NOT EXISTS refunds(id INTEGER PRIMARY KEY,"
     " refund_no TEXT NOT NULL UNIQUE," COLUMNS ";"
     "CREATE TABLE IF NOT EXISTS refunds_naive(id INTEGER PRIMARY KEY,"
@@ -251,16 +257,69 @@ static int find_key(const struct kind *k, const char *table, const char *key)
 }
 
 /* After the delay: the INSERT, and the UNIQUE constraint decides. */
+/* ---- fencing ----
+ *
+ * Idem sends each claim of a key with Idem-Epoch, higher for every new
+ * claim. A call can outlive its claim: its gateway paused or cut off past
+ * the lease, the key taken over and called again with a higher epoch,
+ * then the old call's work arriving late. So the service remembers, per
+ * key, the newest epoch it has been called with (on arrival, in fences),
+ * and refuses a write whose epoch is older than that: only the key's
+ * current owner writes. The epoch is kept with the row too. */
+
+/* On arrival: the key has now been called with p's epoch. */
+static void fence_note(const struct pending *p)
+{
+    sqlite3_stmt *st = prepare("INSERT INTO fences(kind, key, epoch) VALUES(?1, ?2, ?3)"
+                               " ON CONFLICT(kind, key) DO UPDATE SET"
+                               " epoch = max(epoch, excluded.epoch)");
+    if (st) {
+        sqlite3_bind_text(st, 1, p->kind->key, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, p->key, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 3, p->epoch);
+        if (sqlite3_step(st) != SQLITE_DONE)
+            fprintf(stderr, "refund_service: fence: %s\n", sqlite3_errmsg(db));
+    }
+    sqlite3_finalize(st);
+}
+
+/* Before the write: the newest epoch the key was called with, if newer
+ * than p's; else 0. */
+static long long fence_newer(const struct pending *p)
+{
+    sqlite3_stmt *st = prepare("SELECT epoch FROM fences WHERE kind = ?1 AND key = ?2");
+    long long newest = 0;
+    if (st) {
+        sqlite3_bind_text(st, 1, p->kind->key, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 2, p->key, -1, SQLITE_STATIC);
+        if (sqlite3_step(st) == SQLITE_ROW)
+            newest = sqlite3_column_int64(st, 0);
+    }
+    sqlite3_finalize(st);
+    return newest > p->epoch ? newest : 0;
+}
+
 static void insert_and_reply(struct pending *p)
 {
     const struct kind *k = p->kind;
-    sqlite3_stmt *st = prepare("INSERT INTO %s(%s, subject, amount) VALUES(?1, ?2, ?3)",
+    long long newer = p->epoch ? fence_newer(p) : 0;
+    if (newer) {
+        char why[160];
+        atomic_fetch_add(&fenced, 1);
+        snprintf(why, sizeof why, "fenced: this call's Idem-Epoch %lld is older than the "
+                 "key's newest claim (%lld)", p->epoch, newer);
+        reply_error(p->req, 409, why);
+        return;
+    }
+    sqlite3_stmt *st = prepare("INSERT INTO %s(%s, subject, amount, epoch) VALUES(?1, ?2, ?3, ?4)",
                                table_of(k), k->key);
     int rc = st ? SQLITE_OK : SQLITE_ERROR;
     if (rc == SQLITE_OK) {
         sqlite3_bind_text(st, 1, p->key, -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 2, p->subject, -1, SQLITE_STATIC);  /* NULL binds NULL */
         sqlite3_bind_text(st, 3, p->amount, -1, SQLITE_STATIC);
+        if (p->epoch)
+            sqlite3_bind_int64(st, 4, p->epoch);
         rc = sqlite3_step(st);
     }
     if (rc == SQLITE_DONE) {
@@ -328,6 +387,9 @@ static const char *parse_write(struct evhttp_request *req, struct pending *p)
         if (p->fail < 500 && p->fail != 408 && p->fail != 425 && p->fail != 429)
             return "X-Fail must be a 5xx status, 408, 425 or 429";
     }
+    if ((hdr = evhttp_find_header(headers, "Idem-Epoch")) &&
+        (p->epoch = strtoll(hdr, NULL, 10), hdr[strspn(hdr, "0123456789")] || p->epoch <= 0))
+        return "Idem-Epoch must be a positive whole number";
     if ((hdr = evhttp_find_header(headers, "X-Delay-Ms")) &&
         (p->delay_ms = parse_long(hdr, 0, MAX_DELAY_MS)) < 0)
         return "X-Delay-Ms must be a number of milliseconds";
@@ -366,6 +428,8 @@ static void on_write(struct evhttp_request *req, struct kind *k)
         goto fail;
     }
     p->execution = atomic_fetch_add(&k->executions, 1) + 1;
+    if (p->epoch)
+        fence_note(p);
 
     if (naive && k->naive_table && !p->fail) {
         /* The broken check-then-insert: nothing stops two requests that both
@@ -416,8 +480,9 @@ static void on_get_refund(struct evhttp_request *req, const char *encoded)
 
 static void on_stats(struct evhttp_request *req)
 {
-    reply_json(req, 200, json_pack("{s:I, s:I, s:I, s:I, s:I}",
+    reply_json(req, 200, json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}",
                "executions", (json_int_t)atomic_load(&refunds.executions),
+               "fenced", (json_int_t)atomic_load(&fenced),
                "refunds", (json_int_t)count_rows("refunds"),
                "naive_rows", (json_int_t)count_rows("refunds_naive"),
                "payments", (json_int_t)count_rows("payments"),
@@ -557,6 +622,14 @@ int main(int argc, char **argv)
         sqlite3_exec(db, schema, NULL, NULL, NULL) != SQLITE_OK) {
         fprintf(stderr, "refund_service: %s: %s\n", db_path, sqlite3_errmsg(db));
         goto out;
+    }
+    /* A file made before the rows kept their epoch: add the column (an
+     * error here is the column being there already). */
+    static const char *const tables[] = {"refunds", "refunds_naive", "payments"};
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        char sql[80];
+        snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN epoch INTEGER", tables[i]);
+        sqlite3_exec(db, sql, NULL, NULL, NULL);
     }
     struct evhttp_bound_socket *bound = NULL;
     if (!(base = event_base_new()) || !(http = evhttp_new(base)) ||

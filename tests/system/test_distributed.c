@@ -607,7 +607,9 @@ static void test_give_back_unanswered_holds(void **state)
 
 /* Fencing: instance A is paused (SIGSTOP) past its lease while its upstream
  * call runs; B takes the abandoned claim over and finishes it. A, resumed,
- * cannot complete: its epoch is stale, the record keeps B's answer. */
+ * cannot complete: its epoch is stale, the record keeps B's answer. And
+ * end to end: the service, called by B with a higher Idem-Epoch, refuses
+ * A's late write (fenced), so the refund is made once, by B. */
 static void test_paused_holder_is_fenced(void **state)
 {
     (void)state;
@@ -620,6 +622,8 @@ static void test_paused_holder_is_fenced(void **state)
     start_idem(&a, short_lease);
     start_idem(&b, short_lease);
     long before = sys_stat(service.port, "executions");
+    long fenced_before = sys_stat(service.port, "fenced");
+    long rows_before = sys_stat(service.port, "refunds");
     static const char *const slow[] = {"X-Delay-Ms: 2500", NULL};
     struct bg_post pa = {.port = a.port, .headers = slow,
                          .body = "{\"refund_no\":\"R-fenced\",\"amount\":\"5.00\"}"};
@@ -662,6 +666,11 @@ static void test_paused_holder_is_fenced(void **state)
     assert_memory_equal(r.m->body, b_body, strlen(b_body));
     sys_resp_free(&r);
     assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    /* A's call, cut or not, ends in the service 2.5 s after it began. */
+    for (int i = 0; i < 40 && sys_stat(service.port, "fenced") == fenced_before; i++)
+        sleep_ms(100);
+    assert_int_equal(sys_stat(service.port, "fenced") - fenced_before, 1);
+    assert_int_equal(sys_stat(service.port, "refunds") - rows_before, 1);
     assert_int_equal(sys_stop(&a, SIGTERM), 0);
     assert_int_equal(sys_stop(&b, SIGTERM), 0);
 }
