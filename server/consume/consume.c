@@ -416,6 +416,7 @@ static void on_answered(void *owner, struct front_request *req)
         reason = "key_reused";
         break;
     case GW_KEY_INVALID:
+    case GW_SIGNATURE_REFUSED: /* forged, or replayed from long ago */
         a = DEAD_LETTER;
         reason = req->outcome_type ? req->outcome_type : "key_invalid";
         break;

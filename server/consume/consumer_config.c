@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "config_value.h"
+#include "gateway/signature_config.h"
 
 #define CONSUMERS_MAX 100
 
@@ -198,7 +199,7 @@ static int get_backoff(struct config_ctx *c, const yaml_node_t *n, const char *p
 static const char *const consumer_fields[] = {
     "name",  "source",  "key",   "space",           "handler",      "lease",
     "handler_timeout",  "max_attempts", "retry_backoff", "dead_letter", "fingerprint",
-    "retention", "replay_headers",
+    "retention", "replay_headers", "signature",
 };
 
 static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *path,
@@ -264,6 +265,8 @@ static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *
         r->max_attempts = (unsigned)attempts;
     }
     if ((v = FIELD("retry_backoff")) && get_backoff(c, v, fpath, k))
+        return -1;
+    if ((v = FIELD("signature")) && config_get_signature(c, v, fpath, &r->signature))
         return -1;
     if ((v = FIELD("dead_letter")) && get_dead_letter(c, v, fpath, k))
         return -1;

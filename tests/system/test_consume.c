@@ -16,6 +16,8 @@
 #include <amqp_tcp_socket.h>
 #include <hiredis/hiredis.h>
 #include <jansson.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -665,6 +667,73 @@ static void test_redis_poison_dead_lettered_across_restart(void **state)
     poison(1);
 }
 
+/* A consumer with signature: the provider's signature rides in the
+ * message's headers. A forged and an unsigned message for a real key go
+ * to the dead letter (signature_invalid) and leave no record, so the
+ * genuine one then executes once, and its redelivery is a duplicate. */
+static void signed_messages(int redis)
+{
+    static const char secret[] = "consumer-signing-secret-0123";
+    static const char forger[] = "not-the-secret-0123456789ab";
+    struct bus b;
+    char path[4200], body[128], hex[2][72];
+    bus_open(&b, redis, "signed");
+    setenv("IDEM_TEST_CONSUMER_SECRET", secret, 1);
+    refunds_config(&b, 8, 0,
+                   "    signature: { scheme: github, secrets: [{ env: "
+                   "IDEM_TEST_CONSUMER_SECRET }] }\n",
+                   path, sizeof path);
+    struct proc p;
+    start(&p, "serve", path);
+    long before = executions();
+    snprintf(body, sizeof body, "{\"refund_no\":\"SIGNED-%d\",\"amount\":\"1.00\"}", seq);
+    const char *keys[] = {forger, secret};
+    for (int i = 0; i < 2; i++) {
+        unsigned char mac[32];
+        unsigned len = 0;
+        HMAC(EVP_sha256(), keys[i], (int)strlen(keys[i]), (const unsigned char *)body,
+             strlen(body), mac, &len);
+        strcpy(hex[i], "sha256=");
+        for (int j = 0; j < 32; j++)
+            sprintf(hex[i] + 7 + 2 * j, "%02x", mac[j]);
+    }
+    const struct header forged[] = {{"X-Hub-Signature-256", hex[0]}, {NULL, NULL}};
+    const struct header genuine[] = {{"X-Hub-Signature-256", hex[1]}, {NULL, NULL}};
+    publish(&b, body, forged, NULL);
+    publish(&b, body, NULL, NULL);
+    assert_int_equal(wait_dead(&b, 2, 10000), 2);
+    assert_int_equal(executions() - before, 0);
+    publish(&b, body, genuine, NULL);
+    publish(&b, body, genuine, NULL);
+    long long deadline = now_ms() + 10000;
+    while (executions() - before < 1 && now_ms() < deadline)
+        sleep_ms(20);
+    sleep_ms(500); /* the redelivery, handled too */
+    assert_int_equal(executions() - before, 1);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    struct dead d[4];
+    assert_int_equal(take_dead(&b, d, 4), 2);
+    for (int i = 0; i < 2; i++) {
+        assert_string_equal(d[i].reason, "signature_invalid");
+        assert_string_equal(d[i].body, body);
+    }
+    assert_true(all_acked(&b));
+    unsetenv("IDEM_TEST_CONSUMER_SECRET");
+    bus_close(&b);
+}
+
+static void test_amqp_signed_messages(void **state)
+{
+    (void)state;
+    signed_messages(0);
+}
+
+static void test_redis_signed_messages(void **state)
+{
+    (void)state;
+    signed_messages(1);
+}
+
 /* Bad input on the dead letter with its reason, and the queue goes on. */
 static void bad_input(int redis)
 {
@@ -1102,6 +1171,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_redis_poison_dead_lettered_across_restart, teardown),
         cmocka_unit_test_teardown(test_amqp_bad_input_dead_lettered, teardown),
         cmocka_unit_test_teardown(test_redis_bad_input_dead_lettered, teardown),
+        cmocka_unit_test_teardown(test_amqp_signed_messages, teardown),
+        cmocka_unit_test_teardown(test_redis_signed_messages, teardown),
         cmocka_unit_test_teardown(test_amqp_kill9_stream, teardown),
         cmocka_unit_test_teardown(test_redis_kill9_stream, teardown),
         cmocka_unit_test_teardown(test_amqp_broker_restart_and_handler_down, teardown),
