@@ -2,7 +2,7 @@
 /*
  * signature.c — signed callbacks checked (see signature.h).
  *
- * Every scheme is an HMAC-SHA256 over the raw body, after a prefix some of
+ * The HMAC schemes: an HMAC-SHA256 over the raw body, after a prefix some of
  * them sign too (a timestamp, an event id), compared in constant time with
  * each signature the request carries and each secret the route holds: any
  * pair that agrees passes, so that a provider rotating its secret and a
@@ -11,6 +11,11 @@
  * compared as what they mean. A timestamp is judged only once a signature
  * matched: a forgery is "invalid", whatever its timestamp; a genuine but
  * old (replayed) request is "expired".
+ *
+ * The RSA schemes (WeChat Pay v3, Alipay's RSA2): an RSA-SHA256 (PKCS #1
+ * v1.5) signature by the provider's private key over what the scheme
+ * signs, verified with the route's public keys: the one whose serial the
+ * request names (WeChat Pay), or each in turn (Alipay).
  */
 #include "gateway/signature.h"
 
@@ -18,6 +23,7 @@
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/x509.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -38,6 +44,10 @@ void signature_free(struct signature *s)
         OPENSSL_cleanse(s->secrets[i].key, s->secrets[i].len);
         free(s->secrets[i].key);
     }
+    for (size_t i = 0; i < s->public_key_count; i++) {
+        EVP_PKEY_free(s->public_keys[i].key);
+        free(s->public_keys[i].serial);
+    }
     free(s->header);
     free(s->prefix);
     free(s);
@@ -54,6 +64,10 @@ const char *signature_scheme_name(enum signature_scheme scheme)
         return "standard_webhooks";
     case SIGNATURE_HMAC_SHA256:
         return "hmac_sha256";
+    case SIGNATURE_WECHATPAY_V3:
+        return "wechatpay_v3";
+    case SIGNATURE_ALIPAY_RSA2:
+        return "alipay_rsa2";
     }
     return "?";
 }
@@ -311,6 +325,182 @@ static int check_standard(const struct signature *s, const struct http_msg *m, i
     return in_time(s, t, now_ms, type, detail, dlen);
 }
 
+/* ---- the RSA schemes ---- */
+
+#define RSA_SIG_MAX 1024 /* bytes: an 8192-bit key's signature */
+
+/* Does key sign parts[0..n) as sig (RSA-SHA256, PKCS #1 v1.5)? */
+static int rsa_verifies(struct evp_pkey_st *key, const void *const *parts, const size_t *lens,
+                        size_t n, const unsigned char *sig, size_t sig_len)
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    int ok = ctx && EVP_DigestVerifyInit(ctx, NULL, EVP_sha256(), NULL, key) == 1;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = EVP_DigestVerifyUpdate(ctx, parts[i], lens[i]) == 1;
+    ok = ok && EVP_DigestVerifyFinal(ctx, sig, sig_len) == 1;
+    EVP_MD_CTX_free(ctx);
+    return ok;
+}
+
+/* A base64 signature of n characters at s into sig: its length, or -1. */
+static long rsa_signature(const char *s, size_t n, unsigned char sig[RSA_SIG_MAX + 3])
+{
+    if (n > BASE64_LEN(RSA_SIG_MAX))
+        return -1;
+    return base64_decode(s, n, sig);
+}
+
+static int check_wechatpay(const struct signature *s, const struct http_msg *m, int64_t now_ms,
+                           const char **type, char *detail, size_t dlen)
+{
+    int status = 0;
+    const char *ts, *nonce, *sig64, *serial;
+    if (!(ts = one_header(m, "Wechatpay-Timestamp", type, detail, dlen, &status)) ||
+        !(nonce = one_header(m, "Wechatpay-Nonce", type, detail, dlen, &status)) ||
+        !(sig64 = one_header(m, "Wechatpay-Signature", type, detail, dlen, &status)) ||
+        !(serial = one_header(m, "Wechatpay-Serial", type, detail, dlen, &status)))
+        return status;
+    int64_t t = unix_time(ts, strlen(ts));
+    if (t < 0)
+        return refuse(type, "signature_invalid", detail, dlen,
+                      "the Wechatpay-Timestamp header is not a Unix time in seconds");
+    const struct signature_public_key *key = NULL;
+    for (size_t i = 0; i < s->public_key_count && !key; i++)
+        if (strcmp(s->public_keys[i].serial, serial) == 0)
+            key = &s->public_keys[i];
+    if (!key)
+        return refuse(type, "signature_invalid", detail, dlen,
+                      "the Wechatpay-Serial header names no public key of the route's");
+    unsigned char sig[RSA_SIG_MAX + 3];
+    long sig_len = rsa_signature(sig64, strlen(sig64), sig);
+    if (sig_len <= 0)
+        return refuse(type, "signature_invalid", detail, dlen,
+                      "the Wechatpay-Signature header is not a base64 signature");
+    const void *parts[] = {ts, "\n", nonce, "\n", m->body ? m->body : "", "\n"};
+    size_t lens[] = {strlen(ts), 1, strlen(nonce), 1, m->body_len, 1};
+    if (!rsa_verifies(key->key, parts, lens, 6, sig, (size_t)sig_len))
+        return refuse(type, "signature_invalid", detail, dlen,
+                      "the Wechatpay-Signature does not verify with the public key of that "
+                      "serial");
+    return in_time(s, t, now_ms, type, detail, dlen);
+}
+
+/* ---- a form-encoded body (Alipay's notify) ---- */
+
+#define FORM_FIELDS_MAX 128
+
+struct form_field {
+    char *name, *value; /* decoded, in the form's copy */
+};
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const struct form_field *)a)->name, ((const struct form_field *)b)->name);
+}
+
+/* Decode n bytes at s in place (+ is a space, %XX a byte): its new length,
+ * or -1 for a broken escape or a NUL. */
+static long form_decode(char *s, size_t n)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (c == '+') {
+            c = ' ';
+        } else if (c == '%') {
+            int hi = i + 2 < n ? hex_value(s[i + 1]) : -1;
+            int lo = i + 2 < n ? hex_value(s[i + 2]) : -1;
+            if (hi < 0 || lo < 0)
+                return -1;
+            c = (char)(hi << 4 | lo);
+            i += 2;
+        }
+        if (!c)
+            return -1;
+        s[o++] = c;
+    }
+    s[o] = '\0';
+    return (long)o;
+}
+
+static int check_alipay(const struct signature *s, const struct http_msg *m, const char **type,
+                        char *detail, size_t dlen)
+{
+    char *copy = malloc(m->body_len + 1);
+    struct form_field *f = calloc(FORM_FIELDS_MAX, sizeof *f);
+    char *content = malloc(m->body_len + 1);
+    size_t n = 0, clen = 0;
+    const char *sig64 = NULL, *why = NULL;
+    int status = 401;
+    if (!copy || !f || !content) {
+        why = "no memory to read the form";
+        goto out;
+    }
+    memcpy(copy, m->body ? m->body : "", m->body_len);
+    copy[m->body_len] = '\0';
+    for (char *p = copy, *end = copy + m->body_len; p < end && !why;) {
+        char *amp = memchr(p, '&', (size_t)(end - p));
+        size_t len = amp ? (size_t)(amp - p) : (size_t)(end - p);
+        char *eq = memchr(p, '=', len);
+        if (!eq || eq == p) {
+            why = "the body is not a form (name=value&...)";
+            break;
+        }
+        long nl = form_decode(p, (size_t)(eq - p));
+        long vl = form_decode(eq + 1, len - (size_t)(eq - p) - 1);
+        if (nl < 0 || vl < 0) {
+            why = "the form holds a broken %-escape or a NUL";
+            break;
+        }
+        if (!strcmp(p, "sign")) {
+            if (sig64) {
+                why = "the form gives sign twice";
+                break;
+            }
+            sig64 = eq + 1;
+        } else if (strcmp(p, "sign_type") != 0 && vl > 0) {
+            if (n == FORM_FIELDS_MAX) {
+                why = "the form has more than 128 fields";
+                break;
+            }
+            f[n++] = (struct form_field){p, eq + 1};
+        }
+        p += len + 1;
+    }
+    if (!why && !sig64)
+        why = "the form has no sign field: it is not signed";
+    if (why)
+        goto out;
+    qsort(f, n, sizeof *f, by_name);
+    for (size_t i = 0; i < n; i++) {
+        if (i && !strcmp(f[i].name, f[i - 1].name)) {
+            why = "the form gives a field twice: which one is signed cannot be told";
+            goto out;
+        }
+        clen += (size_t)sprintf(content + clen, "%s%s=%s", i ? "&" : "", f[i].name, f[i].value);
+    }
+    unsigned char sig[RSA_SIG_MAX + 3];
+    long sig_len = rsa_signature(sig64, strlen(sig64), sig);
+    if (sig_len <= 0) {
+        why = "the form's sign is not a base64 signature";
+        goto out;
+    }
+    const void *parts[] = {content};
+    size_t lens[] = {clen};
+    for (size_t k = 0; k < s->public_key_count && status; k++)
+        if (rsa_verifies(s->public_keys[k].key, parts, lens, 1, sig, (size_t)sig_len))
+            status = 0;
+    if (status)
+        why = "the form's sign does not verify with the route's public keys";
+out:
+    if (why)
+        refuse(type, "signature_invalid", detail, dlen, "%s", why);
+    free(copy);
+    free(f);
+    free(content);
+    return why ? 401 : 0;
+}
+
 int signature_check(const struct signature *s, const struct http_msg *m, int64_t now_ms,
                     const char **type, char *detail, size_t dlen)
 {
@@ -323,6 +513,10 @@ int signature_check(const struct signature *s, const struct http_msg *m, int64_t
         return check_standard(s, m, now_ms, type, detail, dlen);
     case SIGNATURE_HMAC_SHA256:
         return check_body_mac(s, m, s->header, s->prefix, s->base64, type, detail, dlen);
+    case SIGNATURE_WECHATPAY_V3:
+        return check_wechatpay(s, m, now_ms, type, detail, dlen);
+    case SIGNATURE_ALIPAY_RSA2:
+        return check_alipay(s, m, type, detail, dlen);
     }
     return refuse(type, "signature_invalid", detail, dlen, "unknown signature scheme");
 }

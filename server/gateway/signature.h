@@ -4,7 +4,8 @@
  * a route with signature: takes a request only when its body is signed by
  * one of the route's secrets, as the provider that calls it signs it
  * (Stripe, GitHub, Standard Webhooks, or an HMAC-SHA256 header of the
- * route's own naming). A request that fails is refused 401 before its key
+ * route's own naming), or by the provider's private key, checked with one
+ * of the route's public keys (WeChat Pay v3, Alipay's RSA2). A request that fails is refused 401 before its key
  * is read: no token spent, no lock taken, no record made, nothing
  * forwarded, so that a forgery sent first cannot occupy a genuine event's
  * key. Read from the configuration by signature_config.c.
@@ -25,6 +26,11 @@ enum signature_scheme {
                                     webhook-signature: v1,<base64> ... over
                                     "<id>.<timestamp>.<body>"; whsec_ secrets */
     SIGNATURE_HMAC_SHA256,       /* header: [prefix]<hex or base64> over the body */
+    SIGNATURE_WECHATPAY_V3,      /* Wechatpay-Timestamp, -Nonce, -Signature (base64),
+                                    -Serial: RSA-SHA256 over "<timestamp>\n<nonce>\n
+                                    <body>\n", the public key chosen by serial */
+    SIGNATURE_ALIPAY_RSA2,       /* a form-encoded notify: RSA-SHA256 (sign, base64)
+                                    over its other fields, sorted: "k=v&k=v" */
 };
 
 #define SIGNATURE_SECRETS_MAX 8   /* at once, for rotation */
@@ -35,11 +41,20 @@ struct signature_secret {
     size_t len;
 };
 
+struct evp_pkey_st; /* OpenSSL's EVP_PKEY */
+
+struct signature_public_key {
+    struct evp_pkey_st *key;
+    char *serial; /* wechatpay_v3: the serial it is chosen by */
+};
+
 struct signature {
     enum signature_scheme scheme;
     struct signature_secret secrets[SIGNATURE_SECRETS_MAX];
-    size_t secret_count;       /* >= 1 */
-    int64_t tolerance_ms;      /* stripe, standard_webhooks: how far the signed
+    size_t secret_count;       /* >= 1 for the HMAC schemes; 0 for the RSA ones */
+    struct signature_public_key public_keys[SIGNATURE_SECRETS_MAX];
+    size_t public_key_count;   /* >= 1 for the RSA schemes; 0 for the others */
+    int64_t tolerance_ms;      /* stripe, standard_webhooks, wechatpay_v3: how far the signed
                                   timestamp may be from now; default 5 min */
     char *header;              /* hmac_sha256: the header that holds it */
     int base64;                /* hmac_sha256: base64 (1) or hex (0, default) */

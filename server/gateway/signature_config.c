@@ -2,10 +2,14 @@
 /*
  * signature_config.c — a route's signature: section (signature_config.h).
  * The secrets come from the environment or a file, never from the YAML,
- * several at once for a rotation.
+ * several at once for a rotation; the RSA schemes' public keys from PEM
+ * files (a public key, or a certificate holding one).
  */
 #include "gateway/signature_config.h"
 
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,7 +18,64 @@
 
 #define SECRET_MIN 16 /* bytes: a shorter secret can be guessed */
 
-static const char *const schemes[] = {"stripe", "github", "standard_webhooks", "hmac_sha256"};
+static const char *const schemes[] = {"stripe",      "github",       "standard_webhooks",
+                                      "hmac_sha256", "wechatpay_v3", "alipay_rsa2"};
+#define SCHEMES "stripe, github, standard_webhooks, hmac_sha256, wechatpay_v3 or alipay_rsa2"
+
+/* One public key: { file: PATH } (PEM: a public key, or a certificate)
+ * and, for wechatpay_v3, serial: the one WeChat Pay names it by. */
+static int get_public_key(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                          enum signature_scheme scheme, struct signature_public_key *out)
+{
+    static const char *const fields[] = {"file", "serial"};
+    char fpath[192];
+    const yaml_node_t *v;
+    const char *file, *serial = NULL;
+    if (n->type != YAML_MAPPING_NODE)
+        return config_fail(c, n, path, "expected { file: PATH, serial: ... }");
+    if (config_check_fields(c, n, path, fields, 2))
+        return -1;
+    config_join(fpath, sizeof fpath, path, "file");
+    if (!(v = config_field(c, n, "file")))
+        return config_fail(c, n, path, "file is required: a PEM public key or certificate");
+    if (config_scalar(c, v, fpath, "a file path", &file))
+        return -1;
+    config_join(fpath, sizeof fpath, path, "serial");
+    if ((v = config_field(c, n, "serial"))) {
+        if (scheme != SIGNATURE_WECHATPAY_V3)
+            return config_fail(c, v, fpath, "serial is for wechatpay_v3, which names its key");
+        if (config_scalar(c, v, fpath, "a certificate serial", &serial))
+            return -1;
+        if (!*serial || strlen(serial) > 128 || config_has_control(serial))
+            return config_fail(c, v, fpath, "a serial is 1 to 128 printable bytes");
+    } else if (scheme == SIGNATURE_WECHATPAY_V3) {
+        return config_fail(c, n, path, "serial is required with wechatpay_v3: the "
+                           "Wechatpay-Serial header chooses the key by it");
+    }
+    config_join(fpath, sizeof fpath, path, "file");
+    FILE *f = fopen(file, "r");
+    if (!f)
+        return config_fail(c, config_field(c, n, "file"), fpath, "cannot read %s",
+                           config_quote(c, file));
+    EVP_PKEY *key = PEM_read_PUBKEY(f, NULL, NULL, NULL);
+    if (!key) {
+        rewind(f);
+        X509 *cert = PEM_read_X509(f, NULL, NULL, NULL);
+        key = cert ? X509_get_pubkey(cert) : NULL;
+        X509_free(cert);
+    }
+    fclose(f);
+    if (!key || EVP_PKEY_get_base_id(key) != EVP_PKEY_RSA || EVP_PKEY_get_bits(key) < 2048) {
+        EVP_PKEY_free(key);
+        return config_fail(c, config_field(c, n, "file"), fpath,
+                           "%s holds no RSA public key of 2048 bits or more (PEM: a public "
+                           "key or a certificate)", config_quote(c, file));
+    }
+    out->key = key;
+    if (serial && !(out->serial = strdup(serial)))
+        return config_oom(c);
+    return 0;
+}
 
 /* One secret, as the scheme takes it: a whsec_<base64> for Standard
  * Webhooks (its bytes are the key), the text itself for the others. */
@@ -57,8 +118,8 @@ static int get_secret(struct config_ctx *c, const yaml_node_t *n, const char *pa
 static int get_signature(struct config_ctx *c, const yaml_node_t *n, const char *path,
                          struct signature *s)
 {
-    static const char *const fields[] = {"scheme", "secrets", "tolerance", "header",
-                                         "encoding", "prefix"};
+    static const char *const fields[] = {"scheme", "secrets",  "tolerance",  "header",
+                                         "encoding", "prefix", "public_keys"};
     char fpath[128];
     const yaml_node_t *v;
     int scheme;
@@ -69,15 +130,16 @@ static int get_signature(struct config_ctx *c, const yaml_node_t *n, const char 
         return -1;
 #define FIELD(fname) (config_join(fpath, sizeof fpath, path, fname), config_field(c, n, fname))
     if (!(v = FIELD("scheme")))
-        return config_fail(c, n, path, "scheme is required: stripe, github, standard_webhooks "
-                           "or hmac_sha256");
-    if (config_get_enum(c, v, fpath, "stripe, github, standard_webhooks or hmac_sha256",
+        return config_fail(c, n, path, "scheme is required: " SCHEMES);
+    if (config_get_enum(c, v, fpath, SCHEMES,
                         schemes, sizeof schemes / sizeof schemes[0], NULL,
                         &scheme))
         return -1;
     s->scheme = (enum signature_scheme)scheme;
     int own = s->scheme == SIGNATURE_HMAC_SHA256;
-    int timed = s->scheme == SIGNATURE_STRIPE || s->scheme == SIGNATURE_STANDARD_WEBHOOKS;
+    int timed = s->scheme == SIGNATURE_STRIPE || s->scheme == SIGNATURE_STANDARD_WEBHOOKS ||
+                s->scheme == SIGNATURE_WECHATPAY_V3;
+    int rsa = s->scheme == SIGNATURE_WECHATPAY_V3 || s->scheme == SIGNATURE_ALIPAY_RSA2;
     static const char *const own_fields[] = {"header", "encoding", "prefix"};
     for (size_t i = 0; !own && i < sizeof own_fields / sizeof own_fields[0]; i++)
         if ((v = FIELD(own_fields[i])))
@@ -85,8 +147,8 @@ static int get_signature(struct config_ctx *c, const yaml_node_t *n, const char 
                                "header", own_fields[i], schemes[scheme]);
     if ((v = FIELD("tolerance"))) {
         if (!timed)
-            return config_fail(c, v, fpath, "%s signs no timestamp: tolerance is for stripe "
-                               "and standard_webhooks", schemes[scheme]);
+            return config_fail(c, v, fpath, "%s signs no timestamp: tolerance is for stripe, "
+                               "standard_webhooks and wechatpay_v3", schemes[scheme]);
         if (config_get_duration(c, v, fpath, 1000, MS_DAY, &s->tolerance_ms))
             return -1;
     }
@@ -110,11 +172,36 @@ static int get_signature(struct config_ctx *c, const yaml_node_t *n, const char 
                 return config_oom(c);
         }
     }
+    yaml_node_item_t *it = NULL;
+    size_t count = 0;
+    if (rsa) {
+        if ((v = FIELD("secrets")))
+            return config_fail(c, v, fpath, "%s is checked with the provider's public keys: "
+                               "give public_keys, not secrets", schemes[scheme]);
+        if (!(v = FIELD("public_keys")))
+            return config_fail(c, n, path, "public_keys is required (e.g. public_keys: "
+                               "[{ file: /etc/idem/provider.pem%s }])",
+                               s->scheme == SIGNATURE_WECHATPAY_V3 ? ", serial: 5157F09E..." : "");
+        if (config_list_items(c, v, fpath, "a list of public keys", &it, &count))
+            return -1;
+        if (count == 0 || count > SIGNATURE_SECRETS_MAX)
+            return config_fail(c, v, fpath, "%zu public keys; give 1 to %d", count,
+                               SIGNATURE_SECRETS_MAX);
+        for (size_t i = 0; i < count; i++) {
+            char ipath[160];
+            config_pathf(ipath, sizeof ipath, "%s[%zu]", fpath, i);
+            if (get_public_key(c, config_node(c, it[i]), ipath, s->scheme, &s->public_keys[i]))
+                return -1;
+            s->public_key_count++;
+        }
+        return 0;
+    }
+    if ((v = FIELD("public_keys")))
+        return config_fail(c, v, fpath, "%s is checked with shared secrets: give secrets, not "
+                           "public_keys", schemes[scheme]);
     if (!(v = FIELD("secrets")))
         return config_fail(c, n, path, "secrets is required (e.g. secrets: [{ env: "
                            "WEBHOOK_SECRET }]): one or more, for a rotation");
-    yaml_node_item_t *it = NULL;
-    size_t count = 0;
     if (config_list_items(c, v, fpath, "a list of secrets", &it, &count))
         return -1;
     if (count == 0 || count > SIGNATURE_SECRETS_MAX)

@@ -20,6 +20,19 @@ for name in $(cat "$tmp"/*.yaml 2>/dev/null | grep -o 'env: *[A-Za-z_][A-Za-z0-9
               sed 's/env: *//' | sort -u); do
   eval "[ -n \"\${$name:-}\" ]" || export "$name=whsec_MDEyMzQ1Njc4OWFiY2RlZmdoaWo="
 done
+# A public key an example names (file: /etc/idem/x.pem) is made as the
+# provider would hand it over, and the example pointed at it.
+for f in "$tmp"/*.yaml; do
+  [ -e "$f" ] || continue
+  for pem in $(grep -o 'file: *[^ ,}]*\.pem' "$f" | sed 's/file: *//' | sort -u); do
+    [ -e "$pem" ] && continue
+    made="$tmp/$(basename "$pem")"
+    [ -e "$made" ] ||
+      openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 2>/dev/null |
+        openssl pkey -pubout -out "$made"
+    sed -i "s|$pem|$made|g" "$f"
+  done
+done
 for f in "$tmp"/*.yaml; do
   [ -e "$f" ] || continue
   n=$((n + 1))

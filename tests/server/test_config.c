@@ -4,6 +4,9 @@
 #include "gateway/signature.h"
 #include "testlib.h"
 
+#include <openssl/pem.h>
+#include <openssl/rsa.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -347,7 +350,7 @@ static void test_signature(void **state)
     parse_bad(ROUTE "    signature: { scheme: stripe, secrets: [] }\n", "0 secrets", "1 to 8");
     parse_bad(ROUTE "    signature: { scheme: stripe }\n", "secrets is required", NULL);
     parse_bad(ROUTE "    signature: { scheme: paypal, secrets: [{ env: IDEM_TEST_SIG }] }\n",
-              "signature.scheme", "stripe, github, standard_webhooks or hmac_sha256");
+              "signature.scheme", "stripe, github, standard_webhooks, hmac_sha256, wechatpay_v3 or alipay_rsa2");
     parse_bad(ROUTE "    signature: { scheme: github, tolerance: 1m, secrets: [{ env: IDEM_TEST_SIG }] }\n",
               "signature.tolerance", "signs no timestamp");
     parse_bad(ROUTE "    signature: { scheme: github, header: X-A, secrets: [{ env: IDEM_TEST_SIG }] }\n",
@@ -356,6 +359,48 @@ static void test_signature(void **state)
               "header is required", NULL);
     parse_bad(ROUTE "    signature: { scheme: stripe, secret: x, secrets: [{ env: IDEM_TEST_SIG }] }\n",
               "secret", NULL);
+
+    /* The RSA schemes: public keys from PEM files, a serial for WeChat Pay. */
+    char dir[] = "/tmp/idem-sig-XXXXXX", big[64], small[80], yaml[512];
+    assert_non_null(mkdtemp(dir));
+    snprintf(big, sizeof big, "%s/big.pem", dir);
+    snprintf(small, sizeof small, "%s/small.pem", dir);
+    EVP_PKEY *k2048 = EVP_RSA_gen(2048), *k1024 = EVP_RSA_gen(1024);
+    FILE *f = fopen(big, "w");
+    PEM_write_PUBKEY(f, k2048);
+    fclose(f);
+    f = fopen(small, "w");
+    PEM_write_PUBKEY(f, k1024);
+    fclose(f);
+    snprintf(yaml, sizeof yaml, ROUTE "    signature: { scheme: wechatpay_v3, public_keys: "
+             "[{ file: %s, serial: S-1 }] }\n", big);
+    c = parse_ok(yaml);
+    s = c->routes[0].signature;
+    assert_int_equal(s->public_key_count, 1);
+    assert_string_equal(s->public_keys[0].serial, "S-1");
+    assert_int_equal(s->secret_count, 0);
+    config_free(c);
+    snprintf(yaml, sizeof yaml, ROUTE "    signature: { scheme: wechatpay_v3, public_keys: "
+             "[{ file: %s }] }\n", big);
+    parse_bad(yaml, "public_keys[0]", "serial is required with wechatpay_v3");
+    snprintf(yaml, sizeof yaml, ROUTE "    signature: { scheme: alipay_rsa2, public_keys: "
+             "[{ file: %s }] }\n", small);
+    parse_bad(yaml, "public_keys[0].file", "no RSA public key of 2048 bits or more");
+    snprintf(yaml, sizeof yaml, ROUTE "    signature: { scheme: alipay_rsa2, public_keys: "
+             "[{ file: %s, serial: S }] }\n", big);
+    parse_bad(yaml, "serial is for wechatpay_v3", NULL);
+    parse_bad(ROUTE "    signature: { scheme: alipay_rsa2, secrets: [{ env: IDEM_TEST_SIG }] }\n",
+              "give public_keys, not secrets", NULL);
+    snprintf(yaml, sizeof yaml, ROUTE "    signature: { scheme: github, public_keys: "
+             "[{ file: %s }], secrets: [{ env: IDEM_TEST_SIG }] }\n", big);
+    parse_bad(yaml, "give secrets, not public_keys", NULL);
+    parse_bad(ROUTE "    signature: { scheme: alipay_rsa2, public_keys: [{ file: /nonexistent.pem }] }\n",
+              "cannot read", NULL);
+    EVP_PKEY_free(k2048);
+    EVP_PKEY_free(k1024);
+    unlink(big);
+    unlink(small);
+    rmdir(dir);
 }
 
 /* store_statuses: which upstream answers a route keeps; the default is
