@@ -2,7 +2,8 @@
  * fuzz_request_key.c — business keys and fingerprints from what a client
  * sends: the input is an HTTP request (parsed by the strict parser first,
  * as the daemon does), and every key source runs on it — header, JSON field
- * (nested), query parameter, path segment, a composite, per subject.
+ * (nested), query parameter, path segment, form field, a composite, per
+ * subject.
  * Whatever comes out must be a key Idem accepts: 1..255 bytes of UTF-8, no
  * control characters (idem_check_key()).
  */
@@ -36,16 +37,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct key_part json = {KEY_JSON, "payment.serial_no", 0};
     struct key_part query = {KEY_QUERY, "id", 0};
     struct key_part segment = {KEY_PATH_SEGMENT, NULL, 2};
-    struct key_part composite[] = {header, json, query, segment};
+    struct key_part form = {KEY_FORM, "out_trade_no", 0};
+    struct key_part composite[] = {header, json, query, segment, form};
     char *fields[] = {"amount", "payment.serial_no"};
     struct route rt;
     memset(&rt, 0, sizeof rt);
     rt.name = "fuzz";
     rt.fingerprint_fields = fields;
     rt.fingerprint_field_count = 2;
-    struct key_part *parts[] = {&header, &json, &query, &segment, composite};
-    size_t counts[] = {1, 1, 1, 1, 4};
-    for (size_t i = 0; i < 5; i++)
+    struct key_part *parts[] = {&header, &json, &query, &segment, &form, composite};
+    size_t counts[] = {1, 1, 1, 1, 1, 5};
+    for (size_t i = 0; i < 6; i++)
         for (int scoped = 0; scoped < 2; scoped++) {
             char key[IDEM_KEY_MAX + 1], detail[512];
             const char *type = NULL;

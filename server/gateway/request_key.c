@@ -47,6 +47,8 @@ int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_
                 return -1; /* it would end the string: "R-1%00A" read as "R-1" */
         } else if (c == '+' && plus_is_space) {
             c = ' ';
+        } else if (c == 0) {
+            return -1; /* a form body's NUL, as %00 */
         }
         if (o + 1 >= cap)
             return -1;
@@ -56,18 +58,17 @@ int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_
     return 0;
 }
 
-/* The value of query parameter name in target, decoded. 1 found, 0 not,
- * -1 malformed, -2 given more than once (which one the upstream takes
- * cannot be told, so neither is a key). */
-static int query_param(const char *target, const char *name, char *out, size_t cap)
+/* The value of field name in n bytes of form-encoded s (a query, or a
+ * form body: name=value&name=value), decoded. 1 found, 0 not, -1
+ * malformed, -2 given more than once (which one the upstream takes cannot
+ * be told, so neither is a key). */
+static int form_value(const char *s, size_t n, const char *name, char *out, size_t cap)
 {
-    const char *q = strchr(target, '?');
-    if (!q)
-        return 0;
     size_t nlen = strlen(name);
     int found = 0;
-    for (const char *p = q + 1; *p;) {
-        const char *end = p + strcspn(p, "&#");
+    for (const char *p = s, *stop = s + n; p < stop;) {
+        const char *amp = memchr(p, '&', (size_t)(stop - p));
+        const char *end = amp ? amp : stop;
         const char *eq = memchr(p, '=', (size_t)(end - p));
         const char *kend = eq ? eq : end;
         char k[256];
@@ -80,11 +81,18 @@ static int query_param(const char *target, const char *name, char *out, size_t c
                                    1) != 0)
                 return -1;
         }
-        if (*end != '&')
+        if (!amp)
             break;
-        p = end + 1;
+        p = amp + 1;
     }
     return found;
+}
+
+/* The value of query parameter name in target (see form_value). */
+static int query_param(const char *target, const char *name, char *out, size_t cap)
+{
+    const char *q = strchr(target, '?');
+    return q ? form_value(q + 1, strcspn(q + 1, "#"), name, out, cap) : 0;
 }
 
 /* Segment n (1-based) of the path, decoded. 1 found, 0 not, -1 malformed. */
@@ -161,6 +169,7 @@ static const char *source_name(enum key_source s)
     case KEY_HEADER: return "header";
     case KEY_JSON: return "JSON field";
     case KEY_QUERY: return "query parameter";
+    case KEY_FORM: return "form field";
     case KEY_PATH_SEGMENT: return "path segment";
     }
     return "?";
@@ -422,6 +431,9 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
             break;
         case KEY_QUERY:
             found = query_param(m->target, kp->name, value, sizeof value);
+            break;
+        case KEY_FORM:
+            found = m->body ? form_value(m->body, m->body_len, kp->name, value, sizeof value) : 0;
             break;
         case KEY_PATH_SEGMENT:
             found = path_segment(m->target, kp->segment, value, sizeof value);

@@ -17,6 +17,7 @@ enum key_source {
     KEY_JSON,         /* { json: refund_no }  (a top-level field; "a.b" for nested) */
     KEY_QUERY,        /* { query: id } */
     KEY_PATH_SEGMENT, /* { path_segment: 2 }  (1-based: /refunds/R-1 -> 2 is R-1) */
+    KEY_FORM,         /* { form: out_trade_no }  (a form-encoded body's field) */
 };
 
 /* A consumer's { message_id: true }: the message's id, which the consumer
@@ -26,7 +27,7 @@ enum key_source {
 
 struct key_part {
     enum key_source source;
-    char *name;  /* header, JSON field or query parameter */
+    char *name;  /* header, JSON field, query parameter or form field */
     int segment; /* KEY_PATH_SEGMENT */
 };
 

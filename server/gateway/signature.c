@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "base64.h"
+#include "gateway/request_key.h"
 #include "http/http_parser.h"
 
 #define MAC_LEN 32         /* SHA-256 */
@@ -110,14 +111,6 @@ struct carried {
     size_t count;
 };
 
-static int hex_value(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    c = (char)(c | 0x20);
-    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 /* n characters at s as one signature (hex, or base64 with base64): taken
  * into *c when it decodes to 32 bytes; 0 if it does not (a malformed one
  * matches nothing, as a wrong one does). */
@@ -135,7 +128,8 @@ static int take(struct carried *c, const char *s, size_t n, int base64)
         if (n != 2 * MAC_LEN)
             return 0;
         for (size_t i = 0; i < MAC_LEN; i++) {
-            int hi = hex_value(s[2 * i]), lo = hex_value(s[2 * i + 1]);
+            int hi = http_hex_value((unsigned char)s[2 * i]),
+                lo = http_hex_value((unsigned char)s[2 * i + 1]);
             if (hi < 0 || lo < 0)
                 return 0;
             out[i] = (unsigned char)(hi << 4 | lo);
@@ -402,25 +396,7 @@ static int by_name(const void *a, const void *b)
  * or -1 for a broken escape or a NUL. */
 static long form_decode(char *s, size_t n)
 {
-    size_t o = 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (c == '+') {
-            c = ' ';
-        } else if (c == '%') {
-            int hi = i + 2 < n ? hex_value(s[i + 1]) : -1;
-            int lo = i + 2 < n ? hex_value(s[i + 2]) : -1;
-            if (hi < 0 || lo < 0)
-                return -1;
-            c = (char)(hi << 4 | lo);
-            i += 2;
-        }
-        if (!c)
-            return -1;
-        s[o++] = c;
-    }
-    s[o] = '\0';
-    return (long)o;
+    return request_pct_decode(s, n, s, n + 1, 1) == 0 ? (long)strlen(s) : -1;
 }
 
 static int check_alipay(const struct signature *s, const struct http_msg *m, const char **type,

@@ -236,7 +236,7 @@ static void test_route_values(void **state)
         "    match: { method: post, path: /callbacks/* }\n"
         "    upstream: HTTP://pay.internal:81/api/v1/\n"
         "    key: [{ header: X-Merchant }, { query: id }, { path_segment: 2 },\n"
-        "          { json: order.serial }]\n"
+        "          { json: order.serial }, { form: out_trade_no }]\n"
         "    space: payment\n"
         "    scope: global\n"
         "    layers: [lock, record]\n"
@@ -263,7 +263,9 @@ static void test_route_values(void **state)
     assert_string_equal(r->upstream.host, "pay.internal");
     assert_int_equal(r->upstream.port, 81);
     assert_string_equal(r->upstream.base_path, "/api/v1");
-    assert_int_equal(r->key_parts, 4);
+    assert_int_equal(r->key_parts, 5);
+    assert_int_equal(r->key[4].source, KEY_FORM);
+    assert_string_equal(r->key[4].name, "out_trade_no");
     assert_int_equal(r->key[0].source, KEY_HEADER);
     assert_string_equal(r->key[0].name, "X-Merchant");
     assert_int_equal(r->key[1].source, KEY_QUERY);

@@ -344,7 +344,11 @@ static const char ambiguous_routes[] =
     "  - name: by-query\n"
     "    match: { method: POST, path: /admin/payments/repush }\n"
     "    upstream: @UP@\n"
-    "    key: { query: id }\n";
+    "    key: { query: id }\n"
+    "  - name: by-form\n"
+    "    match: { method: POST, path: /payments }\n"
+    "    upstream: @UP@\n"
+    "    key: { form: out_trade_no }\n";
 
 static void expect_refused(int port, const char *target, const char *const *headers,
                            const char *body, const char *type)
@@ -393,6 +397,12 @@ static void test_ambiguous_requests_refused(void **state)
     expect_refused(gw.port, "/admin/payments/repush?id=Q-1%00A", NULL, payment, "key_invalid");
     expect_refused(gw.port, "/admin/payments/repush?id=Q-1&id=Q-2", NULL, payment,
                    "key_invalid");
+    /* A form body's field: the same rules as a query's. */
+    expect_refused(gw.port, "/payments", NULL, "out_trade_no=F-1&out_trade_no=F-2",
+                   "given more than once");
+    expect_refused(gw.port, "/payments", NULL, "out_trade_no=F-1%00A", "key_invalid");
+    expect_refused(gw.port, "/payments", NULL, "out_trade_no=F-1%zz", "key_invalid");
+    expect_refused(gw.port, "/payments", NULL, "trade_no=F-1", "key_missing");
     /* Paths an upstream may read as a route's own: refused, never passed
      * through unclaimed (to the default upstream, here the service). */
     static const char *const variants[] = {
@@ -3121,7 +3131,7 @@ static void test_signed_callbacks_rsa(void **state)
              "    signature:\n      scheme: wechatpay_v3\n"
              "      public_keys: [{ file: %s, serial: SERIAL-A }, { file: %s, serial: SERIAL-B }]\n"
              "  - name: alipay\n    match: { method: POST, path: /payments }\n"
-             "    upstream: @UP@\n    key: { query: notify_id }\n"
+             "    upstream: @UP@\n    key: { form: out_trade_no }\n"
              "    signature: { scheme: alipay_rsa2, public_keys: [{ file: %s }] }\n",
              pem_a, pem_b, pem_a);
     struct proc gw;
@@ -3178,8 +3188,8 @@ static void test_signed_callbacks_rsa(void **state)
                  enc);
         const char *hs[] = {"Content-Type: application/x-www-form-urlencoded", NULL};
         struct sys_resp r;
-        sys_http(gw.port, "POST", i == 3 ? "/payments?notify_id=N-2" : "/payments?notify_id=N-1",
-                 hs, i == 3 ? "notify_id=N-1&sign=" : form, 5000, &r);
+        sys_http(gw.port, "POST", "/payments", hs, i == 3 ? "out_trade_no=T+1&sign=" : form, 5000,
+                 &r);
         /* The service answers 400 to a form (it takes JSON), kept as the
          * key's answer: the genuine notify reached it, the replay says so. */
         int want = i == 0 || i == 3 ? 401 : 400;
