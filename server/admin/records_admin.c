@@ -36,6 +36,7 @@
 #include "admin/admin.h"
 #include "admin/call.h"
 #include "log.h"
+#include "mono.h"
 #include "gateway/request_key.h"
 #include "gateway/stored.h"
 #include "telemetry/incidents.h"
@@ -130,13 +131,6 @@ static struct http_response *int_param(const struct query *q, const char *name, 
 }
 
 /* ---- listing ---- */
-
-static int64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* The longest lease of cfg's routes on space, and whether one of them
  * holds unknown outcomes. 0 when no route keeps records there. */
