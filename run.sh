@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Idem's main job on the embedded default, from a fresh Debian 12 machine:
 # installs the dependencies, builds, starts the example refund service on
 # 127.0.0.1:9000 and `idem serve` in front of it on 127.0.0.1:8080 (records

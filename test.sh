@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole test suite, from a fresh Debian 12 machine: installs the
 # dependencies, builds with warnings as errors, runs every test with ctest,
 # then builds again with AddressSanitizer and UndefinedBehaviorSanitizer and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/consume.sh — the consumer benchmark: `bash bench/consume.sh`.
 #
 # Measures, side by side in one run, messages/s of draining a preloaded

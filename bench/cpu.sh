@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # bench/cpu.sh — where the CPU went during a measurement, from /proc; sourced
 # by bench/gateway.sh and bench/distributed.sh. On a small machine the load
 # generator, the servers and whatever else runs share the cores, so every

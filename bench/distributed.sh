@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/distributed.sh — Idem on the distributed store against the servers'
 # own benchmark tools, side by side in one run: `bash bench/distributed.sh`.
 #

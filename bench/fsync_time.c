@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fsync_time.c — what one durable write costs on a disk: the floor under
  * every commit of the embedded store, for bench/latency.sh's target.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/gateway.sh — the gateway benchmark: `bash bench/gateway.sh`.
 #
 # Measures, side by side in one run, everything on 127.0.0.1:

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/growth.sh — what idem serve's unique-key requests cost as the records
 # pile up: `bash bench/growth.sh`.
 #

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idem_bench.c — throughput of Idem's three layers, on the embedded store (and
  * the SQLite rate it is compared with; bench/run.sh adds Redis) or on the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/latency.sh — the gateway's latency as users feel it: `bash bench/latency.sh`.
 #
 # bench/gateway.sh in its open-loop mode, in one run, everything on

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * open_loop.c — a fixed-rate (open-loop) HTTP load generator, for
  * bench/gateway.sh's latency runs (bench/latency.sh):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pg_statements.c — prints the SQL of the postgres db backend exactly as Idem
  * prepares it, so that bench/distributed.sh gives pgbench the very same

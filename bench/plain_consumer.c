@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * plain_consumer.c — the reference for bench/consume.sh: a consumer as one
  * is written without Idem, and the publisher that preloads the queue both

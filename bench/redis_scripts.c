@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * redis_scripts.c — prints the Lua scripts of the redis kv backend exactly as
  * Idem loads them, so that bench/distributed.sh runs the very same scripts

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # bench/report.sh — the end every benchmark's markdown table has; sourced by
 # bench/gateway.sh, bench/distributed.sh and bench/growth.sh.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/run.sh — the one benchmark command: `bash bench/run.sh`.
 #
 # Builds idem-bench in Release (build-bench/), starts a private redis-server

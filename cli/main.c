@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * main.c — the `idem` command: one executable, a subcommand per job.
  * Each subcommand is a client of libidem's public API (and of the daemon's

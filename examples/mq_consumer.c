@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * mq_consumer.c — a RabbitMQ consumer whose business effect happens once
  * per message however often the queue delivers it, and whose poison

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * refund_loop.c — libidem on an event loop, no thread waiting on a store.
  *

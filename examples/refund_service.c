@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * refund_service.c — an example upstream for Idem: the refund service that the
  * README's quick start and the system tests put behind `idem serve`.

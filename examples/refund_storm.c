@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * refund_storm.c — what libidem is for, in one program.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fuzz target for server/config.c: any bytes as an idem.yaml. The parser must
  * accept or refuse them with a message, never crash, hang, leak or blow up
  * (aliases, deep nesting, huge counts), and whatever it accepts must hold the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_http_request.c — libFuzzer target for server/http/http_parser.c in request
  * mode (what any client of idem serve can send). fuzz_http_response.c

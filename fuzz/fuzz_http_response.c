@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_http_response.c — libFuzzer target for server/http/http_parser.c in
  * response mode (what an upstream answers idem serve). It is the driver of

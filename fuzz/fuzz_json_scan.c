@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_json_scan.c — the body scan (server/gateway/json_scan.c) against the full
  * parse it stands in for. The input is a path, a newline, then a body. The

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_request_key.c — business keys and fingerprints from what a client
  * sends: the input is an HTTP request (parsed by the strict parser first,

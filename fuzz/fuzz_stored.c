@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_stored.c — stored responses: the bytes a record holds, which the
  * gateway decodes to replay. A record may have been written by another

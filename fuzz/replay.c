@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * replay.c — a fuzz target without libFuzzer: `replay PATH...` runs the
  * target's LLVMFuzzerTestOneInput once on each file named, and on each file

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idem.h — the whole public API of libidem, and its reference.
  *

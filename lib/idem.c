@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idem.c — opening and closing a handle (public API layer): picks the
  * backends named by the options, applies the defaults, and tears down in the

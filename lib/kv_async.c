@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kv_async.c — the asynchronous token and lock calls (public API layer;
  * the loop interface and its callback rule are include/idem/loop.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * loop.c — what a handle keeps for the loops its asynchronous calls run on
  * (public API layer; the loop interface is include/idem/loop.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * run.c — `idem run`: a command executed once per (space, key) by whichever
  * of any number of invocations, on any number of machines sharing the

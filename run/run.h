@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* run.h — `idem run`, called by the command line (cli/main.c). */
 #ifndef IDEM_SERVER_RUN_H
 #define IDEM_SERVER_RUN_H

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Install what Idem needs to build, test and benchmark, from Debian 12's
 # archive. Runs apt-get as root (directly, or through sudo).
 set -euo pipefail

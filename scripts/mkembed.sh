@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # mkembed.sh — a file's bytes as a C array, to embed it in the binary.
 #
 #   mkembed.sh SRC OUT.h VAR      static const unsigned char VAR[] and

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # mkman.sh — the manual pages and the --help texts, each from one source.
 #
 #   mkman.sh help SRC OUT.h VAR             SRC's help text as a C string VAR

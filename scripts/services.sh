@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Start and stop the Redis and PostgreSQL servers that Idem's distributed
 # store is tested and benchmarked against: on 127.0.0.1 only, data in a temp
 # dir, on ports of our own, so nothing of the machine's is touched.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * background.c — one thread and its queue, for the daemon's jobs that must
  * block and are not the store's (background.h).

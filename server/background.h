@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * background.h — the daemon's one thread for what must block and is not
  * the store's (background.c), as redis's bio.c: a reload's file reads,

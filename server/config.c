@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config.c — reads idem serve's YAML file into struct server_config
  * (config.h). libyaml loads the text into a document tree; this file walks

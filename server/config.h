@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config.h — idem serve's configuration: the YAML file, parsed and checked
  * into plain structs. Every value the daemon uses comes from here, with its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config_value.c — the value parsers every section of the configuration
  * reads with (config_value.h): the walk over libyaml's document tree, the

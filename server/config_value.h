@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * config_value.h — what every section of idem serve's configuration reads
  * its values with: the walk over the YAML document (a field of a mapping,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * daemon.c — what every part of idem serve shares (daemon.h): the current
  * configuration and its references, the answer, the store's write health,

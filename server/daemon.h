@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * daemon.h — what the rooms of idem serve share (daemon.c): the Idem
  * handle, the current configuration (replaced whole on SIGHUP) and its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * dispatch.c — where each request of idem serve goes: on the admin
  * listener, the console's files, else the admin door (the API key), then

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * dispatch.h — where each request of idem serve goes (dispatch.c): the
  * handler the front end runs on the loop for every request.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* log.c — timestamped log lines on stderr (daemon).
  *
  * Much of what a line says comes from clients: keys, subjects, paths, a

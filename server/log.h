@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* log.h — the daemon's log: one line per event on stderr, with a UTC
  * timestamp, written whole (one write per line, so lines from several
  * threads never interleave), escaped (log.c says what is escaped and why). */

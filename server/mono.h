@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * mono.h — the daemon's clocks: the library's CLOCK_MONOTONIC in
  * milliseconds (or microseconds) for deadlines, timers and durations, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * put.h — writing a message's bytes into a buffer already sized for them
  * (daemon). The hot paths build every head this way: no format string to

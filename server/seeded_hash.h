@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * seeded_hash.h — a hash of a client's name (an address, a subject) with a
  * seed of this process's (daemon): what the tables a client can fill are

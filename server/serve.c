@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * serve.c — `idem serve`: configuration, the Idem handle, the loop, signals
  * (daemon).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* serve.h — `idem serve` and `idem consume`, called by the command line (cli/main.c). */
 #ifndef IDEM_SERVER_SERVE_H
 #define IDEM_SERVER_SERVE_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * utf8.h — one UTF-8 sequence checked (daemon): what the JSON body scan and
  * the problem details both need to know, by the rules jansson applies.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared pieces of Idem's tests. */
 #include "testlib.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared pieces of Idem's tests: a clock the test can move, a temp dir,
  * a starting gun for concurrent threads, and the cmocka includes. */
 #ifndef IDEM_TESTLIB_H

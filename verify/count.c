@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * count.c — read the execution count from a URL (GET, a number or JSON) or
  * from a command (a number on stdout, e.g. `psql -tAc 'select count(*)...'`).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * count.h — where idem verify reads the truth: how many times the endpoint
  * really executed. The user says where: a URL that answers a number (or JSON

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * exchange.c — how idem verify sends: every request on a connection of its
  * own (Connection: close), so duplicates are as independent as requests from

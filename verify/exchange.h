@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * exchange.h — idem verify's HTTP client: one request on its own TCP
  * connection (a "shot"), read back with the strict response parser; many

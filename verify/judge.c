@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * judge.c — how idem verify decides. The count source, when there is one,
  * is the truth: a scenario passes when the endpoint executed exactly as many

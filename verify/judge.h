@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * judge.h — from a scenario's answers and its execution count to a verdict:
  * the tallies the report shows (answers by status, duplicates compared byte

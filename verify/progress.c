@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * progress.c — a thread redraws one line on stderr ten times a second:
  * which scenario runs and how many of its requests are done. The request

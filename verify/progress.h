@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * progress.h — the progress bar idem verify draws on stderr while a
  * scenario runs, when stderr is a terminal; nothing otherwise.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * report.c — print the scenarios' results: a table and a verdict line per
  * scenario (the default), a JSON document (--json), JUnit XML (--junit FILE:

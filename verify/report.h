@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * report.h — what idem verify found, three ways: a table for people, one
  * JSON document for programs (--json), JUnit XML for CI systems (--junit).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * scenario.c — the duplicate storms. Each scenario builds its requests from
  * the template with a business key of its own (fresh for every run, so runs

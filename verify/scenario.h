@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * scenario.h — the attack surfaces of DESIGN.md §1 as named scenarios: what
  * each is given (struct verify_cfg, filled from the command line by

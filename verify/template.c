@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * template.c — parse a request template into text and placeholders once, at
  * start-up (so a bad template is a usage error before anything is sent), and

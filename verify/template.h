@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * template.h — the request template's placeholders: {{key}} (the scenario's
  * business key), {{uuid}} (a fresh random UUID per request) and {{seq}} (a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * url.c — http:// URLs for idem verify: parse, resolve once, and decide
  * whether a URL may be used at all. Every request of a run goes to an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * url.h — the http:// URLs idem verify is given (the target, --channel,
  * --count-url), and the rule that keeps it a good citizen: it talks to the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * verify.c — `idem verify [options] URL`: read the command line into a
  * struct verify_cfg, check everything that can be checked before a request

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* verify.h — `idem verify`, called by the command line (cli/main.c). */
 #ifndef IDEM_VERIFY_H
 #define IDEM_VERIFY_H

@@ -1,3 +1,4 @@
+-- SPDX-License-Identifier: Apache-2.0
 -- bench/wrk/gateway.lua — the request generator of bench/gateway.sh.
 --
 --   wrk ... -s bench/wrk/gateway.lua URL -- MODE PREFIX SEED_KEYS FRESH_PCT [SEED_PREFIX]

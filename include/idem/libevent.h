@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idem/libevent.h — a libevent event_base as an idem_loop (idem/loop.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * idem/loop.h — the event loop Idem's asynchronous calls run on.
  *

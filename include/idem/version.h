@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The one place Idem's version is written. CMake reads it from here. */
 #ifndef IDEM_VERSION_H
 #define IDEM_VERSION_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The replaceable allocator (core layer). Like hiredis's alloc.h: a table of
  * function pointers, read on every call, set once before handles open. */
 #include "alloc.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The allocator every Idem allocation goes through, replaceable with
  * idem_set_allocator() so tests can fail the n-th allocation. */
 #ifndef IDEM_CORE_ALLOC_H

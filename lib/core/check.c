@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Argument validation shared by every public call (core layer). */
 #include "check.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Validation of everything a caller passes in. Input is answered, never
  * asserted: each check returns IDEM_EINVAL with a detail naming the argument
  * and the rule it broke. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* clock.h — the monotonic clock, for deadlines and schedules (core layer).
  * Stored instants (leases, TTLs) use the handle's clock instead: see store.h. */
 #ifndef IDEM_CORE_CLOCK_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tokens from the CSPRNG and request fingerprints (core layer). Both are
  * OpenSSL: RAND_bytes is thread-safe with a per-thread DRBG in OpenSSL 3.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Randomness and hashing from OpenSSL's libcrypto. */
 #ifndef IDEM_CORE_CRYPTO_H
 #define IDEM_CORE_CRYPTO_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The error table's texts and the per-thread detail behind idem_errdetail()
  * (core layer). */
 #include "error.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Error codes carry a thread-local detail: which argument, which limit, what
  * the store said. */
 #ifndef IDEM_CORE_ERROR_H

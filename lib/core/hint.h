@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * hint.h — whether a read that only hints is worth making now (core).
  *

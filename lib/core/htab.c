@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The intrusive hash table behind the in-memory store (core layer). */
 #include "htab.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* An intrusive chained hash table. Entries embed a struct idem__hnode; the
  * table never allocates entries, only its bucket array, and a failed grow
  * leaves it working at a higher load. Not thread-safe: its owner locks. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * redis_url.c — the one parser of redis:// URLs (core layer; redis_url.h
  * says the form). Strict: every byte is accounted for, and a URL that does

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * redis_url.h — the one parser of redis:// URLs (core layer), for the
  * distributed store's Redis (lib/store/redis.c) and for the daemon's Redis

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* stats.c — the durable-commit counters behind idem_stats (core layer). */
 #include "stats.h"
 

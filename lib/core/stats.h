@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* stats.h — the durable-commit counters behind idem_stats, kept by each
  * store's writer (core layer). Not thread-safe: the writer keeps them under
  * the lock it already takes to publish a batch's results. */

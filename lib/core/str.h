@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* str.h — bounded string copies (core layer). */
 #ifndef IDEM_CORE_STR_H
 #define IDEM_CORE_STR_H

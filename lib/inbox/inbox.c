@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * inbox.c — the message inbox with retries, in Idem's own store (inbox
  * layer).

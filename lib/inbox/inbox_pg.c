@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * inbox_pg.c — the inbox in the caller's own PostgreSQL database (inbox
  * layer), inbox_sqlite.c's twin: the claim inside the caller's transaction,

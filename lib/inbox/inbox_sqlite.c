@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * inbox_sqlite.c — the inbox in the caller's own SQLite database (inbox
  * layer): the claim inside the caller's transaction, and the message table

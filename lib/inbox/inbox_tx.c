@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * inbox_tx.c — the statements and checks that idem_inbox_attempt_*,
  * _settle_* and _purge_* share on SQLite and PostgreSQL (inbox layer); the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * inbox_tx.h — what the inbox with attempts in the caller's own database
  * (idem_inbox_attempt_*, _settle_*, _purge_*) shares between SQLite

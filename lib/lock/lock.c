@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * lock.c — layer 2, business-key locks (lock layer).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * lock.h — what the lock layer offers the layers that use its checks: the
  * public API layer's asynchronous lock calls (kv_async.c) and the watchdog,

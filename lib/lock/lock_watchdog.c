@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * lock_watchdog.c — renews held locks while their work runs (lock layer).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The lock watchdog: one thread per handle, started on the first watch. */
 #ifndef IDEM_LOCK_WATCHDOG_H
 #define IDEM_LOCK_WATCHDOG_H

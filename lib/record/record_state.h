@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The record state machine's one transition function; see record_state.c. */
 #ifndef IDEM_RECORD_STATE_H
 #define IDEM_RECORD_STATE_H

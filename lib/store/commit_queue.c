@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * commit_queue.c — the queue every durable store's writers take their
  * batches from (store layer); the policy is drawn in commit_queue.h.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * commit_queue.h — the group-commit policy, once, for the writers of both
  * durable stores (group_commit.c, SQLite's; postgres.c, PostgreSQL's).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * group_commit.c — the writer thread behind the durable store (store layer).
  *

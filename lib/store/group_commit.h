@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * group_commit.h — many callers, one transaction, one fsync.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * memory.c — the "memory" kv backend: tokens and locks in this process's
  * memory, the embedded store's layers 1 and 2.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * postgres.c — the "postgres" db backend: records and inbox in PostgreSQL,
  * the distributed store's layer 3. Any number of processes on any number of

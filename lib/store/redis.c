@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * redis.c — the "redis" kv backend: tokens and locks in Redis, the
  * distributed store's layers 1 and 2, shared by every process that opens

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * row.c — a record row as the db backends hand it up (store layer; see
  * row.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * row.h — a record row as the db backends hand it up (store layer): which
  * states are finished, and freeing what a row holds. The record layer's

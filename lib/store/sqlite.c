@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sqlite.c — the "sqlite" db backend: records and inbox in one SQLite file,
  * the embedded store's layer 3.

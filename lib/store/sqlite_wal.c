@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sqlite_wal.c — a VFS over SQLite's default one that hands a commit's WAL
  * writes to the kernel in one call (store layer).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * sqlite_wal.h — the VFS that writes a commit's WAL frames in one call
  * (store layer; see sqlite_wal.c for what it does and its precondition).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * store.h — the storage interface, and the handle that holds an opened store.
  *

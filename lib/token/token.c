@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * token.c — layer 1, one-time anti-duplicate tokens (token layer).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * token.h — what the token layer offers the public API layer above it
  * (kv_async.c, the asynchronous token calls): its argument checks, so that

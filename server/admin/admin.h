@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * admin.h — the admin listener's door (daemon): which API key a request
  * carries, and whether its scope lets it through.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * admin_config.c — reads the admin listener's part of idem serve's
  * configuration: admin_listen: (in listen's forms, read by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * admin_config.h — the admin listener's keys as the configuration gives
  * them, and the check that admin_listen stays apart from listen; read by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * api.c — the JSON API's endpoints, in one table (admin), as redis routes
  * every command through its command table: each row a method, a path under

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * api.h — the JSON API under /_idem/v1/ (api.c): one table of its
  * endpoints (method, path, listener, body fields, handler), which routes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * call.c — what every endpoint of the JSON API shares (call.h): the answer,
  * the body's fields, the outcome and record shapes.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * call.h — one call of the JSON API under /_idem/v1/ (admin): what an
  * endpoint's handler is given, how it answers, and the body's fields.

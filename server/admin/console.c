@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * console.c — the operator console (daemon): a web page on the admin
  * listener, at / (and /console), with its script and style sheet beside it

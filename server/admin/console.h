@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * console.h — the operator console (daemon): its page on the admin
  * listener, and the two read endpoints it asks (whoami, spaces).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * health.c — the health endpoints (admin): live (the process answers),
  * and health and health/ready (whether requests can be served), which look

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * health.h — the JSON API's health endpoints (health.c), handlers of the
  * endpoint table (api.c). Loop thread.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.c — the daemon's metrics, in Prometheus's text exposition format
  * (0.0.4): the gateway's counters per route, the store's, the consumers',

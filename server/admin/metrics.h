@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * metrics.h — the daemon's metrics in Prometheus's text format (metrics.c),
  * served on the admin listener at /metrics and /_idem/v1/metrics; what they

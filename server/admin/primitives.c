@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * primitives.c — every libidem primitive over HTTP (admin), for services
  * that want the layers without the gateway: tokens, locks, records. Each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * primitives.h — the JSON API's endpoints for libidem's primitives
  * (primitives.c): tokens, locks and records, each a handler of the

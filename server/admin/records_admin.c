@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * records_admin.c — records an operator can find and act on (daemon), on
  * the admin listener under /_idem/v1/:

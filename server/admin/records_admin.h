@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * records_admin.h — what an operator sees of records and does to them, on
  * the admin listener (daemon): listings, the claims in flight and held,

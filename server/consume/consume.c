@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * consume.c — the consumers (consume.h): a message is a gateway request.
  *

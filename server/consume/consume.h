@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * consume.h — the consumers: each of consumers: in the configuration reads
  * a RabbitMQ queue or a Redis stream and hands every message to the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * consumer_config.c — reads consumers: of idem serve's configuration into
  * struct consumer_config (consumer_config.h): a queue or stream each (its

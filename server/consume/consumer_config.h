@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * consumer_config.h — a consumer as the configuration gives it (consumers:
  * in idem serve's file): its queue or stream, its handler and its route,

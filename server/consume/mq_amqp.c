@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * mq_amqp.c — the RabbitMQ source of the consumers (consume.h), on
  * librabbitmq, on the consumer's event loop.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * mq_redis.c — the Redis Streams source of the consumers (consume.h), on
  * hiredis's asynchronous API, attached to the consumer's event loop.

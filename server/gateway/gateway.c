@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gateway.c — the three layers in front of an upstream, per route (daemon).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * gateway.h — the three layers in front of an upstream (gateway.c): a
  * request on a route walks the gateway's state machine on its loop; a

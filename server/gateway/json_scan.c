@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * json_scan.c — one field of a JSON request body, without building a tree
  * (daemon). See json_scan.h for what it answers and when it leaves the body

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * json_scan.h — one field of a JSON request body, without building a tree
  * (daemon).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * replay_cache.h — finished answers kept in memory, for duplicates that
  * arrive soon after (daemon). One cache per event loop: no locking.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * request_key.c — business keys and fingerprints of gateway requests
  * (daemon).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * request_key.h — what identifies a request to the gateway: its business key
  * (taken from a header, a JSON field, a query parameter or a path segment,

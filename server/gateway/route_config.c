@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * route_config.c — reads routes: (and the global problems:) of idem serve's
  * configuration into struct route (route_config.h): each route's match, its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * route_config.h — a route as the configuration gives it (routes: in
  * idem serve's file, and a consumer's route): what it matches, the parts

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * router.c — which route takes a request (daemon): the first whose method
  * and path pattern match, in file order; none, and the request is passed

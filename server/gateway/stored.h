@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * stored.h — an upstream response as the gateway stores it in a record, and
  * back: status, the route's replay headers, body.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * front.c — the HTTP front end of idem serve (daemon).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * front.h — the daemon's HTTP front end: accepts connections on a libevent
  * loop, reads requests through the strict parser under the configured

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * front_config.c — reads what the front end listens with: listen: (an
  * address, or { address, tls, allow_plaintext }, also the form of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * front_config.h — what the front end listens with, as the configuration
  * gives it: a listener's TLS files and the limits of its connections and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http_parser.c — the HTTP/1.1 message parser of idem serve. It turns the
  * bytes of a client connection into requests, and the bytes of an upstream

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * http_parser.h — an incremental, strict HTTP/1.1 message parser with
  * explicit limits, for requests (what clients send to idem serve) and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * peers.c — what each client address holds at once (daemon).
  *

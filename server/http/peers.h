@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * peers.h — what each client address holds at once (daemon): its open
  * connections and its requests in flight on the main listener, counted

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * rate.c — token buckets by name, in a table of a fixed size (daemon).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * rate.h — token buckets by name, in a table of a fixed size (daemon): how
  * often one subject or one client address may do something (issue a token

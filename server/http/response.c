@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * response.c — building, serialising and failing responses (daemon).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * response.h — a response the daemon builds (from a handler, a replay or an
  * upstream) before the front end writes it, and the problem+json errors of

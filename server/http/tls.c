@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tls.c — OpenSSL for the daemon's listeners and its https:// upstreams
  * (daemon).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * tls.h — OpenSSL for the daemon's listeners and its https:// upstreams
  * (daemon): the contexts, made from the configuration's files, with

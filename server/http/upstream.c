@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * upstream.c — the daemon's HTTP client for upstreams (daemon):
  * non-blocking, on a libevent event_base; the answer comes to a callback on

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * upstream.h — the daemon's HTTP client for upstreams, with a keep-alive
  * pool per upstream and an answer that says not only "failed" but whether

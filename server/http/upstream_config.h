@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * upstream_config.h — an upstream as the configuration gives it
  * (http://host[:port][/base] or https://...: a route's upstream, a

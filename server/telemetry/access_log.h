@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * access_log.h — a line per request on listen, and per message a consumer
  * handled (access_log.c): what it was, what the gateway made of it, how

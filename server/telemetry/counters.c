@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * counters.c — each route's counters (counters.h), kept by name across
  * reloads, their totals, the latency buckets, and the verdicts' names.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * counters.h — what the gateway and the consumers count (telemetry): each
  * route's counters, kept by the route's name across reloads, the verdicts

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * incidents.c — the ring of the last incidents (incidents.h): one per
  * process, as there is one daemon per process, written by the gateway's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * incidents.h — the process's ring of the last incidents an operator looks
  * for (telemetry): requests refused because another held their key, keys

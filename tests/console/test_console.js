@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 'use strict';
 /*
  * test_console.js — the operator console in a real browser: headless

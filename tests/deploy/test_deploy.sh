@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_deploy.sh IDEM SOURCE_DIR MAN_DIR — the deployment kit of deploy/ is
 # one that works together:
 #  - systemd-analyze verify accepts deploy/systemd/idem.service without a

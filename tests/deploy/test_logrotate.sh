@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_logrotate.sh IDEM SOURCE_DIR — deploy/logrotate/idem rotates a
 # running idem serve's access log: logrotate moves the file away, its
 # postrotate's SIGUSR1 makes the daemon open the path again, and the

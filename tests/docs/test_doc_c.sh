@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_doc_c.sh DOC SOURCE — every ```c block of DOC stands in
 # SOURCE word for word, so the code a page shows is the code the suite runs.
 set -eu

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_doc_sh.sh IDEM REFUND_SERVICE SOURCE_DIR DOC... — the docs' shell
 # examples run as written, and their links lead somewhere.
 #

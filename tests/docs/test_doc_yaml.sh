@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_doc_yaml.sh IDEM DOC... — every ```yaml block of the given docs is a
 # configuration idem accepts: `idem serve --check` (or `idem consume
 # --check` for one with consumers: and no routes:) exits 0 on it. A doc

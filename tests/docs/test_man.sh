@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_man.sh IDEM SOURCE_DIR MAN_DIR — each command's --help and its manual
 # page come from one file, docs/man/NAME.txt: `idem help CMD` and
 # `idem CMD --help` print exactly its text, every page (idem.yaml(5)

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """test_openapi.py IDEM REFUND_SERVICE SOURCE_DIR — docs/openapi.yaml against
 the running daemon.
 

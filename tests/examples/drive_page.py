@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """drive_page.py CHROMIUM URL EXPECTED_DETAIL -- the refund form in a real browser.
 
 Starts headless Chromium on URL (the example refund form, through idem serve)

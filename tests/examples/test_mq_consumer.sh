@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_mq_consumer.sh MQ_CONSUMER AMQP_URL sqlite|postgres [POSTGRES_URL] —
 # examples/mq_consumer against the suite's RabbitMQ: 300 refunds, each
 # published 3 times in three shuffled rounds, and 5 poison refunds (an

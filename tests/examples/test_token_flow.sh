@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # test_token_flow.sh IDEM REFUND_SERVICE SOURCE_DIR — the front-end token
 # flow of examples/, run: the refund service and `idem serve -c
 # examples/idem.yaml` in front of it (on free ports, as ./run.sh starts

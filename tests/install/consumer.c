@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * consumer.c — a program of a user's own, built against an installed
  * libidem (tests/install/test_install.sh builds it with pkg-config and

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_install.sh BUILD_DIR SOURCE_DIR — install Idem from BUILD_DIR into a
 # temp prefix, then build tests/install/consumer.c against it twice, with
 # pkg-config (idem.pc) and with CMake (find_package(idem CONFIG), idem::idem),

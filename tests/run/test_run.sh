@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
 # test_run.sh IDEM embedded|distributed [REDIS_URL POSTGRES_URL] — idem run
 # on a real store: an embedded SQLite file in a temp dir, or the suite's
 # Redis and PostgreSQL. Each case's keys are new (a suffix of this run's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tests of server/config.c: the YAML file idem serve reads. Every field with
  * its default and its value, and every way a file is refused, asserting that
  * the message names the line and the field. */

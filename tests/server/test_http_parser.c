@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_http_parser.c — the HTTP/1.1 parser of idem serve (server/http/http_parser.c).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_json_scan.c — the body scan (server/gateway/json_scan.c): the bodies it must
  * answer itself (or it saves nothing), and the ones it must leave to the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_log.c — the daemon's log escapes what clients control
  * (server/log.c): nothing a key, subject or path holds can end a line,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_replay_cache.c — the gateway's cache of finished answers
  * (server/gateway/replay_cache.c): what it answers, for how long, for which payload,

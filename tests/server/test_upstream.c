@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_upstream.c — the upstream client of idem serve (server/http/upstream.c).
  *

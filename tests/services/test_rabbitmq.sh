@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_rabbitmq.sh SERVICES_SH STATE_DIR AMQP_PORT — the RabbitMQ the
 # message consumers are tested against: scripts/services.sh starts a node
 # of its own on loopback, a durable queue keeps a persistent message across

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * conformance.c — the contract of include/idem.h, written once
  * against the public API and run against every store:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * durability.c — no acknowledged write is lost, none is half-written, when
  * the process is killed with SIGKILL at a random moment.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * kv_async.c — the asynchronous token and lock calls, on a real libevent
  * loop through idem/libevent.h, against a kv backend: "memory" (the calls

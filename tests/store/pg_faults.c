@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pg_faults.c — the PostgreSQL store under errors the server raises by
  * itself: serialization failures and deadlocks, which postgres.c answers by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * powerloss.h — a simulated power cut for SQLite files (tests).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * record_async.c — the asynchronous record calls on a real libevent loop,
  * against a SQLite file or PostgreSQL:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* syslib.c — processes and HTTP for the system tests. */
 #include "syslib.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * syslib.h — the pieces of a system test: start real processes (idem serve,
  * the example refund service) on loopback, talk HTTP to them, stop or kill

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_consume.c — idem's consumers against a real RabbitMQ and a real
  * Redis (their streams), with the example refund service as the handler:

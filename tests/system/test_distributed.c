@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_distributed.c — several idem serve instances sharing one Redis and one
  * PostgreSQL, in front of the real example refund service, with the servers

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_gateway.c — idem serve in front of the real example refund service,
  * on loopback, in a temp dir:

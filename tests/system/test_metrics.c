@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_metrics.c — idem serve's metrics as Prometheus scrapes them: the
  * daemon in front of the example refund service, on loopback, in a temp

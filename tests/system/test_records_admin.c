@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_records_admin.c — records an operator finds and acts on, through
  * the admin listener of a real idem serve in front of the real example

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_verify.c — `idem verify` against the real example refund service, on
  * loopback, in a temp dir:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_alloc_fail.c — every public call survives a failed allocation at each
  * of its allocations: it returns IDEM_ENOMEM (or IDEM_OK where the failure

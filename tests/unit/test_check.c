@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests of the core layer: input validation, the error table, the
  * token text and fingerprints. */
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_group_commit.c — the group-commit writer (lib/store/group_commit.c)
  * over a real SQLite file, driven the way lib/store/sqlite.c drives it.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests of the record state machine's transition function, without a
  * store: each row of the picture in lib/record/record_state.c. */
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Unit tests of the one redis:// URL parser (lib/core/redis_url.c), which
  * the distributed store and the daemon's Redis Streams consumers share:
  * what it takes, what it refuses and why, and that no message shows a

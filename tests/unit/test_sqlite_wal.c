@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * test_sqlite_wal.c — the VFS that writes a commit's WAL frames in one call
  * (lib/store/sqlite_wal.c), over a real SQLite file.

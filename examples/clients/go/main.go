@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command refund-client runs the token flow against idem serve, with Go's
 // standard library only.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * RefundClient.java -- the token flow against idem serve, the JDK only
  * (java.net.http, Java 11 or later).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """refund_client.py -- the token flow against idem serve, standard library only.
 
 Issues a one-time token (POST /_idem/v1/tokens), submits a refund with it,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * console.js — the operator console's behaviour (server/admin/console/index.html).
  *
