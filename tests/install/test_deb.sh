@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # test_deb.sh BUILD_DIR — `cpack -G DEB` in the build directory makes the
 # idem package, and it holds what a user installs it for: the command, the
 # library, its headers, idem.pc and the CMake package, the manual pages and
@@ -24,11 +25,18 @@ for f in ./usr/bin/idem ./usr/lib/libidem.so.0 ./usr/lib/libidem.a ./usr/include
          ./usr/share/man/man5/idem.yaml.5 ./usr/lib/systemd/system/idem.service \
          ./usr/share/doc/idem/deploy/idem.yaml ./usr/share/doc/idem/deploy/logrotate-idem \
          ./usr/share/doc/idem/deploy/idem-dashboard.json \
-         ./usr/share/doc/idem/deploy/idem-alerts.yml; do
+         ./usr/share/doc/idem/deploy/idem-alerts.yml ./usr/share/doc/idem/copyright \
+         ./usr/share/doc/idem/LICENSE ./usr/share/doc/idem/NOTICE; do
   grep -qxF "$f" "$tmp/files" || fail "the package has no $f"
 done
 # Unpacked, the command runs and its page reads; the unit runs it at /usr/bin.
 dpkg-deb -x "$deb" "$tmp/root"
+# The copyright file is Debian's machine-readable format, Apache-2.0 for all.
+head -n 1 "$tmp/root/usr/share/doc/idem/copyright" |
+  grep -qx 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' ||
+  fail "the copyright file is not in Debian's machine-readable format"
+grep -qx 'License: Apache-2.0' "$tmp/root/usr/share/doc/idem/copyright" ||
+  fail "the copyright file does not say Apache-2.0"
 "$tmp/root/usr/bin/idem" version | grep -q '^idem [0-9]' || fail "the packaged idem does not run"
 MANWIDTH=80 man -l "$tmp/root/usr/share/man/man1/idem-serve.1" | grep -q '^EXIT STATUS' ||
   fail "the packaged idem-serve(1) does not read"
