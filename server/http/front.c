@@ -268,9 +268,43 @@ static void send_response(struct conn *c, struct http_response *r)
         on_written(c, 1);
 }
 
+/* A request refused before any handler had it (a limit, or the parser): its
+ * line in the access log all the same, as nginx logs its 400, 408, 413 and
+ * 414. */
+static void log_refused(struct conn *c, struct http_msg *msg, int status, const char *why)
+{
+    struct front *f = c->f;
+    if (!f->log || c->admin)
+        return;
+    struct front_request r;
+    memset(&r, 0, sizeof r);
+    r.msg = msg;
+    r.front = f;
+    r.start_us = mono_us();
+    r.log_outcome = why;
+    _Static_assert(sizeof r.peer == sizeof c->peer, "one size for the peer's name");
+    memcpy(r.peer, c->peer, sizeof c->peer);
+    f->log(f->log_arg, &r, status);
+}
+
+/* The line for a request the parser refused or that came too late: what
+ * was read of it, its method and target if they were. */
+static void log_unparsed(struct conn *c, int status, const char *type)
+{
+    const struct http_msg *part = http_parser_partial(&c->parser);
+    struct http_msg m;
+    memset(&m, 0, sizeof m);
+    m.method = part ? part->method : NULL;
+    m.target = part && part->target ? part->target : "";
+    m.headers = part ? part->headers : NULL;
+    m.header_count = part ? part->header_count : 0;
+    log_refused(c, &m, status, type);
+}
+
 static void send_problem_and_close(struct conn *c, int status, const char *type,
                                    const char *detail)
 {
+    log_unparsed(c, status, type);
     struct http_response *r = problem(status, type, "%s", detail);
     if (r)
         r->close = 1;
@@ -451,24 +485,6 @@ void front_answer(struct front_request *req)
     send_response(c, req->resp);
     response_free(req->resp);
     req->resp = NULL;
-}
-
-/* A request refused before any handler had it (a limit): its line in the
- * access log all the same. */
-static void log_refused(struct conn *c, struct http_msg *msg, int status, const char *why)
-{
-    struct front *f = c->f;
-    if (!f->log || c->admin)
-        return;
-    struct front_request r;
-    memset(&r, 0, sizeof r);
-    r.msg = msg;
-    r.front = f;
-    r.start_us = mono_us();
-    r.log_outcome = why;
-    _Static_assert(sizeof r.peer == sizeof c->peer, "one size for the peer's name");
-    memcpy(r.peer, c->peer, sizeof c->peer);
-    f->log(f->log_arg, &r, status);
 }
 
 static void dispatch(struct conn *c, struct http_msg *msg)

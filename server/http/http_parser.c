@@ -188,8 +188,8 @@ fail(struct http_parser *p, int status, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(p->error_detail, sizeof p->error_detail, fmt, ap);
     va_end(ap);
-    http_msg_free(p->msg);
-    p->msg = NULL;
+    /* What was read stays until reset, for the log line about the refusal
+     * (http_parser_partial); it is never handed out as a message. */
     enter(p, S_ERROR);
     return HTTP_ERROR;
 }
@@ -952,6 +952,11 @@ int http_parser_in_message(const struct http_parser *p)
     default:
         return 1;
     }
+}
+
+const struct http_msg *http_parser_partial(const struct http_parser *p)
+{
+    return p->msg;
 }
 
 struct http_msg *http_parser_take(struct http_parser *p)

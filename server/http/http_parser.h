@@ -132,6 +132,12 @@ int http_parser_in_body(const struct http_parser *p);
 
 /* After HTTP_DONE: the message, now the caller's. */
 struct http_msg *http_parser_take(struct http_parser *p);
+
+/* What has been read of a message so far, for a log line about one that
+ * was refused (HTTP_ERROR) or cut short: its method and target, NULL
+ * until read, and the header fields read whole. Still the parser's; NULL
+ * before a message began. */
+const struct http_msg *http_parser_partial(const struct http_parser *p);
 void http_msg_free(struct http_msg *m);
 
 /* The first header with this name (case-insensitive), or NULL. */

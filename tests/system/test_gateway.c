@@ -3923,6 +3923,65 @@ static void read_until(int fd, char *buf, size_t cap, const char *want, int ms)
     }
 }
 
+/* Requests the parser refuses get their access-log line too, as nginx
+ * logs its 400, 413 and 414: a target in absolute form, a body declared
+ * over body_max, a head over its limit, each with what was read of it and
+ * the problem's type as its outcome. */
+static void test_access_log_parser_refusals(void **state)
+{
+    (void)state;
+    char log[4200], routes[8192];
+    snprintf(log, sizeof log, "%s/access-refused-%d.log", dir, config_seq + 1);
+    snprintf(routes, sizeof routes,
+             "access_log: { to: %s }\nlimits:\n  body_max: 1KiB\n  header_bytes_max: 4KiB\n"
+             "routes:\n" REFUND_ROUTE, log);
+    struct proc gw;
+    start_idem(&gw, routes, "access-refused.db");
+    char big_head[20000];
+    int k = snprintf(big_head, sizeof big_head, "POST /refunds HTTP/1.1\r\nHost: x\r\nX-Pad: ");
+    memset(big_head + k, 'p', sizeof big_head - (size_t)k - 8);
+    memcpy(big_head + sizeof big_head - 8, "\r\n\r\n", 5);
+    const char *raw[][2] = {
+        {"POST http://evil.example/refunds HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+         "400"},
+        {"POST /refunds HTTP/1.1\r\nHost: x\r\nX-Request-Id: req-413\r\n"
+         "Content-Length: 5000\r\n\r\n", "413"},
+        {big_head, "431"},
+    };
+    for (size_t i = 0; i < sizeof raw / sizeof raw[0]; i++) {
+        int fd;
+        char buf[4096];
+        open_idle_now(gw.port, &fd);
+        assert_true(send(fd, raw[i][0], strlen(raw[i][0]), MSG_NOSIGNAL) > 0);
+        read_until(fd, buf, sizeof buf, "\r\n\r\n", 5000);
+        if (strncmp(buf + 9, raw[i][1], 3) != 0)
+            fail_msg("request %zu: %s, not %s", i, buf, raw[i][1]);
+        close(fd);
+    }
+    sleep_ms(300);
+    size_t n;
+    char **lines = read_lines(log, &n);
+    assert_int_equal(n, 3);
+    const char *l = line_with(lines, n, "\"outcome\":\"malformed_request\"");
+    assert_non_null(strstr(l, "\"status\":400"));
+    l = line_with(lines, n, "\"outcome\":\"body_too_large\"");
+    assert_non_null(strstr(l, "\"status\":413"));
+    assert_non_null(strstr(l, "\"method\":\"POST\""));
+    assert_non_null(strstr(l, "\"path\":\"/refunds\""));
+    assert_non_null(strstr(l, "\"request_id\":\"req-413\""));
+    l = line_with(lines, n, "\"outcome\":\"headers_too_large\"");
+    assert_non_null(strstr(l, "\"status\":431"));
+    for (size_t i = 0; i < n; i++) {
+        json_error_t err;
+        json_t *j = json_loads(lines[i], 0, &err);
+        if (!j)
+            fail_msg("line %zu is not JSON (%s): %s", i, err.text, lines[i]);
+        json_decref(j);
+    }
+    free_lines(lines, n);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* HEAD: passed through with the upstream's own Content-Length (the length
  * GET would have) or none, not 0; and a route without a method does not take it,
  * so its empty answer is never a key's stored answer for a later POST. */
@@ -5073,6 +5132,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tls),
         cmocka_unit_test(test_token_flood),
         cmocka_unit_test(test_access_log),
+        cmocka_unit_test(test_access_log_parser_refusals),
         cmocka_unit_test(test_date_on_every_answer),
         cmocka_unit_test(test_key_optional),
         cmocka_unit_test(test_idempotency_key_sf_string),
