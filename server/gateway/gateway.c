@@ -1469,20 +1469,27 @@ static void finish_too_big(struct gw *g, const char *why)
     finish_record(g, g->stored ? FINISH_FAIL_FINAL : FINISH_NONE);
 }
 
-static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *resp,
-                        const char *detail)
+/* The upstream call is over (answered, failed, or cut): nothing of it is
+ * left to abort or renew, and the access log learns how it went. */
+static void call_ended(struct gw *g, enum upstream_result ur, int status)
 {
-    struct gw *g = arg;
-    const struct route *rt = g->rt;
-    const struct server_config *cfg = g->lc->c;
     g->call = NULL;
     g->req->on_abort = NULL;
     extending_forget(g);
     if (!g->renewing)
         evtimer_del(g->lease); /* it renewed the claim alone */
     g->req->upstream_us = mono_us() - g->sent_us;
-    g->req->upstream_status = ur == UPSTREAM_OK ? resp->status : 0;
+    g->req->upstream_status = status;
     g->req->upstream_result = (int)ur;
+}
+
+static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *resp,
+                        const char *detail)
+{
+    struct gw *g = arg;
+    const struct route *rt = g->rt;
+    const struct server_config *cfg = g->lc->c;
+    call_ended(g, ur, ur == UPSTREAM_OK ? resp->status : 0);
     switch (ur) {
     case UPSTREAM_OK: {
         /* A last attempt keeps what it got (see "attempts"). */
@@ -1555,13 +1562,7 @@ static void claim_lost(struct gw *g, idem_outcome o)
 {
     const struct route *rt = g->rt;
     upstream_call_cancel(g->call);
-    g->call = NULL;
-    g->req->on_abort = NULL;
-    if (!g->renewing)
-        evtimer_del(g->lease);
-    g->req->upstream_us = mono_us() - g->sent_us;
-    g->req->upstream_status = 0;
-    g->req->upstream_result = (int)UPSTREAM_UNKNOWN;
+    call_ended(g, UPSTREAM_UNKNOWN, 0);
     COUNT(rt, upstream_unknown);
     VERDICT(g, GW_OUTCOME_UNKNOWN);
     const char *why = o == IDEM_NOT_FOUND
