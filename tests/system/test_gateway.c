@@ -3005,6 +3005,9 @@ static void post_signed(int port, int scheme, const char *key, size_t key_len, c
     sys_resp_free(&r);
 }
 
+static char **read_lines(const char *path, size_t *n);
+static void free_lines(char **lines, size_t n);
+
 /* Every scheme: a forgery (the wrong secret) on a real event's key is 401
  * and leaves no record, so the genuine event then executes once and its
  * redeliveries replay; an unsigned request and an old timestamp are 401;
@@ -3032,13 +3035,14 @@ static void test_signed_callbacks(void **state)
         sys_write_file(envfile, second);
         const char *k1 = std ? raw1 : secret1, *k2 = std ? raw2 : secret2;
         size_t l1 = strlen(k1), l2 = strlen(k2);
-        char routes[8192], db[32];
+        char routes[16384], db[32], alog[4300];
+        snprintf(alog, sizeof alog, "%s/signed-%d.access.log", dir, scheme);
         snprintf(routes, sizeof routes,
-                 "routes:\n" REFUND_ROUTE
+                 "access_log: { to: %s }\nroutes:\n" REFUND_ROUTE
                  "    signature:\n"
                  "      scheme: %s\n"
                  "      secrets: [{ env: IDEM_TEST_SIGNING_SECRET }, { file: %s }]\n%s",
-                 names[scheme], envfile, extra[scheme]);
+                 alog, names[scheme], envfile, extra[scheme]);
         snprintf(db, sizeof db, "signed-%d.db", scheme);
         struct proc gw;
         start_idem(&gw, routes, db);
@@ -3083,6 +3087,16 @@ static void test_signed_callbacks(void **state)
             fail_msg("%s: no \"%s\" in the metrics", names[scheme], want);
         sys_resp_free(&r);
         assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+        /* And in the access log, each refusal by its type. */
+        size_t n, invalid = 0, expired = 0;
+        char **lines = read_lines(alog, &n);
+        for (size_t i = 0; i < n; i++) {
+            invalid += strstr(lines[i], "\"outcome\":\"signature_invalid\",\"status\":401") != NULL;
+            expired += strstr(lines[i], "\"outcome\":\"signature_expired\",\"status\":401") != NULL;
+        }
+        free_lines(lines, n);
+        assert_int_equal(invalid, scheme == STRIPE || std ? 5 : 4);
+        assert_int_equal(expired, scheme == STRIPE || std ? 1 : 0);
     }
     unsetenv("IDEM_TEST_SIGNING_SECRET");
 }
