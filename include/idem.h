@@ -126,7 +126,8 @@ IDEM_EXTERN const char *idem_errdetail(void);
     XX(DUPLICATE, "DUPLICATE")             /* inbox: seen before */            \
     XX(PROCESS, "PROCESS")                 /* inbox: caller processes now */   \
     XX(RETRY_LATER, "RETRY_LATER")         /* inbox: failed, will retry */     \
-    XX(DEAD, "DEAD")                       /* inbox: attempts exhausted */
+    XX(DEAD, "DEAD")                       /* inbox: attempts exhausted */     \
+    XX(STALE, "STALE")                     /* step: the key is past it */
 
 typedef enum idem_outcome {
 #define IDEM_OUTCOME_ENUM_(name, text) IDEM_##name,
@@ -548,6 +549,121 @@ IDEM_EXTERN idem_rc idem_record_list(idem *h, const idem_record_query *q,
 IDEM_EXTERN void idem_record_page_clear(idem_record_page *page);
 
 /* ------------------------------------------------------------------------- */
+/* Layer 3, its second half: the business's own state machine on a key.
+ *
+ * A payment channel's status callbacks name the state an event moves a key
+ * to (refund RF-1 to SUCCESS), arrive more than once, out of order, and now
+ * and then contradicting each other. A machine says which moves exist; a
+ * step is one event, and the record of the key holds its current state
+ * and the answer kept with it:
+ *
+ *   to reachable from the current state   the caller executes, once (NEW)
+ *   to is the current state               its kept answer (DONE)
+ *   to is behind the current state        nothing to do (STALE)
+ *   neither (SUCCESS after FAILED)        the alert branch (CONFLICT)
+ *
+ * A key with no record is in the machine's initial state; an event naming
+ * the initial state for it is its first event, executed like any move.
+ * The machine must be acyclic, so that "ahead" and "behind" mean one thing.
+ *
+ * A stepped record's state is IDEM_STEP_PREFIX and the business state
+ * ("state:SUCCESS"), so that it never reads as one of Idem's own (a business
+ * state may well be called PROCESSING); while a move is executed it is
+ * PROCESSING, with an epoch and a lease as any claim, and the state it came
+ * from is kept with it. Its result holds the current state, the last
+ * IDEM_STEPS_KEPT moves and the answer kept with the current state:
+ * idem_record_steps() reads them. Use a space for stepped keys only. */
+
+#define IDEM_STEP_PREFIX "state:"
+#define IDEM_STEP_NAME_MAX 48      /* a business state: 1..48 of [A-Za-z0-9_.-] */
+#define IDEM_MACHINE_STATES_MAX 64
+#define IDEM_STEPS_KEPT 8
+
+typedef struct idem_machine idem_machine;
+
+typedef enum idem_step_relation {
+    IDEM_STEP_AHEAD,   /* to is reachable from the current state */
+    IDEM_STEP_SAME,    /* to is the current state */
+    IDEM_STEP_BEHIND,  /* the current state is reachable from to */
+    IDEM_STEP_APART,   /* neither: the two contradict each other */
+    IDEM_STEP_UNKNOWN, /* one of them is not a state of the machine */
+} idem_step_relation;
+
+/* A machine whose keys start in `initial`. Add its moves with
+ * idem_machine_allow(), then seal it; a sealed machine is read-only and may
+ * be shared by any threads. */
+IDEM_EXTERN idem_rc idem_machine_new(const char *initial, idem_machine **out);
+/* Allow the move from -> to (either may be new). IDEM_EINVAL for a bad
+ * name or a sealed machine, IDEM_EFULL past IDEM_MACHINE_STATES_MAX. */
+IDEM_EXTERN idem_rc idem_machine_allow(idem_machine *m, const char *from, const char *to);
+/* Check and seal: IDEM_EINVAL, naming the states, for a cycle, an initial
+ * state with no way out, or a state that cannot be reached from it (a
+ * misspelt name, most often). */
+IDEM_EXTERN idem_rc idem_machine_seal(idem_machine *m);
+IDEM_EXTERN void idem_machine_free(idem_machine *m);
+/* 1 if state is one of the machine's. */
+IDEM_EXTERN int idem_machine_has(const idem_machine *m, const char *state);
+IDEM_EXTERN const char *idem_machine_initial(const idem_machine *m);
+/* Where `to` stands from `from`, on a sealed machine. */
+IDEM_EXTERN idem_step_relation idem_machine_relation(const idem_machine *m, const char *from,
+                                                     const char *to);
+/* 1 if a and b have the same states, initial state and moves. */
+IDEM_EXTERN int idem_machine_equal(const idem_machine *a, const idem_machine *b);
+
+/* One event for (space, key) that moves it to `to`, a state of the sealed
+ * machine m (which must outlive the call). *out:
+ *   NEW         the caller executes the move; rec->epoch is its claim and
+ *               idem_record_steps(rec) names the state it moves from ("":
+ *               the initial state). Finish with idem_record_step_complete
+ *               (the answer is kept and the key is in `to`) or
+ *               idem_record_step_release (it stays where it was).
+ *   TAKEN_OVER  as NEW, over a claim whose lease ran out
+ *   IN_PROGRESS another move of the key is being executed
+ *   DONE        `to` is the current state: the answer kept with it is in
+ *               rec (idem_record_steps)
+ *   STALE       `to` is behind the current state: nothing to do
+ *   CONFLICT    `to` contradicts the current state (counted, logged)
+ *   MISMATCH    `to` is the current state, reached with another fingerprint
+ * For every outcome rec (may be NULL) receives the record as it stands. */
+IDEM_EXTERN idem_rc idem_record_step(idem *h, const idem_machine *m, const char *space,
+                                     const char *key, const char *to,
+                                     const uint8_t *fingerprint, const char *owner,
+                                     int64_t lease_ms, idem_outcome *out, idem_record *rec);
+/* Finish the claim at epoch: the key moves to `to` (the state it was
+ * claimed for) and keeps result as that state's answer, and the record
+ * takes fingerprint (NULL: keeps its own), in one conditional update on the
+ * claim. *out: COMPLETED, CONFLICT (the claim is gone), NOT_FOUND. */
+IDEM_EXTERN idem_rc idem_record_step_complete(idem *h, const char *space, const char *key,
+                                              uint64_t epoch, const char *to,
+                                              const uint8_t *fingerprint, const void *result,
+                                              size_t len, int64_t retention_ms,
+                                              idem_outcome *out);
+/* Give the claim at epoch up: the key goes back to the state it was in,
+ * with its answer (a key that had none is RELEASED, as a new one). *out:
+ * RELEASED, CONFLICT, NOT_FOUND. */
+IDEM_EXTERN idem_rc idem_record_step_release(idem *h, const char *space, const char *key,
+                                             uint64_t epoch, int64_t retention_ms,
+                                             idem_outcome *out);
+
+typedef struct idem_step_view {
+    char state[IDEM_NAME_MAX + 1]; /* the current business state; "" when the
+                                      key has none yet (the initial state) */
+    unsigned count;                /* moves kept, oldest first */
+    struct {
+        char state[IDEM_NAME_MAX + 1];
+        int64_t at_ms;
+        uint64_t epoch;
+    } steps[IDEM_STEPS_KEPT];
+    const void *result;            /* the current state's answer: points into
+                                      the record read; NULL when none */
+    size_t result_len;
+} idem_step_view;
+
+/* Read a stepped record's state, moves and answer. IDEM_EINVAL when rec's
+ * result is not a stepped record's (v->state is then ""). */
+IDEM_EXTERN idem_rc idem_record_steps(const idem_record *rec, idem_step_view *v);
+
+/* ------------------------------------------------------------------------- */
 /* Asynchronous calls, on the caller's event loop (idem/loop.h: the loop
  * interface, and the rule every call here keeps — an error returned means
  * no callback; IDEM_OK means exactly one, on the loop's thread, after the
@@ -610,6 +726,21 @@ IDEM_EXTERN idem_rc idem_record_extend_async(idem *h, idem_loop *loop, const cha
                                              idem_outcome_fn cb, void *arg);
 IDEM_EXTERN idem_rc idem_record_get_async(idem *h, idem_loop *loop, const char *space,
                                           const char *key, idem_record_fn cb, void *arg);
+/* The steps (a machine's events): m must outlive the call. */
+IDEM_EXTERN idem_rc idem_record_step_async(idem *h, idem_loop *loop, const idem_machine *m,
+                                           const char *space, const char *key, const char *to,
+                                           const uint8_t *fingerprint, const char *owner,
+                                           int64_t lease_ms, idem_record_fn cb, void *arg);
+IDEM_EXTERN idem_rc idem_record_step_complete_async(idem *h, idem_loop *loop, const char *space,
+                                                    const char *key, uint64_t epoch,
+                                                    const char *to, const uint8_t *fingerprint,
+                                                    const void *result, size_t len,
+                                                    int64_t retention_ms, idem_outcome_fn cb,
+                                                    void *arg);
+IDEM_EXTERN idem_rc idem_record_step_release_async(idem *h, idem_loop *loop, const char *space,
+                                                   const char *key, uint64_t epoch,
+                                                   int64_t retention_ms, idem_outcome_fn cb,
+                                                   void *arg);
 
 /* The calls below answer with what their blocking forms put in their
  * out-parameters, and refuse at once exactly the input those refuse.

@@ -60,6 +60,16 @@ static void log_conflict(idem *h, const struct idem__rec_event_args *ev,
                   "(owner %s)",
                   ev->space, ev->key, (unsigned long long)ev->epoch, cur->state,
                   (unsigned long long)cur->epoch, cur->owner);
+    else if (ev->kind == IDEM__EV_STEP)
+        /* The business's alert branch: the caller answers and alerts. */
+        idem__log(h, IDEM_LOG_INFO, "record %s/%s: step to %s refused: it is %s", ev->space,
+                  ev->key, ev->to, cur->state);
+    else if (ev->kind == IDEM__EV_STEP_COMPLETE || ev->kind == IDEM__EV_STEP_RELEASE)
+        idem__log(h, IDEM_LOG_ALERT,
+                  "record %s/%s: finishing the step claimed at epoch %llu refused: it is %s "
+                  "at epoch %llu (owner %s); the claim was taken over or already finished",
+                  ev->space, ev->key, (unsigned long long)ev->epoch, cur->state,
+                  (unsigned long long)cur->epoch, cur->owner);
     else if (ev->kind == IDEM__EV_TRANSITION)
         /* A business answer (a refund of a cancelled order), not a fault. */
         idem__log(h, IDEM_LOG_INFO, "record %s/%s: transition %s -> %s refused: it is %s",
@@ -104,7 +114,8 @@ struct drive {
     struct idem__rec_decision d;
     char expect[IDEM_NAME_MAX + 1];
     int hit;             /* the step's write was made */
-    idem_record next;    /* a refused update: the row as it stands */
+    idem_record next;    /* a refused update, or a read: the row as it stands */
+    void *doc;           /* a step's composed result (the decision's) */
     struct idem__call call;
     /* An asynchronous step ends twice: its start returns, and its done
      * runs (on the writer's thread, maybe first). Each adds one; the second
@@ -117,6 +128,8 @@ static void drive_end(struct drive *dr, idem_rc rc, const char *detail)
 {
     dr->rc = rc;
     idem_record_clear(&dr->next);
+    idem__free(dr->doc);
+    dr->doc = NULL;
     if (rc != IDEM_OK) {
         idem_record_clear(&dr->cur);
         if (dr->async && detail != dr->detail)
@@ -152,8 +165,9 @@ static void made(struct drive *dr)
                   "record %s/%s taken over by %s from %s at epoch %llu: its lease ran out",
                   ev->space, ev->key, ev->owner, cur->owner, (unsigned long long)cur->epoch);
     }
-    if (ev->kind == IDEM__EV_BEGIN) {
-        /* The claim as made: cur with the new claim's fields. */
+    if (ev->kind == IDEM__EV_BEGIN || ev->kind == IDEM__EV_STEP) {
+        /* The claim as made: cur with the new claim's fields (a step's
+         * keeps its document: the state it moves from). */
         const struct idem__rec_cas *c = &dr->d.cas;
         cur->epoch = c->epoch;
         strcpy(cur->state, IDEM_STATE_PROCESSING);
@@ -165,9 +179,11 @@ static void made(struct drive *dr)
             cur->has_fingerprint = 1;
             memcpy(cur->fingerprint, c->fingerprint, IDEM_FINGERPRINT_LEN);
         }
-        idem__free(cur->result);
-        cur->result = NULL;
-        cur->result_len = 0;
+        if (c->set_result) {
+            idem__free(cur->result);
+            cur->result = NULL;
+            cur->result_len = 0;
+        }
     }
 }
 
@@ -202,6 +218,13 @@ static idem_rc step(struct drive *dr)
 {
     idem *h = dr->h;
     dr->hit = 0;
+    if (dr->d.action == IDEM__ACT_READ) {
+        memset(&dr->next, 0, sizeof dr->next);
+        if (!dr->async)
+            return h->db_ops->rec_get(h->db, dr->ev.space, dr->ev.key, &dr->found, &dr->next);
+        return h->db_ops->rec_get_start(h->db, dr->ev.space, dr->ev.key, &dr->found,
+                                        &dr->next, &dr->call);
+    }
     if (dr->d.action == IDEM__ACT_INSERT) {
         idem_record_clear(&dr->cur);
         if (!dr->async)
@@ -237,6 +260,18 @@ static void drive_run(struct drive *dr)
             strcpy(dr->current, dr->found ? dr->cur.state : "");
             drive_end(dr, IDEM_OK, "");
             return;
+        }
+        if (dr->d.compose) {
+            size_t len = 0;
+            idem__free(dr->doc);
+            dr->doc = NULL;
+            if (idem__steps_compose(&dr->cur, ev->to, ev->now, ev->epoch, ev->result,
+                                    ev->result_len, &dr->doc, &len) != IDEM_OK) {
+                drive_end(dr, IDEM_ENOMEM, idem_errdetail());
+                return;
+            }
+            dr->d.cas.result = dr->doc;
+            dr->d.cas.result_len = len;
         }
         if (!dr->async) {
             idem_rc rc = step(dr);
@@ -536,6 +571,97 @@ IDEM_EXTERN idem_rc idem_record_purge(idem *h, unsigned limit, unsigned *purged)
     return h->db_ops->rec_purge(h->db, idem__now(h), limit, purged);
 }
 
+/* ---- steps: a machine's events (idem.h) ---- */
+
+static idem_rc step_event(idem *h, const idem_machine *m, const char *space, const char *key,
+                          const char *to, const uint8_t *fingerprint, const char *owner,
+                          int64_t lease_ms, struct idem__rec_event_args *ev)
+{
+    idem_rc rc = begin_event(h, space, key, fingerprint, owner, lease_ms, ev);
+    if (rc != IDEM_OK)
+        return rc;
+    const char *initial = idem_machine_initial(m);
+    if (idem_machine_relation(m, initial, initial) != IDEM_STEP_SAME)
+        return idem__fail(IDEM_EINVAL, "machine: NULL, or not sealed");
+    if ((rc = idem__check_step_name(to, "to")) != IDEM_OK)
+        return rc;
+    if (!idem_machine_has(m, to))
+        return idem__fail(IDEM_EINVAL, "to: %s is not a state of the machine", to);
+    ev->kind = IDEM__EV_STEP;
+    ev->to = to;
+    ev->machine = m;
+    return IDEM_OK;
+}
+
+static idem_rc step_finish_event(idem *h, enum idem__rec_event kind, const char *space,
+                                 const char *key, uint64_t epoch, const char *to,
+                                 const uint8_t *fingerprint, const void *result, size_t len,
+                                 int64_t retention_ms, struct idem__rec_event_args *ev)
+{
+    idem_rc rc = finish_event(h, kind, space, key, epoch, result, len, retention_ms, ev);
+    if (rc != IDEM_OK)
+        return rc;
+    if (kind == IDEM__EV_STEP_COMPLETE) {
+        if ((rc = idem__check_step_name(to, "to")) != IDEM_OK)
+            return rc;
+        ev->to = to;
+        ev->fingerprint = fingerprint;
+    }
+    return IDEM_OK;
+}
+
+IDEM_EXTERN idem_rc idem_record_step(idem *h, const idem_machine *m, const char *space,
+                                     const char *key, const char *to,
+                                     const uint8_t *fingerprint, const char *owner,
+                                     int64_t lease_ms, idem_outcome *out, idem_record *rec)
+{
+    idem_rc rc;
+    struct idem__rec_event_args ev;
+    idem__clear_detail();
+    if (rec)
+        memset(rec, 0, sizeof *rec);
+    if ((rc = step_event(h, m, space, key, to, fingerprint, owner, lease_ms, &ev)) !=
+            IDEM_OK ||
+        (rc = idem__check_out(out, "out")) != IDEM_OK)
+        return rc;
+    *out = IDEM_NONE;
+    return drive(h, &ev, out, rec, NULL);
+}
+
+IDEM_EXTERN idem_rc idem_record_step_complete(idem *h, const char *space, const char *key,
+                                              uint64_t epoch, const char *to,
+                                              const uint8_t *fingerprint, const void *result,
+                                              size_t len, int64_t retention_ms,
+                                              idem_outcome *out)
+{
+    idem_rc rc;
+    struct idem__rec_event_args ev;
+    idem__clear_detail();
+    if ((rc = idem__check_out(out, "out")) != IDEM_OK)
+        return rc;
+    *out = IDEM_NONE;
+    if ((rc = step_finish_event(h, IDEM__EV_STEP_COMPLETE, space, key, epoch, to, fingerprint,
+                                result, len, retention_ms, &ev)) != IDEM_OK)
+        return rc;
+    return drive(h, &ev, out, NULL, NULL);
+}
+
+IDEM_EXTERN idem_rc idem_record_step_release(idem *h, const char *space, const char *key,
+                                             uint64_t epoch, int64_t retention_ms,
+                                             idem_outcome *out)
+{
+    idem_rc rc;
+    struct idem__rec_event_args ev;
+    idem__clear_detail();
+    if ((rc = idem__check_out(out, "out")) != IDEM_OK)
+        return rc;
+    *out = IDEM_NONE;
+    if ((rc = step_finish_event(h, IDEM__EV_STEP_RELEASE, space, key, epoch, NULL, NULL, NULL,
+                                0, retention_ms, &ev)) != IDEM_OK)
+        return rc;
+    return drive(h, &ev, out, NULL, NULL);
+}
+
 /* ---- asynchronous calls (idem/loop.h) ---- */
 
 /* A record call on a loop: its drive (or get), its arguments copied, and
@@ -691,8 +817,10 @@ static idem_rc drive_async(idem *h, idem_loop *loop, const struct idem__rec_even
     }
     if (ev->from) {
         idem__copy(a->from, sizeof a->from, ev->from);
-        idem__copy(a->to, sizeof a->to, ev->to);
         a->dr.ev.from = a->from;
+    }
+    if (ev->to) {
+        idem__copy(a->to, sizeof a->to, ev->to);
         a->dr.ev.to = a->to;
     }
     if (ev->fingerprint) {
@@ -778,6 +906,49 @@ IDEM_EXTERN idem_rc idem_record_transition_async(idem *h, idem_loop *loop, const
     if (rc == IDEM_OK && !cb)
         rc = idem__fail(IDEM_EINVAL, "cb: NULL");
     return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, NULL, cb, arg);
+}
+
+IDEM_EXTERN idem_rc idem_record_step_async(idem *h, idem_loop *loop, const idem_machine *m,
+                                           const char *space, const char *key, const char *to,
+                                           const uint8_t *fingerprint, const char *owner,
+                                           int64_t lease_ms, idem_record_fn cb, void *arg)
+{
+    struct idem__rec_event_args ev;
+    idem__clear_detail();
+    idem_rc rc = step_event(h, m, space, key, to, fingerprint, owner, lease_ms, &ev);
+    if (rc == IDEM_OK && !cb)
+        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
+    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, cb, NULL, NULL, arg);
+}
+
+IDEM_EXTERN idem_rc idem_record_step_complete_async(idem *h, idem_loop *loop, const char *space,
+                                                    const char *key, uint64_t epoch,
+                                                    const char *to, const uint8_t *fingerprint,
+                                                    const void *result, size_t len,
+                                                    int64_t retention_ms, idem_outcome_fn cb,
+                                                    void *arg)
+{
+    struct idem__rec_event_args ev;
+    idem__clear_detail();
+    idem_rc rc = step_finish_event(h, IDEM__EV_STEP_COMPLETE, space, key, epoch, to,
+                                   fingerprint, result, len, retention_ms, &ev);
+    if (rc == IDEM_OK && !cb)
+        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
+    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, NULL, arg);
+}
+
+IDEM_EXTERN idem_rc idem_record_step_release_async(idem *h, idem_loop *loop, const char *space,
+                                                   const char *key, uint64_t epoch,
+                                                   int64_t retention_ms, idem_outcome_fn cb,
+                                                   void *arg)
+{
+    struct idem__rec_event_args ev;
+    idem__clear_detail();
+    idem_rc rc = step_finish_event(h, IDEM__EV_STEP_RELEASE, space, key, epoch, NULL, NULL,
+                                   NULL, 0, retention_ms, &ev);
+    if (rc == IDEM_OK && !cb)
+        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
+    return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, NULL, arg);
 }
 
 IDEM_EXTERN idem_rc idem_record_get_async(idem *h, idem_loop *loop, const char *space,

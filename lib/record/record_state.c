@@ -47,6 +47,24 @@
  *   extend
  *   transition the record is in `to` → ALREADY; in another state → CONFLICT
  *
+ * Steps (idem_record_step, a machine of the business's own; C is the key's
+ * current state: its document's, or the machine's initial one when it has
+ * no record, or RELEASED, or a claim that never kept an answer):
+ *
+ *   (absent), RELEASED ── step(T), T ahead of or equal to initial:
+ *                         claim as begin does ──► PROCESSING(e)
+ *   state:C(e) ── step(T), T ahead of C: claim, the document kept ──► PROCESSING(e+1)
+ *   PROCESSING(e) ── step_complete(e, T) ──► state:T(e), T's answer and the
+ *                    move added to the document
+ *                 ── step_release(e) ──► state:C(e), or RELEASED when the key
+ *                    had kept nothing
+ *                 ── its lease ran out, step(T) with T ahead: TAKEN_OVER, e+1
+ *
+ *   Answers that change nothing: T == C → DONE (MISMATCH with another
+ *   fingerprint); C ahead of T → STALE; neither → CONFLICT; a live claim →
+ *   IN_PROGRESS. A step only writes on a condition of the row it read
+ *   (its state and epoch), so two steps of one key never both move it.
+ *
  * Invariants:
  *   - PROCESSING(e) means exactly one caller, the one that got epoch e, may
  *     finish the record, and only while nobody has taken it over.
@@ -62,6 +80,7 @@
  */
 #include "record_state.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static int fingerprint_differs(const struct idem__rec_event_args *ev,
@@ -170,6 +189,128 @@ static void decide_transition(const struct idem__rec_event_args *ev,
     d->cas.expires_ms = -1;
 }
 
+/* A step's claim of a key the machine sees in its initial state and
+ * nothing kept: a new record, as begin makes it, or RELEASED claimed. */
+static void insert_claim(const struct idem__rec_event_args *ev, struct idem__rec_decision *d)
+{
+    d->action = IDEM__ACT_INSERT;
+    d->outcome = IDEM_NEW;
+    d->insert.space = ev->space;
+    d->insert.key = ev->key;
+    d->insert.fingerprint = ev->fingerprint;
+    d->insert.owner = ev->owner;
+    d->insert.epoch = ev->now > 0 ? (uint64_t)ev->now : 1;
+    d->insert.lease_until = ev->now + ev->lease_ms;
+    d->insert.now = ev->now;
+}
+
+/* The answer for a step whose target does not move the key on from C. */
+static void step_answer(const struct idem__rec_event_args *ev, const idem_record *cur,
+                        idem_step_relation rel, struct idem__rec_decision *d)
+{
+    if (rel == IDEM_STEP_SAME)
+        d->outcome = fingerprint_differs(ev, cur) ? IDEM_MISMATCH : IDEM_DONE;
+    else if (rel == IDEM_STEP_BEHIND)
+        d->outcome = IDEM_STALE;
+    else
+        d->outcome = IDEM_CONFLICT;
+}
+
+static int stepped_state(const char *state)
+{
+    return strncmp(state, IDEM_STEP_PREFIX, sizeof IDEM_STEP_PREFIX - 1) == 0;
+}
+
+static void decide_step(const struct idem__rec_event_args *ev, const idem_record *cur,
+                        int found, struct idem__rec_decision *d)
+{
+    const idem_machine *m = ev->machine;
+    const char *initial = idem_machine_initial(m);
+    if (!cur || !found) {
+        /* A key with no record is in the initial state: the first event
+         * (even one naming the initial state) claims it; any other is
+         * answered from a read, never decided without one. */
+        idem_step_relation rel = idem_machine_relation(m, initial, ev->to);
+        if (rel == IDEM_STEP_AHEAD || rel == IDEM_STEP_SAME)
+            insert_claim(ev, d);
+        else if (!cur)
+            d->action = IDEM__ACT_READ;
+        else
+            d->outcome = rel == IDEM_STEP_BEHIND ? IDEM_STALE : IDEM_CONFLICT;
+        return;
+    }
+    char buf[IDEM_NAME_MAX + 1];
+    int released = strcmp(cur->state, IDEM_STATE_RELEASED) == 0;
+    int processing = strcmp(cur->state, IDEM_STATE_PROCESSING) == 0;
+    if (!released && !processing && !stepped_state(cur->state)) {
+        d->outcome = IDEM_CONFLICT; /* a record of another kind in the space */
+        return;
+    }
+    const char *c = released ? initial : idem__steps_current(cur, m, buf);
+    int kept = !released && cur->result_len > 0; /* C has an answer */
+    idem_step_relation rel = idem_machine_relation(m, c, ev->to);
+    if (processing && cur->lease_until_ms > ev->now) {
+        d->outcome = IDEM_IN_PROGRESS;
+        return;
+    }
+    if (rel != IDEM_STEP_AHEAD && !(rel == IDEM_STEP_SAME && !kept)) {
+        step_answer(ev, cur, rel, d);
+        return;
+    }
+    claim(ev, cur, d, processing ? IDEM_TAKEN_OVER : IDEM_NEW);
+    if (processing)
+        d->cas.lease_expired_at = ev->now;
+    if (kept) {
+        d->cas.set_result = 0; /* the document stays: the state it moves from */
+        d->cas.fingerprint = NULL;
+    } else {
+        d->cas.fingerprint = ev->fingerprint;
+    }
+}
+
+/* step_complete and step_release: the claim at ev->epoch, read first (the
+ * document the update writes is made from the row's). */
+static void decide_step_finish(const struct idem__rec_event_args *ev, const idem_record *cur,
+                               int found, struct idem__rec_decision *d)
+{
+    if (!cur) {
+        d->action = IDEM__ACT_READ;
+        return;
+    }
+    if (!found) {
+        d->outcome = IDEM_NOT_FOUND;
+        return;
+    }
+    if (strcmp(cur->state, IDEM_STATE_PROCESSING) != 0 || cur->epoch != ev->epoch) {
+        d->outcome = IDEM_CONFLICT;
+        return;
+    }
+    d->action = IDEM__ACT_CAS;
+    d->cas.expect_state = IDEM_STATE_PROCESSING;
+    d->cas.expect_epoch = ev->epoch;
+    d->cas.epoch = ev->epoch;
+    d->cas.expires_ms = ev->now + ev->retention_ms;
+    d->cas.state = d->state;
+    if (ev->kind == IDEM__EV_STEP_COMPLETE) {
+        d->outcome = IDEM_COMPLETED;
+        snprintf(d->state, sizeof d->state, "%s%.*s", IDEM_STEP_PREFIX, IDEM_STEP_NAME_MAX,
+                 ev->to);
+        d->cas.set_result = 1;
+        d->compose = 1;
+        d->cas.fingerprint = ev->fingerprint;
+        return;
+    }
+    d->outcome = IDEM_RELEASED;
+    idem_step_view v;
+    if (cur->result_len && idem_record_steps(cur, &v) == IDEM_OK) {
+        snprintf(d->state, sizeof d->state, "%s%.*s", IDEM_STEP_PREFIX, IDEM_STEP_NAME_MAX,
+                 v.state);
+    } else {
+        snprintf(d->state, sizeof d->state, "%s", IDEM_STATE_RELEASED);
+        d->cas.set_result = 1; /* nothing kept */
+    }
+}
+
 void idem__record_decide(const struct idem__rec_event_args *ev,
                          const idem_record *cur, int found,
                          struct idem__rec_decision *d)
@@ -191,6 +332,13 @@ void idem__record_decide(const struct idem__rec_event_args *ev,
         break;
     case IDEM__EV_TRANSITION:
         decide_transition(ev, cur, found, d);
+        break;
+    case IDEM__EV_STEP:
+        decide_step(ev, cur, found, d);
+        break;
+    case IDEM__EV_STEP_COMPLETE:
+    case IDEM__EV_STEP_RELEASE:
+        decide_step_finish(ev, cur, found, d);
         break;
     }
 }

@@ -561,6 +561,227 @@ static void test_transition(void **state)
     idem_record_clear(&rec);
 }
 
+/* ---- steps: the business's own machine ------------------------------- */
+
+static idem_machine *refund_machine(void)
+{
+    idem_machine *m = NULL;
+    assert_idem_ok(idem_machine_new("CREATED", &m));
+    const char *moves[][2] = {
+        {"CREATED", "PROCESSING"}, {"CREATED", "SUCCESS"},      {"CREATED", "FAILED"},
+        {"PROCESSING", "SUCCESS"}, {"PROCESSING", "FAILED"},    {"SUCCESS", "REFUNDED_BACK"},
+    };
+    for (size_t i = 0; i < sizeof moves / sizeof moves[0]; i++)
+        assert_idem_ok(idem_machine_allow(m, moves[i][0], moves[i][1]));
+    assert_idem_ok(idem_machine_seal(m));
+    return m;
+}
+
+/* Step to `to` and, when it is ours to execute, keep `answer` with it. */
+static idem_outcome step_once(idem *h, const idem_machine *m, const char *key, const char *to,
+                              const char *answer, idem_record *rec)
+{
+    idem_outcome o, done;
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fp_of(to, fp);
+    assert_idem_ok(idem_record_step(h, m, "refund", key, to, fp, "w", 30000, &o, rec));
+    if (o == IDEM_NEW || o == IDEM_TAKEN_OVER) {
+        assert_idem_ok(idem_record_step_complete(h, "refund", key, rec->epoch, to, fp, answer,
+                                                 strlen(answer), 0, &done));
+        assert_outcome(done, IDEM_COMPLETED);
+    }
+    return o;
+}
+
+struct step_storm {
+    idem *h;
+    const idem_machine *m;
+    idem_outcome out[100];
+    idem_rc rc[100];
+    int executed[100];
+};
+
+/* Half the events say SUCCESS, half FAILED; each that claims holds its
+ * claim a moment, so that the others meet it in flight. */
+static void race_step(void *arg, int i)
+{
+    struct step_storm *t = arg;
+    const char *to = i % 2 ? "FAILED" : "SUCCESS";
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    idem_record rec;
+    fp_of(to, fp);
+    t->rc[i] = idem_record_step(t->h, t->m, "refund", "RF-storm", to, fp, "w", 30000, &t->out[i],
+                                &rec);
+    if (t->rc[i] == IDEM_OK && t->out[i] == IDEM_NEW) {
+        idem_outcome done;
+        t->executed[i] = 1;
+        usleep(50 * 1000);
+        t->rc[i] = idem_record_step_complete(t->h, "refund", "RF-storm", rec.epoch, to, fp, to,
+                                             strlen(to), 0, &done);
+        if (done != IDEM_COMPLETED)
+            t->rc[i] = IDEM_ESTORE;
+    }
+    idem_record_clear(&rec);
+}
+
+static void test_steps(void **state)
+{
+    idem *h = *state;
+    idem_machine *m = refund_machine();
+    idem_record rec;
+    idem_step_view v;
+
+    /* In order, out of order, a duplicate, a contradiction. */
+    assert_outcome(step_once(h, m, "RF-1", "SUCCESS", "paid", &rec), IDEM_NEW);
+    assert_string_equal(rec.state, IDEM_STATE_PROCESSING);
+    assert_int_equal(idem_record_steps(&rec, &v), IDEM_EINVAL); /* nothing kept yet */
+    idem_record_clear(&rec);
+    assert_outcome(step_once(h, m, "RF-1", "SUCCESS", "again", &rec), IDEM_DONE);
+    assert_string_equal(rec.state, IDEM_STEP_PREFIX "SUCCESS");
+    assert_idem_ok(idem_record_steps(&rec, &v));
+    assert_string_equal(v.state, "SUCCESS");
+    assert_int_equal(v.count, 1);
+    assert_int_equal(v.result_len, 4);
+    assert_memory_equal(v.result, "paid", 4);
+    uint64_t first_epoch = rec.epoch;
+    idem_record_clear(&rec);
+    assert_outcome(step_once(h, m, "RF-1", "PROCESSING", "x", &rec), IDEM_STALE);
+    idem_record_clear(&rec);
+    assert_outcome(step_once(h, m, "RF-1", "CREATED", "x", &rec), IDEM_STALE);
+    idem_record_clear(&rec);
+    assert_outcome(step_once(h, m, "RF-1", "FAILED", "x", &rec), IDEM_CONFLICT);
+    assert_string_equal(rec.state, IDEM_STEP_PREFIX "SUCCESS");
+    idem_record_clear(&rec);
+    assert_outcome(step_once(h, m, "RF-1", "REFUNDED_BACK", "back", &rec), IDEM_NEW);
+    assert_int_equal(rec.epoch, first_epoch + 1);
+    idem_record_clear(&rec);
+    assert_outcome(step_once(h, m, "RF-1", "SUCCESS", "x", &rec), IDEM_STALE);
+    idem_record_clear(&rec);
+    assert_outcome(step_once(h, m, "RF-1", "REFUNDED_BACK", "x", &rec), IDEM_DONE);
+    assert_idem_ok(idem_record_steps(&rec, &v));
+    assert_int_equal(v.count, 2);
+    assert_string_equal(v.steps[0].state, "SUCCESS");
+    assert_string_equal(v.steps[1].state, "REFUNDED_BACK");
+    assert_int_equal(v.steps[1].epoch, first_epoch + 1);
+    assert_memory_equal(v.result, "back", 4);
+    idem_record_clear(&rec);
+
+    /* A duplicate with another payload is told so. */
+    uint8_t other[IDEM_FINGERPRINT_LEN];
+    idem_outcome o;
+    fp_of("another body", other);
+    assert_idem_ok(idem_record_step(h, m, "refund", "RF-1", "REFUNDED_BACK", other, "w", 30000,
+                                    &o, NULL));
+    assert_outcome(o, IDEM_MISMATCH);
+
+    /* A key's first event may name the initial state; behind it, nothing. */
+    assert_outcome(step_once(h, m, "RF-2", "CREATED", "made", &rec), IDEM_NEW);
+    idem_record_clear(&rec);
+    assert_outcome(step_once(h, m, "RF-2", "CREATED", "x", &rec), IDEM_DONE);
+    idem_record_clear(&rec);
+
+    /* A claim given up leaves the key where it was, answer and all. */
+    assert_idem_ok(idem_record_step(h, m, "refund", "RF-2", "PROCESSING", NULL, "w", 30000, &o,
+                                    &rec));
+    assert_outcome(o, IDEM_NEW);
+    uint64_t e = rec.epoch;
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_step(h, m, "refund", "RF-2", "SUCCESS", NULL, "w", 30000, &o,
+                                    NULL));
+    assert_outcome(o, IDEM_IN_PROGRESS);
+    assert_idem_ok(idem_record_step_release(h, "refund", "RF-2", e, 0, &o));
+    assert_outcome(o, IDEM_RELEASED);
+    assert_idem_ok(idem_record_step_release(h, "refund", "RF-2", e, 0, &o));
+    assert_outcome(o, IDEM_CONFLICT);
+    assert_outcome(step_once(h, m, "RF-2", "CREATED", "x", &rec), IDEM_DONE);
+    assert_idem_ok(idem_record_steps(&rec, &v));
+    assert_memory_equal(v.result, "made", 4);
+    idem_record_clear(&rec);
+    /* ... and a key that had kept nothing is new again. */
+    assert_idem_ok(idem_record_step(h, m, "refund", "RF-3", "SUCCESS", NULL, "w", 30000, &o,
+                                    &rec));
+    e = rec.epoch;
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_step_release(h, "refund", "RF-3", e, 0, &o));
+    assert_outcome(o, IDEM_RELEASED);
+    assert_outcome(step_once(h, m, "RF-3", "FAILED", "no", &rec), IDEM_NEW);
+    assert_int_equal(rec.epoch, e + 1);
+    idem_record_clear(&rec);
+
+    /* A key with no record: an event behind the initial state cannot be,
+     * and one for an unknown state is refused before the store. */
+    assert_int_equal(idem_record_step(h, m, "refund", "RF-4", "NOPE", NULL, "w", 30000, &o,
+                                      NULL),
+                     IDEM_EINVAL);
+
+    /* 50 SUCCESS and 50 FAILED at once: one executes, and every other
+     * is a duplicate of it, in flight, or the alert branch. */
+    struct step_storm *t = calloc(1, sizeof *t);
+    t->h = h;
+    t->m = m;
+    test_run_threads(100, race_step, t);
+    int executed = 0, winner = -1;
+    for (int i = 0; i < 100; i++) {
+        assert_int_equal(t->rc[i], IDEM_OK);
+        if (t->executed[i])
+            executed++, winner = i;
+    }
+    assert_int_equal(executed, 1);
+    for (int i = 0; i < 100; i++) {
+        if (i == winner)
+            continue;
+        if (i % 2 == winner % 2)
+            assert_true(t->out[i] == IDEM_DONE || t->out[i] == IDEM_IN_PROGRESS);
+        else
+            assert_true(t->out[i] == IDEM_CONFLICT || t->out[i] == IDEM_IN_PROGRESS);
+    }
+    free(t);
+    idem_machine_free(m);
+}
+
+static void test_machine_checks(void **state)
+{
+    (void)state;
+    idem_machine *m = NULL;
+    assert_idem_ok(idem_machine_new("A", &m));
+    assert_idem_ok(idem_machine_allow(m, "A", "B"));
+    assert_idem_ok(idem_machine_allow(m, "B", "C"));
+    assert_idem_ok(idem_machine_allow(m, "C", "A"));
+    assert_int_equal(idem_machine_seal(m), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "a cycle, A -> B -> C -> A"));
+    idem_machine_free(m);
+
+    assert_idem_ok(idem_machine_new("A", &m));
+    assert_idem_ok(idem_machine_allow(m, "A", "B"));
+    assert_idem_ok(idem_machine_allow(m, "X", "B"));
+    assert_int_equal(idem_machine_seal(m), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "X cannot be reached from the initial state A"));
+    idem_machine_free(m);
+
+    assert_idem_ok(idem_machine_new("A", &m));
+    assert_int_equal(idem_machine_seal(m), IDEM_EINVAL);
+    assert_non_null(strstr(idem_errdetail(), "A has no move out of it"));
+    assert_int_equal(idem_machine_allow(m, "A", "state:B"), IDEM_EINVAL);
+    assert_int_equal(idem_machine_allow(m, "A", ""), IDEM_EINVAL);
+    idem_machine_free(m);
+
+    idem_machine *a = refund_machine(), *b = refund_machine();
+    assert_true(idem_machine_equal(a, b));
+    assert_int_equal(idem_machine_relation(a, "CREATED", "REFUNDED_BACK"), IDEM_STEP_AHEAD);
+    assert_int_equal(idem_machine_relation(a, "SUCCESS", "PROCESSING"), IDEM_STEP_BEHIND);
+    assert_int_equal(idem_machine_relation(a, "SUCCESS", "FAILED"), IDEM_STEP_APART);
+    assert_int_equal(idem_machine_relation(a, "SUCCESS", "SUCCESS"), IDEM_STEP_SAME);
+    assert_int_equal(idem_machine_relation(a, "SUCCESS", "NOPE"), IDEM_STEP_UNKNOWN);
+    assert_int_equal(idem_machine_allow(a, "FAILED", "CREATED"), IDEM_EINVAL); /* sealed */
+    idem_machine_free(b);
+    assert_idem_ok(idem_machine_new("CREATED", &b));
+    assert_idem_ok(idem_machine_allow(b, "CREATED", "SUCCESS"));
+    assert_idem_ok(idem_machine_seal(b));
+    assert_false(idem_machine_equal(a, b));
+    idem_machine_free(a);
+    idem_machine_free(b);
+}
+
 static void test_purge(void **state)
 {
     idem *h = *state;
@@ -2013,6 +2234,8 @@ int main(int argc, char **argv)
         T(test_fail_modes),
         T(test_released_takes_another_payload),
         T(test_transition),
+        T(test_steps),
+        T(test_machine_checks),
         T(test_purge),
         T(test_record_bad_input),
         T(test_record_list),
