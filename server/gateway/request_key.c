@@ -331,6 +331,107 @@ static int sf_string(const char *in, char *out, size_t cap, const char **why)
     return p ? 0 : -1;
 }
 
+/* The value of one key part (or a states field) of m into value (cap
+ * bytes): 0, or 400 with type and detail, which call the value noun. body
+ * is the JSON tree, parsed once for every part that needs it. */
+static int part_value(const struct key_part *kp, const struct http_msg *m, json_t **body,
+                      char *value, size_t cap, const char *noun, const char **type,
+                      char *detail, size_t dlen)
+{
+    int found = 0;
+    switch (kp->source) {
+    case KEY_HEADER: {
+        const char *v = http_msg_header(m, kp->name);
+        found = v && *v;
+        if (found)
+            found = http_msg_header_alike_count(m, kp->name) > 1 ? -2
+                    : strlen(v) < cap                                ? (strcpy(value, v), 1)
+                                                                     : -1;
+        const char *why;
+        if (found == 1 && value[0] == '"' && strcasecmp(kp->name, "Idempotency-Key") == 0 &&
+            sf_string(v, value, cap, &why) != 0)
+            return bad(type, "key_invalid", detail, dlen,
+                       "the Idempotency-Key header is not a valid key: %s", why);
+        found = found == 1 && !value[0] ? 0 : found; /* "": no key */
+        break;
+    }
+    case KEY_JSON:
+        /* The scan answers most bodies without a tree (json_scan.h); the
+         * full parse answers the rest, with its own words for what is
+         * wrong. */
+        if (!*body && (found = json_scan_field(m->body, m->body_len, kp->name, value,
+                                              cap)) != JSON_SCAN_UNSURE)
+            break;
+        if (!*body) {
+            json_error_t err;
+            *body = json_loadb(m->body, m->body_len, JSON_REJECT_DUPLICATES, &err);
+            if (!*body && json_error_code(&err) == json_error_duplicate_key) {
+                return bad(type, "key_invalid", detail, dlen,
+                           "the %s is the JSON field %s, and the body gives one member "
+                           "twice (%s): which value counts cannot be told",
+                           noun, kp->name, err.text);
+            }
+            if (!*body && json_error_code(&err) == json_error_numeric_overflow) {
+                /* JSON, but not all of it can be read exactly. */
+                return bad(type, "key_invalid", detail, dlen,
+                           "the %s is the JSON field %s, and the body holds a number "
+                           "Idem cannot read exactly (an integer past 9223372036854775807 "
+                           "or below its negative, or a real past a double's range): %s",
+                           noun, kp->name, err.text);
+            }
+            if (!*body) {
+                return bad(type, "key_missing", detail, dlen,
+                           "the %s is the JSON field %s, and the body is not JSON: %s",
+                           noun, kp->name, err.text);
+            }
+        }
+        {
+            const char *alike = json_path_alike(*body, kp->name);
+            if (alike) {
+                return bad(type, "key_invalid", detail, dlen,
+                           "the %s is the JSON field %s, and the body also has a member "
+                           "%s: an upstream that reads names whatever their case may "
+                           "take either, so which value counts cannot be told",
+                           noun, kp->name, alike);
+            }
+        }
+        found = request_json_field(*body, kp->name, value, cap);
+        break;
+    case KEY_QUERY:
+        found = query_param(m->target, kp->name, value, cap);
+        break;
+    case KEY_FORM:
+        found = m->body ? form_value(m->body, m->body_len, kp->name, value, cap) : 0;
+        break;
+    case KEY_PATH_SEGMENT:
+        found = path_segment(m->target, kp->segment, value, cap);
+        break;
+    }
+    /* The part's name, for the details below. */
+    char segment[16];
+    const char *name = kp->name;
+    if (kp->source == KEY_PATH_SEGMENT) {
+        *put_uint(segment, (unsigned)kp->segment) = '\0';
+        name = segment;
+    }
+    if (found == 0)
+        return bad(type, "key_missing", detail, dlen, "the %s is missing: expected the %s %s",
+                   noun, source_name(kp->source), name);
+    if (found == -2)
+        return bad(type, "key_invalid", detail, dlen,
+                   "the %s %s is given more than once: which one is the %s cannot be told",
+                   source_name(kp->source), name, noun);
+    if (found < 0 || !*value)
+        return bad(type, "key_invalid", detail, dlen,
+                   "the %s %s is not a usable %s (a non-empty string or integer)",
+                   source_name(kp->source), name, noun);
+    for (const unsigned char *c = (const unsigned char *)value; *c; c++)
+        if (*c < 0x20 || *c == 0x7f)
+            return bad(type, "key_invalid", detail, dlen, "the %s %s contains a control character",
+                       source_name(kp->source), name);
+    return 0;
+}
+
 int request_key(const struct route *rt, const struct http_msg *m, const char *subject, char *key,
                 const char **type, char *detail, size_t dlen)
 {
@@ -363,114 +464,10 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
         key[len] = '\0';
     }
     for (size_t i = 0; i < rt->key_parts; i++) {
-        const struct key_part *kp = &rt->key[i];
         char value[IDEM_KEY_MAX * 3 + 1];
-        int found = 0;
-        switch (kp->source) {
-        case KEY_HEADER: {
-            const char *v = http_msg_header(m, kp->name);
-            found = v && *v;
-            if (found)
-                found = http_msg_header_alike_count(m, kp->name) > 1 ? -2
-                        : strlen(v) < sizeof value             ? (strcpy(value, v), 1)
-                                                               : -1;
-            const char *why;
-            if (found == 1 && value[0] == '"' && strcasecmp(kp->name, "Idempotency-Key") == 0 &&
-                sf_string(v, value, sizeof value, &why) != 0) {
-                status = bad(type, "key_invalid", detail, dlen,
-                             "the Idempotency-Key header is not a valid key: %s", why);
-                goto out;
-            }
-            found = found == 1 && !value[0] ? 0 : found; /* "": no key */
-            break;
-        }
-        case KEY_JSON:
-            /* The scan answers most bodies without a tree (json_scan.h); the
-             * full parse answers the rest, with its own words for what is
-             * wrong. */
-            if (!body && (found = json_scan_field(m->body, m->body_len, kp->name, value,
-                                                  sizeof value)) != JSON_SCAN_UNSURE)
-                break;
-            if (!body) {
-                json_error_t err;
-                body = json_loadb(m->body, m->body_len, JSON_REJECT_DUPLICATES, &err);
-                if (!body && json_error_code(&err) == json_error_duplicate_key) {
-                    status = bad(type, "key_invalid", detail, dlen,
-                                 "the key is the JSON field %s, and the body gives one member "
-                                 "twice (%s): which value counts cannot be told",
-                                 kp->name, err.text);
-                    goto out;
-                }
-                if (!body && json_error_code(&err) == json_error_numeric_overflow) {
-                    /* JSON, but not all of it can be read exactly. */
-                    status = bad(type, "key_invalid", detail, dlen,
-                                 "the key is the JSON field %s, and the body holds a number "
-                                 "Idem cannot read exactly (an integer past 9223372036854775807 "
-                                 "or below its negative, or a real past a double's range): %s",
-                                 kp->name, err.text);
-                    goto out;
-                }
-                if (!body) {
-                    status = bad(type, "key_missing", detail, dlen,
-                                 "the key is the JSON field %s, and the body is not JSON: %s",
-                                 kp->name, err.text);
-                    goto out;
-                }
-            }
-            {
-                const char *alike = json_path_alike(body, kp->name);
-                if (alike) {
-                    status = bad(type, "key_invalid", detail, dlen,
-                                 "the key is the JSON field %s, and the body also has a member "
-                                 "%s: an upstream that reads names whatever their case may "
-                                 "take either, so which value counts cannot be told",
-                                 kp->name, alike);
-                    goto out;
-                }
-            }
-            found = request_json_field(body, kp->name, value, sizeof value);
-            break;
-        case KEY_QUERY:
-            found = query_param(m->target, kp->name, value, sizeof value);
-            break;
-        case KEY_FORM:
-            found = m->body ? form_value(m->body, m->body_len, kp->name, value, sizeof value) : 0;
-            break;
-        case KEY_PATH_SEGMENT:
-            found = path_segment(m->target, kp->segment, value, sizeof value);
-            break;
-        }
-        /* The part's name, for the details below. */
-        char segment[16];
-        const char *name = kp->name;
-        if (kp->source == KEY_PATH_SEGMENT) {
-            *put_uint(segment, (unsigned)kp->segment) = '\0';
-            name = segment;
-        }
-        if (found == 0) {
-            status = bad(type, "key_missing", detail, dlen,
-                         "the idempotency key is missing: expected the %s %s", source_name(kp->source),
-                         name);
+        if ((status = part_value(&rt->key[i], m, &body, value, sizeof value,
+                                 "idempotency key", type, detail, dlen)) != 0)
             goto out;
-        }
-        if (found == -2) {
-            status = bad(type, "key_invalid", detail, dlen,
-                         "the %s %s is given more than once: which one is the key cannot be told",
-                         source_name(kp->source), name);
-            goto out;
-        }
-        if (found < 0 || !*value) {
-            status = bad(type, "key_invalid", detail, dlen,
-                         "the %s %s is not a usable key (a non-empty string or integer)",
-                         source_name(kp->source), name);
-            goto out;
-        }
-        for (const unsigned char *c = (const unsigned char *)value; *c; c++)
-            if (*c < 0x20 || *c == 0x7f) {
-                status = bad(type, "key_invalid", detail, dlen,
-                             "the %s %s contains a control character", source_name(kp->source), name);
-                goto out;
-            }
         if (i > 0) {
             if (len + 1 > IDEM_KEY_MAX)
                 goto too_long;
