@@ -64,6 +64,7 @@ struct pending {
     long execution;                 /* this kind's execution count, this one included */
     int fail;                       /* injected 5xx status, or 0 */
     long long epoch;                /* its Idem-Epoch, or 0 when it has none */
+    char *state_from, *state_to;    /* a status event's move (Idem-State-From, -To) */
 };
 
 /* GET /: the refund form, meant to be reached through `idem serve` (which
@@ -349,6 +350,8 @@ static void pending_free(struct pending *p)
     free(p->key);
     free(p->amount);
     free(p->subject);
+    free(p->state_from);
+    free(p->state_to);
     free(p);
 }
 
@@ -359,6 +362,13 @@ static void on_delay_done(evutil_socket_t fd, short what, void *arg)
     LIST_REMOVE(p, link);
     if (p->fail)
         reply_error(p->req, p->fail, "injected");
+    else if (p->state_to)
+        /* A status event Idem passes on from a route with states: the
+         * move it was given, acknowledged (a service would update its row
+         * from state_from to state_to here). */
+        reply_json(p->req, 200, json_pack("{s:s, s:s, s:s, s:I}", p->kind->key, p->key,
+                                          "state_from", p->state_from, "state_to", p->state_to,
+                                          "execution", (json_int_t)p->execution));
     else
         insert_and_reply(p);
     pending_free(p);
@@ -395,6 +405,11 @@ static const char *parse_write(struct evhttp_request *req, struct pending *p)
         (p->delay_ms = parse_long(hdr, 0, MAX_DELAY_MS)) < 0)
         return "X-Delay-Ms must be a number of milliseconds";
     if ((hdr = evhttp_find_header(headers, "X-Subject")) && !(p->subject = strdup(hdr)))
+        return "out of memory";
+    if ((hdr = evhttp_find_header(headers, "Idem-State-To")) &&
+        (!(p->state_to = strdup(hdr)) ||
+         !(p->state_from = strdup((hdr = evhttp_find_header(headers, "Idem-State-From")) ? hdr
+                                                                                         : ""))))
         return "out of memory";
 
     json_t *body = json_loadb((const char *)evbuffer_pullup(in, -1), len, 0, NULL);

@@ -31,7 +31,7 @@
 #include "telemetry/counters.h"
 #include "http/upstream.h"
 
-_Static_assert(GW_SIGNATURE_REFUSED + 1 == GW_OUTCOMES, "GW_OUTCOMES counts enum gw_outcome");
+_Static_assert(GW_TRANSITION_CONFLICT + 1 == GW_OUTCOMES, "GW_OUTCOMES counts enum gw_outcome");
 _Static_assert(UPSTREAM_TOO_BIG + 1 == UPSTREAM_RESULTS,
                "UPSTREAM_RESULTS counts enum upstream_result");
 
@@ -290,6 +290,13 @@ struct http_response *metrics_render(struct daemon *d)
         {"idem_gateway_redis_down_skips_total",
          "Requests that went on without the token and lock layers while Redis was down.",
          offsetof(struct route_counts, redis_down_skips)},
+        {"idem_stale_events_total",
+         "Events behind their key's state on a route with states, answered 200 unforwarded.",
+         offsetof(struct route_counts, stale)},
+        {"idem_transition_conflicts_total",
+         "Events contradicting their key's state on a route with states (SUCCESS after "
+         "FAILED), answered 409 unforwarded: the alert branch.",
+         offsetof(struct route_counts, transition_conflicts)},
         {"idem_tokens_consumed_total", "Tokens the route's token layer spent.",
          offsetof(struct route_counts, tokens_consumed)},
         {"idem_tokens_refused_total",

@@ -18,6 +18,8 @@
  *                 begin (record) ── DONE ───────────────────► ack (a duplicate); if it
  *                     │                                        failed, dead letter again
  *                     │            ├─ MISMATCH ─────────────► dead letter key_reused, ack
+ *                     │            ├─ states: STALE ────────► ack (its key moved past it)
+ *                     │            ├─ states: CONFLICT ─────► dead letter transition_conflict
  *                     │            ├─ IN_PROGRESS ──────────► held, tried again later
  *                     │            └─ claim past max_attempts ► dead letter attempts_exhausted
  *                 NEW / TAKEN_OVER (attempt = the claim's number)
@@ -415,6 +417,15 @@ static void on_answered(void *owner, struct front_request *req)
         atomic_fetch_add(&k->n.alerts, 1);
         a = DEAD_LETTER;
         reason = "key_reused";
+        break;
+    case GW_STALE: /* states: its key has moved past it; nothing to do */
+        a = ACK_DUPLICATE;
+        atomic_fetch_add(&k->n.duplicates, 1);
+        break;
+    case GW_TRANSITION_CONFLICT: /* states: it contradicts its key's state */
+        atomic_fetch_add(&k->n.alerts, 1);
+        a = DEAD_LETTER;
+        reason = "transition_conflict";
         break;
     case GW_KEY_INVALID:
     case GW_SIGNATURE_REFUSED: /* forged, or replayed from long ago */

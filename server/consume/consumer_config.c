@@ -19,6 +19,7 @@
 #include "config.h"
 #include "config_value.h"
 #include "gateway/signature_config.h"
+#include "gateway/states_config.h"
 
 #define CONSUMERS_MAX 100
 
@@ -200,7 +201,7 @@ static int get_backoff(struct config_ctx *c, const yaml_node_t *n, const char *p
 static const char *const consumer_fields[] = {
     "name",  "source",  "key",   "space",           "handler",      "lease",
     "handler_timeout",  "max_attempts", "retry_backoff", "dead_letter", "fingerprint",
-    "retention", "replay_headers", "signature",
+    "retention", "replay_headers", "signature", "states",
 };
 
 static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *path,
@@ -255,7 +256,7 @@ static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *
     if (!(v = FIELD("key")))
         return config_fail(c, n, path, "key is required (e.g. key: { json: refund_no } or "
                            "key: { message_id: true })");
-    if (config_get_key(c, v, fpath, r, 1) || config_get_record_fields(c, n, path, r))
+    if (config_get_key(c, v, fpath, r, 1) || config_get_record_fields(c, n, path, r, 1))
         return -1;
     if ((v = FIELD("handler_timeout")) &&
         config_get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))
@@ -316,6 +317,10 @@ static int check_shared_space(struct config_ctx *c, const yaml_node_t *n, const 
                                r->space, j, o->scope_subject ? "scope: subject" : "scope: global",
                                o->key_parts, o->key_parts == 1 ? "" : "s", r->key_parts,
                                r->key_parts == 1 ? "" : "s");
+        char other[32];
+        config_pathf(other, sizeof other, "routes[%zu]", j);
+        if (config_check_states_shared(c, n, path, r, o, other))
+            return -1;
         if (o->fingerprint == FINGERPRINT_BODY || r->fingerprint == FINGERPRINT_BODY)
             return config_fail(c, n, fpath, "\"%s\", as routes[%zu]: a route's fingerprint: body "
                                "covers its method and path, which a message has not, so the two "
@@ -347,7 +352,10 @@ int config_read_consumers(struct config_ctx *c, const yaml_node_t *n, struct ser
             return -1;
         for (size_t j = 0; j < i; j++) {
             const struct route *a = &cfg->consumers[i].route, *b = &cfg->consumers[j].route;
-            char fpath[64];
+            char fpath[64], other[32];
+            config_pathf(other, sizeof other, "consumers[%zu]", j);
+            if (config_check_states_shared(c, kn, path, a, b, other))
+                return -1;
             if (strcmp(a->space, b->space) != 0 || a->key_parts == b->key_parts)
                 continue;
             config_join(fpath, sizeof fpath, path, "space");

@@ -74,6 +74,7 @@
 
 #include <assert.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,7 @@
 #include "gateway/replay_cache.h"
 #include "gateway/request_key.h"
 #include "gateway/signature.h"
+#include "gateway/states_config.h"
 #include "gateway/stored.h"
 #include "http/upstream.h"
 #include "log.h"
@@ -170,6 +172,10 @@ struct gw {
     char key[IDEM_KEY_MAX + 1];
     char owner[64];
     char spent[IDEM_KEY_MAX + 1];
+    /* states: the state the request moves its key to, and, once it holds
+     * the claim, the one it moves it from (see "states"). */
+    char to[IDEM_NAME_MAX + 1];
+    char from[IDEM_NAME_MAX + 1];
     uint8_t fp[IDEM_FINGERPRINT_LEN];
     int has_fp;
     int token_spent, locked;
@@ -337,7 +343,8 @@ static void claim_remove(struct gw *g)
 
 /* Is this key claimed by another request of this daemon (enum held_here;
  * another payload: the claim's fingerprint differs, which the record would
- * refuse as well)? Any thread. */
+ * refuse as well — but on a route with states, where another payload is
+ * another event, in flight like any other)? Any thread. */
 static enum held_here claimed_here(struct gw *self)
 {
     struct gateway *gw = self->d->gateway;
@@ -346,7 +353,7 @@ static enum held_here claimed_here(struct gw *self)
     for (struct gw *g = *claim_bucket(gw, self->key_hash); g && !found; g = g->claim_next)
         if (g->key_hash == self->key_hash && g != self && strcmp(g->key, self->key) == 0 &&
             strcmp(g->rt->space, self->rt->space) == 0)
-            found = g->has_fp && self->has_fp &&
+            found = g->has_fp && self->has_fp && !self->rt->states &&
                             memcmp(g->fp, self->fp, IDEM_FINGERPRINT_LEN) != 0
                         ? HELD_OTHER_PAYLOAD
                     : g->unkept ? HELD_UNKEPT
@@ -530,6 +537,10 @@ static idem_rc do_get(struct gw *g)
 
 static idem_rc do_begin(struct gw *g)
 {
+    if (g->rt->states)
+        return idem_record_step_async(g->d->h, loop_of(g), g->rt->states->machine,
+                                      g->rt->space, g->key, g->to, g->has_fp ? g->fp : NULL,
+                                      g->owner, g->rt->lease_ms, on_begun, g);
     return idem_record_begin_async(g->d->h, loop_of(g), g->rt->space, g->key,
                                    g->has_fp ? g->fp : NULL, g->owner, g->rt->lease_ms, on_begun,
                                    g);
@@ -543,6 +554,16 @@ static idem_rc do_finish(struct gw *g)
     /* Read before the store reads its clock: the record expires no sooner
      * than this, so the header never promises more than the record keeps. */
     g->expires_ms = wall_ms() + rt->retention_ms;
+    if (rt->states && g->finish != FINISH_HOLD) {
+        /* A kept answer moves the key to its state, whatever its status
+         * (the business's answer to that event); any other leaves it. */
+        if (g->finish == FINISH_FAIL_RETRYABLE)
+            return idem_record_step_release_async(h, l, rt->space, g->key, g->epoch,
+                                                  rt->retention_ms, on_outcome, g);
+        return idem_record_step_complete_async(h, l, rt->space, g->key, g->epoch, g->to,
+                                               g->has_fp ? g->fp : NULL, g->stored,
+                                               g->stored_len, rt->retention_ms, on_outcome, g);
+    }
     if (g->finish == FINISH_COMPLETE)
         return idem_record_complete_async(h, l, rt->space, g->key, g->epoch, g->stored,
                                           g->stored_len, rt->retention_ms, on_outcome, g);
@@ -794,15 +815,30 @@ static void keep_answer(struct gw *g, const uint8_t *fp, const void *stored, siz
                         int64_t expires_ms)
 {
     struct daemon_loop *loop = g->req->loop_ctx;
-    if (stored)
+    /* A key with states changes its answer as it moves: not kept here. */
+    if (stored && !g->rt->states)
         replay_cache_put(loop->replays, g->rt->space, g->key, fp, stored, len, expires_ms,
                          mono_ms(), g->replay_gen);
 }
 
-/* Replay a finished record read from the store, and keep its answer. */
+/* Replay a finished record read from the store, and keep its answer. A
+ * stepped record's answer is the one kept with its current state, which
+ * the replay names (Idem-State). */
 static struct http_response *replay(struct gw *g, const idem_record *rec)
 {
     VERDICT(g, GW_REPLAYED);
+    if (g->rt->states) {
+        idem_step_view v;
+        struct http_response *r =
+            idem_record_steps(rec, &v) == IDEM_OK
+                ? decode_replay(v.result, v.result_len, rec->expires_ms)
+                : NULL;
+        if (r && response_add_header(r, "Idem-State", v.state) != 0) {
+            response_free(r);
+            r = NULL;
+        }
+        return counted_replay(g->rt, r, rec->state);
+    }
     struct http_response *r = decode_replay(rec->result, rec->result_len, rec->expires_ms);
     if (r)
         keep_answer(g, rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
@@ -815,7 +851,9 @@ static struct http_response *replay(struct gw *g, const idem_record *rec)
 static struct http_response *replay_finished(struct gw *g, idem_outcome o,
                                              const idem_record *rec)
 {
-    if (o != IDEM_FOUND || !idem_record_finished(rec->state))
+    /* A key with states: whether its answer is this request's depends on
+     * the state the request names, which only the step decides. */
+    if (o != IDEM_FOUND || !idem_record_finished(rec->state) || g->rt->states)
         return NULL;
     if (g->has_fp && rec->has_fingerprint &&
         memcmp(g->fp, rec->fingerprint, IDEM_FINGERPRINT_LEN) != 0)
@@ -1081,6 +1119,13 @@ static void hold_abandoned(struct gw *g)
 
 static unsigned attempt_of(const idem_record *rec)
 {
+    /* A key with states is claimed once per move, and each move's
+     * attempts count from the claim that made the one before. */
+    idem_step_view v;
+    if (idem_record_steps(rec, &v) == IDEM_OK && rec->epoch > v.steps[v.count - 1].epoch) {
+        uint64_t n = rec->epoch - v.steps[v.count - 1].epoch;
+        return n > UINT32_MAX ? UINT32_MAX : (unsigned)n;
+    }
     uint64_t first = rec->created_ms > 0 ? (uint64_t)rec->created_ms : rec->epoch;
     uint64_t n = rec->epoch >= first ? rec->epoch - first + 1 : 1;
     return n > UINT32_MAX ? UINT32_MAX : (unsigned)n;
@@ -1093,8 +1138,66 @@ static void exhausted(struct gw *g)
                      "claim %u of this key, and max_attempts is %u: it is not sent to the "
                      "handler again",
                      g->attempt, g->rt->max_attempts);
-    g->stored = g->out ? stored_encode_response(g->out, &g->stored_len) : NULL;
-    finish_record(g, g->stored ? FINISH_FAIL_FINAL : FINISH_NONE);
+    /* A key with states stays where it was: the move was never made. */
+    g->stored = g->out && !g->rt->states ? stored_encode_response(g->out, &g->stored_len) : NULL;
+    finish_record(g, g->rt->states ? FINISH_FAIL_RETRYABLE
+                     : g->stored   ? FINISH_FAIL_FINAL
+                                   : FINISH_NONE);
+}
+
+/* ---- states ----
+ *
+ * On a route with states, the begin is a step of the key's machine
+ * (idem_record_step): the request names the state it moves its key to
+ * (g->to), and the record says where the key is. A move ahead executes
+ * once, with Idem-State-From and Idem-State-To; the current state's own
+ * event is its replay; an event behind the key is answered 200 and not
+ * sent (a provider stops retrying on 2xx); one that contradicts it is the
+ * alert branch, 409 transition_conflict. A kept answer moves the key
+ * (step_complete), any other leaves it where it was (step_release). */
+
+static void stale_event(struct gw *g, const char *current)
+{
+    COUNT(g->rt, stale);
+    VERDICT(g, GW_STALE);
+    json_t *j = json_pack("{s:s, s:s, s:s, s:s}", "outcome", "stale", "key", g->key, "state",
+                          current, "event", g->to);
+    g->out = json_response(200, j);
+    if (g->out && response_add_header(g->out, "Idem-State", current) != 0) {
+        response_free(g->out);
+        g->out = NULL;
+    }
+    finish(g);
+}
+
+static void transition_conflict(struct gw *g, const char *current, uint64_t epoch)
+{
+    const struct route *rt = g->rt;
+    COUNT(rt, transition_conflicts);
+    VERDICT(g, GW_TRANSITION_CONFLICT);
+    incidents_note(INCIDENT_TRANSITION_CONFLICT, rt, g->key, epoch);
+    daemon_logl(LOG_ALERT,
+                "route %s: %s/%s is %s, and an event moves it to %s, which its states never "
+                "allow from there: not forwarded (409 transition_conflict)",
+                rt->name, rt->space, g->key, current, g->to);
+    g->out = problem(409, "transition_conflict",
+                     "the key %s is in state %s, and %s cannot follow it: the event "
+                     "contradicts what is recorded",
+                     g->key, current, g->to);
+    if (g->out)
+        response_add_header(g->out, "Idem-State", current);
+    finish(g);
+}
+
+/* The state the record rec (a step's answer) says its key is in. */
+static const char *state_of(const struct gw *g, const idem_record *rec, char *buf)
+{
+    idem_step_view v;
+    if (rec->result_len && idem_record_steps(rec, &v) == IDEM_OK) {
+        memcpy(buf, v.state, sizeof v.state);
+        return buf;
+    }
+    return idem_machine_initial(g->rt->states->machine);
 }
 
 static void after_begin(struct gw *g)
@@ -1123,6 +1226,10 @@ static void after_begin(struct gw *g)
     case IDEM_NEW:
         g->epoch = g->rec.epoch;
         g->attempt = attempt_of(&g->rec);
+        if (g->rt->states) {
+            char buf[IDEM_NAME_MAX + 1];
+            snprintf(g->from, sizeof g->from, "%s", state_of(g, &g->rec, buf));
+        }
         g->req->epoch = g->epoch;
         g->req->attempt = g->attempt;
         idem_record_clear(&g->rec);
@@ -1140,6 +1247,16 @@ static void after_begin(struct gw *g)
     case IDEM_MISMATCH:
         key_reused(g);
         return;
+    case IDEM_STALE:
+    case IDEM_CONFLICT: {
+        char buf[IDEM_NAME_MAX + 1];
+        const char *current = state_of(g, &g->rec, buf);
+        if (g->o == IDEM_STALE)
+            stale_event(g, current);
+        else
+            transition_conflict(g, current, g->rec.epoch);
+        return;
+    }
     default: /* IN_PROGRESS */
         in_flight_elsewhere(g, "its record is PROCESSING", &g->rec);
     }
@@ -1594,8 +1711,19 @@ static void forward(struct gw *g)
     char attempt_hdr[32];
     o = put(attempt_hdr, "Idem-Attempt: ", 14);
     *put_uint(o, g->attempt) = '\0';
+    /* A states route's move: from where to where (see "states"). */
+    char from_hdr[IDEM_NAME_MAX + 24], to_hdr[IDEM_NAME_MAX + 24];
+    *put_str(put(from_hdr, "Idem-State-From: ", 17), g->from) = '\0';
+    *put_str(put(to_hdr, "Idem-State-To: ", 15), g->to) = '\0';
+    const char *extra[6] = {epoch_hdr, key_hdr};
+    size_t n_extra = 2;
     /* Only a route with max_attempts counts its claims (see "attempts"). */
-    const char *extra[] = {epoch_hdr, key_hdr, rt->max_attempts ? attempt_hdr : NULL, NULL};
+    if (rt->max_attempts)
+        extra[n_extra++] = attempt_hdr;
+    if (rt->states) {
+        extra[n_extra++] = from_hdr;
+        extra[n_extra++] = to_hdr;
+    }
     struct upstream_request rq = {
         .method = m->method,
         .base_path = rt->upstream.base_path,
@@ -1752,6 +1880,11 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
         type = "subject_invalid";
     else
         status = request_key(rt, m, subject, key, &type, detail, sizeof detail);
+    /* states: the state the event moves its key to, one of the route's. */
+    char to[IDEM_NAME_MAX + 1] = "";
+    if (!status && rt->states &&
+        (status = request_state(rt, m, to, sizeof to, detail, sizeof detail)) != 0)
+        type = "unknown_state";
     if (status && rt->key_optional && type && strcmp(type, "key_missing") == 0) {
         /* key_required: false: without its key the request goes to the
          * route's upstream unguarded, as Stripe takes a POST without an
@@ -1785,7 +1918,8 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
         replay_cache_clear(loop->replays); /* all of it is stale now */
         loop->replay_gen = gen;
     }
-    if (!rt->layer_token && answer_kept(d, lc, rt, req, key, has_fp ? fp : NULL, gen, t0))
+    if (!rt->layer_token && !rt->states &&
+        answer_kept(d, lc, rt, req, key, has_fp ? fp : NULL, gen, t0))
         return;
     /* The request's state and its two timers in one block. */
     size_t head = (sizeof(struct gw) + 15) & ~(size_t)15;
@@ -1806,6 +1940,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     req->state = g;
     g->subject = subject ? subject : "";
     memcpy(g->key, key, strlen(key) + 1);
+    memcpy(g->to, to, sizeof to);
     memcpy(g->fp, fp, sizeof fp);
     g->has_fp = has_fp;
     g->replay_gen = gen;
@@ -1821,7 +1956,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     g->deadline = mono_ms() + rt->wait_timeout_ms;
     g->backoff_ms = 2;
     if (!rt->layer_token) {
-        if (idem__hint_take(&d->gateway->reads))
+        if (!rt->states && idem__hint_take(&d->gateway->reads))
             enter(g, S_READ);
         else
             go_lock(g);

@@ -21,6 +21,7 @@
 #include <strings.h>
 
 #include "gateway/json_scan.h"
+#include "gateway/states_config.h"
 #include "http/http_parser.h"
 #include "put.h"
 
@@ -488,6 +489,28 @@ too_long:
 out:
     json_decref(body);
     return status;
+}
+
+int request_state(const struct route *rt, const struct http_msg *m, char *out, size_t cap,
+                  char *detail, size_t dlen)
+{
+    const struct route_states *st = rt->states;
+    const char *type = NULL;
+    char value[IDEM_KEY_MAX * 3 + 1];
+    json_t *body = NULL;
+    int status = part_value(&st->field, m, &body, value, sizeof value, "state", &type, detail,
+                            dlen);
+    json_decref(body);
+    if (status != 0)
+        return 422;
+    if (!idem_machine_has(st->machine, value) || strlen(value) >= cap) {
+        snprintf(detail, dlen, "%.64s%s is not a state of route %s (its states start at %s)",
+                 value, strlen(value) > 64 ? "..." : "", rt->name,
+                 idem_machine_initial(st->machine));
+        return 422;
+    }
+    memcpy(out, value, strlen(value) + 1);
+    return 0;
 }
 
 int request_fingerprint(const struct route *rt, const struct http_msg *m,

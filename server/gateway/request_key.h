@@ -36,6 +36,12 @@ int request_json_field(struct json_t *root, const char *name, char *out, size_t 
 int request_key(const struct route *rt, const struct http_msg *m, const char *subject,
                 char *key, const char **type, char *detail, size_t detail_len);
 
+/* The state a request on a route with states names (states.field) into
+ * out (cap bytes): 0, or 422 (unknown_state) with detail: missing, or not a
+ * state of the route's machine. */
+int request_state(const struct route *rt, const struct http_msg *m, char *out, size_t cap,
+                  char *detail, size_t dlen);
+
 /* The fingerprint per the route's setting. Returns 0 and sets *has (0 for
  * fingerprint: none), or 400 with detail (body is not JSON, for fields). */
 int request_fingerprint(const struct route *rt, const struct http_msg *m,

@@ -20,6 +20,7 @@
 #include "config_value.h"
 #include "gateway/signature.h"
 #include "gateway/signature_config.h"
+#include "gateway/states_config.h"
 #include "http/http_parser.h"
 #include "http/upstream.h"
 #include "utf8.h"
@@ -43,6 +44,7 @@ void config_problems_free(struct problem_text *p, size_t n)
 void config_route_free(struct route *r)
 {
     signature_free(r->signature);
+    route_states_free(r->states);
     free(r->name);
     free(r->method);
     free(r->path);
@@ -186,7 +188,7 @@ void config_fold_path(const char *path, char *out, size_t cap)
 /* One part of a key. Routes take header, json, query, path_segment and
  * form; consumers (for_consumer) header, json, form and message_id, since
  * a message has no path or query. */
-static int get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *path,
+int config_get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *path,
                         struct key_part *k, int for_consumer)
 {
     /* In the order of enum key_source up to path_segment, then message_id,
@@ -277,7 +279,7 @@ int config_get_key(struct config_ctx *c, const yaml_node_t *n, const char *path,
         if (!(r->key = calloc(1, sizeof *r->key)))
             return config_oom(c);
         r->key_parts = 1;
-        return get_key_part(c, n, path, &r->key[0], for_consumer);
+        return config_get_key_part(c, n, path, &r->key[0], for_consumer);
     }
     if (n->type != YAML_SEQUENCE_NODE)
         return config_fail(c, n, path, "expected a mapping like { json: refund_no } or a "
@@ -292,7 +294,7 @@ int config_get_key(struct config_ctx *c, const yaml_node_t *n, const char *path,
     r->key_parts = count;
     for (size_t i = 0; i < count; i++) {
         config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (get_key_part(c, config_node(c, it[i]), ipath, &r->key[i], for_consumer))
+        if (config_get_key_part(c, config_node(c, it[i]), ipath, &r->key[i], for_consumer))
             return -1;
     }
     return 0;
@@ -417,9 +419,9 @@ static int get_fingerprint(struct config_ctx *c, const yaml_node_t *n, const cha
 }
 
 /* What a route and a consumer say alike of their records: space (default:
- * the name), lease, retention, replay_headers, fingerprint. */
+ * the name), lease, retention, replay_headers, fingerprint, states. */
 int config_get_record_fields(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                             struct route *r)
+                             struct route *r, int for_consumer)
 {
     char fpath[96];
     const yaml_node_t *v;
@@ -440,6 +442,8 @@ int config_get_record_fields(struct config_ctx *c, const yaml_node_t *n, const c
     if ((v = FIELD("replay_headers")) && get_replay_headers(c, v, fpath, r))
         return -1;
     if ((v = FIELD("fingerprint")) && get_fingerprint(c, v, fpath, r))
+        return -1;
+    if ((v = FIELD("states")) && config_get_states(c, v, fpath, for_consumer, &r->states))
         return -1;
 #undef FIELD
     return 0;
@@ -515,6 +519,7 @@ static const char *const problem_types[] = {
     "key_reused",       "store_unavailable", "invalid_argument",  "upstream_unreachable",
     "upstream_response_too_large", "outcome_unknown", "shutting_down", "attempts_exhausted",
     "stored_result_unreadable", "signature_invalid", "signature_expired",
+    "transition_conflict", "unknown_state",
 };
 
 #define PROBLEM_TITLE_MAX 256
@@ -609,7 +614,7 @@ static const char *const route_fields[] = {
     "in_flight",    "wait_timeout", "lease",     "retention",
     "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
     "on_redis_down", "on_unknown_outcome", "key_required", "store_statuses",
-    "problems", "signature",
+    "problems", "signature", "states",
 };
 
 /* routes[i] from n; the routes before it are read already, and their names
@@ -652,7 +657,7 @@ static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *pat
     if (!(v = FIELD("key")))
         return config_fail(c, n, path, "key is required (e.g. key: { header: "
                            "Idempotency-Key })");
-    if (config_get_key(c, v, fpath, r, 0) || config_get_record_fields(c, n, path, r))
+    if (config_get_key(c, v, fpath, r, 0) || config_get_record_fields(c, n, path, r, 0))
         return -1;
     if ((v = FIELD("scope")) && config_get_choice(c, v, fpath, "global", "subject",
                                                   &r->scope_subject))
@@ -764,6 +769,10 @@ int config_read_routes(struct config_ctx *c, const yaml_node_t *n, struct server
                     b->key_parts == 1 ? "" : "s",
                     a->scope_subject ? "scope: subject" : "scope: global", a->key_parts);
             }
+            char other[32];
+            config_pathf(other, sizeof other, "routes[%zu]", j);
+            if (config_check_states_shared(c, rn, path, a, b, other))
+                return -1;
             if (!same_match(a, b))
                 continue;
             config_join(fpath, sizeof fpath, path, "match");

@@ -39,6 +39,7 @@ enum fingerprint_kind {
 };
 
 struct route_counts;
+struct route_states;
 
 /* problems: the text a team gives one problem type of the gateway's answers
  * (localised: "请刷新后重试" for token_spent); the type itself never changes. */
@@ -94,6 +95,10 @@ struct route {
                                  retention, at most a day, until an operator finishes
                                  it) or expire
                                  (0, default: retries run once the lease ends) */
+    /* states: the business's machine for this space's keys, and where a
+     * request names the state it moves its key to (states_config.h), or
+     * NULL: a plain record per key. */
+    struct route_states *states;
     /* signature: the provider's signature checked on the body before
      * anything else (gateway/signature.h), or NULL. */
     struct signature *signature;
@@ -143,13 +148,17 @@ struct yaml_node_s;
 int config_route_defaults(struct route *r);
 void config_route_free(struct route *r);
 void config_problems_free(struct problem_text *p, size_t n);
+/* One key part (for_consumer: header, json, form, message_id), as key:
+ * and states.field take them. */
+int config_get_key_part(struct config_ctx *c, const struct yaml_node_s *n, const char *path,
+                        struct key_part *k, int for_consumer);
 /* key: one part or a list of them (for_consumer: header, json, message_id). */
 int config_get_key(struct config_ctx *c, const struct yaml_node_s *n, const char *path,
                    struct route *r, int for_consumer);
 /* What a route and a consumer say alike of their records: space, lease,
- * retention, replay_headers, fingerprint, read from the mapping n. */
+ * retention, replay_headers, fingerprint, states, read from the mapping n. */
 int config_get_record_fields(struct config_ctx *c, const struct yaml_node_s *n,
-                             const char *path, struct route *r);
+                             const char *path, struct route *r, int for_consumer);
 /* problems: { token_spent: { title: ..., detail: ... }, ... } */
 int config_get_problems(struct config_ctx *c, const struct yaml_node_s *n, const char *path,
                         struct problem_text **out, size_t *count);

@@ -160,8 +160,8 @@ static void connect_failed(const char *host, int port, int err, char *detail, si
 }
 
 /* Headers a client may send that never reach the upstream: Idem's own
- * (Idem-Key, Idem-Epoch and a consumer's Idem-Attempt are set by the
- * gateway alone, so that an
+ * (Idem-Key, Idem-Epoch, a consumer's Idem-Attempt and a states route's
+ * Idem-State-From and Idem-State-To are set by the gateway alone, so that an
  * upstream fencing on them cannot be handed a client's forgery; the
  * one-time token is spent here) and Expect, which Idem answers itself
  * (the body is forwarded whole, with its length). Spelt with '_' too
@@ -173,6 +173,8 @@ static int not_forwarded(const char *name, size_t len)
     case 8: return http_name_alike(name, "idem-key");
     case 10: return http_name_alike(name, "idem-epoch") || http_name_alike(name, "idem-token");
     case 12: return http_name_alike(name, "idem-attempt");
+    case 13: return http_name_alike(name, "idem-state-to");
+    case 15: return http_name_alike(name, "idem-state-from");
     }
     return 0;
 }

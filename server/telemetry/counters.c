@@ -38,6 +38,8 @@ const char *gw_outcome_name(int outcome)
         [GW_PASSED_THROUGH] = "passed_through",
         [GW_UNKEYED] = "unkeyed",
         [GW_SIGNATURE_REFUSED] = "signature_refused",
+        [GW_STALE] = "stale",
+        [GW_TRANSITION_CONFLICT] = "conflict",
     };
     return outcome >= 0 && (size_t)outcome < sizeof names / sizeof names[0] && names[outcome]
                ? names[outcome]

@@ -51,12 +51,16 @@ enum gw_outcome {
     GW_SIGNATURE_REFUSED, /* on a route with signature:, not signed by its
                              secrets, or too long ago: 401, nothing recorded
                              (front_request.outcome_type says which) */
+    GW_STALE,             /* on a route with states: an event behind the key's
+                             state, out of order: 200, not forwarded */
+    GW_TRANSITION_CONFLICT, /* on a route with states: an event that contradicts
+                               the key's state: 409, not forwarded */
 };
 
 /* The values of enum gw_outcome, of enum upstream_result (http/upstream.h),
  * and the status codes counted (100 to 599): what bounds a route's series
  * in the metrics (metrics.c checks the first two). */
-#define GW_OUTCOMES 15
+#define GW_OUTCOMES 17
 #define UPSTREAM_RESULTS 5
 #define STATUS_MIN 100
 #define STATUS_CODES 500
@@ -90,6 +94,8 @@ struct route_counts {
     atomic_ulong tokens_refused;  /* the token layer refused the request */
     atomic_ulong locks_acquired;  /* the lock layer took the key's lock */
     atomic_ulong locks_busy;      /* the lock layer found it held */
+    atomic_ulong stale;           /* states: events behind the key's state */
+    atomic_ulong transition_conflicts; /* states: events contradicting it */
 };
 
 /* A route's counters, by its name. */

@@ -22,6 +22,7 @@ static const char *const kind_names[] = {
     [INCIDENT_MISMATCH_422] = "mismatch_422",
     [INCIDENT_TAKEOVER] = "takeover",
     [INCIDENT_HELD] = "held",
+    [INCIDENT_TRANSITION_CONFLICT] = "transition_conflict",
 };
 
 const char *incident_kind_name(enum incident_kind kind)

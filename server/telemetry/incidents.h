@@ -21,6 +21,7 @@ enum incident_kind {
     INCIDENT_MISMATCH_422,  /* a key reused with another payload */
     INCIDENT_TAKEOVER,      /* a claim whose lease ran out, taken over to execute */
     INCIDENT_HELD,          /* a claim held for an operator (on_unknown_outcome: hold) */
+    INCIDENT_TRANSITION_CONFLICT, /* states: an event contradicting its key's state */
 };
 
 struct incident {

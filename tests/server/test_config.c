@@ -3,6 +3,7 @@
  * its default and its value, and every way a file is refused, asserting that
  * the message names the line and the field. */
 #include "gateway/signature.h"
+#include "gateway/states_config.h"
 #include "testlib.h"
 
 #include <openssl/pem.h>
@@ -1062,6 +1063,64 @@ static void test_keys(void **state)
     "    key: { json: refund_no }\n"                                             \
     "    handler: http://127.0.0.1:9000/mq\n"
 
+/* states: a machine checked at load, and a space's keys moved by one. */
+#define STATES                                                                   \
+    "    states:\n"                                                              \
+    "      field: { json: status }\n"                                            \
+    "      initial: CREATED\n"                                                   \
+    "      transitions:\n"                                                       \
+    "        CREATED: [PROCESSING, SUCCESS, FAILED]\n"                           \
+    "        PROCESSING: [SUCCESS, FAILED]\n"                                    \
+    "        SUCCESS: [REFUNDED_BACK]\n"
+
+static void test_states(void **state)
+{
+    (void)state;
+    struct server_config *c = parse_ok(ROUTE STATES);
+    const struct route_states *st = c->routes[0].states;
+    assert_non_null(st);
+    assert_int_equal(st->field.source, KEY_JSON);
+    assert_string_equal(st->field.name, "status");
+    assert_string_equal(idem_machine_initial(st->machine), "CREATED");
+    assert_int_equal(idem_machine_relation(st->machine, "SUCCESS", "PROCESSING"),
+                     IDEM_STEP_BEHIND);
+    config_free(c);
+    /* A consumer sharing the route's space with the same states. */
+    c = parse_ok(ROUTE "    space: refund\n    fingerprint: none\n" STATES CONSUMER
+                 "    space: refund\n    fingerprint: none\n" STATES);
+    config_free(c);
+
+    parse_bad(ROUTE "    states:\n      field: { json: status }\n      initial: A\n"
+                    "      transitions: { A: [B], B: [C], C: [A] }\n",
+              "idem.yaml:9", "a cycle, A -> B -> C -> A");
+    parse_bad(ROUTE "    states:\n      field: { json: status }\n      initial: A\n"
+                    "      transitions: { A: [B], PROCESING: [C] }\n",
+              "idem.yaml:9", "PROCESING cannot be reached from the initial state A");
+    parse_bad(ROUTE "    states:\n      field: { json: status }\n      initial: A\n"
+                    "      transitions: { B: [C] }\n",
+              "idem.yaml:9", "the initial state A has no move out of it");
+    parse_bad(ROUTE "    states:\n      field: { json: status }\n      initial: A\n"
+                    "      transitions:\n        A: [\"state:B\"]\n",
+              "idem.yaml:10", "not one of [A-Za-z0-9_.-]");
+    parse_bad(ROUTE "    states:\n      field: { json: status }\n      initial: A\n"
+                    "      transitions:\n        A: []\n",
+              "idem.yaml:10", "an empty list");
+    parse_bad(ROUTE "    states:\n      initial: A\n      transitions: { A: [B] }\n",
+              "idem.yaml:7", "field is required");
+    parse_bad(CONSUMER "    states:\n      field: { query: status }\n      initial: A\n"
+                       "      transitions: { A: [B] }\n",
+              "idem.yaml:7", "a message has no query");
+    /* One space, two machines (or one and none): refused. */
+    parse_bad(ROUTE "    space: refund\n" STATES
+              "  - name: r2\n    match: { path: /y }\n    upstream: http://127.0.0.1:9000\n"
+              "    key: { header: Idempotency-Key }\n    space: refund\n",
+              "routes[1].space", "\"refund\", the space of routes[0] too, which has states");
+    parse_bad(ROUTE "    space: refund\n" STATES CONSUMER "    space: refund\n"
+              "    states:\n      field: { json: status }\n      initial: CREATED\n"
+              "      transitions: { CREATED: [SUCCESS] }\n",
+              "consumers[0].states", "whose states are other ones");
+}
+
 static void test_consumers(void **state)
 {
     (void)state;
@@ -1778,6 +1837,7 @@ int main(void)
         cmocka_unit_test(test_route_values),
         cmocka_unit_test(test_store_statuses),
         cmocka_unit_test(test_signature),
+        cmocka_unit_test(test_states),
         cmocka_unit_test(test_problems),
         cmocka_unit_test(test_shared_space),
         cmocka_unit_test(test_durations),

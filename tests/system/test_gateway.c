@@ -185,7 +185,7 @@ static void post_expect(int port, const char *body, int status, int replayed)
 
 struct storm {
     int port;
-    const char *body;
+    const char *body, *body2;
     const char *const *headers;
     struct sys_resp resp[100];
 };
@@ -194,6 +194,14 @@ static void one_post(void *arg, int i)
 {
     struct storm *s = arg;
     sys_http(s->port, "POST", "/refunds", s->headers, s->body, 20000, &s->resp[i]);
+}
+
+/* As one_post, the odd ones with body2 in place of body. */
+static void one_post_mixed(void *arg, int i)
+{
+    struct storm *s = arg;
+    sys_http(s->port, "POST", "/refunds", s->headers, i % 2 ? s->body2 : s->body, 20000,
+             &s->resp[i]);
 }
 
 static void test_storm_wait_one_execution(void **state)
@@ -3012,6 +3020,155 @@ static void free_lines(char **lines, size_t n);
  * and leaves no record, so the genuine event then executes once and its
  * redeliveries replay; an unsigned request and an old timestamp are 401;
  * the second of two secrets (a rotation) is accepted. */
+/* ---- states: the business's machine on a route ---- */
+
+static const char states_routes[] =
+    "routes:\n"
+    "  - name: refund-status\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n"
+    "    in_flight: wait\n"
+    "    wait_timeout: 10s\n"
+    "    states:\n"
+    "      field: { json: status }\n"
+    "      initial: CREATED\n"
+    "      transitions:\n"
+    "        CREATED: [PROCESSING, SUCCESS, FAILED]\n"
+    "        PROCESSING: [SUCCESS, FAILED]\n"
+    "        SUCCESS: [REFUNDED_BACK]\n";
+
+static void state_body(char *out, size_t cap, const char *key, const char *status)
+{
+    snprintf(out, cap, "{\"refund_no\":\"%s\",\"amount\":\"1.00\",\"status\":\"%s\"}", key,
+             status);
+}
+
+/* POST the event moving key to status; check the status, whether it is a
+ * replay, and that the body holds want (NULL: not checked). */
+static void post_state(int port, const char *key, const char *status, int want_status,
+                       int replayed, const char *want)
+{
+    char body[160];
+    struct sys_resp r;
+    state_body(body, sizeof body, key, status);
+    sys_http(port, "POST", "/refunds", NULL, body, 5000, &r);
+    if (r.status != want_status || (want && !strstr(r.m->body, want)))
+        fail_msg("%s -> %s: %d %.*s, expected %d with %s", key, status, r.status,
+                 (int)r.m->body_len, r.m->body, want_status, want ? want : "any body");
+    if (replayed >= 0)
+        assert_int_equal(sys_header(&r, "Idempotent-Replayed") != NULL, replayed);
+    sys_resp_free(&r);
+}
+
+static void test_states_storm(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, states_routes, "states-storm.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const hdrs[] = {"X-Delay-Ms: 200", NULL};
+    char success[160], failed[160];
+    state_body(success, sizeof success, "RF-storm", "SUCCESS");
+    state_body(failed, sizeof failed, "RF-storm", "FAILED");
+    /* 100 at once: the even ones say SUCCESS, the odd ones FAILED. */
+    struct storm *both = calloc(1, sizeof *both);
+    both->port = gw.port;
+    both->headers = hdrs;
+    both->body = success;
+    both->body2 = failed;
+    test_run_threads(100, one_post_mixed, both);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    int winner = -1;
+    for (int i = 0; i < 100; i++)
+        if (both->resp[i].status == 200 && !sys_header(&both->resp[i], "Idempotent-Replayed"))
+            winner = winner == -1 ? i : -2;
+    assert_true(winner >= 0); /* exactly one executed answer */
+    const char *won = winner % 2 ? "FAILED" : "SUCCESS";
+    int replays = 0, conflicts = 0;
+    for (int i = 0; i < 100; i++) {
+        struct sys_resp *r = &both->resp[i];
+        if (i == winner)
+            continue;
+        if (i % 2 == winner % 2) {
+            /* The winner's duplicates: its answer, byte for byte. */
+            assert_int_equal(r->status, 200);
+            assert_string_equal(sys_header(r, "Idempotent-Replayed"), "true");
+            assert_string_equal(sys_header(r, "Idem-State"), won);
+            assert_int_equal(r->m->body_len, both->resp[winner].m->body_len);
+            assert_memory_equal(r->m->body, both->resp[winner].m->body, r->m->body_len);
+            replays++;
+        } else {
+            assert_int_equal(r->status, 409);
+            assert_non_null(strstr(r->m->body, "urn:idem:transition_conflict"));
+            assert_string_equal(sys_header(r, "Idem-State"), won);
+            conflicts++;
+        }
+    }
+    assert_int_equal(replays, 49);
+    assert_int_equal(conflicts, 50);
+    assert_non_null(strstr(both->resp[winner].m->body, "\"state_from\":\"CREATED\""));
+    assert_int_equal(metric(gw.admin_port, "idem_transition_conflicts_total{route=\"refund-status\"}"),
+                     50);
+    assert_int_equal(metric(gw.admin_port,
+                            "idem_requests_total{route=\"refund-status\",outcome=\"conflict\"}"),
+                     50);
+    for (int i = 0; i < 100; i++)
+        sys_resp_free(&both->resp[i]);
+    free(both);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
+static void test_states_out_of_order(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, states_routes, "states-order.db");
+    long before = sys_stat(service.port, "executions");
+    post_state(gw.port, "RF-1", "SUCCESS", 200, 0, "\"state_from\":\"CREATED\"");
+    /* Behind SUCCESS: answered, not forwarded. */
+    post_state(gw.port, "RF-1", "PROCESSING", 200, 0,
+               "{\"outcome\":\"stale\",\"key\":\"RF-1\",\"state\":\"SUCCESS\","
+               "\"event\":\"PROCESSING\"}");
+    post_state(gw.port, "RF-1", "CREATED", 200, 0, "\"outcome\":\"stale\"");
+    post_state(gw.port, "RF-1", "REFUNDED_BACK", 200, 0,
+               "\"state_from\":\"SUCCESS\",\"state_to\":\"REFUNDED_BACK\"");
+    post_state(gw.port, "RF-1", "SUCCESS", 200, 0, "\"state\":\"REFUNDED_BACK\"");
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(metric(gw.admin_port, "idem_stale_events_total{route=\"refund-status\"}"), 3);
+    /* Not a state of the route, or none at all: 422, not forwarded. */
+    post_state(gw.port, "RF-1", "NOPE", 422, 0, "urn:idem:unknown_state");
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", NULL, "{\"refund_no\":\"RF-1\",\"amount\":\"1.00\"}",
+             5000, &r);
+    assert_int_equal(r.status, 422);
+    assert_non_null(strstr(r.m->body, "the state is missing: expected the JSON field status"));
+    sys_resp_free(&r);
+    /* A failed move leaves the key where it was: RF-2 stays CREATED. */
+    char body[160];
+    static const char *const fail503[] = {"X-Fail: 503", NULL};
+    state_body(body, sizeof body, "RF-2", "PROCESSING");
+    sys_http(gw.port, "POST", "/refunds", fail503, body, 5000, &r);
+    assert_int_equal(r.status, 503);
+    sys_resp_free(&r);
+    post_state(gw.port, "RF-2", "PROCESSING", 200, 0, "\"state_from\":\"CREATED\"");
+    assert_int_equal(sys_stat(service.port, "executions") - before, 4);
+
+    /* kill -9, and the same file: the states survive it. */
+    sys_stop(&gw, SIGKILL);
+    start_idem(&gw, states_routes, "states-order.db");
+    post_state(gw.port, "RF-1", "REFUNDED_BACK", 200, 1, "\"state_to\":\"REFUNDED_BACK\"");
+    post_state(gw.port, "RF-1", "FAILED", 409, 0, "urn:idem:transition_conflict");
+    post_state(gw.port, "RF-2", "FAILED", 200, 0, "\"state_from\":\"PROCESSING\"");
+    assert_int_equal(sys_stat(service.port, "executions") - before, 5);
+    /* The record says where the key is, and how it got there. */
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/refund-status/RF-1", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"state\":\"state:REFUNDED_BACK\""));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static void test_signed_callbacks(void **state)
 {
     (void)state;
@@ -5150,6 +5307,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_date_on_every_answer),
         cmocka_unit_test(test_key_optional),
         cmocka_unit_test(test_idempotency_key_sf_string),
+        cmocka_unit_test(test_states_storm),
+        cmocka_unit_test(test_states_out_of_order),
         cmocka_unit_test(test_signed_callbacks),
         cmocka_unit_test(test_signed_callbacks_rsa),
         cmocka_unit_test(test_per_peer_limits),

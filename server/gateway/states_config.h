@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * states_config.h — a route's or consumer's states: section: the business's
+ * state machine for its space's keys (idem_machine, idem.h) and the key
+ * part that names the state a request moves its key to.
+ */
+#ifndef IDEM_SERVER_GATEWAY_STATES_CONFIG_H
+#define IDEM_SERVER_GATEWAY_STATES_CONFIG_H
+
+#include "config_value.h"
+#include "gateway/route_config.h"
+#include "idem.h"
+
+struct route_states {
+    struct key_part field; /* where the target state is */
+    idem_machine *machine; /* sealed */
+};
+
+/* states: { field, initial, transitions } in n, into *out (malloc'd;
+ * route_states_free). 0, or -1 having said why, with file:line. */
+int config_get_states(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                      int for_consumer, struct route_states **out);
+void route_states_free(struct route_states *s);
+/* 1 if a and b move keys alike: both without states, or the same machine. */
+int route_states_same(const struct route_states *a, const struct route_states *b);
+
+/* here and there (named there_name: "routes[2]") share a space: they must
+ * have the same states, or none. 0, or -1 having said so at n's path. */
+int config_check_states_shared(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                               const struct route *here, const struct route *there,
+                               const char *there_name);
+
+#endif
