@@ -607,6 +607,101 @@ static void test_redis_route_and_consumer_one_execution(void **state)
     route_and_consumer(1);
 }
 
+/* States on a consumer and a route sharing one space: a refund's status
+ * events by the MQ and by HTTP callbacks move one machine. */
+static void states_shared(int redis)
+{
+    struct bus b;
+    char src[512], path[4200], cfg[4096], key[64], body[160];
+    bus_open(&b, redis, "states");
+    source_yaml(&b, src, sizeof src, 64);
+    static const char states[] = "    fingerprint: [refund_no, status]\n"
+                                 "    states:\n"
+                                 "      field: { json: status }\n"
+                                 "      initial: CREATED\n"
+                                 "      transitions:\n"
+                                 "        CREATED: [PROCESSING, SUCCESS, FAILED]\n"
+                                 "        PROCESSING: [SUCCESS, FAILED]\n"
+                                 "        SUCCESS: [REFUNDED_BACK]\n";
+    snprintf(cfg, sizeof cfg,
+             "routes:\n  - name: refund-notify\n    match: { method: POST, path: /refunds }\n"
+             "    upstream: @UP@\n    key: { json: refund_no }\n    space: refund-state\n%s"
+             "consumers:\n  - name: refund-mq\n%s"
+             "    key: { json: refund_no }\n    space: refund-state\n    handler: @UP@/refunds\n%s",
+             states, src, states);
+    write_config(path, sizeof path, 0, cfg);
+    struct proc p;
+    start(&p, "serve", path);
+    snprintf(key, sizeof key, "ST-%d", seq);
+    long before = executions();
+#define EVENT(status)                                                                   \
+    snprintf(body, sizeof body, "{\"refund_no\":\"%s\",\"amount\":\"1.00\",\"status\":\"%s\"}", \
+             key, status)
+    /* SUCCESS by the MQ: executed. */
+    EVENT("SUCCESS");
+    publish(&b, body, NULL, NULL);
+    long long deadline = now_ms() + 10000;
+    while (executions() - before < 1 && now_ms() < deadline)
+        sleep_ms(20);
+    assert_int_equal(executions() - before, 1);
+    while (now_ms() < deadline && metric(&p, "idem_consumer_executed_total", "refund-mq") < 1)
+        sleep_ms(20);
+    /* By HTTP: SUCCESS again is the MQ's answer; PROCESSING is stale. */
+    struct sys_resp r;
+    sys_http(p.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    assert_non_null(strstr(r.m->body, "\"state_to\":\"SUCCESS\""));
+    sys_resp_free(&r);
+    EVENT("PROCESSING");
+    sys_http(p.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"outcome\":\"stale\""));
+    sys_resp_free(&r);
+    /* By the MQ: PROCESSING is acked unsent; FAILED and an unknown state
+     * are dead letters. */
+    publish(&b, body, NULL, NULL);
+    EVENT("FAILED");
+    publish(&b, body, NULL, NULL);
+    EVENT("NOPE");
+    publish(&b, body, NULL, NULL);
+    assert_int_equal(wait_dead(&b, 2, 10000), 2);
+    deadline = now_ms() + 10000;
+    while (now_ms() < deadline && metric(&p, "idem_consumer_duplicates_total", "refund-mq") < 1)
+        sleep_ms(20);
+    assert_int_equal(metric(&p, "idem_consumer_duplicates_total", "refund-mq"), 1);
+    assert_int_equal(metric(&p, "idem_consumer_alerts_total", "refund-mq"), 1);
+    /* By HTTP: REFUNDED_BACK moves it on. */
+    EVENT("REFUNDED_BACK");
+    sys_http(p.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"state_from\":\"SUCCESS\""));
+    sys_resp_free(&r);
+#undef EVENT
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    assert_int_equal(executions() - before, 2);
+    struct dead d[3];
+    assert_int_equal(take_dead(&b, d, 3), 2);
+    int conflict = !strcmp(d[0].reason, "transition_conflict") ||
+                   !strcmp(d[1].reason, "transition_conflict");
+    int unknown = !strcmp(d[0].reason, "unknown_state") || !strcmp(d[1].reason, "unknown_state");
+    assert_true(conflict && unknown);
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_states_shared_with_a_route(void **state)
+{
+    (void)state;
+    states_shared(0);
+}
+
+static void test_redis_states_shared_with_a_route(void **state)
+{
+    (void)state;
+    states_shared(1);
+}
+
 /* A handler that always answers 500: the message reaches the dead letter
  * after max_attempts, with Idem's headers and its own, the handler called
  * exactly max_attempts times — idem killed and started again between the
@@ -1168,6 +1263,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_redis_duplicates_two_instances, teardown),
         cmocka_unit_test_teardown(test_amqp_route_and_consumer_one_execution, teardown),
         cmocka_unit_test_teardown(test_redis_route_and_consumer_one_execution, teardown),
+        cmocka_unit_test_teardown(test_amqp_states_shared_with_a_route, teardown),
+        cmocka_unit_test_teardown(test_redis_states_shared_with_a_route, teardown),
         cmocka_unit_test_teardown(test_amqp_poison_dead_lettered_across_restart, teardown),
         cmocka_unit_test_teardown(test_redis_poison_dead_lettered_across_restart, teardown),
         cmocka_unit_test_teardown(test_amqp_bad_input_dead_lettered, teardown),
