@@ -92,6 +92,19 @@ json_t *api_record_json(const idem_record *r)
                           "updated_ms", (json_int_t)r->updated_ms);
     if (j && r->expires_ms)
         json_object_set_new(j, "expires_ms", json_integer(r->expires_ms));
+    /* A key with states (docs/states.md): its moves, oldest first, and the
+     * answer kept with its current state as the result. */
+    idem_step_view v;
+    if (j && r->result_len && idem_record_steps(r, &v) == IDEM_OK) {
+        json_t *steps = json_array();
+        for (unsigned i = 0; steps && i < v.count; i++)
+            json_array_append_new(steps, json_pack("{s:s, s:I, s:I}", "state", v.steps[i].state,
+                                                   "at_ms", (json_int_t)v.steps[i].at_ms,
+                                                   "epoch", (json_int_t)v.steps[i].epoch));
+        json_object_set_new(j, "steps", steps);
+        put_result(j, v.result, v.result_len);
+        return j;
+    }
     if (j)
         put_result(j, r->result, r->result_len);
     return j;

@@ -220,6 +220,14 @@ async function main() {
     '    lease: 1s',
     '    on_unknown_outcome: hold',
     '    retention: 7d',
+    '  - name: refund-status',
+    '    match: { method: POST, path: /orders/*/refunds }',
+    '    upstream: http://127.0.0.1:' + servicePort,
+    '    key: { json: refund_no }',
+    '    states:',
+    '      field: { json: status }',
+    '      initial: CREATED',
+    '      transitions: { CREATED: [SUCCESS], SUCCESS: [REFUNDED_BACK] }',
     '',
   ].join('\n'));
   const m = await start(idemBin, ['serve', '-c', config, '--db', path.join(dir, 'records.db'),
@@ -260,7 +268,8 @@ async function main() {
   assert.equal((await admin(adminPort, 'POST', '/_idem/v1/whoami', {})).status, 405);
   assert.deepEqual(JSON.parse((await admin(adminPort, 'GET', '/_idem/v1/spaces', undefined,
     READ_KEY)).body), { spaces: [{ space: 'refund', routes: ['refund'], consumers: [],
-    holds: true }] });
+    holds: true }, { space: 'refund-status', routes: ['refund-status'], consumers: [],
+    holds: false }] });
   assert.equal((await request(port, 'GET', '/_idem/v1/whoami')).status, 404,
     'whoami on the main listener');
 
@@ -352,6 +361,20 @@ async function main() {
   assert.match(fields, /StatePROCESSING/);
   assert.match(fields, /KeyH-1/);
   assert.ok(fields.includes('Epoch' + heldEpoch + 'Owner'), fields);
+  await p.key('Escape', 'Escape', 27);
+  await p.waitFor("!document.getElementById('detail').open", 'Esc to close the detail');
+
+  /* A key with states: the detail says how it got where it is. */
+  for (const status of ['SUCCESS', 'REFUNDED_BACK'])
+    assert.equal((await request(port, 'POST', '/orders/O-9/refunds',
+      { 'Content-Type': 'application/json' },
+      JSON.stringify({ refund_no: 'RS-1', amount: '1.00', status }))).status, 200, status);
+  await p.eval("openRecord('refund-status', 'RS-1')");
+  await p.waitFor("document.getElementById('detail').open && " +
+    "document.getElementById('detail-fields').textContent.includes('Moves')", 'the moves of RS-1');
+  const moves = await p.eval("document.getElementById('detail-fields').textContent");
+  assert.match(moves, /Statestate:REFUNDED_BACK/);
+  assert.match(moves, /MovesSUCCESS at .+ \(epoch \d+\) → REFUNDED_BACK at .+ \(epoch \d+\)/);
   await p.key('Escape', 'Escape', 27);
   await p.waitFor("!document.getElementById('detail').open", 'Esc to close the detail');
 

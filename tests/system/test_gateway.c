@@ -3165,6 +3165,17 @@ static void test_states_out_of_order(void **state)
     sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/refund-status/RF-1", NULL, 5000, &r);
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.m->body, "\"state\":\"state:REFUNDED_BACK\""));
+    json_t *doc = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    json_t *rec = json_object_get(doc, "record");
+    json_t *steps = json_object_get(rec, "steps");
+    assert_int_equal(json_array_size(steps), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(steps, 0), "state")),
+                        "SUCCESS");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(steps, 1), "state")),
+                        "REFUNDED_BACK");
+    /* The result is the answer kept with REFUNDED_BACK, as the gateway stored it. */
+    assert_non_null(strstr(json_string_value(json_object_get(rec, "result")), "IDEM1 200"));
+    json_decref(doc);
     sys_resp_free(&r);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }

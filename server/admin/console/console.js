@@ -456,6 +456,10 @@ async function openRecord(space, key) {
     ['Created', time(rec.created_ms)], ['Updated', time(rec.updated_ms)],
     ['Expires', rec.expires_ms ? time(rec.expires_ms) : 'kept until deleted'],
   ];
+  /* A key with states: how it got where it is, oldest move first. */
+  if (Array.isArray(rec.steps))
+    fields.push(['Moves', rec.steps.map((s) => s.state + ' at ' + time(s.at_ms) +
+      ' (epoch ' + s.epoch + ')').join(' → ')]);
   for (const [k, v] of fields) {
     dl.append(el('dt', k));
     dl.append(el('dd', v));
