@@ -406,7 +406,9 @@ IDEM_EXTERN int idem_record_finished(const char *state);
  *   NEW         the caller executes; rec->epoch is its claim (a new record's
  *               first epoch, or the next epoch when re-claiming RELEASED —
  *               whatever fingerprint RELEASED had: the record takes this
- *               one, since a released attempt keeps no answer)
+ *               one, since a released attempt keeps no answer — or a
+ *               finished record whose retention has run out, which is as
+ *               good as purged)
  *   TAKEN_OVER  a PROCESSING record whose lease ran out was re-claimed for the
  *               caller, epoch + 1; the caller executes; the old owner's
  *               complete/fail will be refused

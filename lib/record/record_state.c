@@ -33,6 +33,10 @@
  *   lets the key execute again (idem_record_delete). One conditional DELETE
  *   in the backend, decided by its conditions alone, as purge is.
  *
+ *   A finished record whose expires_ms has passed is claimed by a begin as
+ *   RELEASED is (NEW, epoch + 1, the begin's fingerprint): its retention is
+ *   over, and the purge that would have deleted it has not come yet.
+ *
  * Answers that change nothing:
  *   begin      PROCESSING with a live lease → IN_PROGRESS; SUCCEEDED, FAILED or
  *              a user state → DONE (the stored result); a fingerprint other
@@ -90,6 +94,14 @@ static int fingerprint_differs(const struct idem__rec_event_args *ev,
            memcmp(ev->fingerprint, cur->fingerprint, IDEM_FINGERPRINT_LEN) != 0;
 }
 
+/* A finished record whose retention has run out is gone, as after the
+ * purge that has not come yet: its key is new. */
+static int past_retention(const struct idem__rec_event_args *ev, const idem_record *cur)
+{
+    return cur->expires_ms != 0 && cur->expires_ms <= ev->now &&
+           strcmp(cur->state, IDEM_STATE_PROCESSING) != 0;
+}
+
 static void claim(const struct idem__rec_event_args *ev, const idem_record *cur,
                   struct idem__rec_decision *d, idem_outcome outcome)
 {
@@ -124,7 +136,7 @@ static void decide_begin(const struct idem__rec_event_args *ev,
         d->insert.now = ev->now;
         return;
     }
-    if (strcmp(cur->state, IDEM_STATE_RELEASED) == 0) {
+    if (strcmp(cur->state, IDEM_STATE_RELEASED) == 0 || past_retention(ev, cur)) {
         claim(ev, cur, d, IDEM_NEW);
         d->cas.fingerprint = ev->fingerprint; /* NULL: the stored one stays */
     } else if (fingerprint_differs(ev, cur)) {
@@ -240,7 +252,7 @@ static void decide_step(const struct idem__rec_event_args *ev, const idem_record
         return;
     }
     char buf[IDEM_NAME_MAX + 1];
-    int released = strcmp(cur->state, IDEM_STATE_RELEASED) == 0;
+    int released = strcmp(cur->state, IDEM_STATE_RELEASED) == 0 || past_retention(ev, cur);
     int processing = strcmp(cur->state, IDEM_STATE_PROCESSING) == 0;
     if (!released && !processing && !stepped_state(cur->state)) {
         d->outcome = IDEM_CONFLICT; /* a record of another kind in the space */

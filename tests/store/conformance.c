@@ -822,6 +822,23 @@ static void test_purge(void **state)
     assert_outcome(o, IDEM_CONFLICT);
     assert_idem_ok(idem_record_complete(h, "pay", "P-stale", old_epoch + 1, "stale", 5, 0, &o));
     assert_outcome(o, IDEM_CONFLICT);
+    /* Past its retention and not purged yet, a finished record is as
+     * good as gone: a begin with any payload claims it anew. */
+    uint8_t fp[IDEM_FINGERPRINT_LEN];
+    fp_of("first", fp);
+    assert_idem_ok(idem_record_begin(h, "pay", "P-late", fp, "a", 1000, &o, &rec));
+    assert_idem_ok(idem_record_complete(h, "pay", "P-late", rec.epoch, "x", 1, 1000, &o));
+    uint64_t late_epoch = rec.epoch;
+    idem_record_clear(&rec);
+    fp_of("second", fp);
+    assert_idem_ok(idem_record_begin(h, "pay", "P-late", fp, "b", 1000, &o, &rec));
+    assert_outcome(o, IDEM_MISMATCH);
+    idem_record_clear(&rec);
+    test_clock_advance(1001);
+    assert_idem_ok(idem_record_begin(h, "pay", "P-late", fp, "b", 1000, &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    assert_int_equal(rec.epoch, late_epoch + 1);
+    idem_record_clear(&rec);
     /* PROCESSING is never purged, however old. */
     test_clock_advance(1000LL * 3600 * 24 * 400);
     assert_idem_ok(idem_record_purge(h, 100, &purged));
