@@ -31,7 +31,7 @@
 #include "telemetry/counters.h"
 #include "http/upstream.h"
 
-_Static_assert(GW_TRANSITION_CONFLICT + 1 == GW_OUTCOMES, "GW_OUTCOMES counts enum gw_outcome");
+_Static_assert(GW_KEY_EXPIRED + 1 == GW_OUTCOMES, "GW_OUTCOMES counts enum gw_outcome");
 _Static_assert(UPSTREAM_TOO_BIG + 1 == UPSTREAM_RESULTS,
                "UPSTREAM_RESULTS counts enum upstream_result");
 

@@ -19,6 +19,7 @@
  *                     │                                        failed, dead letter again
  *                     │            ├─ MISMATCH ─────────────► dead letter key_reused, ack
  *                     │            ├─ states: STALE ────────► ack (its key moved past it)
+ *                     │            ├─ tombstone: expired ───► ack, logged key_expired
  *                     │            ├─ states: CONFLICT ─────► dead letter transition_conflict
  *                     │            ├─ IN_PROGRESS ──────────► held, tried again later
  *                     │            └─ claim past max_attempts ► dead letter attempts_exhausted
@@ -417,6 +418,11 @@ static void on_answered(void *owner, struct front_request *req)
         atomic_fetch_add(&k->n.alerts, 1);
         a = DEAD_LETTER;
         reason = "key_reused";
+        break;
+    case GW_KEY_EXPIRED: /* tombstone: a key past its retention, refused a while */
+        a = ACK_DUPLICATE;
+        reason = "key_expired";
+        atomic_fetch_add(&k->n.duplicates, 1);
         break;
     case GW_STALE: /* states: its key has moved past it; nothing to do */
         a = ACK_DUPLICATE;

@@ -201,7 +201,7 @@ static int get_backoff(struct config_ctx *c, const yaml_node_t *n, const char *p
 static const char *const consumer_fields[] = {
     "name",  "source",  "key",   "space",           "handler",      "lease",
     "handler_timeout",  "max_attempts", "retry_backoff", "dead_letter", "fingerprint",
-    "retention", "replay_headers", "signature", "states",
+    "retention", "replay_headers", "signature", "states", "tombstone",
 };
 
 static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *path,

@@ -554,22 +554,24 @@ static idem_rc do_finish(struct gw *g)
     /* Read before the store reads its clock: the record expires no sooner
      * than this, so the header never promises more than the record keeps. */
     g->expires_ms = wall_ms() + rt->retention_ms;
+    /* The record outlives the retention by the tombstone (see replay). */
+    int64_t keep_ms = rt->retention_ms + rt->tombstone_ms;
     if (rt->states && g->finish != FINISH_HOLD) {
         /* A kept answer moves the key to its state, whatever its status
          * (the business's answer to that event); any other leaves it. */
         if (g->finish == FINISH_FAIL_RETRYABLE)
-            return idem_record_step_release_async(h, l, rt->space, g->key, g->epoch,
-                                                  rt->retention_ms, on_outcome, g);
+            return idem_record_step_release_async(h, l, rt->space, g->key, g->epoch, keep_ms,
+                                                  on_outcome, g);
         return idem_record_step_complete_async(h, l, rt->space, g->key, g->epoch, g->to,
                                                g->has_fp ? g->fp : NULL, g->stored,
-                                               g->stored_len, rt->retention_ms, on_outcome, g);
+                                               g->stored_len, keep_ms, on_outcome, g);
     }
     if (g->finish == FINISH_COMPLETE)
         return idem_record_complete_async(h, l, rt->space, g->key, g->epoch, g->stored,
-                                          g->stored_len, rt->retention_ms, on_outcome, g);
+                                          g->stored_len, keep_ms, on_outcome, g);
     if (g->finish == FINISH_FAIL_FINAL)
         return idem_record_fail_async(h, l, rt->space, g->key, g->epoch, IDEM_FAIL_FINAL,
-                                      g->stored, g->stored_len, rt->retention_ms, on_outcome, g);
+                                      g->stored, g->stored_len, keep_ms, on_outcome, g);
     if (g->finish == FINISH_HOLD)
         return idem_record_extend_async(h, l, rt->space, g->key, g->epoch, hold_ms(rt),
                                         on_outcome, g);
@@ -821,17 +823,43 @@ static void keep_answer(struct gw *g, const uint8_t *fp, const void *stored, siz
                          mono_ms(), g->replay_gen);
 }
 
+/* A key past its retention, within its tombstone: refused, and not run
+ * again until the tombstone ends (the record's expiry, after which the
+ * record layer takes the key as new). */
+static struct http_response *key_expired(struct gw *g, const idem_record *rec,
+                                         int64_t retention_end_ms)
+{
+    char used[32], ended[32], until[32];
+    VERDICT(g, GW_KEY_EXPIRED);
+    g->req->outcome_type = "key_expired";
+    if (!http_date(rec->created_ms, used) || !http_date(retention_end_ms, ended) ||
+        !http_date(rec->expires_ms, until))
+        used[0] = ended[0] = until[0] = '?', used[1] = ended[1] = until[1] = '\0';
+    struct http_response *r =
+        problem(410, "key_expired",
+                "the idempotency key %s was first used at %s and its answer was kept until %s; "
+                "it is not executed again before %s (tombstone)",
+                g->key, used, ended, until);
+    return r;
+}
+
 /* Replay a finished record read from the store, and keep its answer. A
  * stepped record's answer is the one kept with its current state, which
  * the replay names (Idem-State). */
 static struct http_response *replay(struct gw *g, const idem_record *rec)
 {
+    /* With a tombstone, the record is kept past the retention (by the
+     * tombstone, do_finish): the answer is the retention's, and the rest
+     * is the tombstone's 410. */
+    int64_t expires_ms = rec->expires_ms ? rec->expires_ms - g->rt->tombstone_ms : 0;
+    if (g->rt->tombstone_ms && expires_ms && wall_ms() >= expires_ms)
+        return key_expired(g, rec, expires_ms);
     VERDICT(g, GW_REPLAYED);
     if (g->rt->states) {
         idem_step_view v;
         struct http_response *r =
             idem_record_steps(rec, &v) == IDEM_OK
-                ? decode_replay(v.result, v.result_len, rec->expires_ms)
+                ? decode_replay(v.result, v.result_len, expires_ms)
                 : NULL;
         if (r && response_add_header(r, "Idem-State", v.state) != 0) {
             response_free(r);
@@ -839,10 +867,10 @@ static struct http_response *replay(struct gw *g, const idem_record *rec)
         }
         return counted_replay(g->rt, r, rec->state);
     }
-    struct http_response *r = decode_replay(rec->result, rec->result_len, rec->expires_ms);
+    struct http_response *r = decode_replay(rec->result, rec->result_len, expires_ms);
     if (r)
         keep_answer(g, rec->has_fingerprint ? rec->fingerprint : NULL, rec->result,
-                    rec->result_len, rec->expires_ms);
+                    rec->result_len, expires_ms);
     return counted_replay(g->rt, r, rec->state);
 }
 
@@ -853,7 +881,8 @@ static struct http_response *replay_finished(struct gw *g, idem_outcome o,
 {
     /* A key with states: whether its answer is this request's depends on
      * the state the request names, which only the step decides. */
-    if (o != IDEM_FOUND || !idem_record_finished(rec->state) || g->rt->states)
+    if (o != IDEM_FOUND || !idem_record_finished(rec->state) || g->rt->states ||
+        (rec->expires_ms && rec->expires_ms <= wall_ms()))
         return NULL;
     if (g->has_fp && rec->has_fingerprint &&
         memcmp(g->fp, rec->fingerprint, IDEM_FINGERPRINT_LEN) != 0)
@@ -1820,8 +1849,9 @@ static int answer_kept(struct daemon *d, struct live_config *lc, const struct ro
 {
     struct daemon_loop *loop = req->loop_ctx;
     struct replay_kept kept;
-    if (!replay_cache_get(loop->replays, rt->space, key, fp, mono_ms(), gen, &kept))
-        return 0;
+    if (!replay_cache_get(loop->replays, rt->space, key, fp, mono_ms(), gen, &kept) ||
+        (kept.expires_ms && kept.expires_ms <= wall_ms()))
+        return 0; /* past its retention, the store decides (tombstone, or new) */
     req->outcome = GW_REPLAYED;
     int raw = front_can_answer_raw(req);
     struct http_response *r = NULL;

@@ -419,7 +419,8 @@ static int get_fingerprint(struct config_ctx *c, const yaml_node_t *n, const cha
 }
 
 /* What a route and a consumer say alike of their records: space (default:
- * the name), lease, retention, replay_headers, fingerprint, states. */
+ * the name), lease, retention, tombstone, replay_headers, fingerprint,
+ * states. */
 int config_get_record_fields(struct config_ctx *c, const yaml_node_t *n, const char *path,
                              struct route *r, int for_consumer)
 {
@@ -439,6 +440,13 @@ int config_get_record_fields(struct config_ctx *c, const yaml_node_t *n, const c
     if ((v = FIELD("retention")) &&
         config_get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->retention_ms))
         return -1;
+    /* The record keeps the key for both: retention, then the tombstone. */
+    if ((v = FIELD("tombstone")) &&
+        config_get_duration(c, v, fpath, 1, 3650 * MS_DAY, &r->tombstone_ms))
+        return -1;
+    if (r->retention_ms + r->tombstone_ms > 3650 * MS_DAY)
+        return config_fail(c, v, fpath, "retention and tombstone add up to more than 3650d, "
+                           "the longest a record is kept");
     if ((v = FIELD("replay_headers")) && get_replay_headers(c, v, fpath, r))
         return -1;
     if ((v = FIELD("fingerprint")) && get_fingerprint(c, v, fpath, r))
@@ -519,7 +527,7 @@ static const char *const problem_types[] = {
     "key_reused",       "store_unavailable", "invalid_argument",  "upstream_unreachable",
     "upstream_response_too_large", "outcome_unknown", "shutting_down", "attempts_exhausted",
     "stored_result_unreadable", "signature_invalid", "signature_expired",
-    "transition_conflict", "unknown_state",
+    "transition_conflict", "unknown_state", "key_expired",
 };
 
 #define PROBLEM_TITLE_MAX 256
@@ -614,7 +622,7 @@ static const char *const route_fields[] = {
     "in_flight",    "wait_timeout", "lease",     "retention",
     "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
     "on_redis_down", "on_unknown_outcome", "key_required", "store_statuses",
-    "problems", "signature", "states",
+    "problems", "signature", "states", "tombstone",
 };
 
 /* routes[i] from n; the routes before it are read already, and their names

@@ -71,6 +71,8 @@ struct route {
     int64_t wait_timeout_ms; /* default 5 s */
     int64_t lease_ms;        /* default 30 s */
     int64_t retention_ms;    /* default 24 h */
+    int64_t tombstone_ms;    /* tombstone: how long after its retention a key is
+                                refused (410 key_expired) before it is new; 0: off */
     int64_t upstream_timeout_ms; /* default 30 s */
     char **replay_headers;   /* lower-cased; default: content-type */
     size_t replay_header_count;

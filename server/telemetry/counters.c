@@ -40,6 +40,7 @@ const char *gw_outcome_name(int outcome)
         [GW_SIGNATURE_REFUSED] = "signature_refused",
         [GW_STALE] = "stale",
         [GW_TRANSITION_CONFLICT] = "conflict",
+        [GW_KEY_EXPIRED] = "key_expired",
     };
     return outcome >= 0 && (size_t)outcome < sizeof names / sizeof names[0] && names[outcome]
                ? names[outcome]

@@ -55,12 +55,14 @@ enum gw_outcome {
                              state, out of order: 200, not forwarded */
     GW_TRANSITION_CONFLICT, /* on a route with states: an event that contradicts
                                the key's state: 409, not forwarded */
+    GW_KEY_EXPIRED,       /* on a route with tombstone: a key past its retention,
+                             within its tombstone: 410, not forwarded */
 };
 
 /* The values of enum gw_outcome, of enum upstream_result (http/upstream.h),
  * and the status codes counted (100 to 599): what bounds a route's series
  * in the metrics (metrics.c checks the first two). */
-#define GW_OUTCOMES 17
+#define GW_OUTCOMES 18
 #define UPSTREAM_RESULTS 5
 #define STATUS_MIN 100
 #define STATUS_CODES 500

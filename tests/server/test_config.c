@@ -1110,6 +1110,12 @@ static void test_states(void **state)
     parse_bad(CONSUMER "    states:\n      field: { query: status }\n      initial: A\n"
                        "      transitions: { A: [B] }\n",
               "idem.yaml:7", "a message has no query");
+    /* tombstone: a duration, and with retention at most ten years. */
+    c = parse_ok(ROUTE "    retention: 1d\n    tombstone: 30d\n");
+    assert_int_equal(c->routes[0].tombstone_ms, 30LL * 24 * 3600 * 1000);
+    config_free(c);
+    parse_bad(ROUTE "    retention: 3650d\n    tombstone: 1d\n", "idem.yaml:7",
+              "retention and tombstone add up to more than 3650d");
     /* One space, two machines (or one and none): refused. */
     parse_bad(ROUTE "    space: refund\n" STATES
               "  - name: r2\n    match: { path: /y }\n    upstream: http://127.0.0.1:9000\n"

@@ -3020,6 +3020,43 @@ static void free_lines(char **lines, size_t n);
  * and leaves no record, so the genuine event then executes once and its
  * redeliveries replay; an unsigned request and an old timestamp are 401;
  * the second of two secrets (a rotation) is accepted. */
+/* tombstone: past its retention a key is refused for a while (410), not
+ * executed again, and after that it is new; a restart changes nothing. */
+static void test_tombstone(void **state)
+{
+    (void)state;
+    static const char routes[] = "routes:\n" REFUND_ROUTE
+                                 "    retention: 1s\n"
+                                 "    tombstone: 3s\n";
+    struct proc gw;
+    start_idem(&gw, routes, "tombstone.db");
+    long before = sys_stat(service.port, "executions");
+    const char *body = "{\"refund_no\":\"TB-1\",\"amount\":\"1.00\"}";
+    int64_t t0 = mono_ms();
+    post_expect(gw.port, body, 201, 0);
+    post_expect(gw.port, body, 201, 1); /* within the retention: the replay */
+    sleep_ms((int)(t0 + 2000 - mono_ms()));
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 410);
+    assert_non_null(strstr(r.m->body, "urn:idem:key_expired"));
+    assert_non_null(strstr(r.m->body, "was first used at"));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    start_idem(&gw, routes, "tombstone.db");
+    post_expect(gw.port, body, 410, 0);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_int_equal(metric(gw.admin_port,
+                            "idem_requests_total{route=\"refund\",outcome=\"key_expired\"}"),
+                     1);
+    sleep_ms((int)(t0 + 4300 - mono_ms()));
+    /* The tombstone is over: the key is new, and executes (the service's
+     * own unique refund_no refuses it: its third defence, 409). */
+    post_expect(gw.port, body, 409, 0);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 2);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- states: the business's machine on a route ---- */
 
 static const char states_routes[] =
@@ -5318,6 +5355,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_date_on_every_answer),
         cmocka_unit_test(test_key_optional),
         cmocka_unit_test(test_idempotency_key_sf_string),
+        cmocka_unit_test(test_tombstone),
         cmocka_unit_test(test_states_storm),
         cmocka_unit_test(test_states_out_of_order),
         cmocka_unit_test(test_signed_callbacks),
