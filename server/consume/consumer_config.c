@@ -319,7 +319,7 @@ static int check_shared_space(struct config_ctx *c, const yaml_node_t *n, const 
                                r->key_parts == 1 ? "" : "s");
         char other[32];
         config_pathf(other, sizeof other, "routes[%zu]", j);
-        if (config_check_states_shared(c, n, path, r, o, other))
+        if (config_check_states_shared(c, n, path, r->space, r->states, o->states, other))
             return -1;
         if (o->fingerprint == FINGERPRINT_BODY || r->fingerprint == FINGERPRINT_BODY)
             return config_fail(c, n, fpath, "\"%s\", as routes[%zu]: a route's fingerprint: body "
@@ -354,7 +354,8 @@ int config_read_consumers(struct config_ctx *c, const yaml_node_t *n, struct ser
             const struct route *a = &cfg->consumers[i].route, *b = &cfg->consumers[j].route;
             char fpath[64], other[32];
             config_pathf(other, sizeof other, "consumers[%zu]", j);
-            if (config_check_states_shared(c, kn, path, a, b, other))
+            if (!strcmp(a->space, b->space) &&
+                config_check_states_shared(c, kn, path, a->space, a->states, b->states, other))
                 return -1;
             if (strcmp(a->space, b->space) != 0 || a->key_parts == b->key_parts)
                 continue;

@@ -185,92 +185,6 @@ void config_fold_path(const char *path, char *out, size_t cap)
     out[o] = '\0';
 }
 
-/* One part of a key. Routes take header, json, query, path_segment and
- * form; consumers (for_consumer) header, json, form and message_id, since
- * a message has no path or query. */
-int config_get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                        struct key_part *k, int for_consumer)
-{
-    /* In the order of enum key_source up to path_segment, then message_id,
-     * then form (KEY_FORM). */
-    static const char *const known[] = {"header", "json", "query", "path_segment",
-                                        "message_id", "form"};
-    const yaml_node_t *v = NULL;
-    const char *s = NULL;
-    char fpath[96];
-    size_t given = 0, which = 0;
-    if (n->type != YAML_MAPPING_NODE)
-        return config_fail(c, n, path, "expected a mapping like { header: Idempotency-Key }"
-                           ", got %s", config_kind_name(n));
-    if (config_check_fields(c, n, path, known, 6))
-        return -1;
-    for (size_t i = 0; i < 6; i++) {
-        const yaml_node_t *x = config_field(c, n, known[i]);
-        if (x) {
-            given++;
-            v = x;
-            which = i;
-        }
-    }
-    if (given != 1)
-        return config_fail(c, n, path, for_consumer
-                           ? "give exactly one of header, json, form, message_id (a list of "
-                      "such mappings makes a composite key)"
-                    : "give exactly one of header, json, query, path_segment, form (a "
-                      "list of such mappings makes a composite key)");
-    config_join(fpath, sizeof fpath, path, known[which]);
-    if (which == 4 && !for_consumer)
-        return config_fail(c, v, fpath, "only a consumer's messages have ids; a route takes "
-                           "header, json, query, path_segment or form");
-    if ((which == KEY_QUERY || which == KEY_PATH_SEGMENT) && for_consumer)
-        return config_fail(c, v, fpath, "a message has no %s; a consumer takes header, json, "
-                           "form or message_id", which == KEY_QUERY ? "query" : "path");
-    if (which == 4) {
-        int yes = 0;
-        if (config_get_choice(c, v, fpath, "false", "true", &yes))
-            return -1;
-        if (!yes)
-            return config_fail(c, v, fpath, "message_id: false names no key part; say true, or "
-                               "give header or json");
-        k->source = KEY_HEADER;
-        return (k->name = strdup(CONSUMER_MESSAGE_ID_HEADER)) ? 0 : config_oom(c);
-    }
-    k->source = which == 5 ? KEY_FORM : (enum key_source)which;
-    switch (k->source) {
-    case KEY_HEADER:
-        if (config_get_header_name(c, v, fpath, &s))
-            return -1;
-        if (for_consumer && !strcasecmp(s, CONSUMER_MESSAGE_ID_HEADER))
-            return config_fail(c, v, fpath, "%s is where the consumer puts the message's id: say "
-                               "message_id: true", config_quote(c, s));
-        break;
-    case KEY_JSON:
-        if (config_get_json_field(c, v, fpath, &s))
-            return -1;
-        break;
-    case KEY_QUERY:
-    case KEY_FORM:
-        if (config_scalar(c, v, fpath, k->source == KEY_FORM ? "a form field name"
-                                                             : "a query parameter name", &s))
-            return -1;
-        if (!*s || strlen(s) > FIELD_MAX_LEN || strcspn(s, "&=# \t") != strlen(s))
-            return config_fail(c, v, fpath, "%s is not a %s name (1 to 255 bytes, without & = # "
-                               "or blanks)", config_quote(c, s),
-                               k->source == KEY_FORM ? "form field" : "query parameter");
-        if (config_has_control(s))
-            return config_fail(c, v, fpath, "%s holds a control character", config_quote(c, s));
-        break;
-    case KEY_PATH_SEGMENT: {
-        uint64_t seg;
-        if (config_get_count(c, v, fpath, 1, 64, &seg))
-            return -1;
-        k->segment = (int)seg;
-        return 0;
-    }
-    }
-    return (k->name = strdup(s)) ? 0 : config_oom(c);
-}
-
 int config_get_key(struct config_ctx *c, const yaml_node_t *n, const char *path,
                    struct route *r, int for_consumer)
 {
@@ -779,7 +693,8 @@ int config_read_routes(struct config_ctx *c, const yaml_node_t *n, struct server
             }
             char other[32];
             config_pathf(other, sizeof other, "routes[%zu]", j);
-            if (config_check_states_shared(c, rn, path, a, b, other))
+            if (!strcmp(a->space, b->space) &&
+                config_check_states_shared(c, rn, path, a->space, a->states, b->states, other))
                 return -1;
             if (!same_match(a, b))
                 continue;

@@ -13,24 +13,7 @@
 
 #include "http/upstream_config.h"
 
-enum key_source {
-    KEY_HEADER,       /* { header: Idempotency-Key } */
-    KEY_JSON,         /* { json: refund_no }  (a top-level field; "a.b" for nested) */
-    KEY_QUERY,        /* { query: id } */
-    KEY_PATH_SEGMENT, /* { path_segment: 2 }  (1-based: /refunds/R-1 -> 2 is R-1) */
-    KEY_FORM,         /* { form: out_trade_no }  (a form-encoded body's field) */
-};
-
-/* A consumer's { message_id: true }: the message's id, which the consumer
- * puts in this header of the request it hands the gateway (and of its POST
- * to the handler), in place of any the message carried. */
-#define CONSUMER_MESSAGE_ID_HEADER "Idem-Message-Id"
-
-struct key_part {
-    enum key_source source;
-    char *name;  /* header, JSON field, query parameter or form field */
-    int segment; /* KEY_PATH_SEGMENT */
-};
+#include "gateway/key_part.h"
 
 enum fingerprint_kind {
     FINGERPRINT_BODY,   /* method, target with its query, and the whole body (default) */
@@ -150,10 +133,6 @@ struct yaml_node_s;
 int config_route_defaults(struct route *r);
 void config_route_free(struct route *r);
 void config_problems_free(struct problem_text *p, size_t n);
-/* One key part (for_consumer: header, json, form, message_id), as key:
- * and states.field take them. */
-int config_get_key_part(struct config_ctx *c, const struct yaml_node_s *n, const char *path,
-                        struct key_part *k, int for_consumer);
 /* key: one part or a list of them (for_consumer: header, json, message_id). */
 int config_get_key(struct config_ctx *c, const struct yaml_node_s *n, const char *path,
                    struct route *r, int for_consumer);

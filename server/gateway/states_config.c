@@ -122,18 +122,18 @@ int config_get_states(struct config_ctx *c, const yaml_node_t *n, const char *pa
 }
 
 int config_check_states_shared(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                               const struct route *here, const struct route *there,
-                               const char *there_name)
+                               const char *space, const struct route_states *here,
+                               const struct route_states *there, const char *there_name)
 {
     char fpath[160];
-    if (strcmp(here->space, there->space) != 0 || route_states_same(here->states, there->states))
+    if (route_states_same(here, there))
         return 0;
-    config_join(fpath, sizeof fpath, path, here->states ? "states" : "space");
+    config_join(fpath, sizeof fpath, path, here ? "states" : "space");
     return config_fail(c, n, fpath, "\"%s\", the space of %s too, %s: one space's keys move "
                        "through one machine, or a key could be SUCCESS for one and new for the "
                        "other; give both the same states, or spaces of their own",
-                       here->space, there_name,
-                       here->states && there->states ? "whose states are other ones"
-                       : here->states                ? "which has no states"
-                                                     : "which has states");
+                       space, there_name,
+                       here && there ? "whose states are other ones"
+                       : here        ? "which has no states"
+                                     : "which has states");
 }

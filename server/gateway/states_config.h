@@ -8,7 +8,7 @@
 #define IDEM_SERVER_GATEWAY_STATES_CONFIG_H
 
 #include "config_value.h"
-#include "gateway/route_config.h"
+#include "gateway/key_part.h"
 #include "idem.h"
 
 struct route_states {
@@ -24,10 +24,11 @@ void route_states_free(struct route_states *s);
 /* 1 if a and b move keys alike: both without states, or the same machine. */
 int route_states_same(const struct route_states *a, const struct route_states *b);
 
-/* here and there (named there_name: "routes[2]") share a space: they must
- * have the same states, or none. 0, or -1 having said so at n's path. */
+/* A route or consumer with states here, and one with states there (named
+ * there_name: "routes[2]"), sharing space: they must have the same states,
+ * or none. 0, or -1 having said so at n's path. */
 int config_check_states_shared(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                               const struct route *here, const struct route *there,
-                               const char *there_name);
+                               const char *space, const struct route_states *here,
+                               const struct route_states *there, const char *there_name);
 
 #endif
