@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "gateway/signature.h"
+#include "gateway/wechatpay_resource.h"
 #include "http/http_parser.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -61,6 +62,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         int rc = signature_check(&s, m, 1700000000000LL, &type, detail, sizeof detail);
         if (rc != 0 && (rc != 401 || !type || !*detail))
             abort();
+        if (scheme == SIGNATURE_WECHATPAY_V3) {
+            /* The resource a key part may name: decrypted, or refused. */
+            char *plain = NULL;
+            size_t len = 0;
+            memcpy(s.apiv3_key, "fuzz-apiv3-key-0123456789abcdef", 32);
+            s.has_apiv3_key = 1;
+            detail[0] = '\0';
+            if (wechatpay_resource(&s, m, &plain, &len, detail, sizeof detail) == 0) {
+                if (!plain || strlen(plain) > len)
+                    abort();
+                free(plain);
+            } else if (plain || !*detail) {
+                abort();
+            }
+        }
     }
     http_msg_free(m);
     return 0;

@@ -270,6 +270,8 @@ static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *
         return -1;
     if ((v = FIELD("signature")) && config_get_signature(c, v, fpath, &r->signature))
         return -1;
+    if (config_check_resource_parts(c, n, path, r))
+        return -1;
     if ((v = FIELD("dead_letter")) && get_dead_letter(c, v, fpath, k))
         return -1;
     if (!k->dead_letter) {

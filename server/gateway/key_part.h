@@ -16,6 +16,9 @@ enum key_source {
     KEY_QUERY,        /* { query: id } */
     KEY_PATH_SEGMENT, /* { path_segment: 2 }  (1-based: /refunds/R-1 -> 2 is R-1) */
     KEY_FORM,         /* { form: out_trade_no }  (a form-encoded body's field) */
+    KEY_WECHATPAY_RESOURCE, /* { wechatpay_resource: out_refund_no }  (a field of a
+                               WeChat Pay notification's resource, decrypted with
+                               the route's signature.apiv3_key) */
 };
 
 /* A consumer's { message_id: true }: the message's id, which the consumer
@@ -29,8 +32,8 @@ struct key_part {
     int segment; /* KEY_PATH_SEGMENT */
 };
 
-/* One key part (for_consumer: header, json, form, message_id), as key:
- * and states.field take them. 0, or -1 having
+/* One key part (for_consumer: header, json, form, message_id,
+ * wechatpay_resource), as key: and states.field take them. 0, or -1 having
  * said why. */
 int config_get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *path,
                         struct key_part *k, int for_consumer);

@@ -18,7 +18,7 @@ int config_get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *
     /* In the order of enum key_source up to path_segment, then message_id,
      * then form (KEY_FORM). */
     static const char *const known[] = {"header", "json", "query", "path_segment",
-                                        "message_id", "form"};
+                                        "message_id", "form", "wechatpay_resource"};
     const yaml_node_t *v = NULL;
     const char *s = NULL;
     char fpath[96];
@@ -26,9 +26,9 @@ int config_get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *
     if (n->type != YAML_MAPPING_NODE)
         return config_fail(c, n, path, "expected a mapping like { header: Idempotency-Key }"
                            ", got %s", config_kind_name(n));
-    if (config_check_fields(c, n, path, known, 6))
+    if (config_check_fields(c, n, path, known, 7))
         return -1;
-    for (size_t i = 0; i < 6; i++) {
+    for (size_t i = 0; i < 7; i++) {
         const yaml_node_t *x = config_field(c, n, known[i]);
         if (x) {
             given++;
@@ -38,10 +38,11 @@ int config_get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *
     }
     if (given != 1)
         return config_fail(c, n, path, for_consumer
-                           ? "give exactly one of header, json, form, message_id (a list of "
-                      "such mappings makes a composite key)"
-                    : "give exactly one of header, json, query, path_segment, form (a "
-                      "list of such mappings makes a composite key)");
+                           ? "give exactly one of header, json, form, message_id, "
+                             "wechatpay_resource (a list of such mappings makes a composite key)"
+                           : "give exactly one of header, json, query, path_segment, form, "
+                             "wechatpay_resource (a list of such mappings makes a composite "
+                             "key)");
     config_join(fpath, sizeof fpath, path, known[which]);
     if (which == 4 && !for_consumer)
         return config_fail(c, v, fpath, "only a consumer's messages have ids; a route takes "
@@ -59,7 +60,7 @@ int config_get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *
         k->source = KEY_HEADER;
         return (k->name = strdup(CONSUMER_MESSAGE_ID_HEADER)) ? 0 : config_oom(c);
     }
-    k->source = which == 5 ? KEY_FORM : (enum key_source)which;
+    k->source = which == 5 ? KEY_FORM : which == 6 ? KEY_WECHATPAY_RESOURCE : (enum key_source)which;
     switch (k->source) {
     case KEY_HEADER:
         if (config_get_header_name(c, v, fpath, &s))
@@ -69,6 +70,7 @@ int config_get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *
                                "message_id: true", config_quote(c, s));
         break;
     case KEY_JSON:
+    case KEY_WECHATPAY_RESOURCE:
         if (config_get_json_field(c, v, fpath, &s))
             return -1;
         break;

@@ -14,6 +14,7 @@
 #include "gateway/request_key.h"
 
 #include <jansson.h>
+#include <openssl/crypto.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include <strings.h>
 
 #include "gateway/json_scan.h"
+#include "gateway/wechatpay_resource.h"
 #include "gateway/states_config.h"
 #include "http/http_parser.h"
 #include "put.h"
@@ -172,6 +174,7 @@ static const char *source_name(enum key_source s)
     case KEY_JSON: return "JSON field";
     case KEY_QUERY: return "query parameter";
     case KEY_FORM: return "form field";
+    case KEY_WECHATPAY_RESOURCE: return "WeChat Pay resource field";
     case KEY_PATH_SEGMENT: return "path segment";
     }
     return "?";
@@ -332,14 +335,50 @@ static int sf_string(const char *in, char *out, size_t cap, const char **why)
     return p ? 0 : -1;
 }
 
+/* What the parts of one request read, parsed once for every part that
+ * needs it: the JSON body, and a WeChat Pay notification's resource,
+ * decrypted with the route's APIv3 key. */
+struct parts {
+    const struct route *rt;
+    json_t *body;
+    json_t *resource;
+};
+
+static void parts_done(struct parts *p)
+{
+    json_decref(p->body);
+    json_decref(p->resource);
+}
+
+/* The decrypted resource of p's request, as JSON: 0, or 400 (key_invalid)
+ * with detail. */
+static int resource_of(struct parts *p, const struct http_msg *m, const char **type,
+                       char *detail, size_t dlen)
+{
+    if (p->resource)
+        return 0;
+    char *plain = NULL, why[256];
+    size_t len = 0;
+    json_error_t err;
+    if (wechatpay_resource(p->rt->signature, m, &plain, &len, why, sizeof why) != 0)
+        return bad(type, "key_invalid", detail, dlen, "%s", why);
+    p->resource = json_loadb(plain, len, JSON_REJECT_DUPLICATES, &err);
+    OPENSSL_cleanse(plain, len);
+    free(plain);
+    if (!p->resource)
+        return bad(type, "key_invalid", detail, dlen,
+                   "the WeChat Pay resource decrypts to no JSON object: %s", err.text);
+    return 0;
+}
+
 /* The value of one key part (or a states field) of m into value (cap
- * bytes): 0, or 400 with type and detail, which call the value noun. body
- * is the JSON tree, parsed once for every part that needs it. */
-static int part_value(const struct key_part *kp, const struct http_msg *m, json_t **body,
+ * bytes): 0, or 400 with type and detail, which call the value noun. */
+static int part_value(const struct key_part *kp, const struct http_msg *m, struct parts *p,
                       char *value, size_t cap, const char *noun, const char **type,
                       char *detail, size_t dlen)
 {
     int found = 0;
+    json_t **body = &p->body;
     switch (kp->source) {
     case KEY_HEADER: {
         const char *v = http_msg_header(m, kp->name);
@@ -407,6 +446,13 @@ static int part_value(const struct key_part *kp, const struct http_msg *m, json_
     case KEY_PATH_SEGMENT:
         found = path_segment(m->target, kp->segment, value, cap);
         break;
+    case KEY_WECHATPAY_RESOURCE: {
+        int status = resource_of(p, m, type, detail, dlen);
+        if (status)
+            return status;
+        found = request_json_field(p->resource, kp->name, value, cap);
+        break;
+    }
     }
     /* The part's name, for the details below. */
     char segment[16];
@@ -437,7 +483,7 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
                 const char **type, char *detail, size_t dlen)
 {
     size_t len = 0;
-    json_t *body = NULL;
+    struct parts parts = {.rt = rt};
     int status = 0;
     key[0] = '\0';
     /* A subject is checked as the stores take it, since the token layer
@@ -466,7 +512,7 @@ int request_key(const struct route *rt, const struct http_msg *m, const char *su
     }
     for (size_t i = 0; i < rt->key_parts; i++) {
         char value[IDEM_KEY_MAX * 3 + 1];
-        if ((status = part_value(&rt->key[i], m, &body, value, sizeof value,
+        if ((status = part_value(&rt->key[i], m, &parts, value, sizeof value,
                                  "idempotency key", type, detail, dlen)) != 0)
             goto out;
         if (i > 0) {
@@ -487,7 +533,7 @@ too_long:
     status = bad(type, "key_invalid", detail, dlen, "the idempotency key is longer than %d bytes",
                  IDEM_KEY_MAX);
 out:
-    json_decref(body);
+    parts_done(&parts);
     return status;
 }
 
@@ -497,10 +543,10 @@ int request_state(const struct route *rt, const struct http_msg *m, char *out, s
     const struct route_states *st = rt->states;
     const char *type = NULL;
     char value[IDEM_KEY_MAX * 3 + 1];
-    json_t *body = NULL;
-    int status = part_value(&st->field, m, &body, value, sizeof value, "state", &type, detail,
+    struct parts parts = {.rt = rt};
+    int status = part_value(&st->field, m, &parts, value, sizeof value, "state", &type, detail,
                             dlen);
-    json_decref(body);
+    parts_done(&parts);
     if (status != 0)
         return 422;
     if (!idem_machine_has(st->machine, value) || strlen(value) >= cap) {

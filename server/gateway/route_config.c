@@ -185,6 +185,21 @@ void config_fold_path(const char *path, char *out, size_t cap)
     out[o] = '\0';
 }
 
+int config_check_resource_parts(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                                const struct route *r)
+{
+    int named = r->states && r->states->field.source == KEY_WECHATPAY_RESOURCE;
+    for (size_t i = 0; i < r->key_parts; i++)
+        named |= r->key[i].source == KEY_WECHATPAY_RESOURCE;
+    if (!named || (r->signature && r->signature->scheme == SIGNATURE_WECHATPAY_V3 &&
+                   r->signature->has_apiv3_key))
+        return 0;
+    return config_fail(c, n, path, "wechatpay_resource names a field of a WeChat Pay "
+                       "notification's encrypted resource: give signature: { scheme: "
+                       "wechatpay_v3, public_keys: [...], apiv3_key: { env: NAME } } to "
+                       "check and decrypt it");
+}
+
 int config_get_key(struct config_ctx *c, const yaml_node_t *n, const char *path,
                    struct route *r, int for_consumer)
 {
@@ -624,6 +639,8 @@ static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *pat
         config_route_keep_default(r, r->on_5xx_store);
     }
     if ((v = FIELD("signature")) && config_get_signature(c, v, fpath, &r->signature))
+        return -1;
+    if (config_check_resource_parts(c, n, path, r))
         return -1;
     if ((v = FIELD("problems")) &&
         config_get_problems(c, v, fpath, &r->problems, &r->problem_count))

@@ -133,6 +133,11 @@ struct yaml_node_s;
 int config_route_defaults(struct route *r);
 void config_route_free(struct route *r);
 void config_problems_free(struct problem_text *p, size_t n);
+/* The route's key parts and states.field name a WeChat Pay resource's
+ * field only with a wechatpay_v3 signature that has an apiv3_key: 0, or
+ * -1 having said so at n's path. After the route's signature is read. */
+int config_check_resource_parts(struct config_ctx *c, const struct yaml_node_s *n,
+                                const char *path, const struct route *r);
 /* key: one part or a list of them (for_consumer: header, json, message_id). */
 int config_get_key(struct config_ctx *c, const struct yaml_node_s *n, const char *path,
                    struct route *r, int for_consumer);

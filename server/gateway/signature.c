@@ -41,6 +41,7 @@ void signature_free(struct signature *s)
 {
     if (!s)
         return;
+    OPENSSL_cleanse(s->apiv3_key, sizeof s->apiv3_key);
     for (size_t i = 0; i < s->secret_count; i++) {
         OPENSSL_cleanse(s->secrets[i].key, s->secrets[i].len);
         free(s->secrets[i].key);

@@ -59,6 +59,10 @@ struct signature {
     char *header;              /* hmac_sha256: the header that holds it */
     int base64;                /* hmac_sha256: base64 (1) or hex (0, default) */
     char *prefix;              /* hmac_sha256: what comes first ("sha256="), or NULL */
+    /* wechatpay_v3: the merchant's APIv3 key (apiv3_key), which decrypts a
+     * notification's resource (AEAD_AES_256_GCM); has_apiv3_key 0: none. */
+    unsigned char apiv3_key[32];
+    int has_apiv3_key;
 };
 
 void signature_free(struct signature *s);
@@ -73,5 +77,6 @@ const char *signature_scheme_name(enum signature_scheme scheme);
  * thread; nothing allocated that outlives the call. */
 int signature_check(const struct signature *s, const struct http_msg *m, int64_t now_ms,
                     const char **type, char *detail, size_t dlen);
+
 
 #endif

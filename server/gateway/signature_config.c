@@ -7,6 +7,7 @@
  */
 #include "gateway/signature_config.h"
 
+#include <openssl/crypto.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <stdio.h>
@@ -115,11 +116,36 @@ static int get_secret(struct config_ctx *c, const yaml_node_t *n, const char *pa
     return 0;
 }
 
+/* apiv3_key: { env: NAME } or { file: PATH }, the merchant's 32-byte
+ * APIv3 key, which decrypts a notification's resource. */
+static int get_apiv3_key(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                         struct signature *s)
+{
+    static const char *const known[] = {"env", "file"};
+    char buf[SECRET_MAX + 2];
+    if (s->scheme != SIGNATURE_WECHATPAY_V3)
+        return config_fail(c, n, path, "apiv3_key is WeChat Pay's (scheme wechatpay_v3)");
+    if (n->type != YAML_MAPPING_NODE)
+        return config_fail(c, n, path, "expected { env: NAME } or { file: PATH }: a key is "
+                           "never written in this file");
+    if (config_get_secret(c, n, path, known, 2, buf))
+        return -1;
+    size_t len = strlen(buf);
+    if (len != sizeof s->apiv3_key) {
+        OPENSSL_cleanse(buf, sizeof buf);
+        return config_fail(c, n, path, "an APIv3 key is 32 bytes, not %zu", len);
+    }
+    memcpy(s->apiv3_key, buf, sizeof s->apiv3_key);
+    OPENSSL_cleanse(buf, sizeof buf);
+    s->has_apiv3_key = 1;
+    return 0;
+}
+
 static int get_signature(struct config_ctx *c, const yaml_node_t *n, const char *path,
                          struct signature *s)
 {
     static const char *const fields[] = {"scheme", "secrets",  "tolerance",  "header",
-                                         "encoding", "prefix", "public_keys"};
+                                         "encoding", "prefix", "public_keys", "apiv3_key"};
     char fpath[128];
     const yaml_node_t *v;
     int scheme;
@@ -194,11 +220,15 @@ static int get_signature(struct config_ctx *c, const yaml_node_t *n, const char 
                 return -1;
             s->public_key_count++;
         }
+        if ((v = FIELD("apiv3_key")) && get_apiv3_key(c, v, fpath, s))
+            return -1;
         return 0;
     }
     if ((v = FIELD("public_keys")))
         return config_fail(c, v, fpath, "%s is checked with shared secrets: give secrets, not "
                            "public_keys", schemes[scheme]);
+    if ((v = FIELD("apiv3_key")))
+        return config_fail(c, v, fpath, "apiv3_key is WeChat Pay's (scheme wechatpay_v3)");
     if (!(v = FIELD("secrets")))
         return config_fail(c, n, path, "secrets is required (e.g. secrets: [{ env: "
                            "WEBHOOK_SECRET }]): one or more, for a rotation");

@@ -1116,6 +1116,11 @@ static void test_states(void **state)
     config_free(c);
     parse_bad(ROUTE "    retention: 3650d\n    tombstone: 1d\n", "idem.yaml:7",
               "retention and tombstone add up to more than 3650d");
+    /* A WeChat Pay resource's field needs the key that decrypts it. */
+    parse_bad("routes:\n  - name: r\n    match: { path: /x }\n"
+              "    upstream: http://127.0.0.1:9000\n"
+              "    key: { wechatpay_resource: out_refund_no }\n",
+              "idem.yaml:2", "give signature: { scheme: wechatpay_v3");
     /* One space, two machines (or one and none): refused. */
     parse_bad(ROUTE "    space: refund\n" STATES
               "  - name: r2\n    match: { path: /y }\n    upstream: http://127.0.0.1:9000\n"

@@ -3331,6 +3331,93 @@ static EVP_PKEY *rsa_key(const char *name, char *path, size_t cap)
     return key;
 }
 
+/* A WeChat Pay refund notification: its resource encrypted under the
+ * APIv3 key (AES-256-GCM, the tag last), the whole body signed. */
+static void wechat_notify(int port, EVP_PKEY *key, const char *apiv3, const char *no,
+                          const char *status, int want_status, const char *want)
+{
+    static unsigned counter;
+    char plain[160], nonce[16], b64[512], body[1024], text[1200], sig[1024], h[4][1200];
+    unsigned char ct[256];
+    int len = 0, fin = 0;
+    snprintf(plain, sizeof plain, "{\"out_refund_no\":\"%s\",\"refund_status\":\"%s\"}", no,
+             status);
+    snprintf(nonce, sizeof nonce, "n0nce%07u", ++counter);
+    EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
+    assert_int_equal(EVP_EncryptInit_ex(x, EVP_aes_256_gcm(), NULL, (const unsigned char *)apiv3,
+                                        (const unsigned char *)nonce), 1);
+    assert_int_equal(EVP_EncryptUpdate(x, NULL, &len, (const unsigned char *)"refund", 6), 1);
+    assert_int_equal(EVP_EncryptUpdate(x, ct, &len, (const unsigned char *)plain,
+                                       (int)strlen(plain)), 1);
+    assert_int_equal(EVP_EncryptFinal_ex(x, ct + len, &fin), 1);
+    assert_int_equal(EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_GET_TAG, 16, ct + len + fin), 1);
+    EVP_CIPHER_CTX_free(x);
+    EVP_EncodeBlock((unsigned char *)b64, ct, len + fin + 16);
+    /* refund_no and amount: what the test's service reads. */
+    snprintf(body, sizeof body,
+             "{\"id\":\"EV-%u\",\"event_type\":\"REFUND.%s\",\"refund_no\":\"%s\","
+             "\"amount\":\"1.00\",\"resource\":{\"algorithm\":\"AEAD_AES_256_GCM\","
+             "\"ciphertext\":\"%s\",\"nonce\":\"%s\",\"associated_data\":\"refund\","
+             "\"original_type\":\"refund\"}}",
+             counter, status, no, b64, nonce);
+    long long t = (long long)time(NULL);
+    snprintf(text, sizeof text, "%lld\n%s\n%s\n", t, nonce, body);
+    rsa_sign(key, text, sig);
+    snprintf(h[0], sizeof h[0], "Wechatpay-Timestamp: %lld", t);
+    snprintf(h[1], sizeof h[1], "Wechatpay-Nonce: %s", nonce);
+    snprintf(h[2], sizeof h[2], "Wechatpay-Signature: %s", sig);
+    snprintf(h[3], sizeof h[3], "Wechatpay-Serial: SERIAL-A");
+    const char *hs[] = {h[0], h[1], h[2], h[3], NULL};
+    struct sys_resp r;
+    sys_http(port, "POST", "/refunds", hs, body, 5000, &r);
+    if (r.status != want_status || (want && !strstr(r.m->body, want)))
+        fail_msg("%s %s: %d %.*s, expected %d with %s", no, status, r.status, (int)r.m->body_len,
+                 r.m->body, want_status, want ? want : "any body");
+    sys_resp_free(&r);
+}
+
+/* The key and the state read from the decrypted resource: a WeChat Pay
+ * refund's notifications keyed by out_refund_no, moved by refund_status. */
+static void test_wechatpay_resource(void **state)
+{
+    (void)state;
+    static const char apiv3[] = "0123456789abcdef0123456789ABCDEF";
+    setenv("IDEM_TEST_APIV3_KEY", apiv3, 1);
+    char pem_a[4300], routes[8192];
+    EVP_PKEY *a = rsa_key("wx-resource.pem", pem_a, sizeof pem_a);
+    snprintf(routes, sizeof routes,
+             "routes:\n"
+             "  - name: wechat-refund\n    match: { method: POST, path: /refunds }\n"
+             "    upstream: @UP@\n"
+             "    key: { wechatpay_resource: out_refund_no }\n"
+             "    fingerprint: none\n"
+             "    signature:\n      scheme: wechatpay_v3\n"
+             "      public_keys: [{ file: %s, serial: SERIAL-A }]\n"
+             "      apiv3_key: { env: IDEM_TEST_APIV3_KEY }\n"
+             "    states:\n      field: { wechatpay_resource: refund_status }\n"
+             "      initial: PROCESSING\n"
+             "      transitions: { PROCESSING: [SUCCESS, CLOSED, ABNORMAL] }\n",
+             pem_a);
+    struct proc gw;
+    start_idem(&gw, routes, "wechat-resource.db");
+    long before = sys_stat(service.port, "executions");
+    wechat_notify(gw.port, a, apiv3, "WXR-1", "SUCCESS", 200, "\"state_from\":\"PROCESSING\"");
+    wechat_notify(gw.port, a, apiv3, "WXR-1", "SUCCESS", 200, "\"state_to\":\"SUCCESS\"");
+    wechat_notify(gw.port, a, apiv3, "WXR-1", "CLOSED", 409, "urn:idem:transition_conflict");
+    /* Encrypted under another key (and signed: a leaked signing key, or a
+     * misconfigured merchant): it does not decrypt, nothing executes. */
+    wechat_notify(gw.port, a, "ffffffffffffffffffffffffffffffff", "WXR-2", "SUCCESS", 400,
+                  "does not decrypt with the route's APIv3 key");
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    struct sys_resp r;
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/wechat-refund/WXR-1", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"state\":\"state:SUCCESS\""));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    EVP_PKEY_free(a);
+}
+
 /* The RSA schemes, with keys made here: WeChat Pay v3 (the key chosen by
  * the serial the request names; two keys, as during a rotation) and
  * Alipay's RSA2 (a form, its fields sorted). A forgery signed with another
@@ -5359,6 +5446,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_states_storm),
         cmocka_unit_test(test_states_out_of_order),
         cmocka_unit_test(test_signed_callbacks),
+        cmocka_unit_test(test_wechatpay_resource),
         cmocka_unit_test(test_signed_callbacks_rsa),
         cmocka_unit_test(test_per_peer_limits),
         cmocka_unit_test(test_admin_listen_overlap_refused),
