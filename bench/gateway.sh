@@ -7,6 +7,8 @@
 #   nginx proxy     wrk → nginx proxy_pass (keep-alive pool) → the upstream
 #   idem record     wrk → idem serve, route layers [record] → the upstream
 #   idem lock+rec   wrk → idem serve, route layers [lock, record] → the upstream
+#   idem states     wrk → idem serve, route layers [record] with states: (each
+#                   key's one move, NEW to the body's amount "1.00") → the upstream
 # idem with unique keys, with a duplicate-heavy mix (FRESH_PCT% fresh keys, the
 # rest replays of keys executed before the run) and with replays only. Then it
 # prints a markdown table with the ratios to nginx and the targets, and writes
@@ -30,7 +32,7 @@
 #                                run the replays with each to see its cost
 #   IDEM_GW_RUNS [all]           comma-separated subset of: direct, proxy,
 #                                record-unique, record-mix, record-replay,
-#                                lock-unique, lock-mix
+#                                lock-unique, lock-mix, states-unique, states-mix
 #   TMPDIR [/tmp]                where the temp dir (and idem's SQLite file) go:
 #                                must be a real disk, not tmpfs
 #   IDEM_GW_OUT [bench/results/gateway-latest.md]  where the table goes
@@ -97,7 +99,7 @@ open_seconds=${IDEM_GW_OPEN_SECONDS:-$seconds}
 open_threads=${IDEM_GW_OPEN_THREADS:-1}
 open_all="direct proxy record-unique lock-unique"
 open_runs=${open_runs//,/ }
-all_runs="direct proxy record-unique record-mix record-replay lock-unique lock-mix"
+all_runs="direct proxy record-unique record-mix record-replay lock-unique lock-mix states-unique states-mix"
 [[ $runs == all ]] && runs=$all_runs
 runs=${runs//,/ }
 
@@ -350,7 +352,7 @@ sed_repl() { printf '%s' "$1" | sed -e 's/[\\|&]/\\&/g'; }
 # start_idem DIR LAYERS: sets started_pid and idem_port; a few tries, each
 # on a new port and (embedded store) with a new SQLite file.
 start_idem() {
-    local d=$1 layers=$2 tries storage
+    local d=$1 layers=$2 states=${3:-} tries storage
     mkdir -p "$d"
     for ((tries = 0; tries < 5; tries++)); do
         pick_port
@@ -368,6 +370,10 @@ start_idem() {
             -e "s|@ACCESS_LOG@|$([[ $access_log == off ]] && echo off || sed_repl "$d/access.log")|" \
             -e "s|@UPSTREAM_PORT@|$upstream_port|" -e "s|@LAYERS@|$layers|" \
             bench/gateway/idem.yaml.in >"$d/idem.yaml"
+        # The states runs: the route's machine, each key's one move from NEW
+        # to the state its body names (the amount: "1.00").
+        [[ -z $states ]] || printf '%s\n' "    states:" "      field: { json: amount }" \
+            "      initial: NEW" "      transitions: { NEW: [\"1.00\"] }" >>"$d/idem.yaml"
         admin_socket[$idem_port]=$d/idem-admin.sock
         start_bg "$d/idem.log" "$idem_bin" serve -c "$d/idem.yaml"
         wait_http "http://127.0.0.1:$idem_port/_idem/v1/health" GET "$d/idem.log" \
@@ -537,7 +543,7 @@ problems=() # anything unexpected, for the report
 notes=()    # expected by the configuration, but worth saying
 
 run_one() {
-    local kind=$1 run=$1 url mode layers="" d u0 u1 p0 p1 i0 i1 s0=0 s1=0 h0 h1 f kv k cl=wrk
+    local kind=$1 run=$1 url mode layers="" states="" d u0 u1 p0 p1 i0 i1 s0=0 s1=0 h0 h1 f kv k cl=wrk
     # The open loop's figures are kept apart, as open-RUN.
     [[ $phase == closed ]] || run=open-$kind cl=idem-open-loop
     local pids=() ports=() urls=() dirs=()
@@ -546,6 +552,7 @@ run_one() {
     proxy) url="http://127.0.0.1:$proxy_port/refunds" mode=unique ;;
     record-*) layers="[record]" mode=${kind#record-} ;;
     lock-*) layers="[lock, record]" mode=${kind#lock-} ;;
+    states-*) layers="[record]" states=1 mode=${kind#states-} ;;
     esac
     local wmode=$mode
     [[ $mode != unique || $unique_keys == ordered ]] || wmode=scatter
@@ -558,7 +565,7 @@ run_one() {
         for ((k = 1; k <= instances; k++)); do
             d=$work/$run
             ((instances == 1)) || d=$work/$run/$k
-            start_idem "$d" "$layers"
+            start_idem "$d" "$layers" "$states"
             pids+=("$started_pid") ports+=("$idem_port") dirs+=("$d")
             urls+=("http://127.0.0.1:$idem_port/refunds")
         done
@@ -780,6 +787,8 @@ describe() {
     record-replay) echo "$who [record], replays only" ;;
     lock-unique) echo "$who [lock, record], unique keys" ;;
     lock-mix) echo "$who [lock, record], $((100 - fresh_pct))% replays / $fresh_pct% fresh" ;;
+    states-unique) echo "$who [record] with states, unique keys" ;;
+    states-mix) echo "$who [record] with states, $((100 - fresh_pct))% replays / $fresh_pct% fresh" ;;
     esac
 }
 
@@ -956,12 +965,12 @@ mkdir -p "$(dirname "$out")"
     fi
     printf '\nFor reference, not targets (p99 added: the median of the rounds'"'"' own; operations and time per commit:\n'
     printf 'from each run'"'"'s median round):\n\n| figure | value |\n|---|---:|\n'
-    for run in proxy record-mix record-replay lock-unique lock-mix; do
+    for run in proxy record-mix record-replay lock-unique lock-mix states-unique states-mix; do
         have "$run" && have direct || continue
         printf '| %s: p99 added over direct | %s ms |\n' "$(describe "$run")" \
             "$(median $(per_round "(a - b) / 1000" "$run.p99_us" direct.p99_us))"
     done
-    for run in record-unique record-mix lock-unique lock-mix; do
+    for run in record-unique record-mix lock-unique lock-mix states-unique states-mix; do
         have "$run" || continue
         printf '| %s: store operations per %s (`committed_ops / commits`) | %s |\n' "$(describe "$run")" "$commit_what" \
             "$(awk -v o="${R[$run.h_committed_ops]}" -v c="${R[$run.h_commits]}" 'BEGIN { if (c > 0) printf "%.1f", o / c; else printf "n/a" }')"

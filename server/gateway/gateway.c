@@ -750,13 +750,19 @@ static int skip_kv_layer(struct gw *g, const char *layer)
  * (held, or left to its lease), or a gateway that died. Nothing changes for
  * it until its lease ends (or an operator finishes it), so the wait is what
  * is left of the lease. */
+/* 1 when the claim rec is no longer renewed by a running request: held,
+ * or left to its lease (see retry_after_s). */
+static int claim_idle(const idem_record *rec, int64_t lease_ms)
+{
+    return rec && strcmp(rec->state, IDEM_STATE_PROCESSING) == 0 &&
+           wall_ms() - rec->updated_ms > lease_ms / 3 + 1000;
+}
+
 static long retry_after_s(const idem_record *rec, int64_t lease_ms)
 {
-    if (!rec || strcmp(rec->state, IDEM_STATE_PROCESSING) != 0)
+    if (!claim_idle(rec, lease_ms))
         return 1;
     int64_t now = wall_ms();
-    if (now - rec->updated_ms <= lease_ms / 3 + 1000)
-        return 1;
     int64_t left = rec->lease_until_ms - now;
     return left <= 1000 ? 1 : (long)((left + 999) / 1000);
 }
@@ -773,6 +779,10 @@ static struct http_response *in_flight(struct gw *g, const char *what, const ide
     snprintf(secs, sizeof secs, "%ld", retry_after_s(rec, lease_ms));
     if (r)
         response_add_header(r, "Retry-After", secs);
+    /* The claim it met, for an operator's tool: its epoch, and until when
+     * it is held when nothing renews it. */
+    if (r && rec && strcmp(rec->state, IDEM_STATE_PROCESSING) == 0)
+        (void)problem_set_claim(r, rec->epoch, claim_idle(rec, lease_ms) ? rec->lease_until_ms : 0);
     return r;
 }
 
@@ -1128,8 +1138,10 @@ static void hold_abandoned(struct gw *g)
                      g->epoch);
     char secs[24];
     snprintf(secs, sizeof secs, "%" PRId64, hold_ms(rt) / 1000);
-    if (g->out)
+    if (g->out) {
         response_add_header(g->out, "Retry-After", secs);
+        (void)problem_set_claim(g->out, g->epoch, wall_ms() + hold_ms(rt));
+    }
     finish_record(g, FINISH_HOLD);
 }
 
@@ -1685,6 +1697,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
                              "PROCESSING (epoch %" PRIu64 ") for %" PRId64 " ms, until an "
                              "operator finishes it through the JSON API; retries get 409",
                              detail, g->epoch, hold_ms(rt));
+            (void)problem_set_claim(g->out, g->epoch, wall_ms() + hold_ms(rt));
             finish_record(g, FINISH_HOLD);
             break;
         }
@@ -1692,6 +1705,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
                          "%s; the request may have been executed. Its record stays PROCESSING "
                          "until its lease ends (%" PRId64 " ms); retries get 409 until then",
                          detail, rt->lease_ms);
+        (void)problem_set_claim(g->out, g->epoch, 0);
         finish_record(g, FINISH_NONE);
         break;
     case UPSTREAM_TOO_BIG:
@@ -1722,6 +1736,7 @@ static void claim_lost(struct gw *g, idem_outcome o)
                      "the claim (epoch %" PRIu64 ") was lost while the upstream had the request: "
                      "%s. The call was cut, and the request may have been executed",
                      g->epoch, why);
+    (void)problem_set_claim(g->out, g->epoch, 0);
     finish_record(g, FINISH_NONE);
 }
 

@@ -245,6 +245,30 @@ struct http_response *problem(int status, const char *type, const char *fmt, ...
     return r;
 }
 
+int problem_set_claim(struct http_response *r, uint64_t epoch, int64_t held_until_ms)
+{
+    if (!r)
+        return -1;
+    json_t *j = json_loadb(r->body, r->body_len, 0, NULL);
+    char until[80] = "";
+    time_t secs = (time_t)(held_until_ms / 1000);
+    struct tm tm;
+    if (held_until_ms > 0 && gmtime_r(&secs, &tm))
+        snprintf(until, sizeof until, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                 (int)(held_until_ms % 1000));
+    int bad = !j || json_object_set_new(j, "epoch", json_integer((json_int_t)epoch)) ||
+              (until[0] && json_object_set_new(j, "held_until", json_string(until)));
+    char *body = bad ? NULL : json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (!body || response_set_body(r, body, strlen(body))) {
+        free(body);
+        return -1;
+    }
+    free(body);
+    return 0;
+}
+
 int problem_set_text(struct http_response *r, const char *title, const char *detail)
 {
     r->problem_type[0] = '\0';

@@ -60,6 +60,12 @@ size_t http_date(int64_t ms, char *out);
  * OOM (the body then keeps Idem's text). */
 int problem_set_text(struct http_response *r, const char *title, const char *detail);
 
+/* A problem about a claim (a 504 outcome_unknown, a 409 for a held or
+ * running claim): its members epoch and held_until (RFC 3339, UTC, with
+ * milliseconds; none when held_until_ms is 0), so that an operator's tool
+ * need not read detail. 0, or -1 on OOM (the body stays as it was). */
+int problem_set_claim(struct http_response *r, uint64_t epoch, int64_t held_until_ms);
+
 /* The reason phrase for a status ("Conflict"), "" when unknown. */
 const char *http_reason(int status);
 

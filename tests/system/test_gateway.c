@@ -5177,6 +5177,10 @@ static void post_to_silent_upstream(struct proc *gw, const char *route_extra, co
     sys_http(gw->port, "POST", "/refunds", hdrs, "{\"a\":1}", 5000, &r);
     assert_int_equal(r.status, 504);
     assert_non_null(strstr(r.m->body, what));
+    /* The claim's epoch as a member, for a tool that should not parse detail. */
+    json_t *j = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    assert_true(json_integer_value(json_object_get(j, "epoch")) > 0);
+    json_decref(j);
     sys_resp_free(&r);
     raw_upstream_stop(&u);
 }
@@ -5253,6 +5257,7 @@ static void test_unknown_outcome_held(void **state)
     long wait = atol(sys_header(&r, "Retry-After"));
     if (wait < 86000 || wait > 86400)
         fail_msg("Retry-After: %ld", wait);
+    json_t *held = json_loadb(r.m->body, r.m->body_len, 0, NULL);
     sys_resp_free(&r);
     /* The operator decides it did not happen, and releases it. */
     sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/refund/T-hold", NULL, 5000, &r);
@@ -5260,6 +5265,13 @@ static void test_unknown_outcome_held(void **state)
     assert_non_null(strstr(r.m->body, "\"state\":\"PROCESSING\""));
     long long epoch = atoll(strstr(r.m->body, "\"epoch\":") + 8);
     sys_resp_free(&r);
+    /* The 409 named the held claim: its epoch, and until when (a day on). */
+    assert_int_equal(json_integer_value(json_object_get(held, "epoch")), epoch);
+    const char *until = json_string_value(json_object_get(held, "held_until"));
+    assert_non_null(until);
+    assert_int_equal(strlen(until), 24); /* 2026-12-04T09:30:00.123Z */
+    assert_int_equal(until[23], 'Z');
+    json_decref(held);
     char body[256];
     snprintf(body, sizeof body,
              "{\"space\":\"refund\",\"key\":\"T-hold\",\"epoch\":%lld,\"retryable\":true}",
