@@ -403,25 +403,19 @@ void config_route_keep_default(struct route *r, int with_5xx)
 
 int config_route_keeps(const struct route *r, int status)
 {
-    return status >= 100 && status <= 599 &&
-           (r->keep_status[(status - 100) / 64] >> ((status - 100) % 64) & 1);
+    return status_set_has(r->keep_status, status);
 }
 
-/* store_statuses: a list of classes (2xx) and statuses (422). */
-static int get_store_statuses(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                              struct route *r)
+int config_get_status_set(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                          uint64_t set[STATUS_SET_WORDS])
 {
     yaml_node_item_t *it;
     size_t count;
     if (config_list_items(c, n, path, "a list like [2xx, 409, 422]", &it, &count))
         return -1;
-    if (count == 0)
-        return config_fail(c, n, path, "an empty list keeps no answer, so every retry would "
-                           "execute again; list what to keep, e.g. [2xx, 4xx]");
     if (count > LIST_MAX)
         return config_fail(c, n, path, "%zu entries; at most %d", count, LIST_MAX);
-    memset(r->keep_status, 0, sizeof r->keep_status);
-    r->store_statuses_set = 1;
+    memset(set, 0, STATUS_SET_WORDS * sizeof *set);
     for (size_t i = 0; i < count; i++) {
         const yaml_node_t *v = config_node(c, it[i]);
         const char *s, *end;
@@ -441,12 +435,24 @@ static int get_store_statuses(struct config_ctx *c, const yaml_node_t *n, const 
             return config_fail(c, v, ipath, "%s is not a status class (1xx to 5xx) or a status "
                                "(100 to 599)", config_quote(c, s));
         }
-        for (int st = from; st <= to; st++)
-            if (config_route_keeps(r, st))
+        for (int st = from; st <= to; st++) {
+            if (status_set_has(set, st))
                 return config_fail(c, v, ipath, "%s: %d is listed already", config_quote(c, s), st);
-        config_route_keep(r, from, to);
+            set[(st - 100) / 64] |= UINT64_C(1) << ((st - 100) % 64);
+        }
     }
     return 0;
+}
+
+/* store_statuses: a list of classes (2xx) and statuses (422). */
+static int get_store_statuses(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                              struct route *r)
+{
+    if (n->type == YAML_SEQUENCE_NODE && n->data.sequence.items.start == n->data.sequence.items.top)
+        return config_fail(c, n, path, "an empty list keeps no answer, so every retry would "
+                           "execute again; list what to keep, e.g. [2xx, 4xx]");
+    r->store_statuses_set = 1;
+    return config_get_status_set(c, n, path, r->keep_status);
 }
 
 /* The problem types of a route's answers, which problems: may retitle. */

@@ -21,8 +21,16 @@ enum fingerprint_kind {
     FINGERPRINT_NONE,
 };
 
+/* A set of statuses 100..599, bit (status - 100). */
+#define STATUS_SET_WORDS ((500 + 63) / 64)
+static inline int status_set_has(const uint64_t *set, int status)
+{
+    return status >= 100 && status <= 599 && (set[(status - 100) / 64] >> ((status - 100) % 64) & 1);
+}
+
 struct route_counts;
 struct route_states;
+struct route_resolve;
 
 /* problems: the text a team gives one problem type of the gateway's answers
  * (localised: "请刷新后重试" for token_spent); the type itself never changes. */
@@ -68,7 +76,7 @@ struct route {
      * try. Default (routes and consumers): every status under 500 but the
      * ones that ask for a retry (408, 425, 429), and 5xx with
      * on_upstream_5xx: store. */
-    uint64_t keep_status[(500 + 63) / 64];
+    uint64_t keep_status[STATUS_SET_WORDS];
     int store_statuses_set;  /* store_statuses was given */
     struct problem_text *problems; /* problems: this route's, over the global ones */
     size_t problem_count;
@@ -107,6 +115,13 @@ void config_fold_path(const char *path, char *out, size_t cap);
  * characters as they are, but a '*' segment for any one segment that is not
  * empty, and with prefix, anything after all that. */
 int config_path_match(const char *pattern, int prefix, const char *path);
+
+/* A list of statuses and classes ([2xx, 409]) into set: 0, or -1 having
+ * said why (a status listed twice among them). */
+struct config_ctx;
+struct yaml_node_s;
+int config_get_status_set(struct config_ctx *c, const struct yaml_node_s *n, const char *path,
+                          uint64_t set[STATUS_SET_WORDS]);
 
 /* Does the route keep an answer with this upstream status (store_statuses)? */
 int config_route_keeps(const struct route *r, int status);
