@@ -449,6 +449,26 @@ int config_get_duration(struct config_ctx *c, const yaml_node_t *n, const char *
     return 0;
 }
 
+int config_get_durations(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                         int64_t min_ms, int64_t max_ms, int64_t *out, size_t max,
+                         size_t *count)
+{
+    yaml_node_item_t *it;
+    size_t got;
+    char ipath[160];
+    if (config_list_items(c, n, path, "a list of durations like [1s, 5s, 30s]", &it, &got))
+        return -1;
+    if (got == 0 || got > max)
+        return config_fail(c, n, path, "1 to %zu durations, not %zu", max, got);
+    for (size_t i = 0; i < got; i++) {
+        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
+        if (config_get_duration(c, config_node(c, it[i]), ipath, min_ms, max_ms, &out[i]))
+            return -1;
+    }
+    *count = got;
+    return 0;
+}
+
 int config_get_size(struct config_ctx *c, const yaml_node_t *n, const char *path,
                     size_t min, size_t max, size_t *out)
 {

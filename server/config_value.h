@@ -115,6 +115,11 @@ int config_is_token(const char *s, size_t max);
 
 int config_get_duration(struct config_ctx *c, const yaml_node_t *n, const char *path,
                         int64_t min, int64_t max, int64_t *out);
+/* A list of 1 to max durations, each min_ms..max_ms, like [1s, 5s, 30s]
+ * (backoffs), into out; *count their number. */
+int config_get_durations(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                         int64_t min_ms, int64_t max_ms, int64_t *out, size_t max,
+                         size_t *count);
 int config_get_size(struct config_ctx *c, const yaml_node_t *n, const char *path,
                     size_t min, size_t max, size_t *out);
 int config_get_count(struct config_ctx *c, const yaml_node_t *n, const char *path,

@@ -179,25 +179,6 @@ static int get_dead_letter(struct config_ctx *c, const yaml_node_t *n, const cha
     return 0;
 }
 
-static int get_backoff(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                       struct consumer_config *k)
-{
-    yaml_node_item_t *it;
-    size_t count;
-    char ipath[112];
-    if (config_list_items(c, n, path, "a list of durations like [1s, 5s, 30s]", &it, &count))
-        return -1;
-    if (count == 0 || count > CONSUMER_BACKOFFS_MAX)
-        return config_fail(c, n, path, "1 to %d durations, not %zu", CONSUMER_BACKOFFS_MAX, count);
-    for (size_t i = 0; i < count; i++) {
-        config_pathf(ipath, sizeof ipath, "%s[%zu]", path, i);
-        if (config_get_duration(c, config_node(c, it[i]), ipath, 10, MS_HOUR, &k->backoff_ms[i]))
-            return -1;
-    }
-    k->backoff_count = count;
-    return 0;
-}
-
 static const char *const consumer_fields[] = {
     "name",  "source",  "key",   "space",           "handler",      "lease",
     "handler_timeout",  "max_attempts", "retry_backoff", "dead_letter", "fingerprint",
@@ -266,7 +247,9 @@ static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *
             return -1;
         r->max_attempts = (unsigned)attempts;
     }
-    if ((v = FIELD("retry_backoff")) && get_backoff(c, v, fpath, k))
+    if ((v = FIELD("retry_backoff")) &&
+        config_get_durations(c, v, fpath, 10, MS_HOUR, k->backoff_ms, CONSUMER_BACKOFFS_MAX,
+                             &k->backoff_count))
         return -1;
     if ((v = FIELD("signature")) && config_get_signature(c, v, fpath, &r->signature))
         return -1;
