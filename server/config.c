@@ -28,6 +28,7 @@
 #include <yaml.h>
 
 #include "config_value.h"
+#include "gateway/resolve_config.h"
 #include "http/upstream.h"
 
 #define FILE_MAX (1024 * 1024)
@@ -195,6 +196,13 @@ int config_resolve(struct server_config *cfg, char *err, size_t errlen)
     for (size_t i = 0; i < cfg->route_count; i++) {
         snprintf(field, sizeof field, "routes[%zu].upstream", i);
         if (resolve_one(cfg, &cfg->routes[i].upstream, field, err, errlen))
+            return -1;
+    }
+    for (size_t i = 0; i < cfg->route_count; i++) {
+        if (!cfg->routes[i].resolve)
+            continue;
+        snprintf(field, sizeof field, "routes[%zu].resolve.url", i);
+        if (resolve_one(cfg, &cfg->routes[i].resolve->url, field, err, errlen))
             return -1;
     }
     for (size_t i = 0; i < cfg->consumer_count; i++) {

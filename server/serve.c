@@ -35,6 +35,7 @@
 #include "daemon.h"
 #include "dispatch.h"
 #include "gateway/gateway.h"
+#include "gateway/resolver.h"
 #include "log.h"
 #include "http/peers.h"
 #include "http/rate.h"
@@ -156,6 +157,7 @@ struct serve {
      * its certificates and its upstreams' names blocks. */
     struct background *background;
     struct event *sig_term, *sig_int, *sig_hup, *sig_usr1, *purge_timer;
+    struct resolver *resolver;   /* on_unknown_outcome: resolve's looks, on loop 0 */
     const char *listen_arg, *db_arg; /* --listen and --db, or NULL */
     struct live_config *start;       /* the configuration it started with (kept) */
     int purge_running;               /* a round of batches is under way, on loop 0 */
@@ -203,6 +205,7 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
             sig == SIGINT ? "SIGINT" : "SIGTERM", in_flight(s),
             (long long)s->limits->shutdown_timeout_ms);
     event_del(s->purge_timer);
+    resolver_stop(s->resolver);
     __atomic_store_n(&s->purge_stop, 1, __ATOMIC_RELEASE);
     consumers_drain(s->consumers, s->limits->shutdown_timeout_ms);
     for (int i = 1; i < s->nloops; i++) {
@@ -774,6 +777,10 @@ static int run(int argc, char **argv, int consume_only)
         goto out;
     }
     s->d.consumers = s->consumers;
+    if (!(s->resolver = resolver_new(&s->d, &s->loops[0].ctx, s->loops[0].front))) {
+        fprintf(stderr, "%s: out of memory\n", me);
+        goto out;
+    }
     s->sig_term = evsignal_new(s->base, SIGTERM, on_stop, s);
     s->sig_int = evsignal_new(s->base, SIGINT, on_stop, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_reload, s);
@@ -849,6 +856,7 @@ out:
     for (int i = 0; i < s->nloops; i++)
         front_free(s->loops[i].front);
     consumers_free(s->consumers);
+    resolver_free(s->resolver);
     if (s->sig_term)
         event_free(s->sig_term);
     if (s->sig_int)

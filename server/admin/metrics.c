@@ -388,6 +388,16 @@ struct http_response *metrics_render(struct daemon *d)
         for (int k = UPSTREAM_OK + 1; k < UPSTREAM_RESULTS; k++)
             add(&o, "idem_upstream_errors_total{route=\"%s\",kind=\"%s\"} %lu\n",
                 label(rc->name, esc), upstream_kinds[k], atomic_load(&rc->n.upstream_errors[k]));
+    static const char *const resolutions[] = {"executed", "not_executed", "unanswered",
+                                              "given_up"};
+    family(&o, "idem_resolutions_total", "counter",
+           "Status queries of on_unknown_outcome: resolve routes, by what the service said: "
+           "executed, not_executed, unanswered (another status, a timeout: asked again "
+           "later), given_up (past give_up: held for an operator).");
+    for (const struct named_counts *rc = d->counts.list; rc; rc = rc->next)
+        for (int v = 0; v < 4; v++)
+            add(&o, "idem_resolutions_total{route=\"%s\",verdict=\"%s\"} %lu\n",
+                label(rc->name, esc), resolutions[v], atomic_load(&rc->n.resolutions[v]));
     const char *dur = "idem_gateway_request_duration_seconds";
     family(&o, dur, "histogram",
            "From a request's arrival at the route to its answer (the upstream's time "

@@ -83,6 +83,7 @@
 
 #include "core/hint.h"
 #include "gateway/replay_cache.h"
+#include "gateway/resolve_config.h"
 #include "gateway/request_key.h"
 #include "gateway/signature.h"
 #include "gateway/states_config.h"
@@ -150,6 +151,8 @@ enum gw_state {
                       key: spending it again before executing (after_reconsume) */
     S_FORWARD,     /* the upstream has it, under our claim (epoch); the
                       lease timer extends the claim's lease too */
+    S_RESOLVE,     /* on_unknown_outcome: resolve: the status query of a claim
+                      taken over, under our claim (see "resolving") */
     S_CONFIRM,     /* db: releasing with a token spent: is the claim still
                       ours? (finish_record) */
     S_GIVE_BACK,   /* kv: giving the token back, before the release */
@@ -193,6 +196,10 @@ struct gw {
     idem_record rec;
 
     uint64_t epoch;            /* our claim, from begin */
+    int resolver;              /* made by resolver.c to ask about a claim: no client */
+    unsigned question;         /* resolving: which status query of the key this is */
+    int64_t created_ms;        /* resolving: the key's first claim, for give_up */
+    int64_t hold_for_ms;       /* FINISH_HOLD for this long (0: hold_ms) */
     int64_t sent_us;           /* mono_us() when the upstream call started */
     unsigned attempt;          /* which claim of the key this is (see "attempts") */
     int forwarded;             /* the upstream may have it */
@@ -573,8 +580,9 @@ static idem_rc do_finish(struct gw *g)
         return idem_record_fail_async(h, l, rt->space, g->key, g->epoch, IDEM_FAIL_FINAL,
                                       g->stored, g->stored_len, keep_ms, on_outcome, g);
     if (g->finish == FINISH_HOLD)
-        return idem_record_extend_async(h, l, rt->space, g->key, g->epoch, hold_ms(rt),
-                                        on_outcome, g);
+        return idem_record_extend_async(h, l, rt->space, g->key, g->epoch,
+                                        g->hold_for_ms ? g->hold_for_ms : hold_ms(rt), on_outcome,
+                                        g);
     return idem_record_fail_async(h, l, rt->space, g->key, g->epoch, IDEM_FAIL_RETRYABLE, NULL,
                                   0, 0, on_outcome, g);
 }
@@ -644,11 +652,14 @@ static const struct state_info {
     [S_LOCK_READ] = {"lock_read", W_DB, do_get, BIT(S_LOCK_WAIT) | ENDS},
     [S_LOCK_WAIT] = {"lock_wait", W_TIMER, NULL, BIT(S_LOCK)},
     [S_BEGIN] = {"begin", W_DB, do_begin,
-                 BIT(S_BEGIN_WAIT) | BIT(S_RESPEND) | BIT(S_FORWARD) | BIT(S_FINISH) | ENDS},
+                 BIT(S_BEGIN_WAIT) | BIT(S_RESPEND) | BIT(S_FORWARD) | BIT(S_RESOLVE) |
+                     BIT(S_FINISH) | ENDS},
     [S_BEGIN_WAIT] = {"begin_wait", W_TIMER, NULL, BIT(S_BEGIN)},
     [S_RESPEND] = {"respend", W_KV, do_token, BIT(S_FORWARD) | BIT(S_FINISH)},
     /* A call that cannot start leaves S_FORWARD for the release at once. */
     [S_FORWARD] = {"forward", W_UPSTREAM, NULL, BIT(S_CONFIRM) | BIT(S_FINISH) | ENDS},
+    [S_RESOLVE] = {"resolve", W_UPSTREAM, NULL,
+                   BIT(S_RESPEND) | BIT(S_FORWARD) | BIT(S_CONFIRM) | BIT(S_FINISH) | ENDS},
     [S_CONFIRM] = {"confirm", W_DB, do_confirm_claim, BIT(S_GIVE_BACK) | BIT(S_FINISH)},
     [S_GIVE_BACK] = {"give_back", W_KV, do_give_back, BIT(S_FINISH) | ENDS},
     [S_FINISH] = {"finish", W_DB, do_finish, BIT(S_FINISH_WAIT) | BIT(S_FINISH_READ) | ENDS},
@@ -688,6 +699,7 @@ static void start_call(struct gw *g)
 }
 
 static void forward(struct gw *g);
+static void ask(struct gw *g);
 
 /* Go to state s, and start its work. */
 static void enter(struct gw *g, enum gw_state s)
@@ -718,7 +730,10 @@ static void enter(struct gw *g, enum gw_state s)
         arm_timer(g);
         break;
     case W_UPSTREAM:
-        forward(g);
+        if (s == S_RESOLVE)
+            ask(g);
+        else
+            forward(g);
         break;
     case W_NONE:
         answer(g); /* S_DONE */
@@ -1241,6 +1256,9 @@ static const char *state_of(const struct gw *g, const idem_record *rec, char *bu
     return idem_machine_initial(g->rt->states->machine);
 }
 
+static void take_to_resolve(struct gw *g);
+static void resolver_nothing(struct gw *g);
+
 static void after_begin(struct gw *g)
 {
     if (g->rc != IDEM_OK) {
@@ -1256,8 +1274,16 @@ static void after_begin(struct gw *g)
         return;
     }
     daemon_write_ok(g->d);
+    if (g->resolver && g->o != IDEM_TAKEN_OVER) {
+        resolver_nothing(g);
+        return;
+    }
     switch (g->o) {
     case IDEM_TAKEN_OVER:
+        if (g->rt->resolve) {
+            take_to_resolve(g);
+            return;
+        }
         if (g->rt->unknown_hold) {
             hold_abandoned(g);
             return;
@@ -1375,7 +1401,7 @@ static void renewal_answered(void *arg, idem_rc rc, idem_outcome o, const char *
     if (g)
         g->extending = NULL;
     if (g && rc == IDEM_OK && (o == IDEM_CONFLICT || o == IDEM_NOT_FOUND) &&
-        g->state == S_FORWARD && g->call && g->epoch == t->epoch)
+        (g->state == S_FORWARD || g->state == S_RESOLVE) && g->call && g->epoch == t->epoch)
         claim_lost(g, o);
     renewal_done(t);
 }
@@ -1423,7 +1449,7 @@ static void on_lease(evutil_socket_t fd, short what, void *arg)
     struct gw *g = arg;
     (void)fd;
     (void)what;
-    int claim = g->state == S_FORWARD;
+    int claim = g->state == S_FORWARD || g->state == S_RESOLVE;
     if (g->renewing)
         renewal_start(g, 1);
     if (claim)
@@ -1689,7 +1715,20 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     case UPSTREAM_TIMEOUT:
     case UPSTREAM_UNKNOWN:
         COUNT(g->rt, upstream_unknown);
-        VERDICT(g, rt->unknown_hold ? GW_HELD : GW_OUTCOME_UNKNOWN);
+        VERDICT(g, rt->unknown_hold || rt->resolve ? GW_HELD : GW_OUTCOME_UNKNOWN);
+        if (rt->resolve) {
+            /* Held until the first question; then whoever takes the claim
+             * over (a retry, or the resolver) asks first (see "resolving"). */
+            g->hold_for_ms = rt->resolve->after_ms;
+            g->out = problem(504, "outcome_unknown",
+                             "%s; the request may have been executed. Its record is held "
+                             "PROCESSING (epoch %" PRIu64 ") and the service is asked in %" PRId64
+                             " ms whether it executed; retries get 409 until it answers",
+                             detail, g->epoch, rt->resolve->after_ms);
+            (void)problem_set_claim(g->out, g->epoch, wall_ms() + rt->resolve->after_ms);
+            finish_record(g, FINISH_HOLD);
+            break;
+        }
         if (rt->unknown_hold) {
             incidents_note(INCIDENT_HELD, rt, g->key, g->epoch);
             g->out = problem(504, "outcome_unknown",
@@ -1785,6 +1824,177 @@ static void forward(struct gw *g)
     if (!g->call) {
         g->forwarded = 0;
         finish_record(g, FINISH_FAIL_RETRYABLE);
+        return;
+    }
+    g->req->on_abort = on_abort;
+    lease_start(g);
+}
+
+/* ---- resolving ----
+ *
+ * On a route with on_unknown_outcome: resolve, an unknown outcome is not
+ * left to its lease: the claim is held until the first question (resolve
+ * .after), and whoever takes it over once that hold ends — a retry of the
+ * client's, or the resolver (resolver.c), which looks for such claims in
+ * the store every second — asks the service (resolve.url, GET) before
+ * anything executes again. A crash's abandoned claim is asked about the
+ * same way: the question belongs to the record, not to a process.
+ *
+ *   executed      the record completes with the status query's answer,
+ *                 marked Idem-Resolved: true; the retry gets it replayed
+ *   not_executed  the retry executes under its claim; the resolver
+ *                 releases the claim, so the next retry does
+ *   anything else held again until the next question (resolve.backoff),
+ *                 409 with Retry-After until then; past give_up, held for
+ *                 an operator, as on_unknown_outcome: hold does
+ *
+ * Each question is a claim of its own (epoch + 1), so two instances never
+ * ask at once, and the question's number is the claim's (see "attempts"). */
+
+static void take_to_resolve(struct gw *g)
+{
+    unsigned attempt = attempt_of(&g->rec);
+    g->epoch = g->rec.epoch;
+    g->created_ms = g->rec.created_ms;
+    g->question = attempt >= 2 ? attempt - 2 : 0;
+    g->req->epoch = g->epoch;
+    idem_record_clear(&g->rec);
+    enter(g, S_RESOLVE);
+}
+
+/* A resolver's look that found nothing to ask about (finished meanwhile,
+ * in flight, or gone: a claim it made of a vanished key is given back). */
+static void resolver_nothing(struct gw *g)
+{
+    g->out = json_response(200, json_pack("{s:s}", "resolved", "nothing to ask"));
+    if (g->rc == IDEM_OK && g->o == IDEM_NEW) {
+        g->epoch = g->rec.epoch;
+        idem_record_clear(&g->rec);
+        finish_record(g, FINISH_FAIL_RETRYABLE);
+        return;
+    }
+    idem_record_clear(&g->rec);
+    finish(g);
+}
+
+enum resolution { RESOLVED_EXECUTED, RESOLVED_NOT_EXECUTED, RESOLVED_UNANSWERED, RESOLVED_GIVEN_UP };
+
+static const char *resolution_name(enum resolution v)
+{
+    static const char *const names[] = {"executed", "not_executed", "unanswered", "given_up"};
+    return names[v];
+}
+
+static void resolved(struct gw *g, enum resolution v, int status, const char *detail)
+{
+    const struct route *rt = g->rt;
+    atomic_fetch_add(&rt->n->resolutions[v], 1);
+    char why[300];
+    if (detail)
+        snprintf(why, sizeof why, "%s", detail);
+    else
+        snprintf(why, sizeof why, "status %d", status);
+    daemon_logl(v == RESOLVED_GIVEN_UP ? LOG_ALERT : LOG_INFO,
+                "route %s: %s/%s (epoch %" PRIu64 "), status query %u: %s (%s)%s", rt->name,
+                rt->space, g->key, g->epoch, g->question + 1, resolution_name(v), why,
+                v == RESOLVED_GIVEN_UP ? "; held for an operator, as on_unknown_outcome: hold"
+                                       : "");
+}
+
+/* Ask again later, or give up and hold for an operator. */
+static void ask_later(struct gw *g, int status, const char *detail)
+{
+    const struct route_resolve *rs = g->rt->resolve;
+    int give_up = wall_ms() - g->created_ms >= rs->give_up_ms;
+    resolved(g, give_up ? RESOLVED_GIVEN_UP : RESOLVED_UNANSWERED, status, detail);
+    g->hold_for_ms = give_up ? hold_ms(g->rt) : resolve_wait_ms(rs, g->question + 1);
+    if (give_up)
+        incidents_note(INCIDENT_HELD, g->rt, g->key, g->epoch);
+    VERDICT(g, GW_HELD);
+    g->out = problem(409, "request_in_flight",
+                     "an earlier request with this idempotency key may have been executed: the "
+                     "service %s whether it was (epoch %" PRIu64 ")%s",
+                     give_up ? "never said" : "has not said yet", g->epoch,
+                     give_up ? "; it is held until an operator finishes it" : "");
+    if (g->out) {
+        char secs[24];
+        snprintf(secs, sizeof secs, "%" PRId64, (g->hold_for_ms + 999) / 1000);
+        response_add_header(g->out, "Retry-After", secs);
+        (void)problem_set_claim(g->out, g->epoch, wall_ms() + g->hold_for_ms);
+    }
+    finish_record(g, FINISH_HOLD);
+}
+
+static void on_status_query(void *arg, enum upstream_result ur, struct http_msg *resp,
+                            const char *detail)
+{
+    struct gw *g = arg;
+    const struct route *rt = g->rt;
+    const struct route_resolve *rs = rt->resolve;
+    int status = ur == UPSTREAM_OK ? resp->status : 0;
+    call_ended(g, ur, status);
+    if (status && status_set_has(rs->executed, status)) {
+        resolved(g, RESOLVED_EXECUTED, status, NULL);
+        /* The status query's answer is the key's, marked as resolved. */
+        char *plain = stored_encode(rt, status, resp, &g->stored_len);
+        struct http_response *r = plain ? stored_decode(plain, g->stored_len) : NULL;
+        free(plain);
+        g->stored = r && response_add_header(r, "Idem-Resolved", "true") == 0
+                        ? stored_encode_response(r, &g->stored_len)
+                        : NULL;
+        response_free(r);
+        if (!g->stored) { /* no memory: asked again later */
+            http_msg_free(resp);
+            ask_later(g, status, "its answer could not be kept");
+            return;
+        }
+        if (g->resolver) {
+            g->out = json_response(200, json_pack("{s:s}", "resolved", "executed"));
+        } else {
+            VERDICT(g, GW_REPLAYED);
+            g->out = decode_replay(g->stored, g->stored_len, wall_ms() + rt->retention_ms);
+            g->out = counted_replay(rt, g->out, "resolved");
+        }
+        finish_record(g, status < rt->fails_from ? FINISH_COMPLETE : FINISH_FAIL_FINAL);
+    } else if (status && status_set_has(rs->not_executed, status)) {
+        resolved(g, RESOLVED_NOT_EXECUTED, status, NULL);
+        if (g->resolver) {
+            g->out = json_response(200, json_pack("{s:s}", "resolved", "not_executed"));
+            finish_record(g, FINISH_FAIL_RETRYABLE); /* the next retry executes */
+        } else {
+            enter(g, g->token_rode ? S_RESPEND : S_FORWARD); /* this one does */
+        }
+    } else {
+        ask_later(g, status, status ? NULL : detail);
+    }
+    http_msg_free(resp);
+}
+
+static void ask(struct gw *g)
+{
+    const struct route *rt = g->rt;
+    struct daemon_loop *loop = g->req->loop_ctx;
+    char target[4096], epoch_hdr[64], key_hdr[IDEM_NAME_MAX + IDEM_KEY_MAX + 16];
+    if (resolve_target(rt->resolve, rt->space, g->key, target, sizeof target) != 0) {
+        ask_later(g, 0, "the status query's URL with this key is longer than 4 KiB");
+        return;
+    }
+    *put_uint(put(epoch_hdr, "Idem-Epoch: ", 12), g->epoch) = '\0';
+    char *o = put_str(put(key_hdr, "Idem-Key: ", 10), rt->space);
+    *o++ = '/';
+    *put_str(o, g->key) = '\0';
+    const char *extra[] = {epoch_hdr, key_hdr, NULL};
+    struct upstream_request rq = {
+        .method = "GET",
+        .target = target,
+        .extra = extra,
+        .timeout_ms = rt->upstream_timeout_ms,
+        .response_max = g->lc->c->limits.response_max,
+    };
+    g->sent_us = mono_us();
+    g->call = upstream_call_start(loop->upstreams, rt->resolve->url.addrs, &rq, on_status_query, g);
+    if (!g->call) {
+        ask_later(g, 0, "the status query could not be started");
         return;
     }
     g->req->on_abort = on_abort;
@@ -1896,6 +2106,58 @@ static void forward_untouched(struct daemon *d, const struct upstream_url *to, i
                               const struct server_config *cfg, struct front_request *req,
                               enum gw_outcome outcome);
 
+/* A request's state on route rt for key, with its two timers in one
+ * block; NULL for want of memory. */
+static struct gw *gw_new(struct daemon *d, struct live_config *lc, const struct route *rt,
+                         struct front_request *req, const char *key, int64_t t0)
+{
+    struct daemon_loop *loop = req->loop_ctx;
+    size_t head = (sizeof(struct gw) + 15) & ~(size_t)15;
+    size_t ev = (event_get_struct_event_size() + 15) & ~(size_t)15;
+    struct gw *g = calloc(1, head + 2 * ev);
+    if (!g)
+        return NULL;
+    g->timer = (struct event *)((char *)g + head);
+    g->lease = (struct event *)((char *)g + head + ev);
+    evtimer_assign(g->timer, loop->base, on_timer, g);
+    evtimer_assign(g->lease, loop->base, on_lease, g);
+    g->req = req;
+    g->d = d;
+    g->lc = lc;
+    g->rt = rt;
+    req->state = g;
+    g->subject = "";
+    memcpy(g->key, key, strlen(key) + 1);
+    g->t0 = t0;
+    uint64_t h = 14695981039346656037ull; /* FNV-1a */
+    for (const char *c = rt->space; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull; /* no name holds 0xff: space/key apart */
+    for (const char *c = g->key; *c; c++)
+        h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    g->key_hash = h;
+    snprintf(g->owner, sizeof g->owner, "%s-%lu", d->instance, atomic_fetch_add(&d->seq, 1) + 1);
+    g->deadline = mono_ms() + rt->wait_timeout_ms;
+    g->backoff_ms = 2;
+    return g;
+}
+
+void gateway_resolve(struct daemon *d, struct live_config *lc, const struct route *rt,
+                     struct front_request *req, const char *key)
+{
+    int64_t t0 = mono_us();
+    snprintf(req->log_route, sizeof req->log_route, "%s", rt->name);
+    snprintf(req->log_key, sizeof req->log_key, "%s", key);
+    struct gw *g = gw_new(d, lc, rt, req, key, t0);
+    if (!g) {
+        daemon_config_put(lc);
+        front_answer(req); /* 503: the next look asks again */
+        return;
+    }
+    g->resolver = 1;
+    go_begin(g); /* no lock, no fingerprint: a claim whose lease ran out is taken over */
+}
+
 void gateway_start(struct daemon *d, struct live_config *lc, const struct route *rt,
                    struct front_request *req)
 {
@@ -1966,40 +2228,16 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     if (!rt->layer_token && !rt->states &&
         answer_kept(d, lc, rt, req, key, has_fp ? fp : NULL, gen, t0))
         return;
-    /* The request's state and its two timers in one block. */
-    size_t head = (sizeof(struct gw) + 15) & ~(size_t)15;
-    size_t ev = (event_get_struct_event_size() + 15) & ~(size_t)15;
-    struct gw *g = calloc(1, head + 2 * ev);
+    struct gw *g = gw_new(d, lc, rt, req, key, t0);
     if (!g) {
         answer_early(lc, rt, req, NULL, t0); /* 503 */
         return;
     }
-    g->timer = (struct event *)((char *)g + head);
-    g->lease = (struct event *)((char *)g + head + ev);
-    evtimer_assign(g->timer, loop->base, on_timer, g);
-    evtimer_assign(g->lease, loop->base, on_lease, g);
-    g->req = req;
-    g->d = d;
-    g->lc = lc;
-    g->rt = rt;
-    req->state = g;
     g->subject = subject ? subject : "";
-    memcpy(g->key, key, strlen(key) + 1);
     memcpy(g->to, to, sizeof to);
     memcpy(g->fp, fp, sizeof fp);
     g->has_fp = has_fp;
     g->replay_gen = gen;
-    g->t0 = t0;
-    uint64_t h = 14695981039346656037ull; /* FNV-1a */
-    for (const char *c = rt->space; *c; c++)
-        h = (h ^ (unsigned char)*c) * 1099511628211ull;
-    h = (h ^ 0xff) * 1099511628211ull; /* no name holds 0xff: space/key apart */
-    for (const char *c = g->key; *c; c++)
-        h = (h ^ (unsigned char)*c) * 1099511628211ull;
-    g->key_hash = h;
-    snprintf(g->owner, sizeof g->owner, "%s-%lu", d->instance, atomic_fetch_add(&d->seq, 1) + 1);
-    g->deadline = mono_ms() + rt->wait_timeout_ms;
-    g->backoff_ms = 2;
     if (!rt->layer_token) {
         if (!rt->states && idem__hint_take(&d->gateway->reads))
             enter(g, S_READ);

@@ -27,6 +27,12 @@ unsigned long gateway_unkept(struct gateway *gw);
 /* A request on route rt; takes over the reference lc. Loop thread. */
 void gateway_start(struct daemon *d, struct live_config *lc, const struct route *rt,
                    struct front_request *req);
+/* The resolver's look at a claim of route rt (on_unknown_outcome: resolve)
+ * whose lease ran out: req is an injected request of its own (resolver.c);
+ * takes over lc. The claim is taken over and the service asked (see
+ * "resolving" in gateway.c); anything else found is left as it is. */
+void gateway_resolve(struct daemon *d, struct live_config *lc, const struct route *rt,
+                     struct front_request *req, const char *key);
 /* A request on no route: proxied untouched. Loop thread. */
 void passthrough_start(struct daemon *d, const struct server_config *cfg,
                        struct front_request *req);

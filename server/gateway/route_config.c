@@ -20,6 +20,7 @@
 #include "config_value.h"
 #include "gateway/signature.h"
 #include "gateway/signature_config.h"
+#include "gateway/resolve_config.h"
 #include "gateway/states_config.h"
 #include "http/http_parser.h"
 #include "http/upstream.h"
@@ -45,6 +46,7 @@ void config_route_free(struct route *r)
 {
     signature_free(r->signature);
     route_states_free(r->states);
+    route_resolve_free(r->resolve);
     free(r->name);
     free(r->method);
     free(r->path);
@@ -557,7 +559,7 @@ static const char *const route_fields[] = {
     "in_flight",    "wait_timeout", "lease",     "retention",
     "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
     "on_redis_down", "on_unknown_outcome", "key_required", "store_statuses",
-    "problems", "signature", "states", "tombstone",
+    "problems", "signature", "states", "tombstone", "resolve",
 };
 
 /* routes[i] from n; the routes before it are read already, and their names
@@ -626,9 +628,23 @@ static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *pat
     if ((v = FIELD("on_redis_down")) && config_get_choice(c, v, fpath, "skip", "reject",
                                                           &r->on_redis_down_reject))
         return -1;
-    if ((v = FIELD("on_unknown_outcome")) && config_get_choice(c, v, fpath, "expire", "hold",
-                                                               &r->unknown_hold))
+    static const char *const unknown_modes[] = {"expire", "hold", "resolve"};
+    int unknown = 0;
+    if ((v = FIELD("on_unknown_outcome")) &&
+        config_get_enum(c, v, fpath, "expire, hold or resolve", unknown_modes, 3, NULL, &unknown))
         return -1;
+    r->unknown_hold = unknown == 1;
+    if ((v = FIELD("resolve"))) {
+        if (unknown != 2)
+            return config_fail(c, v, fpath, "resolve is the status query of "
+                               "on_unknown_outcome: resolve; set that too, or leave resolve out");
+        if (config_get_resolve(c, v, fpath, &r->resolve))
+            return -1;
+    } else if (unknown == 2) {
+        return config_fail(c, n, path, "on_unknown_outcome: resolve needs resolve: { url: "
+                           "http://127.0.0.1:9000/refunds/{key}, executed: [200], "
+                           "not_executed: [404] }");
+    }
     if ((v = FIELD("key_required"))) {
         int required = 1;
         if (config_get_bool(c, v, fpath, &required))
@@ -648,6 +664,10 @@ static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *pat
         return -1;
     if (config_check_resource_parts(c, n, path, r))
         return -1;
+    if (r->resolve && r->states)
+        return config_fail(c, config_field(c, n, "resolve"), path, "on_unknown_outcome: "
+                           "resolve is not offered with states yet: a resolved answer would "
+                           "have to move the key, which the status query does not say");
     if ((v = FIELD("problems")) &&
         config_get_problems(c, v, fpath, &r->problems, &r->problem_count))
         return -1;

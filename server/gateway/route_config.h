@@ -84,6 +84,9 @@ struct route {
                                  layers 1-2 are skipped, the record still holds) */
     int key_optional;         /* key_required: false (1): a request without the key is
                                  forwarded unguarded, counted and logged as unkeyed */
+    /* on_unknown_outcome: resolve: the status query that decides an
+     * unknown outcome (resolve_config.h), or NULL. */
+    struct route_resolve *resolve;
     int unknown_hold;         /* on_unknown_outcome: hold (1: the claim is held for
                                  retention, at most a day, until an operator finishes
                                  it) or expire

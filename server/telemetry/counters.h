@@ -96,6 +96,9 @@ struct route_counts {
     atomic_ulong tokens_refused;  /* the token layer refused the request */
     atomic_ulong locks_acquired;  /* the lock layer took the key's lock */
     atomic_ulong locks_busy;      /* the lock layer found it held */
+    atomic_ulong resolutions[4];  /* on_unknown_outcome: resolve: the status queries,
+                                     by verdict: executed, not_executed, unanswered,
+                                     given_up (gateway.c, "resolving") */
     atomic_ulong stale;           /* states: events behind the key's state */
     atomic_ulong transition_conflicts; /* states: events contradicting it */
 };

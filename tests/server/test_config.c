@@ -3,6 +3,7 @@
  * its default and its value, and every way a file is refused, asserting that
  * the message names the line and the field. */
 #include "gateway/signature.h"
+#include "gateway/resolve_config.h"
 #include "gateway/states_config.h"
 #include "testlib.h"
 
@@ -1132,6 +1133,43 @@ static void test_states(void **state)
               "consumers[0].states", "whose states are other ones");
 }
 
+/* on_unknown_outcome: resolve and its status query. */
+static void test_resolve(void **state)
+{
+    (void)state;
+    struct server_config *c;
+    c = parse_ok(ROUTE "    on_unknown_outcome: resolve\n"
+                       "    resolve:\n      url: http://127.0.0.1:9000/refunds/{key}\n"
+                       "      backoff: [1s, 5s]\n      executed: [2xx]\n"
+                       "      not_executed: [404, 410]\n");
+    assert_non_null(c->routes[0].resolve);
+    assert_int_equal(c->routes[0].resolve->after_ms, 1000);
+    assert_true(status_set_has(c->routes[0].resolve->executed, 204));
+    assert_true(status_set_has(c->routes[0].resolve->not_executed, 410));
+    char target[128];
+    assert_int_equal(resolve_target(c->routes[0].resolve, "refund", "R 1/%", target,
+                                    sizeof target), 0);
+    assert_string_equal(target, "/refunds/R%201%2F%25");
+    config_free(c);
+    parse_bad(ROUTE "    on_unknown_outcome: resolve\n", "idem.yaml:2",
+              "on_unknown_outcome: resolve needs resolve:");
+    parse_bad(ROUTE "    resolve: { url: \"http://127.0.0.1:9000/r/{key}\", executed: [200], "
+                    "not_executed: [404] }\n",
+              "idem.yaml:6", "set that too");
+    parse_bad(ROUTE "    on_unknown_outcome: resolve\n"
+                    "    resolve: { url: \"http://127.0.0.1:9000/r\", executed: [200], "
+                    "not_executed: [404] }\n",
+              "idem.yaml:7", "names no {key}");
+    parse_bad(ROUTE "    on_unknown_outcome: resolve\n"
+                    "    resolve: { url: \"http://127.0.0.1:9000/r/{id}\", executed: [200], "
+                    "not_executed: [404] }\n",
+              "idem.yaml:7", "{id}: the URL's path may hold {key} and {space}");
+    parse_bad(ROUTE "    on_unknown_outcome: resolve\n"
+                    "    resolve: { url: \"http://127.0.0.1:9000/r/{key}\", executed: [2xx], "
+                    "not_executed: [200] }\n",
+              "idem.yaml:7", "200 is in executed too");
+}
+
 static void test_consumers(void **state)
 {
     (void)state;
@@ -1849,6 +1887,7 @@ int main(void)
         cmocka_unit_test(test_store_statuses),
         cmocka_unit_test(test_signature),
         cmocka_unit_test(test_states),
+        cmocka_unit_test(test_resolve),
         cmocka_unit_test(test_problems),
         cmocka_unit_test(test_shared_space),
         cmocka_unit_test(test_durations),

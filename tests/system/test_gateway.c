@@ -3057,6 +3057,107 @@ static void test_tombstone(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* ---- on_unknown_outcome: resolve ---- */
+
+static const char resolve_routes[] =
+    "routes:\n" REFUND_ROUTE
+    "    upstream_timeout: 300ms\n"
+    "    lease: 2s\n"
+    "    on_unknown_outcome: resolve\n"
+    "    resolve:\n"
+    "      url: @UP@/refunds/{key}\n"
+    "      after: 2s\n"
+    "      backoff: [500ms]\n"
+    "      executed: [200]\n"
+    "      not_executed: [404]\n";
+
+/* The record's state of key, as the JSON API reads it. */
+static void record_state_of(int admin_port, const char *key, char *state, size_t cap)
+{
+    char target[256];
+    struct sys_resp r;
+    snprintf(target, sizeof target, "/_idem/v1/records/refund/%s", key);
+    sys_admin_http(admin_port, "GET", target, NULL, 5000, &r);
+    const char *at = r.status == 200 ? strstr(r.m->body, "\"state\":\"") : NULL;
+    snprintf(state, cap, "%.*s", at ? (int)strcspn(at + 9, "\"") : 0, at ? at + 9 : "");
+    sys_resp_free(&r);
+}
+
+/* Until key's record is in state, for at most ms. */
+static void wait_state(int admin_port, const char *key, const char *state, int ms)
+{
+    char now[64] = "";
+    for (int64_t end = mono_ms() + ms; mono_ms() < end; sleep_ms(100)) {
+        record_state_of(admin_port, key, now, sizeof now);
+        if (strcmp(now, state) == 0)
+            return;
+    }
+    fail_msg("%s: %s after %d ms, %s expected", key, now, ms, state);
+}
+
+/* A request that timed out is not left to its lease: the service is asked
+ * whether it executed. It did (the service finished after idem gave up):
+ * the record completes with the status query's answer, with no retry, and
+ * the retry then gets that answer; a crash between changes nothing, since
+ * the question is the record's. It did not: the retry executes. */
+static void test_resolve_unknown_outcomes(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, resolve_routes, "resolve.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 1000", NULL};
+    static const char *const slow_fail[] = {"X-Delay-Ms: 1000", "X-Fail: 503", NULL};
+    const char *executed = "{\"refund_no\":\"RS-1\",\"amount\":\"1.00\"}";
+    const char *crashed = "{\"refund_no\":\"RS-2\",\"amount\":\"1.00\"}";
+    const char *failed = "{\"refund_no\":\"RS-3\",\"amount\":\"1.00\"}";
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", slow, executed, 5000, &r);
+    assert_int_equal(r.status, 504);
+    json_t *j = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    assert_true(json_integer_value(json_object_get(j, "epoch")) > 0);
+    assert_non_null(json_string_value(json_object_get(j, "held_until")));
+    json_decref(j);
+    sys_resp_free(&r);
+    /* A retry before the first question: 409, told when to come back. */
+    sys_http(gw.port, "POST", "/refunds", NULL, executed, 5000, &r);
+    assert_int_equal(r.status, 409);
+    long wait = atol(sys_header(&r, "Retry-After"));
+    if (wait < 1 || wait > 2)
+        fail_msg("Retry-After: %ld, expected the 2 s until the first question", wait);
+    sys_resp_free(&r);
+    sys_http(gw.port, "POST", "/refunds", slow_fail, failed, 5000, &r);
+    assert_int_equal(r.status, 504);
+    sys_resp_free(&r);
+    sys_http(gw.port, "POST", "/refunds", slow, crashed, 5000, &r);
+    assert_int_equal(r.status, 504);
+    sys_resp_free(&r);
+    sys_stop(&gw, SIGKILL); /* RS-2's question is the next daemon's */
+    start_idem(&gw, resolve_routes, "resolve.db");
+    /* Nobody retries RS-1 or RS-2: the resolver asks, and they complete. */
+    wait_state(gw.admin_port, "RS-1", "SUCCEEDED", 8000);
+    wait_state(gw.admin_port, "RS-2", "SUCCEEDED", 8000);
+    sys_http(gw.port, "POST", "/refunds", NULL, executed, 5000, &r);
+    assert_int_equal(r.status, 200); /* the status query's answer, kept */
+    assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
+    assert_string_equal(sys_header(&r, "Idem-Resolved"), "true");
+    assert_non_null(strstr(r.m->body, "\"refund_no\":\"RS-1\""));
+    sys_resp_free(&r);
+    /* RS-3 did not execute (the service said 503 after idem gave up): the
+     * resolver released it, and the retry executes, once. */
+    wait_state(gw.admin_port, "RS-3", "RELEASED", 8000);
+    post_expect(gw.port, failed, 201, 0);
+    /* Three calls that timed out, and one retry: nothing ran twice. */
+    assert_int_equal(sys_stat(service.port, "executions") - before, 4);
+    assert_int_equal(metric(gw.admin_port,
+                            "idem_resolutions_total{route=\"refund\",verdict=\"executed\"}"),
+                     2);
+    assert_int_equal(metric(gw.admin_port,
+                            "idem_resolutions_total{route=\"refund\",verdict=\"not_executed\"}"),
+                     1);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- states: the business's machine on a route ---- */
 
 static const char states_routes[] =
@@ -5455,6 +5556,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_key_optional),
         cmocka_unit_test(test_idempotency_key_sf_string),
         cmocka_unit_test(test_tombstone),
+        cmocka_unit_test(test_resolve_unknown_outcomes),
         cmocka_unit_test(test_states_storm),
         cmocka_unit_test(test_states_out_of_order),
         cmocka_unit_test(test_signed_callbacks),
