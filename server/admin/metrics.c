@@ -35,13 +35,6 @@ _Static_assert(GW_KEY_EXPIRED + 1 == GW_OUTCOMES, "GW_OUTCOMES counts enum gw_ou
 _Static_assert(UPSTREAM_TOO_BIG + 1 == UPSTREAM_RESULTS,
                "UPSTREAM_RESULTS counts enum upstream_result");
 
-/* The kinds of idem_upstream_errors_total, by enum upstream_result. */
-static const char *const upstream_kinds[UPSTREAM_RESULTS] = {
-    [UPSTREAM_NOT_SENT] = "not_sent",
-    [UPSTREAM_UNKNOWN] = "unknown",
-    [UPSTREAM_TIMEOUT] = "timeout",
-    [UPSTREAM_TOO_BIG] = "too_big",
-};
 
 /* The text, growing as it is written; failed once a realloc did. */
 struct out {
@@ -387,7 +380,8 @@ struct http_response *metrics_render(struct daemon *d)
     for (const struct named_counts *rc = d->counts.list; rc; rc = rc->next)
         for (int k = UPSTREAM_OK + 1; k < UPSTREAM_RESULTS; k++)
             add(&o, "idem_upstream_errors_total{route=\"%s\",kind=\"%s\"} %lu\n",
-                label(rc->name, esc), upstream_kinds[k], atomic_load(&rc->n.upstream_errors[k]));
+                label(rc->name, esc), upstream_result_name((enum upstream_result)k),
+                atomic_load(&rc->n.upstream_errors[k]));
     static const char *const resolutions[] = {"executed", "not_executed", "unanswered",
                                               "given_up"};
     family(&o, "idem_resolutions_total", "counter",

@@ -1798,8 +1798,13 @@ static void forward(struct gw *g)
     char from_hdr[IDEM_NAME_MAX + 24], to_hdr[IDEM_NAME_MAX + 24];
     *put_str(put(from_hdr, "Idem-State-From: ", 17), g->from) = '\0';
     *put_str(put(to_hdr, "Idem-State-To: ", 15), g->to) = '\0';
-    const char *extra[6] = {epoch_hdr, key_hdr};
+    /* The request's id, the one the front made when the client gave none. */
+    char id_hdr[sizeof g->req->request_id + 16];
+    *put_str(put(id_hdr, "X-Request-Id: ", 14), g->req->request_id) = '\0';
+    const char *extra[7] = {epoch_hdr, key_hdr};
     size_t n_extra = 2;
+    if (g->req->request_id_own)
+        extra[n_extra++] = id_hdr;
     /* Only a route with max_attempts counts its claims (see "attempts"). */
     if (rt->max_attempts)
         extra[n_extra++] = attempt_hdr;
@@ -2308,12 +2313,16 @@ static void forward_untouched(struct daemon *d, const struct upstream_url *to, i
 {
     const struct http_msg *m = req->msg;
     struct daemon_loop *loop = req->loop_ctx;
+    char id_hdr[sizeof req->request_id + 16];
+    *put_str(put(id_hdr, "X-Request-Id: ", 14), req->request_id) = '\0';
+    const char *extra[] = {req->request_id_own ? id_hdr : NULL, NULL};
     struct upstream_request rq = {
         .method = m->method,
         .base_path = to->base_path,
         .target = m->target,
         .original = m,
         .peer = req->peer,
+        .extra = extra,
         .timeout_ms = timeout_ms,
         .response_max = cfg->limits.response_max,
     };

@@ -46,6 +46,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
@@ -53,6 +54,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/rand.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -125,6 +127,8 @@ struct front {
     size_t in_flight;               /* this loop's requests being handled */
 
     struct injected *injected;      /* front_inject()'s, not answered yet */
+    uint32_t id_seed;               /* this loop's request ids: random, then a count */
+    uint64_t id_count;
     size_t nconns;            /* this loop's connections */
     struct front_counts own_counts;
     struct front_counts *counts; /* all loops': what the limits count */
@@ -362,6 +366,9 @@ void front_answer_raw(struct front_request *req, const void *bytes, size_t len)
     struct conn *c = req->conn;
     /* "HTTP/1.1 201 ...": the status of an answer serialized already. */
     const char *b = bytes;
+    /* Its body: what follows the head's blank line. */
+    const char *end = memmem(bytes, len, "\r\n\r\n", 4);
+    req->bytes_out = end ? len - (size_t)(end + 4 - b) : 0;
     log_answer(req, len > 12 ? (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0') : 0);
     handled(req);
     c->requests++;
@@ -472,6 +479,7 @@ void front_answer(struct front_request *req)
         answer_injected(injected_of(req));
         return;
     }
+    req->bytes_out = req->resp ? req->resp->body_len : 0;
     log_answer(req, req->resp ? req->resp->status : 503);
     handled(req);
     if (c->state == ORPHANED || c->f->closing) {
@@ -485,6 +493,22 @@ void front_answer(struct front_request *req)
     send_response(c, req->resp);
     response_free(req->resp);
     req->resp = NULL;
+}
+
+/* The request's id: the client's X-Request-Id when it gives one (which
+ * goes upstream with its other headers, and to the log escaped), else one
+ * made here, which the gateway adds: this loop's random seed and its
+ * count, unique in practice across loops, restarts and instances. */
+static void request_id(struct front *f, const struct http_msg *msg, struct front_request *req)
+{
+    const char *v = http_msg_header(msg, "X-Request-Id");
+    if (v) {
+        snprintf(req->request_id, sizeof req->request_id, "%s", v);
+        return;
+    }
+    snprintf(req->request_id, sizeof req->request_id, "%08" PRIx32 "%016" PRIx64, f->id_seed,
+             ++f->id_count);
+    req->request_id_own = 1;
 }
 
 static void dispatch(struct conn *c, struct http_msg *msg)
@@ -534,6 +558,7 @@ static void dispatch(struct conn *c, struct http_msg *msg)
     pthread_mutex_unlock(&f->mu);
     memset(&c->req, 0, sizeof c->req);
     c->req.start_us = mono_us();
+    request_id(f, msg, &c->req);
     c->req.msg = msg;
     c->req.conn = c;
     c->req.front = f;
@@ -893,6 +918,8 @@ struct front *front_new(struct event_base *base, const struct server_limits *lim
     f->handler = fn;
     f->handler_arg = arg;
     f->loop_ctx = loop_ctx;
+    if (RAND_bytes((unsigned char *)&f->id_seed, sizeof f->id_seed) != 1)
+        f->id_seed = (uint32_t)mono_us();
     f->parse_limits.request_line_max = limits->request_line_max;
     f->parse_limits.header_count_max = limits->header_count_max;
     f->parse_limits.header_bytes_max = limits->header_bytes_max;

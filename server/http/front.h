@@ -56,6 +56,12 @@ struct front_request {
      * the answer goes out; NULL: on no route. */
     struct route_counts *route_n;
     int64_t start_us;           /* mono_us() when the request was whole */
+    /* Its X-Request-Id: the client's (request_id_own 0; cut to fit), or
+     * one the front made for it (24 hex digits, request_id_own 1), which
+     * the gateway passes on to the upstream; "" for none (injected). */
+    char request_id[80];
+    int request_id_own;
+    size_t bytes_out;           /* the answer's body bytes, for the access log */
     struct conn *conn;          /* private to front.c: NULL when injected */
     struct front *front;        /* private to front.c */
 };

@@ -159,6 +159,16 @@ static void connect_failed(const char *host, int port, int err, char *detail, si
              strerror(err ? err : ECONNREFUSED));
 }
 
+const char *upstream_result_name(enum upstream_result r)
+{
+    static const char *const names[] = {
+        [UPSTREAM_OK] = "ok",           [UPSTREAM_NOT_SENT] = "not_sent",
+        [UPSTREAM_UNKNOWN] = "unknown", [UPSTREAM_TIMEOUT] = "timeout",
+        [UPSTREAM_TOO_BIG] = "too_big",
+    };
+    return (unsigned)r < sizeof names / sizeof names[0] ? names[r] : "unknown";
+}
+
 /* Headers a client may send that never reach the upstream: Idem's own
  * (Idem-Key, Idem-Epoch, a consumer's Idem-Attempt and a states route's
  * Idem-State-From and Idem-State-To are set by the gateway alone, so that an

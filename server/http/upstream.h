@@ -31,6 +31,10 @@ enum upstream_result {
                            or a head over the limits below */
 };
 
+/* "ok", "not_sent", "unknown", "timeout", "too_big": the metrics' and the
+ * access log's names. */
+const char *upstream_result_name(enum upstream_result r);
+
 /* The most an upstream's answer head may hold: header fields, and bytes of
  * them. An answer over either is too big (UPSTREAM_TOO_BIG), as is one with
  * a body over the request's response_max. */

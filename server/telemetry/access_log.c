@@ -34,6 +34,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "http/front.h"
+#include "http/upstream.h"
 #include "idem.h"
 #include "log.h"
 #include "mono.h"
@@ -339,14 +340,26 @@ void access_log_request(void *arg, const struct front_request *req, int status)
     add_str(&ln, "outcome", outcome);
     add_num(&ln, "status", status > 0 ? (uint64_t)status : 0);
     if (req->upstream_status || req->upstream_us) {
-        add_num(&ln, "upstream_status",
-                req->upstream_status > 0 ? (uint64_t)req->upstream_status : 0);
+        /* No status when it gave none: what went wrong instead. */
+        if (req->upstream_status > 0)
+            add_num(&ln, "upstream_status", (uint64_t)req->upstream_status);
+        else
+            add_str(&ln, "upstream_status", NULL);
+        if (req->upstream_result != UPSTREAM_OK)
+            add_str(&ln, "upstream_error",
+                    upstream_result_name((enum upstream_result)req->upstream_result));
         add_ms(&ln, "upstream_ms", req->upstream_us);
     }
     add_ms(&ln, "total_ms", mono_us() - req->start_us);
     if (req->epoch)
         add_num(&ln, "epoch", req->epoch);
-    add_str(&ln, "request_id", http_msg_header(req->msg, "X-Request-Id"));
+    /* The client's own as it came, or the one made for it. */
+    add_str(&ln, "request_id", req->request_id_own ? req->request_id
+                                                   : http_msg_header(req->msg, "X-Request-Id"));
+    add_str(&ln, "host", http_msg_header(req->msg, "Host"));
+    add_str(&ln, "user_agent", http_msg_header(req->msg, "User-Agent"));
+    add_num(&ln, "bytes_in", req->msg->body_len);
+    add_num(&ln, "bytes_out", req->bytes_out);
     append(b, &ln);
 }
 

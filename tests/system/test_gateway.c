@@ -3783,6 +3783,16 @@ static void test_access_log(void **state)
             /* The client's bytes, back as they were sent. */
             assert_string_equal(json_string_value(json_object_get(j, "request_id")),
                                 "a\"b\\c\xe2\x80\xa8" "d");
+            assert_int_equal(json_integer_value(json_object_get(j, "bytes_in")),
+                             strlen("{\"refund_no\":\"AL-1\",\"amount\":\"1.00\"}"));
+            assert_true(json_integer_value(json_object_get(j, "bytes_out")) > 10);
+            assert_non_null(json_string_value(json_object_get(j, "host")));
+        } else {
+            /* None sent: one made, 24 hex digits, and given to the upstream. */
+            const char *id = json_string_value(json_object_get(j, "request_id"));
+            assert_non_null(id);
+            assert_int_equal(strlen(id), 24);
+            assert_int_equal(strspn(id, "0123456789abcdef"), 24);
         }
         if (i == 1) {
             const char *sub = json_string_value(json_object_get(j, "subject"));
@@ -4890,7 +4900,7 @@ static void raw_upstream_stop(struct raw_upstream *u)
 
 static void start_idem_on(struct proc *gw, int upstream_port, const char *extra, const char *db)
 {
-    char routes[1024];
+    char routes[8192];
     snprintf(routes, sizeof routes,
              "routes:\n"
              "  - name: refund\n"
@@ -5265,6 +5275,51 @@ static void test_long_target_forwarded_whole(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* A request without X-Request-Id gets one: in the access log, and to the
+ * upstream, so that the two can be joined. An upstream that cannot be
+ * reached has no status in the log, but the reason. */
+static void test_request_id_made_and_passed_on(void **state)
+{
+    (void)state;
+    struct raw_upstream u;
+    raw_upstream_start(&u, "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok");
+    char log[4200], extra[4400];
+    snprintf(log, sizeof log, "%s/access-id-%d.log", dir, config_seq + 1);
+    snprintf(extra, sizeof extra,
+             "  - name: down\n    match: { method: POST, path: /down }\n"
+             "    upstream: http://127.0.0.1:1\n    key: { header: Idempotency-Key }\n"
+             "access_log: { to: %s }\n", log);
+    struct proc gw;
+    start_idem_on(&gw, u.port, extra, "request-id.db");
+    static const char *const hdrs[] = {"Idempotency-Key: RID-1", NULL};
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", hdrs, "{}", 5000, &r);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
+    sys_http(gw.port, "POST", "/down", hdrs, "{}", 5000, &r);
+    assert_int_equal(r.status, 502);
+    sys_resp_free(&r);
+    raw_upstream_stop(&u);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    size_t n;
+    char **lines = read_lines(log, &n);
+    json_t *j = json_loads(line_with(lines, n, "\"key\":\"RID-1\",\"outcome\":\"executed\""), 0,
+                           NULL);
+    const char *id = json_string_value(json_object_get(j, "request_id"));
+    assert_non_null(id);
+    char want[64];
+    snprintf(want, sizeof want, "\r\nX-Request-Id: %s\r\n", id);
+    u.got[u.got_len < sizeof u.got ? u.got_len : sizeof u.got - 1] = '\0';
+    if (!strstr(u.got, want))
+        fail_msg("the upstream got no %s:\n%s", want + 2, u.got);
+    json_decref(j);
+    j = json_loads(line_with(lines, n, "\"path\":\"/down\""), 0, NULL);
+    assert_true(json_is_null(json_object_get(j, "upstream_status")));
+    assert_string_equal(json_string_value(json_object_get(j, "upstream_error")), "not_sent");
+    json_decref(j);
+    free_lines(lines, n);
+}
+
 /* Start idem in front of an upstream that reads the request and never
  * answers, send one POST, and expect the 504 saying the outcome is unknown
  * (its body holding what); the upstream is gone afterwards. */
@@ -5556,6 +5611,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_key_optional),
         cmocka_unit_test(test_idempotency_key_sf_string),
         cmocka_unit_test(test_tombstone),
+        cmocka_unit_test(test_request_id_made_and_passed_on),
         cmocka_unit_test(test_resolve_unknown_outcomes),
         cmocka_unit_test(test_states_storm),
         cmocka_unit_test(test_states_out_of_order),
