@@ -65,6 +65,8 @@ struct daemon {
      * caches drop what they kept before it. */
     atomic_ulong replay_gen;
     atomic_ulong passthrough;  /* requests on no route: proxied untouched */
+    atomic_int reload_failed;  /* the last SIGHUP was refused (metrics) */
+    atomic_long config_loaded_s; /* wall seconds when the running config was loaded */
     struct consumers *consumers; /* consumers: (consume.h), set before any request */
     /* The gateway's last record write failed (and none has worked since):
      * reads may still work (a full disk, a store gone read-only), so the

@@ -37,6 +37,7 @@
 #include "gateway/gateway.h"
 #include "gateway/resolver.h"
 #include "log.h"
+#include "mono.h"
 #include "http/peers.h"
 #include "http/rate.h"
 #include "gateway/replay_cache.h"
@@ -372,6 +373,7 @@ static void reload(struct serve *s)
     if (config_load(path, &next, err, sizeof err) != 0 ||
         finish_loading(next, s->listen_arg, s->db_arg, err, sizeof err) != 0) {
         daemon_log("SIGHUP: %s; the running routes stay", err);
+        atomic_store(&s->d.reload_failed, 1);
         config_free(next);
         daemon_config_put(cur);
         return;
@@ -444,6 +446,8 @@ static void reload(struct serve *s)
     pthread_mutex_unlock(&s->d.cfg_mu);
     daemon_config_put(old);
     daemon_log("SIGHUP: reloaded %s: %zu routes", path, next->route_count);
+    atomic_store(&s->d.reload_failed, 0);
+    atomic_store(&s->d.config_loaded_s, (long)(wall_ms() / 1000));
     daemon_config_put(cur);
 }
 
@@ -664,6 +668,7 @@ static int run(int argc, char **argv, int consume_only)
     counts_attach(&s->d.counts, cfg);
     s->d.live = lc;
     s->start = daemon_config_get(&s->d); /* what SIGHUP compares with */
+    atomic_store(&s->d.config_loaded_s, (long)(wall_ms() / 1000));
     s->limits = &cfg->limits;
     s->listen_arg = listen;
     s->db_arg = db;

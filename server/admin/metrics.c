@@ -320,6 +320,20 @@ struct http_response *metrics_render(struct daemon *d)
         {"idem_requests_in_flight", "gauge",
          "Requests of the main listener being handled now (in_flight_max bounds them).",
          d->front_counts ? atomic_load(&d->front_counts->in_flight) : 0},
+        {"idem_connections_open", "gauge",
+         "Connections open on the main listener now (connections_max bounds them).",
+         d->front_counts ? atomic_load(&d->front_counts->connections) : 0},
+        {"idem_admin_connections_open", "gauge",
+         "Connections open on the admin listener now (admin_connections_max bounds them).",
+         d->front_counts ? atomic_load(&d->front_counts->admin_connections) : 0},
+        {"idem_config_last_reload_successful", "gauge",
+         "1 when the last reload (SIGHUP) took the file, or there was none since the "
+         "start; 0 when it was refused and the running configuration stayed.",
+         (uint64_t)(atomic_load(&d->reload_failed) == 0)},
+        {"idem_config_last_reload_success_timestamp_seconds", "gauge",
+         "When the running configuration was loaded (the start, or the last reload that "
+         "took the file), in seconds since the Unix epoch.",
+         (uint64_t)atomic_load(&d->config_loaded_s)},
         {"idem_record_conflicts_total", "counter",
          "Finishes or transitions refused because another claim or state won: alert on "
          "any.",

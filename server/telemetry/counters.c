@@ -17,7 +17,7 @@
 
 const int64_t latency_bounds_us[LATENCY_BUCKETS - 1] = {
     500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000, 2500000,
-    5000000, 10000000,
+    5000000, 10000000, 30000000, 60000000,
 };
 
 const char *gw_outcome_name(int outcome)

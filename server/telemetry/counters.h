@@ -22,7 +22,7 @@ struct front_request;
 /* How long requests took, from their arrival to their answer (and the
  * upstream's part of it): a count per bucket, each bucket up to its bound
  * in latency_bounds_us (the last has none). */
-#define LATENCY_BUCKETS 15
+#define LATENCY_BUCKETS 17
 extern const int64_t latency_bounds_us[LATENCY_BUCKETS - 1];
 
 /* What became of a gateway request (front_request.outcome), as the

@@ -2283,6 +2283,17 @@ static void test_sighup_reloads_routes(void **state)
             assert_string_equal(sys_header(&r, "Idempotent-Replayed"), "true");
         sys_resp_free(&r);
     }
+    /* The reload took the file, and says when; a file refused says so. */
+    assert_int_equal(metric(gw.admin_port, "idem_config_last_reload_successful"), 1);
+    long loaded = metric(gw.admin_port, "idem_config_last_reload_success_timestamp_seconds");
+    assert_true(loaded > 1700000000 && loaded <= (long)time(NULL));
+    sys_write_file(path, "routes: [ this is not a route ]\n");
+    kill(gw.pid, SIGHUP);
+    free(await_log(gw.log, "the running routes stay"));
+    assert_int_equal(metric(gw.admin_port, "idem_config_last_reload_successful"), 0);
+    assert_int_equal(metric(gw.admin_port, "idem_config_last_reload_success_timestamp_seconds"),
+                     loaded);
+    assert_true(metric(gw.admin_port, "idem_connections_open") >= 0);
     /* The metrics count per route, and a route that keeps its name across
      * the reload keeps its counts. */
     assert_int_equal(metric(gw.admin_port, "idem_gateway_executions_total{route=\"refund\"}"), 1);
