@@ -488,6 +488,16 @@ async function main() {
     0);
   assert.equal((await refund(port, 'H-2')).status, 409, 'H-2 still held');
 
+  /* The store's file taken away under the daemon: the banner says what
+   * health says is wrong, not only that it answers 503. */
+  fs.renameSync(path.join(dir, 'records.db'), path.join(dir, 'records.db.moved'));
+  await refund(port, 'C-after-move');
+  await p.waitFor("document.getElementById('health').textContent.includes('health answers 503)')",
+    'the unavailable banner', 15000);
+  assert.match(await p.eval("document.getElementById('health').textContent"),
+    /The store is unavailable \(health answers 503\): (reading|writing) records: E[A-Z]+/);
+  fs.renameSync(path.join(dir, 'records.db.moved'), path.join(dir, 'records.db'));
+
   assert.deepEqual(p.dialogs, [], 'no dialog raised');
   assert.deepEqual(p.cspViolations, [], 'no Content-Security-Policy violation');
   assert.deepEqual(p.exceptions, [], 'no uncaught exception in the page');

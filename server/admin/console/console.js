@@ -78,9 +78,10 @@ function duration(ms) {
 }
 
 class HttpError extends Error {
-  constructor(status, detail) {
+  constructor(status, detail, body) {
     super(detail);
     this.status = status;
+    this.body = body; /* the answer's, parsed when JSON */
   }
 }
 
@@ -105,7 +106,7 @@ async function call(path, options) {
     throw new HttpError(401, 'This key is not accepted by the daemon (401): ' + detail);
   if (r.status === 403)
     throw new HttpError(403, 'This key may not do that (403): ' + detail);
-  throw new HttpError(r.status, r.status + ': ' + detail);
+  throw new HttpError(r.status, r.status + ': ' + detail, body);
 }
 
 /* ---- signing in ---- */
@@ -322,7 +323,8 @@ async function poll() {
   let text, h;
   try {
     [text, h] = await Promise.all([call('metrics'), call('health').catch((e) => {
-      if (e.status === 503) return null; /* the store is down: said below */
+      /* The store is down: said below, with the reason health gives. */
+      if (e.status === 503) return { down: true, body: e.body };
       throw e;
     })]);
   } catch (e) {
@@ -343,12 +345,20 @@ async function poll() {
     }
   }
   drawRoutes();
-  if (h) {
+  if (h && !h.down) {
     drawHealth(h);
     drawConsumers(h, series);
   } else {
+    /* What health says is wrong: the records' error, the last write's. */
+    const b = h && h.body && typeof h.body === 'object' ? h.body : {};
+    const why = [];
+    if (b.records && b.records !== 'ok') why.push('reading records: ' + b.records);
+    if (b.record_writes && b.record_writes !== 'ok') why.push('writing records: ' + b.record_writes);
+    if (b.tokens_and_locks && b.tokens_and_locks !== 'ok')
+      why.push('tokens and locks: ' + b.tokens_and_locks);
     $('health').className = 'error';
-    $('health').textContent = 'The store is unavailable (health answers 503).';
+    $('health').textContent = 'The store is unavailable (health answers 503)' +
+      (why.length ? ': ' + why.join('; ') : '.');
   }
 }
 
