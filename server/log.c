@@ -113,6 +113,11 @@ void daemon_log_setup(enum log_level l, int json)
     as_json = json;
 }
 
+int daemon_log_enabled(enum log_level level)
+{
+    return level >= least;
+}
+
 static void vlog(enum log_level level, const char *fmt, va_list ap)
 {
     static const char *const names[] = {"debug", "info", "warn", "error", "alert"};

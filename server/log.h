@@ -15,6 +15,10 @@ void daemon_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void daemon_logl(enum log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* 1 when lines at level are written: a debug line's arguments need not
+ * be made when they are not. Any thread. */
+int daemon_log_enabled(enum log_level level);
+
 /* The log's least level and form: text (the default: "TIME idem: MESSAGE",
  * a warning's and an error's message starting with its level), or json
  * ({"time", "level", "msg"} a line). Before any thread logs. */

@@ -709,6 +709,12 @@ static void enter(struct gw *g, enum gw_state s)
                     g->rt->space, g->key, states[g->state].name, states[s].name);
         assert(!"a transition missing from states[]");
     }
+    /* log.level: debug: each request's walk, a line a state. */
+    if (daemon_log_enabled(LOG_DEBUG))
+        daemon_logl(LOG_DEBUG, "route %s: %s/%s (request %s): %s -> %s%s%s", g->rt->name,
+                    g->rt->space, g->key, g->req->request_id[0] ? g->req->request_id : "-",
+                    states[g->state].name, states[s].name, g->o != IDEM_NONE ? " after " : "",
+                    g->o != IDEM_NONE ? idem_outcome_name(g->o) : "");
     g->state = s;
     switch (states[s].work) {
     case W_DB:

@@ -71,9 +71,13 @@ static void on_page(void *arg, idem_rc rc, idem_record_page *page, const char *d
         daemon_logl(LOG_WARN, "route %s: looking for claims to resolve: %s: %s", k->rt->name,
                     idem_strerror(rc), detail);
     int64_t now = wall_ms();
+    size_t due = 0;
     for (size_t i = 0; rc == IDEM_OK && !r->stopped && i < page->count; i++)
         if (page->items[i].lease_until_ms <= now)
-            resolve_one(r, k->lc, k->rt, page->items[i].key);
+            resolve_one(r, k->lc, k->rt, page->items[i].key), due++;
+    if (rc == IDEM_OK && daemon_log_enabled(LOG_DEBUG))
+        daemon_logl(LOG_DEBUG, "route %s: %zu claims in flight, %zu of them to ask about",
+                    k->rt->name, page->count, due);
     daemon_config_put(k->lc);
     free(k);
     r->looking--;

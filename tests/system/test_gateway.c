@@ -5299,7 +5299,7 @@ static void test_request_id_made_and_passed_on(void **state)
     snprintf(extra, sizeof extra,
              "  - name: down\n    match: { method: POST, path: /down }\n"
              "    upstream: http://127.0.0.1:1\n    key: { header: Idempotency-Key }\n"
-             "access_log: { to: %s }\n", log);
+             "access_log: { to: %s }\nlog: { level: debug }\n", log);
     struct proc gw;
     start_idem_on(&gw, u.port, extra, "request-id.db");
     static const char *const hdrs[] = {"Idempotency-Key: RID-1", NULL};
@@ -5323,6 +5323,12 @@ static void test_request_id_made_and_passed_on(void **state)
     u.got[u.got_len < sizeof u.got ? u.got_len : sizeof u.got - 1] = '\0';
     if (!strstr(u.got, want))
         fail_msg("the upstream got no %s:\n%s", want + 2, u.got);
+    /* log.level: debug: the request's walk, by its id. */
+    char *daemon = sys_read_file(gw.log);
+    snprintf(want, sizeof want, "(request %s): begin -> forward after NEW", id);
+    if (!strstr(daemon, want))
+        fail_msg("no \"%s\" in the daemon's log:\n%s", want, daemon);
+    free(daemon);
     json_decref(j);
     j = json_loads(line_with(lines, n, "\"path\":\"/down\""), 0, NULL);
     assert_true(json_is_null(json_object_get(j, "upstream_status")));
