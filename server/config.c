@@ -206,6 +206,13 @@ int config_resolve(struct server_config *cfg, char *err, size_t errlen)
             return -1;
     }
     for (size_t i = 0; i < cfg->consumer_count; i++) {
+        if (!cfg->consumers[i].route.resolve)
+            continue;
+        snprintf(field, sizeof field, "consumers[%zu].resolve.url", i);
+        if (resolve_one(cfg, &cfg->consumers[i].route.resolve->url, field, err, errlen))
+            return -1;
+    }
+    for (size_t i = 0; i < cfg->consumer_count; i++) {
         snprintf(field, sizeof field, "consumers[%zu].handler", i);
         if (resolve_one(cfg, &cfg->consumers[i].route.upstream, field, err, errlen))
             return -1;

@@ -183,6 +183,7 @@ static const char *const consumer_fields[] = {
     "name",  "source",  "key",   "space",           "handler",      "lease",
     "handler_timeout",  "max_attempts", "retry_backoff", "dead_letter", "fingerprint",
     "retention", "replay_headers", "signature", "states", "tombstone",
+    "on_unknown_outcome", "resolve",
 };
 
 static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *path,
@@ -238,6 +239,8 @@ static int get_consumer(struct config_ctx *c, const yaml_node_t *n, const char *
         return config_fail(c, n, path, "key is required (e.g. key: { json: refund_no } or "
                            "key: { message_id: true })");
     if (config_get_key(c, v, fpath, r, 1) || config_get_record_fields(c, n, path, r, 1))
+        return -1;
+    if (config_get_unknown_outcome(c, n, path, r))
         return -1;
     if ((v = FIELD("handler_timeout")) &&
         config_get_duration(c, v, fpath, 1, MS_HOUR, &r->upstream_timeout_ms))

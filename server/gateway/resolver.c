@@ -92,8 +92,9 @@ static void on_tick(evutil_socket_t fd, short what, void *arg)
         return;
     struct live_config *lc = daemon_config_get(r->d);
     const struct server_config *c = lc->c;
-    for (size_t i = 0; i < c->route_count; i++) {
-        const struct route *rt = &c->routes[i];
+    for (size_t i = 0; i < c->route_count + c->consumer_count; i++) {
+        const struct route *rt =
+            i < c->route_count ? &c->routes[i] : &c->consumers[i - c->route_count].route;
         if (!rt->resolve)
             continue;
         struct look *k = malloc(sizeof *k);

@@ -562,6 +562,32 @@ static const char *const route_fields[] = {
     "problems", "signature", "states", "tombstone", "resolve",
 };
 
+int config_get_unknown_outcome(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                               struct route *r)
+{
+    static const char *const modes[] = {"expire", "hold", "resolve"};
+    char fpath[96];
+    const yaml_node_t *v;
+    int unknown = 0;
+    config_join(fpath, sizeof fpath, path, "on_unknown_outcome");
+    if ((v = config_field(c, n, "on_unknown_outcome")) &&
+        config_get_enum(c, v, fpath, "expire, hold or resolve", modes, 3, NULL, &unknown))
+        return -1;
+    r->unknown_hold = unknown == 1;
+    config_join(fpath, sizeof fpath, path, "resolve");
+    if ((v = config_field(c, n, "resolve"))) {
+        if (unknown != 2)
+            return config_fail(c, v, fpath, "resolve is the status query of "
+                               "on_unknown_outcome: resolve; set that too, or leave resolve out");
+        return config_get_resolve(c, v, fpath, &r->resolve);
+    }
+    if (unknown == 2)
+        return config_fail(c, n, path, "on_unknown_outcome: resolve needs resolve: { url: "
+                           "http://127.0.0.1:9000/refunds/{key}, executed: [200], "
+                           "not_executed: [404] }");
+    return 0;
+}
+
 /* routes[i] from n; the routes before it are read already, and their names
  * are checked against this one's before the rest is read. */
 static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *path,
@@ -628,23 +654,8 @@ static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *pat
     if ((v = FIELD("on_redis_down")) && config_get_choice(c, v, fpath, "skip", "reject",
                                                           &r->on_redis_down_reject))
         return -1;
-    static const char *const unknown_modes[] = {"expire", "hold", "resolve"};
-    int unknown = 0;
-    if ((v = FIELD("on_unknown_outcome")) &&
-        config_get_enum(c, v, fpath, "expire, hold or resolve", unknown_modes, 3, NULL, &unknown))
+    if (config_get_unknown_outcome(c, n, path, r))
         return -1;
-    r->unknown_hold = unknown == 1;
-    if ((v = FIELD("resolve"))) {
-        if (unknown != 2)
-            return config_fail(c, v, fpath, "resolve is the status query of "
-                               "on_unknown_outcome: resolve; set that too, or leave resolve out");
-        if (config_get_resolve(c, v, fpath, &r->resolve))
-            return -1;
-    } else if (unknown == 2) {
-        return config_fail(c, n, path, "on_unknown_outcome: resolve needs resolve: { url: "
-                           "http://127.0.0.1:9000/refunds/{key}, executed: [200], "
-                           "not_executed: [404] }");
-    }
     if ((v = FIELD("key_required"))) {
         int required = 1;
         if (config_get_bool(c, v, fpath, &required))

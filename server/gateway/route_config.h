@@ -163,6 +163,10 @@ int config_get_key(struct config_ctx *c, const struct yaml_node_s *n, const char
  * retention, replay_headers, fingerprint, states, read from the mapping n. */
 int config_get_record_fields(struct config_ctx *c, const struct yaml_node_s *n,
                              const char *path, struct route *r, int for_consumer);
+/* on_unknown_outcome (expire, hold, resolve) and resolve:, as a route and
+ * a consumer say them, from the mapping n. */
+int config_get_unknown_outcome(struct config_ctx *c, const struct yaml_node_s *n,
+                               const char *path, struct route *r);
 /* problems: { token_spent: { title: ..., detail: ... }, ... } */
 int config_get_problems(struct config_ctx *c, const struct yaml_node_s *n, const char *path,
                         struct problem_text **out, size_t *count);

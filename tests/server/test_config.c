@@ -1153,6 +1153,12 @@ static void test_resolve(void **state)
     config_free(c);
     parse_bad(ROUTE "    on_unknown_outcome: resolve\n", "idem.yaml:2",
               "on_unknown_outcome: resolve needs resolve:");
+    /* A consumer's handler call that timed out, the same way. */
+    c = parse_ok(CONSUMER "    on_unknown_outcome: resolve\n"
+                          "    resolve: { url: \"http://127.0.0.1:9000/r/{key}\", executed: [200], "
+                          "not_executed: [404] }\n");
+    assert_non_null(c->consumers[0].route.resolve);
+    config_free(c);
     parse_bad(ROUTE "    resolve: { url: \"http://127.0.0.1:9000/r/{key}\", executed: [200], "
                     "not_executed: [404] }\n",
               "idem.yaml:6", "set that too");

@@ -702,6 +702,65 @@ static void test_redis_states_shared_with_a_route(void **state)
     states_shared(1);
 }
 
+/* A handler call that timed out (the handler finished after idem gave
+ * up): on_unknown_outcome: resolve asks the service, which says it
+ * executed; the message is acked, the handler called once. */
+static void resolved_message(int redis)
+{
+    struct bus b;
+    char path[4200], body[128];
+    bus_open(&b, redis, "resolve");
+    refunds_config(&b, 8, 0, "    handler_timeout: 300ms\n"
+                   "    lease: 2s\n"
+                   "    on_unknown_outcome: resolve\n"
+                   "    resolve:\n"
+                   "      url: @UP@/refunds/{key}\n"
+                   "      after: 1500ms\n"
+                   "      executed: [200]\n"
+                   "      not_executed: [404]\n", path, sizeof path);
+    struct proc p;
+    start(&p, "serve", path);
+    long before = executions();
+    snprintf(body, sizeof body, "{\"refund_no\":\"RQ-%d\",\"amount\":\"1.00\"}", seq);
+    const struct header h[] = {{"X-Delay-Ms", "800"}, {NULL, NULL}};
+    publish(&b, body, h, NULL);
+    /* The call times out; the service is asked 1.5 s later, says yes. */
+    static const char want[] = "idem_resolutions_total{route=\"refunds\",verdict=\"executed\"} 1";
+    long long deadline = now_ms() + 20000;
+    int resolved = 0;
+    while (!resolved && now_ms() < deadline) {
+        struct sys_resp r;
+        sys_admin_http(p.admin_port, "GET", "/metrics", NULL, 5000, &r);
+        resolved = strstr(r.m->body, want) != NULL;
+        sys_resp_free(&r);
+        if (!resolved)
+            sleep_ms(100);
+    }
+    if (!resolved) {
+        char *log = sys_read_file(p.log);
+        fail_msg("never resolved; idem's log:\n%s", log);
+    }
+    while (now_ms() < deadline && !all_acked(&b))
+        sleep_ms(100);
+    assert_true(all_acked(&b));
+    assert_int_equal(executions() - before, 1);
+    assert_int_equal(dead_count(&b), 0);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    bus_close(&b);
+}
+
+static void test_amqp_unknown_outcome_resolved(void **state)
+{
+    (void)state;
+    resolved_message(0);
+}
+
+static void test_redis_unknown_outcome_resolved(void **state)
+{
+    (void)state;
+    resolved_message(1);
+}
+
 /* A handler that always answers 500: the message reaches the dead letter
  * after max_attempts, with Idem's headers and its own, the handler called
  * exactly max_attempts times — idem killed and started again between the
@@ -1264,6 +1323,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_amqp_route_and_consumer_one_execution, teardown),
         cmocka_unit_test_teardown(test_redis_route_and_consumer_one_execution, teardown),
         cmocka_unit_test_teardown(test_amqp_states_shared_with_a_route, teardown),
+        cmocka_unit_test_teardown(test_amqp_unknown_outcome_resolved, teardown),
+        cmocka_unit_test_teardown(test_redis_unknown_outcome_resolved, teardown),
         cmocka_unit_test_teardown(test_redis_states_shared_with_a_route, teardown),
         cmocka_unit_test_teardown(test_amqp_poison_dead_lettered_across_restart, teardown),
         cmocka_unit_test_teardown(test_redis_poison_dead_lettered_across_restart, teardown),
