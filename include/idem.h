@@ -998,6 +998,25 @@ typedef struct idem_stats {
 
 IDEM_EXTERN void idem_get_stats(idem *h, idem_stats *out);
 
+/* What the store's server promises about a commit it has acknowledged when
+ * its primary is lost and a standby promoted (the distributed store's
+ * PostgreSQL): read when each connection to the primary is made, so a
+ * failover to a new primary is read again. synchronous is 1 when every
+ * acknowledged commit is on a synchronous standby too
+ * (synchronous_standby_names names one, and synchronous_commit is on or
+ * remote_apply); 0 when a failover can lose acknowledged commits, and why
+ * says why. known 0: the store has no replication (the embedded one, a
+ * single file), or it was not read yet. */
+typedef struct idem_replication {
+    int known;
+    int synchronous;
+    char synchronous_commit[32];
+    char synchronous_standby_names[256];
+    char why[512];
+} idem_replication;
+
+IDEM_EXTERN void idem_get_replication(idem *h, idem_replication *out);
+
 /* How long the durable transactions took, from a batch's first statement to
  * its durable COMMIT (the fsync included; on the distributed store, every
  * round trip to PostgreSQL of the batch), as a histogram: hist[i] counts

@@ -198,6 +198,15 @@ IDEM_EXTERN void idem_get_stats(idem *h, idem_stats *out)
     h->db_ops->commit_stats(h->db, out, NULL, NULL);
 }
 
+IDEM_EXTERN void idem_get_replication(idem *h, idem_replication *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (h && h->db_ops->replication)
+        h->db_ops->replication(h->db, out);
+}
+
 IDEM_EXTERN void idem_get_commit_times(idem *h, idem_commit_times *out)
 {
     if (!out)

@@ -266,7 +266,7 @@ static int get_server_url(struct config_ctx *c, const yaml_node_t *n, const char
 static int get_storage(struct config_ctx *c, const yaml_node_t *n, struct server_config *cfg)
 {
     static const char *const known[] = {"kind", "path", "redis", "postgres", "pool",
-                                        "timeout"};
+                                        "timeout", "require_synchronous_replication"};
     const yaml_node_t *v;
     const char *s;
     if (config_check_fields(c, n, "storage", known, sizeof known / sizeof known[0]))
@@ -282,8 +282,9 @@ static int get_storage(struct config_ctx *c, const yaml_node_t *n, struct server
             return config_oom(c);
     }
     int distributed = strcmp(cfg->storage_kind, "distributed") == 0;
-    static const char *const only_distributed[] = {"redis", "postgres", "pool", "timeout"};
-    for (size_t i = 0; i < 4; i++)
+    static const char *const only_distributed[] = {"redis", "postgres", "pool", "timeout",
+                                                   "require_synchronous_replication"};
+    for (size_t i = 0; i < 5; i++)
         if (!distributed && (v = config_field(c, n, only_distributed[i]))) {
             char fp[32];
             config_pathf(fp, sizeof fp, "storage.%s", only_distributed[i]);
@@ -314,6 +315,10 @@ static int get_storage(struct config_ctx *c, const yaml_node_t *n, struct server
         if ((v = config_field(c, n, "timeout")) &&
             config_get_duration(c, v, "storage.timeout", 1, 10 * 60 * MS_SEC,
                                 &cfg->storage_timeout_ms))
+            return -1;
+        if ((v = config_field(c, n, "require_synchronous_replication")) &&
+            config_get_bool(c, v, "storage.require_synchronous_replication",
+                            &cfg->require_sync_replication))
             return -1;
         return 0;
     }

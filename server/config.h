@@ -40,6 +40,8 @@ struct server_config {
     char *postgres_url;       /* distributed: likewise; never logged */
     unsigned storage_pool;    /* distributed: PostgreSQL connections; default 8 */
     int64_t storage_timeout_ms; /* distributed: connect and command timeout; 2 s */
+    int require_sync_replication; /* distributed: refuse to start (and fail health)
+                                     when the primary has no synchronous standby */
     char *subject_header;     /* default X-Subject */
     struct upstream_url upstream; /* where requests no route matches go */
     int has_upstream;         /* 0: those get 404 no_route */

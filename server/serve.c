@@ -699,6 +699,22 @@ static int run(int argc, char **argv, int consume_only)
                 where, idem_errdetail());
         goto out;
     }
+    /* What the store's primary promises on a failover: said once, and with
+     * require_synchronous_replication a condition of starting at all. */
+    idem_replication repl;
+    idem_get_replication(s->d.h, &repl);
+    if (repl.known && !repl.synchronous) {
+        if (cfg->require_sync_replication) {
+            fprintf(stderr, "%s: storage.require_synchronous_replication: %s\n", me, repl.why);
+            goto out;
+        }
+        daemon_logl(LOG_WARN,
+                    "storage: %s. An execution whose claim or answer is lost that way can run "
+                    "twice after the standby is promoted; give the primary a synchronous standby "
+                    "(synchronous_standby_names, synchronous_commit = on), or set "
+                    "storage.require_synchronous_replication to refuse to start without one",
+                    repl.why);
+    }
     signal(SIGPIPE, SIG_IGN);
     evthread_use_pthreads();
     if (!(s->background = background_start("idem-bg"))) {

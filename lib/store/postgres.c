@@ -118,6 +118,7 @@
 #include "core/hint.h"
 #include "commit_queue.h"
 #include "core/stats.h"
+#include "core/str.h"
 #include "row.h"
 #include "store.h"
 
@@ -334,6 +335,9 @@ struct pg_db {
     struct job *admin_head, **admin_tail;
     int admin_draining;       /* a writer runs the operators' jobs */
     PGconn *admin;            /* the operators' connection: the drainer's alone */
+
+    pthread_mutex_t repl_mu;  /* what the primary promises, read at each connect */
+    idem_replication repl;
 };
 
 /* ---- time, messages ---- */
@@ -653,8 +657,59 @@ fail:
 
 static idem_rc migrate(struct pg_db *d, PGconn *pg, int64_t deadline);
 
+/* What the server pg is connected to promises about an acknowledged commit
+ * on a failover: synchronous only with a synchronous standby named and
+ * synchronous_commit at on or remote_apply (below on, off, local and
+ * remote_write acknowledge before the standby has the commit durably). */
+static idem_rc read_replication(struct pg_db *d, PGconn *pg, int64_t deadline)
+{
+    PGresult *r = NULL;
+    idem_rc rc = exec_simple(d, pg,
+                             "SELECT current_setting('synchronous_commit'),"
+                             " current_setting('synchronous_standby_names')",
+                             deadline, "reading synchronous_commit", &r);
+    if (rc != IDEM_OK || !r || PQntuples(r) != 1) {
+        PQclear(r);
+        return rc;
+    }
+    idem_replication v;
+    memset(&v, 0, sizeof v);
+    v.known = 1;
+    idem__copy(v.synchronous_commit, sizeof v.synchronous_commit, PQgetvalue(r, 0, 0));
+    idem__copy(v.synchronous_standby_names, sizeof v.synchronous_standby_names,
+               PQgetvalue(r, 0, 1));
+    PQclear(r);
+    int on = strcmp(v.synchronous_commit, "on") == 0 ||
+             strcmp(v.synchronous_commit, "remote_apply") == 0;
+    v.synchronous = on && v.synchronous_standby_names[0] != '\0';
+    if (!v.synchronous_standby_names[0])
+        snprintf(v.why, sizeof v.why,
+                 "%s has no synchronous standby (synchronous_standby_names is empty): a commit "
+                 "is acknowledged before any standby has it, and a failover can lose it",
+                 d->where);
+    else if (!on)
+        snprintf(v.why, sizeof v.why,
+                 "%s acknowledges a commit with synchronous_commit = %s, before its synchronous "
+                 "standby has it durably: a failover can lose it",
+                 d->where, v.synchronous_commit);
+    pthread_mutex_lock(&d->repl_mu);
+    d->repl = v;
+    pthread_mutex_unlock(&d->repl_mu);
+    return IDEM_OK;
+}
+
+static void replication(void *db, idem_replication *out)
+{
+    struct pg_db *d = db;
+    pthread_mutex_lock(&d->repl_mu);
+    *out = d->repl;
+    pthread_mutex_unlock(&d->repl_mu);
+}
+
 /* A writer's connection: every statement prepared, in pipeline mode. The
- * first one made at open migrates the schema before it prepares. */
+ * first one made at open migrates the schema before it prepares; each
+ * reads what the server promises of a commit (a reconnect after a failover
+ * finds the new primary's). */
 static idem_rc writer_connect(struct writer *w, int64_t deadline, int migrate_first)
 {
     struct pg_db *d = w->db;
@@ -662,6 +717,8 @@ static idem_rc writer_connect(struct writer *w, int64_t deadline, int migrate_fi
     idem_rc rc = conn_open(d, deadline, &pg);
     if (rc == IDEM_OK && migrate_first)
         rc = migrate(d, pg, deadline);
+    if (rc == IDEM_OK)
+        rc = read_replication(d, pg, deadline);
     for (int i = 0; rc == IDEM_OK && i < ST_COUNT_; i++)
         rc = prepare(d, pg, i, deadline);
     if (rc == IDEM_OK && !PQenterPipelineMode(pg))
@@ -2182,6 +2239,7 @@ static void postgres_close(void *db)
     idem__free(d->readers);
     conn_close(&d->admin);
     pthread_mutex_destroy(&d->admin_mu);
+    pthread_mutex_destroy(&d->repl_mu);
     pthread_mutex_destroy(&d->pool_mu);
     idem__cq_destroy(&d->q);
     pthread_mutex_destroy(&d->backoff_mu);
@@ -2216,6 +2274,7 @@ static const struct idem__db_ops postgres_ops = {
     .rec_delete_start = rec_delete_start,
     .rec_list_start = rec_list_start,
     .rec_purge_start = rec_purge_start,
+    .replication = replication,
 };
 
 /* Bring the schema to SCHEMA_VERSION, one process at a time. */
@@ -2315,6 +2374,7 @@ idem_rc idem__postgres_open(const idem_options *o, const struct idem__db_ops **o
     pthread_mutex_init(&d->backoff_mu, NULL);
     pthread_mutex_init(&d->pool_mu, NULL);
     pthread_mutex_init(&d->admin_mu, NULL);
+    pthread_mutex_init(&d->repl_mu, NULL);
     d->admin_tail = &d->admin_head;
     d->rq_tail = &d->rq_head;
     d->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 2000;

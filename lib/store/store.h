@@ -28,10 +28,11 @@
 
 #define IDEM_KV_OPS_VERSION 3 /* 2: the asynchronous operations, loop_gone;
                                  3: token_put_start */
-#define IDEM_DB_OPS_VERSION 7 /* 4: rec_delete, rec_list; 5: the _start operations;
+#define IDEM_DB_OPS_VERSION 8 /* 4: rec_delete, rec_list; 5: the _start operations;
                                  6: rec_delete_start, rec_list_start,
                                  rec_purge_start; 7: version 2's run_async (and
-                                 3's one_call) gone with idem_record_async */
+                                 3's one_call) gone with idem_record_async;
+                                 8: replication */
 
 struct idem__loop;
 
@@ -240,6 +241,10 @@ struct idem__db_ops {
                               idem_record_item **items, size_t *count, struct idem__call *c);
     idem_rc (*rec_purge_start)(void *db, int64_t now, unsigned limit, unsigned *purged,
                                struct idem__call *c);
+
+    /* Version 8. What the server promises of an acknowledged commit on a
+     * failover (idem_get_replication); NULL: no replication (known 0). */
+    void (*replication)(void *db, idem_replication *out);
 };
 
 /* What a handle keeps for each loop asynchronous calls were made on

@@ -135,12 +135,20 @@ static void looked(struct api_call *c)
         json_object_set_new(consumers, consumers_name(d->consumers, k),
                             json_string(up ? "connected" : "disconnected"));
     }
+    /* With storage.require_synchronous_replication, a primary found without
+     * a synchronous standby (after a failover, say) is not ready. */
+    idem_replication repl;
+    idem_get_replication(d->h, &repl);
+    struct live_config *lc = daemon_config_get(d);
+    int unsafe = lc->c->require_sync_replication && repl.known && !repl.synchronous;
+    daemon_config_put(lc);
     /* A consumer without its broker takes nothing: degraded, as Redis
      * down is; the gateway still serves. */
     const char *status = rc != IDEM_OK || wr != IDEM_OK ? "store_unavailable"
+                         : unsafe                       ? "replication_asynchronous"
                          : kv != IDEM_OK || down        ? "degraded"
                                                         : "ok";
-    int code = rc == IDEM_OK && wr == IDEM_OK ? 200 : 503;
+    int code = rc == IDEM_OK && wr == IDEM_OK && !unsafe ? 200 : 503;
     if (!admin) {
         json_decref(consumers);
         api_answer_health(c, json_response(code, json_pack("{s:s, s:s, s:s}", "status", status, "records",
@@ -173,6 +181,16 @@ static void looked(struct api_call *c)
         json_object_set_new(j, "consumers", consumers);
     else
         json_decref(consumers);
+    /* What the store's primary promises of an acknowledged commit on a
+     * failover (the distributed store), as last read. */
+    if (j && repl.known)
+        json_object_set_new(j, "replication",
+                            json_pack("{s:s, s:s, s:s, s:s?}", "commits",
+                                      repl.synchronous ? "synchronous" : "asynchronous",
+                                      "synchronous_commit", repl.synchronous_commit,
+                                      "synchronous_standby_names",
+                                      repl.synchronous_standby_names, "why",
+                                      repl.synchronous ? NULL : repl.why));
     api_answer_health(c, json_response(code, j));
 }
 

@@ -815,6 +815,46 @@ static void test_renewals_not_starved_by_stuck_redis(void **state)
 }
 
 /* A URL with a password never reaches a log or an error message. */
+/* The tests' PostgreSQL has no standby: a commit it acknowledges is lost
+ * with it on a failover. idem says so once at start (a WARNING naming the
+ * server and why), and health shows it; with
+ * storage.require_synchronous_replication it refuses to start. */
+static void test_asynchronous_replication_said(void **state)
+{
+    (void)state;
+    struct proc p;
+    start_idem(&p, "routes:\n  - name: r\n    match: { method: POST, path: /refunds }\n"
+                   "    upstream: @UP@\n    key: { json: refund_no }\n");
+    struct sys_resp r;
+    sys_admin_http(p.admin_port, "GET", "/_idem/v1/health", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    json_t *repl = json_object_get(j, "replication");
+    assert_string_equal(json_string_value(json_object_get(repl, "commits")), "asynchronous");
+    assert_string_equal(json_string_value(json_object_get(repl, "synchronous_standby_names")), "");
+    assert_non_null(strstr(json_string_value(json_object_get(repl, "why")),
+                           "has no synchronous standby"));
+    json_decref(j);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    char *log = sys_read_file(p.log);
+    assert_non_null(strstr(log, "warning: storage: 127.0.0.1:"));
+    assert_non_null(strstr(log, "can run twice after the standby is promoted"));
+    free(log);
+
+    char path[4200], text[4096], err[8192];
+    snprintf(path, sizeof path, "%s/require-sync.yaml", dir);
+    snprintf(text, sizeof text,
+             "storage:\n  kind: distributed\n  redis: %s\n  postgres: %s\n"
+             "  require_synchronous_replication: true\n", redis_url, pg_url);
+    sys_write_file(path, text);
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--listen", "127.0.0.1:0", NULL};
+    assert_int_not_equal(sys_run_fail(argv, err, sizeof err), 0);
+    if (!strstr(err, "storage.require_synchronous_replication: 127.0.0.1:") ||
+        !strstr(err, "has no synchronous standby"))
+        fail_msg("refused with: %s", err);
+}
+
 static void test_password_never_logged(void **state)
 {
     (void)state;
@@ -906,6 +946,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_give_back_never_sent_releases, setup),
         cmocka_unit_test_setup(test_give_back_unanswered_holds, setup),
         cmocka_unit_test_setup(test_renewals_not_starved_by_stuck_redis, setup),
+        cmocka_unit_test_setup(test_asynchronous_replication_said, setup),
         cmocka_unit_test_setup(test_password_never_logged, setup),
         cmocka_unit_test_setup(test_json_api_threads, setup),
     };
