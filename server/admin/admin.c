@@ -85,6 +85,11 @@ struct http_response *admin_refusal(const struct server_config *cfg, const struc
  * listener's connections a second, while a right key is never held. */
 #define AUTH_FAILURE_BURST 10
 #define AUTH_FAILURE_EVERY_S 6
+/* And on the listener as a whole, whatever the addresses: a local user can
+ * bind as many loopback source addresses as it likes. */
+#define AUTH_FAILURE_ALL_BURST 30
+#define AUTH_FAILURE_ALL_EVERY_S 2
+#define AUTH_FAILURE_ALL "(listener)" /* no peer's host: a table name of its own */
 #define AUTH_FAILURE_HOLD_MS 1000
 
 struct held_answer {
@@ -117,9 +122,13 @@ static void answer_refused_key(struct daemon *d, struct live_config *lc, struct 
     struct daemon_loop *loop = req->loop_ctx;
     atomic_fetch_add(&d->auth_failures, 1);
     struct held_answer *h = NULL;
-    if (rate_take(d->auth_failures_by_peer, req->peer, front_peer_host(req->peer),
-                  1.0 / AUTH_FAILURE_EVERY_S, AUTH_FAILURE_BURST, mono_us()) == 0 ||
-        !(h = calloc(1, sizeof *h)) ||
+    int64_t now = mono_us();
+    int by_peer = rate_take(d->auth_failures_by_peer, req->peer, front_peer_host(req->peer),
+                            1.0 / AUTH_FAILURE_EVERY_S, AUTH_FAILURE_BURST, now) != 0;
+    int by_all = rate_take(d->auth_failures_by_peer, AUTH_FAILURE_ALL,
+                           sizeof AUTH_FAILURE_ALL - 1, 1.0 / AUTH_FAILURE_ALL_EVERY_S,
+                           AUTH_FAILURE_ALL_BURST, now) != 0;
+    if ((!by_peer && !by_all) || !(h = calloc(1, sizeof *h)) ||
         !(h->ev = evtimer_new(loop->base, on_held, req))) {
         free(h);
         daemon_answer(lc, req, r);
