@@ -388,7 +388,19 @@ void api_records_transition(struct api_call *c)
         not_started(c, rc);
 }
 
-/* GET records/{space}/{key}, each percent-encoded. */
+/* The key of GET records/{space}/?key=KEY: for a key no path can carry
+ * ("." and "..", which clients resolve away, "%2E" included). 0, or -1. */
+static int key_param(const char *target, char *out, size_t cap)
+{
+    const char *q = strchr(target, '?');
+    for (const char *p = q; p; p = strchr(p + 1, '&'))
+        if (strncmp(p + 1, "key=", 4) == 0)
+            return request_pct_decode(p + 5, strcspn(p + 5, "&#"), out, cap, 1) || !*out ? -1
+                                                                                         : 0;
+    return -1;
+}
+
+/* GET records/{space}/{key}, each percent-encoded, or records/{space}/?key=KEY. */
 void api_records_get(struct api_call *c)
 {
     const char *rest = c->rest + strlen("records/");
@@ -401,7 +413,8 @@ void api_records_get(struct api_call *c)
     c->own = n;
     if (!slash ||
         request_pct_decode(rest, (size_t)(slash - rest), n->space, sizeof n->space, 0) ||
-        request_pct_decode(slash + 1, strlen(slash + 1), n->key, sizeof n->key, 0)) {
+        (slash[1] ? request_pct_decode(slash + 1, strlen(slash + 1), n->key, sizeof n->key, 0)
+                  : key_param(c->req->msg->target, n->key, sizeof n->key))) {
         api_answer(c, problem(400, "invalid_path",
                               "expected /_idem/v1/records/{space}/{key}, each percent-encoded"));
         return;

@@ -364,6 +364,22 @@ async function main() {
   await p.key('Escape', 'Escape', 27);
   await p.waitFor("!document.getElementById('detail').open", 'Esc to close the detail');
 
+  /* Keys "." and "..", which a browser would resolve out of a path: they
+   * open, and their detail names them. */
+  for (const key of ['.', '..']) {
+    const made = await admin(adminPort, 'POST', '/_idem/v1/records/begin',
+      { space: 'refund', key, owner: 'dots', lease_ms: 60000 });
+    assert.equal(made.status, 200, key + ': ' + made.body);
+    await p.eval('openRecord(' + JSON.stringify('refund') + ', ' + JSON.stringify(key) + ')');
+    await p.waitFor("document.getElementById('detail').open && " +
+      "document.getElementById('detail-fields').textContent.includes('Owner' + 'dots')",
+      'the detail of ' + key);
+    assert.ok((await p.eval("document.getElementById('detail-fields').textContent"))
+      .includes('Key' + key + 'State'), key);
+    await p.key('Escape', 'Escape', 27);
+    await p.waitFor("!document.getElementById('detail').open", 'Esc to close the detail');
+  }
+
   /* A key with states: the detail says how it got where it is. */
   for (const status of ['SUCCESS', 'REFUNDED_BACK'])
     assert.equal((await request(port, 'POST', '/orders/O-9/refunds',

@@ -444,10 +444,18 @@ function bodyText(bytes) {
   }
 }
 
+/* The path of a record: a key that is "." or ".." (which the browser
+ * resolves away, "%2E" too) goes in the query instead. */
+function recordPath(space, key) {
+  const s = encodeURIComponent(space);
+  return key === '.' || key === '..' ? 'records/' + s + '/?key=' + encodeURIComponent(key)
+                                     : 'records/' + s + '/' + encodeURIComponent(key);
+}
+
 async function openRecord(space, key) {
   let answer;
   try {
-    answer = await call('records/' + encodeURIComponent(space) + '/' + encodeURIComponent(key));
+    answer = await call(recordPath(space, key));
   } catch (e) {
     say(e.message, true);
     return;
