@@ -989,8 +989,48 @@ static void after_token(struct gw *g)
 
 
 /* A finished record found before any layer is asked: its answer. */
+static void stale_event(struct gw *g, const char *current);
+static void transition_conflict(struct gw *g, const char *current, uint64_t epoch);
+
+/* A key with states, read before its step: the answers that need no
+ * write, decided from the state it is in. Its states only move forward
+ * (the machine is acyclic), so a request that is the current state's
+ * duplicate, or behind it, or against it, stays so: what the step would
+ * answer a moment later. 1 when answered. */
+static int answered_from_state(struct gw *g)
+{
+    const idem_record *rec = &g->rec;
+    idem_step_view v;
+    if (g->rc != IDEM_OK || g->o != IDEM_FOUND || !idem_record_finished(rec->state) ||
+        (rec->expires_ms && rec->expires_ms <= wall_ms()) ||
+        idem_record_steps(rec, &v) != IDEM_OK)
+        return 0;
+    idem_step_relation rel = idem_machine_relation(g->rt->states->machine, v.state, g->to);
+    if (rel == IDEM_STEP_SAME && g->has_fp && rec->has_fingerprint &&
+        memcmp(g->fp, rec->fingerprint, IDEM_FINGERPRINT_LEN) != 0)
+        return 0; /* the step says MISMATCH */
+    if (rel != IDEM_STEP_SAME && rel != IDEM_STEP_BEHIND && rel != IDEM_STEP_APART)
+        return 0;
+    /* Each answer below ends the request (g is freed): everything of the
+     * record it needs is taken first. */
+    idem__hint_paid(&g->d->gateway->reads, 1);
+    uint64_t epoch = rec->epoch;
+    if (rel == IDEM_STEP_SAME)
+        g->out = replay(g, rec);
+    idem_record_clear(&g->rec);
+    if (rel == IDEM_STEP_SAME)
+        enter(g, S_DONE);
+    else if (rel == IDEM_STEP_BEHIND)
+        stale_event(g, v.state);
+    else
+        transition_conflict(g, v.state, epoch);
+    return 1;
+}
+
 static void after_read(struct gw *g)
 {
+    if (g->rt->states && answered_from_state(g))
+        return;
     if (g->rc == IDEM_OK && (g->out = replay_finished(g, g->o, &g->rec)) != NULL) {
         idem__hint_paid(&g->d->gateway->reads, 1);
         enter(g, S_DONE);
@@ -2250,7 +2290,7 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
     g->has_fp = has_fp;
     g->replay_gen = gen;
     if (!rt->layer_token) {
-        if (!rt->states && idem__hint_take(&d->gateway->reads))
+        if (idem__hint_take(&d->gateway->reads))
             enter(g, S_READ);
         else
             go_lock(g);
