@@ -21,6 +21,7 @@ packages=(
   rabbitmq-server librabbitmq-dev amqp-tools  # the message consumers and their tests
   prometheus                            # promtool: the metrics' and alert rules' tests
   chromium nodejs                       # the console's test: a browser, and its driver
+  default-jdk-headless golang-go        # the token flow's Java and Go clients, run by its test
 )
 
 missing=()
