@@ -22,6 +22,7 @@ packages=(
   prometheus                            # promtool: the metrics' and alert rules' tests
   chromium nodejs                       # the console's test: a browser, and its driver
   default-jdk-headless golang-go        # the token flow's Java and Go clients, run by its test
+  git                                   # the run.sh demo's test copies the tree's files
 )
 
 missing=()
