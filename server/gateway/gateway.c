@@ -390,6 +390,8 @@ static void answer(struct gw *g)
 {
     counts_observe(g->rt, g->t0);
     struct front_request *req = g->req;
+    if (g->out && g->out->problem_type[0]) /* Idem's own problem, not a stored one */
+        (void)problem_set_instance(g->out, req->request_id);
     localise(g->lc->c, g->rt, g->out);
     req->resp = g->out;
     g->out = NULL;
@@ -2112,6 +2114,8 @@ static void done(struct gw *g)
 static void answer_early(struct live_config *lc, const struct route *rt,
                          struct front_request *req, struct http_response *r, int64_t t0)
 {
+    if (r && r->problem_type[0])
+        (void)problem_set_instance(r, req->request_id);
     counts_observe(rt, t0);
     daemon_answer(lc, req, localise(lc->c, rt, r));
 }

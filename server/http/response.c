@@ -245,6 +245,37 @@ struct http_response *problem(int status, const char *type, const char *fmt, ...
     return r;
 }
 
+int problem_set_instance(struct http_response *r, const char *request_id)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    if (!r || !request_id || !*request_id)
+        return 0;
+    char uri[17 + 3 * 80 + 1] = "urn:idem-request:";
+    size_t o = strlen(uri);
+    for (const unsigned char *p = (const unsigned char *)request_id; *p && o + 4 < sizeof uri;
+         p++) {
+        if ((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+            *p == '-' || *p == '.' || *p == '_' || *p == '~') {
+            uri[o++] = (char)*p;
+        } else {
+            uri[o++] = '%';
+            uri[o++] = hex[*p >> 4];
+            uri[o++] = hex[*p & 15];
+        }
+    }
+    uri[o] = '\0';
+    json_t *j = json_loadb(r->body, r->body_len, 0, NULL);
+    int bad = !j || json_object_set_new(j, "instance", json_string(uri));
+    char *body = bad ? NULL : json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (!body || response_set_body(r, body, strlen(body))) {
+        free(body);
+        return -1;
+    }
+    free(body);
+    return 0;
+}
+
 int problem_set_claim(struct http_response *r, uint64_t epoch, int64_t held_until_ms)
 {
     if (!r)

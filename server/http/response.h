@@ -66,6 +66,12 @@ int problem_set_text(struct http_response *r, const char *title, const char *det
  * need not read detail. 0, or -1 on OOM (the body stays as it was). */
 int problem_set_claim(struct http_response *r, uint64_t epoch, int64_t held_until_ms);
 
+/* The problem r's instance (RFC 9457): "urn:idem-request:" and the
+ * request's id (its X-Request-Id, or the one Idem made), percent-encoded,
+ * so that a client's report of the problem names the access log's line.
+ * 0, or -1 on OOM (the body stays as it was). */
+int problem_set_instance(struct http_response *r, const char *request_id);
+
 /* The reason phrase for a status ("Conflict"), "" when unknown. */
 const char *http_reason(int status);
 

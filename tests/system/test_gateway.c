@@ -5329,6 +5329,16 @@ static void test_request_id_made_and_passed_on(void **state)
     sys_http(gw.port, "POST", "/down", hdrs, "{}", 5000, &r);
     assert_int_equal(r.status, 502);
     sys_resp_free(&r);
+    /* A problem names its request: instance, the id the log has. */
+    sys_http(gw.port, "POST", "/refunds", NULL, "{}", 5000, &r);
+    assert_int_equal(r.status, 400);
+    json_t *p = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    char instance[128];
+    snprintf(instance, sizeof instance, "%s",
+             json_string_value(json_object_get(p, "instance")) ?: "");
+    json_decref(p);
+    sys_resp_free(&r);
+    assert_int_equal(strncmp(instance, "urn:idem-request:", 17), 0);
     raw_upstream_stop(&u);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
     size_t n;
@@ -5348,6 +5358,9 @@ static void test_request_id_made_and_passed_on(void **state)
     if (!strstr(daemon, want))
         fail_msg("no \"%s\" in the daemon's log:\n%s", want, daemon);
     free(daemon);
+    json_decref(j);
+    j = json_loads(line_with(lines, n, "\"outcome\":\"key_missing\""), 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "request_id")), instance + 17);
     json_decref(j);
     j = json_loads(line_with(lines, n, "\"path\":\"/down\""), 0, NULL);
     assert_true(json_is_null(json_object_get(j, "upstream_status")));
