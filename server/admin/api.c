@@ -72,6 +72,7 @@ static const struct endpoint endpoints[] = {
     {"GET", "metrics", ADMIN_ONLY, api_metrics, {0}},
     {"GET", "whoami", ADMIN_ONLY, api_whoami, {0}},
     {"GET", "spaces", ADMIN_ONLY, api_spaces, {0}},
+    {"GET", "routes", ADMIN_ONLY, api_routes, {0}},
 };
 #define ENDPOINTS (sizeof endpoints / sizeof endpoints[0])
 

@@ -18,9 +18,12 @@
 #include "admin/console.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "admin/admin.h"
+#include "gateway/signature.h"
+#include "gateway/states_config.h"
 #include "console_css.h"
 #include "console_html.h"
 #include "console_js.h"
@@ -115,6 +118,77 @@ static struct http_response *spaces(const struct server_config *cfg)
         json_array_append_new(json_object_get(e, "consumers"), json_string(c->name));
     }
     return json_response(200, json_pack("{s:o}", "spaces", list));
+}
+
+/* A key part as the configuration says it: "json refund_no". */
+static json_t *part_json(const struct key_part *k)
+{
+    static const char *const sources[] = {
+        [KEY_HEADER] = "header", [KEY_JSON] = "json", [KEY_QUERY] = "query",
+        [KEY_PATH_SEGMENT] = "path_segment", [KEY_FORM] = "form",
+        [KEY_WECHATPAY_RESOURCE] = "wechatpay_resource",
+    };
+    char seg[16];
+    snprintf(seg, sizeof seg, "%d", k->segment);
+    return json_pack("{s:s, s:s}", "source", sources[k->source], "name",
+                     k->source == KEY_PATH_SEGMENT ? seg : k->name);
+}
+
+/* What a route (or a consumer's) does, for the console's routes view. */
+static json_t *route_json(const struct route *rt, int consumer)
+{
+    json_t *key = json_array(), *layers = json_array();
+    for (size_t i = 0; i < rt->key_parts; i++)
+        json_array_append_new(key, part_json(&rt->key[i]));
+    if (rt->layer_token)
+        json_array_append_new(layers, json_string("token"));
+    if (rt->layer_lock)
+        json_array_append_new(layers, json_string("lock"));
+    json_array_append_new(layers, json_string("record"));
+    char up[600];
+    snprintf(up, sizeof up, "%s://%s:%d%s", rt->upstream.tls ? "https" : "http",
+             rt->upstream.host, rt->upstream.port, rt->upstream.base_path);
+    json_t *j = json_pack(
+        "{s:s, s:s, s:o, s:o, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:s, s:s}", "name", rt->name,
+        "kind", consumer ? "consumer" : "route", "key", key, "layers", layers, "space",
+        rt->space, "scope", rt->scope_subject ? "subject" : "global", "upstream", up, "lease_ms",
+        (json_int_t)rt->lease_ms, "retention_ms", (json_int_t)rt->retention_ms, "tombstone_ms",
+        (json_int_t)rt->tombstone_ms, "upstream_timeout_ms", (json_int_t)rt->upstream_timeout_ms,
+        "in_flight", rt->in_flight_wait ? "wait" : "reject", "on_unknown_outcome",
+        rt->resolve ? "resolve" : rt->unknown_hold ? "hold" : "expire");
+    if (!j)
+        return NULL;
+    if (!consumer) {
+        char match[300];
+        snprintf(match, sizeof match, "%s %s%s", rt->method ? rt->method : "*", rt->path,
+                 rt->prefix ? "*" : "");
+        json_object_set_new(j, "match", json_string(match));
+    }
+    if (rt->states)
+        json_object_set_new(j, "states",
+                            json_pack("{s:s, s:o}", "initial",
+                                      idem_machine_initial(rt->states->machine), "field",
+                                      part_json(&rt->states->field)));
+    if (rt->signature)
+        json_object_set_new(j, "signature",
+                            json_string(signature_scheme_name(rt->signature->scheme)));
+    return j;
+}
+
+/* GET routes: every route and consumer, as configured now. */
+static struct http_response *routes(const struct server_config *cfg)
+{
+    json_t *list = json_array();
+    for (size_t i = 0; list && i < cfg->route_count; i++)
+        json_array_append_new(list, route_json(&cfg->routes[i], 0));
+    for (size_t i = 0; list && i < cfg->consumer_count; i++)
+        json_array_append_new(list, route_json(&cfg->consumers[i].route, 1));
+    return json_response(200, json_pack("{s:o}", "routes", list));
+}
+
+void api_routes(struct api_call *c)
+{
+    api_answer(c, routes(c->cfg));
 }
 
 void api_whoami(struct api_call *c)

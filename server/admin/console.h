@@ -18,5 +18,7 @@ int console_answer(struct live_config *lc, struct front_request *req, const char
 /* GET whoami and GET spaces, handlers of the endpoint table (api.c). */
 void api_whoami(struct api_call *c);
 void api_spaces(struct api_call *c);
+/* GET routes: each route and consumer, its match, key, layers and policies. */
+void api_routes(struct api_call *c);
 
 #endif

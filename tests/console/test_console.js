@@ -471,6 +471,18 @@ async function main() {
     JSON.stringify(xssKey) + '))', 'the 422 on the markup key among the events');
   assert.deepEqual(await p.eval(markup), { scripts: 1, injected: 0 });
 
+  /* The routes view: each route with its match, key and policies. */
+  await p.eval("document.querySelector('nav [data-view=\"routes\"]').click()");
+  await p.waitFor("document.querySelectorAll('#route-table tr').length === 2", 'the routes view');
+  const routesText = await p.eval("[...document.querySelectorAll('#route-table tr')]" +
+    ".map((r) => r.textContent).join('\\n')");
+  assert.match(routesText, /refundPOST \/refundsjson refund_norefundrecord/);
+  assert.match(routesText, /on_unknown_outcome hold/);
+  assert.match(routesText, /refund-statusPOST \/orders\/\*\/refundsjson refund_no/);
+  assert.match(routesText, /states from CREATED by json status/);
+  const routesShot = await p.send('Page.captureScreenshot', { format: 'png' });
+  fs.writeFileSync(path.join(outDir, 'console-routes.png'), Buffer.from(routesShot.data, 'base64'));
+
   /* The artifact: the detail of the stored HTML answer over the console. */
   await p.eval("document.querySelector('nav [data-view=\"records\"]').click()");
   await p.eval("[...document.querySelectorAll('#records [data-open]')]" +

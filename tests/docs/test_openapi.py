@@ -841,6 +841,10 @@ def exercise(d):
     if "slow" not in [e["space"] for e in a.json()["spaces"]]:
         fail("spaces: %r" % a.json())
     d.call("GET", P + "/spaces", on="listen", key=None, status=404, problem="no_such_endpoint")
+    a = d.call("GET", P + "/routes", key="read", status=200)
+    if not any(r["kind"] == "route" and r.get("match") for r in a.json()["routes"]):
+        fail("routes: %r" % a.json())
+    d.call("GET", P + "/routes", key=None, status=401, problem="unauthorized")
 
     # ---- an operator's actions ----
     act = {"space": "slow", "key": "H-1", "epoch": hepoch}

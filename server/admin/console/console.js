@@ -186,10 +186,45 @@ function show(view) {
     if (b.dataset.view === view) b.setAttribute('aria-current', 'page');
     else b.removeAttribute('aria-current');
   }
-  for (const v of ['overview', 'records', 'claims', 'events'])
+  for (const v of ['overview', 'records', 'claims', 'events', 'routes'])
     $('view-' + v).hidden = v !== view;
   if (view === 'claims') loadClaims();
   if (view === 'events') loadEvents();
+  if (view === 'routes') loadRoutes();
+}
+
+/* ---- routes ---- */
+
+function partText(p) {
+  return p.source + ' ' + p.name;
+}
+
+async function loadRoutes() {
+  let answer;
+  try {
+    answer = await call('routes');
+  } catch (e) {
+    say(e.message, true);
+    return;
+  }
+  const body = $('route-table');
+  body.replaceChildren();
+  for (const r of answer.routes) {
+    const policies = ['in_flight ' + r.in_flight, 'on_unknown_outcome ' + r.on_unknown_outcome];
+    if (r.states) policies.push('states from ' + r.states.initial + ' by ' + partText(r.states.field));
+    if (r.signature) policies.push('signature ' + r.signature);
+    if (r.tombstone_ms) policies.push('tombstone ' + duration(r.tombstone_ms));
+    body.append(row([
+      r.name + (r.kind === 'consumer' ? ' (consumer)' : ''),
+      r.match || '—',
+      r.key.map(partText).join(' + '),
+      r.space + (r.scope === 'subject' ? ' (per subject)' : ''),
+      r.layers.join(', '),
+      r.upstream,
+      duration(r.lease_ms) + ' / ' + duration(r.retention_ms),
+      policies.join('; '),
+    ]));
+  }
 }
 
 /* ---- counters ---- */
