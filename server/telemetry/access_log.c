@@ -327,17 +327,17 @@ void access_log_request(void *arg, const struct front_request *req, int status)
     add_subject(&ln, l, http_msg_header(req->msg, l->subject_header));
     add_str(&ln, "key", req->log_key[0] ? req->log_key : NULL);
     /* A request the front refused (a limit) says so; one the gateway took
-     * has its verdict (a refused key or signature by the problem's type:
-     * key_missing, signature_expired ...); the others are the JSON API's
-     * (token issuance, health), or not routed. */
-    const char *outcome = req->log_outcome ? req->log_outcome
-                          : (req->outcome == GW_KEY_INVALID ||
-                             req->outcome == GW_SIGNATURE_REFUSED) && req->outcome_type
-                              ? req->outcome_type
+     * has its verdict, named as idem_requests_total's outcome label names
+     * it (gw_outcome_name, one table for both), and a refused one its
+     * problem's type beside it (key_missing, signature_expired ...); the
+     * others are the JSON API's (token issuance, health), or not routed. */
+    const char *outcome = req->log_outcome                   ? req->log_outcome
                           : req->log_route[0] || req->outcome ? gw_outcome_name(req->outcome)
                           : strncmp(path, "/_idem/", 7) == 0  ? "api"
                                                               : "not_routed";
     add_str(&ln, "outcome", outcome);
+    if (!req->log_outcome && req->outcome_type)
+        add_str(&ln, "problem", req->outcome_type);
     add_num(&ln, "status", status > 0 ? (uint64_t)status : 0);
     if (req->upstream_status || req->upstream_us) {
         /* No status when it gave none: what went wrong instead. */

@@ -3408,8 +3408,10 @@ static void test_signed_callbacks(void **state)
         size_t n, invalid = 0, expired = 0;
         char **lines = read_lines(alog, &n);
         for (size_t i = 0; i < n; i++) {
-            invalid += strstr(lines[i], "\"outcome\":\"signature_invalid\",\"status\":401") != NULL;
-            expired += strstr(lines[i], "\"outcome\":\"signature_expired\",\"status\":401") != NULL;
+            invalid += strstr(lines[i], "\"outcome\":\"signature_refused\",\"problem\":"
+                                        "\"signature_invalid\",\"status\":401") != NULL;
+            expired += strstr(lines[i], "\"outcome\":\"signature_refused\",\"problem\":"
+                                        "\"signature_expired\",\"status\":401") != NULL;
         }
         free_lines(lines, n);
         assert_int_equal(invalid, scheme == STRIPE || std ? 5 : 4);
@@ -3772,7 +3774,8 @@ static void test_access_log(void **state)
     size_t n;
     char **lines = read_lines(log, &n);
     assert_int_equal(n, 3);
-    const char *want_outcome[] = {"executed", "replayed", "key_missing"};
+    /* The verdicts as the metrics name them; a refusal's problem beside. */
+    const char *want_outcome[] = {"executed", "replayed", "key_invalid"};
     for (size_t i = 0; i < n; i++) {
         char needle[64];
         snprintf(needle, sizeof needle, "\"outcome\":\"%s\"", want_outcome[i]);
@@ -3784,6 +3787,8 @@ static void test_access_log(void **state)
         if (!j)
             fail_msg("line %zu is not JSON (%s): %s", i, err.text, line);
         assert_string_equal(json_string_value(json_object_get(j, "outcome")), want_outcome[i]);
+        if (i == 2)
+            assert_string_equal(json_string_value(json_object_get(j, "problem")), "key_missing");
         assert_string_equal(json_string_value(json_object_get(j, "route")), "refund");
         assert_string_equal(json_string_value(json_object_get(j, "path")), "/refunds");
         assert_true(json_is_number(json_object_get(j, "total_ms")));
@@ -5359,7 +5364,7 @@ static void test_request_id_made_and_passed_on(void **state)
         fail_msg("no \"%s\" in the daemon's log:\n%s", want, daemon);
     free(daemon);
     json_decref(j);
-    j = json_loads(line_with(lines, n, "\"outcome\":\"key_missing\""), 0, NULL);
+    j = json_loads(line_with(lines, n, "\"problem\":\"key_missing\""), 0, NULL);
     assert_string_equal(json_string_value(json_object_get(j, "request_id")), instance + 17);
     json_decref(j);
     j = json_loads(line_with(lines, n, "\"path\":\"/down\""), 0, NULL);
