@@ -470,6 +470,16 @@ async function main() {
     "r.textContent.includes('mismatch_422') && r.textContent.includes(" +
     JSON.stringify(xssKey) + '))', 'the 422 on the markup key among the events');
   assert.deepEqual(await p.eval(markup), { scripts: 1, injected: 0 });
+  /* Times in UTC, saying so; an event's key opens its record. */
+  assert.match(await p.eval("document.querySelector('#events tr td').textContent"),
+    /^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$/);
+  await p.eval("[...document.querySelectorAll('#events [data-open]')]" +
+    '.find((b) => b.textContent === ' + JSON.stringify(xssKey) + ').click()');
+  await p.waitFor("document.getElementById('detail').open", 'the record of an event');
+  assert.ok((await p.eval("document.getElementById('detail-fields').textContent"))
+    .includes('Key' + xssKey), 'the event opened its own record');
+  await p.key('Escape', 'Escape', 27);
+  await p.waitFor("!document.getElementById('detail').open", 'Esc to close the detail');
 
   /* The routes view: each route with its match, key and policies. */
   await p.eval("document.querySelector('nav [data-view=\"routes\"]').click()");

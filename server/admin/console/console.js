@@ -64,8 +64,10 @@ function say(text, bad) {
   s.className = bad ? 'error' : 'ok';
 }
 
+/* A time as the logs write it: UTC, the zone said ("2026-12-03 09:30:00
+ * UTC"), whatever the browser's own zone is. */
 function time(ms) {
-  return ms ? new Date(ms).toLocaleString() : '';
+  return ms ? new Date(ms).toISOString().replace('T', ' ').replace(/\.\d+Z$/, ' UTC') : '';
 }
 
 function duration(ms) {
@@ -666,8 +668,9 @@ async function loadEvents() {
   }
   const body = $('events');
   body.replaceChildren();
+  /* Each event's key opens its record (the space the event names). */
   for (const e of list.events)
-    body.append(row([time(e.time_ms), e.kind, e.route, e.key, e.epoch]));
+    body.append(row([time(e.time_ms), e.kind, e.route, openButton(e.space, e.key), e.epoch]));
   if (list.events.length === 0) body.append(row(['No events yet.']));
 }
 
