@@ -761,6 +761,53 @@ static void test_redis_unknown_outcome_resolved(void **state)
     resolved_message(1);
 }
 
+/* A message whose key is past its retention but within its tombstone is
+ * acked as a duplicate, not run again, and logged key_expired. */
+static void tombstoned_message(int redis)
+{
+    struct bus b;
+    char path[4200], body[128];
+    bus_open(&b, redis, "tomb");
+    refunds_config(&b, 8, 0, "    retention: 1s\n    tombstone: 30s\n", path, sizeof path);
+    struct proc p;
+    start(&p, "serve", path);
+    long before = executions();
+    snprintf(body, sizeof body, "{\"refund_no\":\"TM-%d\",\"amount\":\"1.00\"}", seq);
+    publish(&b, body, NULL, NULL);
+    long long deadline = now_ms() + 10000;
+    while (now_ms() < deadline &&
+           (executions() - before < 1 || metric(&p, "idem_consumer_executed_total", "refunds") < 1))
+        sleep_ms(50);
+    assert_int_equal(executions() - before, 1);
+    sleep_ms(1500); /* past the retention */
+    publish(&b, body, NULL, NULL);
+    while (now_ms() < deadline + 5000 &&
+           metric(&p, "idem_consumer_duplicates_total", "refunds") < 1)
+        sleep_ms(50);
+    assert_int_equal(metric(&p, "idem_consumer_duplicates_total", "refunds"), 1);
+    assert_int_equal(executions() - before, 1);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    char *log = sys_read_file(p.log);
+    assert_non_null(strstr(log, "\"outcome\":\"key_expired\""));
+    assert_non_null(strstr(log, "\"reason\":\"key_expired\""));
+    free(log);
+    assert_int_equal(dead_count(&b), 0);
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_tombstoned_acked(void **state)
+{
+    (void)state;
+    tombstoned_message(0);
+}
+
+static void test_redis_tombstoned_acked(void **state)
+{
+    (void)state;
+    tombstoned_message(1);
+}
+
 /* A handler that always answers 500: the message reaches the dead letter
  * after max_attempts, with Idem's headers and its own, the handler called
  * exactly max_attempts times — idem killed and started again between the
@@ -1324,6 +1371,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_redis_route_and_consumer_one_execution, teardown),
         cmocka_unit_test_teardown(test_amqp_states_shared_with_a_route, teardown),
         cmocka_unit_test_teardown(test_amqp_unknown_outcome_resolved, teardown),
+        cmocka_unit_test_teardown(test_amqp_tombstoned_acked, teardown),
+        cmocka_unit_test_teardown(test_redis_tombstoned_acked, teardown),
         cmocka_unit_test_teardown(test_redis_unknown_outcome_resolved, teardown),
         cmocka_unit_test_teardown(test_redis_states_shared_with_a_route, teardown),
         cmocka_unit_test_teardown(test_amqp_poison_dead_lettered_across_restart, teardown),
