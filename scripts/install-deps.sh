@@ -16,7 +16,7 @@ packages=(
   python3 python3-yaml                  # docs/openapi.yaml's test
   man-db                                # the manual pages' test (man --warnings)
   systemd logrotate                     # deploy/: systemd-analyze verify of the unit; logrotate
-  file dpkg-dev                         # cpack -G DEB (its shlibdeps) in install.deb
+  file dpkg-dev lintian                 # cpack -G DEB (its shlibdeps) in install.deb, checked
   redis-server redis-tools              # distributed tests, redis-benchmark
   rabbitmq-server librabbitmq-dev amqp-tools  # the message consumers and their tests
   prometheus                            # promtool: the metrics' and alert rules' tests

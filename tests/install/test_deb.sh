@@ -20,9 +20,10 @@ dpkg-deb -c "$deb" | awk '{ print $6 }' >"$tmp/files"
 for f in ./usr/bin/idem ./usr/lib/libidem.so.0 ./usr/lib/libidem.a ./usr/include/idem.h \
          ./usr/include/idem/version.h ./usr/lib/pkgconfig/idem.pc \
          ./usr/lib/cmake/idem/idemConfig.cmake \
-         ./usr/share/man/man1/idem.1 ./usr/share/man/man1/idem-serve.1 \
-         ./usr/share/man/man1/idem-consume.1 ./usr/share/man/man1/idem-verify.1 \
-         ./usr/share/man/man5/idem.yaml.5 ./usr/lib/systemd/system/idem.service \
+         ./usr/share/man/man1/idem.1.gz ./usr/share/man/man1/idem-serve.1.gz \
+         ./usr/share/man/man1/idem-consume.1.gz ./usr/share/man/man1/idem-verify.1.gz \
+         ./usr/share/man/man5/idem.yaml.5.gz ./usr/lib/systemd/system/idem.service \
+         ./usr/share/doc/idem/changelog.gz \
          ./usr/share/doc/idem/deploy/idem.yaml ./usr/share/doc/idem/deploy/logrotate-idem \
          ./usr/share/doc/idem/deploy/idem-dashboard.json \
          ./usr/share/doc/idem/deploy/idem-alerts.yml ./usr/share/doc/idem/copyright \
@@ -38,8 +39,21 @@ head -n 1 "$tmp/root/usr/share/doc/idem/copyright" |
 grep -qx 'License: Apache-2.0' "$tmp/root/usr/share/doc/idem/copyright" ||
   fail "the copyright file does not say Apache-2.0"
 "$tmp/root/usr/bin/idem" version | grep -q '^idem [0-9]' || fail "the packaged idem does not run"
-MANWIDTH=80 man -l "$tmp/root/usr/share/man/man1/idem-serve.1" | grep -q '^EXIT STATUS' ||
+MANWIDTH=80 man -l "$tmp/root/usr/share/man/man1/idem-serve.1.gz" | grep -q '^EXIT STATUS' ||
   fail "the packaged idem-serve(1) does not read"
 grep -q '^ExecStart=/usr/bin/idem serve ' "$tmp/root/usr/lib/systemd/system/idem.service" ||
   fail "the packaged unit does not run /usr/bin/idem"
+# The changelog's version is the package's.
+version=$(dpkg-deb -f "$deb" Version)
+zcat "$tmp/root/usr/share/doc/idem/changelog.gz" | head -n 1 | grep -qF "idem ($version)" ||
+  fail "the changelog's first entry is not version $version"
+# lintian, Debian's own check: no error (its warnings are explained in
+# deploy/README.md).
+if command -v lintian >/dev/null; then
+  lintian --fail-on error --tag-display-limit 0 "$deb" >"$tmp/lintian" 2>&1 ||
+    fail "lintian: $(grep -v 'root privileges' "$tmp/lintian")"
+  grep -v 'root privileges' "$tmp/lintian" | sed 's/^/lintian: /'
+else
+  fail "lintian is not installed (scripts/install-deps.sh installs it)"
+fi
 echo "$(basename "$deb"): $(wc -l <"$tmp/files") entries, $(grep '^ Depends:' "$tmp/info")"
