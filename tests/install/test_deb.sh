@@ -1,59 +1,73 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
 # test_deb.sh BUILD_DIR — `cpack -G DEB` in the build directory makes the
-# idem package, and it holds what a user installs it for: the command, the
-# library, its headers, idem.pc and the CMake package, the manual pages and
-# the systemd unit, with the unit running the command where the package
-# puts it and the dependencies dpkg-shlibdeps found.
+# three packages Debian would split the project into, and each holds what a
+# user installs it for: idem (the command, the manual pages, the systemd
+# unit and the deployment kit), libidem0 (the shared library) and
+# libidem-dev (its headers, the static library, idem.pc and the CMake
+# package); the unit runs the command where the package puts it; each
+# package has its copyright file and changelog; lintian finds no error.
 set -eu
 build=$1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "$*"; exit 1; }
 (cd "$build" && cpack -G DEB -B "$tmp" >"$tmp/cpack.log" 2>&1) || { cat "$tmp/cpack.log"; exit 1; }
-deb=$(ls "$tmp"/idem_*.deb)
-dpkg-deb -I "$deb" >"$tmp/info"
-grep -q '^ Package: idem$' "$tmp/info" || fail "the package is not named idem: $(cat "$tmp/info")"
+for pkg in idem libidem0 libidem-dev; do
+  deb=$(ls "$tmp"/${pkg}_*.deb 2>/dev/null) || fail "no $pkg package: $(ls "$tmp")"
+  dpkg-deb -f "$deb" Package | grep -qx "$pkg" || fail "$deb is not named $pkg"
+  dpkg-deb -c "$deb" | awk '{ print $6 }' >"$tmp/$pkg.files"
+  mkdir -p "$tmp/root-$pkg"
+  dpkg-deb -x "$deb" "$tmp/root-$pkg"
+  # Each package: its copyright file (Debian's machine-readable format,
+  # Apache-2.0 for all) and its changelog, the package's version first.
+  doc="$tmp/root-$pkg/usr/share/doc/$pkg"
+  head -n 1 "$doc/copyright" |
+    grep -qx 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' ||
+    fail "$pkg: the copyright file is not in Debian's machine-readable format"
+  grep -qx 'License: Apache-2.0' "$doc/copyright" || fail "$pkg: the copyright file is not Apache-2.0"
+  [ -f "$doc/LICENSE" ] || fail "$pkg: no LICENSE"
+  version=$(dpkg-deb -f "$deb" Version)
+  zcat "$doc/changelog.gz" | head -n 1 | grep -qF "idem ($version)" ||
+    fail "$pkg: the changelog's first entry is not version $version"
+done
+has() { # package file...
+  pkg=$1; shift
+  for f in "$@"; do grep -qxF "$f" "$tmp/$pkg.files" || fail "$pkg has no $f"; done
+}
+has idem ./usr/bin/idem ./usr/share/man/man1/idem.1.gz ./usr/share/man/man1/idem-serve.1.gz \
+  ./usr/share/man/man1/idem-consume.1.gz ./usr/share/man/man1/idem-verify.1.gz \
+  ./usr/share/man/man5/idem.yaml.5.gz ./usr/lib/systemd/system/idem.service \
+  ./usr/share/doc/idem/deploy/idem.yaml ./usr/share/doc/idem/deploy/logrotate-idem \
+  ./usr/share/doc/idem/deploy/idem-dashboard.json ./usr/share/doc/idem/deploy/idem-alerts.yml \
+  ./usr/share/doc/idem/NOTICE
+has libidem0 ./usr/lib/libidem.so.0
+has libidem-dev ./usr/lib/libidem.so ./usr/lib/libidem.a ./usr/include/idem.h \
+  ./usr/include/idem/version.h ./usr/lib/pkgconfig/idem.pc ./usr/lib/cmake/idem/idemConfig.cmake
+# Nothing in two packages at once (dpkg would refuse to install both).
+cat "$tmp"/*.files | grep -v '/$' | sort | uniq -d >"$tmp/twice"
+[ ! -s "$tmp/twice" ] || fail "in two packages: $(cat "$tmp/twice")"
+# The dependencies dpkg-shlibdeps found, and the dev package's on the library.
+deps=$(dpkg-deb -f "$tmp"/idem_*.deb Depends)
 for lib in libsqlite3-0 libpq5 libhiredis libevent-2.1 libjansson4 libyaml-0-2 librabbitmq4 libssl3; do
-  grep '^ Depends:' "$tmp/info" | grep -q "$lib" || fail "Depends has no $lib: $(grep Depends "$tmp/info")"
+  echo "$deps" | grep -q "$lib" || fail "idem's Depends has no $lib: $deps"
 done
-dpkg-deb -c "$deb" | awk '{ print $6 }' >"$tmp/files"
-for f in ./usr/bin/idem ./usr/lib/libidem.so.0 ./usr/lib/libidem.a ./usr/include/idem.h \
-         ./usr/include/idem/version.h ./usr/lib/pkgconfig/idem.pc \
-         ./usr/lib/cmake/idem/idemConfig.cmake \
-         ./usr/share/man/man1/idem.1.gz ./usr/share/man/man1/idem-serve.1.gz \
-         ./usr/share/man/man1/idem-consume.1.gz ./usr/share/man/man1/idem-verify.1.gz \
-         ./usr/share/man/man5/idem.yaml.5.gz ./usr/lib/systemd/system/idem.service \
-         ./usr/share/doc/idem/changelog.gz \
-         ./usr/share/doc/idem/deploy/idem.yaml ./usr/share/doc/idem/deploy/logrotate-idem \
-         ./usr/share/doc/idem/deploy/idem-dashboard.json \
-         ./usr/share/doc/idem/deploy/idem-alerts.yml ./usr/share/doc/idem/copyright \
-         ./usr/share/doc/idem/LICENSE ./usr/share/doc/idem/NOTICE; do
-  grep -qxF "$f" "$tmp/files" || fail "the package has no $f"
-done
+dpkg-deb -f "$tmp"/libidem0_*.deb Depends | grep -q libsqlite3-0 ||
+  fail "libidem0 does not depend on SQLite"
+dpkg-deb -f "$tmp"/libidem-dev_*.deb Depends | grep -qF "libidem0 (= $version)" ||
+  fail "libidem-dev does not depend on libidem0 of its version"
 # Unpacked, the command runs and its page reads; the unit runs it at /usr/bin.
-dpkg-deb -x "$deb" "$tmp/root"
-# The copyright file is Debian's machine-readable format, Apache-2.0 for all.
-head -n 1 "$tmp/root/usr/share/doc/idem/copyright" |
-  grep -qx 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' ||
-  fail "the copyright file is not in Debian's machine-readable format"
-grep -qx 'License: Apache-2.0' "$tmp/root/usr/share/doc/idem/copyright" ||
-  fail "the copyright file does not say Apache-2.0"
-"$tmp/root/usr/bin/idem" version | grep -q '^idem [0-9]' || fail "the packaged idem does not run"
-MANWIDTH=80 man -l "$tmp/root/usr/share/man/man1/idem-serve.1.gz" | grep -q '^EXIT STATUS' ||
+root="$tmp/root-idem"
+"$root/usr/bin/idem" version | grep -q '^idem [0-9]' || fail "the packaged idem does not run"
+MANWIDTH=80 man -l "$root/usr/share/man/man1/idem-serve.1.gz" | grep -q '^EXIT STATUS' ||
   fail "the packaged idem-serve(1) does not read"
-grep -q '^ExecStart=/usr/bin/idem serve ' "$tmp/root/usr/lib/systemd/system/idem.service" ||
+grep -q '^ExecStart=/usr/bin/idem serve ' "$root/usr/lib/systemd/system/idem.service" ||
   fail "the packaged unit does not run /usr/bin/idem"
-# The changelog's version is the package's.
-version=$(dpkg-deb -f "$deb" Version)
-zcat "$tmp/root/usr/share/doc/idem/changelog.gz" | head -n 1 | grep -qF "idem ($version)" ||
-  fail "the changelog's first entry is not version $version"
 # lintian, Debian's own check: no error (its warnings are explained in
 # deploy/README.md).
-if command -v lintian >/dev/null; then
-  lintian --fail-on error --tag-display-limit 0 "$deb" >"$tmp/lintian" 2>&1 ||
-    fail "lintian: $(grep -v 'root privileges' "$tmp/lintian")"
-  grep -v 'root privileges' "$tmp/lintian" | sed 's/^/lintian: /'
-else
-  fail "lintian is not installed (scripts/install-deps.sh installs it)"
-fi
-echo "$(basename "$deb"): $(wc -l <"$tmp/files") entries, $(grep '^ Depends:' "$tmp/info")"
+command -v lintian >/dev/null || fail "lintian is not installed (scripts/install-deps.sh installs it)"
+lintian --fail-on error --tag-display-limit 0 "$tmp"/*.deb >"$tmp/lintian" 2>&1 ||
+  fail "lintian: $(grep -v 'root privileges' "$tmp/lintian")"
+grep -v 'root privileges' "$tmp/lintian" | sed 's/^/lintian: /'
+for pkg in idem libidem0 libidem-dev; do
+  echo "$pkg: $(wc -l <"$tmp/$pkg.files") entries"
+done
