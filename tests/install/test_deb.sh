@@ -30,6 +30,8 @@ for pkg in idem libidem0 libidem-dev; do
   zcat "$doc/changelog.gz" | head -n 1 | grep -qF "idem ($version)" ||
     fail "$pkg: the changelog's first entry is not version $version"
 done
+# Libraries on the multiarch path, as Debian keeps them.
+ma=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
 has() { # package file...
   pkg=$1; shift
   for f in "$@"; do grep -qxF "$f" "$tmp/$pkg.files" || fail "$pkg has no $f"; done
@@ -40,9 +42,10 @@ has idem ./usr/bin/idem ./usr/share/man/man1/idem.1.gz ./usr/share/man/man1/idem
   ./usr/share/doc/idem/deploy/idem.yaml ./usr/share/doc/idem/deploy/logrotate-idem \
   ./usr/share/doc/idem/deploy/idem-dashboard.json ./usr/share/doc/idem/deploy/idem-alerts.yml \
   ./usr/share/doc/idem/NOTICE
-has libidem0 ./usr/lib/libidem.so.0
-has libidem-dev ./usr/lib/libidem.so ./usr/lib/libidem.a ./usr/include/idem.h \
-  ./usr/include/idem/version.h ./usr/lib/pkgconfig/idem.pc ./usr/lib/cmake/idem/idemConfig.cmake
+has libidem0 ./usr/lib/$ma/libidem.so.0
+has libidem-dev ./usr/lib/$ma/libidem.so ./usr/lib/$ma/libidem.a ./usr/include/idem.h \
+  ./usr/include/idem/version.h ./usr/lib/$ma/pkgconfig/idem.pc \
+  ./usr/lib/$ma/cmake/idem/idemConfig.cmake
 # Nothing in two packages at once (dpkg would refuse to install both).
 cat "$tmp"/*.files | grep -v '/$' | sort | uniq -d >"$tmp/twice"
 [ ! -s "$tmp/twice" ] || fail "in two packages: $(cat "$tmp/twice")"
