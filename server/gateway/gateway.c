@@ -766,13 +766,6 @@ static int skip_kv_layer(struct gw *g, const char *layer)
     return 1;
 }
 
-/* Seconds a duplicate should wait before it retries, from the claim it met
- * (rec: PROCESSING, or none found). A live claim is renewed by its lease
- * timer every lease/3, and its request usually ends within a second. One
- * not renewed for longer is not running here any more: an unknown outcome
- * (held, or left to its lease), or a gateway that died. Nothing changes for
- * it until its lease ends (or an operator finishes it), so the wait is what
- * is left of the lease. */
 /* 1 when the claim rec is no longer renewed by a running request: held,
  * or left to its lease (see retry_after_s). */
 static int claim_idle(const idem_record *rec, int64_t lease_ms)
@@ -781,6 +774,13 @@ static int claim_idle(const idem_record *rec, int64_t lease_ms)
            wall_ms() - rec->updated_ms > lease_ms / 3 + 1000;
 }
 
+/* Seconds a duplicate should wait before it retries, from the claim it met
+ * (rec: PROCESSING, or none found). A live claim is renewed by its lease
+ * timer every lease/3, and its request usually ends within a second. One
+ * not renewed for longer is not running here any more: an unknown outcome
+ * (held, or left to its lease), or a gateway that died. Nothing changes for
+ * it until its lease ends (or an operator finishes it), so the wait is what
+ * is left of the lease. */
 static long retry_after_s(const idem_record *rec, int64_t lease_ms)
 {
     if (!claim_idle(rec, lease_ms))
@@ -990,7 +990,6 @@ static void after_token(struct gw *g)
 }
 
 
-/* A finished record found before any layer is asked: its answer. */
 static void stale_event(struct gw *g, const char *current);
 static void transition_conflict(struct gw *g, const char *current, uint64_t epoch);
 
@@ -1029,6 +1028,7 @@ static int answered_from_state(struct gw *g)
     return 1;
 }
 
+/* A finished record found before any layer is asked: its answer. */
 static void after_read(struct gw *g)
 {
     if (g->rt->states && answered_from_state(g))
@@ -1317,15 +1317,17 @@ static void after_begin(struct gw *g)
         finish(g); /* the token stays spent on the key: see finish_record */
         return;
     }
+    /* The resolver asks only about a claim it took over: anything else
+     * (in flight here or elsewhere, finished, gone) is left as it is. */
+    if (g->resolver && (g->held_here != HELD_NONE || g->o != IDEM_TAKEN_OVER)) {
+        resolver_nothing(g);
+        return;
+    }
     if (g->held_here != HELD_NONE) { /* decided without the store: see enter */
         held_elsewhere(g, g->held_here);
         return;
     }
     daemon_write_ok(g->d);
-    if (g->resolver && g->o != IDEM_TAKEN_OVER) {
-        resolver_nothing(g);
-        return;
-    }
     switch (g->o) {
     case IDEM_TAKEN_OVER:
         if (g->rt->resolve) {
