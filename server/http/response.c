@@ -245,6 +245,23 @@ struct http_response *problem(int status, const char *type, const char *fmt, ...
     return r;
 }
 
+/* r's problem body with the members of add (taken; NULL: none for want of
+ * memory) set over its own. 0, or -1 (the body stays as it was). */
+static int problem_add(struct http_response *r, json_t *add)
+{
+    json_t *j = add ? json_loadb(r->body, r->body_len, 0, NULL) : NULL;
+    int bad = !j || json_object_update(j, add) != 0;
+    char *body = bad ? NULL : json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    json_decref(add);
+    if (!body || response_set_body(r, body, strlen(body))) {
+        free(body);
+        return -1;
+    }
+    free(body);
+    return 0;
+}
+
 int problem_set_instance(struct http_response *r, const char *request_id)
 {
     static const char hex[] = "0123456789ABCDEF";
@@ -264,23 +281,13 @@ int problem_set_instance(struct http_response *r, const char *request_id)
         }
     }
     uri[o] = '\0';
-    json_t *j = json_loadb(r->body, r->body_len, 0, NULL);
-    int bad = !j || json_object_set_new(j, "instance", json_string(uri));
-    char *body = bad ? NULL : json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(j);
-    if (!body || response_set_body(r, body, strlen(body))) {
-        free(body);
-        return -1;
-    }
-    free(body);
-    return 0;
+    return problem_add(r, json_pack("{s:s}", "instance", uri));
 }
 
 int problem_set_claim(struct http_response *r, uint64_t epoch, int64_t held_until_ms)
 {
     if (!r)
         return -1;
-    json_t *j = json_loadb(r->body, r->body_len, 0, NULL);
     char until[80] = "";
     time_t secs = (time_t)(held_until_ms / 1000);
     struct tm tm;
@@ -288,16 +295,9 @@ int problem_set_claim(struct http_response *r, uint64_t epoch, int64_t held_unti
         snprintf(until, sizeof until, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                  (int)(held_until_ms % 1000));
-    int bad = !j || json_object_set_new(j, "epoch", json_integer((json_int_t)epoch)) ||
-              (until[0] && json_object_set_new(j, "held_until", json_string(until)));
-    char *body = bad ? NULL : json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(j);
-    if (!body || response_set_body(r, body, strlen(body))) {
-        free(body);
-        return -1;
-    }
-    free(body);
-    return 0;
+    return problem_add(r, until[0] ? json_pack("{s:I, s:s}", "epoch", (json_int_t)epoch,
+                                               "held_until", until)
+                                   : json_pack("{s:I}", "epoch", (json_int_t)epoch));
 }
 
 int problem_set_text(struct http_response *r, const char *title, const char *detail)
