@@ -117,23 +117,30 @@ static void claim(const struct idem__rec_event_args *ev, const idem_record *cur,
     d->cas.expires_ms = 0;
 }
 
+/* A claim of a key with no record: a new one, the caller's. (A step's too:
+ * a key the machine sees in its initial state.) */
+static void insert_claim(const struct idem__rec_event_args *ev, struct idem__rec_decision *d)
+{
+    d->action = IDEM__ACT_INSERT;
+    d->outcome = IDEM_NEW;
+    d->insert.space = ev->space;
+    d->insert.key = ev->key;
+    d->insert.fingerprint = ev->fingerprint;
+    d->insert.owner = ev->owner;
+    /* A new record's first epoch is the clock, not 1: a record purged
+     * after its retention and created again must never hand out an epoch
+     * a claimant of the old one (stalled for longer than the retention)
+     * still holds. */
+    d->insert.epoch = ev->now > 0 ? (uint64_t)ev->now : 1;
+    d->insert.lease_until = ev->now + ev->lease_ms;
+    d->insert.now = ev->now;
+}
+
 static void decide_begin(const struct idem__rec_event_args *ev,
                          const idem_record *cur, struct idem__rec_decision *d)
 {
     if (!cur) {
-        d->action = IDEM__ACT_INSERT;
-        d->outcome = IDEM_NEW;
-        d->insert.space = ev->space;
-        d->insert.key = ev->key;
-        d->insert.fingerprint = ev->fingerprint;
-        d->insert.owner = ev->owner;
-        /* A new record's first epoch is the clock, not 1: a record purged
-         * after its retention and created again must never hand out an
-         * epoch a claimant of the old one (stalled for longer than the
-         * retention) still holds. */
-        d->insert.epoch = ev->now > 0 ? (uint64_t)ev->now : 1;
-        d->insert.lease_until = ev->now + ev->lease_ms;
-        d->insert.now = ev->now;
+        insert_claim(ev, d);
         return;
     }
     if (strcmp(cur->state, IDEM_STATE_RELEASED) == 0 || past_retention(ev, cur)) {
@@ -199,21 +206,6 @@ static void decide_transition(const struct idem__rec_event_args *ev,
     d->cas.expect_state = ev->from;
     d->cas.state = ev->to;
     d->cas.expires_ms = -1;
-}
-
-/* A step's claim of a key the machine sees in its initial state and
- * nothing kept: a new record, as begin makes it, or RELEASED claimed. */
-static void insert_claim(const struct idem__rec_event_args *ev, struct idem__rec_decision *d)
-{
-    d->action = IDEM__ACT_INSERT;
-    d->outcome = IDEM_NEW;
-    d->insert.space = ev->space;
-    d->insert.key = ev->key;
-    d->insert.fingerprint = ev->fingerprint;
-    d->insert.owner = ev->owner;
-    d->insert.epoch = ev->now > 0 ? (uint64_t)ev->now : 1;
-    d->insert.lease_until = ev->now + ev->lease_ms;
-    d->insert.now = ev->now;
 }
 
 /* The answer for a step whose target does not move the key on from C. */
