@@ -4682,7 +4682,10 @@ static void test_json_api_on_the_loops(void **state)
 {
     (void)state;
     struct proc gw;
-    start_idem(&gw, "event_loops: 2\n" "routes:\n" REFUND_ROUTE, "api-loops.db");
+    /* 100 connections at once: above admin_connections_max's default (64),
+     * which a slow machine's overlap would otherwise reach (503). */
+    start_idem(&gw, "event_loops: 2\nlimits: { admin_connections_max: 256 }\n" "routes:\n"
+               REFUND_ROUTE, "api-loops.db");
     int p = gw.admin_port;
     assert_int_equal(api_storm(p, "/_idem/v1/records/begin",
                                "{\"space\":\"storm\",\"key\":\"S-1\",\"owner\":\"w\"}",
