@@ -92,6 +92,7 @@
 #include "log.h"
 #include "mono.h"
 #include "put.h"
+#include "telemetry/access_log.h"
 #include "telemetry/incidents.h"
 
 /* A gateway counter: the route's (the daemon's totals are their sums). */
@@ -1949,6 +1950,15 @@ static void resolved(struct gw *g, enum resolution v, int status, const char *de
         snprintf(why, sizeof why, "%s", detail);
     else
         snprintf(why, sizeof why, "status %d", status);
+    /* And the access log's line, as for a request. */
+    struct daemon_loop *loop = g->req->loop_ctx;
+    if (loop->alog)
+        access_log_question(loop->alog,
+                            &(struct access_question){
+                                .route = rt->name, .key = g->key, .epoch = g->epoch,
+                                .question = g->question + 1, .verdict = resolution_name(v),
+                                .status = status, .upstream_us = g->req->upstream_us,
+                                .request_id = g->resolver ? NULL : g->req->request_id});
     daemon_logl(v == RESOLVED_GIVEN_UP ? LOG_ALERT : LOG_INFO,
                 "route %s: %s/%s (epoch %" PRIu64 "), status query %u: %s (%s)%s", rt->name,
                 rt->space, g->key, g->epoch, g->question + 1, resolution_name(v), why,

@@ -363,6 +363,28 @@ void access_log_request(void *arg, const struct front_request *req, int status)
     append(b, &ln);
 }
 
+void access_log_question(struct access_buf *b, const struct access_question *q)
+{
+    struct line ln;
+    ln.len = 0;
+    ln.fields = 0;
+    ln.text = b->log->text;
+    add_time(b, &ln);
+    add_str(&ln, "kind", "question");
+    add_str(&ln, "route", q->route);
+    add_str(&ln, "key", q->key);
+    add_num(&ln, "epoch", q->epoch);
+    add_num(&ln, "question", q->question);
+    add_str(&ln, "verdict", q->verdict);
+    if (q->status > 0)
+        add_num(&ln, "status", (uint64_t)q->status);
+    else
+        add_str(&ln, "status", NULL);
+    add_ms(&ln, "upstream_ms", q->upstream_us);
+    add_str(&ln, "request_id", q->request_id && *q->request_id ? q->request_id : NULL);
+    append(b, &ln);
+}
+
 void access_log_message(struct access_buf *b, const struct access_message *m)
 {
     struct line ln;

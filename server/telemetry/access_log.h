@@ -52,4 +52,17 @@ struct access_message {
 };
 void access_log_message(struct access_buf *b, const struct access_message *m);
 
+/* A status query of on_unknown_outcome: resolve (gateway.c, "resolving"):
+ * its line, kind "question". */
+struct access_question {
+    const char *route, *key;
+    uint64_t epoch;           /* the claim that asked */
+    unsigned question;        /* 1, 2 ... */
+    const char *verdict;      /* executed, not_executed, unanswered, given_up */
+    int status;               /* the status query's answer, 0 for none */
+    int64_t upstream_us;
+    const char *request_id;   /* the retry's that asked, or NULL (the resolver) */
+};
+void access_log_question(struct access_buf *b, const struct access_question *q);
+
 #endif

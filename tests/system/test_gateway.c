@@ -3167,6 +3167,13 @@ static void test_resolve_unknown_outcomes(void **state)
                             "idem_resolutions_total{route=\"refund\",verdict=\"not_executed\"}"),
                      1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    /* Each question has its access-log line (stderr here). */
+    char *log = sys_read_file(gw.log);
+    assert_non_null(strstr(log, "\"kind\":\"question\",\"route\":\"refund\",\"key\":\"RS-1\""));
+    const char *rs3 = strstr(log, "\"kind\":\"question\",\"route\":\"refund\",\"key\":\"RS-3\"");
+    assert_non_null(rs3);
+    assert_non_null(strstr(rs3, "\"verdict\":\"not_executed\",\"status\":404"));
+    free(log);
 }
 
 /* ---- states: the business's machine on a route ---- */
