@@ -308,18 +308,33 @@ static void add_subject(struct line *ln, const struct access_log *l, const char 
     add_str(ln, "subject", hex);
 }
 
+/* A line's start: the time and its kind. */
+static void line_begin(struct access_buf *b, struct line *ln, const char *kind)
+{
+    ln->len = 0;
+    ln->fields = 0;
+    ln->text = b->log->text;
+    add_time(b, ln);
+    add_str(ln, "kind", kind);
+}
+
+/* A status that may be none (no answer came): the number, or null. */
+static void add_status(struct line *ln, const char *name, int status)
+{
+    if (status > 0)
+        add_num(ln, name, (uint64_t)status);
+    else
+        add_str(ln, name, NULL);
+}
+
 void access_log_request(void *arg, const struct front_request *req, int status)
 {
     struct access_buf *b = arg;
     const struct access_log *l = b->log;
     struct line ln; /* not zeroed whole: 8 KiB a request */
-    ln.len = 0;
-    ln.fields = 0;
-    ln.text = l->text;
     char path[VALUE_MAX + 1];
     request_path(req->msg->target, path, sizeof path);
-    add_time(b, &ln);
-    add_str(&ln, "kind", "http");
+    line_begin(b, &ln, "http");
     add_str(&ln, "route", req->log_route[0] ? req->log_route : NULL);
     add_str(&ln, "method", req->msg->method);
     add_str(&ln, "path", path);
@@ -341,10 +356,7 @@ void access_log_request(void *arg, const struct front_request *req, int status)
     add_num(&ln, "status", status > 0 ? (uint64_t)status : 0);
     if (req->upstream_status || req->upstream_us) {
         /* No status when it gave none: what went wrong instead. */
-        if (req->upstream_status > 0)
-            add_num(&ln, "upstream_status", (uint64_t)req->upstream_status);
-        else
-            add_str(&ln, "upstream_status", NULL);
+        add_status(&ln, "upstream_status", req->upstream_status);
         if (req->upstream_result != UPSTREAM_OK)
             add_str(&ln, "upstream_error",
                     upstream_result_name((enum upstream_result)req->upstream_result));
@@ -366,20 +378,13 @@ void access_log_request(void *arg, const struct front_request *req, int status)
 void access_log_question(struct access_buf *b, const struct access_question *q)
 {
     struct line ln;
-    ln.len = 0;
-    ln.fields = 0;
-    ln.text = b->log->text;
-    add_time(b, &ln);
-    add_str(&ln, "kind", "question");
+    line_begin(b, &ln, "question");
     add_str(&ln, "route", q->route);
     add_str(&ln, "key", q->key);
     add_num(&ln, "epoch", q->epoch);
     add_num(&ln, "question", q->question);
     add_str(&ln, "verdict", q->verdict);
-    if (q->status > 0)
-        add_num(&ln, "status", (uint64_t)q->status);
-    else
-        add_str(&ln, "status", NULL);
+    add_status(&ln, "status", q->status);
     add_ms(&ln, "upstream_ms", q->upstream_us);
     add_str(&ln, "request_id", q->request_id && *q->request_id ? q->request_id : NULL);
     append(b, &ln);
@@ -388,11 +393,7 @@ void access_log_question(struct access_buf *b, const struct access_question *q)
 void access_log_message(struct access_buf *b, const struct access_message *m)
 {
     struct line ln;
-    ln.len = 0;
-    ln.fields = 0;
-    ln.text = b->log->text;
-    add_time(b, &ln);
-    add_str(&ln, "kind", "message");
+    line_begin(b, &ln, "message");
     add_str(&ln, "consumer", m->consumer);
     add_str(&ln, "queue", m->queue);
     add_str(&ln, "message_id", m->message_id);
@@ -403,8 +404,7 @@ void access_log_message(struct access_buf *b, const struct access_message *m)
         add_str(&ln, "reason", m->reason);
     add_num(&ln, "status", m->status > 0 ? (uint64_t)m->status : 0);
     if (m->upstream_status || m->upstream_us) {
-        add_num(&ln, "upstream_status",
-                m->upstream_status > 0 ? (uint64_t)m->upstream_status : 0);
+        add_status(&ln, "upstream_status", m->upstream_status);
         add_ms(&ln, "upstream_ms", m->upstream_us);
     }
     add_ms(&ln, "total_ms", m->total_us);
