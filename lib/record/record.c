@@ -842,8 +842,6 @@ IDEM_EXTERN idem_rc idem_record_begin_async(idem *h, idem_loop *loop, const char
     struct idem__rec_event_args ev;
     idem__clear_detail();
     idem_rc rc = begin_event(h, space, key, fingerprint, owner, lease_ms, &ev);
-    if (rc == IDEM_OK && !cb)
-        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
     return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, cb, NULL, NULL, arg);
 }
 
@@ -854,8 +852,6 @@ static idem_rc finish_async(idem *h, idem_loop *loop, enum idem__rec_event kind,
 {
     struct idem__rec_event_args ev;
     idem_rc rc = finish_event(h, kind, space, key, epoch, result, len, retention_ms, &ev);
-    if (rc == IDEM_OK && !cb)
-        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
     return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, NULL, arg);
 }
 
@@ -890,8 +886,6 @@ IDEM_EXTERN idem_rc idem_record_extend_async(idem *h, idem_loop *loop, const cha
     struct idem__rec_event_args ev;
     idem__clear_detail();
     idem_rc rc = extend_event(h, space, key, epoch, lease_ms, &ev);
-    if (rc == IDEM_OK && !cb)
-        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
     return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, NULL, arg);
 }
 
@@ -903,8 +897,6 @@ IDEM_EXTERN idem_rc idem_record_transition_async(idem *h, idem_loop *loop, const
     struct idem__rec_event_args ev;
     idem__clear_detail();
     idem_rc rc = transition_event(h, space, key, from, to, &ev);
-    if (rc == IDEM_OK && !cb)
-        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
     return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, NULL, cb, arg);
 }
 
@@ -916,8 +908,6 @@ IDEM_EXTERN idem_rc idem_record_step_async(idem *h, idem_loop *loop, const idem_
     struct idem__rec_event_args ev;
     idem__clear_detail();
     idem_rc rc = step_event(h, m, space, key, to, fingerprint, owner, lease_ms, &ev);
-    if (rc == IDEM_OK && !cb)
-        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
     return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, cb, NULL, NULL, arg);
 }
 
@@ -932,8 +922,6 @@ IDEM_EXTERN idem_rc idem_record_step_complete_async(idem *h, idem_loop *loop, co
     idem__clear_detail();
     idem_rc rc = step_finish_event(h, IDEM__EV_STEP_COMPLETE, space, key, epoch, to,
                                    fingerprint, result, len, retention_ms, &ev);
-    if (rc == IDEM_OK && !cb)
-        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
     return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, NULL, arg);
 }
 
@@ -946,8 +934,6 @@ IDEM_EXTERN idem_rc idem_record_step_release_async(idem *h, idem_loop *loop, con
     idem__clear_detail();
     idem_rc rc = step_finish_event(h, IDEM__EV_STEP_RELEASE, space, key, epoch, NULL, NULL,
                                    NULL, 0, retention_ms, &ev);
-    if (rc == IDEM_OK && !cb)
-        rc = idem__fail(IDEM_EINVAL, "cb: NULL");
     return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, NULL, arg);
 }
 
