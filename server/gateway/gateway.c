@@ -1225,9 +1225,11 @@ static void hold_abandoned(struct gw *g)
 static unsigned attempt_of(const idem_record *rec)
 {
     /* A key with states is claimed once per move, and each move's
-     * attempts count from the claim that made the one before. */
+     * attempts count from the claim that made the one before. A plain
+     * key's claim carries no result: nothing to parse, nothing to fail. */
     idem_step_view v;
-    if (idem_record_steps(rec, &v) == IDEM_OK && rec->epoch > v.steps[v.count - 1].epoch) {
+    if (rec->result_len && idem_record_steps(rec, &v) == IDEM_OK &&
+        rec->epoch > v.steps[v.count - 1].epoch) {
         uint64_t n = rec->epoch - v.steps[v.count - 1].epoch;
         return n > UINT32_MAX ? UINT32_MAX : (unsigned)n;
     }
