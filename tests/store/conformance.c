@@ -708,6 +708,46 @@ static void test_steps(void **state)
     assert_int_equal(rec.epoch, e + 1);
     idem_record_clear(&rec);
 
+    /* A step claim whose owner died is taken over once its lease runs
+     * out, and the claim still holds the state it moves from: the new
+     * owner makes the same move, the dead one can no longer finish it. */
+    uint8_t back[IDEM_FINGERPRINT_LEN];
+    fp_of("REFUNDED_BACK", back);
+    assert_outcome(step_once(h, m, "RF-5", "SUCCESS", "paid", &rec), IDEM_NEW);
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_step(h, m, "refund", "RF-5", "REFUNDED_BACK", back, "dead", 1000,
+                                    &o, &rec));
+    assert_outcome(o, IDEM_NEW);
+    uint64_t dead = rec.epoch;
+    idem_record_clear(&rec);
+    test_clock_advance(500);
+    assert_idem_ok(idem_record_step(h, m, "refund", "RF-5", "REFUNDED_BACK", back, "next", 1000,
+                                    &o, NULL));
+    assert_outcome(o, IDEM_IN_PROGRESS);
+    test_clock_advance(1000);
+    assert_idem_ok(idem_record_step(h, m, "refund", "RF-5", "REFUNDED_BACK", back, "next", 30000,
+                                    &o, &rec));
+    assert_outcome(o, IDEM_TAKEN_OVER);
+    assert_int_equal(rec.epoch, dead + 1);
+    assert_idem_ok(idem_record_steps(&rec, &v));
+    assert_string_equal(v.state, "SUCCESS");
+    assert_int_equal(v.count, 1);
+    assert_memory_equal(v.result, "paid", 4);
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_step_complete(h, "refund", "RF-5", dead, "REFUNDED_BACK", back,
+                                             "late", 4, 0, &o));
+    assert_outcome(o, IDEM_CONFLICT);
+    assert_idem_ok(idem_record_step_complete(h, "refund", "RF-5", dead + 1, "REFUNDED_BACK",
+                                             back, "back", 4, 0, &o));
+    assert_outcome(o, IDEM_COMPLETED);
+    assert_outcome(step_once(h, m, "RF-5", "REFUNDED_BACK", "x", &rec), IDEM_DONE);
+    assert_idem_ok(idem_record_steps(&rec, &v));
+    assert_int_equal(v.count, 2);
+    assert_string_equal(v.steps[1].state, "REFUNDED_BACK");
+    assert_int_equal(v.steps[1].epoch, dead + 1);
+    assert_memory_equal(v.result, "back", 4);
+    idem_record_clear(&rec);
+
     /* A key with no record: an event behind the initial state cannot be,
      * and one for an unknown state is refused before the store. */
     assert_int_equal(idem_record_step(h, m, "refund", "RF-4", "NOPE", NULL, "w", 30000, &o,
