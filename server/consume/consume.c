@@ -173,8 +173,13 @@ int mq_add_header(struct mq_message *m, const char *name, size_t nlen, const cha
         m->bad = "header_invalid";
         return 0;
     }
+    /* Left out in every spelling: a handler that reads headers CGI-style
+     * takes Idem_Message_Id for Idem-Message-Id. */
+    char spelt[256];
+    memcpy(spelt, name, nlen);
+    spelt[nlen] = '\0';
     for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
-        if (strlen(reserved[i]) == nlen && strncasecmp(name, reserved[i], nlen) == 0)
+        if (strlen(reserved[i]) == nlen && http_name_alike(spelt, reserved[i]))
             return 0;
     char *n = strndup(name, nlen), *v = malloc(vlen + 1);
     if (!n || !v) {
