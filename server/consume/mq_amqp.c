@@ -286,18 +286,23 @@ static char *value_text(const amqp_field_value_t *v, int *oom)
     return s;
 }
 
-/* The envelope as the consumer's message; NULL on OOM. A header or id the
+/* A delivery's properties as the consumer's message, which takes body
+ * (malloc'd, NUL-terminated): NULL on OOM, body freed. A header or id the
  * handler's request cannot carry marks it bad (dead-lettered). */
-static struct mq_message *from_envelope(struct amqp_src *a, const amqp_envelope_t *env)
+static struct mq_message *to_message(struct amqp_src *a, uint64_t tag,
+                                     const amqp_basic_properties_t *p, char *body,
+                                     size_t body_len)
 {
-    const amqp_basic_properties_t *p = &env->message.properties;
     struct mq_message *m = calloc(1, sizeof *m);
-    if (!m)
+    if (!m) {
+        free(body);
         return NULL;
-    m->tag = env->delivery_tag;
+    }
+    m->tag = tag;
     m->gen = consumer_gen(a->k);
-    m->body_len = env->message.body.len;
-    int oom = !(m->body = dup_bytes(env->message.body));
+    m->body_len = body_len;
+    m->body = body;
+    int oom = 0;
     if (!oom && (p->_flags & AMQP_BASIC_MESSAGE_ID_FLAG)) {
         oom = !(m->id = dup_bytes(p->message_id));
         if (!oom && (!http_is_field_text(m->id, p->message_id.len) ||
@@ -396,57 +401,125 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
     flush_acks(arg);
 }
 
+/* A frame from the channel, the wait bounded by the RPC timeout: 0, or
+ * -1 with why (the connection is then of no more use). */
+static int next_frame(struct amqp_src *a, amqp_frame_t *f, char *why, size_t n)
+{
+    struct timeval tv = ms_timeval(RPC_TIMEOUT_MS);
+    int st = amqp_simple_wait_frame_noblock(a->in, f, &tv);
+    while (st == AMQP_STATUS_OK && f->frame_type == AMQP_FRAME_HEARTBEAT)
+        st = amqp_simple_wait_frame_noblock(a->in, f, &tv);
+    if (st != AMQP_STATUS_OK) {
+        snprintf(why, n, "reading a delivery: %s", amqp_error_string2(st));
+        return -1;
+    }
+    if (f->frame_type == AMQP_FRAME_METHOD && (f->payload.method.id == AMQP_CHANNEL_CLOSE_METHOD ||
+                                               f->payload.method.id == AMQP_CONNECTION_CLOSE_METHOD)) {
+        amqp_rpc_reply_t x = {.reply_type = AMQP_RESPONSE_SERVER_EXCEPTION,
+                              .reply = f->payload.method};
+        describe(x, why, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* The rest of a delivery (its content header and body frames) after its
+ * basic.deliver, read as amqp_consume_message() reads it, but with the
+ * properties used as decoded rather than copied: librabbitmq refuses to
+ * copy a header table with an empty name, which RabbitMQ passes on, and
+ * one such message would then look like a broken connection (and be
+ * given out again on every reconnect, holding up the queue for good).
+ * Read here, it is a message with a bad header: dead-lettered and acked
+ * like any other. 0, or -1 with why. */
+static int deliver(struct amqp_src *a, const amqp_frame_t *method, char *why, size_t n)
+{
+    const amqp_basic_deliver_t *d = method->payload.method.decoded;
+    uint64_t tag = d->delivery_tag;
+    if (note_delivery(a, tag) != 0) {
+        snprintf(why, n, "out of memory");
+        return -1;
+    }
+    amqp_frame_t f;
+    if (next_frame(a, &f, why, n) != 0)
+        return -1;
+    if (f.frame_type != AMQP_FRAME_HEADER) {
+        snprintf(why, n, "a delivery without its content header (frame type %d)", f.frame_type);
+        return -1;
+    }
+    /* The properties stay in the channel's pool until the next
+     * amqp_maybe_release_buffers(), after the message is made. */
+    const amqp_basic_properties_t *p = f.payload.properties.decoded;
+    uint64_t size = f.payload.properties.body_size;
+    char *body = size < SIZE_MAX ? malloc((size_t)size + 1) : NULL;
+    if (!body) {
+        snprintf(why, n, "out of memory for a body of %llu bytes", (unsigned long long)size);
+        return -1;
+    }
+    for (uint64_t got = 0; got < size;) {
+        amqp_frame_t bf;
+        if (next_frame(a, &bf, why, n) != 0) {
+            free(body);
+            return -1;
+        }
+        if (bf.frame_type != AMQP_FRAME_BODY || bf.payload.body_fragment.len > size - got) {
+            snprintf(why, n, "a delivery's body cut short or overlong");
+            free(body);
+            return -1;
+        }
+        memcpy(body + got, bf.payload.body_fragment.bytes, bf.payload.body_fragment.len);
+        got += bf.payload.body_fragment.len;
+    }
+    body[size] = '\0';
+    struct mq_message *m = to_message(a, tag, p, body, (size_t)size);
+    if (!m) {
+        snprintf(why, n, "out of memory");
+        return -1;
+    }
+    consumer_deliver(a->k, m); /* may ack, and so lose the connection */
+    return 0;
+}
+
 static void pump(struct amqp_src *a)
 {
     char why[300];
     for (int n = 0; a->in && n < PUMP_BATCH; n++) {
         amqp_maybe_release_buffers(a->in);
         struct timeval zero = {0, 0};
-        amqp_envelope_t env;
-        amqp_rpc_reply_t r = amqp_consume_message(a->in, &env, &zero, 0);
-        if (r.reply_type == AMQP_RESPONSE_NORMAL) {
-            if (note_delivery(a, env.delivery_tag) != 0) {
-                amqp_destroy_envelope(&env);
-                lost(a, "out of memory");
-                return;
-            }
-            struct mq_message *m = from_envelope(a, &env);
-            amqp_destroy_envelope(&env);
-            if (m)
-                consumer_deliver(a->k, m); /* may ack, and so lose the connection */
-            continue;
-        }
-        if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-            r.library_error == AMQP_STATUS_TIMEOUT)
+        amqp_frame_t f;
+        int st = amqp_simple_wait_frame_noblock(a->in, &f, &zero);
+        if (st == AMQP_STATUS_TIMEOUT)
             return; /* nothing more to read now */
-        if (r.reply_type == AMQP_RESPONSE_LIBRARY_EXCEPTION &&
-            r.library_error == AMQP_STATUS_UNEXPECTED_STATE) {
-            /* Another frame than a delivery: the broker closing the
-             * channel or the connection, or cancelling the consumer (its
-             * queue deleted) end this connection; others are ignored. */
-            amqp_frame_t f;
-            if (amqp_simple_wait_frame_noblock(a->in, &f, &zero) != AMQP_STATUS_OK)
-                continue;
-            if (f.frame_type != AMQP_FRAME_METHOD)
-                continue;
-            if (f.payload.method.id == AMQP_CHANNEL_CLOSE_METHOD ||
-                f.payload.method.id == AMQP_CONNECTION_CLOSE_METHOD ||
-                f.payload.method.id == AMQP_BASIC_CANCEL_METHOD) {
-                amqp_rpc_reply_t x = {.reply_type = AMQP_RESPONSE_SERVER_EXCEPTION,
-                                      .reply = f.payload.method};
-                if (f.payload.method.id == AMQP_BASIC_CANCEL_METHOD)
-                    snprintf(why, sizeof why, "the broker cancelled the consumer (was queue "
-                             "%s deleted?)", a->cfg->queue);
-                else
-                    describe(x, why, sizeof why);
+        if (st != AMQP_STATUS_OK) {
+            snprintf(why, sizeof why, "%s", amqp_error_string2(st));
+            lost(a, why);
+            return;
+        }
+        if (f.frame_type != AMQP_FRAME_METHOD)
+            continue; /* heartbeats */
+        switch (f.payload.method.id) {
+        case AMQP_BASIC_DELIVER_METHOD:
+            if (deliver(a, &f, why, sizeof why) != 0) {
                 lost(a, why);
                 return;
             }
             continue;
+        case AMQP_CHANNEL_CLOSE_METHOD:
+        case AMQP_CONNECTION_CLOSE_METHOD: {
+            /* The broker ends the channel or the connection. */
+            amqp_rpc_reply_t x = {.reply_type = AMQP_RESPONSE_SERVER_EXCEPTION,
+                                  .reply = f.payload.method};
+            describe(x, why, sizeof why);
+            lost(a, why);
+            return;
         }
-        describe(r, why, sizeof why);
-        lost(a, why);
-        return;
+        case AMQP_BASIC_CANCEL_METHOD:
+            snprintf(why, sizeof why, "the broker cancelled the consumer (was queue %s deleted?)",
+                     a->cfg->queue);
+            lost(a, why);
+            return;
+        default:
+            continue; /* others are ignored */
+        }
     }
     if (a->in) /* more may be waiting: after the loop's other events */
         event_active(a->read_ev, EV_READ, 0);
