@@ -232,8 +232,19 @@ static void redial_later(struct amqp_src *a)
     evtimer_add(a->dial_ev, &tv);
 }
 
+static void flush_acks(struct amqp_src *a);
+
+/* The connection is of no more use (or the broker ended it). The acks
+ * already decided go out first, where the connection still takes them:
+ * each one not sent is a message given out again after the reconnect,
+ * handled again (a duplicate, or a second dead letter). */
 static void lost(struct amqp_src *a, const char *why)
 {
+    if (a->flush_due && a->in) {
+        flush_acks(a); /* clears flush_due first: a failure there comes back once */
+        if (!a->in)
+            return; /* that failure was handled as the loss, by this function */
+    }
     drop_connections(a);
     consumer_connection(a->k, 0, why);
     a->backoff_ms = RECONNECT_MIN_MS;
