@@ -26,10 +26,12 @@
  *                 NEW / TAKEN_OVER (attempt = the claim's number)
  *                     │
  *                 POST to the handler ── 2xx, kept ─────────► ack
- *                     ├─ 4xx (not 408/429), kept ───────────► dead letter handler_rejected
- *                     ├─ 5xx/408/429/refused, released ─────► held, tried again after the
- *                     │    (the last attempt keeps it)         backoff (attempts counted in
- *                     │                                        the record: see gateway.c)
+ *                     ├─ 4xx (not 408/425/429), kept ───────► dead letter handler_rejected
+ *                     ├─ 5xx/408/425/429/refused, released ─► held, tried again after the
+ *                     │    (the last attempt keeps it: dead    backoff (attempts counted in
+ *                     │    letter attempts_exhausted)          the record: see gateway.c)
+ *                     ├─ too big to keep, kept as failed ───► dead letter
+ *                     │                                        handler_answer_too_large
  *                     └─ sent, no answer ───────────────────► held; PROCESSING until its lease
  *                                                              ends, then taken over
  *   store down ─────────────────────────────────────────────► held, tried again; nothing acked
@@ -89,6 +91,7 @@
 #include "telemetry/access_log.h"
 #include "daemon.h"
 #include "gateway/gateway.h"
+#include "gateway/route_config.h"
 #include "idem/libevent.h"
 #include "http/front.h"
 #include "http/http_parser.h"
@@ -381,6 +384,20 @@ static void log_message(struct consumer *k, const struct held *h, const struct f
     access_log_message(k->ctx.alog, &m);
 }
 
+/* Why a finished key's failure goes to the dead letter: Idem's own 502
+ * for an answer too big to keep (the handler executed); a status the
+ * route retries (5xx, 408, 425, 429, a refused connection's 502) kept
+ * only because it was the last attempt; or the handler's own refusal. */
+static const char *dead_letter_reason(const struct route *rt, const struct front_request *req,
+                                      int status)
+{
+    if (status < 400)
+        return NULL;
+    if (req->outcome_type && strcmp(req->outcome_type, "upstream_response_too_large") == 0)
+        return "handler_answer_too_large";
+    return config_route_keeps(rt, status) ? "handler_rejected" : "attempts_exhausted";
+}
+
 /* What the gateway made of the message: tell the broker, or hold it. */
 static void on_answered(void *owner, struct front_request *req)
 {
@@ -402,21 +419,14 @@ static void on_answered(void *owner, struct front_request *req)
         h->last_status = status;
         h->waits = 0;
         a = status < 400 ? ACK : DEAD_LETTER;
-        /* A 5xx kept: the handler's last attempt's (or a refusal to
-         * connect), or Idem's 502 for an answer too big to keep, which the
-         * handler's own status tells apart. */
-        reason = status < 400   ? NULL
-                 : status < 500 ? "handler_rejected"
-                 : req->upstream_status > 0 && req->upstream_status < 500
-                     ? "handler_answer_too_large"
-                     : "attempts_exhausted";
+        reason = dead_letter_reason(rt, req, status);
         break;
     case GW_REPLAYED:
         /* Finished before, and failed: it belongs on the dead letter. A
          * copy that was dead-lettered already gets there again (its earlier
          * dead letter may not have been written: never none, maybe two). */
         a = status < 400 ? ACK_DUPLICATE : DEAD_LETTER;
-        reason = status < 400 ? NULL : status < 500 ? "handler_rejected" : "attempts_exhausted";
+        reason = dead_letter_reason(rt, req, status);
         atomic_fetch_add(&k->n.duplicates, 1);
         break;
     case GW_MISMATCH:

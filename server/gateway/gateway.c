@@ -1694,6 +1694,7 @@ static void finish_too_big(struct gw *g, const char *why)
 {
     const struct server_config *cfg = g->lc->c;
     response_free(g->out);
+    g->req->outcome_type = "upstream_response_too_large"; /* executed: a consumer's reason */
     g->out = problem(502, "upstream_response_too_large",
                      "the upstream executed the request, and its answer was too big to keep "
                      "(%s; a body may have up to response_max, %zu bytes, a head up to %d "

@@ -40,7 +40,10 @@ struct front_request {
      * the client (a consumer; counters): one of enum gw_outcome (daemon.h),
      * and for a claim the attempt it was and its epoch. */
     int outcome;
-    const char *outcome_type;   /* GW_KEY_INVALID: the problem's type, static */
+    /* The problem's type, static, when idem answered with its own for a
+     * refusal (GW_KEY_INVALID ...) or for an executed request whose
+     * answer was too big to keep; NULL otherwise. */
+    const char *outcome_type;
     unsigned attempt;
     uint64_t epoch;
     /* For the access log, set by the handler: the route's name and the

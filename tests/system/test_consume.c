@@ -327,6 +327,9 @@ static void source_yaml(const struct bus *b, char *out, size_t cap, int prefetch
 
 /* Write a configuration: the store (distributed or a file in dir), an
  * admin listener, then body, where @UP@ becomes the refund service. */
+/* More of the limits mapping for the configurations written next (", k: v"). */
+static const char *limits_extra = "";
+
 static void write_config(char *path, size_t cap, int distributed, const char *body)
 {
     char text[16384], *o = text;
@@ -336,7 +339,7 @@ static void write_config(char *path, size_t cap, int distributed, const char *bo
                      pg_url);
     else
         o += sprintf(o, "storage: { path: %s/idem-%d.db }\n", dir, seq);
-    o += sprintf(o, SYS_ADMIN_YAML "limits: { shutdown_timeout: 3s }\n");
+    o += sprintf(o, SYS_ADMIN_YAML "limits: { shutdown_timeout: 3s%s }\n", limits_extra);
     for (const char *s = body; *s;) {
         if (strncmp(s, "@UP@", 4) == 0) {
             o += sprintf(o, "http://127.0.0.1:%d", service.port);
@@ -1003,6 +1006,59 @@ static void test_redis_bad_input_dead_lettered(void **state)
     bad_input(1);
 }
 
+/* Why a key's failure went to the dead letter: a status idem retries
+ * (429) kept because the attempts ran out is attempts_exhausted, not the
+ * handler's refusal; an answer too big to keep is
+ * handler_answer_too_large after its one execution. */
+static void dead_letter_reasons(int redis)
+{
+    struct bus b;
+    char path[4200], body[128];
+    bus_open(&b, redis, "reasons");
+    refunds_config(&b, 8, 0, "    max_attempts: 2\n    retry_backoff: [100ms]\n", path,
+                   sizeof path);
+    struct proc p;
+    start(&p, "serve", path);
+    snprintf(body, sizeof body, "{\"refund_no\":\"BUSY-%d\",\"amount\":\"1.00\"}", seq);
+    const struct header busy[] = {{"X-Fail", "429"}, {NULL, NULL}};
+    publish(&b, body, busy, NULL);
+    assert_int_equal(wait_dead(&b, 1, 10000), 1);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    struct dead d[2];
+    assert_int_equal(take_dead(&b, d, 2), 1);
+    assert_string_equal(d[0].reason, "attempts_exhausted");
+    assert_string_equal(d[0].attempts, "2");
+    assert_string_equal(d[0].last_status, "429");
+
+    limits_extra = ", response_max: 16B"; /* every answer of the service is longer */
+    refunds_config(&b, 8, 0, "", path, sizeof path);
+    limits_extra = "";
+    start(&p, "serve", path);
+    long before = executions();
+    snprintf(body, sizeof body, "{\"refund_no\":\"BIG-%d\",\"amount\":\"1.00\"}", seq);
+    publish(&b, body, NULL, NULL);
+    assert_int_equal(wait_dead(&b, 1, 10000), 1);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    assert_int_equal(executions() - before, 1);
+    assert_int_equal(take_dead(&b, d, 2), 1);
+    assert_string_equal(d[0].reason, "handler_answer_too_large");
+    assert_string_equal(d[0].attempts, "1");
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_dead_letter_reasons(void **state)
+{
+    (void)state;
+    dead_letter_reasons(0);
+}
+
+static void test_redis_dead_letter_reasons(void **state)
+{
+    (void)state;
+    dead_letter_reasons(1);
+}
+
 /* kill -9 of idem every 1-2 s (started again each time) while it works
  * through 5,000 keys: none lost (each has its row), none executed twice
  * but the few whose handler call a kill cut short (at most what was in
@@ -1387,6 +1443,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_redis_poison_dead_lettered_across_restart, teardown),
         cmocka_unit_test_teardown(test_amqp_bad_input_dead_lettered, teardown),
         cmocka_unit_test_teardown(test_redis_bad_input_dead_lettered, teardown),
+        cmocka_unit_test_teardown(test_amqp_dead_letter_reasons, teardown),
+        cmocka_unit_test_teardown(test_redis_dead_letter_reasons, teardown),
         cmocka_unit_test_teardown(test_amqp_signed_messages, teardown),
         cmocka_unit_test_teardown(test_redis_signed_messages, teardown),
         cmocka_unit_test_teardown(test_amqp_kill9_stream, teardown),
