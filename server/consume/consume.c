@@ -28,7 +28,7 @@
  *                 POST to the handler ── 2xx, kept ─────────► ack
  *                     ├─ 4xx (not 408/425/429), kept ───────► dead letter handler_rejected
  *                     ├─ 5xx/408/425/429/refused, released ─► held, tried again after the
- *                     │    (the last attempt keeps it: dead    backoff (attempts counted in
+ *                     │    (after the last attempt: dead       backoff (attempts counted in
  *                     │    letter attempts_exhausted)          the record: see gateway.c)
  *                     ├─ too big to keep, kept as failed ───► dead letter
  *                     │                                        handler_answer_too_large
@@ -454,8 +454,13 @@ static void on_answered(void *owner, struct front_request *req)
         reason = req->outcome_type ? req->outcome_type : "key_invalid";
         break;
     case GW_EXHAUSTED:
-        /* The claim that found them used up was none of them. */
-        h->attempts = req->attempt > 0 ? req->attempt - 1 : 0;
+        /* The last attempt, or a claim that found them used up, which was
+         * none of them (no call made on it). */
+        if (req->upstream_us || req->upstream_status)
+            h->last_status = status;
+        else
+            h->attempts = req->attempt > 0 ? req->attempt - 1 : 0;
+        h->waits = 0;
         a = DEAD_LETTER;
         reason = "attempts_exhausted";
         break;

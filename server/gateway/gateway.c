@@ -41,7 +41,7 @@
  *        │           or S_BEGIN_WAIT (backoff) and S_BEGIN again
  *        │   NEW / TAKEN_OVER: we hold the claim (epoch), durably
  *        │   (TAKEN_OVER on an on_unknown_outcome: hold route: held ──► 409;
- *        │    past a consumer's max_attempts: failed for good ──────► 502)
+ *        │    past a consumer's max_attempts: released, not sent ───► 502)
  *   S_FORWARD  upstream, on the loop (the timer extends the claim's lease
  *        │   every lease/3, as a record call of its own)
  *        ├── a status kept (store_statuses; by default < 500, and 5xx with
@@ -1215,11 +1215,16 @@ static void hold_abandoned(struct gw *g)
  * times per key, however often its message is delivered and however often
  * Idem restarts meanwhile: the count is the record's, since every claim of
  * a key moves its epoch on by one, from the clock at its creation
- * (created_ms). A claim past max_attempts is not sent: the record fails for
- * good with attempts_exhausted (a consumer dead-letters the message). A
- * claim that is the last attempt keeps whatever the upstream answers, so
- * that no later delivery sends it again. Which answers are worth another
- * attempt is the route's keep set (store_statuses), whoever configured it.
+ * (created_ms). Which answers are worth another attempt is the route's
+ * keep set (store_statuses), whoever configured it. The last attempt's
+ * answer, when it is one worth another attempt (a 5xx, a refused
+ * connection), and any claim past max_attempts (not sent) end the same
+ * way: GW_EXHAUSTED, the claim released, and a consumer dead-letters the
+ * message. Released, not failed for good: the consumer's count is kept in
+ * the epoch, so a later delivery of the message is past max_attempts again
+ * and never sent, while the key stays open to the other channels sharing
+ * its space (a payment's callback, a reconciliation: max_attempts 0),
+ * which execute it instead of being answered the handler's 500 for good.
  * With max_attempts 0 (the routes of routes:) nothing is counted. */
 
 static unsigned attempt_of(const idem_record *rec)
@@ -1245,11 +1250,8 @@ static void exhausted(struct gw *g)
                      "claim %u of this key, and max_attempts is %u: it is not sent to the "
                      "handler again",
                      g->attempt, g->rt->max_attempts);
-    /* A key with states stays where it was: the move was never made. */
-    g->stored = g->out && !g->rt->states ? stored_encode_response(g->out, &g->stored_len) : NULL;
-    finish_record(g, g->rt->states ? FINISH_FAIL_RETRYABLE
-                     : g->stored   ? FINISH_FAIL_FINAL
-                                   : FINISH_NONE);
+    /* Released (see above); a key with states stays where it was. */
+    finish_record(g, FINISH_FAIL_RETRYABLE);
 }
 
 /* ---- states ----
@@ -1716,7 +1718,8 @@ static void call_ended(struct gw *g, enum upstream_result ur, int status)
     extending_forget(g);
     if (!g->renewing)
         evtimer_del(g->lease); /* it renewed the claim alone */
-    g->req->upstream_us = mono_us() - g->sent_us;
+    int64_t took = mono_us() - g->sent_us;
+    g->req->upstream_us = took > 0 ? took : 1; /* a call was made: never 0 */
     g->req->upstream_status = status;
     g->req->upstream_result = (int)ur;
 }
@@ -1730,12 +1733,12 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     call_ended(g, ur, ur == UPSTREAM_OK ? resp->status : 0);
     switch (ur) {
     case UPSTREAM_OK: {
-        /* A last attempt keeps what it got (see "attempts"). */
-        int last = rt->max_attempts && g->attempt >= rt->max_attempts;
-        int retry = !config_route_keeps(rt, resp->status) && !last;
+        int retry = !config_route_keeps(rt, resp->status);
         int ok = resp->status < rt->fails_from;
         g->out = from_upstream(resp, strcmp(g->req->msg->method, "HEAD") == 0);
         if (retry) {
+            if (rt->max_attempts && g->attempt >= rt->max_attempts)
+                VERDICT(g, GW_EXHAUSTED); /* the last attempt (see "attempts") */
             finish_record(g, FINISH_FAIL_RETRYABLE);
             break;
         }
@@ -1758,12 +1761,8 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
     case UPSTREAM_NOT_SENT:
         g->out = problem(502, "upstream_unreachable",
                          "%s; the request was not executed and may be retried", detail);
-        if (rt->max_attempts && g->attempt >= rt->max_attempts && g->out &&
-            (g->stored = stored_encode_response(localise(cfg, rt, g->out), &g->stored_len)) !=
-                NULL) {
-            finish_record(g, FINISH_FAIL_FINAL); /* its last attempt */
-            break;
-        }
+        if (rt->max_attempts && g->attempt >= rt->max_attempts)
+            VERDICT(g, GW_EXHAUSTED); /* the last attempt (see "attempts") */
         finish_record(g, FINISH_FAIL_RETRYABLE);
         break;
     case UPSTREAM_TIMEOUT:

@@ -612,6 +612,82 @@ static void test_redis_route_and_consumer_one_execution(void **state)
     route_and_consumer(1);
 }
 
+/* A key whose consumer gave up (its handler failed every attempt: dead
+ * letter attempts_exhausted) does not hold up the other channels of its
+ * space: the payment's callback, a route, executes it once the handler is
+ * well, instead of being answered the consumer's 500 for good. The
+ * message delivered again is still past its attempts: dead letter, not
+ * sent. */
+static void dead_letter_leaves_key_open(int redis)
+{
+    enum { KEYS = 5 };
+    struct bus b;
+    char src[512], path[4200], cfg[2048], body[128];
+    bus_open(&b, redis, "open");
+    source_yaml(&b, src, sizeof src, 8);
+    snprintf(cfg, sizeof cfg,
+             "routes:\n  - name: refund-callback\n    match: { method: POST, path: /refunds }\n"
+             "    upstream: @UP@\n    key: { json: refund_no }\n    space: refund\n"
+             "    fingerprint: [refund_no, amount]\n"
+             "consumers:\n  - name: refund-mq\n%s"
+             "    key: { json: refund_no }\n    space: refund\n    handler: @UP@/refunds\n"
+             "    fingerprint: [refund_no, amount]\n"
+             "    max_attempts: 2\n    retry_backoff: [100ms]\n",
+             src);
+    write_config(path, sizeof path, 0, cfg);
+    struct proc p;
+    start(&p, "serve", path);
+    const struct header fail[] = {{"X-Fail", "500"}, {NULL, NULL}};
+    int first = seq;
+    for (int i = 0; i < KEYS; i++) {
+        snprintf(body, sizeof body, "{\"refund_no\":\"OPEN-%d-%d\",\"amount\":\"1.00\"}", first,
+                 i);
+        publish(&b, body, fail, NULL);
+    }
+    assert_int_equal(wait_dead(&b, KEYS, 15000), KEYS);
+    struct dead d[KEYS + 1];
+    assert_int_equal(take_dead(&b, d, KEYS + 1), KEYS);
+    for (int i = 0; i < KEYS; i++) {
+        assert_string_equal(d[i].reason, "attempts_exhausted");
+        assert_string_equal(d[i].attempts, "2");
+        assert_string_equal(d[i].last_status, "500");
+    }
+    long before = rows();
+    for (int i = 0; i < KEYS; i++) {
+        snprintf(body, sizeof body, "{\"refund_no\":\"OPEN-%d-%d\",\"amount\":\"1.00\"}", first,
+                 i);
+        struct sys_resp r;
+        const char *h[] = {"Content-Type: application/json", NULL};
+        sys_http(p.port, "POST", "/refunds", h, body, 10000, &r);
+        assert_int_equal(r.status, 201); /* executed, not the consumer's 500 replayed */
+        sys_resp_free(&r);
+    }
+    assert_int_equal(rows() - before, KEYS);
+    /* Delivered again: past its attempts, and now done by the route. */
+    publish(&b, body, fail, NULL);
+    long long deadline = now_ms() + 10000;
+    while (now_ms() < deadline && metric(&p, "idem_consumer_duplicates_total", "refund-mq") < 1)
+        sleep_ms(50);
+    assert_int_equal(metric(&p, "idem_consumer_duplicates_total", "refund-mq"), 1);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    assert_int_equal(rows() - before, KEYS);
+    assert_int_equal(dead_count(&b), 0);
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_dead_letter_leaves_key_open(void **state)
+{
+    (void)state;
+    dead_letter_leaves_key_open(0);
+}
+
+static void test_redis_dead_letter_leaves_key_open(void **state)
+{
+    (void)state;
+    dead_letter_leaves_key_open(1);
+}
+
 /* States on a consumer and a route sharing one space: a refund's status
  * events by the MQ and by HTTP callbacks move one machine. */
 static void states_shared(int redis)
@@ -1433,6 +1509,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_redis_duplicates_two_instances, teardown),
         cmocka_unit_test_teardown(test_amqp_route_and_consumer_one_execution, teardown),
         cmocka_unit_test_teardown(test_redis_route_and_consumer_one_execution, teardown),
+        cmocka_unit_test_teardown(test_amqp_dead_letter_leaves_key_open, teardown),
+        cmocka_unit_test_teardown(test_redis_dead_letter_leaves_key_open, teardown),
         cmocka_unit_test_teardown(test_amqp_states_shared_with_a_route, teardown),
         cmocka_unit_test_teardown(test_amqp_unknown_outcome_resolved, teardown),
         cmocka_unit_test_teardown(test_amqp_tombstoned_acked, teardown),
