@@ -109,13 +109,15 @@ static struct http_response *spaces(const struct server_config *cfg)
         const struct route *rt = &cfg->routes[i];
         json_t *e = space_entry(list, rt->space);
         json_array_append_new(json_object_get(e, "routes"), json_string(rt->name));
-        if (rt->unknown_hold)
+        if (config_route_holds(rt))
             json_object_set_new(e, "holds", json_true());
     }
     for (size_t i = 0; list && i < cfg->consumer_count; i++) {
         const struct consumer_config *c = &cfg->consumers[i];
         json_t *e = space_entry(list, c->route.space);
         json_array_append_new(json_object_get(e, "consumers"), json_string(c->name));
+        if (config_route_holds(&c->route))
+            json_object_set_new(e, "holds", json_true());
     }
     return json_response(200, json_pack("{s:o}", "spaces", list));
 }

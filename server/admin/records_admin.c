@@ -133,19 +133,26 @@ static struct http_response *int_param(const struct query *q, const char *name, 
 
 /* ---- listing ---- */
 
-/* The longest lease of cfg's routes on space, and whether one of them
- * holds unknown outcomes. 0 when no route keeps records there. */
+/* The i-th of cfg's routes, then of its consumers' (route_count +
+ * consumer_count in all): everything that keeps records in a space. */
+static const struct route *nth_route(const struct server_config *cfg, size_t i)
+{
+    return i < cfg->route_count ? &cfg->routes[i] : &cfg->consumers[i - cfg->route_count].route;
+}
+
+/* The longest lease of cfg's routes and consumers on space, and whether
+ * one of them holds unknown outcomes. 0 when none keeps records there. */
 static int64_t space_lease(const struct server_config *cfg, const char *space, int *holds)
 {
     int64_t lease = 0;
     *holds = 0;
-    for (size_t i = 0; i < cfg->route_count; i++) {
-        const struct route *rt = &cfg->routes[i];
+    for (size_t i = 0; i < cfg->route_count + cfg->consumer_count; i++) {
+        const struct route *rt = nth_route(cfg, i);
         if (strcmp(rt->space, space) != 0)
             continue;
         if (rt->lease_ms > lease)
             lease = rt->lease_ms;
-        *holds |= rt->unknown_hold;
+        *holds |= config_route_holds(rt);
     }
     return lease;
 }
@@ -275,8 +282,9 @@ static void list(struct api_call *c, int held)
     l->lease = space_lease(c->cfg, space, &l->holds);
     if (held && !l->holds) {
         api_answer(c, problem(400, "invalid_parameter",
-                              "parameter space: no route on space %s has on_unknown_outcome: "
-                              "hold, so none of its claims is held",
+                              "parameter space: no route or consumer on space %s has "
+                              "on_unknown_outcome: hold or resolve, so none of its claims is "
+                              "held",
                               space));
         return;
     }

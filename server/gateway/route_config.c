@@ -408,6 +408,11 @@ int config_route_keeps(const struct route *r, int status)
     return status_set_has(r->keep_status, status);
 }
 
+int config_route_holds(const struct route *r)
+{
+    return r->unknown_hold || r->resolve;
+}
+
 int config_get_status_set(struct config_ctx *c, const yaml_node_t *n, const char *path,
                           uint64_t set[STATUS_SET_WORDS])
 {

@@ -128,6 +128,9 @@ int config_get_status_set(struct config_ctx *c, const struct yaml_node_s *n, con
 
 /* Does the route keep an answer with this upstream status (store_statuses)? */
 int config_route_keeps(const struct route *r, int status);
+/* Does the route hold a claim whose outcome is unknown (on_unknown_outcome:
+ * hold or resolve), past its lease, for an operator or its resolver? */
+int config_route_holds(const struct route *r);
 /* Keep the answers with a status from..to (100..599) as well. */
 void config_route_keep(struct route *r, int from, int to);
 /* Keep what a route keeps without store_statuses: every answer under 500

@@ -3166,6 +3166,15 @@ static void test_resolve_unknown_outcomes(void **state)
     assert_int_equal(metric(gw.admin_port,
                             "idem_resolutions_total{route=\"refund\",verdict=\"not_executed\"}"),
                      1);
+    /* A space with a resolve route holds its unknown outcomes: the console
+     * asks records/held for it. */
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/spaces", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.m->body, "\"holds\":true"));
+    sys_resp_free(&r);
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/held?space=refund", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    sys_resp_free(&r);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
     /* Each question has its access-log line (stderr here). */
     char *log = sys_read_file(gw.log);
