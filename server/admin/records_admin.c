@@ -157,6 +157,24 @@ static int64_t space_lease(const struct server_config *cfg, const char *space, i
     return lease;
 }
 
+/* Is the claim rec live: a request may be executing under it now? A claim
+ * in flight has the lease of a route (or consumer) on its space from its
+ * last renewal on (its span, lease_until - updated, is that lease), and
+ * the lease has not run out; a held one (hold, resolve) was extended by
+ * another span, and an abandoned one has run out. */
+static int claim_live(const struct server_config *cfg, const char *space, const idem_record *rec,
+                      int64_t now)
+{
+    if (strcmp(rec->state, IDEM_STATE_PROCESSING) != 0 || rec->lease_until_ms <= now)
+        return 0;
+    for (size_t i = 0; i < cfg->route_count + cfg->consumer_count; i++) {
+        const struct route *rt = nth_route(cfg, i);
+        if (strcmp(rt->space, space) == 0 && rec->lease_until_ms - rec->updated_ms == rt->lease_ms)
+            return 1;
+    }
+    return 0;
+}
+
 /* The status of a stored answer from its first bytes ("IDEM1 201 ..."), 0
  * when it is not one the gateway stored. */
 static int stored_status(const idem_record_item *it)
@@ -354,6 +372,7 @@ void api_events(struct api_call *c)
  * An action's walk, each step the library's asynchronous call:
  *
  *   release, mark_failed:  read ── not PROCESSING at the epoch ──► 409
+ *                            │  └── live (in flight), without force ──► 409 claim_live
  *                            │
  *                            └─► fail (retryable / final) ── CONFLICT ──► read ──► 409
  *                                     │
@@ -375,6 +394,7 @@ struct action {
     const char *space, *key, *reason; /* in the call's body */
     uint64_t epoch;
     int status;
+    int force;                   /* release, mark_failed: a live claim too */
 };
 
 /* 0, or the 400. */
@@ -396,6 +416,10 @@ static struct http_response *parse_action(json_t *body, struct action *a)
     a->epoch = (uint64_t)json_integer_value(e);
     a->status = 502;
     a->reason = NULL;
+    json_t *force = json_object_get(body, "force");
+    if (force && !json_is_boolean(force))
+        return problem(400, "invalid_field", "field force: true or false");
+    a->force = json_is_true(force);
     if (!failing)
         return NULL;
     if (!json_is_string(why) || json_string_length(why) == 0 ||
@@ -497,6 +521,23 @@ static void on_claim_read(void *arg, idem_rc rc, idem_outcome o, idem_record *re
     }
     if (strcmp(rec->state, IDEM_STATE_PROCESSING) != 0 || rec->epoch != a->epoch) {
         act_end(c, moved_on(a, rec->state, rec->epoch), 0);
+        return;
+    }
+    int64_t now = wall_ms();
+    if (!a->force && claim_live(c->cfg, a->space, rec, now)) {
+        act_end(c,
+                problem(409, "claim_live",
+                        "%s refused: the claim at epoch %" PRIu64 " is live: its lease, renewed "
+                        "while its request runs, has %" PRId64 " ms left, and the upstream may "
+                        "be executing it now. %s Wait until it ends or its lease runs out, or "
+                        "send \"force\": true to do it anyway; nothing was changed",
+                        a->op, rec->epoch, rec->lease_until_ms - now,
+                        strcmp(a->op, "release") == 0
+                            ? "Released, the next retry executes the key while this one may "
+                              "still be running: a second execution."
+                            : "Marked failed, every retry is answered with the failure even if "
+                              "this request succeeds."),
+                0);
         return;
     }
     if (strcmp(a->op, "release") == 0) {

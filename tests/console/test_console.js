@@ -426,6 +426,32 @@ async function main() {
   await p.waitFor(counter.replace('idem_gateway_executions_total',
     'idem_gateway_in_flight_rejections_total') + ' === ' + rejected, 'the 409s counted');
 
+  /* A live claim (its request in flight): its buttons are forced and say
+   * what that risks; the daemon refuses the unforced action. */
+  const live = request(port, 'POST', '/orders/O-8/refunds',
+    { 'Content-Type': 'application/json', 'X-Delay-Ms': '3000' },
+    JSON.stringify({ refund_no: 'L-1', amount: '1.00', status: 'SUCCESS' }));
+  const forced = "document.querySelector('#in-flight tr:has([data-open=\"L-1\"]) " +
+    "[data-action=\"release\"]')";
+  for (let i = 0; i < 20 && !(await p.eval(forced + ' !== null')); i++) {
+    await p.eval('loadClaims()');
+    await sleep(100);
+  }
+  assert.equal(await p.eval(forced + '.textContent'), 'Force release');
+  await p.eval(forced + '.click()');
+  await p.waitFor("document.getElementById('confirm').open", 'the forced confirmation');
+  assert.match(await p.eval("document.getElementById('confirm-text').textContent"),
+    /^This claim is live: .*a second time\. Release the claim on key L-1/);
+  await p.key('Escape', 'Escape', 27);
+  await p.waitFor("!document.getElementById('confirm').open", 'Esc to cancel');
+  const liveRec = JSON.parse((await admin(adminPort, 'GET',
+    '/_idem/v1/records?space=refund-status&prefix=L-1')).body).records[0];
+  const unforced = await admin(adminPort, 'POST', '/_idem/v1/records/release',
+    { space: 'refund-status', key: 'L-1', epoch: liveRec.epoch });
+  assert.equal(unforced.status, 409);
+  assert.match(unforced.body, /claim_live/);
+  assert.equal((await live).status, 200, 'the live request ran on');
+
   /* Keys and bodies holding markup show as text. */
   await p.eval('document.activeElement.blur()');
   await p.key('/', 'Slash', 191, '/');

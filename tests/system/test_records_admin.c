@@ -11,6 +11,7 @@
  * by the ctest fixture), wiped before each test.
  */
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -492,6 +493,71 @@ static void test_delete_lets_key_execute_again(void **state)
     free(log);
 }
 
+struct slow {
+    int port, status;
+};
+
+static void *slow_refund(void *arg)
+{
+    struct slow *s = arg;
+    struct sys_resp r;
+    s->status = post_refund(s->port, "LIVE-1", "1.00", 3000, &r);
+    sys_resp_free(&r);
+    return NULL;
+}
+
+/* A live claim (its request in flight, its lease renewed) is neither
+ * released nor marked failed unless the operator forces it: a release
+ * would let a retry execute the key a second time while the first may
+ * still be running. */
+static void test_live_claim_needs_force(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, "    upstream_timeout: 10s\n    lease: 2s\n");
+    struct slow s = {.port = gw.port};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, slow_refund, &s), 0);
+    long long epoch = 0;
+    for (int tries = 0; !epoch && tries < 100; tries++, sleep_ms(50)) {
+        json_t *j = admin_get_ok(gw.admin_port, "/_idem/v1/records?space=refund&prefix=LIVE-1");
+        epoch = json_integer_value(
+            json_object_get(json_array_get(json_object_get(j, "records"), 0), "epoch"));
+        json_decref(j);
+    }
+    assert_true(epoch > 0);
+    char body[512], out[2048];
+    snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"LIVE-1\",\"epoch\":%lld}",
+             epoch);
+    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "release", body, out, sizeof out),
+                     409);
+    assert_non_null(strstr(out, "claim_live"));
+    assert_non_null(strstr(out, "second execution"));
+    snprintf(body, sizeof body,
+             "{\"space\":\"refund\",\"key\":\"LIVE-1\",\"epoch\":%lld,\"reason\":\"x\"}",
+             epoch);
+    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "mark_failed", body, out,
+                                sizeof out),
+                     409);
+    assert_non_null(strstr(out, "claim_live"));
+    snprintf(body, sizeof body,
+             "{\"space\":\"refund\",\"key\":\"LIVE-1\",\"epoch\":%lld,\"force\":1}", epoch);
+    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "release", body, out, sizeof out),
+                     400);
+    assert_non_null(strstr(out, "field force"));
+    snprintf(body, sizeof body,
+             "{\"space\":\"refund\",\"key\":\"LIVE-1\",\"epoch\":%lld,\"force\":true}",
+             epoch);
+    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "release", body, out, sizeof out),
+                     200);
+    assert_non_null(strstr(out, "\"outcome\":\"RELEASED\""));
+    pthread_join(t, NULL);
+    /* Its next renewal found the claim gone: the call was cut, and its
+     * outcome is unknown (the refund may or may not have been made). */
+    assert_int_equal(s.status, 504);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -536,6 +602,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_held_released_executes_once, setup),
         cmocka_unit_test_setup(test_mark_failed_replays_reason, setup),
         cmocka_unit_test_setup(test_delete_lets_key_execute_again, setup),
+        cmocka_unit_test_setup(test_live_claim_needs_force, setup),
     };
     return cmocka_run_group_tests_name(argv[3], tests, group_setup, group_teardown);
 }

@@ -566,32 +566,46 @@ const ACTIONS = {
   },
 };
 
-/* A button for an action: disabled, and saying why, for a read key. */
-function actionButton(op, space, key, epoch) {
-  const b = el('button', ACTIONS[op].label, { type: 'button', 'data-action': op });
+/* What acting on a live claim (in flight, its lease running) risks: the
+ * JSON API refuses it without force (409 claim_live). */
+const LIVE_RISK = {
+  release: 'This claim is live: its request may be executing upstream right now, and ' +
+    'releasing it lets a retry execute the key a second time. ',
+  mark_failed: 'This claim is live: its request may be executing upstream right now, and ' +
+    'every retry is answered with the failure even if that request succeeds. ',
+};
+
+/* A button for an action: disabled, and saying why, for a read key. On a
+ * live claim (live set), the action is forced, and says so. */
+function actionButton(op, space, key, epoch, live) {
+  const label = live ? 'Force ' + ACTIONS[op].label.toLowerCase() : ACTIONS[op].label;
+  const b = el('button', label, { type: 'button', 'data-action': op });
+  if (live) b.dataset.force = 'true';
   if (!state.write) {
     b.disabled = true;
     b.title = 'A write key is needed';
   }
-  b.addEventListener('click', () => confirmAction(op, space, key, epoch, b));
+  b.addEventListener('click', () => confirmAction(op, space, key, epoch, b, live));
   return b;
 }
 
-function confirmAction(op, space, key, epoch, opener) {
+function confirmAction(op, space, key, epoch, opener, live) {
   if (!state.write) return;
   const d = $('confirm');
-  $('confirm-title').textContent = ACTIONS[op].label + '?';
-  $('confirm-text').textContent = ACTIONS[op].text(space, key, epoch);
+  const label = live ? 'Force ' + ACTIONS[op].label.toLowerCase() : ACTIONS[op].label;
+  $('confirm-title').textContent = label + '?';
+  $('confirm-text').textContent = (live ? LIVE_RISK[op] : '') + ACTIONS[op].text(space, key, epoch);
   $('confirm-fail').hidden = op !== 'mark_failed';
   $('fail-reason').required = op === 'mark_failed';
   $('fail-reason').value = '';
-  $('confirm-ok').textContent = ACTIONS[op].label;
+  $('confirm-ok').textContent = label;
   d.onclose = () => {
     if (opener && opener.isConnected) opener.focus();
   };
   $('confirm-form').onsubmit = async (ev) => {
     ev.preventDefault();
     const body = { space, key, epoch };
+    if (live) body.force = true;
     if (op === 'mark_failed') {
       body.reason = $('fail-reason').value;
       body.status = Number($('fail-status').value);
@@ -623,10 +637,10 @@ async function loadClaims() {
   const held = $('held'), flying = $('in-flight');
   const heldRows = [], flyingRows = [];
   const more = [];
-  const actions = (space, r) => {
+  const actions = (space, r, live) => {
     const span = el('span');
-    span.append(actionButton('release', space, r.key, r.epoch), ' ',
-      actionButton('mark_failed', space, r.key, r.epoch));
+    span.append(actionButton('release', space, r.key, r.epoch, live), ' ',
+      actionButton('mark_failed', space, r.key, r.epoch, live));
     return span;
   };
   try {
@@ -644,7 +658,7 @@ async function loadClaims() {
       for (const r of page.records)
         if (!r.held)
           flyingRows.push(row([s.space, openButton(s.space, r.key), r.epoch, r.owner,
-            duration(r.lease_left_ms), actions(s.space, r)]));
+            duration(r.lease_left_ms), actions(s.space, r, r.lease_left_ms > 0)]));
       if (page.next_cursor) more.push('in flight in ' + s.space);
     }
   } catch (e) {
