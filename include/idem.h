@@ -490,6 +490,17 @@ IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space,
                                        idem_outcome *out, char *current,
                                        uint64_t *current_epoch);
 
+/* As idem_record_delete, and only if the record is still as the caller read
+ * it: last written at updated_ms (its idem_record or listing's updated_ms,
+ * > 0). An operator's delete: a record written since at the same epoch (a
+ * claim marked failed or released by someone else, a transition) answers
+ * CONFLICT and stays, rather than being deleted for what it no longer
+ * is. */
+IDEM_EXTERN idem_rc idem_record_delete_seen(idem *h, const char *space,
+                                            const char *key, uint64_t epoch,
+                                            int64_t updated_ms, idem_outcome *out,
+                                            char *current, uint64_t *current_epoch);
+
 /* Listing records, for operators: which claims are in flight, which are
  * held, what a key prefix holds. A page at a time, newest first (by
  * created_ms, then key, both descending), with a keyset cursor: a page
@@ -723,6 +734,16 @@ IDEM_EXTERN idem_rc idem_record_fail_async(idem *h, idem_loop *loop, const char 
                                            const char *key, uint64_t epoch, idem_fail_mode mode,
                                            const void *result, size_t len, int64_t retention_ms,
                                            idem_outcome_fn cb, void *arg);
+/* As idem_record_fail_async, for an action on a claim the caller read but
+ * does not hold (an operator's release or mark-failed): a claim that moved
+ * on since answers CONFLICT as ever, but that is the caller's view gone
+ * stale, not a claim taken over from under its owner: it is logged at INFO
+ * and not counted in idem_stats.conflicts, which alert rules watch. */
+IDEM_EXTERN idem_rc idem_record_fail_seen_async(idem *h, idem_loop *loop, const char *space,
+                                                const char *key, uint64_t epoch,
+                                                idem_fail_mode mode, const void *result,
+                                                size_t len, int64_t retention_ms,
+                                                idem_outcome_fn cb, void *arg);
 IDEM_EXTERN idem_rc idem_record_extend_async(idem *h, idem_loop *loop, const char *space,
                                              const char *key, uint64_t epoch, int64_t lease_ms,
                                              idem_outcome_fn cb, void *arg);
@@ -770,6 +791,10 @@ typedef void (*idem_delete_fn)(void *arg, idem_rc rc, idem_outcome out, const ch
 IDEM_EXTERN idem_rc idem_record_delete_async(idem *h, idem_loop *loop, const char *space,
                                              const char *key, uint64_t epoch,
                                              idem_delete_fn cb, void *arg);
+IDEM_EXTERN idem_rc idem_record_delete_seen_async(idem *h, idem_loop *loop, const char *space,
+                                                  const char *key, uint64_t epoch,
+                                                  int64_t updated_ms, idem_delete_fn cb,
+                                                  void *arg);
 
 /* idem_record_list_async: q and every string it points to (space,
  * key_prefix, state, cursor) are copied; a cursor that is not one is

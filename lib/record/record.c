@@ -54,7 +54,13 @@ static idem_rc check_target(idem *h, const char *space, const char *key)
 static void log_conflict(idem *h, const struct idem__rec_event_args *ev,
                          const idem_record *cur)
 {
-    if (ev->kind == IDEM__EV_EXTEND)
+    if (ev->seen)
+        idem__log(h, IDEM_LOG_INFO,
+                  "record %s/%s: an action on epoch %llu as the caller read it refused: it is "
+                  "%s at epoch %llu, changed since it was read",
+                  ev->space, ev->key, (unsigned long long)ev->epoch, cur->state,
+                  (unsigned long long)cur->epoch);
+    else if (ev->kind == IDEM__EV_EXTEND)
         idem__log(h, IDEM_LOG_ALERT,
                   "record %s/%s: extending epoch %llu refused: it is %s at epoch %llu "
                   "(owner %s)",
@@ -254,7 +260,8 @@ static void drive_run(struct drive *dr)
         if (dr->d.action == IDEM__ACT_ANSWER) {
             dr->out = dr->d.outcome;
             if (dr->out == IDEM_CONFLICT) {
-                atomic_fetch_add(&dr->h->conflicts, 1);
+                if (!ev->seen)
+                    atomic_fetch_add(&dr->h->conflicts, 1);
                 log_conflict(dr->h, ev, &dr->cur);
             }
             strcpy(dr->current, dr->found ? dr->cur.state : "");
@@ -845,13 +852,14 @@ IDEM_EXTERN idem_rc idem_record_begin_async(idem *h, idem_loop *loop, const char
     return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, cb, NULL, NULL, arg);
 }
 
-static idem_rc finish_async(idem *h, idem_loop *loop, enum idem__rec_event kind,
+static idem_rc finish_async(idem *h, idem_loop *loop, enum idem__rec_event kind, int seen,
                             const char *space, const char *key, uint64_t epoch,
                             const void *result, size_t len, int64_t retention_ms,
                             idem_outcome_fn cb, void *arg)
 {
     struct idem__rec_event_args ev;
     idem_rc rc = finish_event(h, kind, space, key, epoch, result, len, retention_ms, &ev);
+    ev.seen = seen;
     return rc != IDEM_OK ? rc : drive_async(h, loop, &ev, NULL, cb, NULL, arg);
 }
 
@@ -862,8 +870,21 @@ IDEM_EXTERN idem_rc idem_record_complete_async(idem *h, idem_loop *loop, const c
                                                void *arg)
 {
     idem__clear_detail();
-    return finish_async(h, loop, IDEM__EV_COMPLETE, space, key, epoch, result, len,
+    return finish_async(h, loop, IDEM__EV_COMPLETE, 0, space, key, epoch, result, len,
                         retention_ms, cb, arg);
+}
+
+static idem_rc fail_async(idem *h, idem_loop *loop, int seen, const char *space,
+                          const char *key, uint64_t epoch, idem_fail_mode mode,
+                          const void *result, size_t len, int64_t retention_ms,
+                          idem_outcome_fn cb, void *arg)
+{
+    enum idem__rec_event kind = IDEM__EV_FAIL_FINAL;
+    idem__clear_detail();
+    idem_rc rc = fail_kind(mode, &kind);
+    return rc != IDEM_OK ? rc
+                         : finish_async(h, loop, kind, seen, space, key, epoch, result, len,
+                                        retention_ms, cb, arg);
 }
 
 IDEM_EXTERN idem_rc idem_record_fail_async(idem *h, idem_loop *loop, const char *space,
@@ -871,12 +892,16 @@ IDEM_EXTERN idem_rc idem_record_fail_async(idem *h, idem_loop *loop, const char 
                                            const void *result, size_t len, int64_t retention_ms,
                                            idem_outcome_fn cb, void *arg)
 {
-    enum idem__rec_event kind = IDEM__EV_FAIL_FINAL;
-    idem__clear_detail();
-    idem_rc rc = fail_kind(mode, &kind);
-    return rc != IDEM_OK ? rc
-                         : finish_async(h, loop, kind, space, key, epoch, result, len,
-                                        retention_ms, cb, arg);
+    return fail_async(h, loop, 0, space, key, epoch, mode, result, len, retention_ms, cb, arg);
+}
+
+IDEM_EXTERN idem_rc idem_record_fail_seen_async(idem *h, idem_loop *loop, const char *space,
+                                                const char *key, uint64_t epoch,
+                                                idem_fail_mode mode, const void *result,
+                                                size_t len, int64_t retention_ms,
+                                                idem_outcome_fn cb, void *arg)
+{
+    return fail_async(h, loop, 1, space, key, epoch, mode, result, len, retention_ms, cb, arg);
 }
 
 IDEM_EXTERN idem_rc idem_record_extend_async(idem *h, idem_loop *loop, const char *space,
@@ -976,9 +1001,9 @@ static idem_outcome delete_outcome(idem *h, const char *space, const char *key, 
     return found ? IDEM_CONFLICT : IDEM_NOT_FOUND;
 }
 
-IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space, const char *key,
-                                       uint64_t epoch, idem_outcome *out, char *current,
-                                       uint64_t *current_epoch)
+static idem_rc delete_sync(idem *h, const char *space, const char *key, uint64_t epoch,
+                           int64_t updated_ms, idem_outcome *out, char *current,
+                           uint64_t *current_epoch)
 {
     idem_rc rc;
     idem__clear_detail();
@@ -998,7 +1023,7 @@ IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space, const char *k
     int deleted = 0, found = 0;
     idem_record cur;
     memset(&cur, 0, sizeof cur);
-    rc = h->db_ops->rec_delete(h->db, space, key, epoch, &deleted, &found, &cur);
+    rc = h->db_ops->rec_delete(h->db, space, key, epoch, updated_ms, &deleted, &found, &cur);
     if (rc != IDEM_OK)
         return rc;
     *out = delete_outcome(h, space, key, epoch, deleted, found);
@@ -1010,6 +1035,25 @@ IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space, const char *k
     }
     idem_record_clear(&cur);
     return IDEM_OK;
+}
+
+IDEM_EXTERN idem_rc idem_record_delete(idem *h, const char *space, const char *key,
+                                       uint64_t epoch, idem_outcome *out, char *current,
+                                       uint64_t *current_epoch)
+{
+    return delete_sync(h, space, key, epoch, 0, out, current, current_epoch);
+}
+
+IDEM_EXTERN idem_rc idem_record_delete_seen(idem *h, const char *space, const char *key,
+                                            uint64_t epoch, int64_t updated_ms,
+                                            idem_outcome *out, char *current,
+                                            uint64_t *current_epoch)
+{
+    if (updated_ms <= 0) {
+        idem__clear_detail();
+        return idem__fail(IDEM_EINVAL, "updated_ms: the record's, as read (> 0)");
+    }
+    return delete_sync(h, space, key, epoch, updated_ms, out, current, current_epoch);
 }
 
 IDEM_EXTERN void idem_record_page_clear(idem_record_page *page)
@@ -1227,6 +1271,7 @@ struct admin_async {
     char space[IDEM_NAME_MAX + 1];
     char key[IDEM_KEY_MAX + 1];     /* delete: the key; list: the key prefix */
     uint64_t epoch;                 /* delete */
+    int64_t updated_ms;             /* delete: 0, or as the caller read it */
     int deleted, found;
     idem_record cur;
 
@@ -1325,15 +1370,14 @@ static idem_rc admin_go(struct admin_async *a, idem_rc (*start)(struct admin_asy
 static idem_rc delete_start(struct admin_async *a)
 {
     idem *h = a->h;
-    return h->db_ops->rec_delete_start(h->db, a->space, a->key, a->epoch, &a->deleted,
+    return h->db_ops->rec_delete_start(h->db, a->space, a->key, a->epoch, a->updated_ms,
+                                       &a->deleted,
                                        &a->found, &a->cur, &a->call);
 }
 
-IDEM_EXTERN idem_rc idem_record_delete_async(idem *h, idem_loop *loop, const char *space,
-                                             const char *key, uint64_t epoch,
-                                             idem_delete_fn cb, void *arg)
+static idem_rc delete_async(idem *h, idem_loop *loop, const char *space, const char *key,
+                            uint64_t epoch, int64_t updated_ms, idem_delete_fn cb, void *arg)
 {
-    idem__clear_detail();
     idem_rc rc = delete_check(h, space, key, epoch);
     if (rc == IDEM_OK)
         rc = check_loop(loop, cb != NULL);
@@ -1347,7 +1391,27 @@ IDEM_EXTERN idem_rc idem_record_delete_async(idem *h, idem_loop *loop, const cha
     idem__copy(a->space, sizeof a->space, space);
     idem__copy(a->key, sizeof a->key, key);
     a->epoch = epoch;
+    a->updated_ms = updated_ms;
     return admin_go(a, delete_start);
+}
+
+IDEM_EXTERN idem_rc idem_record_delete_async(idem *h, idem_loop *loop, const char *space,
+                                             const char *key, uint64_t epoch,
+                                             idem_delete_fn cb, void *arg)
+{
+    idem__clear_detail();
+    return delete_async(h, loop, space, key, epoch, 0, cb, arg);
+}
+
+IDEM_EXTERN idem_rc idem_record_delete_seen_async(idem *h, idem_loop *loop, const char *space,
+                                                  const char *key, uint64_t epoch,
+                                                  int64_t updated_ms, idem_delete_fn cb,
+                                                  void *arg)
+{
+    idem__clear_detail();
+    if (updated_ms <= 0)
+        return idem__fail(IDEM_EINVAL, "updated_ms: the record's, as read (> 0)");
+    return delete_async(h, loop, space, key, epoch, updated_ms, cb, arg);
 }
 
 static idem_rc list_start(struct admin_async *a)

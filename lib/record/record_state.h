@@ -34,6 +34,10 @@ struct idem__rec_event_args {
     /* transition (from, to); steps (to, and machine for a step) */
     const char *from, *to;
     const idem_machine *machine;
+    /* An action on the claim as the caller read it (an operator's): a
+     * CONFLICT is that view gone stale, not a claim taken over from under
+     * its owner, and is neither alerted nor counted as a conflict. */
+    int seen;
 };
 
 enum idem__rec_action {

@@ -275,6 +275,7 @@ struct job {
     unsigned limit;
     int want_row;          /* rec_cas: read the row when not changed */
     uint64_t epoch;        /* rec_delete */
+    int64_t updated_ms;    /* rec_delete: 0, or the row's as the caller saw it */
     const struct idem__rec_list *list;
 
     idem_rc rc;
@@ -1950,13 +1951,15 @@ static idem_rc run_delete(struct pg_db *d, struct job *j)
     p_text(&p, j->k1);
     p_text(&p, j->k2);
     p_int(&p, (int64_t)j->epoch);
+    p_int(&p, j->updated_ms);
     /* When nothing was deleted, the row is read by a second statement: it
      * takes a fresh snapshot, so it sees what the DELETE waited for, which
      * a SELECT in the DELETE's own statement would not (see the top). */
     PGresult *r;
     idem_rc rc = admin_exec(d,
                             "DELETE FROM idem_record WHERE space = $1 AND key = $2"
-                            " AND epoch = $3 AND state <> 'PROCESSING'",
+                            " AND epoch = $3 AND state <> 'PROCESSING'"
+                            " AND ($4::bigint = 0 OR updated_ms = $4::bigint)",
                             &p, "deleting a record", &r);
     if (rc == IDEM_OK) {
         j->hit = cmd_rows(r) == 1;
@@ -2125,9 +2128,10 @@ static void operators_drain(struct pg_db *d)
 }
 
 static idem_rc rec_delete(void *db, const char *space, const char *key, uint64_t epoch,
-                          int *deleted, int *found, idem_record *cur)
+                          int64_t updated_ms, int *deleted, int *found, idem_record *cur)
 {
-    struct job j = {.kind = JOB_REC_DELETE, .k1 = space, .k2 = key, .epoch = epoch};
+    struct job j = {.kind = JOB_REC_DELETE, .k1 = space, .k2 = key, .epoch = epoch,
+                    .updated_ms = updated_ms};
     *deleted = *found = 0;
     if (cur)
         memset(cur, 0, sizeof *cur);
@@ -2158,10 +2162,11 @@ static idem_rc rec_list(void *db, const struct idem__rec_list *l, idem_record_it
 }
 
 static idem_rc rec_delete_start(void *db, const char *space, const char *key, uint64_t epoch,
-                                int *deleted, int *found, idem_record *cur,
-                                struct idem__call *c)
+                                int64_t updated_ms, int *deleted, int *found,
+                                idem_record *cur, struct idem__call *c)
 {
-    struct job j = {.kind = JOB_REC_DELETE, .k1 = space, .k2 = key, .epoch = epoch};
+    struct job j = {.kind = JOB_REC_DELETE, .k1 = space, .k2 = key, .epoch = epoch,
+                    .updated_ms = updated_ms};
     struct started outs = {.hit = deleted, .found = found, .cur = cur, .call = c};
     *deleted = *found = 0;
     return start_any(db, &j, &outs);

@@ -113,7 +113,7 @@ static const char *const sql[ST_COUNT_] = {
         " WHERE expires_ms <= ?1 AND state <> 'PROCESSING' LIMIT ?2)",
     [ST_REC_DELETE] =
         "DELETE FROM idem_record WHERE space = ?1 AND key = ?2 AND epoch = ?3"
-        " AND state <> 'PROCESSING'",
+        " AND state <> 'PROCESSING' AND (?4 = 0 OR updated_ms = ?4)",
     [ST_INBOX_INSERT] =
         "INSERT INTO idem_inbox (grp, msg_id, biz_type, state, attempts,"
         " lease_until, created_ms, updated_ms)"
@@ -598,6 +598,7 @@ struct rec_job {
     int64_t now;
     unsigned limit, *purged;
     uint64_t epoch;
+    int64_t updated_ms; /* rec_delete: 0, or the row's as the caller saw it */
     int *deleted;
     const struct idem__rec_list *list;
     idem_record_item **items;
@@ -700,6 +701,7 @@ static idem_rc run_rec_delete(struct idem__gc_job *job, void *ctx)
     bind_text(s, 1, j->space);
     bind_text(s, 2, j->key);
     sqlite3_bind_int64(s, 3, (sqlite3_int64)j->epoch);
+    sqlite3_bind_int64(s, 4, (sqlite3_int64)j->updated_ms);
     int rc = sqlite3_step(s);
     sqlite3_reset(s);
     sqlite3_clear_bindings(s);
@@ -986,12 +988,12 @@ static idem_rc rec_get_start(void *db, const char *space, const char *key, int *
 }
 
 static idem_rc rec_delete_start(void *db, const char *space, const char *key, uint64_t epoch,
-                                int *deleted, int *found, idem_record *cur,
-                                struct idem__call *c)
+                                int64_t updated_ms, int *deleted, int *found,
+                                idem_record *cur, struct idem__call *c)
 {
     struct rec_job j = {.job.run = run_rec_delete, .job.single_write = 1, .space = space,
-                        .key = key, .epoch = epoch, .deleted = deleted, .found = found,
-                        .cur = cur};
+                        .key = key, .epoch = epoch, .updated_ms = updated_ms,
+                        .deleted = deleted, .found = found, .cur = cur};
     return start_rec(db, &j, c);
 }
 
@@ -1050,11 +1052,11 @@ static idem_rc rec_purge(void *db, int64_t now, unsigned limit, unsigned *purged
 }
 
 static idem_rc rec_delete(void *db, const char *space, const char *key, uint64_t epoch,
-                          int *deleted, int *found, idem_record *cur)
+                          int64_t updated_ms, int *deleted, int *found, idem_record *cur)
 {
     struct rec_job j = {.job.run = run_rec_delete, .job.single_write = 1, .space = space,
-                        .key = key, .epoch = epoch, .deleted = deleted, .found = found,
-                        .cur = cur};
+                        .key = key, .epoch = epoch, .updated_ms = updated_ms,
+                        .deleted = deleted, .found = found, .cur = cur};
     if (cur)
         memset(cur, 0, sizeof *cur);
     return submit_rec(db, &j);

@@ -28,11 +28,12 @@
 
 #define IDEM_KV_OPS_VERSION 3 /* 2: the asynchronous operations, loop_gone;
                                  3: token_put_start */
-#define IDEM_DB_OPS_VERSION 8 /* 4: rec_delete, rec_list; 5: the _start operations;
+#define IDEM_DB_OPS_VERSION 9 /* 4: rec_delete, rec_list; 5: the _start operations;
                                  6: rec_delete_start, rec_list_start,
                                  rec_purge_start; 7: version 2's run_async (and
                                  3's one_call) gone with idem_record_async;
-                                 8: replication */
+                                 8: replication; 9: rec_delete's
+                                 updated_ms */
 
 struct idem__loop;
 
@@ -206,11 +207,12 @@ struct idem__db_ops {
 
     void (*close)(void *db);
 
-    /* Version 4. Delete (space, key) if it is at epoch and not PROCESSING;
-     * *deleted 1 if it went. When it did not, *found and *cur (if not
-     * NULL) say what stands, read in the same atomic step. */
+    /* Version 4. Delete (space, key) if it is at epoch and not PROCESSING,
+     * and (version 9) last written at updated_ms unless that is 0; *deleted
+     * 1 if it went. When it did not, *found and *cur (if not NULL) say what
+     * stands, read in the same atomic step. */
     idem_rc (*rec_delete)(void *db, const char *space, const char *key,
-                          uint64_t epoch, int *deleted, int *found,
+                          uint64_t epoch, int64_t updated_ms, int *deleted, int *found,
                           idem_record *cur);
     /* The rows of a listing, the last committed ones: *items (allocated
      * with idem__malloc, the caller's) receives *count <= l->fetch. */
@@ -235,8 +237,8 @@ struct idem__db_ops {
      * caller's once done reports IDEM_OK, and NULL otherwise. NULL: not
      * offered (the asynchronous calls answer IDEM_ENOTSUP). */
     idem_rc (*rec_delete_start)(void *db, const char *space, const char *key, uint64_t epoch,
-                                int *deleted, int *found, idem_record *cur,
-                                struct idem__call *c);
+                                int64_t updated_ms, int *deleted, int *found,
+                                idem_record *cur, struct idem__call *c);
     idem_rc (*rec_list_start)(void *db, const struct idem__rec_list *l,
                               idem_record_item **items, size_t *count, struct idem__call *c);
     idem_rc (*rec_purge_start)(void *db, int64_t now, unsigned limit, unsigned *purged,

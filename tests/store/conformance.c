@@ -1123,6 +1123,33 @@ static void test_record_delete(void **state)
     assert_outcome(o, IDEM_CONFLICT);
     assert_string_equal(current, IDEM_STATE_SUCCEEDED);
     assert_int_equal(cur_epoch, epoch);
+    /* Fenced on the version read as well: written since at the same epoch,
+     * it stays. */
+    assert_idem_ok(idem_record_get(h, "pay", "D-1", &o, &rec));
+    int64_t seen = rec.updated_ms;
+    idem_record_clear(&rec);
+    test_clock_advance(5);
+    assert_idem_ok(
+        idem_record_transition(h, "pay", "D-1", IDEM_STATE_SUCCEEDED, "SHIPPED", &o, NULL));
+    assert_outcome(o, IDEM_APPLIED);
+    assert_idem_ok(idem_record_delete_seen(h, "pay", "D-1", epoch, seen, &o, current, &cur_epoch));
+    assert_outcome(o, IDEM_CONFLICT);
+    assert_string_equal(current, "SHIPPED");
+    assert_int_equal(cur_epoch, epoch);
+    assert_int_equal(idem_record_delete_seen(h, "pay", "D-1", epoch, 0, &o, NULL, NULL),
+                     IDEM_EINVAL);
+    assert_idem_ok(idem_record_get(h, "pay", "D-1", &o, &rec));
+    assert_outcome(o, IDEM_FOUND);
+    assert_idem_ok(
+        idem_record_delete_seen(h, "pay", "D-1", epoch, rec.updated_ms, &o, NULL, NULL));
+    assert_outcome(o, IDEM_APPLIED);
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_get(h, "pay", "D-1", &o, NULL));
+    assert_outcome(o, IDEM_NOT_FOUND);
+    assert_idem_ok(idem_record_begin(h, "pay", "D-1", NULL, "a", 1000, &o, &rec));
+    epoch = rec.epoch;
+    idem_record_clear(&rec);
+    assert_idem_ok(idem_record_complete(h, "pay", "D-1", epoch, "done", 4, 0, &o));
     assert_idem_ok(idem_record_get(h, "pay", "D-1", &o, NULL));
     assert_outcome(o, IDEM_FOUND);
     assert_idem_ok(idem_record_delete(h, "pay", "D-1", epoch, &o, current, &cur_epoch));

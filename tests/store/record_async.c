@@ -327,6 +327,62 @@ static void test_fail_releases(void **state)
     assert_true(f->epoch > first);
 }
 
+/* An operator's action on a claim as it read it (fail_seen): a claim that
+ * moved on since is CONFLICT, as a plain fail's is, but not counted among
+ * the conflicts the alerts watch; a delete fenced on the version read is
+ * refused once the record is written again, and goes at the version that
+ * stands. */
+static void test_seen_actions(void **state)
+{
+    struct fixture *f = *state;
+    uint64_t epoch = finished(f, "pay", "seen-1", 0);
+    idem_stats before, after;
+    idem_get_stats(f->h, &before);
+    assert_idem_ok(idem_record_fail_seen_async(f->h, f->loop, "pay", "seen-1", epoch,
+                                               IDEM_FAIL_RETRYABLE, NULL, 0, 0, on_outcome, f));
+    f->calls_returned++;
+    run_until(f, 1);
+    assert_idem_ok(f->last_rc);
+    assert_int_equal(f->last_out, IDEM_CONFLICT);
+    idem_get_stats(f->h, &after);
+    assert_int_equal(after.conflicts, before.conflicts);
+    assert_idem_ok(idem_record_fail_async(f->h, f->loop, "pay", "seen-1", epoch,
+                                          IDEM_FAIL_RETRYABLE, NULL, 0, 0, on_outcome, f));
+    f->calls_returned++;
+    run_until(f, 2);
+    assert_int_equal(f->last_out, IDEM_CONFLICT);
+    idem_get_stats(f->h, &after);
+    assert_int_equal(after.conflicts, before.conflicts + 1);
+
+    /* Read at one version, written since at the same epoch: not deleted. */
+    idem_outcome o;
+    idem_record rec;
+    assert_idem_ok(idem_record_get(f->h, "pay", "seen-1", &o, &rec));
+    int64_t seen = rec.updated_ms;
+    idem_record_clear(&rec);
+    assert_int_equal(idem_record_delete_seen_async(f->h, f->loop, "pay", "seen-1", epoch, 0,
+                                                   on_delete, f),
+                     IDEM_EINVAL);
+    usleep(2000);
+    assert_idem_ok(idem_record_transition(f->h, "pay", "seen-1", IDEM_STATE_SUCCEEDED, "SHIPPED",
+                                          &o, NULL));
+    assert_int_equal(o, IDEM_APPLIED);
+    assert_idem_ok(idem_record_delete_seen_async(f->h, f->loop, "pay", "seen-1", epoch, seen,
+                                                 on_delete, f));
+    f->calls_returned++;
+    run_until(f, 3);
+    assert_int_equal(f->last_out, IDEM_CONFLICT);
+    assert_string_equal(f->last_current, "SHIPPED");
+    assert_idem_ok(idem_record_get(f->h, "pay", "seen-1", &o, &rec));
+    assert_int_equal(o, IDEM_FOUND);
+    assert_idem_ok(idem_record_delete_seen_async(f->h, f->loop, "pay", "seen-1", epoch,
+                                                 rec.updated_ms, on_delete, f));
+    idem_record_clear(&rec);
+    f->calls_returned++;
+    run_until(f, 4);
+    assert_int_equal(f->last_out, IDEM_APPLIED);
+}
+
 /* An argument refused: the error at once, and no callback ever. */
 static void test_refused_without_callback(void **state)
 {
@@ -650,6 +706,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_one_of_100_begins, setup, teardown),
         cmocka_unit_test_setup_teardown(test_claim_life, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fail_releases, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_seen_actions, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_without_callback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_detach_with_calls_in_flight, setup, teardown),
         cmocka_unit_test_setup_teardown(test_transition, setup, teardown),
