@@ -374,17 +374,21 @@ void api_events(struct api_call *c)
  *   release, mark_failed:  read ── not PROCESSING at the epoch ──► 409
  *                            │  └── live (in flight), without force ──► 409 claim_live
  *                            │
- *                            └─► fail (retryable / final) ── CONFLICT ──► read ──► 409
+ *                            └─► fail_seen (retryable / final) ── CONFLICT ──► read ──► 409
  *                                     │
  *                                     └─► 200, or 404
- *   delete:                delete ── CONFLICT (the record as it stands) ──► 409
+ *   delete:                delete_seen (epoch, updated_ms) ── CONFLICT (the record as it
+ *                            │                                stands) ──► 409
+ *                            └─► 200, or 404
  *                            └─► 200, or 404
  *
- * A claim that moved on is refused before the store is asked to change it:
- * the store would refuse it too, but as a finish of a claim taken over,
- * logged and counted as the conflict alert rules watch for. (One that
- * moves on between the read and the write is refused the same way, and
- * then counted.)
+ * A claim that moved on is refused before the store is asked to change it;
+ * one that moves on between the read and the write is refused by the
+ * store, as the caller's stale view (idem_record_fail_seen_async): logged
+ * at INFO, never counted as the conflict alert rules watch for. A delete
+ * is fenced on the record's version as well as its epoch (updated_ms, as
+ * the operator read it): a record marked failed or released by another
+ * operator since, at the same epoch, is not deleted for what it was.
  */
 
 /* The fields of an action's body: space, key, epoch, and for mark_failed
@@ -393,6 +397,7 @@ struct action {
     const char *op;              /* release, mark_failed, delete */
     const char *space, *key, *reason; /* in the call's body */
     uint64_t epoch;
+    int64_t updated_ms;          /* delete: the record's as read (its version) */
     int status;
     int force;                   /* release, mark_failed: a live claim too */
 };
@@ -416,6 +421,15 @@ static struct http_response *parse_action(json_t *body, struct action *a)
     a->epoch = (uint64_t)json_integer_value(e);
     a->status = 502;
     a->reason = NULL;
+    if (strcmp(a->op, "delete") == 0) {
+        json_t *u = json_object_get(body, "updated_ms");
+        if (!json_is_integer(u) || json_integer_value(u) < 1)
+            return problem(400, "invalid_field",
+                           "field updated_ms: required, the record's updated_ms as listed (>= "
+                           "1): a record written since it was read is not deleted");
+        a->updated_ms = (int64_t)json_integer_value(u);
+        return NULL;
+    }
     json_t *force = json_object_get(body, "force");
     if (force && !json_is_boolean(force))
         return problem(400, "invalid_field", "field force: true or false");
@@ -463,6 +477,12 @@ static void act_end(struct api_call *c, struct http_response *r, int done)
 /* The 409 of an action refused: the record is state at epoch now. */
 static struct http_response *moved_on(const struct action *a, const char *state, uint64_t epoch)
 {
+    if (strcmp(a->op, "delete") == 0 && epoch == a->epoch && idem_record_finished(state))
+        return problem(409, "record_moved_on",
+                       "delete refused: the record at epoch %" PRIu64 " was written since it "
+                       "was read (updated_ms %" PRId64 "); it is %s now. Read it again; nothing "
+                       "was changed",
+                       epoch, a->updated_ms, state);
     return problem(409, "record_moved_on",
                    "%s refused: the record is %s at epoch %" PRIu64 ", not %s at epoch %" PRIu64
                    "; nothing was changed",
@@ -541,8 +561,8 @@ static void on_claim_read(void *arg, idem_rc rc, idem_outcome o, idem_record *re
         return;
     }
     if (strcmp(a->op, "release") == 0) {
-        rc = idem_record_fail_async(c->d->h, c->loop, a->space, a->key, a->epoch,
-                                    IDEM_FAIL_RETRYABLE, NULL, 0, 0, on_finished, c);
+        rc = idem_record_fail_seen_async(c->d->h, c->loop, a->space, a->key, a->epoch,
+                                         IDEM_FAIL_RETRYABLE, NULL, 0, 0, on_finished, c);
     } else {
         /* Stored as the gateway stores its own answers: every retry of
          * the key is answered with this problem from now on. */
@@ -554,8 +574,8 @@ static void on_claim_read(void *arg, idem_rc rc, idem_outcome o, idem_record *re
             act_end(c, problem(503, "out_of_memory", "no memory to store the answer"), 0);
             return;
         }
-        rc = idem_record_fail_async(c->d->h, c->loop, a->space, a->key, a->epoch,
-                                    IDEM_FAIL_FINAL, stored, len, 0, on_finished, c);
+        rc = idem_record_fail_seen_async(c->d->h, c->loop, a->space, a->key, a->epoch,
+                                         IDEM_FAIL_FINAL, stored, len, 0, on_finished, c);
         free(stored); /* copied by the call */
     }
     if (rc != IDEM_OK)
@@ -593,8 +613,8 @@ void api_records_act(struct api_call *c)
         return;
     }
     idem_rc rc = strcmp(a->op, "delete") == 0
-                     ? idem_record_delete_async(c->d->h, c->loop, a->space, a->key, a->epoch,
-                                                on_deleted, c)
+                     ? idem_record_delete_seen_async(c->d->h, c->loop, a->space, a->key,
+                                                     a->epoch, a->updated_ms, on_deleted, c)
                      : idem_record_get_async(c->d->h, c->loop, a->space, a->key, on_claim_read,
                                              c);
     if (rc != IDEM_OK)

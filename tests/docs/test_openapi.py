@@ -870,16 +870,18 @@ def exercise(d):
     a = d.call("POST", P + "/records/begin", body={"space": "ops", "key": "O-1", "owner": "w"},
                status=200)
     oe = a.json()["record"]["epoch"]
-    d.call("POST", P + "/records/delete", body={"space": "ops", "key": "O-1", "epoch": oe},
-           status=409, problem="record_moved_on")
+    ou = a.json()["record"]["updated_ms"]
+    dl = {"space": "ops", "key": "O-1", "epoch": oe, "updated_ms": ou}
+    d.call("POST", P + "/records/delete", body=dl, status=409, problem="record_moved_on")
     d.call("POST", P + "/records/release", body={"space": "ops", "key": "O-1", "epoch": oe},
            status=200)
+    rec_path = P + "/records/{space}/{key}"
+    a = d.call("GET", rec_path, P + "/records/ops/O-1", key="read", status=200)
+    dl["updated_ms"] = a.json()["record"]["updated_ms"]
+    d.call("POST", P + "/records/delete", body=dl, status=200)
+    d.call("POST", P + "/records/delete", body=dl, status=404, problem="record_not_found")
     d.call("POST", P + "/records/delete", body={"space": "ops", "key": "O-1", "epoch": oe},
-           status=200)
-    d.call("POST", P + "/records/delete", body={"space": "ops", "key": "O-1", "epoch": oe},
-           status=404, problem="record_not_found")
-    d.call("POST", P + "/records/delete", body={"space": "ops", "key": "O-1"}, status=400,
-           problem="invalid_field", body_invalid=True)
+           status=400, problem="invalid_field", body_invalid=True)
 
     # ---- health and metrics ----
     for path in ("/health", "/health/ready", "/health/live"):

@@ -310,6 +310,20 @@ static void storm_one(void *arg, int i)
     sys_resp_free(&r);
 }
 
+/* The epoch of key's record in space refund, and its updated_ms. */
+static long long listed(int admin_port, const char *key, long long *updated_ms)
+{
+    char path[256];
+    snprintf(path, sizeof path, "/_idem/v1/records?space=refund&prefix=%s", key);
+    json_t *j = admin_get_ok(admin_port, path);
+    json_t *rec = json_array_get(json_object_get(j, "records"), 0);
+    assert_non_null(rec);
+    long long epoch = json_integer_value(json_object_get(rec, "epoch"));
+    *updated_ms = json_integer_value(json_object_get(rec, "updated_ms"));
+    json_decref(j);
+    return epoch;
+}
+
 /* A held claim, released at its epoch, lets a retry execute: once, however
  * many retries come at once; every action, and every refusal, logged with
  * the key's name. */
@@ -448,13 +462,16 @@ static void test_delete_lets_key_execute_again(void **state)
     refund_expect(gw.port, "D-1", 201);
     refund_expect(gw.port, "D-1", 201); /* replayed */
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
-    json_t *j = admin_get_ok(gw.admin_port, "/_idem/v1/records?space=refund&prefix=D-1");
-    long long epoch =
-        json_integer_value(json_object_get(json_array_get(json_object_get(j, "records"), 0),
-                                           "epoch"));
-    json_decref(j);
+    long long updated;
+    long long epoch = listed(gw.admin_port, "D-1", &updated);
     char body[256], out[2048];
     snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"D-1\",\"epoch\":%lld}", epoch);
+    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "delete", body, out, sizeof out),
+                     400); /* which version was read is required */
+    assert_non_null(strstr(out, "field updated_ms"));
+    snprintf(body, sizeof body,
+             "{\"space\":\"refund\",\"key\":\"D-1\",\"epoch\":%lld,\"updated_ms\":%lld}", epoch,
+             updated);
     assert_int_equal(admin_post(gw.admin_port, READ_KEY, "delete", body, out, sizeof out), 403);
     assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "delete", body, out, sizeof out),
                      200);
@@ -469,7 +486,10 @@ static void test_delete_lets_key_execute_again(void **state)
     sys_resp_free(&r);
     assert_int_equal(sys_stat(service.port, "executions") - before, 2);
     /* The held claim is in flight: not deleted, and still held. */
-    snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"H-3\",\"epoch\":%lld}", held);
+    listed(gw.admin_port, "H-3", &updated);
+    snprintf(body, sizeof body,
+             "{\"space\":\"refund\",\"key\":\"H-3\",\"epoch\":%lld,\"updated_ms\":%lld}", held,
+             updated);
     assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "delete", body, out, sizeof out),
                      409);
     assert_non_null(strstr(out, "PROCESSING"));
@@ -490,6 +510,50 @@ static void test_delete_lets_key_execute_again(void **state)
     snprintf(want, sizeof want, "records/delete refund/H-3 epoch %lld: 409 refused", held);
     if (!strstr(log, want))
         fail_msg("the log does not say \"%s\":\n%s", want, log);
+    free(log);
+}
+
+/* Two operators on one held claim, each from what they read: one marks it
+ * failed; the other's delete, sent at the same epoch from the record as it
+ * was before, is refused (its version moved on), so the key does not run
+ * again. The other's release is refused too, and neither refusal is an
+ * alert. */
+static void test_stale_operator_refused(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw, hold_lines);
+    long long epoch = hold_one(&gw, "H-5");
+    long long seen;
+    assert_int_equal(listed(gw.admin_port, "H-5", &seen), epoch);
+    sleep_ms(5); /* the next write is in another millisecond */
+    char body[512], out[2048];
+    snprintf(body, sizeof body,
+             "{\"space\":\"refund\",\"key\":\"H-5\",\"epoch\":%lld,\"reason\":\"paid by "
+             "hand\"}",
+             epoch);
+    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "mark_failed", body, out,
+                                sizeof out),
+                     200);
+    snprintf(body, sizeof body,
+             "{\"space\":\"refund\",\"key\":\"H-5\",\"epoch\":%lld,\"updated_ms\":%lld}", epoch,
+             seen);
+    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "delete", body, out, sizeof out),
+                     409);
+    assert_non_null(strstr(out, "written since it was read"));
+    snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"H-5\",\"epoch\":%lld}", epoch);
+    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "release", body, out, sizeof out),
+                     409);
+    long before = sys_stat(service.port, "executions");
+    struct sys_resp r;
+    assert_int_equal(post_refund(gw.port, "H-5", "1.00", 0, &r), 502); /* the failure */
+    assert_non_null(strstr(r.m->body, "paid by hand"));
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 0);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+    char *log = sys_read_file(gw.log);
+    if (strstr(log, "ALERT"))
+        fail_msg("an operator's stale action was alerted as a conflict:\n%s", log);
     free(log);
 }
 
@@ -603,6 +667,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_mark_failed_replays_reason, setup),
         cmocka_unit_test_setup(test_delete_lets_key_execute_again, setup),
         cmocka_unit_test_setup(test_live_claim_needs_force, setup),
+        cmocka_unit_test_setup(test_stale_operator_refused, setup),
     };
     return cmocka_run_group_tests_name(argv[3], tests, group_setup, group_teardown);
 }

@@ -538,7 +538,7 @@ async function openRecord(space, key) {
     actions.append(' ');
     actions.append(actionButton('mark_failed', space, key, rec.epoch));
   } else {
-    actions.append(actionButton('delete', space, key, rec.epoch));
+    actions.append(actionButton('delete', space, key, rec.epoch, false, rec.updated_ms));
   }
   const d = $('detail');
   if (!d.open) d.showModal();
@@ -576,8 +576,9 @@ const LIVE_RISK = {
 };
 
 /* A button for an action: disabled, and saying why, for a read key. On a
- * live claim (live set), the action is forced, and says so. */
-function actionButton(op, space, key, epoch, live) {
+ * live claim (live set), the action is forced, and says so. A delete acts
+ * on the record as it was read (updated, its updated_ms) and no other. */
+function actionButton(op, space, key, epoch, live, updated) {
   const label = live ? 'Force ' + ACTIONS[op].label.toLowerCase() : ACTIONS[op].label;
   const b = el('button', label, { type: 'button', 'data-action': op });
   if (live) b.dataset.force = 'true';
@@ -585,11 +586,11 @@ function actionButton(op, space, key, epoch, live) {
     b.disabled = true;
     b.title = 'A write key is needed';
   }
-  b.addEventListener('click', () => confirmAction(op, space, key, epoch, b, live));
+  b.addEventListener('click', () => confirmAction(op, space, key, epoch, b, live, updated));
   return b;
 }
 
-function confirmAction(op, space, key, epoch, opener, live) {
+function confirmAction(op, space, key, epoch, opener, live, updated) {
   if (!state.write) return;
   const d = $('confirm');
   const label = live ? 'Force ' + ACTIONS[op].label.toLowerCase() : ACTIONS[op].label;
@@ -606,6 +607,7 @@ function confirmAction(op, space, key, epoch, opener, live) {
     ev.preventDefault();
     const body = { space, key, epoch };
     if (live) body.force = true;
+    if (op === 'delete') body.updated_ms = updated;
     if (op === 'mark_failed') {
       body.reason = $('fail-reason').value;
       body.status = Number($('fail-status').value);
