@@ -57,26 +57,60 @@ static const char *skip_blanks(const char *s)
     return s;
 }
 
+/* A duration as Go, Traefik and Envoy users write it: one or more parts,
+ * each a number (a decimal fraction allowed: 1.5s) and its unit, as in
+ * 1h30m or 2m30s; or a whole number alone, which is milliseconds. The sum
+ * must be a whole number of milliseconds (1.5ms is not). */
 int config_parse_duration(const char *s, int64_t *ms)
 {
-    static const struct { const char *unit; int64_t ms; } units[] = {
-        {"", 1}, {"ms", 1}, {"s", MS_SEC}, {"m", MS_MIN}, {"h", MS_HOUR},
-        {"d", MS_DAY},
-    };
-    uint64_t n;
-    const char *end;
-    if (!s || !(end = config_digits(s, (uint64_t)INT64_MAX, &n)))
+    static const struct { const char *unit; size_t len; uint64_t ms; } units[] = {
+        {"ms", 2, 1}, {"s", 1, MS_SEC}, {"m", 1, MS_MIN}, {"h", 1, MS_HOUR}, {"d", 1, MS_DAY},
+    }; /* "ms" before "m" */
+    uint64_t total = 0;
+    int parts = 0;
+    if (!s || !is_digit((unsigned char)*s))
         return -1;
-    end = skip_blanks(end);
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcmp(end, units[i].unit) != 0)
-            continue;
-        if (n > (uint64_t)(INT64_MAX / units[i].ms))
+    while (*s) {
+        uint64_t whole, frac = 0, scale = 1;
+        const char *end = config_digits(s, (uint64_t)INT64_MAX, &whole);
+        if (!end)
             return -1;
-        *ms = (int64_t)n * units[i].ms;
-        return 0;
+        if (*end == '.') {
+            if (!is_digit((unsigned char)*++end))
+                return -1;
+            for (; is_digit((unsigned char)*end); end++) {
+                if (scale == 1000000000) /* nine decimals at most */
+                    return -1;
+                frac = frac * 10 + (uint64_t)(*end - '0');
+                scale *= 10;
+            }
+        }
+        end = skip_blanks(end);
+        if (!*end) { /* no unit: milliseconds, a whole number alone */
+            if (parts || scale != 1)
+                return -1;
+            *ms = (int64_t)whole;
+            return 0;
+        }
+        size_t i = 0;
+        while (i < sizeof units / sizeof units[0] &&
+               (strncmp(end, units[i].unit, units[i].len) != 0 ||
+                (end[units[i].len] && !is_digit((unsigned char)end[units[i].len]))))
+            i++;
+        if (i == sizeof units / sizeof units[0])
+            return -1;
+        uint64_t unit = units[i].ms, part, fraction = frac * unit; /* < 1e9 * 8.64e7 */
+        if (whole > (uint64_t)INT64_MAX / unit || fraction % scale != 0)
+            return -1;
+        part = whole * unit + fraction / scale;
+        if (part > (uint64_t)INT64_MAX - total)
+            return -1;
+        total += part;
+        parts++;
+        s = end + units[i].len;
     }
-    return -1;
+    *ms = (int64_t)total;
+    return 0;
 }
 
 int config_parse_size(const char *s, size_t *bytes)
@@ -431,16 +465,26 @@ int config_get_duration(struct config_ctx *c, const yaml_node_t *n, const char *
     const char *s;
     int64_t ms;
     char a[32], b[32];
-    if (config_scalar(c, n, path, "a duration like 500ms, 30s, 5m, 24h", &s))
+    if (config_scalar(c, n, path, "a duration like 500ms, 1.5s, 5m, 1h30m, 24h", &s))
         return -1;
     if (*s == '-')
         return config_fail(c, n, path, "%s: negative durations are not allowed (must be "
                            "%s to %s)", config_quote(c, s), fmt_duration(min, a, sizeof a),
                            fmt_duration(max, b, sizeof b));
     if (config_parse_duration(s, &ms))
-        return config_fail(c, n, path, "%s is not a duration (use a whole number with "
-                           "ms, s, m, h or d, e.g. 500ms, 30s, 5m, 24h; a bare number "
-                           "is milliseconds)", config_quote(c, s));
+        return config_fail(c, n, path, "%s is not a duration (numbers with ms, s, m, h or "
+                           "d, e.g. 500ms, 1.5s, 5m, 1h30m, 24h; a whole number alone is "
+                           "milliseconds)", config_quote(c, s));
+    if ((ms < min || ms > max) && s[strspn(s, "0123456789")] == '\0') {
+        /* A number alone is milliseconds: say so, and what was likely meant. */
+        char hint[64] = "";
+        if (ms <= INT64_MAX / MS_SEC && ms * MS_SEC >= min && ms * MS_SEC <= max)
+            snprintf(hint, sizeof hint, "; did you mean %llds?", (long long)ms);
+        return config_fail(c, n, path, "%s is read as %lld ms, out of range (must be %s to %s): "
+                           "a number without a unit is milliseconds%s",
+                           config_quote(c, s), (long long)ms, fmt_duration(min, a, sizeof a),
+                           fmt_duration(max, b, sizeof b), hint);
+    }
     if (ms < min || ms > max)
         return config_fail(c, n, path, "%s is out of range (must be %s to %s)",
                            config_quote(c, s), fmt_duration(min, a, sizeof a),

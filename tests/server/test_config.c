@@ -583,11 +583,14 @@ static void test_durations(void **state)
         {"0", 0},          {"250", 250},       {"500ms", 500},    {"30s", 30000},
         {"5m", 300000},    {"24h", 86400000},  {"2d", 172800000}, {"1 s", 1000},
         {"9223372036854775807", INT64_MAX},    {"106751991167d", 106751991167LL * 86400000},
+        {"1.5s", 1500},    {"1h30m", 5400000}, {"2m30s", 150000}, {"0.5h", 1800000},
+        {"1d12h", 129600000}, {"1s500ms", 1500}, {"0.001s", 1}, {"1.250s", 1250},
     };
     static const char *const bad[] = {
-        "",   "s",    "-1",   "-5s",  "1.5s", "5 m s", "5min", "5S",  "5sec",
+        "",   "s",    "-1",   "-5s",  "5 m s", "5min", "5S",  "5sec",
         "1w", "0x10", "+5s",  "5s ",  " 5s",  "9223372036854775808",
-        "106751991168d", "99999999999999999999h",
+        "106751991168d", "99999999999999999999h", "1.5", "1.5ms", "0.0001s", "1.s",
+        ".5s", "1h30", "1h 30m", "1..5s", "1.0000000001s", "106751991167d1d",
     };
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         int64_t ms = -1;
@@ -1482,7 +1485,14 @@ static void test_wrong_types_and_ranges(void **state)
     config_free(held);
     parse_bad(ROUTE "    lease: 25h\n", "idem.yaml:6: routes[0].lease:", "out of range");
     parse_bad(ROUTE "    lease: abc\n", "idem.yaml:6: routes[0].lease:",
-              "\"abc\" is not a duration (use");
+              "\"abc\" is not a duration (numbers with");
+    parse_bad(ROUTE "    lease: 30\n", "idem.yaml:6: routes[0].lease:",
+              "\"30\" is read as 30 ms, out of range (must be 1s to 1d): a number without a "
+              "unit is milliseconds; did you mean 30s?");
+    struct server_config *dur = parse_ok(ROUTE "    lease: 1m30s\n    retention: 1.5h\n");
+    assert_int_equal(dur->routes[0].lease_ms, 90000);
+    assert_int_equal(dur->routes[0].retention_ms, 5400000);
+    config_free(dur);
     parse_bad(ROUTE "    lease: -5s\n", "idem.yaml:6: routes[0].lease:", "negative");
     parse_bad(ROUTE "    lease:\n", "idem.yaml:6: routes[0].lease:", "no value");
     parse_bad(ROUTE "    lease: [30s]\n", "idem.yaml:6: routes[0].lease:", "got a list");
