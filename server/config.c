@@ -496,6 +496,16 @@ static void syntax_error(struct config_ctx *c, const yaml_parser_t *p)
             }
     }
     const char *problem = p->problem ? p->problem : "malformed";
+    /* libyaml's "found character that cannot start any token" is most
+     * often a tab, which YAML never takes for indentation: say so. */
+    size_t at = p->problem_mark.index;
+    if (p->error == YAML_SCANNER_ERROR && at < c->input_len && c->input[at] == '\t') {
+        snprintf(c->err, c->errlen,
+                 "%s:%lu:%lu: YAML syntax: a tab; YAML indents with spaces only (replace the "
+                 "tab with spaces)",
+                 c->name, line, col);
+        return;
+    }
     if (p->context)
         snprintf(c->err, c->errlen,
                  "%s:%lu:%lu: YAML syntax: %s %s (which started at line %lu)",

@@ -1553,6 +1553,8 @@ static void test_syntax_errors(void **state)
     parse_bad("listen: :80\nroutes:\n  - name: r\n   match: x\n",
               "idem.yaml:4:", "YAML syntax:");
     parse_bad("limits: { body_max: 1MiB\n", "idem.yaml:2:", "YAML syntax:");
+    parse_bad("routes:\n\t- name: x\n", "idem.yaml:2:1: YAML syntax:",
+              "a tab; YAML indents with spaces only");
     parse_bad("listen: \"unterminated\n", "YAML syntax:", "quoted scalar");
     parse_bad("a: b: c\n", "idem.yaml:1:", "YAML syntax:");
     parse_bad("\tlisten: :80\n", "idem.yaml:1:", "YAML syntax:");
