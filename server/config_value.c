@@ -352,6 +352,19 @@ static size_t distance(const char *a, const char *b)
     return row[lb];
 }
 
+/* Is word one of name's words, as '_' parts them (timeout of
+ * upstream_timeout)? Not name itself, nor an empty word. */
+static int has_word(const char *name, const char *word)
+{
+    size_t n = strlen(word);
+    if (!n || strcmp(name, word) == 0)
+        return 0;
+    for (const char *p = name; (p = strstr(p, word)) != NULL; p++)
+        if ((p == name || p[-1] == '_') && (p[n] == '\0' || p[n] == '_'))
+            return 1;
+    return 0;
+}
+
 /* A field name a message can show: printable, cut short. */
 static void safe_name(char *buf, size_t size, const char *s)
 {
@@ -400,6 +413,17 @@ int config_check_fields(struct config_ctx *c, const yaml_node_t *map, const char
         }
         if (best <= 2 && best < strlen(known[at]))
             return config_fail(c, k, fpath, "unknown field (did you mean %s?)", known[at]);
+        /* A word of a known field's name (timeout: upstream_timeout and
+         * wait_timeout), as another tool names it. */
+        char words[MSG_MAX / 2];
+        size_t w = 0, found = 0;
+        words[0] = '\0';
+        for (size_t j = 0; j < nknown && found < 4; j++)
+            if (has_word(known[j], config_scalar_value(k)))
+                w += (size_t)snprintf(words + w, sizeof words - w, "%s%s", found++ ? " or " : "",
+                                      known[j]);
+        if (found && w < sizeof words)
+            return config_fail(c, k, fpath, "unknown field (did you mean %s?)", words);
         char list[MSG_MAX / 2];
         size_t n = 0;
         list[0] = '\0';

@@ -1416,6 +1416,9 @@ static void test_unknown_fields(void **state)
 {
     parse_bad(ROUTE "    lese: 30s\n", "idem.yaml:6: routes[0].lese: unknown field",
               "did you mean lease?");
+    parse_bad(ROUTE "    timeout: 3s\n", "idem.yaml:6: routes[0].timeout:",
+              "unknown field (did you mean wait_timeout or upstream_timeout?)");
+    parse_bad("limits:\n  body: 1MiB\n", "idem.yaml:2: limits.body:", "did you mean body_max or");
     parse_bad("listen: :80\nworker: 4\n", "idem.yaml:2: worker: unknown field",
               "did you mean workers?");
     parse_bad("limits:\n  body_max: 1MiB\n  bodymax: 2MiB\n",
@@ -1424,7 +1427,7 @@ static void test_unknown_fields(void **state)
               "idem.yaml:1: storage.dir: unknown field", "kind, path");
     parse_bad("routes:\n  - name: r\n    match: { path: /x, host: a }\n",
               "idem.yaml:3: routes[0].match.host: unknown field", NULL);
-    parse_bad("tls: on\n", "idem.yaml:1: tls: unknown field",
+    parse_bad("certs: on\n", "idem.yaml:1: certs: unknown field",
               "known here: listen, admin_listen, api_keys, state_dir, tls_ca, storage, "
               "subject_header, upstream, workers,"
               " event_loops, limits, routes");
