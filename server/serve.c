@@ -568,23 +568,26 @@ static int run(int argc, char **argv, int consume_only)
         {"listen", required_argument, NULL, 'l'},
         {"db", required_argument, NULL, 'd'},
         {"check", no_argument, NULL, 't'},
+        {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    const char *me = consume_only ? "idem consume" : "idem serve";
     const char *config_path = NULL, *listen = NULL, *db = NULL;
     int c, check = 0;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "c:l:h", opts, NULL)) != -1) {
+    /* -t and -V as nginx has them (-t tests the file, -v its version). */
+    while ((c = getopt_long(argc, argv, "c:l:htV", opts, NULL)) != -1) {
         switch (c) {
         case 'c': config_path = optarg; break;
         case 'l': listen = optarg; break;
         case 'd': db = optarg; break;
         case 't': check = 1; break;
+        case 'V': printf("%s %s\n", me, idem_version()); return 0;
         case 'h': (consume_only ? consume_usage : usage)(stdout); return 0;
         default: (consume_only ? consume_usage : usage)(stderr); return 2;
         }
     }
-    const char *me = consume_only ? "idem consume" : "idem serve";
     if (consume_only && listen) {
         fprintf(stderr, "idem consume: --listen: nothing listens on listen here\n");
         return 2;

@@ -69,4 +69,10 @@ if out=$(sed "s|/run/credentials/idem.service|$tmp/none|" "$yaml" >"$tmp/bad.yam
   fail "idem serve --check took a file whose credentials are missing"
 fi
 echo "$out" | grep -q "$tmp/none/" || fail "the refusal does not name the file: $out"
+# -t is --check, as nginx -t is; -V says the version, as idem version does.
+out=$("$idem" serve -t -c "$tmp/idem.yaml" 2>&1) || fail "idem serve -t: $out"
+echo "$out" | grep -q "is valid" || fail "idem serve -t did not check: $out"
+want=$("$idem" version | sed 's/^idem //')
+[ "$("$idem" serve --version)" = "idem serve $want" ] || fail "idem serve --version"
+[ "$("$idem" consume -V)" = "idem consume $want" ] || fail "idem consume -V"
 echo "idem.service verified; deploy/idem.yaml valid with the unit's credentials"
