@@ -429,8 +429,9 @@ static int get_root(struct config_ctx *c, const yaml_node_t *root, struct server
         return -1;
     if ((v = config_field(c, root, "api_keys")) && config_read_api_keys(c, v, cfg))
         return -1;
-    if ((v = config_field(c, root, "tls_ca")) && config_get_path(c, v, "tls_ca", "file",
-                                                                 &cfg->tls_ca))
+    if ((v = config_field(c, root, "tls_ca")) &&
+        (config_get_path(c, v, "tls_ca", "file", &cfg->tls_ca) ||
+         config_check_readable(c, v, "tls_ca", cfg->tls_ca)))
         return -1;
     if ((v = config_field(c, root, "storage")) && get_storage(c, v, cfg))
         return -1;

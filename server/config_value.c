@@ -785,7 +785,8 @@ int config_get_bool(struct config_ctx *c, const yaml_node_t *n, const char *path
 
 /* A path the daemon opens (what: "file" for a certificate, key or CA,
  * "directory" for state_dir), checked for what a path may hold; whether it
- * opens is for the part that opens it to say. */
+ * opens is for the part that opens it to say (config_check_readable for a
+ * file read at every load). */
 int config_get_path(struct config_ctx *c, const yaml_node_t *n, const char *path, const char *what,
                     char **dst)
 {
@@ -798,8 +799,16 @@ int config_get_path(struct config_ctx *c, const yaml_node_t *n, const char *path
     return config_set_string(dst, s) ? config_oom(c) : 0;
 }
 
-/* listen.tls / admin_listen.tls: { cert, key } (and for the admin
- * listener client_ca, with_ca set). */
+int config_check_readable(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                          const char *file)
+{
+    if (access(file, R_OK) == 0)
+        return 0;
+    int e = errno;
+    return config_fail(c, n, path, "%s: %s (it is read at start and at each SIGHUP, by the "
+                       "daemon's user)", config_quote(c, file), strerror(e));
+}
+
 static int has_prefix_nocase(const char *s, const char *prefix)
 {
     for (; *prefix; s++, prefix++)

@@ -145,6 +145,11 @@ int config_get_json_field(struct config_ctx *c, const yaml_node_t *n, const char
  * path may hold; whether it opens is for the part that opens it to say. */
 int config_get_path(struct config_ctx *c, const yaml_node_t *n, const char *path,
                     const char *what, char **dst);
+/* 0 if file (a path config_get_path read from n) can be read now, or the
+ * error at n naming why not: a certificate, key or CA file, which the
+ * daemon reads at start and at each reload. */
+int config_check_readable(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                          const char *file);
 
 /* ---- Addresses and URLs. */
 

@@ -56,6 +56,12 @@ static int get_tls_files(struct config_ctx *c, const yaml_node_t *n, const char 
         if (config_get_path(c, v, fpath, "file", dst[i]))
             return -1;
     }
+    /* Each read now, as at start: a missing file said at its line. */
+    for (int i = 0; i < 3; i++) {
+        config_pathf(fpath, sizeof fpath, "%s.%s", path, known[i]);
+        if (*dst[i] && config_check_readable(c, config_field(c, n, known[i]), fpath, *dst[i]))
+            return -1;
+    }
     return 0;
 }
 

@@ -32,12 +32,19 @@
 
 void tls_error(char *buf, size_t len)
 {
-    unsigned long e = ERR_get_error(), last = e;
-    while (e) { /* the last one queued is the nearest to the cause */
+    /* The first error queued is the cause ("no start line": not PEM), the
+     * last what the call that failed made of it ("PEM lib"): both, by
+     * their reasons, with the last's code for a search. */
+    unsigned long first = ERR_get_error(), last = first, e = first;
+    while ((e = ERR_get_error()) != 0)
         last = e;
-        e = ERR_get_error();
-    }
-    if (last)
+    const char *cause = first ? ERR_reason_error_string(first) : NULL;
+    const char *then = last != first ? ERR_reason_error_string(last) : NULL;
+    if (cause && then && strcmp(cause, then) != 0)
+        snprintf(buf, len, "%s, %s (OpenSSL error %08lx)", cause, then, last);
+    else if (cause)
+        snprintf(buf, len, "%s (OpenSSL error %08lx)", cause, first);
+    else if (last)
         ERR_error_string_n(last, buf, len);
     else
         snprintf(buf, len, "no detail from OpenSSL");
