@@ -1402,7 +1402,7 @@ static void test_lost_claim_cuts_the_call(void **state)
     char body[200];
     snprintf(body, sizeof body,
              "{\"space\":\"refund\",\"key\":\"R-lost\",\"epoch\":%lld,\"reason\":\"refunded "
-             "by hand\",\"status\":409}",
+             "by hand\",\"status\":409,\"force\":true}", /* it is live: forced */
              strtoll(ep + 8, NULL, 10));
     sys_resp_free(&r);
     long long t0 = wall_secs();
