@@ -1871,6 +1871,8 @@ static void forward(struct gw *g)
         .target = m->target,
         .original = m,
         .peer = g->req->peer[0] ? g->req->peer : NULL,
+        .proto = g->req->peer[0] ? (g->req->tls ? "https" : "http") : NULL,
+        .pass_host = rt->pass_host,
         .extra = extra,
         .timeout_ms = rt->upstream_timeout_ms,
         .response_max = g->lc->c->limits.response_max,
@@ -2172,8 +2174,8 @@ static int answer_kept(struct daemon *d, struct live_config *lc, const struct ro
 }
 
 static void forward_untouched(struct daemon *d, const struct upstream_url *to, int64_t timeout_ms,
-                              const struct server_config *cfg, struct front_request *req,
-                              enum gw_outcome outcome);
+                              int pass_host, const struct server_config *cfg,
+                              struct front_request *req, enum gw_outcome outcome);
 
 /* A request's state on route rt for key, with its two timers in one
  * block; NULL for want of memory. */
@@ -2267,7 +2269,8 @@ void gateway_start(struct daemon *d, struct live_config *lc, const struct route 
          * Idempotency-Key. */
         COUNT(rt, unkeyed);
         counts_observe(rt, t0);
-        forward_untouched(d, &rt->upstream, rt->upstream_timeout_ms, cfg, req, GW_UNKEYED);
+        forward_untouched(d, &rt->upstream, rt->upstream_timeout_ms, rt->pass_host, cfg, req,
+                          GW_UNKEYED);
         daemon_config_put(lc);
         return;
     }
@@ -2372,8 +2375,8 @@ static void on_passed(void *arg, enum upstream_result ur, struct http_msg *resp,
 /* req to the upstream at `to` as it came, its answer back as it is:
  * nothing recorded. The call holds the upstream's addresses. */
 static void forward_untouched(struct daemon *d, const struct upstream_url *to, int64_t timeout_ms,
-                              const struct server_config *cfg, struct front_request *req,
-                              enum gw_outcome outcome)
+                              int pass_host, const struct server_config *cfg,
+                              struct front_request *req, enum gw_outcome outcome)
 {
     const struct http_msg *m = req->msg;
     struct daemon_loop *loop = req->loop_ctx;
@@ -2386,6 +2389,8 @@ static void forward_untouched(struct daemon *d, const struct upstream_url *to, i
         .target = m->target,
         .original = m,
         .peer = req->peer,
+        .proto = req->tls ? "https" : "http",
+        .pass_host = pass_host,
         .extra = extra,
         .timeout_ms = timeout_ms,
         .response_max = cfg->limits.response_max,
@@ -2419,5 +2424,5 @@ void passthrough_start(struct daemon *d, const struct server_config *cfg,
         front_answer(req);
         return;
     }
-    forward_untouched(d, &cfg->upstream, 30000, cfg, req, GW_PASSED_THROUGH);
+    forward_untouched(d, &cfg->upstream, 30000, 0, cfg, req, GW_PASSED_THROUGH);
 }

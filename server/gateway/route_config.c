@@ -564,7 +564,7 @@ static const char *const route_fields[] = {
     "in_flight",    "wait_timeout", "lease",     "retention",
     "upstream_timeout", "replay_headers", "fingerprint", "on_upstream_5xx",
     "on_redis_down", "on_unknown_outcome", "key_required", "store_statuses",
-    "problems", "signature", "states", "tombstone", "resolve",
+    "problems", "signature", "states", "tombstone", "resolve", "pass_host",
 };
 
 int config_get_unknown_outcome(struct config_ctx *c, const yaml_node_t *n, const char *path,
@@ -667,6 +667,8 @@ static int get_route(struct config_ctx *c, const yaml_node_t *n, const char *pat
             return -1;
         r->key_optional = !required;
     }
+    if ((v = FIELD("pass_host")) && config_get_bool(c, v, fpath, &r->pass_host))
+        return -1;
     if ((v = FIELD("store_statuses"))) {
         if (config_field(c, n, "on_upstream_5xx"))
             return config_fail(c, v, fpath, "store_statuses says which answers are kept, 5xx "

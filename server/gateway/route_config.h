@@ -84,6 +84,8 @@ struct route {
                                  layers 1-2 are skipped, the record still holds) */
     int key_optional;         /* key_required: false (1): a request without the key is
                                  forwarded unguarded, counted and logged as unkeyed */
+    int pass_host;            /* pass_host: true: the client's Host goes upstream (as
+                                 Traefik and Envoy do), not the upstream's host:port */
     /* on_unknown_outcome: resolve: the status query that decides an
      * unknown outcome (resolve_config.h), or NULL. */
     struct route_resolve *resolve;

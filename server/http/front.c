@@ -564,6 +564,7 @@ static void dispatch(struct conn *c, struct http_msg *msg)
     c->req.front = f;
     c->req.loop_ctx = f->loop_ctx;
     c->req.admin = c->admin;
+    c->req.tls = c->tls;
     _Static_assert(sizeof c->req.peer == sizeof c->peer, "one size for the peer's name");
     memcpy(c->req.peer, c->peer, sizeof c->peer);
     f->handler(f->handler_arg, &c->req);

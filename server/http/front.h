@@ -31,6 +31,7 @@ struct front_request {
     struct http_response *resp; /* the answer; NULL at front_answer() means OOM (503) */
     void *loop_ctx;             /* the loop's own data, from front_new() */
     int admin;                  /* it came in on the admin listener */
+    int tls;                    /* it came in over TLS */
     void *state;                /* the handler's */
     /* Set by the handler while the request waits on the loop's own events
      * (an upstream exchange, a timer): called instead of a step if the loop

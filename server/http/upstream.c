@@ -189,6 +189,56 @@ static int not_forwarded(const char *name, size_t len)
     return 0;
 }
 
+/* s as an RFC 7230 quoted-string's content: '"' and '\\' escaped. */
+static char *put_quoted(char *o, const char *s)
+{
+    *o++ = '"';
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            *o++ = '\\';
+        *o++ = *s;
+    }
+    *o++ = '"';
+    return o;
+}
+
+/* What the client asked for, as proxies say it (Traefik and Envoy send the
+ * X- pair, RFC 7239 the Forwarded list, the client's own elements first):
+ * its Host, its scheme, and its address. */
+static char *put_forwarded(char *o, const struct upstream_request *rq, const char *client_host,
+                           const char *client_fwd)
+{
+    if (client_host) {
+        o = put(o, "X-Forwarded-Host: ", 18);
+        o = put_str(o, client_host);
+        o = put(o, "\r\n", 2);
+    }
+    o = put(o, "X-Forwarded-Proto: ", 19);
+    o = put_str(o, rq->proto);
+    o = put(o, "\r\nForwarded: ", 13);
+    if (client_fwd) {
+        o = put_str(o, client_fwd);
+        o = put(o, ", ", 2);
+    }
+    o = put(o, "proto=", 6);
+    o = put_str(o, rq->proto);
+    if (client_host) {
+        o = put(o, ";host=", 6);
+        o = put_quoted(o, client_host);
+    }
+    if (rq->peer) {
+        /* The address alone; an IPv6 one in brackets, quoted (RFC 7239 6). */
+        char addr[64];
+        const char *colon = strrchr(rq->peer, ':');
+        size_t n = colon ? (size_t)(colon - rq->peer) : strlen(rq->peer);
+        snprintf(addr, sizeof addr, "%s%.*s%s", memchr(rq->peer, ':', n) ? "[" : "", (int)n,
+                 rq->peer, memchr(rq->peer, ':', n) ? "]" : "");
+        o = put(o, ";for=", 5);
+        o = put_quoted(o, addr);
+    }
+    return put(o, "\r\n", 2);
+}
+
 /* The request's bytes: line, forwarded headers, our headers, body. */
 static char *build_request(const char *host, int port, const struct upstream_request *rq,
                            size_t *len)
@@ -201,6 +251,12 @@ static char *build_request(const char *host, int port, const struct upstream_req
         cap += m->headers[i].name_len + strlen(m->headers[i].value) + 4;
     for (const char *const *e = rq->extra; e && *e; e++)
         cap += strlen(*e) + 2;
+    /* Host and X-Forwarded-Host; Forwarded with its host escaped, for,
+     * proto, and the client's own elements before it. */
+    const char *client_host = m ? http_msg_header(m, "host") : NULL;
+    const char *client_fwd = m ? http_msg_header(m, "forwarded") : NULL;
+    cap += (client_host ? 4 * strlen(client_host) : 0) + (client_fwd ? strlen(client_fwd) : 0) +
+           (rq->peer ? strlen(rq->peer) : 0) + 128;
     char *out = malloc(cap), *o = out;
     if (!out)
         return NULL;
@@ -209,9 +265,13 @@ static char *build_request(const char *host, int port, const struct upstream_req
     o = put_str(o, base);
     o = put_str(o, rq->target);
     o = put(o, " HTTP/1.1\r\nHost: ", 17);
-    o = put_str(o, host);
-    *o++ = ':';
-    o = put_uint(o, (unsigned)port);
+    if (rq->pass_host && client_host) {
+        o = put_str(o, client_host);
+    } else {
+        o = put_str(o, host);
+        *o++ = ':';
+        o = put_uint(o, (unsigned)port);
+    }
     o = put(o, "\r\n", 2);
     const char *xff = NULL;
     for (size_t i = 0; m && i < m->header_count; i++) {
@@ -220,6 +280,11 @@ static char *build_request(const char *host, int port, const struct upstream_req
         if ((nlen == 4 && strcasecmp(n, "host") == 0) ||
             (nlen == 14 && strcasecmp(n, "content-length") == 0) || not_forwarded(n, nlen) ||
             http_is_hop_by_hop(m, n))
+            continue;
+        /* Said by idem for the client it saw, not taken from the client. */
+        if (rq->proto && (http_name_alike(n, "x-forwarded-host") ||
+                          http_name_alike(n, "x-forwarded-proto") ||
+                          (nlen == 9 && strcasecmp(n, "forwarded") == 0)))
             continue;
         if (nlen == 15 && strcasecmp(n, "x-forwarded-for") == 0) {
             xff = m->headers[i].value;
@@ -239,6 +304,8 @@ static char *build_request(const char *host, int port, const struct upstream_req
         o = put(o, rq->peer, hostlen);
         o = put(o, "\r\n", 2);
     }
+    if (rq->proto)
+        o = put_forwarded(o, rq, client_host, client_fwd);
     for (const char *const *e = rq->extra; e && *e; e++) {
         o = put_str(o, *e);
         o = put(o, "\r\n", 2);

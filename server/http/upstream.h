@@ -48,6 +48,11 @@ struct upstream_request {
     const struct http_msg *original; /* headers and body to forward; hop-by-hop
                                         headers and Host are not forwarded */
     const char *peer;                /* appended to X-Forwarded-For */
+    /* The client's scheme ("http", "https"): X-Forwarded-Proto and Host,
+     * and an element of Forwarded (RFC 7239) with peer, are sent for it;
+     * NULL for a request no client sent (a message, a status query). */
+    const char *proto;
+    int pass_host;                   /* send the client's Host, not the upstream's */
     const char *const *extra;        /* more "Name: value" headers, NULL-terminated */
     int64_t timeout_ms;              /* the whole exchange, connecting included */
     size_t response_max;             /* response body limit */

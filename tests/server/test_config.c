@@ -1499,6 +1499,10 @@ static void test_wrong_types_and_ranges(void **state)
     parse_bad(ROUTE "    lease: 30\n", "idem.yaml:6: routes[0].lease:",
               "\"30\" is read as 30 ms, out of range (must be 1s to 1d): a number without a "
               "unit is milliseconds; did you mean 30s?");
+    struct server_config *host = parse_ok(ROUTE "    pass_host: true\n");
+    assert_int_equal(host->routes[0].pass_host, 1);
+    config_free(host);
+    parse_bad(ROUTE "    pass_host: yes\n", "idem.yaml:6: routes[0].pass_host:", "true or false");
     struct server_config *dur = parse_ok(ROUTE "    lease: 1m30s\n    retention: 1.5h\n");
     assert_int_equal(dur->routes[0].lease_ms, 90000);
     assert_int_equal(dur->routes[0].retention_ms, 5400000);

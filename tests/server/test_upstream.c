@@ -533,6 +533,43 @@ static void ok_and_request_as_sent(void **state)
     assert_string_equal(got->body, "{\"a\":1}");
 }
 
+/* The client as proxies say it: X-Forwarded-Host and -Proto set by idem
+ * (the client's own dropped), Forwarded with the client's elements first
+ * and an IPv6 address in brackets, quoted; Host the client's with
+ * pass_host. */
+static void forwarded_and_pass_host(void **state)
+{
+    struct fixture *f = *state;
+    static const char *const answer[] = {"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", NULL};
+    start(f, serve_parts, answer, 0);
+    static const char raw[] = "POST /in HTTP/1.1\r\nHost: shop.example:8443\r\n"
+                              "X-Forwarded-Host: evil.example\r\nX-Forwarded-Proto: http\r\n"
+                              "X_Forwarded_Proto: http\r\nForwarded: for=10.0.0.1\r\n"
+                              "Content-Length: 0\r\n\r\n";
+    struct http_parser p;
+    http_parser_init(&p, HTTP_PARSE_REQUEST, NULL);
+    size_t used;
+    assert_int_equal(http_parser_feed(&p, raw, sizeof raw - 1, &used), HTTP_DONE);
+    struct http_msg *original = http_parser_take(&p);
+    http_parser_free(&p);
+    struct upstream_request rq = {.method = "POST", .target = "/in", .original = original,
+                                  .peer = "2001:db8::7:5555", .proto = "https", .pass_host = 1,
+                                  .timeout_ms = 5000, .response_max = 1024};
+    http_msg_free(call_ok(f, &rq));
+    struct http_msg *got = f->srv.first; /* without pass_host: ok_and_request_as_sent */
+    assert_string_equal(http_msg_header(got, "Host"), "shop.example:8443");
+    assert_int_equal(http_msg_header_count(got, "Host"), 1);
+    assert_string_equal(http_msg_header(got, "X-Forwarded-Host"), "shop.example:8443");
+    assert_int_equal(http_msg_header_count(got, "X-Forwarded-Host"), 1);
+    assert_string_equal(http_msg_header(got, "X-Forwarded-Proto"), "https");
+    assert_int_equal(http_msg_header_alike_count(got, "X-Forwarded-Proto"), 1);
+    assert_string_equal(http_msg_header(got, "Forwarded"),
+                        "for=10.0.0.1, proto=https;host=\"shop.example:8443\";"
+                        "for=\"[2001:db8::7]\"");
+    assert_string_equal(http_msg_header(got, "X-Forwarded-For"), "2001:db8::7");
+    http_msg_free(original);
+}
+
 /* Two calls in a row against a server answering each request with answer
  * (closing after it if close_after): both OK, with the body "ok". */
 static void two_calls_ok(struct fixture *f, const char *const *answer, int close_after)
@@ -1055,6 +1092,7 @@ int main(void)
     setenv("RES_OPTIONS", "timeout:1 attempts:1", 1);
     const struct CMUnitTest tests[] = {
         LOOP(ok_and_request_as_sent),
+        LOOP(forwarded_and_pass_host),
         LOOP(keep_alive_reuses),
         LOOP(connection_close_not_reused),
         LOOP(stray_bytes_not_reused),
