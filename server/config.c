@@ -39,6 +39,11 @@
 /* ------------------------------------------------------------------------- */
 /* Freeing and defaults. */
 
+const struct route *config_nth_route(const struct server_config *c, size_t i)
+{
+    return i < c->route_count ? &c->routes[i] : &c->consumers[i - c->route_count].route;
+}
+
 void config_free(struct server_config *c)
 {
     if (!c)

@@ -94,6 +94,10 @@ int config_finish(struct server_config *cfg, char *err, size_t errlen);
 
 void config_free(struct server_config *c);
 
+/* The i-th of c's routes, then of its consumers' routes (route_count +
+ * consumer_count in all): everything that keeps records in a space. */
+const struct route *config_nth_route(const struct server_config *c, size_t i);
+
 /* Where the store is, fit for a log line: the SQLite path, or the two
  * servers' URLs with any user and password left out. */
 void config_storage_where(const struct server_config *c, char *buf, size_t size);

@@ -133,13 +133,6 @@ static struct http_response *int_param(const struct query *q, const char *name, 
 
 /* ---- listing ---- */
 
-/* The i-th of cfg's routes, then of its consumers' (route_count +
- * consumer_count in all): everything that keeps records in a space. */
-static const struct route *nth_route(const struct server_config *cfg, size_t i)
-{
-    return i < cfg->route_count ? &cfg->routes[i] : &cfg->consumers[i - cfg->route_count].route;
-}
-
 /* The longest lease of cfg's routes and consumers on space, and whether
  * one of them holds unknown outcomes. 0 when none keeps records there. */
 static int64_t space_lease(const struct server_config *cfg, const char *space, int *holds)
@@ -147,7 +140,7 @@ static int64_t space_lease(const struct server_config *cfg, const char *space, i
     int64_t lease = 0;
     *holds = 0;
     for (size_t i = 0; i < cfg->route_count + cfg->consumer_count; i++) {
-        const struct route *rt = nth_route(cfg, i);
+        const struct route *rt = config_nth_route(cfg, i);
         if (strcmp(rt->space, space) != 0)
             continue;
         if (rt->lease_ms > lease)
@@ -168,7 +161,7 @@ static int claim_live(const struct server_config *cfg, const char *space, const 
     if (strcmp(rec->state, IDEM_STATE_PROCESSING) != 0 || rec->lease_until_ms <= now)
         return 0;
     for (size_t i = 0; i < cfg->route_count + cfg->consumer_count; i++) {
-        const struct route *rt = nth_route(cfg, i);
+        const struct route *rt = config_nth_route(cfg, i);
         if (strcmp(rt->space, space) == 0 && rec->lease_until_ms - rec->updated_ms == rt->lease_ms)
             return 1;
     }
