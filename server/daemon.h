@@ -14,6 +14,7 @@
 #include "config.h"
 #include "http/front.h"
 #include "telemetry/counters.h"
+#include "telemetry/held_census.h"
 #include "idem.h"
 
 /* A configuration in use. Requests hold a reference for their whole life,
@@ -74,6 +75,7 @@ struct daemon {
     atomic_int writes_failing;
     struct gateway *gateway; /* the gateway's own (gateway/gateway.h) */
     struct counts counts; /* each route's (route->n points into it) */
+    struct held_census held; /* the claims held now, per space (admin/held_census.h) */
 };
 
 struct live_config *daemon_config_get(struct daemon *d);

@@ -157,7 +157,7 @@ struct serve {
     /* The reload: on a thread of its own (idem-bg), since reading the file,
      * its certificates and its upstreams' names blocks. */
     struct background *background;
-    struct event *sig_term, *sig_int, *sig_hup, *sig_usr1, *purge_timer;
+    struct event *sig_term, *sig_int, *sig_hup, *sig_usr1, *purge_timer, *census_timer;
     struct resolver *resolver;   /* on_unknown_outcome: resolve's looks, on loop 0 */
     const char *listen_arg, *db_arg; /* --listen and --db, or NULL */
     struct live_config *start;       /* the configuration it started with (kept) */
@@ -206,6 +206,10 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
             sig == SIGINT ? "SIGINT" : "SIGTERM", in_flight(s),
             (long long)s->limits->shutdown_timeout_ms);
     event_del(s->purge_timer);
+    event_del(s->census_timer);
+    pthread_mutex_lock(&s->d.held.mu);
+    event_del(s->d.held.later);
+    pthread_mutex_unlock(&s->d.held.mu);
     resolver_stop(s->resolver);
     __atomic_store_n(&s->purge_stop, 1, __ATOMIC_RELEASE);
     consumers_drain(s->consumers, s->limits->shutdown_timeout_ms);
@@ -542,6 +546,20 @@ static void on_purge(evutil_socket_t fd, short what, void *arg)
     purge_next(s);
 }
 
+/* Every HELD_CENSUS_EVERY_S, the claims held now are counted on loop 0
+ * (admin/held_census.h), for the metrics. */
+static void on_census(evutil_socket_t fd, short what, void *arg)
+{
+    struct serve *s = arg;
+    (void)fd;
+    (void)what;
+    if (__atomic_load_n(&s->purge_stop, __ATOMIC_ACQUIRE))
+        return;
+    struct live_config *lc = daemon_config_get(&s->d);
+    held_census_run(&s->d.held, s->d.h, s->loops[0].ctx.iloop, lc->c);
+    daemon_config_put(lc);
+}
+
 static void on_idem_log(void *arg, idem_log_level level, const char *msg)
 {
     (void)arg;
@@ -666,6 +684,7 @@ static int run(int argc, char **argv, int consume_only)
     s->admin_tls = tls[1];
     s->upstream_tls = upstream_tls;
     pthread_mutex_init(&s->d.cfg_mu, NULL);
+    held_census_init(&s->d.held);
     counts_init(&s->d.counts);
     pthread_mutex_init(&s->d.public_health.mu, NULL);
     counts_attach(&s->d.counts, cfg);
@@ -810,13 +829,17 @@ static int run(int argc, char **argv, int consume_only)
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_reload, s);
     s->sig_usr1 = evsignal_new(s->base, SIGUSR1, on_reopen, s);
     s->purge_timer = event_new(s->base, -1, EV_PERSIST, on_purge, s);
-    struct timeval minute = {60, 0};
+    s->census_timer = event_new(s->base, -1, EV_PERSIST, on_census, s);
+    s->d.held.later = event_new(s->base, -1, 0, on_census, s);
+    struct timeval minute = {60, 0}, census = {HELD_CENSUS_EVERY_S, 0};
     event_add(s->sig_term, NULL);
     event_add(s->sig_int, NULL);
     event_add(s->sig_hup, NULL);
     event_add(s->sig_usr1, NULL);
     event_add(s->purge_timer, &minute);
+    event_add(s->census_timer, &census);
     on_purge(-1, EV_TIMEOUT, s); /* and once now: what expired while it was down */
+    on_census(-1, EV_TIMEOUT, s);
     for (int i = 1; i < s->nloops; i++) {
         if (pthread_create(&s->loops[i].thread, NULL, loop_main, &s->loops[i]) != 0) {
             fprintf(stderr, "%s: cannot start the thread of event loop %d\n", me, i);
@@ -891,6 +914,10 @@ out:
         event_free(s->sig_usr1);
     if (s->purge_timer)
         event_free(s->purge_timer);
+    if (s->census_timer)
+        event_free(s->census_timer);
+    if (s->d.held.later)
+        event_free(s->d.held.later);
     for (int i = 0; i < LOOPS_MAX; i++) {
         replay_cache_free(s->loops[i].ctx.replays);
         access_buf_free(s->loops[i].ctx.alog); /* its last lines */
@@ -916,6 +943,7 @@ out:
     daemon_config_put(s->start);
     daemon_config_put(s->d.live);
     pthread_mutex_destroy(&s->d.cfg_mu);
+    held_census_free(&s->d.held);
     gateway_free(s->d.gateway);
     pthread_mutex_destroy(&s->d.public_health.mu);
     counts_free(&s->d.counts);

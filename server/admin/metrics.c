@@ -440,6 +440,17 @@ struct http_response *metrics_render(struct daemon *d)
         add(&o, "%s %llu\n", whole[i].name, (unsigned long long)whole[i].value);
     }
     add_consumer_metrics(d, &o);
+    size_t nheld = 0;
+    int64_t census_ms = 0;
+    struct held_count *held = held_census_read(&d->held, &nheld, &census_ms);
+    family(&o, "idem_records_held", "gauge",
+           "Claims held now in the key space (on_unknown_outcome: hold or resolve, a held "
+           "takeover), every instance's: counted from the store every 15 s. Alert while "
+           "above 0.");
+    for (size_t i = 0; i < nheld; i++)
+        add(&o, "idem_records_held{space=\"%s\"} %llu\n", label(held[i].space, esc),
+            (unsigned long long)held[i].held);
+    free(held);
     char esc2[LABEL_MAX];
     family(&o, "idem_build_info", "gauge", "The running version and store.");
     add(&o, "idem_build_info{version=\"%s\",store=\"%s\"} 1\n", label(idem_version(), esc),

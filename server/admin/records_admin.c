@@ -457,6 +457,7 @@ static void act_end(struct api_call *c, struct http_response *r, int done)
         /* What the record answered before is no longer its answer: the
          * loops' replay caches drop what they kept. */
         atomic_fetch_add(&c->d->replay_gen, 1);
+        held_census_nudge(&c->d->held, c->d->h, c->loop, c->cfg); /* one held fewer? */
     }
     const struct api_key *key = admin_key(c->cfg, c->req->msg);
     daemon_logl(LOG_WARN,

@@ -1638,6 +1638,8 @@ static void after_finish(struct gw *g)
         if (g->o == IDEM_CONFLICT)
             daemon_logl(LOG_ALERT, "%s/%s: epoch %" PRIu64 " was taken over while it ran",
                         g->rt->space, g->key, g->epoch);
+        else if (g->finish == FINISH_HOLD)
+            held_census_nudge(&g->d->held, g->d->h, loop_of(g), g->lc->c); /* the gauge */
     }
     finish(g);
 }

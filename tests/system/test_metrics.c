@@ -58,6 +58,7 @@ static const char config_yaml[] =
     "    upstream: http://127.0.0.1:@DOWN@\n"
     "    key: { json: refund_no }\n"
     "    layers: [record]\n"
+    "    on_unknown_outcome: hold\n"
     "consumers:\n"
     "  - name: refund-result\n"
     "    source: { amqp: \"amqp://guest:guest@127.0.0.1:@DOWN@/%2f\", queue: q }\n"
@@ -411,6 +412,14 @@ static void test_deploy_rules_and_dashboard(void **state)
     /* A request answered: the codes' series appear once one is. */
     post(gw.port, "/refunds", NULL, "{\"refund_no\":\"M-deploy\",\"amount\":\"1.00\"}", 201);
     char *m = scrape_ok(gw.admin_port);
+    /* The held claims' gauge has its series once the first count is in. */
+    for (int tries = 0; tries < 50 && !strstr(m, "\nidem_records_held{space=\"down\"} 0\n");
+         tries++) {
+        free(m);
+        usleep(100 * 1000);
+        m = scrape_ok(gw.admin_port);
+    }
+    assert_non_null(strstr(m, "\nidem_records_held{space=\"down\"} 0\n"));
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 
     char rules[4200], dash[4200], out[16384];

@@ -310,6 +310,22 @@ static void storm_one(void *arg, int i)
     sys_resp_free(&r);
 }
 
+/* idem_records_held{space="refund"} once it is want, waiting up to 5 s for
+ * the census (held_census.h); its value then. */
+static long held_gauge(int admin_port, long want)
+{
+    long v = -1;
+    for (int tries = 0; tries < 50 && v != want; tries++, sleep_ms(100)) {
+        struct sys_resp r;
+        sys_admin_http(admin_port, "GET", "/metrics", NULL, 5000, &r);
+        assert_int_equal(r.status, 200);
+        const char *at = strstr(r.m->body, "\nidem_records_held{space=\"refund\"} ");
+        v = at ? strtol(at + strlen("\nidem_records_held{space=\"refund\"} "), NULL, 10) : -1;
+        sys_resp_free(&r);
+    }
+    return v;
+}
+
 /* The epoch of key's record in space refund, and its updated_ms. */
 static long long listed(int admin_port, const char *key, long long *updated_ms)
 {
@@ -333,6 +349,7 @@ static void test_held_released_executes_once(void **state)
     struct proc gw;
     start_idem(&gw, hold_lines);
     long long epoch = hold_one(&gw, "H-1");
+    assert_int_equal(held_gauge(gw.admin_port, 1), 1); /* the gauge the alert watches */
     list_expect(gw.admin_port, "/_idem/v1/records?space=refund&state=processing", "H-1");
     assert_true(has_event(gw.admin_port, "held", "H-1"));
     refund_expect(gw.port, "H-1", 409); /* held: retries are refused */
@@ -359,6 +376,7 @@ static void test_held_released_executes_once(void **state)
     assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "release", body, out, sizeof out),
                      200);
     assert_non_null(strstr(out, "\"outcome\":\"RELEASED\""));
+    assert_int_equal(held_gauge(gw.admin_port, 0), 0);
     /* The refund service has had H-1 since the held request: the one retry
      * that executes is answered 409 by it, and that answer is kept. */
     struct storm s = {.port = gw.port, .no = "H-1"};
