@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "config_value.h"
-#include "gateway/route_config.h"
+#include "gateway/status_set.h"
 #include "http/upstream_config.h"
 
 #define RESOLVE_BACKOFFS_MAX 16

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gateway/status_set.h"
 #include "http/upstream_config.h"
 
 #include "gateway/key_part.h"
@@ -20,13 +21,6 @@ enum fingerprint_kind {
     FINGERPRINT_FIELDS, /* the listed JSON fields only: routes sharing a space agree */
     FINGERPRINT_NONE,
 };
-
-/* A set of statuses 100..599, bit (status - 100). */
-#define STATUS_SET_WORDS ((500 + 63) / 64)
-static inline int status_set_has(const uint64_t *set, int status)
-{
-    return status >= 100 && status <= 599 && (set[(status - 100) / 64] >> ((status - 100) % 64) & 1);
-}
 
 struct route_counts;
 struct route_states;
@@ -120,13 +114,6 @@ void config_fold_path(const char *path, char *out, size_t cap);
  * characters as they are, but a '*' segment for any one segment that is not
  * empty, and with prefix, anything after all that. */
 int config_path_match(const char *pattern, int prefix, const char *path);
-
-/* A list of statuses and classes ([2xx, 409]) into set: 0, or -1 having
- * said why (a status listed twice among them). */
-struct config_ctx;
-struct yaml_node_s;
-int config_get_status_set(struct config_ctx *c, const struct yaml_node_s *n, const char *path,
-                          uint64_t set[STATUS_SET_WORDS]);
 
 /* Does the route keep an answer with this upstream status (store_statuses)? */
 int config_route_keeps(const struct route *r, int status);
