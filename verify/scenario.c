@@ -253,7 +253,7 @@ void scenario_new_run_id(char out[17])
         snprintf(out + 2 * i, 3, "%02x", b[i]);
 }
 
-static void make_key(const struct run *r, int id, int index, char *out, size_t len)
+static void make_key(const struct verify_run *r, int id, int index, char *out, size_t len)
 {
     if (index < 0)
         snprintf(out, len, "%s%s-%s", r->cfg->key_prefix, r->id, names[id]);
@@ -264,7 +264,7 @@ static void make_key(const struct run *r, int id, int index, char *out, size_t l
 /* One request of the template to ep with this key: subject (or NULL)
  * replaces the subject header; body (or NULL: ep's own); mutate changes the
  * payload (payload-mismatch). 0, or -1 when out of memory. */
-static int make_shot(struct run *r, struct shot *s, const struct endpoint *ep, const char *key,
+static int make_shot(struct verify_run *r, struct shot *s, const struct endpoint *ep, const char *key,
                      const char *subject, const struct tpl *body, int mutate, int group,
                      int role, char *what, size_t wlen)
 {
@@ -319,7 +319,7 @@ static int make_shot(struct run *r, struct shot *s, const struct endpoint *ep, c
 
 /* ---- the runs ---- */
 
-static int run_burst(struct run *r, struct shot *shots, size_t *n, struct scenario_result *res)
+static int run_burst(struct verify_run *r, struct shot *shots, size_t *n, struct scenario_result *res)
 {
     const struct verify_cfg *c = r->cfg;
     make_key(r, SC_BURST, -1, res->key, sizeof res->key);
@@ -333,7 +333,7 @@ static int run_burst(struct run *r, struct shot *shots, size_t *n, struct scenar
     return 0;
 }
 
-static int run_double_click(struct run *r, struct shot *shots, size_t *n,
+static int run_double_click(struct verify_run *r, struct shot *shots, size_t *n,
                             struct scenario_result *res)
 {
     const struct verify_cfg *c = r->cfg;
@@ -357,7 +357,7 @@ static int run_double_click(struct run *r, struct shot *shots, size_t *n,
     return 0;
 }
 
-static int run_retry_after_success(struct run *r, struct shot *shots, size_t *n,
+static int run_retry_after_success(struct verify_run *r, struct shot *shots, size_t *n,
                                    struct scenario_result *res)
 {
     const struct verify_cfg *c = r->cfg;
@@ -385,7 +385,7 @@ static int busy_answer(const struct shot *s)
                                             s->status == 429 || s->status == 503));
 }
 
-static int run_retry_after_timeout(struct run *r, struct shot *shots, size_t *n,
+static int run_retry_after_timeout(struct verify_run *r, struct shot *shots, size_t *n,
                                    struct scenario_result *res)
 {
     const struct verify_cfg *c = r->cfg;
@@ -422,7 +422,7 @@ static int run_retry_after_timeout(struct run *r, struct shot *shots, size_t *n,
     return 0;
 }
 
-static int run_channels(struct run *r, struct shot *shots, size_t *n,
+static int run_channels(struct verify_run *r, struct shot *shots, size_t *n,
                         struct scenario_result *res)
 {
     const struct verify_cfg *c = r->cfg;
@@ -445,7 +445,7 @@ static int run_channels(struct run *r, struct shot *shots, size_t *n,
     return 0;
 }
 
-static int run_payload_mismatch(struct run *r, struct shot *shots, size_t *n,
+static int run_payload_mismatch(struct verify_run *r, struct shot *shots, size_t *n,
                                 struct scenario_result *res)
 {
     const struct verify_cfg *c = r->cfg;
@@ -468,7 +468,7 @@ static int run_payload_mismatch(struct run *r, struct shot *shots, size_t *n,
     return 0;
 }
 
-static int run_cross_subject(struct run *r, struct shot *shots, size_t *n,
+static int run_cross_subject(struct verify_run *r, struct shot *shots, size_t *n,
                              struct scenario_result *res)
 {
     const struct verify_cfg *c = r->cfg;
@@ -487,7 +487,7 @@ static int run_cross_subject(struct run *r, struct shot *shots, size_t *n,
     return 0;
 }
 
-static int run_mixed(struct run *r, struct shot *shots, size_t *n, struct scenario_result *res)
+static int run_mixed(struct verify_run *r, struct shot *shots, size_t *n, struct scenario_result *res)
 {
     const struct verify_cfg *c = r->cfg;
     int keys = mixed_keys(c);
@@ -518,7 +518,7 @@ static int run_mixed(struct run *r, struct shot *shots, size_t *n, struct scenar
     return 0;
 }
 
-typedef int (*run_fn)(struct run *, struct shot *, size_t *, struct scenario_result *);
+typedef int (*run_fn)(struct verify_run *, struct shot *, size_t *, struct scenario_result *);
 
 static const run_fn runners[SC_COUNT] = {
     [SC_BURST] = run_burst,
@@ -533,7 +533,7 @@ static const run_fn runners[SC_COUNT] = {
 
 /* ---- the steps every scenario takes ---- */
 
-static int read_count(struct run *r, long long *v)
+static int read_count(struct verify_run *r, long long *v)
 {
     return count_read(&r->cfg->counter, v, r->err, sizeof r->err);
 }
@@ -541,7 +541,7 @@ static int read_count(struct run *r, long long *v)
 /* After the last answer, work may still be finishing upstream (an abandoned
  * request, a queue): read until two reads settle_ms apart agree, for at
  * most max(--timeout, 2 s). */
-static int read_count_settled(struct run *r, long long *v)
+static int read_count_settled(struct verify_run *r, long long *v)
 {
     const struct verify_cfg *c = r->cfg;
     int64_t limit = xchg_now_us() + (int64_t)(c->timeout_ms > 2000 ? c->timeout_ms : 2000) * 1000;
@@ -561,7 +561,7 @@ static int read_count_settled(struct run *r, long long *v)
     return 0;
 }
 
-int scenario_run(struct run *r, int id, struct scenario_result *res)
+int scenario_run(struct verify_run *r, int id, struct scenario_result *res)
 {
     const struct verify_cfg *c = r->cfg;
     memset(res, 0, sizeof *res);

@@ -83,7 +83,7 @@ struct verify_cfg {
 };
 
 /* One run of idem verify: what the scenarios share. */
-struct run {
+struct verify_run {
     const struct verify_cfg *cfg;
     char id[17];             /* random, in every business key of the run */
     unsigned long long seq;  /* {{seq}} */
@@ -139,7 +139,7 @@ long scenario_planned(const struct verify_cfg *cfg, int id);
 
 /* Run one scenario and judge it. 0, or -1 on a fatal error (r->err): the
  * count could not be read, or the target stopped answering altogether. */
-int scenario_run(struct run *r, int id, struct scenario_result *res);
+int scenario_run(struct verify_run *r, int id, struct scenario_result *res);
 
 /* 16 random hex digits: the part of every business key that is this run's. */
 void scenario_new_run_id(char out[17]);

@@ -683,7 +683,7 @@ int verify_main(int argc, char **argv)
     struct args args;
     struct scenario_result results[SC_COUNT];
     size_t nresults = 0;
-    struct run run;
+    struct verify_run run;
     FILE *junit = NULL;
     int status = 2, failed = 0;
     long long baseline;
