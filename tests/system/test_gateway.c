@@ -3185,6 +3185,64 @@ static void test_resolve_unknown_outcomes(void **state)
     free(log);
 }
 
+/* The status URL stops answering (the service frozen, SIGSTOP) while a
+ * refund it will make is pending: every question times out, and the
+ * retries get 409 with a Retry-After that grows with the backoff (1 s,
+ * 2 s, 4 s); once the service is back the next question finds the refund
+ * made, and the key completes with it. Nothing executes twice. */
+static void test_resolve_status_url_down(void **state)
+{
+    (void)state;
+    struct proc gw;
+    start_idem(&gw,
+               "routes:\n" REFUND_ROUTE "    upstream_timeout: 300ms\n"
+               "    lease: 2s\n"
+               "    on_unknown_outcome: resolve\n"
+               "    resolve:\n"
+               "      url: @UP@/refunds/{key}\n"
+               "      after: 1s\n"
+               "      backoff: [1s, 2s, 4s]\n"
+               "      executed: [200]\n"
+               "      not_executed: [404]\n",
+               "resolve-down.db");
+    long before = sys_stat(service.port, "executions");
+    static const char *const slow[] = {"X-Delay-Ms: 700", NULL};
+    const char *body = "{\"refund_no\":\"RD-1\",\"amount\":\"1.00\"}";
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", slow, body, 5000, &r);
+    assert_int_equal(r.status, 504);
+    sys_resp_free(&r);
+    kill(service.pid, SIGSTOP); /* the refund not made yet; no question answered */
+    long first = 0, most = 0;
+    int held = 0;
+    for (int64_t end = mono_ms() + 7000; mono_ms() < end; sleep_ms(250)) {
+        sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+        if (r.status != 409)
+            fail_msg("a retry while the service is down: %d %s", r.status,
+                     r.m ? r.m->body : "");
+        const char *ra = sys_header(&r, "Retry-After");
+        assert_non_null(ra);
+        long secs = strtol(ra, NULL, 10);
+        assert_true(secs >= 1 && secs <= 5);
+        if (!held++)
+            first = secs;
+        most = secs > most ? secs : most;
+        sys_resp_free(&r);
+    }
+    assert_true(first <= 1);
+    assert_true(most >= 3); /* the 4 s wait after the third question */
+    kill(service.pid, SIGCONT); /* it makes the refund, and answers again */
+    wait_state(gw.admin_port, "RD-1", "SUCCEEDED", 10000);
+    sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(sys_header(&r, "Idem-Resolved"), "true");
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+    assert_true(metric(gw.admin_port,
+                       "idem_resolutions_total{route=\"refund\",verdict=\"unanswered\"}") >= 3);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- states: the business's machine on a route ---- */
 
 static const char states_routes[] =
@@ -5686,6 +5744,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_tombstone),
         cmocka_unit_test(test_request_id_made_and_passed_on),
         cmocka_unit_test(test_resolve_unknown_outcomes),
+        cmocka_unit_test(test_resolve_status_url_down),
         cmocka_unit_test(test_states_storm),
         cmocka_unit_test(test_states_out_of_order),
         cmocka_unit_test(test_signed_callbacks),
