@@ -196,8 +196,14 @@ static json_t *item_json(const char *space, const idem_record_item *it, int64_t 
         int64_t left = it->lease_until_ms - now;
         json_object_set_new(j, "lease_until_ms", json_integer(it->lease_until_ms));
         json_object_set_new(j, "lease_left_ms", json_integer(left > 0 ? left : 0));
-        json_object_set_new(j, "held", json_boolean(holds && lease > 0 &&
-                                                    it->lease_until_ms - it->updated_ms > lease));
+        int held = holds && lease > 0 && it->lease_until_ms - it->updated_ms > lease;
+        json_object_set_new(j, "held", json_boolean(held));
+        /* Why, when this instance held it and still keeps the event. */
+        char why[sizeof ((struct incident *)0)->why];
+        if (held)
+            incidents_why(INCIDENT_HELD, space, it->key, it->epoch, why, sizeof why);
+        if (held && why[0])
+            json_object_set_new(j, "reason", json_string(why));
     }
     if (it->expires_ms)
         json_object_set_new(j, "expires_ms", json_integer(it->expires_ms));
@@ -352,6 +358,8 @@ void api_events(struct api_call *c)
                               e->space, "key", e->key);
         if (o && e->epoch)
             json_object_set_new(o, "epoch", json_integer((json_int_t)e->epoch));
+        if (o && e->why[0])
+            json_object_set_new(o, "why", json_string(e->why));
         json_array_append_new(list, o);
     }
     free(newest);

@@ -1190,7 +1190,9 @@ static void hold_abandoned(struct gw *g)
     idem_record_clear(&g->rec);
     COUNT(rt, in_flight_409);
     VERDICT(g, GW_HELD);
-    incidents_note(INCIDENT_HELD, rt, g->key, g->epoch);
+    incidents_note_why(INCIDENT_HELD, rt, g->key, g->epoch,
+                       "taken over after its lease ran out unfinished (a crash, a lost "
+                       "instance, or a hold that ran its time)");
     daemon_log("%s/%s: a claim whose lease ran out, its outcome unknown, is held at epoch "
                "%" PRIu64 " for %" PRId64 " ms (on_unknown_outcome: hold): an operator "
                "finishes it through the JSON API",
@@ -1774,6 +1776,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
         if (rt->resolve) {
             /* Held until the first question; then whoever takes the claim
              * over (a retry, or the resolver) asks first (see "resolving"). */
+            incidents_note_why(INCIDENT_HELD, rt, g->key, g->epoch, detail);
             g->hold_for_ms = rt->resolve->after_ms;
             g->out = problem(504, "outcome_unknown",
                              "%s; the request may have been executed. Its record is held "
@@ -1785,7 +1788,7 @@ static void on_upstream(void *arg, enum upstream_result ur, struct http_msg *res
             break;
         }
         if (rt->unknown_hold) {
-            incidents_note(INCIDENT_HELD, rt, g->key, g->epoch);
+            incidents_note_why(INCIDENT_HELD, rt, g->key, g->epoch, detail);
             g->out = problem(504, "outcome_unknown",
                              "%s; the request may have been executed. Its record is held "
                              "PROCESSING (epoch %" PRIu64 ") for %" PRId64 " ms, until an "
@@ -1979,8 +1982,14 @@ static void ask_later(struct gw *g, int status, const char *detail)
     int give_up = wall_ms() - g->created_ms >= rs->give_up_ms;
     resolved(g, give_up ? RESOLVED_GIVEN_UP : RESOLVED_UNANSWERED, status, detail);
     g->hold_for_ms = give_up ? hold_ms(g->rt) : resolve_wait_ms(rs, g->question + 1);
-    if (give_up)
-        incidents_note(INCIDENT_HELD, g->rt, g->key, g->epoch);
+    if (give_up) {
+        char why[160];
+        snprintf(why, sizeof why, "the resolver gave up after %u questions; the last: %s",
+                 g->question + 1, detail ? detail : "");
+        if (!detail)
+            snprintf(why + strlen(why), sizeof why - strlen(why), "status %d", status);
+        incidents_note_why(INCIDENT_HELD, g->rt, g->key, g->epoch, why);
+    }
     VERDICT(g, GW_HELD);
     g->out = problem(409, "request_in_flight",
                      "an earlier request with this idempotency key may have been executed: the "

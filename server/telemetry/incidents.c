@@ -33,6 +33,28 @@ const char *incident_kind_name(enum incident_kind kind)
 void incidents_note(enum incident_kind kind, const struct route *rt, const char *key,
                     uint64_t epoch)
 {
+    incidents_note_why(kind, rt, key, epoch, NULL);
+}
+
+void incidents_why(enum incident_kind kind, const char *space, const char *key, uint64_t epoch,
+                   char *why, size_t cap)
+{
+    why[0] = '\0';
+    pthread_mutex_lock(&incidents.mu);
+    for (uint64_t n = 0; n < incidents.noted && n < INCIDENTS_MAX; n++) {
+        const struct incident *e = &incidents.ring[(incidents.noted - 1 - n) % INCIDENTS_MAX];
+        if (e->kind == kind && e->epoch == epoch && strcmp(e->key, key) == 0 &&
+            strcmp(e->space, space) == 0) {
+            snprintf(why, cap, "%s", e->why);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&incidents.mu);
+}
+
+void incidents_note_why(enum incident_kind kind, const struct route *rt, const char *key,
+                        uint64_t epoch, const char *why)
+{
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     pthread_mutex_lock(&incidents.mu);
@@ -43,6 +65,7 @@ void incidents_note(enum incident_kind kind, const struct route *rt, const char 
     snprintf(e->space, sizeof e->space, "%s", rt ? rt->space : "");
     snprintf(e->key, sizeof e->key, "%s", key ? key : "");
     e->epoch = epoch;
+    snprintf(e->why, sizeof e->why, "%s", why ? why : "");
     pthread_mutex_unlock(&incidents.mu);
 }
 

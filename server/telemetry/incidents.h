@@ -20,7 +20,7 @@ enum incident_kind {
     INCIDENT_IN_FLIGHT_409, /* a request refused: another holds its key's claim */
     INCIDENT_MISMATCH_422,  /* a key reused with another payload */
     INCIDENT_TAKEOVER,      /* a claim whose lease ran out, taken over to execute */
-    INCIDENT_HELD,          /* a claim held for an operator (on_unknown_outcome: hold) */
+    INCIDENT_HELD,          /* a claim held (on_unknown_outcome: hold, resolve), with why */
     INCIDENT_TRANSITION_CONFLICT, /* states: an event contradicting its key's state */
 };
 
@@ -31,6 +31,8 @@ struct incident {
     char space[IDEM_NAME_MAX + 1];
     char key[IDEM_KEY_MAX + 1];
     uint64_t epoch; /* the claim's; 0 when unknown */
+    char why[128];  /* held: why ("upstream timeout ...", "its lease ran out
+                       unfinished", "the resolver gave up: ..."); else "" */
 };
 
 /* Note an incident of route rt (NULL: none) on key in the ring of the last
@@ -38,6 +40,13 @@ struct incident {
  * a store call. */
 void incidents_note(enum incident_kind kind, const struct route *rt, const char *key,
                     uint64_t epoch);
+/* The same, with why (NULL: none), cut to fit. */
+void incidents_note_why(enum incident_kind kind, const struct route *rt, const char *key,
+                        uint64_t epoch, const char *why);
+/* Why the newest incident of kind on (space, key, epoch) says, into why
+ * (cap bytes; "" when none is kept in the ring). Any thread. */
+void incidents_why(enum incident_kind kind, const char *space, const char *key, uint64_t epoch,
+                   char *why, size_t cap);
 
 /* Copy the newest max incidents (at most INCIDENTS_MAX) into out, newest
  * first; returns how many, and *noted how many were ever noted. Any thread. */

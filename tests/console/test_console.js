@@ -400,6 +400,8 @@ async function main() {
   const release = "document.querySelector('#held tr:has([data-open=\"H-1\"]) " +
     "[data-action=\"release\"]')";
   await p.waitFor(release, 'H-1 among the held claims');
+  assert.match(await p.eval("document.querySelector('#held tr:has([data-open=\"H-1\"])')" +
+    '.textContent'), /no answer within 400 ms/, 'the held row says why');
   await p.eval(release + '.click()');
   await p.waitFor("document.getElementById('confirm').open", 'the confirmation');
   assert.match(await p.eval("document.getElementById('confirm-text').textContent"),

@@ -273,6 +273,10 @@ static long long hold_one(const struct proc *gw, const char *no)
         assert_string_equal(json_string_value(json_object_get(it, "state")), "PROCESSING");
         assert_true(json_is_true(json_object_get(it, "held")));
         assert_true(json_integer_value(json_object_get(it, "lease_left_ms")) > 3600 * 1000);
+        /* Why it is held: the upstream's failure, as this instance saw it. */
+        const char *why = json_string_value(json_object_get(it, "reason"));
+        if (!why || !strstr(why, "no answer within 400 ms"))
+            fail_msg("%s held for no reason given: %s", no, why ? why : "(none)");
         epoch = json_integer_value(json_object_get(it, "epoch"));
     }
     json_decref(j);

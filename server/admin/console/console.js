@@ -652,7 +652,9 @@ async function loadClaims() {
         const page = await call('records/held?' + q.toString());
         for (const r of page.records)
           heldRows.push(row([s.space, openButton(s.space, r.key), r.epoch, r.owner,
-            time(r.updated_ms), actions(s.space, r)]));
+            time(r.updated_ms), time(r.lease_until_ms),
+            r.reason || 'not known here (held by another instance, or long ago)',
+            actions(s.space, r)]));
         if (page.next_cursor) more.push('held in ' + s.space);
       }
       q.set('state', 'PROCESSING');
