@@ -133,6 +133,18 @@ static const char wait_routes[] =
     "    lease: 10s\n"
     "    upstream_timeout: 5s\n";
 
+static const char resolve_routes[] =
+    REFUND_ROUTE
+    "    upstream_timeout: 300ms\n"
+    "    lease: 2s\n"
+    "    on_unknown_outcome: resolve\n"
+    "    resolve:\n"
+    "      url: @UP@/refunds/{key}\n"
+    "      after: 1s\n"
+    "      backoff: [500ms]\n"
+    "      executed: [200]\n"
+    "      not_executed: [404]\n";
+
 static const char reject_routes[] =
     LOCKED_REFUND_ROUTE
     "    in_flight: reject\n"
@@ -289,6 +301,60 @@ static void test_redis_killed_mid_storm_skip(void **state)
 }
 
 /* on_redis_down: reject — 503 and nothing forwarded; back when Redis is. */
+/* The state of key's record, as instance p's JSON API reads it. */
+static void state_of(const struct proc *p, const char *key, char *state, size_t cap)
+{
+    char target[256];
+    struct sys_resp r;
+    snprintf(target, sizeof target, "/_idem/v1/records/refund/%s", key);
+    sys_admin_http(p->admin_port, "GET", target, NULL, 5000, &r);
+    const char *at = r.status == 200 ? strstr(r.m->body, "\"state\":\"") : NULL;
+    snprintf(state, cap, "%.*s", at ? (int)strcspn(at + 9, "\"") : 0, at ? at + 9 : "");
+    sys_resp_free(&r);
+}
+
+/* Two instances on one store, unknown outcomes on a resolve route, and the
+ * instance whose requests timed out killed (-9) before any question: the
+ * questions are the records', so the other instance asks them. The refund
+ * the service made completes with its answer, unasked by any client; the
+ * one it did not make is released, and its retry executes, once. */
+static void test_resolve_questions_survive_their_instance(void **state)
+{
+    (void)state;
+    struct proc a, b;
+    start_idem(&a, resolve_routes);
+    start_idem(&b, resolve_routes);
+    long rows = sys_stat(service.port, "refunds");
+    static const char *const slow[] = {"X-Delay-Ms: 700", NULL};
+    static const char *const slow_fail[] = {"X-Delay-Ms: 700", "X-Fail: 503", NULL};
+    const char *made = "{\"refund_no\":\"RX-1\",\"amount\":\"1.00\"}";
+    const char *failed = "{\"refund_no\":\"RX-2\",\"amount\":\"1.00\"}";
+    struct sys_resp r;
+    sys_http(a.port, "POST", "/refunds", slow, made, 5000, &r);
+    assert_int_equal(r.status, 504);
+    sys_resp_free(&r);
+    sys_http(a.port, "POST", "/refunds", slow_fail, failed, 5000, &r);
+    assert_int_equal(r.status, 504);
+    sys_resp_free(&r);
+    sys_stop(&a, SIGKILL); /* its claims' questions are nobody's here now */
+    char now[64] = "";
+    for (int i = 0; i < 100 && strcmp(now, "SUCCEEDED") != 0; i++, sleep_ms(100))
+        state_of(&b, "RX-1", now, sizeof now);
+    assert_string_equal(now, "SUCCEEDED");
+    for (int i = 0; i < 100 && strcmp(now, "RELEASED") != 0; i++, sleep_ms(100))
+        state_of(&b, "RX-2", now, sizeof now);
+    assert_string_equal(now, "RELEASED");
+    sys_http(b.port, "POST", "/refunds", NULL, made, 5000, &r);
+    assert_int_equal(r.status, 200); /* the status query's answer, kept */
+    assert_string_equal(sys_header(&r, "Idem-Resolved"), "true");
+    sys_resp_free(&r);
+    sys_http(b.port, "POST", "/refunds", NULL, failed, 5000, &r);
+    assert_int_equal(r.status, 201); /* not made: executed now */
+    sys_resp_free(&r);
+    assert_int_equal(sys_stat(service.port, "refunds") - rows, 2); /* one row each */
+    assert_int_equal(sys_stop(&b, SIGTERM), 0);
+}
+
 static void test_redis_down_reject(void **state)
 {
     (void)state;
@@ -936,6 +1002,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_two_instances_one_execution, setup),
+        cmocka_unit_test_setup(test_resolve_questions_survive_their_instance, setup),
         cmocka_unit_test_setup(test_redis_killed_mid_storm_skip, setup),
         cmocka_unit_test_setup(test_redis_down_reject, setup),
         cmocka_unit_test_setup(test_postgres_stopped, setup),
