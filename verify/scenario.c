@@ -261,6 +261,56 @@ static void make_key(const struct verify_run *r, int id, int index, char *out, s
         snprintf(out, len, "%s%s-%s-%d", r->cfg->key_prefix, r->id, names[id], index);
 }
 
+/* The one-time token for key (--token-scene), as a browser gets one for a
+ * form before it is submitted: POST /_idem/v1/tokens on ep's host with the
+ * request's own headers (its subject), once per business key, its
+ * duplicates carrying the same one. 0, or -1 with r->err. */
+static int token_for(struct verify_run *r, const struct endpoint *ep, const char *key,
+                     const struct xchg_header *h, size_t nh)
+{
+    if (strcmp(r->token_key, key) == 0 && r->token[0])
+        return 0;
+    char body[128];
+    int blen = snprintf(body, sizeof body, "{\"scene\":\"%s\"}", r->cfg->token_scene);
+    struct xchg_header th[VERIFY_HEADERS_MAX + 3];
+    size_t n = 0;
+    for (size_t i = 0; i < nh; i++)
+        if (strcasecmp(h[i].name, "Content-Type") != 0)
+            th[n++] = h[i];
+    th[n++] = (struct xchg_header){"Content-Type", "application/json"};
+    struct shot t;
+    memset(&t, 0, sizeof t);
+    t.url = &ep->url;
+    t.timeout_ms = r->cfg->timeout_ms;
+    t.retry_after_ms = -1;
+    t.request = xchg_build("POST", &ep->url, "/_idem/v1/tokens", th, n, body, (size_t)blen, 1,
+                           &t.request_len);
+    if (!t.request) {
+        snprintf(r->err, sizeof r->err, "out of memory");
+        return -1;
+    }
+    xchg_shot(&r->ctx, &t);
+    const char *at = t.outcome == SHOT_ANSWERED && t.status == 201 && t.body
+                         ? strstr(t.body, "\"token\":\"")
+                         : NULL;
+    size_t len = at ? strspn(at + 9, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                     "0123456789-_")
+                    : 0;
+    if (!at || len == 0 || len >= sizeof r->token || at[9 + len] != '"') {
+        snprintf(r->err, sizeof r->err,
+                 "--token-scene %s: POST /_idem/v1/tokens answered %s%d %.200s",
+                 r->cfg->token_scene, t.outcome == SHOT_ANSWERED ? "" : "no answer: ",
+                 t.status, t.outcome == SHOT_ANSWERED && t.body ? t.body : t.error);
+        shot_clear(&t);
+        return -1;
+    }
+    memcpy(r->token, at + 9, len);
+    r->token[len] = '\0';
+    snprintf(r->token_key, sizeof r->token_key, "%s", key);
+    shot_clear(&t);
+    return 0;
+}
+
 /* One request of the template to ep with this key: subject (or NULL)
  * replaces the subject header; body (or NULL: ep's own); mutate changes the
  * payload (payload-mismatch). 0, or -1 when out of memory. */
@@ -269,7 +319,7 @@ static int make_shot(struct verify_run *r, struct shot *s, const struct endpoint
                      int role, char *what, size_t wlen)
 {
     const struct verify_cfg *c = r->cfg;
-    struct xchg_header h[VERIFY_HEADERS_MAX + 2];
+    struct xchg_header h[VERIFY_HEADERS_MAX + 3];
     char *vals[VERIFY_HEADERS_MAX] = {0}, uuid[37], *b = NULL;
     size_t nh = 0, blen = 0;
     new_uuid(uuid);
@@ -287,6 +337,16 @@ static int make_shot(struct verify_run *r, struct shot *s, const struct endpoint
         h[nh++] = (struct xchg_header){c->subject_header, subject};
     if (c->add_json_type)
         h[nh++] = (struct xchg_header){"Content-Type", "application/json"};
+    if (ok && c->token_scene) {
+        if (token_for(r, ep, key, h, nh) != 0) {
+            free(target);
+            for (size_t i = 0; i < c->nheaders; i++)
+                free(vals[i]);
+            memset(s, 0, sizeof *s);
+            return -1;
+        }
+        h[nh++] = (struct xchg_header){"Idem-Token", r->token};
+    }
     if (!body)
         body = ep->body;
     if (body && ok) {
@@ -598,8 +658,10 @@ int scenario_run(struct verify_run *r, int id, struct scenario_result *res)
     if (res->counted && read_count(r, &before) != 0)
         goto out;
     int64_t t0 = xchg_now_us();
+    r->err[0] = '\0';
     if (runners[id](r, shots, &n, res) != 0) {
-        snprintf(r->err, sizeof r->err, "out of memory building the requests");
+        if (!r->err[0]) /* a token refused says so itself */
+            snprintf(r->err, sizeof r->err, "out of memory building the requests");
         goto out;
     }
     res->duration_ms = (double)(xchg_now_us() - t0) / 1000.0;

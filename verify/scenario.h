@@ -62,6 +62,7 @@ struct verify_cfg {
     const char *subject_header;
     const char *subjects[2];
     const char *key_prefix;
+    const char *token_scene; /* a token route's: a one-time token per business key */
     const char *replay_headers[VERIFY_REPLAY_HEADERS_MAX];
     size_t nreplay;
 
@@ -91,6 +92,10 @@ struct verify_run {
     int64_t deadline_us;     /* monotonic */
     struct xchg_ctx ctx;
     char err[600];           /* a fatal error: exit status 2 */
+    /* --token-scene: the token issued for the last business key, which
+     * its duplicates carry too, as a form's resubmissions do. */
+    char token_key[128];
+    char token[72];
 };
 
 enum verdict {

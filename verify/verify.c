@@ -44,6 +44,7 @@ enum {
     OPT_SUBJECT_HEADER,
     OPT_SUBJECTS,
     OPT_KEY_PREFIX,
+    OPT_TOKEN_SCENE,
     OPT_REPLAY_HEADER,
     OPT_COUNT_URL,
     OPT_COUNT_FIELD,
@@ -75,6 +76,7 @@ static const struct option long_options[] = {
     {"subject-header", required_argument, NULL, OPT_SUBJECT_HEADER},
     {"subjects", required_argument, NULL, OPT_SUBJECTS},
     {"key-prefix", required_argument, NULL, OPT_KEY_PREFIX},
+    {"token-scene", required_argument, NULL, OPT_TOKEN_SCENE},
     {"replay-header", required_argument, NULL, OPT_REPLAY_HEADER},
     {"count-url", required_argument, NULL, OPT_COUNT_URL},
     {"count-field", required_argument, NULL, OPT_COUNT_FIELD},
@@ -587,6 +589,15 @@ static int parse_args(int argc, char **argv, struct args *a, struct verify_cfg *
             break;
         case OPT_KEY_PREFIX:
             c->key_prefix = optarg;
+            break;
+        case OPT_TOKEN_SCENE:
+            if (!*optarg || strlen(optarg) > 64 || strspn(optarg, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                                  "abcdefghijklmnopqrstuvwxyz"
+                                                                  "0123456789_.:-") !=
+                                                          strlen(optarg))
+                return usage_error("--token-scene %s: a scene is 1 to 64 of A-Z a-z 0-9 _ . : -",
+                                   optarg);
+            c->token_scene = optarg;
             break;
         case OPT_REPLAY_HEADER:
             if (c->nreplay == VERIFY_REPLAY_HEADERS_MAX)

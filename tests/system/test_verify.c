@@ -333,6 +333,57 @@ static void test_double_click(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* ---- a token route ---- */
+
+/* A route with the token layer: without a token every request is 428 and
+ * nothing is verified; with --token-scene each business key gets its own
+ * token, its duplicates carry it, and the burst and the double-click pass
+ * with one execution per key. */
+static void test_token_route(void **state)
+{
+    (void)state;
+    struct proc gw;
+    char yaml[4096], url[128];
+    snprintf(yaml, sizeof yaml,
+             "subject_header: X-Subject\n"
+             "routes:\n"
+             "  - name: refund\n"
+             "    match: { method: POST, path: /refunds }\n"
+             "    upstream: http://127.0.0.1:%d\n"
+             "    key: { json: refund_no }\n"
+             "    layers: [token, record]\n"
+             "    token_scene: refund-form\n"
+             "    in_flight: wait\n"
+             "    wait_timeout: 30s\n",
+             naive.port);
+    start_idem(&gw, yaml);
+    gw_url(url, sizeof url, &gw, "/refunds");
+    struct verify_run v;
+    static const char *const none[] = {"-n", "10", "-H", "X-Subject: alice", NULL};
+    verify_scenario(&v, "double-click", url, none);
+    if (!strstr(v.out, "428"))
+        fail_msg("without a token, no 428 in:\n%s", v.out);
+    verify_free(&v);
+    static const char *const tokens[] = {"-n", "10", "-H", "X-Subject: alice",
+                                         "--token-scene", "refund-form", NULL};
+    verify_scenario(&v, "double-click", url, tokens);
+    json_t *s = expect(&v, "double-click", "PASS", 0);
+    assert_int_equal(field(s, "executions"), 5);
+    assert_int_equal(field(json_object_get(s, "statuses"), "201"), 10);
+    verify_free(&v);
+    verify_scenario(&v, "burst", url, tokens);
+    s = expect(&v, "burst", "PASS", 0);
+    assert_int_equal(field(s, "executions"), 1);
+    verify_free(&v);
+    static const char *const wrong[] = {"-n", "10", "--token-scene", "nope", NULL};
+    verify_scenario(&v, "burst", url, wrong);
+    assert_int_equal(v.status, 2);
+    if (!strstr(v.err, "--token-scene nope: POST /_idem/v1/tokens answered 400"))
+        fail_msg("the refused scene is not said:\n%s", v.err);
+    verify_free(&v);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- retry-after-success ---- */
 
 static void test_retry_after_success(void **state)
@@ -756,6 +807,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_burst_naive_fails),
         cmocka_unit_test(test_burst_behind_idem_passes),
         cmocka_unit_test(test_double_click),
+        cmocka_unit_test(test_token_route),
         cmocka_unit_test(test_retry_after_success),
         cmocka_unit_test(test_retry_after_timeout),
         cmocka_unit_test(test_channels),
