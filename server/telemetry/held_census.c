@@ -34,7 +34,7 @@ struct scan {
     size_t nleases;
 };
 
-struct round {
+struct held_round {
     struct held_census *hc;
     idem *h;
     idem_loop *loop;
@@ -51,13 +51,16 @@ void held_census_init(struct held_census *hc)
     pthread_mutex_init(&hc->mu, NULL);
 }
 
+static void round_free(struct held_round *r);
+
 void held_census_free(struct held_census *hc)
 {
+    round_free(hc->round); /* its listing never answered: the store is closed */
     free(hc->counts);
     pthread_mutex_destroy(&hc->mu);
 }
 
-static void round_free(struct round *r)
+static void round_free(struct held_round *r)
 {
     for (size_t i = 0; r && i < r->n; i++)
         free(r->spaces[i].leases);
@@ -69,7 +72,7 @@ static void round_free(struct round *r)
 }
 
 /* The round ends: its counts (taken) become the census's when whole. */
-static void round_end(struct round *r, int whole)
+static void round_end(struct held_round *r, int whole)
 {
     struct held_census *hc = r->hc;
     pthread_mutex_lock(&hc->mu);
@@ -81,12 +84,13 @@ static void round_end(struct round *r, int whole)
         r->counts = NULL;
     }
     hc->running = 0;
+    hc->round = NULL;
     pthread_mutex_unlock(&hc->mu);
     round_free(r);
 }
 
 /* The spaces of cfg that hold, each with its leases. 0, or -1 on OOM. */
-static int plan(struct round *r, const struct server_config *cfg)
+static int plan(struct held_round *r, const struct server_config *cfg)
 {
     size_t total = cfg->route_count + cfg->consumer_count;
     if (!(r->spaces = calloc(total ? total : 1, sizeof *r->spaces)) ||
@@ -124,11 +128,11 @@ static int is_held(const struct scan *s, const idem_record_item *it, int64_t now
     return 1;
 }
 
-static void next_page(struct round *r);
+static void next_page(struct held_round *r);
 
 static void on_page(void *arg, idem_rc rc, idem_record_page *page, const char *detail)
 {
-    struct round *r = arg;
+    struct held_round *r = arg;
     if (rc != IDEM_OK) {
         if (rc != IDEM_ECLOSING)
             daemon_logl(LOG_WARN, "counting held claims in space %s: %s: %s",
@@ -156,7 +160,7 @@ static void on_page(void *arg, idem_rc rc, idem_record_page *page, const char *d
     next_page(r);
 }
 
-static void next_page(struct round *r)
+static void next_page(struct held_round *r)
 {
     idem_record_query q = {.space = r->spaces[r->at].space,
                            .state = IDEM_STATE_PROCESSING,
@@ -164,8 +168,9 @@ static void next_page(struct round *r)
                            .cursor = r->cursor[0] ? r->cursor : NULL};
     idem_rc rc = idem_record_list_async(r->h, r->loop, &q, on_page, r);
     if (rc != IDEM_OK) {
-        daemon_logl(LOG_WARN, "counting held claims in space %s: %s: %s", q.space,
-                    idem_strerror(rc), idem_errdetail());
+        if (rc != IDEM_ECLOSING) /* the daemon stopping: nothing to say */
+            daemon_logl(LOG_WARN, "counting held claims in space %s: %s: %s", q.space,
+                        idem_strerror(rc), idem_errdetail());
         round_end(r, 0);
     }
 }
@@ -181,7 +186,7 @@ void held_census_run(struct held_census *hc, idem *h, idem_loop *loop,
     pthread_mutex_unlock(&hc->mu);
     if (busy)
         return;
-    struct round *r = calloc(1, sizeof *r);
+    struct held_round *r = calloc(1, sizeof *r);
     if (!r) {
         pthread_mutex_lock(&hc->mu);
         hc->running = 0;
@@ -191,6 +196,9 @@ void held_census_run(struct held_census *hc, idem *h, idem_loop *loop,
     r->hc = hc;
     r->h = h;
     r->loop = loop;
+    pthread_mutex_lock(&hc->mu);
+    hc->round = r;
+    pthread_mutex_unlock(&hc->mu);
     if (plan(r, cfg) != 0)
         round_end(r, 0);
     else if (r->n == 0)

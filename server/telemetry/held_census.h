@@ -44,9 +44,12 @@ struct held_census {
      * a timer that runs a round) is pending. */
     struct event *later;
     int pending;
+    struct held_round *round; /* the one under way, freed by held_census_free if
+                            its answer never came (the daemon stopped) */
 };
 
 void held_census_init(struct held_census *hc);
+/* After idem_close(): no listing answers any more. */
 void held_census_free(struct held_census *hc);
 
 /* Start a round on loop (its callbacks run there) unless one is under way:
