@@ -11,6 +11,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -465,4 +466,34 @@ int sys_threads(pid_t pid, const char *name)
     }
     closedir(d);
     return n;
+}
+
+/* A shell command, which must succeed. */
+static void sys_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sys_sh(const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    if (system(cmd) != 0)
+        fail_msg("failed: %s", cmd);
+}
+
+void sys_make_cert(const char *d, const char *name, const char *cn, const char *san,
+                   const char *ca)
+{
+    if (!ca) {
+        sys_sh("cd '%s' && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+               "-nodes -keyout %s.key -out %s.pem -days 2 -subj /CN=%s 2>/dev/null",
+               d, name, name, cn);
+        return;
+    }
+    sys_sh("cd '%s' && openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+           "-keyout %s.key -out %s.csr -subj /CN=%s 2>/dev/null && "
+           "printf 'subjectAltName=%s\\n' > %s.ext && "
+           "openssl x509 -req -in %s.csr -CA %s.pem -CAkey %s.key -CAcreateserial -out %s.pem "
+           "-days 2 -extfile %s.ext 2>/dev/null",
+           d, name, name, cn, san, name, name, ca, ca, name, name);
 }

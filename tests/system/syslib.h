@@ -113,4 +113,10 @@ char *sys_read_file(const char *path);
  * or with name NULL how many it runs. */
 int sys_threads(pid_t pid, const char *name);
 
+/* A certificate dir/NAME.pem (key NAME.key) for cn with the alternative
+ * names san ("DNS:localhost,IP:127.0.0.1"), signed by the CA dir/CA.pem, or
+ * the CA itself (ca NULL), made with openssl(1). Fails the test if not. */
+void sys_make_cert(const char *dir, const char *name, const char *cn, const char *san,
+                   const char *ca);
+
 #endif

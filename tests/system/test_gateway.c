@@ -4066,38 +4066,6 @@ static void test_per_peer_limits(void **state)
 
 /* ---- TLS: certificates made here with openssl(1) ---- */
 
-/* A shell command, which must succeed. */
-static void run_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void run_sh(const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0)
-        fail_msg("failed: %s", cmd);
-}
-
-/* A certificate dir/NAME.pem (key NAME.key) for cn with the alternative
- * names san, signed by the CA dir/CA.pem, or the CA itself (ca NULL). */
-static void make_cert(const char *d, const char *name, const char *cn, const char *san,
-                      const char *ca)
-{
-    if (!ca) {
-        run_sh("cd '%s' && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-               "-nodes -keyout %s.key -out %s.pem -days 2 -subj /CN=%s 2>/dev/null",
-               d, name, name, cn);
-        return;
-    }
-    run_sh("cd '%s' && openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
-           "-keyout %s.key -out %s.csr -subj /CN=%s 2>/dev/null && "
-           "printf 'subjectAltName=%s\\n' > %s.ext && "
-           "openssl x509 -req -in %s.csr -CA %s.pem -CAkey %s.key -CAcreateserial -out %s.pem "
-           "-days 2 -extfile %s.ext 2>/dev/null",
-           d, name, name, cn, san, name, name, ca, ca, name, name);
-}
-
 /* curl's exit status (0: a whole answer; 35, 56, 60: TLS refused), and the
  * answer's status in *status. */
 static int curl_status(const char *args, int *status)
@@ -4161,11 +4129,11 @@ static void test_tls(void **state)
     if ((size_t)snprintf(d, sizeof d, "%s/tls", dir) >= sizeof d)
         skip();
     mkdir(d, 0700);
-    make_cert(d, "ca", "idem-test-ca", NULL, NULL);
-    make_cert(d, "other-ca", "someone-else", NULL, NULL);
-    make_cert(d, "srv", "localhost", "DNS:localhost", "ca");
-    make_cert(d, "stranger", "localhost", "DNS:localhost", "other-ca");
-    make_cert(d, "client", "ops", "DNS:ops", "ca");
+    sys_make_cert(d, "ca", "idem-test-ca", NULL, NULL);
+    sys_make_cert(d, "other-ca", "someone-else", NULL, NULL);
+    sys_make_cert(d, "srv", "localhost", "DNS:localhost", "ca");
+    sys_make_cert(d, "stranger", "localhost", "DNS:localhost", "other-ca");
+    sys_make_cert(d, "client", "ops", "DNS:ops", "ca");
     /* The upstream: TLS on its listen, passing everything to the service;
      * and the same showing a certificate of a CA the gateway does not trust. */
     struct proc up, up2, gw;
@@ -4258,7 +4226,7 @@ static void test_tls(void **state)
     char was[128], now[128];
     served_serial(gw.port, was, sizeof was);
     assert_non_null(strstr(was, "serial="));
-    make_cert(d, "srv", "localhost", "DNS:localhost", "ca");
+    sys_make_cert(d, "srv", "localhost", "DNS:localhost", "ca");
     kill(gw.pid, SIGHUP);
     for (int i = 0; i < 100; i++) {
         served_serial(gw.port, now, sizeof now);
