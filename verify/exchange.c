@@ -15,10 +15,14 @@
  */
 #include "exchange.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -95,10 +99,179 @@ char *xchg_build(const char *method, const struct vurl *u, const char *target,
     return out;
 }
 
-/* A connected non-blocking socket, or -1 with the shot's error set. */
-static int open_conn(const struct vurl *u, int64_t deadline_us, char *err, size_t errlen,
-                     int *refused)
+/* ---- TLS (https://) ---- */
+
+static SSL_CTX *tls_ctx; /* set by xchg_tls_init, before the shots' threads */
+
+/* OpenSSL's reason for what just failed: the first error queued, the cause. */
+static const char *tls_reason(char *buf, size_t len)
 {
+    unsigned long e = ERR_get_error();
+    const char *r = e ? ERR_reason_error_string(e) : NULL;
+    snprintf(buf, len, "%s", r ? r : e ? "an OpenSSL error" : "the connection failed");
+    ERR_clear_error();
+    return buf;
+}
+
+int xchg_tls_init(const char *ca_file, const char *cert, const char *key, char *err,
+                  size_t errlen)
+{
+    char why[160];
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    const char *step = "making a TLS context";
+    if (!ctx || SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1)
+        goto fail;
+    step = ca_file ? ca_file : "the system's CA store";
+    if ((ca_file ? SSL_CTX_load_verify_locations(ctx, ca_file, NULL)
+                 : SSL_CTX_set_default_verify_paths(ctx)) != 1)
+        goto fail;
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    if (cert) {
+        step = cert;
+        if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1)
+            goto fail;
+        step = key;
+        if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
+            SSL_CTX_check_private_key(ctx) != 1)
+            goto fail;
+    }
+    tls_ctx = ctx;
+    return 0;
+fail:
+    snprintf(err, errlen, "TLS: %s: %s", step, tls_reason(why, sizeof why));
+    SSL_CTX_free(ctx);
+    return -1;
+}
+
+void xchg_tls_free(void)
+{
+    SSL_CTX_free(tls_ctx);
+    tls_ctx = NULL;
+}
+
+/* A connection: its socket, and its TLS when the URL is https://. */
+struct conn {
+    int fd;
+    SSL *ssl;
+};
+
+static void conn_close(struct conn *k)
+{
+    if (k->ssl)
+        SSL_free(k->ssl); /* no close_notify: Connection: close ends it anyway */
+    if (k->fd >= 0)
+        close(k->fd);
+    k->ssl = NULL;
+    k->fd = -1;
+}
+
+/* Wait for ev on k until deadline: 0, or -1 when it passed. */
+static int conn_wait(const struct conn *k, short ev, int64_t deadline_us)
+{
+    int64_t left = (deadline_us - xchg_now_us()) / 1000;
+    if (left <= 0)
+        return -1;
+    struct pollfd p = {.fd = k->fd, .events = ev};
+    poll(&p, 1, (int)(left > 1000000 ? 1000000 : left));
+    return 0;
+}
+
+/* What a TLS call's failure asks for: POLLIN or POLLOUT to try again, 0
+ * for an error (its reason in err), -2 for the peer's end of the stream. */
+static int tls_want(SSL *ssl, int r, char *err, size_t errlen)
+{
+    int e = SSL_get_error(ssl, r);
+    if (e == SSL_ERROR_WANT_READ)
+        return POLLIN;
+    if (e == SSL_ERROR_WANT_WRITE)
+        return POLLOUT;
+    if (e == SSL_ERROR_ZERO_RETURN || (e == SSL_ERROR_SYSCALL && ERR_peek_error() == 0 &&
+                                       errno == 0))
+        return -2; /* closed, with or without close_notify */
+    char why[160];
+    long v = SSL_get_verify_result(ssl);
+    snprintf(err, errlen, "TLS: %s", v != X509_V_OK ? X509_verify_cert_error_string(v)
+                                                     : tls_reason(why, sizeof why));
+    return 0;
+}
+
+/* The TLS handshake on k with u's host checked against its certificate. */
+static int tls_open(struct conn *k, const struct vurl *u, int64_t deadline_us, char *err,
+                    size_t errlen)
+{
+    unsigned char ip[16];
+    int is_ip = inet_pton(AF_INET, u->host, ip) == 1 || inet_pton(AF_INET6, u->host, ip) == 1;
+    if (!tls_ctx) {
+        snprintf(err, errlen, "TLS: not set up for %s", u->authority);
+        return -1;
+    }
+    if (!(k->ssl = SSL_new(tls_ctx)) || SSL_set_fd(k->ssl, k->fd) != 1) {
+        snprintf(err, errlen, "TLS: out of memory");
+        return -1;
+    }
+    X509_VERIFY_PARAM *vp = SSL_get0_param(k->ssl);
+    if (is_ip ? X509_VERIFY_PARAM_set1_ip_asc(vp, u->host) != 1
+              : SSL_set_tlsext_host_name(k->ssl, u->host) != 1 ||
+                    X509_VERIFY_PARAM_set1_host(vp, u->host, 0) != 1) {
+        snprintf(err, errlen, "TLS: %s: cannot check this host", u->host);
+        return -1;
+    }
+    for (;;) {
+        ERR_clear_error();
+        errno = 0;
+        int r = SSL_connect(k->ssl);
+        if (r == 1)
+            return 0;
+        int want = tls_want(k->ssl, r, err, errlen);
+        if (want == -2)
+            snprintf(err, errlen, "TLS: %s closed the connection in the handshake",
+                     u->authority);
+        if (want <= 0)
+            return -1;
+        if (conn_wait(k, (short)want, deadline_us) != 0) {
+            snprintf(err, errlen, "TLS: no handshake with %s in time", u->authority);
+            return -1;
+        }
+    }
+}
+
+/* Send or receive on k: bytes done; 0 at the peer's end (receiving); -1
+ * with *want POLLIN or POLLOUT to wait for, or 0 and err on an error. */
+static ssize_t conn_io(struct conn *k, int sending, void *buf, size_t len, int *want, char *err,
+                       size_t errlen)
+{
+    *want = 0;
+    if (!k->ssl) {
+        ssize_t n = sending ? send(k->fd, buf, len, MSG_NOSIGNAL) : recv(k->fd, buf, len, 0);
+        if (n >= 0)
+            return n;
+        if (errno == EINTR || errno == EAGAIN) {
+            *want = sending ? POLLOUT : POLLIN;
+            return -1;
+        }
+        snprintf(err, errlen, "%s: %s", sending ? "sending" : "reading", strerror(errno));
+        return -1;
+    }
+    ERR_clear_error();
+    errno = 0;
+    int n = sending ? SSL_write(k->ssl, buf, (int)(len > INT32_MAX ? INT32_MAX : len))
+                    : SSL_read(k->ssl, buf, (int)(len > INT32_MAX ? INT32_MAX : len));
+    if (n > 0)
+        return n;
+    int w = tls_want(k->ssl, n, err, errlen);
+    if (w == -2)
+        return 0;
+    *want = w;
+    return -1;
+}
+
+/* A connected non-blocking socket (with TLS done for https://): 0, or -1
+ * with the shot's error set. */
+static int open_conn(const struct vurl *u, int64_t deadline_us, char *err, size_t errlen,
+                     int *refused, struct conn *k)
+{
+    k->fd = -1;
+    k->ssl = NULL;
     char addr[80];
     int fd = socket(u->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
@@ -140,15 +313,20 @@ static int open_conn(const struct vurl *u, int64_t deadline_us, char *err, size_
         close(fd);
         return -1;
     }
-    return fd;
+    k->fd = fd;
+    if (u->tls && tls_open(k, u, deadline_us, err, errlen) != 0) {
+        conn_close(k);
+        return -1;
+    }
+    return 0;
 }
 
 int xchg_probe(const struct vurl *u, int timeout_ms, char *err, size_t errlen)
 {
-    int fd = open_conn(u, xchg_now_us() + (int64_t)timeout_ms * 1000, err, errlen, NULL);
-    if (fd < 0)
+    struct conn k;
+    if (open_conn(u, xchg_now_us() + (int64_t)timeout_ms * 1000, err, errlen, NULL, &k) != 0)
         return -1;
-    close(fd);
+    conn_close(&k);
     return 0;
 }
 
@@ -180,8 +358,8 @@ static void take_answer(const struct xchg_ctx *c, struct shot *s, struct http_ms
     http_msg_free(m);
 }
 
-/* Send the request on fd and read the answer; closes fd. */
-static void exchange(const struct xchg_ctx *c, struct shot *s, int fd)
+/* Send the request on k and read the answer; closes k. */
+static void exchange(const struct xchg_ctx *c, struct shot *s, struct conn *k)
 {
     char buf[16384];
     struct http_parser p;
@@ -190,48 +368,39 @@ static void exchange(const struct xchg_ctx *c, struct shot *s, int fd)
     s->sent_us = xchg_now_us();
     int64_t deadline = shot_deadline(c, s, s->sent_us);
     size_t off = 0;
+    int want;
     while (off < s->request_len) {
-        ssize_t n = send(fd, s->request + off, s->request_len - off, MSG_NOSIGNAL);
+        ssize_t n = conn_io(k, 1, s->request + off, s->request_len - off, &want, s->error,
+                            sizeof s->error);
         if (n > 0) {
             off += (size_t)n;
             continue;
         }
-        if (n < 0 && errno == EINTR)
+        if (n < 0 && want && conn_wait(k, (short)want, deadline) == 0)
             continue;
-        int64_t left = (deadline - xchg_now_us()) / 1000;
-        if (n < 0 && errno == EAGAIN && left > 0) {
-            struct pollfd q = {.fd = fd, .events = POLLOUT};
-            poll(&q, 1, (int)(left > 1000000 ? 1000000 : left));
-            continue;
-        }
-        if (n < 0 && errno == EAGAIN) {
+        if (n < 0 && want) {
             s->outcome = s->abandon ? SHOT_ABANDONED : SHOT_TIMEOUT;
             snprintf(s->error, sizeof s->error, "could not send within %d ms", s->timeout_ms);
         } else {
             s->outcome = SHOT_ERROR;
-            snprintf(s->error, sizeof s->error, "sending: %s", strerror(errno));
+            if (n == 0)
+                snprintf(s->error, sizeof s->error, "sending: the connection closed");
         }
         goto out;
     }
     for (;;) {
-        int64_t left = (deadline - xchg_now_us()) / 1000;
-        if (left <= 0) {
+        ssize_t n = conn_io(k, 0, buf, sizeof buf, &want, s->error, sizeof s->error);
+        if (n < 0 && want) {
+            if (conn_wait(k, (short)want, deadline) == 0)
+                continue;
             s->outcome = s->abandon ? SHOT_ABANDONED : SHOT_TIMEOUT;
             snprintf(s->error, sizeof s->error, "no whole answer within %d ms", s->timeout_ms);
             goto out;
         }
-        struct pollfd q = {.fd = fd, .events = POLLIN};
-        int pr = poll(&q, 1, (int)(left > 1000000 ? 1000000 : left));
-        if (pr <= 0)
-            continue;
-        ssize_t n = recv(fd, buf, sizeof buf, 0);
-        if (n < 0 && (errno == EINTR || errno == EAGAIN))
-            continue;
         enum http_parse_status st;
         size_t used = 0, at = 0;
         if (n < 0) {
             s->outcome = SHOT_ERROR;
-            snprintf(s->error, sizeof s->error, "reading: %s", strerror(errno));
             goto out;
         }
         if (n == 0) {
@@ -274,18 +443,18 @@ static void exchange(const struct xchg_ctx *c, struct shot *s, int fd)
 out:
     s->done_us = xchg_now_us();
     http_parser_free(&p);
-    close(fd);
+    conn_close(k);
 }
 
 void xchg_shot(const struct xchg_ctx *c, struct shot *s)
 {
-    int fd = open_conn(s->url, shot_deadline(c, s, xchg_now_us()), s->error, sizeof s->error,
-                       &s->connect_refused);
-    if (fd < 0) {
+    struct conn k;
+    if (open_conn(s->url, shot_deadline(c, s, xchg_now_us()), s->error, sizeof s->error,
+                  &s->connect_refused, &k) != 0) {
         s->outcome = SHOT_ERROR;
         s->sent_us = s->done_us = xchg_now_us();
     } else {
-        exchange(c, s, fd);
+        exchange(c, s, &k);
     }
     if (c->on_done)
         c->on_done(c->on_done_arg);
@@ -313,20 +482,21 @@ static void *gunner_main(void *arg)
     struct gunner *g = arg;
     struct shot *s = g->shot;
     const struct xchg_ctx *c = g->gun->ctx;
-    int fd = open_conn(s->url, shot_deadline(c, s, xchg_now_us()), s->error, sizeof s->error,
-                       &s->connect_refused);
+    struct conn k;
+    int opened = open_conn(s->url, shot_deadline(c, s, xchg_now_us()), s->error,
+                           sizeof s->error, &s->connect_refused, &k) == 0;
     pthread_mutex_lock(&g->gun->mu);
     g->gun->ready++;
     pthread_cond_broadcast(&g->gun->cv);
     while (!g->gun->go)
         pthread_cond_wait(&g->gun->cv, &g->gun->mu);
     pthread_mutex_unlock(&g->gun->mu);
-    if (fd < 0) {
+    if (!opened) {
         s->outcome = SHOT_ERROR;
         s->sent_us = s->done_us = xchg_now_us();
     } else {
         xchg_sleep_ms(s->at_ms);
-        exchange(c, s, fd);
+        exchange(c, s, &k);
     }
     if (c->on_done)
         c->on_done(c->on_done_arg);

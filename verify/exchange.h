@@ -80,6 +80,13 @@ void xchg_pool(const struct xchg_ctx *c, struct shot *shots, size_t n, size_t co
 /* Can a TCP connection to u be opened? 0, or -1 with err. */
 int xchg_probe(const struct vurl *u, int timeout_ms, char *err, size_t errlen);
 
+/* TLS for https:// URLs, set up once before any shot: the CAs that vouch
+ * for the servers (ca_file, or NULL: the system's), and a client
+ * certificate and its key (both, or neither). 0, or -1 with err. */
+int xchg_tls_init(const char *ca_file, const char *cert, const char *key, char *err,
+                  size_t errlen);
+void xchg_tls_free(void);
+
 void shot_clear(struct shot *s); /* frees request and body */
 
 int64_t xchg_now_us(void);

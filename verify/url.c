@@ -32,17 +32,14 @@ int vurl_parse(const char *text, struct vurl *u, char *err, size_t errlen)
     memset(u, 0, sizeof *u);
     u->port = 80;
     if (strncasecmp(text, "https://", 8) == 0) {
-        snprintf(err, errlen,
-                 "%s: https is not supported: idem verify speaks plain HTTP only; point it at "
-                 "the service's plain-HTTP address (loopback, a sidecar, a private network)",
-                 text);
+        u->tls = 1;
+        u->port = 443;
+    } else if (strncasecmp(text, "http://", 7) != 0) {
+        snprintf(err, errlen, "%s: not an http:// or https:// URL (expected "
+                 "http://host[:port]/path)", text);
         return -1;
     }
-    if (strncasecmp(text, "http://", 7) != 0) {
-        snprintf(err, errlen, "%s: not an http:// URL (expected http://host[:port]/path)", text);
-        return -1;
-    }
-    const char *a = text + 7;
+    const char *a = text + (u->tls ? 8 : 7);
     size_t alen = strcspn(a, "/?#");
     const char *rest = a + alen;
     if (memchr(a, '@', alen)) {
@@ -107,7 +104,7 @@ int vurl_parse(const char *text, struct vurl *u, char *err, size_t errlen)
         u->port = (int)v;
     }
     int v6 = strchr(u->host, ':') != NULL;
-    if (u->port == 80)
+    if (u->port == (u->tls ? 443 : 80))
         snprintf(u->authority, sizeof u->authority, v6 ? "[%s]" : "%s", u->host);
     else
         snprintf(u->authority, sizeof u->authority, v6 ? "[%s]:%d" : "%s:%d", u->host, u->port);

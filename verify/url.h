@@ -14,7 +14,8 @@
 
 struct vurl {
     char host[VURL_HOST_MAX + 1];  /* a name or an address; IPv6 without brackets */
-    int port;                      /* 1..65535; 80 when absent */
+    int port;                      /* 1..65535; 80 (443 for https) when absent */
+    int tls;                       /* https:// */
     char authority[VURL_HOST_MAX + 10]; /* for Host: "host[:port]", IPv6 in brackets */
     char *target;                  /* path and query ("/" when empty); may hold
                                       {{placeholders}}; owned */
@@ -24,9 +25,10 @@ struct vurl {
     int loopback;
 };
 
-/* Parse "http://host[:port][/path][?query]". Refuses https (plain HTTP
- * only), user:password@, a fragment, placeholders outside the path and
- * query, and spaces or control characters. 0, or -1 with err saying why. */
+/* Parse "http://host[:port][/path][?query]" or https:// (TLS: see
+ * xchg_tls_init). Refuses user:password@, a fragment, placeholders outside
+ * the path and query, and spaces or control characters. 0, or -1 with err
+ * saying why. */
 int vurl_parse(const char *text, struct vurl *u, char *err, size_t errlen);
 
 /* Resolve the host once (getaddrinfo; the first address). 0 or -1 + err. */

@@ -56,6 +56,9 @@ enum {
     OPT_JSON,
     OPT_JUNIT,
     OPT_NO_PROGRESS,
+    OPT_CACERT,
+    OPT_CERT,
+    OPT_KEY,
 };
 
 static const struct option long_options[] = {
@@ -88,6 +91,9 @@ static const struct option long_options[] = {
     {"json", no_argument, NULL, OPT_JSON},
     {"junit", required_argument, NULL, OPT_JUNIT},
     {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+    {"cacert", required_argument, NULL, OPT_CACERT},
+    {"cert", required_argument, NULL, OPT_CERT},
+    {"key", required_argument, NULL, OPT_KEY},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -106,6 +112,7 @@ struct args {
     const char *subjects;
     const char *count_url, *count_cmd;
     const char *junit;
+    const char *cacert, *cert, *key; /* https:// URLs: --cacert, --cert, --key */
     int json, progress;
     char *body_text; /* the body read from a file, owned */
 };
@@ -467,8 +474,9 @@ static int check_network(struct verify_cfg *c)
     }
     int probe_ms = c->timeout_ms < 5000 ? c->timeout_ms : 5000;
     if (xchg_probe(&c->main.url, probe_ms, err, sizeof err) != 0) {
-        fprintf(stderr, "idem verify: %s (the URL %s): is the service running?\n", err,
-                c->main.text);
+        /* A TLS refusal is the service's answer, not its absence. */
+        fprintf(stderr, "idem verify: %s (the URL %s)%s\n", err, c->main.text,
+                strncmp(err, "TLS:", 4) == 0 ? "" : ": is the service running?");
         return 2;
     }
     for (size_t i = 0; i < c->nchannels; i++)
@@ -643,6 +651,15 @@ static int parse_args(int argc, char **argv, struct args *a, struct verify_cfg *
         case OPT_JUNIT:
             a->junit = optarg;
             break;
+        case OPT_CACERT:
+            a->cacert = optarg;
+            break;
+        case OPT_CERT:
+            a->cert = optarg;
+            break;
+        case OPT_KEY:
+            a->key = optarg;
+            break;
         case OPT_NO_PROGRESS:
             a->progress = 0;
             break;
@@ -688,6 +705,27 @@ static void set_defaults(struct verify_cfg *c, struct args *a)
     a->progress = 1;
 }
 
+/* TLS when a URL is https:// (the target, a channel, the count URL): the
+ * CAs of --cacert (else the system's) and --cert with --key. 0, or 2's
+ * usage error. */
+static int check_tls(const struct args *a, const struct verify_cfg *c)
+{
+    int https = c->main.url.tls || (c->counter.kind == COUNT_URL && c->counter.url.tls);
+    for (size_t i = 0; i < c->nchannels; i++)
+        https |= c->channels[i].url.tls;
+    if (!a->cert != !a->key)
+        return usage_error("--cert and --key go together: a client certificate and its key");
+    if (!https) {
+        if (a->cacert || a->cert)
+            return usage_error("--cacert, --cert and --key are for https:// URLs only");
+        return 0;
+    }
+    char err[400];
+    if (xchg_tls_init(a->cacert, a->cert, a->key, err, sizeof err) != 0)
+        return usage_error("%s", err);
+    return 0;
+}
+
 int verify_main(int argc, char **argv)
 {
     struct verify_cfg cfg;
@@ -709,7 +747,8 @@ int verify_main(int argc, char **argv)
         status = rc == 1 ? 0 : 2;
         goto out;
     }
-    if (build_cfg(&args, &cfg) != 0 || check_fd_limit(&cfg) != 0 || check_network(&cfg) != 0)
+    if (build_cfg(&args, &cfg) != 0 || check_fd_limit(&cfg) != 0 || check_tls(&args, &cfg) != 0 ||
+        check_network(&cfg) != 0)
         goto out;
     if (args.junit && !(junit = fopen(args.junit, "w"))) {
         usage_error("--junit %s: cannot write it: %s", args.junit, strerror(errno));
@@ -762,6 +801,7 @@ int verify_main(int argc, char **argv)
 out:
     if (junit)
         fclose(junit);
+    xchg_tls_free();
     cfg_free(&cfg);
     free(args.body_text);
     return status;

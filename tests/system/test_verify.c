@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "syslib.h"
@@ -384,6 +385,55 @@ static void test_token_route(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* ---- over TLS ---- */
+
+/* idem serve with TLS on its listener: verify checks it over https://,
+ * trusting the test's CA with --cacert (and offering a client certificate,
+ * which the listener does not ask for); without the CA it refuses the
+ * server's certificate and says so, and checks nothing. */
+static void test_https(void **state)
+{
+    (void)state;
+    char tls[4200], yaml[16384], route[4096], url[160], ca[4300], cert[4300], key[4300];
+    snprintf(tls, sizeof tls, "%s/tls", dir);
+    mkdir(tls, 0700);
+    sys_make_cert(tls, "CA", "verify-test-ca", NULL, NULL);
+    sys_make_cert(tls, "gw", "localhost", "DNS:localhost,IP:127.0.0.1", "CA");
+    sys_make_cert(tls, "client", "verify-client", "DNS:verify-client", "CA");
+    int port = sys_free_port();
+    refund_routes(route, sizeof route, NULL);
+    snprintf(yaml, sizeof yaml,
+             "listen: { address: \"127.0.0.1:%d\", tls: { cert: %s/gw.pem, key: %s/gw.key } }\n%s",
+             port, tls, tls, route);
+    struct proc gw;
+    char path[4200], db[4200], log[4200];
+    config_seq++;
+    snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, config_seq);
+    snprintf(db, sizeof db, "%s/idem-%d.db", dir, config_seq);
+    snprintf(log, sizeof log, "%s/idem-%d.log", dir, config_seq);
+    sys_write_file(path, yaml);
+    char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--db", db, NULL};
+    sys_start(&gw, argv, log);
+    snprintf(url, sizeof url, "https://localhost:%d/refunds", port);
+    snprintf(ca, sizeof ca, "%s/CA.pem", tls);
+    snprintf(cert, sizeof cert, "%s/client.pem", tls);
+    snprintf(key, sizeof key, "%s/client.key", tls);
+    struct verify_run v;
+    const char *trusted[] = {"-n", "20", "--cacert", ca, "--cert", cert, "--key", key, NULL};
+    verify_scenario(&v, "burst", url, trusted);
+    json_t *s = expect(&v, "burst", "PASS", 0);
+    assert_int_equal(field(s, "executions"), 1);
+    assert_int_equal(field(json_object_get(s, "statuses"), "201"), 20);
+    verify_free(&v);
+    const char *untrusted[] = {"-n", "20", NULL};
+    verify_scenario(&v, "burst", url, untrusted);
+    assert_int_equal(v.status, 2);
+    if (!strstr(v.err, "TLS: unable to get local issuer certificate"))
+        fail_msg("the refused certificate is not said:\n%s", v.err);
+    verify_free(&v);
+    assert_int_equal(sys_stop(&gw, SIGTERM), 0);
+}
+
 /* ---- retry-after-success ---- */
 
 static void test_retry_after_success(void **state)
@@ -709,10 +759,13 @@ static void test_bad_invocations(void **state)
 
     const char *no_url[] = {"-d", refund_body, NULL};
     expect_usage_error(no_url, "no URL given");
-    const char *https[] = {"-d", refund_body, "https://127.0.0.1/refunds", NULL};
-    expect_usage_error(https, "https is not supported");
+    const char *half[] = {"-d", refund_body, "--cert", "/dev/null",
+                          "https://127.0.0.1/refunds", NULL};
+    expect_usage_error(half, "--cert and --key go together");
+    const char *plain_ca[] = {"-d", refund_body, "--cacert", "/dev/null", dead, NULL};
+    expect_usage_error(plain_ca, "for https:// URLs only");
     const char *not_url[] = {"-d", refund_body, "127.0.0.1:8080/refunds", NULL};
-    expect_usage_error(not_url, "not an http:// URL");
+    expect_usage_error(not_url, "not an http:// or https:// URL");
     const char *unreadable[] = {"--body-file", missing, naive_url, NULL};
     expect_usage_error(unreadable, "no-such-body.json: cannot read it");
     const char *unknown[] = {"-d", "{\"refund_no\":\"{{refund}}\"}", naive_url, NULL};
@@ -808,6 +861,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_burst_behind_idem_passes),
         cmocka_unit_test(test_double_click),
         cmocka_unit_test(test_token_route),
+        cmocka_unit_test(test_https),
         cmocka_unit_test(test_retry_after_success),
         cmocka_unit_test(test_retry_after_timeout),
         cmocka_unit_test(test_channels),
