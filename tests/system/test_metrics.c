@@ -441,6 +441,30 @@ static void test_deploy_rules_and_dashboard(void **state)
     assert_true(count >= 7);
     names_in_scrape(exprs, m, "idem-alerts.yml");
     free(text);
+    /* Every alert has its runbook_url, and the runbook a section for it. */
+    char runbook[4200];
+    snprintf(runbook, sizeof runbook, "%s/docs/runbook.md", IDEM_SOURCE_DIR);
+    char *book = sys_read_file(runbook), *rules_text = sys_read_file(rules);
+    assert_non_null(book);
+    assert_non_null(rules_text);
+    int alerts = 0;
+    for (const char *a = rules_text; (a = strstr(a, "- alert: ")) != NULL; a++, alerts++) {
+        char name[64], section[80], url[96], lower[64];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(a + 9, "\n"), a + 9);
+        for (size_t i = 0; i <= strlen(name); i++)
+            lower[i] = (char)tolower((unsigned char)name[i]);
+        snprintf(section, sizeof section, "\n## %s\n", name);
+        snprintf(url, sizeof url, "/runbook.md#%s\"", lower);
+        const char *next = strstr(a + 1, "- alert: ");
+        const char *at = strstr(a, url);
+        if (!strstr(book, section))
+            fail_msg("docs/runbook.md has no section for %s", name);
+        if (!at || (next && at > next))
+            fail_msg("%s has no runbook_url to its section", name);
+    }
+    assert_true(alerts >= 18);
+    free(book);
+    free(rules_text);
 
     json_error_t err;
     json_t *j = json_load_file(dash, JSON_REJECT_DUPLICATES, &err);
