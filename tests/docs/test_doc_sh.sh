@@ -31,11 +31,14 @@ stop() {
 }
 trap 'stop; rm -rf "$tmp"' EXIT
 
-# A port bound by nothing now.
+# A port bound by nothing now, from 28000-32767: below the kernel's
+# ephemeral range (32768 up), where the other tests' port-0 listeners and
+# every client connection take theirs, and above the fixed ports of the
+# tests' services (21xxx-27xxx: RabbitMQ's, Redis', PostgreSQL's).
 free_port() {
   local p
   for _ in $(seq 50); do
-    p=$((20000 + RANDOM % 30000))
+    p=$((28000 + RANDOM % 4768))
     (echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
   done
   echo "no free port" >&2; exit 1
@@ -57,15 +60,43 @@ wait_listening() { # log file
   for _ in $(seq 100); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.1; done
   echo "$1 never said it was listening:"; cat "$1"; exit 1
 }
+# Start $service on p_svc and idem serve on p_idem for a page; a port taken
+# meanwhile by another test is traded for another (up to 5 times), before
+# the page's script is written with them.
 start() { # state dir
   mkdir -p "$1"
-  "$service" --listen "127.0.0.1:$p_svc" --db "$1/refunds.db" >"$1/service.log" 2>&1 &
-  pids+=($!)
-  wait_listening "$1/service.log"
-  ports <"$src/examples/idem.yaml" >"$1/idem.yaml"
-  "$idem" serve -c "$1/idem.yaml" --db "$1/idem.db" >"$1/idem.log" 2>&1 &
-  pids+=($!)
-  wait_listening "$1/idem.log"
+  for try in 1 2 3 4 5; do
+    rm -f "$1/refunds.db" "$1/idem.db"*
+    "$service" --listen "127.0.0.1:$p_svc" --db "$1/refunds.db" >"$1/service.log" 2>&1 &
+    local svc=$!
+    for _ in $(seq 100); do
+      grep -q "listening on\|cannot listen" "$1/service.log" 2>/dev/null && break; sleep 0.1
+    done
+    if grep -q "cannot listen" "$1/service.log"; then
+      kill "$svc" 2>/dev/null || true; wait "$svc" 2>/dev/null || true
+      p_svc=$(free_port); continue
+    fi
+    pids+=($svc)
+    wait_listening "$1/service.log"
+    ports <"$src/examples/idem.yaml" >"$1/idem.yaml"
+    "$idem" serve -c "$1/idem.yaml" --db "$1/idem.db" >"$1/idem.log" 2>&1 &
+    local gw=$!
+    for _ in $(seq 100); do
+      grep -q "listening on\|Address already in use\|cannot listen\|cannot bind" "$1/idem.log" \
+        2>/dev/null && break
+      kill -0 "$gw" 2>/dev/null || break
+      sleep 0.1
+    done
+    if ! grep -q "listening on" "$1/idem.log"; then
+      kill "$svc" "$gw" 2>/dev/null || true; wait "$svc" "$gw" 2>/dev/null || true
+      pids=("${pids[@]/$svc}")
+      p_svc=$(free_port) p_idem=$(free_port); continue
+    fi
+    pids+=($gw)
+    return 0
+  done
+  echo "$1: the services could not listen in 5 tries:"; cat "$1/service.log" "$1/idem.log"
+  exit 1
 }
 
 mkdir -p "$tmp/bin"
@@ -124,6 +155,7 @@ for doc in "$@"; do
   skipped=$((skipped + n_skip))
   ls "$page/blocks"/*.sh >/dev/null 2>&1 || continue
   pages=$((pages + 1))
+  start "$page/state" # before the script, which is written with its ports
   {
     echo 'set -eu'
     # What a block started in the background ends with the page.
@@ -140,7 +172,6 @@ for doc in "$@"; do
   mkdir -p "$page/run"
   ln -s "$src/examples" "$src/scripts" "$src/docs" "$page/run/"
   ln -s "$(dirname "$idem")" "$page/run/build"
-  start "$page/state"
   if ! (cd "$page/run" && PATH="$tmp/bin:$PATH" timeout 200 bash "$page/script.sh") \
         >"$page/out" 2>&1; then
     at=$(grep -- '^--- ' "$page/out" | tail -1); at=${at#--- }
