@@ -60,43 +60,22 @@ wait_listening() { # log file
   for _ in $(seq 100); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.1; done
   echo "$1 never said it was listening:"; cat "$1"; exit 1
 }
-# Start $service on p_svc and idem serve on p_idem for a page; a port taken
-# meanwhile by another test is traded for another (up to 5 times), before
-# the page's script is written with them.
+# Start $service and idem serve for a page, each on port 0, the port it
+# took read from its log: nothing else can take a port between its choice
+# and its bind. The page's script is written with those ports afterwards.
+port_in() { sed -n 's/.*listening on 127\.0\.0\.1:\([0-9][0-9]*\).*/\1/p' "$1" | head -1; }
 start() { # state dir
   mkdir -p "$1"
-  for try in 1 2 3 4 5; do
-    rm -f "$1/refunds.db" "$1/idem.db"*
-    "$service" --listen "127.0.0.1:$p_svc" --db "$1/refunds.db" >"$1/service.log" 2>&1 &
-    local svc=$!
-    for _ in $(seq 100); do
-      grep -q "listening on\|cannot listen" "$1/service.log" 2>/dev/null && break; sleep 0.1
-    done
-    if grep -q "cannot listen" "$1/service.log"; then
-      kill "$svc" 2>/dev/null || true; wait "$svc" 2>/dev/null || true
-      p_svc=$(free_port); continue
-    fi
-    pids+=($svc)
-    wait_listening "$1/service.log"
-    ports <"$src/examples/idem.yaml" >"$1/idem.yaml"
-    "$idem" serve -c "$1/idem.yaml" --db "$1/idem.db" >"$1/idem.log" 2>&1 &
-    local gw=$!
-    for _ in $(seq 100); do
-      grep -q "listening on\|Address already in use\|cannot listen\|cannot bind" "$1/idem.log" \
-        2>/dev/null && break
-      kill -0 "$gw" 2>/dev/null || break
-      sleep 0.1
-    done
-    if ! grep -q "listening on" "$1/idem.log"; then
-      kill "$svc" "$gw" 2>/dev/null || true; wait "$svc" "$gw" 2>/dev/null || true
-      pids=("${pids[@]/$svc}")
-      p_svc=$(free_port) p_idem=$(free_port); continue
-    fi
-    pids+=($gw)
-    return 0
-  done
-  echo "$1: the services could not listen in 5 tries:"; cat "$1/service.log" "$1/idem.log"
-  exit 1
+  "$service" --listen "127.0.0.1:0" --db "$1/refunds.db" >"$1/service.log" 2>&1 &
+  pids+=($!)
+  wait_listening "$1/service.log"
+  p_svc=$(port_in "$1/service.log")
+  ports <"$src/examples/idem.yaml" >"$1/idem.yaml"
+  "$idem" serve -c "$1/idem.yaml" --db "$1/idem.db" --listen 127.0.0.1:0 >"$1/idem.log" 2>&1 &
+  pids+=($!)
+  wait_listening "$1/idem.log"
+  p_idem=$(port_in "$1/idem.log")
+  [ -n "$p_svc" ] && [ -n "$p_idem" ] || { echo "$1: no port in the logs"; exit 1; }
 }
 
 mkdir -p "$tmp/bin"

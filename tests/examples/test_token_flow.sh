@@ -27,30 +27,25 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- idem log"; tail -n 20 "$tmp/idem.log"; exit 1; }
 
-free_port() {
-  local p
-  for _ in $(seq 50); do
-    p=$((20000 + RANDOM % 30000))
-    (echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-  done
-  echo "no free port" >&2; exit 1
-}
 wait_listening() { # log file
   for _ in $(seq 100); do grep -q "listening on" "$1" 2>/dev/null && return 0; sleep 0.1; done
   echo "$1 never said it was listening:"; cat "$1"; exit 1
 }
 
-p_idem=$(free_port) p_svc=$(free_port)
-[ "$p_idem" != "$p_svc" ] || p_svc=$((p_idem + 1))
-"$service" --listen "127.0.0.1:$p_svc" --db "$tmp/refunds.db" >"$tmp/service.log" 2>&1 &
+# Both on port 0, the port each took read from its log: no port is drawn
+# before it is bound, so no other test can take it in between.
+port_in() { sed -n 's/.*listening on 127\.0\.0\.1:\([0-9][0-9]*\).*/\1/p' "$1" | head -1; }
+"$service" --listen "127.0.0.1:0" --db "$tmp/refunds.db" >"$tmp/service.log" 2>&1 &
 pids+=($!)
 wait_listening "$tmp/service.log"
-sed -e "s/127\.0\.0\.1:8080/127.0.0.1:$p_idem/g" -e "s/127\.0\.0\.1:9000/127.0.0.1:$p_svc/g" \
-  <"$src/examples/idem.yaml" >"$tmp/idem.yaml"
-"$idem" serve -c "$tmp/idem.yaml" --db "$tmp/idem.db" >"$tmp/idem.log" 2>&1 &
+p_svc=$(port_in "$tmp/service.log")
+sed -e "s/127\.0\.0\.1:9000/127.0.0.1:$p_svc/g" <"$src/examples/idem.yaml" >"$tmp/idem.yaml"
+"$idem" serve -c "$tmp/idem.yaml" --db "$tmp/idem.db" --listen 127.0.0.1:0 >"$tmp/idem.log" 2>&1 &
 idem_pid=$!
 pids+=($idem_pid)
 wait_listening "$tmp/idem.log"
+p_idem=$(port_in "$tmp/idem.log")
+[ -n "$p_svc" ] && [ -n "$p_idem" ] || fail "no port in the logs"
 base=http://127.0.0.1:$p_idem
 executions() { curl -fsS "http://127.0.0.1:$p_svc/stats" | sed -E 's/.*"executions":([0-9]+).*/\1/'; }
 
