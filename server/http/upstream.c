@@ -247,16 +247,21 @@ static char *build_request(const char *host, int port, const struct upstream_req
     const char *base = rq->base_path ? rq->base_path : "";
     size_t cap = 256 + strlen(rq->method) + strlen(base) + strlen(rq->target) + strlen(host) +
                  (rq->peer ? strlen(rq->peer) : 0) + (m ? m->body_len : 0);
-    for (size_t i = 0; m && i < m->header_count; i++)
-        cap += m->headers[i].name_len + strlen(m->headers[i].value) + 4;
+    /* The client's Host and Forwarded, read in the same pass: idem says
+     * them again (see put_forwarded). */
+    const char *client_host = NULL, *client_fwd = NULL;
+    for (size_t i = 0; m && i < m->header_count; i++) {
+        const struct http_header *h = &m->headers[i];
+        size_t vlen = strlen(h->value);
+        cap += h->name_len + vlen + 4;
+        if (!client_host && h->name_len == 4 && strcasecmp(h->name, "host") == 0)
+            client_host = h->value, cap += 4 * vlen; /* Host, X-Forwarded-Host, host="" */
+        else if (!client_fwd && h->name_len == 9 && strcasecmp(h->name, "forwarded") == 0)
+            client_fwd = h->value;
+    }
     for (const char *const *e = rq->extra; e && *e; e++)
         cap += strlen(*e) + 2;
-    /* Host and X-Forwarded-Host; Forwarded with its host escaped, for,
-     * proto, and the client's own elements before it. */
-    const char *client_host = m ? http_msg_header(m, "host") : NULL;
-    const char *client_fwd = m ? http_msg_header(m, "forwarded") : NULL;
-    cap += (client_host ? 4 * strlen(client_host) : 0) + (client_fwd ? strlen(client_fwd) : 0) +
-           (rq->peer ? strlen(rq->peer) : 0) + 128;
+    cap += (rq->peer ? strlen(rq->peer) : 0) + 128; /* Forwarded's for= and the rest */
     char *out = malloc(cap), *o = out;
     if (!out)
         return NULL;
