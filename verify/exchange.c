@@ -15,14 +15,12 @@
  */
 #include "exchange.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-#include <openssl/x509v3.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -35,6 +33,7 @@
 #include <unistd.h>
 
 #include "http/http_parser.h"
+#include "http/tls.h"
 #include "idem.h"
 #include "mono.h"
 
@@ -103,49 +102,24 @@ char *xchg_build(const char *method, const struct vurl *u, const char *target,
 
 static SSL_CTX *tls_ctx; /* set by xchg_tls_init, before the shots' threads */
 
-/* OpenSSL's reason for what just failed: the first error queued, the cause. */
-static const char *tls_reason(char *buf, size_t len)
-{
-    unsigned long e = ERR_get_error();
-    const char *r = e ? ERR_reason_error_string(e) : NULL;
-    snprintf(buf, len, "%s", r ? r : e ? "an OpenSSL error" : "the connection failed");
-    ERR_clear_error();
-    return buf;
-}
-
 int xchg_tls_init(const char *ca_file, const char *cert, const char *key, char *err,
                   size_t errlen)
 {
-    char why[160];
-    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
-    const char *step = "making a TLS context";
-    if (!ctx || SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) != 1)
-        goto fail;
-    step = ca_file ? ca_file : "the system's CA store";
-    if ((ca_file ? SSL_CTX_load_verify_locations(ctx, ca_file, NULL)
-                 : SSL_CTX_set_default_verify_paths(ctx)) != 1)
-        goto fail;
-    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
-    if (cert) {
-        step = cert;
-        if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1)
-            goto fail;
-        step = key;
-        if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
-            SSL_CTX_check_private_key(ctx) != 1)
-            goto fail;
+    /* The daemon's own client context for https:// upstreams (TLS 1.2 or
+     * later, its ciphers, certificates verified), with a certificate of
+     * the client's own when given. */
+    SSL_CTX *ctx = tls_client_ctx(ca_file, err, errlen);
+    if (ctx && cert && tls_ctx_use_cert(ctx, cert, key, err, errlen) != 0) {
+        tls_client_ctx_free(ctx);
+        ctx = NULL;
     }
     tls_ctx = ctx;
-    return 0;
-fail:
-    snprintf(err, errlen, "TLS: %s: %s", step, tls_reason(why, sizeof why));
-    SSL_CTX_free(ctx);
-    return -1;
+    return ctx ? 0 : -1;
 }
 
 void xchg_tls_free(void)
 {
-    SSL_CTX_free(tls_ctx);
+    tls_client_ctx_free(tls_ctx);
     tls_ctx = NULL;
 }
 
@@ -190,30 +164,24 @@ static int tls_want(SSL *ssl, int r, char *err, size_t errlen)
         return -2; /* closed, with or without close_notify */
     char why[160];
     long v = SSL_get_verify_result(ssl);
-    snprintf(err, errlen, "TLS: %s", v != X509_V_OK ? X509_verify_cert_error_string(v)
-                                                     : tls_reason(why, sizeof why));
+    if (v == X509_V_OK)
+        tls_error(why, sizeof why);
+    snprintf(err, errlen, "TLS: %s", v != X509_V_OK ? X509_verify_cert_error_string(v) : why);
     return 0;
 }
 
-/* The TLS handshake on k with u's host checked against its certificate. */
+/* The TLS handshake on k with u's host checked against its certificate
+ * (the daemon's rule for its upstreams: tls_client_ssl). */
 static int tls_open(struct conn *k, const struct vurl *u, int64_t deadline_us, char *err,
                     size_t errlen)
 {
-    unsigned char ip[16];
-    int is_ip = inet_pton(AF_INET, u->host, ip) == 1 || inet_pton(AF_INET6, u->host, ip) == 1;
     if (!tls_ctx) {
         snprintf(err, errlen, "TLS: not set up for %s", u->authority);
         return -1;
     }
-    if (!(k->ssl = SSL_new(tls_ctx)) || SSL_set_fd(k->ssl, k->fd) != 1) {
-        snprintf(err, errlen, "TLS: out of memory");
-        return -1;
-    }
-    X509_VERIFY_PARAM *vp = SSL_get0_param(k->ssl);
-    if (is_ip ? X509_VERIFY_PARAM_set1_ip_asc(vp, u->host) != 1
-              : SSL_set_tlsext_host_name(k->ssl, u->host) != 1 ||
-                    X509_VERIFY_PARAM_set1_host(vp, u->host, 0) != 1) {
-        snprintf(err, errlen, "TLS: %s: cannot check this host", u->host);
+    if (!(k->ssl = tls_client_ssl(tls_ctx, u->host)) || SSL_set_fd(k->ssl, k->fd) != 1) {
+        snprintf(err, errlen, "TLS: %s: out of memory, or a host no certificate can name",
+                 u->host);
         return -1;
     }
     for (;;) {

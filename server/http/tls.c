@@ -63,6 +63,22 @@ struct tls_server {
     SSL_CTX *ctx;
 };
 
+int tls_ctx_use_cert(SSL_CTX *ctx, const char *cert, const char *key, char *err, size_t errlen)
+{
+    char why[256];
+    const char *step = cert;
+    ERR_clear_error();
+    if (SSL_CTX_use_certificate_chain_file(ctx, cert) == 1) {
+        step = key;
+        if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) == 1 &&
+            SSL_CTX_check_private_key(ctx) == 1)
+            return 0;
+    }
+    tls_error(why, sizeof why);
+    snprintf(err, errlen, "TLS: %s: %s", step, why);
+    return -1;
+}
+
 static SSL_CTX *server_ctx(const char *cert, const char *key, const char *client_ca, char *err,
                            size_t errlen)
 {
@@ -74,13 +90,10 @@ static SSL_CTX *server_ctx(const char *cert, const char *key, const char *client
         goto fail;
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
     SSL_CTX_set_num_tickets(ctx, 0); /* TLS 1.3 sends two unless told */
-    step = cert;
-    if (SSL_CTX_use_certificate_chain_file(ctx, cert) != 1)
-        goto fail;
-    step = key;
-    if (SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) != 1 ||
-        SSL_CTX_check_private_key(ctx) != 1)
-        goto fail;
+    if (tls_ctx_use_cert(ctx, cert, key, err, errlen) != 0) {
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
     if (client_ca) {
         step = client_ca;
         STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(client_ca);

@@ -38,6 +38,11 @@ SSL_CTX *tls_client_ctx(const char *ca_file, char *err, size_t errlen);
 SSL *tls_client_ssl(SSL_CTX *ctx, const char *host);
 void tls_client_ctx_free(SSL_CTX *ctx);
 
+/* ctx presents cert (a PEM chain, its own first) with key: 0, or -1 with
+ * err naming the file and OpenSSL's reason. A server's own, or a client's
+ * certificate. */
+int tls_ctx_use_cert(SSL_CTX *ctx, const char *cert, const char *key, char *err, size_t errlen);
+
 /* What went wrong in the last TLS call of this thread, as text. */
 void tls_error(char *buf, size_t len);
 
