@@ -468,9 +468,7 @@ int sys_threads(pid_t pid, const char *name)
     return n;
 }
 
-/* A shell command, which must succeed. */
-static void sys_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void sys_sh(const char *fmt, ...)
+void sys_sh(const char *fmt, ...)
 {
     char cmd[8192];
     va_list ap;

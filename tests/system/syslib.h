@@ -113,6 +113,10 @@ char *sys_read_file(const char *path);
  * or with name NULL how many it runs. */
 int sys_threads(pid_t pid, const char *name);
 
+/* Run a shell command (printf-style), which must succeed: fails the test
+ * with the command otherwise. */
+void sys_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* A certificate dir/NAME.pem (key NAME.key) for cn with the alternative
  * names san ("DNS:localhost,IP:127.0.0.1"), signed by the CA dir/CA.pem, or
  * the CA itself (ca NULL), made with openssl(1). Fails the test if not. */

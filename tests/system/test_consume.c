@@ -50,18 +50,6 @@ static long long now_ms(void)
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void run(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void run(const char *fmt, ...)
-{
-    char cmd[8192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    if (system(cmd) != 0)
-        fail_msg("%s failed", cmd);
-}
-
 /* ---- the brokers, as a test sees them ---- */
 
 struct header {
@@ -536,23 +524,33 @@ static void *publish_50(void *arg)
     return NULL;
 }
 
-/* A payment's result by its HTTP callback (a route) and by the MQ (a
- * consumer) in one space: 50 of each at once, one execution. */
-static void route_and_consumer(int redis)
+/* A route (the payment's callback, POST /refunds) and consumer refund-mq
+ * (b's queue or stream, prefetch) sharing space refund, both keyed and
+ * fingerprinted alike; the consumer's lines extra of its own. */
+static void shared_space_config(const struct bus *b, int prefetch, const char *extra,
+                                char *path, size_t cap)
 {
-    struct bus b;
-    char src[512], path[4200], cfg[2048], key[64];
-    bus_open(&b, redis, "both");
-    source_yaml(&b, src, sizeof src, 64);
+    char src[512], cfg[2048];
+    source_yaml(b, src, sizeof src, prefetch);
     snprintf(cfg, sizeof cfg,
              "routes:\n  - name: refund-callback\n    match: { method: POST, path: /refunds }\n"
              "    upstream: @UP@\n    key: { json: refund_no }\n    space: refund\n"
              "    fingerprint: [refund_no, amount]\n"
              "consumers:\n  - name: refund-mq\n%s"
              "    key: { json: refund_no }\n    space: refund\n    handler: @UP@/refunds\n"
-             "    fingerprint: [refund_no, amount]\n",
-             src);
-    write_config(path, sizeof path, 0, cfg);
+             "    fingerprint: [refund_no, amount]\n%s",
+             src, extra);
+    write_config(path, cap, 0, cfg);
+}
+
+/* A payment's result by its HTTP callback (a route) and by the MQ (a
+ * consumer) in one space: 50 of each at once, one execution. */
+static void route_and_consumer(int redis)
+{
+    struct bus b;
+    char path[4200], key[64];
+    bus_open(&b, redis, "both");
+    shared_space_config(&b, 64, "", path, sizeof path);
     struct proc p;
     start(&p, "serve", path);
     snprintf(key, sizeof key, "BOTH-%d", seq);
@@ -622,19 +620,10 @@ static void dead_letter_leaves_key_open(int redis)
 {
     enum { KEYS = 5 };
     struct bus b;
-    char src[512], path[4200], cfg[2048], body[128];
+    char path[4200], body[128];
     bus_open(&b, redis, "open");
-    source_yaml(&b, src, sizeof src, 8);
-    snprintf(cfg, sizeof cfg,
-             "routes:\n  - name: refund-callback\n    match: { method: POST, path: /refunds }\n"
-             "    upstream: @UP@\n    key: { json: refund_no }\n    space: refund\n"
-             "    fingerprint: [refund_no, amount]\n"
-             "consumers:\n  - name: refund-mq\n%s"
-             "    key: { json: refund_no }\n    space: refund\n    handler: @UP@/refunds\n"
-             "    fingerprint: [refund_no, amount]\n"
-             "    max_attempts: 2\n    retry_backoff: [100ms]\n",
-             src);
-    write_config(path, sizeof path, 0, cfg);
+    shared_space_config(&b, 8, "    max_attempts: 2\n    retry_backoff: [100ms]\n", path,
+                        sizeof path);
     struct proc p;
     start(&p, "serve", path);
     const struct header fail[] = {{"X-Fail", "500"}, {NULL, NULL}};
@@ -1227,7 +1216,7 @@ static void test_amqp_broker_restart_and_handler_down(void **state)
     long long deadline = now_ms() + 20000;
     while (rows() - before_rows < keys / 4 && now_ms() < deadline)
         sleep_ms(20);
-    run("'%s' rabbitmq-restart '%s' >/dev/null", services_sh, rabbit_dir);
+    sys_sh("'%s' rabbitmq-restart '%s' >/dev/null", services_sh, rabbit_dir);
     bus_reconnect(&b);
     while (rows() - before_rows < keys / 2 && now_ms() < deadline + 40000)
         sleep_ms(20);
@@ -1401,12 +1390,12 @@ static void store_stopped(int redis)
     long long deadline = now_ms() + 20000;
     while (rows() - before_rows < keys / 4 && now_ms() < deadline)
         sleep_ms(10);
-    run("'%s' pg-stop '%s' >/dev/null", services_sh, state_dir);
+    sys_sh("'%s' pg-stop '%s' >/dev/null", services_sh, state_dir);
     sleep_ms(1000);
     long during = rows();
     sleep_ms(2000);
     assert_int_equal(rows(), during); /* nothing executes without its record */
-    run("'%s' pg-start '%s' >/dev/null", services_sh, state_dir);
+    sys_sh("'%s' pg-start '%s' >/dev/null", services_sh, state_dir);
     assert_int_equal(wait_rows(before_rows + keys, 60000) - before_rows, keys);
     long long settle = now_ms() + 15000;
     while (now_ms() < settle && (metric(&p, "idem_consumer_in_flight", "refunds") > 0 ||
