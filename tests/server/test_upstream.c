@@ -456,6 +456,18 @@ static void start(struct fixture *f, void (*handle)(struct server *, int),
 
 /* ---- the cases ------------------------------------------------------------ */
 
+/* A client's request as the front parses it, whole. */
+static struct http_msg *parsed_request(const char *raw, size_t len)
+{
+    struct http_parser p;
+    http_parser_init(&p, HTTP_PARSE_REQUEST, NULL);
+    size_t used;
+    assert_int_equal(http_parser_feed(&p, raw, len, &used), HTTP_DONE);
+    struct http_msg *m = http_parser_take(&p);
+    http_parser_free(&p);
+    return m;
+}
+
 /* 1. A 201 with a body comes back whole; the server received the method,
  * target, forwarded headers (not the hop-by-hop ones, not Host), the
  * X-Forwarded-For chain, the extra headers, Content-Length and body. Every
@@ -471,12 +483,7 @@ static void ok_and_request_as_sent(void **state)
                               "X-Forwarded-For: 10.0.0.1\r\nConnection: keep-alive, X-Drop\r\n"
                               "X-Drop: 1\r\nKeep-Alive: timeout=5\r\nContent-Length: 7\r\n\r\n"
                               "{\"a\":1}";
-    struct http_parser p;
-    http_parser_init(&p, HTTP_PARSE_REQUEST, NULL);
-    size_t used;
-    assert_int_equal(http_parser_feed(&p, raw, sizeof raw - 1, &used), HTTP_DONE);
-    struct http_msg *original = http_parser_take(&p);
-    http_parser_free(&p);
+    struct http_msg *original = parsed_request(raw, sizeof raw - 1);
     char *method = strdup("POST"), *target = strdup("/refunds?x=1");
     char *peer = strdup("192.0.2.7:5555");
     char *e1 = strdup("Idem-Key: s/k1"), *e2 = strdup("Idem-Epoch: 3");
@@ -546,12 +553,7 @@ static void forwarded_and_pass_host(void **state)
                               "X-Forwarded-Host: evil.example\r\nX-Forwarded-Proto: http\r\n"
                               "X_Forwarded_Proto: http\r\nForwarded: for=10.0.0.1\r\n"
                               "Content-Length: 0\r\n\r\n";
-    struct http_parser p;
-    http_parser_init(&p, HTTP_PARSE_REQUEST, NULL);
-    size_t used;
-    assert_int_equal(http_parser_feed(&p, raw, sizeof raw - 1, &used), HTTP_DONE);
-    struct http_msg *original = http_parser_take(&p);
-    http_parser_free(&p);
+    struct http_msg *original = parsed_request(raw, sizeof raw - 1);
     struct upstream_request rq = {.method = "POST", .target = "/in", .original = original,
                                   .peer = "2001:db8::7:5555", .proto = "https", .pass_host = 1,
                                   .timeout_ms = 5000, .response_max = 1024};
