@@ -535,6 +535,21 @@ static void test_delete_lets_key_execute_again(void **state)
     free(log);
 }
 
+/* records/op on refund/key at epoch with the write key, the body's other
+ * fields in more (",\"reason\":\"x\"" or ""): answered status, with want in
+ * its body (NULL: not checked). */
+static void act_expect(int admin_port, const char *op, const char *key, long long epoch,
+                       const char *more, int status, const char *want)
+{
+    char body[512], out[2048];
+    snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"%s\",\"epoch\":%lld%s}", key,
+             epoch, more);
+    int got = admin_post(admin_port, SYS_ADMIN_KEY, op, body, out, sizeof out);
+    if (got != status || (want && !strstr(out, want)))
+        fail_msg("records/%s %s: %d %s (expected %d with %s)", op, body, got, out, status,
+                 want ? want : "any body");
+}
+
 /* Two operators on one held claim, each from what they read: one marks it
  * failed; the other's delete, sent at the same epoch from the record as it
  * was before, is refused (its version moved on), so the key does not run
@@ -549,23 +564,13 @@ static void test_stale_operator_refused(void **state)
     long long seen;
     assert_int_equal(listed(gw.admin_port, "H-5", &seen), epoch);
     sleep_ms(5); /* the next write is in another millisecond */
-    char body[512], out[2048];
-    snprintf(body, sizeof body,
-             "{\"space\":\"refund\",\"key\":\"H-5\",\"epoch\":%lld,\"reason\":\"paid by "
-             "hand\"}",
-             epoch);
-    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "mark_failed", body, out,
-                                sizeof out),
-                     200);
-    snprintf(body, sizeof body,
-             "{\"space\":\"refund\",\"key\":\"H-5\",\"epoch\":%lld,\"updated_ms\":%lld}", epoch,
-             seen);
-    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "delete", body, out, sizeof out),
-                     409);
-    assert_non_null(strstr(out, "written since it was read"));
-    snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"H-5\",\"epoch\":%lld}", epoch);
-    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "release", body, out, sizeof out),
-                     409);
+    act_expect(gw.admin_port, "mark_failed", "H-5", epoch, ",\"reason\":\"paid by hand\"", 200,
+               NULL);
+    char seen_field[64];
+    snprintf(seen_field, sizeof seen_field, ",\"updated_ms\":%lld", seen);
+    act_expect(gw.admin_port, "delete", "H-5", epoch, seen_field, 409,
+               "written since it was read");
+    act_expect(gw.admin_port, "release", "H-5", epoch, "", 409, NULL);
     long before = sys_stat(service.port, "executions");
     struct sys_resp r;
     assert_int_equal(post_refund(gw.port, "H-5", "1.00", 0, &r), 502); /* the failure */
@@ -612,31 +617,14 @@ static void test_live_claim_needs_force(void **state)
         json_decref(j);
     }
     assert_true(epoch > 0);
-    char body[512], out[2048];
-    snprintf(body, sizeof body, "{\"space\":\"refund\",\"key\":\"LIVE-1\",\"epoch\":%lld}",
-             epoch);
-    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "release", body, out, sizeof out),
-                     409);
-    assert_non_null(strstr(out, "claim_live"));
-    assert_non_null(strstr(out, "second execution"));
-    snprintf(body, sizeof body,
-             "{\"space\":\"refund\",\"key\":\"LIVE-1\",\"epoch\":%lld,\"reason\":\"x\"}",
-             epoch);
-    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "mark_failed", body, out,
-                                sizeof out),
-                     409);
-    assert_non_null(strstr(out, "claim_live"));
-    snprintf(body, sizeof body,
-             "{\"space\":\"refund\",\"key\":\"LIVE-1\",\"epoch\":%lld,\"force\":1}", epoch);
-    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "release", body, out, sizeof out),
-                     400);
-    assert_non_null(strstr(out, "field force"));
-    snprintf(body, sizeof body,
-             "{\"space\":\"refund\",\"key\":\"LIVE-1\",\"epoch\":%lld,\"force\":true}",
-             epoch);
-    assert_int_equal(admin_post(gw.admin_port, SYS_ADMIN_KEY, "release", body, out, sizeof out),
-                     200);
-    assert_non_null(strstr(out, "\"outcome\":\"RELEASED\""));
+    act_expect(gw.admin_port, "release", "LIVE-1", epoch, "", 409,
+               "claim_live"); /* and the detail says what it risks: */
+    act_expect(gw.admin_port, "release", "LIVE-1", epoch, "", 409, "second execution");
+    act_expect(gw.admin_port, "mark_failed", "LIVE-1", epoch, ",\"reason\":\"x\"", 409,
+               "claim_live");
+    act_expect(gw.admin_port, "release", "LIVE-1", epoch, ",\"force\":1", 400, "field force");
+    act_expect(gw.admin_port, "release", "LIVE-1", epoch, ",\"force\":true", 200,
+               "\"outcome\":\"RELEASED\"");
     pthread_join(t, NULL);
     /* Its next renewal found the claim gone: the call was cut, and its
      * outcome is unknown (the refund may or may not have been made). */
