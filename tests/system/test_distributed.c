@@ -301,6 +301,18 @@ static void test_redis_killed_mid_storm_skip(void **state)
 }
 
 /* on_redis_down: reject — 503 and nothing forwarded; back when Redis is. */
+/* POST body to /refunds with headers (NULL-terminated, or NULL): answered
+ * status. */
+static void post_status(int port, const char *const *headers, const char *body, int status)
+{
+    struct sys_resp r;
+    sys_http(port, "POST", "/refunds", headers, body, 5000, &r);
+    if (r.status != status)
+        fail_msg("POST %s: %d %.*s, expected %d", body, r.status, r.m ? (int)r.m->body_len : 0,
+                 r.m ? r.m->body : "", status);
+    sys_resp_free(&r);
+}
+
 /* The state of key's record, as instance p's JSON API reads it. */
 static void state_of(const struct proc *p, const char *key, char *state, size_t cap)
 {
@@ -329,13 +341,8 @@ static void test_resolve_questions_survive_their_instance(void **state)
     static const char *const slow_fail[] = {"X-Delay-Ms: 700", "X-Fail: 503", NULL};
     const char *made = "{\"refund_no\":\"RX-1\",\"amount\":\"1.00\"}";
     const char *failed = "{\"refund_no\":\"RX-2\",\"amount\":\"1.00\"}";
-    struct sys_resp r;
-    sys_http(a.port, "POST", "/refunds", slow, made, 5000, &r);
-    assert_int_equal(r.status, 504);
-    sys_resp_free(&r);
-    sys_http(a.port, "POST", "/refunds", slow_fail, failed, 5000, &r);
-    assert_int_equal(r.status, 504);
-    sys_resp_free(&r);
+    post_status(a.port, slow, made, 504);
+    post_status(a.port, slow_fail, failed, 504);
     sys_stop(&a, SIGKILL); /* its claims' questions are nobody's here now */
     char now[64] = "";
     for (int i = 0; i < 100 && strcmp(now, "SUCCEEDED") != 0; i++, sleep_ms(100))
@@ -344,13 +351,12 @@ static void test_resolve_questions_survive_their_instance(void **state)
     for (int i = 0; i < 100 && strcmp(now, "RELEASED") != 0; i++, sleep_ms(100))
         state_of(&b, "RX-2", now, sizeof now);
     assert_string_equal(now, "RELEASED");
+    struct sys_resp r;
     sys_http(b.port, "POST", "/refunds", NULL, made, 5000, &r);
     assert_int_equal(r.status, 200); /* the status query's answer, kept */
     assert_string_equal(sys_header(&r, "Idem-Resolved"), "true");
     sys_resp_free(&r);
-    sys_http(b.port, "POST", "/refunds", NULL, failed, 5000, &r);
-    assert_int_equal(r.status, 201); /* not made: executed now */
-    sys_resp_free(&r);
+    post_status(b.port, NULL, failed, 201); /* not made: executed now */
     assert_int_equal(sys_stat(service.port, "refunds") - rows, 2); /* one row each */
     assert_int_equal(sys_stop(&b, SIGTERM), 0);
 }
