@@ -20,6 +20,7 @@
 
 #include "admin/call.h"
 #include "admin/console.h"
+#include "admin/consumers_admin.h"
 #include "admin/health.h"
 #include "admin/metrics.h"
 #include "admin/primitives.h"
@@ -74,6 +75,7 @@ static const struct endpoint endpoints[] = {
     {"GET", "whoami", ADMIN_ONLY, api_whoami, {0}},
     {"GET", "spaces", ADMIN_ONLY, api_spaces, {0}},
     {"GET", "routes", ADMIN_ONLY, api_routes, {0}},
+    {"POST", "consumers/{}/redrive", ADMIN_ONLY, api_consumers_redrive, {"limit", "reason"}},
 };
 #define ENDPOINTS (sizeof endpoints / sizeof endpoints[0])
 
@@ -82,10 +84,20 @@ static int serves(const struct endpoint *e, int admin)
     return admin || e->on == BOTH;
 }
 
-/* Whether e's path is rest's: its own, or for a path ending in "{}", any
- * records/{space}/{key} that is not another endpoint's. */
+/* Whether e's path is rest's: its own; for a path ending in "{}", any
+ * records/{space}/{key} that is not another endpoint's; for one with
+ * "/{}/" inside, any one segment there. */
 static int path_is(const struct endpoint *e, const char *rest)
 {
+    const char *mid = strstr(e->path, "/{}/");
+    if (mid) {
+        size_t pre = (size_t)(mid - e->path) + 1, post = strlen(mid + 3);
+        size_t len = strlen(rest);
+        const char *seg = rest + pre;
+        return len > pre + post && strncmp(rest, e->path, pre) == 0 &&
+               strcmp(rest + len - post, mid + 3) == 0 &&
+               memchr(seg, '/', len - pre - post) == NULL;
+    }
     size_t n = strlen(e->path);
     if (n < 2 || strcmp(e->path + n - 2, "{}") != 0)
         return strcmp(e->path, rest) == 0;

@@ -98,6 +98,7 @@
 #include "log.h"
 #include "mono.h"
 #include "gateway/replay_cache.h"
+#include "gateway/request_key.h"
 #include "http/upstream.h"
 
 /* Where a message held here is in its walk (the picture above). */
@@ -144,6 +145,7 @@ struct consumer {
     int stopped;       /* the loop has ended: nothing is told the broker */
     int64_t drain_ms;
     struct event *drain_ev;
+    struct redrive *redrives; /* running now (see "the redrive") */
 };
 
 struct consumers {
@@ -163,7 +165,30 @@ void mq_message_free(struct mq_message *m)
     free(m->body);
     free(m->id);
     free(m->content_type);
+    free(m->dead_reason);
     free(m);
+}
+
+#define IDEM_HEADER_PREFIX "x-idem-"
+
+int mq_dead_unwrap(struct mq_message *m)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < m->header_count; i++) {
+        struct mq_header *h = &m->headers[i];
+        if (strncasecmp(h->name, IDEM_HEADER_PREFIX, strlen(IDEM_HEADER_PREFIX)) != 0) {
+            m->headers[kept++] = *h;
+            continue;
+        }
+        if (!m->dead_reason && strcasecmp(h->name, "x-idem-reason") == 0) {
+            m->dead_reason = h->value;
+            h->value = NULL;
+        }
+        free(h->name);
+        free(h->value);
+    }
+    m->header_count = kept;
+    return m->dead_reason || (m->dead_reason = strdup("")) ? 0 : -1;
 }
 
 int mq_add_header(struct mq_message *m, const char *name, size_t nlen, const char *value,
@@ -184,6 +209,19 @@ int mq_add_header(struct mq_message *m, const char *name, size_t nlen, const cha
     for (size_t i = 0; i < sizeof reserved / sizeof reserved[0]; i++)
         if (strlen(reserved[i]) == nlen && http_name_alike(spelt, reserved[i]))
             return 0;
+    if (strcasecmp(spelt, "x-idem-attempt-base") == 0) {
+        /* A redrive's (redrive.c); a number or nothing. */
+        char num[24];
+        char *end;
+        if (vlen < sizeof num) {
+            memcpy(num, value, vlen);
+            num[vlen] = '\0';
+            unsigned long long b = strtoull(num, &end, 10);
+            if (vlen && *end == '\0' && num[0] >= '0' && num[0] <= '9')
+                m->attempt_base = b;
+        }
+        return 0;
+    }
     char *n = strndup(name, nlen), *v = malloc(vlen + 1);
     if (!n || !v) {
         free(n);
@@ -564,6 +602,7 @@ static void submit(struct held *h)
         retry_later(h, 1000);
         return;
     }
+    req->attempt_base = h->m->attempt_base;
     enter(h, M_RUNNING);
     gateway_start(k->d, daemon_config_ref(k->lc), &k->cfg->route, req);
 }
@@ -640,6 +679,248 @@ void consumer_connection(struct consumer *k, int up, const char *detail)
     }
 }
 
+/* ---- the redrive ----
+ *
+ * Dead letters go back through the records, one at a time, on the
+ * consumer's loop, in a session of the source's own (consume.h): each is
+ * taken, its key read from it as the gateway reads a message's, and its
+ * record looked at:
+ *
+ *   no key, no record, RELEASED, PROCESSING ─► requeued, with the record's
+ *        epoch as its attempt base: its attempts count afresh (gateway.c,
+ *        "attempts"); the message then goes through the consumer like any
+ *        other, so a key that another channel finishes meanwhile is acked
+ *        there as a duplicate
+ *   finished (SUCCEEDED, a state of its machine) ─► taken off: done
+ *   FAILED for good, or another reason asked ─────► left where it is: kept
+ *
+ * A dead letter leaves its queue only once its message is back on the
+ * source (or its key is done): two redrives at once, or one racing the
+ * consumer, at worst put a message back twice, and its record runs it
+ * once. */
+
+struct redrive {
+    struct consumer *k;
+    struct redrive *prev, *next;
+    void *ses;
+    unsigned long limit;
+    char *reason;
+    struct redrive_result res;
+    void (*done)(void *arg, const struct redrive_result *r);
+    void *arg;
+    struct mq_message *m; /* the dead letter in hand */
+    int requeue;          /* what is done with it: put back, or taken off */
+    struct event *step;   /* the next dead letter, on the loop's next turn */
+};
+
+static void redrive_free(struct redrive *r)
+{
+    struct consumer *k = r->k;
+    if (r->prev)
+        r->prev->next = r->next;
+    else if (k->redrives == r)
+        k->redrives = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    if (r->ses)
+        k->ops->dead_close(r->ses, NULL, NULL);
+    mq_message_free(r->m);
+    if (r->step)
+        event_free(r->step);
+    free(r->reason);
+    free(r);
+}
+
+static void redrive_told(void *arg, long left)
+{
+    struct redrive *r = arg;
+    r->ses = NULL; /* closed */
+    r->res.left = left;
+    daemon_log("consumer %s: redrive of %s: %lu moved back, %lu done already, %lu kept, "
+               "%ld left%s%s",
+               r->k->cfg->route.name, r->k->cfg->dead_letter, r->res.moved, r->res.done,
+               r->res.kept, left, r->res.error[0] ? "; stopped short: " : "", r->res.error);
+    r->done(r->arg, &r->res);
+    redrive_free(r);
+}
+
+static void redrive_end(struct redrive *r, const char *error)
+{
+    if (error && !r->res.error[0])
+        snprintf(r->res.error, sizeof r->res.error, "%s", error);
+    mq_message_free(r->m);
+    r->m = NULL;
+    if (!r->ses) {
+        redrive_told(r, -1);
+        return;
+    }
+    void *ses = r->ses;
+    r->ses = NULL;
+    r->k->ops->dead_close(ses, redrive_told, r);
+}
+
+static void redrive_later(struct redrive *r)
+{
+    struct timeval now = {0, 0};
+    mq_message_free(r->m);
+    r->m = NULL;
+    evtimer_add(r->step, &now);
+}
+
+static void on_settled(void *arg, int rc)
+{
+    struct redrive *r = arg;
+    if (rc < 0) {
+        redrive_end(r, "the broker failed while settling a dead letter");
+        return;
+    }
+    if (rc > 0 && r->requeue) /* 0: another redrive took it first */
+        r->res.moved++;
+    else if (rc > 0)
+        r->res.done++;
+    redrive_later(r);
+}
+
+static void settle(struct redrive *r, int requeue, uint64_t base)
+{
+    r->requeue = requeue;
+    r->k->ops->dead_settle(r->ses, r->m, requeue, base, on_settled, r);
+}
+
+static void on_looked(void *arg, idem_rc rc, idem_outcome o, idem_record *rec, const char *detail)
+{
+    struct redrive *r = arg;
+    if (rc != IDEM_OK) {
+        char why[200];
+        snprintf(why, sizeof why, "the store: %.180s", detail ? detail : idem_strerror(rc));
+        redrive_end(r, why);
+        return;
+    }
+    if (o == IDEM_NOT_FOUND) {
+        settle(r, 1, 0);
+    } else if (strcmp(rec->state, IDEM_STATE_FAILED) == 0) {
+        r->res.kept++; /* it would come back here: failed for good */
+        redrive_later(r);
+    } else if (idem_record_finished(rec->state)) {
+        settle(r, 0, 0);
+    } else {
+        settle(r, 1, rec->epoch);
+    }
+}
+
+/* The dead letter in hand: its key's record, looked at. */
+static void look(struct redrive *r)
+{
+    struct consumer *k = r->k;
+    const struct route *rt = &k->cfg->route;
+    struct http_msg *msg = as_request(k, r->m);
+    if (!msg) {
+        redrive_end(r, "out of memory");
+        return;
+    }
+    char key[IDEM_KEY_MAX + 1], detail[200];
+    const char *subject = NULL, *type = NULL;
+    int bad = request_subject(msg, k->lc->c->subject_header, &subject, detail, sizeof detail) ||
+              request_key(rt, msg, subject, key, &type, detail, sizeof detail);
+    idem_rc rc = bad ? IDEM_OK
+                     : idem_record_get_async(k->d->h, k->ctx.iloop, rt->space, key, on_looked, r);
+    http_msg_free(msg);
+    if (bad)
+        settle(r, 1, 0); /* no key: it goes back to be refused again, or read anew */
+    else if (rc != IDEM_OK)
+        on_looked(r, rc, IDEM_NOT_FOUND, NULL, idem_errdetail());
+}
+
+static void on_dead(void *arg, int rc, struct mq_message *m)
+{
+    struct redrive *r = arg;
+    if (rc < 0) {
+        redrive_end(r, "the broker failed while taking a dead letter");
+        return;
+    }
+    if (!m) {
+        redrive_end(r, NULL);
+        return;
+    }
+    r->m = m;
+    if (r->reason && strcmp(m->dead_reason, r->reason) != 0) {
+        r->res.kept++;
+        redrive_later(r);
+        return;
+    }
+    look(r);
+}
+
+static void on_step(evutil_socket_t fd, short what, void *arg)
+{
+    struct redrive *r = arg;
+    (void)fd;
+    (void)what;
+    if (r->k->stopping) {
+        redrive_end(r, "the consumer is stopping");
+        return;
+    }
+    if (r->res.moved + r->res.done >= r->limit) {
+        redrive_end(r, NULL);
+        return;
+    }
+    r->k->ops->dead_next(r->ses, on_dead, r);
+}
+
+static void on_redrive(evutil_socket_t fd, short what, void *arg)
+{
+    struct redrive *r = arg;
+    struct consumer *k = r->k;
+    (void)fd;
+    (void)what;
+    r->next = k->redrives;
+    if (k->redrives)
+        k->redrives->prev = r;
+    k->redrives = r;
+    char err[300] = "the consumer is stopping";
+    if (k->stopping || !(r->ses = k->ops->dead_open(k->src, err, sizeof err))) {
+        redrive_end(r, err);
+        return;
+    }
+    on_step(-1, 0, r);
+}
+
+int consumers_redrive(struct consumers *cs, size_t i, unsigned long limit, const char *reason,
+                      void (*done)(void *arg, const struct redrive_result *r), void *arg)
+{
+    struct consumer *k = &cs->k[i];
+    struct redrive *r = calloc(1, sizeof *r);
+    if (!r || !k->running || (reason && !(r->reason = strdup(reason))) ||
+        !(r->step = evtimer_new(k->ctx.base, on_step, r))) {
+        if (r && r->step)
+            event_free(r->step);
+        if (r)
+            free(r->reason);
+        free(r);
+        return -1;
+    }
+    r->k = k;
+    r->limit = limit;
+    r->done = done;
+    r->arg = arg;
+    r->res.left = -1;
+    if (event_base_once(k->ctx.base, -1, EV_TIMEOUT, on_redrive, r, NULL) != 0) {
+        event_free(r->step);
+        free(r->reason);
+        free(r);
+        return -1;
+    }
+    return 0;
+}
+
+long consumers_find(const struct consumers *cs, const char *name)
+{
+    for (size_t i = 0; cs && i < cs->count; i++)
+        if (strcmp(cs->k[i].cfg->route.name, name) == 0)
+            return (long)i;
+    return -1;
+}
+
 /* ---- the loop ---- */
 
 static void *consumer_main(void *arg)
@@ -671,6 +952,8 @@ static void consumer_free(struct consumer *k)
         k->ops->close(k->src);
     while (k->held)
         drop(k->held);
+    while (k->redrives)
+        redrive_free(k->redrives);
     if (k->drain_ev)
         event_free(k->drain_ev);
     replay_cache_free(k->ctx.replays);

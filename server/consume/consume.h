@@ -64,6 +64,9 @@ struct mq_message {
     const char *bad;          /* set by the source: the message cannot be handled as
                                  it is (a header it cannot pass on), dead-letter it
                                  with this reason */
+    uint64_t attempt_base;    /* x-idem-attempt-base: put back by a redrive, its
+                                 attempts count from this epoch of its record */
+    char *dead_reason;        /* a dead letter's x-idem-reason (mq_dead_unwrap) */
 };
 
 void mq_message_free(struct mq_message *m);
@@ -72,10 +75,15 @@ void mq_message_free(struct mq_message *m);
  * whose headers has room for it: a name that is not an HTTP field name, or
  * a value with a control character (CR, LF, NUL...), marks m bad
  * (header_invalid) instead; one the request frames or sets itself
- * (Content-Length, Host, Idem-Message-Id...) is left out. 0, or -1 on
- * OOM. */
+ * (Content-Length, Host, Idem-Message-Id...) is left out, and so is
+ * x-idem-attempt-base, read into m->attempt_base. 0, or -1 on OOM. */
 int mq_add_header(struct mq_message *m, const char *name, size_t nlen, const char *value,
                   size_t vlen);
+
+/* A dead letter read back as the message it was: Idem's x-idem-* headers
+ * taken off, x-idem-reason kept in m->dead_reason ("" when none). 0, or
+ * -1 on OOM. */
+int mq_dead_unwrap(struct mq_message *m);
 
 struct consumer;
 
@@ -101,6 +109,27 @@ struct mq_source_ops {
      * 0, or -1: neither done for sure (it comes back). */
     int (*dead_letter)(void *src, const struct mq_message *m, const char *reason,
                        unsigned attempts, int last_status);
+    /* ---- the redrive (redrive.c): a session of its own takes the dead
+     * letters one at a time and settles each, all on the loop. ---- */
+    /* A session, or NULL with err (the broker cannot be reached). */
+    void *(*dead_open)(void *src, char *err, size_t errlen);
+    /* The next dead letter this session has not taken: got(arg, 0, m)
+     * with the message as it was delivered first (mq_dead_unwrap), got(arg,
+     * 0, NULL) when there is none, got(arg, -1, NULL) when the broker
+     * failed. From within the call or later. */
+    void (*dead_next)(void *ses, void (*got)(void *arg, int rc, struct mq_message *m),
+                      void *arg);
+    /* Settle m, one dead_next gave: requeue, put it back on the source
+     * (with x-idem-attempt-base when base is not 0) and only then take it
+     * off the dead letter; else only take it off. done(arg, 1) done,
+     * done(arg, 0) another session took it first, done(arg, -1) the broker
+     * failed (the dead letter stays). From within the call or later. */
+    void (*dead_settle)(void *ses, const struct mq_message *m, int requeue, uint64_t base,
+                        void (*done)(void *arg, int rc), void *arg);
+    /* End the session: what it took and did not settle stays on the dead
+     * letter. How many dead letters are left there (-1: not known) to
+     * left(arg, n) (NULL: not asked), from within the call or later. */
+    void (*dead_close)(void *ses, void (*left)(void *arg, long n), void *arg);
     /* Stop taking messages (shutdown): what is held may still be acked. */
     void (*stop)(void *src);
     /* Close and free. */
@@ -139,6 +168,24 @@ void consumers_join(struct consumers *cs);
 /* After the workers and the store's writer handed back every step: free
  * everything, the broker connections closed. NULL: no-op. */
 void consumers_free(struct consumers *cs);
+
+/* A redrive's tally. */
+struct redrive_result {
+    unsigned long moved; /* put back on the source, to go through the records */
+    unsigned long done;  /* their key finished meanwhile: taken off, not run */
+    unsigned long kept;  /* looked at and left: another reason, failed for good */
+    long left;           /* dead letters on the dead letter at the end; -1 unknown */
+    char error[200];     /* "" or why it stopped short (the broker, the store) */
+};
+
+/* Redrive consumer i's dead letters (redrive.c), on its loop: at most
+ * limit of them, only those dead-lettered for reason (NULL: any). done(arg,
+ * result) is called once, on the consumer's thread, result then freed.
+ * -1 when it cannot start (OOM, the consumer stopped). Any thread. */
+int consumers_redrive(struct consumers *cs, size_t i, unsigned long limit, const char *reason,
+                      void (*done)(void *arg, const struct redrive_result *r), void *arg);
+/* The consumer named name: its index, or -1. */
+long consumers_find(const struct consumers *cs, const char *name);
 
 size_t consumers_count(const struct consumers *cs);
 /* The i-th consumer's name, source kind and counters. */

@@ -412,14 +412,14 @@ static void on_flush(evutil_socket_t fd, short what, void *arg)
     flush_acks(arg);
 }
 
-/* A frame from the channel, the wait bounded by the RPC timeout: 0, or
+/* A frame from connection c, the wait bounded by the RPC timeout: 0, or
  * -1 with why (the connection is then of no more use). */
-static int next_frame(struct amqp_src *a, amqp_frame_t *f, char *why, size_t n)
+static int next_frame(amqp_connection_state_t c, amqp_frame_t *f, char *why, size_t n)
 {
     struct timeval tv = ms_timeval(RPC_TIMEOUT_MS);
-    int st = amqp_simple_wait_frame_noblock(a->in, f, &tv);
+    int st = amqp_simple_wait_frame_noblock(c, f, &tv);
     while (st == AMQP_STATUS_OK && f->frame_type == AMQP_FRAME_HEARTBEAT)
-        st = amqp_simple_wait_frame_noblock(a->in, f, &tv);
+        st = amqp_simple_wait_frame_noblock(c, f, &tv);
     if (st != AMQP_STATUS_OK) {
         snprintf(why, n, "reading a delivery: %s", amqp_error_string2(st));
         return -1;
@@ -434,28 +434,23 @@ static int next_frame(struct amqp_src *a, amqp_frame_t *f, char *why, size_t n)
     return 0;
 }
 
-/* The rest of a delivery (its content header and body frames) after its
- * basic.deliver, read as amqp_consume_message() reads it, but with the
- * properties used as decoded rather than copied: librabbitmq refuses to
- * copy a header table with an empty name, which RabbitMQ passes on, and
- * one such message would then look like a broken connection (and be
- * given out again on every reconnect, holding up the queue for good).
- * Read here, it is a message with a bad header: dead-lettered and acked
- * like any other. 0, or -1 with why. */
-static int deliver(struct amqp_src *a, const amqp_frame_t *method, char *why, size_t n)
+/* The rest of a message after its basic.deliver or basic.get-ok (its
+ * content header and body frames), read as amqp_consume_message() reads
+ * it, but with the properties used as decoded rather than copied:
+ * librabbitmq refuses to copy a header table with an empty name, which
+ * RabbitMQ passes on, and one such message would then look like a broken
+ * connection (and be given out again on every reconnect, holding up the
+ * queue for good). Read here, it is a message with a bad header:
+ * dead-lettered and acked like any other. The message, or NULL with why. */
+static struct mq_message *read_message(struct amqp_src *a, amqp_connection_state_t c,
+                                       uint64_t tag, char *why, size_t n)
 {
-    const amqp_basic_deliver_t *d = method->payload.method.decoded;
-    uint64_t tag = d->delivery_tag;
-    if (note_delivery(a, tag) != 0) {
-        snprintf(why, n, "out of memory");
-        return -1;
-    }
     amqp_frame_t f;
-    if (next_frame(a, &f, why, n) != 0)
-        return -1;
+    if (next_frame(c, &f, why, n) != 0)
+        return NULL;
     if (f.frame_type != AMQP_FRAME_HEADER) {
         snprintf(why, n, "a delivery without its content header (frame type %d)", f.frame_type);
-        return -1;
+        return NULL;
     }
     /* The properties stay in the channel's pool until the next
      * amqp_maybe_release_buffers(), after the message is made. */
@@ -464,28 +459,40 @@ static int deliver(struct amqp_src *a, const amqp_frame_t *method, char *why, si
     char *body = size < SIZE_MAX ? malloc((size_t)size + 1) : NULL;
     if (!body) {
         snprintf(why, n, "out of memory for a body of %llu bytes", (unsigned long long)size);
-        return -1;
+        return NULL;
     }
     for (uint64_t got = 0; got < size;) {
         amqp_frame_t bf;
-        if (next_frame(a, &bf, why, n) != 0) {
+        if (next_frame(c, &bf, why, n) != 0) {
             free(body);
-            return -1;
+            return NULL;
         }
         if (bf.frame_type != AMQP_FRAME_BODY || bf.payload.body_fragment.len > size - got) {
             snprintf(why, n, "a delivery's body cut short or overlong");
             free(body);
-            return -1;
+            return NULL;
         }
         memcpy(body + got, bf.payload.body_fragment.bytes, bf.payload.body_fragment.len);
         got += bf.payload.body_fragment.len;
     }
     body[size] = '\0';
     struct mq_message *m = to_message(a, tag, p, body, (size_t)size);
-    if (!m) {
+    if (!m)
+        snprintf(why, n, "out of memory");
+    return m;
+}
+
+static int deliver(struct amqp_src *a, const amqp_frame_t *method, char *why, size_t n)
+{
+    const amqp_basic_deliver_t *d = method->payload.method.decoded;
+    uint64_t tag = d->delivery_tag;
+    if (note_delivery(a, tag) != 0) {
         snprintf(why, n, "out of memory");
         return -1;
     }
+    struct mq_message *m = read_message(a, a->in, tag, why, n);
+    if (!m)
+        return -1;
     consumer_deliver(a->k, m); /* may ack, and so lose the connection */
     return 0;
 }
@@ -719,23 +726,17 @@ static int confirmed(amqp_connection_state_t c)
     }
 }
 
-static int amqp_dead_letter(void *src, const struct mq_message *m, const char *reason,
-                            unsigned attempts, int last_status)
+/* Publish m (its body, content type, id and headers, then extra's) to
+ * queue on c, persistent, and wait for the broker's confirm: 0
+ * confirmed, 1 returned (no such queue), -1 failed. Past DEAD_HEADERS_MAX
+ * headers (a message refused for too many), the rest are left out, and
+ * the copy says how many: its header frame must fit the broker's frame
+ * size. */
+static int publish(amqp_connection_state_t c, const char *queue, const struct mq_message *m,
+                   const amqp_table_entry_t *extra, size_t nextra)
 {
-    struct amqp_src *a = src;
-    char err[400];
-    if (!a->in)
-        return -1;
-    if (!a->out && !(a->out = open_publisher(a, NULL, err, sizeof err))) {
-        daemon_log("consumer %s: cannot reach RabbitMQ to dead-letter a message: %s",
-                   a->cfg->route.name, err);
-        return -1;
-    }
-    /* Past DEAD_HEADERS_MAX headers (a message refused for too many), the
-     * rest are left out, and the dead letter says how many: its header
-     * frame must fit the broker's frame size. */
     size_t headers = m->header_count < DEAD_HEADERS_MAX ? m->header_count : DEAD_HEADERS_MAX;
-    amqp_table_entry_t *entries = calloc(headers + 6, sizeof *entries);
+    amqp_table_entry_t *entries = calloc(headers + nextra + 1, sizeof *entries);
     if (!entries)
         return -1;
     size_t n = 0;
@@ -743,11 +744,8 @@ static int amqp_dead_letter(void *src, const struct mq_message *m, const char *r
         entries[n++] = text_entry(m->headers[i].name, m->headers[i].value);
     if (headers < m->header_count)
         entries[n++] = int_entry("x-idem-headers-left-out", (int32_t)(m->header_count - headers));
-    entries[n++] = text_entry("x-idem-reason", reason);
-    entries[n++] = int_entry("x-idem-attempts", (int32_t)attempts);
-    entries[n++] = int_entry("x-idem-last-status", last_status);
-    entries[n++] = text_entry("x-idem-consumer", a->cfg->route.name);
-    entries[n++] = text_entry("x-idem-queue", a->cfg->queue);
+    for (size_t i = 0; i < nextra; i++)
+        entries[n++] = extra[i];
     amqp_basic_properties_t p = {0};
     p._flags = AMQP_BASIC_HEADERS_FLAG | AMQP_BASIC_DELIVERY_MODE_FLAG;
     p.delivery_mode = 2; /* persistent */
@@ -762,10 +760,32 @@ static int amqp_dead_letter(void *src, const struct mq_message *m, const char *r
         p.message_id = amqp_cstring_bytes(m->id);
     }
     amqp_bytes_t body = {m->body_len, m->body};
-    int st = amqp_basic_publish(a->out, CHANNEL, amqp_empty_bytes,
-                                amqp_cstring_bytes(a->cfg->dead_letter), 1, 0, &p, body);
+    int st = amqp_basic_publish(c, CHANNEL, amqp_empty_bytes, amqp_cstring_bytes(queue), 1, 0,
+                                &p, body);
     free(entries);
-    int r = st == AMQP_STATUS_OK ? confirmed(a->out) : -1;
+    return st == AMQP_STATUS_OK ? confirmed(c) : -1;
+}
+
+static int amqp_dead_letter(void *src, const struct mq_message *m, const char *reason,
+                            unsigned attempts, int last_status)
+{
+    struct amqp_src *a = src;
+    char err[400];
+    if (!a->in)
+        return -1;
+    if (!a->out && !(a->out = open_publisher(a, NULL, err, sizeof err))) {
+        daemon_log("consumer %s: cannot reach RabbitMQ to dead-letter a message: %s",
+                   a->cfg->route.name, err);
+        return -1;
+    }
+    amqp_table_entry_t idem[] = {
+        text_entry("x-idem-reason", reason),
+        int_entry("x-idem-attempts", (int32_t)attempts),
+        int_entry("x-idem-last-status", last_status),
+        text_entry("x-idem-consumer", a->cfg->route.name),
+        text_entry("x-idem-queue", a->cfg->queue),
+    };
+    int r = publish(a->out, a->cfg->dead_letter, m, idem, sizeof idem / sizeof idem[0]);
     if (r != 0) {
         daemon_logl(LOG_ERROR,
                     "consumer %s: dead-lettering to %s failed (%s): the message stays unacked",
@@ -776,6 +796,108 @@ static int amqp_dead_letter(void *src, const struct mq_message *m, const char *r
         return -1;
     }
     return amqp_ack(a, m);
+}
+
+/* ---- the redrive's session (consume.h) ----
+ *
+ * A connection of its own, in confirm mode: basic.get takes a dead letter
+ * (unacked: no other session gets it meanwhile), a requeue publishes it to
+ * the queue and acks it once the broker confirmed the copy. Whatever the
+ * session took and did not settle goes back to the dead letter when its
+ * connection closes. Each call is librabbitmq's, bounded like the rest,
+ * and answers from within. */
+
+struct amqp_dead {
+    struct amqp_src *a;
+    amqp_connection_state_t c;
+    long remaining;      /* the last basic.get-ok's message_count; -1 none yet */
+    size_t unsettled;    /* taken and not settled */
+};
+
+static void *amqp_dead_open(void *src, char *err, size_t errlen)
+{
+    struct amqp_src *a = src;
+    struct amqp_dead *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    s->a = a;
+    s->remaining = -1;
+    if (!(s->c = open_publisher(a, a->cfg->queue, err, errlen))) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void amqp_dead_next(void *ses, void (*got)(void *arg, int rc, struct mq_message *m),
+                           void *arg)
+{
+    struct amqp_dead *s = ses;
+    struct amqp_src *a = s->a;
+    char why[300];
+    amqp_maybe_release_buffers(s->c);
+    amqp_rpc_reply_t r =
+        amqp_basic_get(s->c, CHANNEL, amqp_cstring_bytes(a->cfg->dead_letter), 0);
+    if (r.reply_type == AMQP_RESPONSE_NORMAL && r.reply.id == AMQP_BASIC_GET_EMPTY_METHOD) {
+        s->remaining = 0;
+        got(arg, 0, NULL);
+        return;
+    }
+    struct mq_message *m = NULL;
+    if (r.reply_type != AMQP_RESPONSE_NORMAL) {
+        describe(r, why, sizeof why);
+    } else if (r.reply.id == AMQP_BASIC_GET_OK_METHOD) {
+        const amqp_basic_get_ok_t *ok = r.reply.decoded;
+        s->remaining = (long)ok->message_count;
+        m = read_message(a, s->c, ok->delivery_tag, why, sizeof why);
+        if (m && mq_dead_unwrap(m) != 0) {
+            mq_message_free(m);
+            m = NULL;
+            snprintf(why, sizeof why, "out of memory");
+        }
+    } else {
+        snprintf(why, sizeof why, "the broker answered method 0x%08x", r.reply.id);
+    }
+    if (!m) {
+        daemon_logl(LOG_WARN, "consumer %s: redrive: taking a dead letter from %s: %s",
+                    a->cfg->route.name, a->cfg->dead_letter, why);
+        got(arg, -1, NULL);
+        return;
+    }
+    s->unsettled++;
+    got(arg, 0, m);
+}
+
+static void amqp_dead_settle(void *ses, const struct mq_message *m, int requeue, uint64_t base,
+                             void (*done)(void *arg, int rc), void *arg)
+{
+    struct amqp_dead *s = ses;
+    char num[24];
+    snprintf(num, sizeof num, "%llu", (unsigned long long)base);
+    amqp_table_entry_t extra = text_entry("x-idem-attempt-base", num);
+    if ((!requeue || publish(s->c, s->a->cfg->queue, m, &extra, base ? 1 : 0) == 0) &&
+        amqp_basic_ack(s->c, CHANNEL, m->tag, 0) == AMQP_STATUS_OK) {
+        s->unsettled--;
+        done(arg, 1);
+        return;
+    }
+    daemon_logl(LOG_WARN, "consumer %s: redrive: %s a dead letter failed: it stays on %s",
+                s->a->cfg->route.name, requeue ? "putting back" : "taking off",
+                s->a->cfg->dead_letter);
+    done(arg, -1);
+}
+
+static void amqp_dead_close(void *ses, void (*left)(void *arg, long n), void *arg)
+{
+    struct amqp_dead *s = ses;
+    long n = s->remaining < 0 ? -1 : s->remaining + (long)s->unsettled;
+    amqp_connection_close(s->c, AMQP_REPLY_SUCCESS);
+    amqp_destroy_connection(s->c);
+    free(s);
+    if (left)
+        left(arg, n);
 }
 
 static void amqp_stop(void *src)
@@ -814,6 +936,10 @@ const struct mq_source_ops mq_amqp_ops = {
     .want = amqp_want,
     .ack = amqp_ack,
     .dead_letter = amqp_dead_letter,
+    .dead_open = amqp_dead_open,
+    .dead_next = amqp_dead_next,
+    .dead_settle = amqp_dead_settle,
+    .dead_close = amqp_dead_close,
     .stop = amqp_stop,
     .close = amqp_close,
 };

@@ -559,67 +559,249 @@ static void on_dead_lettered(redisAsyncContext *c, void *reply, void *arg)
                     r->cfg->route.name, r->cfg->dead_letter, x->str);
 }
 
+/* An EVAL's arguments: the script and its keys, then the fields of an
+ * entry (a message's body, headers and id, and Idem's own). */
+struct args {
+    const char **argv;
+    size_t *lens;
+    size_t n, cap;
+};
+
+static int args_init(struct args *a, size_t cap)
+{
+    a->argv = calloc(cap, sizeof *a->argv);
+    a->lens = calloc(cap, sizeof *a->lens);
+    a->n = 0;
+    a->cap = cap;
+    if (a->argv && a->lens)
+        return 0;
+    free(a->argv);
+    free(a->lens);
+    return -1;
+}
+
+static void add_arg(struct args *a, const char *s, size_t len)
+{
+    if (a->n < a->cap) {
+        a->argv[a->n] = s;
+        a->lens[a->n++] = len;
+    }
+}
+
+static void arg_str(struct args *a, const char *s)
+{
+    add_arg(a, s, strlen(s));
+}
+
+/* m's body, headers and id as an entry's fields, at most DEAD_HEADERS_MAX
+ * headers (Lua's unpack() takes some 8000 values; a message refused for
+ * too many says how many were left out, in dropped). Room: 2 *
+ * (DEAD_HEADERS_MAX + 3). */
+static void message_fields(struct args *a, const struct redis_src *r, const struct mq_message *m,
+                           char dropped[24])
+{
+    size_t headers = m->header_count < DEAD_HEADERS_MAX ? m->header_count : DEAD_HEADERS_MAX;
+    arg_str(a, r->cfg->body_field);
+    add_arg(a, m->body, m->body_len);
+    for (size_t h = 0; h < headers; h++) {
+        arg_str(a, m->headers[h].name);
+        arg_str(a, m->headers[h].value);
+    }
+    if (headers < m->header_count) {
+        snprintf(dropped, 24, "%zu", m->header_count - headers);
+        arg_str(a, "x-idem-headers-left-out");
+        arg_str(a, dropped);
+    }
+    arg_str(a, "message_id");
+    arg_str(a, m->id ? m->id : m->entry);
+}
+
+static size_t fields_room(const struct mq_message *m)
+{
+    size_t headers = m->header_count < DEAD_HEADERS_MAX ? m->header_count : DEAD_HEADERS_MAX;
+    return 2 * (headers + 3);
+}
+
 static int redis_dead_letter(void *src, const struct mq_message *m, const char *reason,
                              unsigned attempts, int last_status)
 {
     struct redis_src *r = src;
-    if (!r->connected)
+    struct args a;
+    if (!r->connected || args_init(&a, 7 + fields_room(m) + 10) != 0)
         return -1;
-    /* Lua's unpack() takes some 8000 values: past DEAD_HEADERS_MAX headers
-     * (a message refused for too many), the rest are left out, and the
-     * dead letter says how many. */
-    size_t headers = m->header_count < DEAD_HEADERS_MAX ? m->header_count : DEAD_HEADERS_MAX;
-    size_t n = 7 + 2 * (headers + 8);
-    const char **argv = calloc(n, sizeof *argv);
-    size_t *lens = calloc(n, sizeof *lens);
-    if (!argv || !lens) {
-        free(argv);
-        free(lens);
-        return -1;
-    }
-    char att[16], st[16];
+    char att[16], st[16], dropped[24];
     snprintf(att, sizeof att, "%u", attempts);
     snprintf(st, sizeof st, "%d", last_status);
-    size_t i = 0;
-#define ARG(s, l) (argv[i] = (s), lens[i] = (l), i++)
-#define STR(s) ARG((s), strlen(s))
-    STR("EVAL");
-    ARG(dead_letter_script, sizeof dead_letter_script - 1);
-    STR("2");
-    STR(r->cfg->dead_letter);
-    STR(r->cfg->queue);
-    STR(r->cfg->group);
-    STR(m->entry);
-    STR(r->cfg->body_field);
-    ARG(m->body, m->body_len);
-    for (size_t h = 0; h < headers; h++) {
-        STR(m->headers[h].name);
-        STR(m->headers[h].value);
-    }
-    char dropped[24];
-    if (headers < m->header_count) {
-        snprintf(dropped, sizeof dropped, "%zu", m->header_count - headers);
-        STR("x-idem-headers-left-out");
-        STR(dropped);
-    }
-    STR("message_id");
-    STR(m->id ? m->id : m->entry);
-    STR("x-idem-reason");
-    STR(reason);
-    STR("x-idem-attempts");
-    STR(att);
-    STR("x-idem-last-status");
-    STR(st);
-    STR("x-idem-consumer");
-    STR(r->cfg->route.name);
-    STR("x-idem-entry");
-    STR(m->entry);
-#undef STR
-#undef ARG
-    int rc = redisAsyncCommandArgv(r->wr, on_dead_lettered, NULL, (int)i, argv, lens);
-    free(argv);
-    free(lens);
+    arg_str(&a, "EVAL");
+    add_arg(&a, dead_letter_script, sizeof dead_letter_script - 1);
+    arg_str(&a, "2");
+    arg_str(&a, r->cfg->dead_letter);
+    arg_str(&a, r->cfg->queue);
+    arg_str(&a, r->cfg->group);
+    arg_str(&a, m->entry);
+    message_fields(&a, r, m, dropped);
+    const char *ours[] = {"x-idem-reason", reason, "x-idem-attempts", att,
+                          "x-idem-last-status", st, "x-idem-consumer", r->cfg->route.name,
+                          "x-idem-entry", m->entry};
+    for (size_t i = 0; i < sizeof ours / sizeof ours[0]; i++)
+        arg_str(&a, ours[i]);
+    int rc = redisAsyncCommandArgv(r->wr, on_dead_lettered, NULL, (int)a.n, a.argv, a.lens);
+    free(a.argv);
+    free(a.lens);
     return rc == REDIS_OK ? 0 : -1;
+}
+
+/* ---- the redrive's session (consume.h) ----
+ *
+ * On the writing connection: XRANGE reads the dead stream one entry at a
+ * time after the last one read; a requeue is one script, which adds the
+ * message to the stream and deletes the dead letter only if the dead
+ * letter is still there (another session may have taken it): a dead
+ * letter leaves only once its message is back, and goes back once. */
+
+/* KEYS: dead stream, stream; ARGV: the dead letter's id, then the fields.
+ * 1 moved, 0 gone already. */
+static const char requeue_script[] =
+    "if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return 0 end\n"
+    "redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))\n"
+    "redis.call('XDEL', KEYS[1], ARGV[1])\n"
+    "return 1\n";
+
+struct redis_dead {
+    struct redis_src *r;
+    char cursor[48]; /* the last entry read; "" none yet */
+    void (*got)(void *arg, int rc, struct mq_message *m);
+    void (*done)(void *arg, int rc);
+    void (*left)(void *arg, long n);
+    void *arg;
+};
+
+static void *redis_dead_open(void *src, char *err, size_t errlen)
+{
+    struct redis_src *r = src;
+    if (!r->connected) {
+        snprintf(err, errlen, "not connected to Redis");
+        return NULL;
+    }
+    struct redis_dead *s = calloc(1, sizeof *s);
+    if (!s)
+        snprintf(err, errlen, "out of memory");
+    else
+        s->r = r;
+    return s;
+}
+
+static void on_dead_read(redisAsyncContext *c, void *reply, void *arg)
+{
+    struct redis_dead *s = arg;
+    redisReply *x = reply;
+    struct mq_message *m = NULL;
+    int rc = 0;
+    if (is_error(x) || x->type != REDIS_REPLY_ARRAY) {
+        daemon_logl(LOG_WARN, "consumer %s: redrive: XRANGE %s: %s", s->r->cfg->route.name,
+                    s->r->cfg->dead_letter, error_text(c, x));
+        rc = -1;
+    } else if (x->elements > 0) {
+        m = from_entry(s->r, x->element[0]);
+        if (m && mq_dead_unwrap(m) != 0) {
+            mq_message_free(m);
+            m = NULL;
+        }
+        if (m)
+            snprintf(s->cursor, sizeof s->cursor, "%s", m->entry);
+        else
+            rc = -1;
+    }
+    s->got(s->arg, rc, m);
+}
+
+static void redis_dead_next(void *ses, void (*got)(void *arg, int rc, struct mq_message *m),
+                            void *arg)
+{
+    struct redis_dead *s = ses;
+    char from[52];
+    snprintf(from, sizeof from, "%s%s", s->cursor[0] ? "(" : "-", s->cursor);
+    const char *argv[] = {"XRANGE", s->r->cfg->dead_letter, from, "+", "COUNT", "1"};
+    s->got = got;
+    s->arg = arg;
+    if (!s->r->connected ||
+        redisAsyncCommandArgv(s->r->wr, on_dead_read, s, 6, argv, NULL) != REDIS_OK)
+        on_dead_read(NULL, NULL, s);
+}
+
+static void on_dead_settled(redisAsyncContext *c, void *reply, void *arg)
+{
+    struct redis_dead *s = arg;
+    redisReply *x = reply;
+    int rc = -1;
+    if (!is_error(x) && x->type == REDIS_REPLY_INTEGER)
+        rc = x->integer > 0 ? 1 : 0;
+    else
+        daemon_logl(LOG_WARN, "consumer %s: redrive: settling a dead letter of %s failed (%s): "
+                    "it stays there", s->r->cfg->route.name, s->r->cfg->dead_letter,
+                    error_text(c, x));
+    s->done(s->arg, rc);
+}
+
+static void redis_dead_settle(void *ses, const struct mq_message *m, int requeue, uint64_t base,
+                              void (*done)(void *arg, int rc), void *arg)
+{
+    struct redis_dead *s = ses;
+    struct redis_src *r = s->r;
+    struct args a;
+    char num[24], dropped[24];
+    s->done = done;
+    s->arg = arg;
+    int rc = REDIS_ERR;
+    if (r->connected && args_init(&a, 6 + fields_room(m) + 2) == 0) {
+        if (requeue) {
+            arg_str(&a, "EVAL");
+            add_arg(&a, requeue_script, sizeof requeue_script - 1);
+            arg_str(&a, "2");
+            arg_str(&a, r->cfg->dead_letter);
+            arg_str(&a, r->cfg->queue);
+            arg_str(&a, m->entry);
+            message_fields(&a, r, m, dropped);
+            if (base) {
+                snprintf(num, sizeof num, "%llu", (unsigned long long)base);
+                arg_str(&a, "x-idem-attempt-base");
+                arg_str(&a, num);
+            }
+        } else {
+            arg_str(&a, "XDEL");
+            arg_str(&a, r->cfg->dead_letter);
+            arg_str(&a, m->entry);
+        }
+        rc = redisAsyncCommandArgv(r->wr, on_dead_settled, s, (int)a.n, a.argv, a.lens);
+        free(a.argv);
+        free(a.lens);
+    }
+    if (rc != REDIS_OK)
+        on_dead_settled(NULL, NULL, s);
+}
+
+static void on_dead_counted(redisAsyncContext *c, void *reply, void *arg)
+{
+    struct redis_dead *s = arg;
+    redisReply *x = reply;
+    (void)c;
+    long n = !is_error(x) && x->type == REDIS_REPLY_INTEGER ? (long)x->integer : -1;
+    void (*left)(void *, long) = s->left;
+    void *larg = s->arg;
+    free(s);
+    if (left)
+        left(larg, n);
+}
+
+static void redis_dead_close(void *ses, void (*left)(void *arg, long n), void *arg)
+{
+    struct redis_dead *s = ses;
+    s->left = left;
+    s->arg = arg;
+    const char *argv[] = {"XLEN", s->r->cfg->dead_letter};
+    if (!s->r->connected ||
+        redisAsyncCommandArgv(s->r->wr, on_dead_counted, s, 2, argv, NULL) != REDIS_OK)
+        on_dead_counted(NULL, NULL, s);
 }
 
 static void redis_stop(void *src)
@@ -653,6 +835,10 @@ const struct mq_source_ops mq_redis_ops = {
     .want = redis_want,
     .ack = redis_ack,
     .dead_letter = redis_dead_letter,
+    .dead_open = redis_dead_open,
+    .dead_next = redis_dead_next,
+    .dead_settle = redis_dead_settle,
+    .dead_close = redis_dead_close,
     .stop = redis_stop,
     .close = redis_close,
 };

@@ -1227,6 +1227,11 @@ static void hold_abandoned(struct gw *g)
  * and never sent, while the key stays open to the other channels sharing
  * its space (a payment's callback, a reconciliation: max_attempts 0),
  * which execute it instead of being answered the handler's 500 for good.
+ * A redrive (consume.c) puts the message back with the epoch its record
+ * had then (front_request.attempt_base): its claims count from there, so
+ * the redriven message gets max_attempts afresh, and a copy that was not
+ * redriven still finds them used up. A base can only lower the count (a
+ * producer that forges one gains no claim the record does not show).
  * With max_attempts 0 (the routes of routes:) nothing is counted. */
 
 static unsigned attempt_of(const idem_record *rec)
@@ -1243,6 +1248,15 @@ static unsigned attempt_of(const idem_record *rec)
     uint64_t first = rec->created_ms > 0 ? (uint64_t)rec->created_ms : rec->epoch;
     uint64_t n = rec->epoch >= first ? rec->epoch - first + 1 : 1;
     return n > UINT32_MAX ? UINT32_MAX : (unsigned)n;
+}
+
+/* The claim's number for a message put back at base (0: none). */
+static unsigned attempt_since(const idem_record *rec, uint64_t base)
+{
+    unsigned n = attempt_of(rec);
+    if (base && base < rec->epoch && rec->epoch - base < n)
+        n = (unsigned)(rec->epoch - base);
+    return n;
 }
 
 static void exhausted(struct gw *g)
@@ -1349,7 +1363,7 @@ static void after_begin(struct gw *g)
         /* fall through */
     case IDEM_NEW:
         g->epoch = g->rec.epoch;
-        g->attempt = attempt_of(&g->rec);
+        g->attempt = attempt_since(&g->rec, g->req->attempt_base);
         if (g->rt->states) {
             char buf[IDEM_NAME_MAX + 1];
             snprintf(g->from, sizeof g->from, "%s", state_of(g, &g->rec, buf));

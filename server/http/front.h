@@ -47,6 +47,10 @@ struct front_request {
     const char *outcome_type;
     unsigned attempt;
     uint64_t epoch;
+    /* Set by a consumer for a message a redrive put back: the epoch its
+     * key's record had then. The claims before it are not counted in the
+     * message's attempts (gateway.c, "attempts"); 0: none. */
+    uint64_t attempt_base;
     /* For the access log, set by the handler: the route's name and the
      * record key ("" for none), the upstream's status (0: not asked) and
      * how long it took. Copies: the request outlives the route's config. */

@@ -38,6 +38,7 @@ import time
 import yaml
 
 IDEM, REFUND_SERVICE, SRC = (os.path.abspath(a) for a in sys.argv[1:4])
+REDIS_URL = sys.argv[4]  # the tests' Redis, for a consumer's stream
 SPEC_PATH = os.path.join(SRC, "docs", "openapi.yaml")
 HTTP_API_PATH = os.path.join(SRC, "docs", "http-api.md")
 
@@ -320,13 +321,14 @@ def doc_endpoints():
 def table_endpoints():
     """The (METHOD, path) of every row of the JSON API's endpoint table
     (server/admin/api.c): what the daemon routes. A path ending in "{}" is
-    records/{space}/{key}."""
+    records/{space}/{key}; "/{}/" inside one is a consumer's "/{name}/"."""
     text = open(os.path.join(SRC, "server", "admin", "api.c"), encoding="utf-8").read()
     table = text[text.index("endpoints[] = {"):]
     table = table[:table.index("};")]
     out = set()
     for m, p in re.findall(r'\{"(GET|POST)", "([a-z_/{}]+)",', table):
-        out.add((m, "/_idem/v1/" + (p[:-2] + "{space}/{key}" if p.endswith("{}") else p)))
+        p = p[:-2] + "{space}/{key}" if p.endswith("{}") else p.replace("/{}/", "/{name}/")
+        out.add((m, "/_idem/v1/" + p))
     if not out:
         raise SpecError("server/admin/api.c: no endpoint table found")
     return out
@@ -527,6 +529,11 @@ routes:
     match: {{ method: POST, path: /payments }}
     upstream: http://127.0.0.1:{self.dead}
     key: {{ json: refund_no }}
+consumers:
+  - name: payments-mq
+    source: {{ redis_stream: "{REDIS_URL}", stream: idem-openapi-{os.getpid()}, group: idem }}
+    key: {{ json: refund_no }}
+    handler: {up}/refunds
 """)
         env = dict(os.environ, IDEM_OPENAPI_WRITE_KEY=WRITE_KEY, IDEM_OPENAPI_READ_KEY=READ_KEY)
         self.idem = subprocess.Popen([IDEM, "serve", "-c", cfg], env=env, cwd=self.dir,
@@ -848,6 +855,21 @@ def exercise(d):
 
     # ---- an operator's actions ----
     act = {"space": "slow", "key": "H-1", "epoch": hepoch}
+    # ---- a consumer's dead letters (none here: nothing to move) ----
+    rd = P + "/consumers/{name}/redrive"
+    mine = P + "/consumers/payments-mq/redrive"
+    a = d.call("POST", rd, target=mine, body={"limit": 10}, status=200)
+    if a.json()["moved"] != 0 or not a.json()["complete"]:
+        fail("POST %s with no dead letter: %s" % (mine, a.body[:200]))
+    d.call("POST", rd, target=mine, body={"limit": 0}, status=400, problem="invalid_field",
+           body_invalid=True)
+    d.call("POST", rd, target=mine, body={"why": "x"}, status=400, problem="invalid_field",
+           body_invalid=True)
+    d.call("POST", rd, target=P + "/consumers/nobody/redrive", body={}, status=404,
+           problem="no_such_consumer")
+    d.call("POST", rd, target=mine, body={}, key="read", status=403,
+           problem="insufficient_scope")
+
     d.call("POST", P + "/records/release", body=act, key="read", status=403,
            problem="insufficient_scope")
     d.call("POST", P + "/records/mark_failed", body=dict(act, reason="paid by hand", status=409),
@@ -904,7 +926,8 @@ def exercise(d):
     for (method, path), op in d.ops.items():
         if "405" not in op["responses"]:
             continue
-        target = path.replace("{space}", "api").replace("{key}", "R-1")
+        target = path.replace("{space}", "api").replace("{key}", "R-1").replace(
+            "{name}", "payments-mq")
         other = "PUT"
         a = send(d.admin, other, target, None, [("Authorization", "Bearer " + WRITE_KEY)])
         where = "%s %s on admin" % (other, target)

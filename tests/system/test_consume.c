@@ -543,6 +543,17 @@ static void shared_space_config(const struct bus *b, int prefetch, const char *e
     write_config(path, cap, 0, cfg);
 }
 
+/* POST body to the route refund-callback (shared_space_config) of the
+ * idem on port: executed there, 201. */
+static void post_refund(int port, const char *body)
+{
+    struct sys_resp r;
+    const char *h[] = {"Content-Type: application/json", NULL};
+    sys_http(port, "POST", "/refunds", h, body, 10000, &r);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
+}
+
 /* A payment's result by its HTTP callback (a route) and by the MQ (a
  * consumer) in one space: 50 of each at once, one execution. */
 static void route_and_consumer(int redis)
@@ -645,11 +656,7 @@ static void dead_letter_leaves_key_open(int redis)
     for (int i = 0; i < KEYS; i++) {
         snprintf(body, sizeof body, "{\"refund_no\":\"OPEN-%d-%d\",\"amount\":\"1.00\"}", first,
                  i);
-        struct sys_resp r;
-        const char *h[] = {"Content-Type: application/json", NULL};
-        sys_http(p.port, "POST", "/refunds", h, body, 10000, &r);
-        assert_int_equal(r.status, 201); /* executed, not the consumer's 500 replayed */
-        sys_resp_free(&r);
+        post_refund(p.port, body); /* executed, not the consumer's 500 replayed */
     }
     assert_int_equal(rows() - before, KEYS);
     /* Delivered again: past its attempts, and now done by the route. */
@@ -675,6 +682,117 @@ static void test_redis_dead_letter_leaves_key_open(void **state)
 {
     (void)state;
     dead_letter_leaves_key_open(1);
+}
+
+/* Two redrives at once, on the admin listener: each answer's tally. */
+struct redrive_pair {
+    int admin_port;
+    json_t *answer[2];
+};
+
+static void one_redrive(void *arg, int i)
+{
+    struct redrive_pair *rp = arg;
+    struct sys_resp r;
+    sys_admin_http(rp->admin_port, "POST", "/_idem/v1/consumers/refund-mq/redrive", "{}", 30000,
+                   &r);
+    assert_int_equal(r.status, 200);
+    rp->answer[i] = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    sys_resp_free(&r);
+}
+
+static long long member(const json_t *j, const char *name)
+{
+    return json_integer_value(json_object_get(j, name));
+}
+
+/* 20 keys dead-lettered (their handler refused every attempt), 5 of them
+ * then executed through the route sharing the space; the handler fixed;
+ * two redrives at once: the 15 others executed once each, with their
+ * attempts counted afresh, the 5 taken off as done, the dead letter
+ * empty. */
+static void redrive(int redis)
+{
+    enum { KEYS = 20, BY_ROUTE = 5 };
+    struct bus b;
+    char path[4200], fixed[4300], body[128];
+    bus_open(&b, redis, "redrive");
+    shared_space_config(&b, 8, "    max_attempts: 2\n    retry_backoff: [100ms]\n", path,
+                        sizeof path);
+    /* The handler down: its port refuses. */
+    char *text = sys_read_file(path), *at;
+    char up[64];
+    snprintf(up, sizeof up, "http://127.0.0.1:%d/refunds", service.port);
+    assert_non_null(at = strstr(strstr(text, "refund-mq"), up));
+    char broken[16384];
+    snprintf(broken, sizeof broken, "%.*shttp://127.0.0.1:1/refunds%s", (int)(at - text), text,
+             at + strlen(up));
+    snprintf(fixed, sizeof fixed, "%s.fixed", path);
+    sys_write_file(fixed, text);
+    sys_write_file(path, broken);
+    free(text);
+    struct proc p;
+    start(&p, "serve", path);
+    int first = seq;
+    for (int i = 0; i < KEYS; i++) {
+        snprintf(body, sizeof body, "{\"refund_no\":\"RD-%d-%d\",\"amount\":\"1.00\"}", first, i);
+        publish(&b, body, NULL, NULL);
+    }
+    assert_int_equal(wait_dead(&b, KEYS, 20000), KEYS);
+    long before = rows(), ran = executions();
+    for (int i = 0; i < BY_ROUTE; i++) {
+        snprintf(body, sizeof body, "{\"refund_no\":\"RD-%d-%d\",\"amount\":\"1.00\"}", first, i);
+        post_refund(p.port, body);
+    }
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    start(&p, "serve", fixed); /* the same store, the handler well */
+    struct redrive_pair rp = {.admin_port = p.admin_port};
+    test_run_threads(2, one_redrive, &rp);
+    long long moved = 0, done = 0;
+    for (int i = 0; i < 2; i++) {
+        assert_non_null(rp.answer[i]);
+        assert_true(json_is_true(json_object_get(rp.answer[i], "complete")));
+        moved += member(rp.answer[i], "moved");
+        done += member(rp.answer[i], "done");
+        json_decref(rp.answer[i]);
+    }
+    assert_int_equal(moved, KEYS - BY_ROUTE);
+    assert_int_equal(done, BY_ROUTE);
+    assert_int_equal(wait_rows(before + KEYS, 20000), before + KEYS);
+    long long deadline = now_ms() + 10000;
+    while (now_ms() < deadline && metric(&p, "idem_consumer_in_flight", "refund-mq") > 0)
+        sleep_ms(50);
+    /* A second look finds nothing to do. */
+    struct sys_resp r;
+    sys_admin_http(p.admin_port, "POST", "/_idem/v1/consumers/refund-mq/redrive",
+                   "{\"limit\": 5}", 30000, &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    assert_int_equal(member(j, "moved") + member(j, "done"), 0);
+    assert_int_equal(member(j, "left"), 0);
+    json_decref(j);
+    sys_resp_free(&r);
+    sys_admin_http(p.admin_port, "POST", "/_idem/v1/consumers/nobody/redrive", "{}", 5000, &r);
+    assert_int_equal(r.status, 404);
+    sys_resp_free(&r);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    assert_int_equal(rows() - before, KEYS);
+    assert_int_equal(executions() - ran, KEYS);
+    assert_int_equal(dead_count(&b), 0);
+    assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+static void test_amqp_redrive(void **state)
+{
+    (void)state;
+    redrive(0);
+}
+
+static void test_redis_redrive(void **state)
+{
+    (void)state;
+    redrive(1);
 }
 
 /* States on a consumer and a route sharing one space: a refund's status
@@ -1507,6 +1625,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_redis_route_and_consumer_one_execution, teardown),
         cmocka_unit_test_teardown(test_amqp_dead_letter_leaves_key_open, teardown),
         cmocka_unit_test_teardown(test_redis_dead_letter_leaves_key_open, teardown),
+        cmocka_unit_test_teardown(test_amqp_redrive, teardown),
+        cmocka_unit_test_teardown(test_redis_redrive, teardown),
         cmocka_unit_test_teardown(test_amqp_states_shared_with_a_route, teardown),
         cmocka_unit_test_teardown(test_amqp_unknown_outcome_resolved, teardown),
         cmocka_unit_test_teardown(test_amqp_tombstoned_acked, teardown),
