@@ -10,6 +10,7 @@
 
 #include "idem.h"
 #include "idem_help.h"
+#include "redrive.h"
 #include "run/run.h"
 #include "serve.h"
 #include "verify.h"
@@ -21,13 +22,23 @@ static void usage(FILE *out)
     fputs(idem_help, out);
 }
 
+/* idem consume: the consumers, or with --redrive a call to the running
+ * daemon's (redrive.c). */
+static int consume_cmd(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "--redrive") == 0 || strncmp(argv[i], "--redrive=", 10) == 0)
+            return redrive_main(argc, argv);
+    return consume_main(argc, argv);
+}
+
 /* A command by its name: what `idem NAME` and `idem help NAME` run. */
 static int (*command(const char *name))(int, char **)
 {
     if (strcmp(name, "serve") == 0)
         return serve_main;
     if (strcmp(name, "consume") == 0)
-        return consume_main;
+        return consume_cmd;
     if (strcmp(name, "run") == 0)
         return run_main;
     if (strcmp(name, "verify") == 0)

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "syslib.h"
@@ -776,6 +777,45 @@ static void redrive(int redis)
     assert_int_equal(r.status, 404);
     sys_resp_free(&r);
     assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    if (!redis) {
+        /* idem consume --redrive, through the admin listener's socket. */
+        char unix_cfg[4400], cmd[9000], out[1024] = "";
+        text = sys_read_file(fixed);
+        assert_non_null(at = strstr(text, "admin_listen: 127.0.0.1:0"));
+        snprintf(unix_cfg, sizeof unix_cfg, "%s.unix", path);
+        snprintf(broken, sizeof broken, "%.*sadmin_listen: unix:%s/rd-%d.sock%s",
+                 (int)(at - text), text, dir, seq, at + strlen("admin_listen: 127.0.0.1:0"));
+        sys_write_file(unix_cfg, broken);
+        free(text);
+        start(&p, "serve", unix_cfg);
+        /* The configuration loads as the daemon's does: its keys' variable
+         * set; the key used is IDEM_API_KEY's. */
+        setenv(SYS_ADMIN_KEY_ENV, SYS_ADMIN_KEY, 1);
+        snprintf(cmd, sizeof cmd, "IDEM_API_KEY=%s %s consume --redrive refund-mq -c %s 2>&1",
+                 SYS_ADMIN_KEY, idem_bin, unix_cfg);
+        FILE *f = popen(cmd, "r");
+        assert_non_null(f);
+        size_t got = fread(out, 1, sizeof out - 1, f);
+        out[got] = '\0';
+        if (pclose(f) != 0)
+            fail_msg("idem consume --redrive failed: %s", out);
+        if (!strstr(out, "redrive of refund-mq: 0 moved back, 0 done already, 0 kept, 0 left"))
+            fail_msg("idem consume --redrive said: %s", out);
+        snprintf(cmd, sizeof cmd, "%s consume --redrive nobody -c %s 2>&1", idem_bin, unix_cfg);
+        f = popen(cmd, "r");
+        got = fread(out, 1, sizeof out - 1, f);
+        out[got] = '\0';
+        assert_int_equal(WEXITSTATUS(pclose(f)), 2); /* no key in IDEM_API_KEY */
+        snprintf(cmd, sizeof cmd, "IDEM_API_KEY=%s %s consume --redrive nobody -c %s 2>&1",
+                 SYS_ADMIN_KEY, idem_bin, unix_cfg);
+        f = popen(cmd, "r");
+        got = fread(out, 1, sizeof out - 1, f);
+        out[got] = '\0';
+        assert_int_equal(WEXITSTATUS(pclose(f)), 1);
+        if (!strstr(out, "404 no consumer nobody here; refund-mq"))
+            fail_msg("idem consume --redrive nobody said: %s", out);
+        assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    }
     assert_int_equal(rows() - before, KEYS);
     assert_int_equal(executions() - ran, KEYS);
     assert_int_equal(dead_count(&b), 0);
