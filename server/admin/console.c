@@ -115,7 +115,7 @@ static struct http_response *spaces(const struct server_config *cfg)
     for (size_t i = 0; list && i < cfg->consumer_count; i++) {
         const struct consumer_config *c = &cfg->consumers[i];
         json_t *e = space_entry(list, c->route.space);
-        json_array_append_new(json_object_get(e, "consumers"), json_string(c->name));
+        json_array_append_new(json_object_get(e, "consumers"), json_string(c->route.name));
         if (config_route_holds(&c->route))
             json_object_set_new(e, "holds", json_true());
     }

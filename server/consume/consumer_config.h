@@ -22,7 +22,6 @@ enum consumer_source {
 /* consumers[i]: a queue or stream whose messages go to a handler once
  * each, through the gateway's steps (consume.c). */
 struct consumer_config {
-    char *name;
     enum consumer_source source;
     char *url;               /* amqp://… or redis://…; a password only from env: or
                                 file:, or RabbitMQ's loopback-only guest:guest */

@@ -6,7 +6,7 @@
  * only), against idem serve on the embedded store with the example refund
  * service behind it.
  *
- *   node test_console.js IDEM REFUND_SERVICE CHROMIUM OUTDIR
+ *   node test_console.js IDEM REFUND_SERVICE CHROMIUM OUTDIR REDIS_URL
  *
  * It signs in (a wrong key first), watches the counters move, searches for
  * a key with "/" and Enter, opens it, releases a held claim through the
@@ -23,9 +23,9 @@ const http = require('node:http');
 const os = require('node:os');
 const path = require('node:path');
 
-const [idemBin, serviceBin, chromiumBin, outDir] = process.argv.slice(2);
-if (!outDir) {
-  console.error('usage: node test_console.js IDEM REFUND_SERVICE CHROMIUM OUTDIR');
+const [idemBin, serviceBin, chromiumBin, outDir, redisUrl] = process.argv.slice(2);
+if (!redisUrl) {
+  console.error('usage: node test_console.js IDEM REFUND_SERVICE CHROMIUM OUTDIR REDIS_URL');
   process.exit(2);
 }
 
@@ -204,6 +204,7 @@ async function main() {
   const readKeyFile = path.join(dir, 'read.key');
   fs.writeFileSync(readKeyFile, READ_KEY + '\n', { mode: 0o400 });
   const config = path.join(dir, 'idem.yaml');
+  const stream = 'idem-console-' + process.pid;
   fs.writeFileSync(config, [
     'admin_listen: 127.0.0.1:0',
     'api_keys:',
@@ -228,6 +229,11 @@ async function main() {
     '      field: { json: status }',
     '      initial: CREATED',
     '      transitions: { CREATED: [SUCCESS], SUCCESS: [REFUNDED_BACK] }',
+    'consumers:',
+    '  - name: refund-mq',
+    '    source: { redis_stream: "' + redisUrl + '", stream: ' + stream + ', group: idem }',
+    '    key: { json: refund_no }',
+    '    handler: http://127.0.0.1:' + servicePort + '/refunds',
     '',
   ].join('\n'));
   const m = await start(idemBin, ['serve', '-c', config, '--db', path.join(dir, 'records.db'),
@@ -269,6 +275,7 @@ async function main() {
   assert.deepEqual(JSON.parse((await admin(adminPort, 'GET', '/_idem/v1/spaces', undefined,
     READ_KEY)).body), { spaces: [{ space: 'refund', routes: ['refund'], consumers: [],
     holds: true }, { space: 'refund-status', routes: ['refund-status'], consumers: [],
+    holds: false }, { space: 'refund-mq', routes: [], consumers: ['refund-mq'],
     holds: false }] });
   assert.equal((await request(port, 'GET', '/_idem/v1/whoami')).status, 404,
     'whoami on the main listener');
@@ -511,13 +518,14 @@ async function main() {
 
   /* The routes view: each route with its match, key and policies. */
   await p.eval("document.querySelector('nav [data-view=\"routes\"]').click()");
-  await p.waitFor("document.querySelectorAll('#route-table tr').length === 2", 'the routes view');
+  await p.waitFor("document.querySelectorAll('#route-table tr').length === 3", 'the routes view');
   const routesText = await p.eval("[...document.querySelectorAll('#route-table tr')]" +
     ".map((r) => r.textContent).join('\\n')");
   assert.match(routesText, /refundPOST \/refundsjson refund_norefundrecord/);
   assert.match(routesText, /on_unknown_outcome hold/);
   assert.match(routesText, /refund-statusPOST \/orders\/\*\/refundsjson refund_no/);
   assert.match(routesText, /states from CREATED by json status/);
+  assert.match(routesText, /refund-mq \(consumer\)—json refund_norefund-mq/);
   const routesShot = await p.send('Page.captureScreenshot', { format: 'png' });
   fs.writeFileSync(path.join(outDir, 'console-routes.png'), Buffer.from(routesShot.data, 'base64'));
 
