@@ -800,7 +800,8 @@ static int amqp_dead_letter(void *src, const struct mq_message *m, const char *r
 
 /* ---- the redrive's session (consume.h) ----
  *
- * A connection of its own, in confirm mode: basic.get takes a dead letter
+ * A connection of its own, in confirm mode: as many as the dead letter held
+ * at the start are taken, each by basic.get
  * (unacked: no other session gets it meanwhile), a requeue publishes it to
  * the queue and acks it once the broker confirmed the copy. Whatever the
  * session took and did not settle goes back to the dead letter when its
@@ -810,8 +811,9 @@ static int amqp_dead_letter(void *src, const struct mq_message *m, const char *r
 struct amqp_dead {
     struct amqp_src *a;
     amqp_connection_state_t c;
-    long remaining;      /* the last basic.get-ok's message_count; -1 none yet */
+    long remaining;      /* on the queue (the start's count, then each get's) */
     size_t unsettled;    /* taken and not settled */
+    uint32_t budget;     /* more to take: those on the queue at the start */
 };
 
 static void *amqp_dead_open(void *src, char *err, size_t errlen)
@@ -823,11 +825,21 @@ static void *amqp_dead_open(void *src, char *err, size_t errlen)
         return NULL;
     }
     s->a = a;
-    s->remaining = -1;
     if (!(s->c = open_publisher(a, a->cfg->queue, err, errlen))) {
         free(s);
         return NULL;
     }
+    /* Only the dead letters there now: one put back and dead-lettered
+     * again meanwhile lands behind them, and is not chased. */
+    amqp_queue_declare_ok_t *ok = amqp_queue_declare(
+        s->c, CHANNEL, amqp_cstring_bytes(a->cfg->dead_letter), 1, 0, 0, 0, amqp_empty_table);
+    if (rpc_ok(s->c, "counting the dead letters", err, errlen) != 0 || !ok) {
+        amqp_destroy_connection(s->c);
+        free(s);
+        return NULL;
+    }
+    s->budget = ok->message_count;
+    s->remaining = (long)ok->message_count;
     return s;
 }
 
@@ -837,6 +849,10 @@ static void amqp_dead_next(void *ses, void (*got)(void *arg, int rc, struct mq_m
     struct amqp_dead *s = ses;
     struct amqp_src *a = s->a;
     char why[300];
+    if (s->budget == 0) {
+        got(arg, 0, NULL);
+        return;
+    }
     amqp_maybe_release_buffers(s->c);
     amqp_rpc_reply_t r =
         amqp_basic_get(s->c, CHANNEL, amqp_cstring_bytes(a->cfg->dead_letter), 0);
@@ -867,6 +883,7 @@ static void amqp_dead_next(void *ses, void (*got)(void *arg, int rc, struct mq_m
         return;
     }
     s->unsettled++;
+    s->budget--;
     got(arg, 0, m);
 }
 
@@ -892,7 +909,7 @@ static void amqp_dead_settle(void *ses, const struct mq_message *m, int requeue,
 static void amqp_dead_close(void *ses, void (*left)(void *arg, long n), void *arg)
 {
     struct amqp_dead *s = ses;
-    long n = s->remaining < 0 ? -1 : s->remaining + (long)s->unsettled;
+    long n = s->remaining + (long)s->unsettled;
     amqp_connection_close(s->c, AMQP_REPLY_SUCCESS);
     amqp_destroy_connection(s->c);
     free(s);

@@ -654,7 +654,9 @@ static int redis_dead_letter(void *src, const struct mq_message *m, const char *
 /* ---- the redrive's session (consume.h) ----
  *
  * On the writing connection: XRANGE reads the dead stream one entry at a
- * time after the last one read; a requeue is one script, which adds the
+ * time after the last one read, up to the last one there at the start
+ * (one put back and dead-lettered again lands past it, and is not
+ * chased); a requeue is one script, which adds the
  * message to the stream and deletes the dead letter only if the dead
  * letter is still there (another session may have taken it): a dead
  * letter leaves only once its message is back, and goes back once. */
@@ -670,6 +672,7 @@ static const char requeue_script[] =
 struct redis_dead {
     struct redis_src *r;
     char cursor[48]; /* the last entry read; "" none yet */
+    char last[48];   /* the last entry at the start; "" not read yet */
     void (*got)(void *arg, int rc, struct mq_message *m);
     void (*done)(void *arg, int rc);
     void (*left)(void *arg, long n);
@@ -716,16 +719,43 @@ static void on_dead_read(redisAsyncContext *c, void *reply, void *arg)
 }
 
 static void redis_dead_next(void *ses, void (*got)(void *arg, int rc, struct mq_message *m),
+                            void *arg);
+
+/* The last entry of the dead stream at the start, then the first read. */
+static void on_dead_last(redisAsyncContext *c, void *reply, void *arg)
+{
+    struct redis_dead *s = arg;
+    redisReply *x = reply;
+    if (is_error(x) || x->type != REDIS_REPLY_ARRAY) {
+        on_dead_read(c, reply, arg); /* says why, and ends it */
+        return;
+    }
+    if (x->elements == 0 || x->element[0]->type != REDIS_REPLY_ARRAY ||
+        x->element[0]->elements < 1 || x->element[0]->element[0]->type != REDIS_REPLY_STRING) {
+        s->got(s->arg, 0, NULL); /* none */
+        return;
+    }
+    snprintf(s->last, sizeof s->last, "%s", x->element[0]->element[0]->str);
+    redis_dead_next(s, s->got, s->arg);
+}
+
+static void redis_dead_next(void *ses, void (*got)(void *arg, int rc, struct mq_message *m),
                             void *arg)
 {
     struct redis_dead *s = ses;
     char from[52];
     snprintf(from, sizeof from, "%s%s", s->cursor[0] ? "(" : "-", s->cursor);
-    const char *argv[] = {"XRANGE", s->r->cfg->dead_letter, from, "+", "COUNT", "1"};
+    const char *argv[] = {"XRANGE", s->r->cfg->dead_letter, from, s->last, "COUNT", "1"};
+    const char *last[] = {"XREVRANGE", s->r->cfg->dead_letter, "+", "-", "COUNT", "1"};
     s->got = got;
     s->arg = arg;
+    if (s->cursor[0] && strcmp(s->cursor, s->last) == 0) {
+        got(arg, 0, NULL); /* up to the last one there at the start */
+        return;
+    }
     if (!s->r->connected ||
-        redisAsyncCommandArgv(s->r->wr, on_dead_read, s, 6, argv, NULL) != REDIS_OK)
+        redisAsyncCommandArgv(s->r->wr, s->last[0] ? on_dead_read : on_dead_last, s, 6,
+                              s->last[0] ? argv : last, NULL) != REDIS_OK)
         on_dead_read(NULL, NULL, s);
 }
 
