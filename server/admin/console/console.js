@@ -345,12 +345,12 @@ function drawConsumers(h, series) {
   }
   const t = el('table');
   const head = row(['Consumer', 'Broker', 'Received', 'Executed', 'Duplicates', 'Retried',
-    'Dead-lettered', 'In flight']);
+    'Dead-lettered', 'In flight', '']);
   t.append(head);
   for (const n of names) {
     const c = per.get(n) || {};
     t.append(row([n, h.consumers[n], c.received, c.executed, c.duplicates, c.retried,
-      c.dead_lettered, c.in_flight]));
+      c.dead_lettered, c.in_flight, redriveButton(n)]));
   }
   box.append(t);
 }
@@ -590,29 +590,42 @@ function actionButton(op, space, key, epoch, live, updated) {
   return b;
 }
 
-function confirmAction(op, space, key, epoch, opener, live, updated) {
-  if (!state.write) return;
+/* The confirmation dialog: title and text, the OK button's label, the
+ * mark_failed fields shown or not; submit(ev) once confirmed (after the
+ * dialog closed). Focus goes back to opener. */
+function openConfirm(title, text, ok, withFail, opener, submit) {
   const d = $('confirm');
-  const label = live ? 'Force ' + ACTIONS[op].label.toLowerCase() : ACTIONS[op].label;
-  $('confirm-title').textContent = label + '?';
-  $('confirm-text').textContent = (live ? LIVE_RISK[op] : '') + ACTIONS[op].text(space, key, epoch);
-  $('confirm-fail').hidden = op !== 'mark_failed';
-  $('fail-reason').required = op === 'mark_failed';
+  $('confirm-title').textContent = title;
+  $('confirm-text').textContent = text;
+  $('confirm-fail').hidden = !withFail;
+  $('fail-reason').required = withFail;
   $('fail-reason').value = '';
-  $('confirm-ok').textContent = label;
+  $('confirm-ok').textContent = ok;
   d.onclose = () => {
     if (opener && opener.isConnected) opener.focus();
   };
-  $('confirm-form').onsubmit = async (ev) => {
+  $('confirm-form').onsubmit = (ev) => {
     ev.preventDefault();
+    const reason = $('fail-reason').value, status = Number($('fail-status').value);
+    d.close();
+    submit(reason, status);
+  };
+  d.showModal();
+  $('confirm-cancel').focus();
+}
+
+function confirmAction(op, space, key, epoch, opener, live, updated) {
+  if (!state.write) return;
+  const label = live ? 'Force ' + ACTIONS[op].label.toLowerCase() : ACTIONS[op].label;
+  const text = (live ? LIVE_RISK[op] : '') + ACTIONS[op].text(space, key, epoch);
+  openConfirm(label + '?', text, label, op === 'mark_failed', opener, async (reason, status) => {
     const body = { space, key, epoch };
     if (live) body.force = true;
     if (op === 'delete') body.updated_ms = updated;
     if (op === 'mark_failed') {
-      body.reason = $('fail-reason').value;
-      body.status = Number($('fail-status').value);
+      body.reason = reason;
+      body.status = status;
     }
-    d.close();
     try {
       const r = await call('records/' + op, {
         method: 'POST',
@@ -626,9 +639,40 @@ function confirmAction(op, space, key, epoch, opener, live, updated) {
     if ($('detail').open) $('detail').close();
     if (state.view === 'claims') loadClaims();
     if (state.view === 'records') search(false);
-  };
-  d.showModal();
-  $('confirm-cancel').focus();
+  });
+}
+
+/* A consumer's dead letters back through the records
+ * (consumers/{name}/redrive), once its handler is fixed. */
+function redriveButton(name) {
+  const b = el('button', 'Redrive dead letters', { type: 'button', 'data-redrive': name });
+  if (!state.write) {
+    b.disabled = true;
+    b.title = 'A write key is needed';
+  }
+  b.addEventListener('click', () => {
+    if (!state.write) return;
+    openConfirm('Redrive the dead letters of ' + name + '?',
+      'Each dead letter of consumer ' + name + ' goes back through the records: a key ' +
+      'finished meanwhile (by a route, another channel) is taken off and never runs again; ' +
+      'the rest go back on its queue with their attempts counted afresh, and run once. ' +
+      'Do it once the handler that failed them is fixed.', 'Redrive', false, b, async () => {
+        try {
+          const r = await call('consumers/' + encodeURIComponent(name) + '/redrive', {
+            method: 'POST',
+            headers: { 'Content-Type': 'application/json' },
+            body: '{}',
+          });
+          say('Redrive of ' + name + ': ' + r.moved + ' moved back, ' + r.done +
+            ' done already, ' + r.kept + ' kept, ' + r.left + ' left' +
+            (r.complete ? '' : '; stopped short: ' + r.error), !r.complete);
+        } catch (e) {
+          say('Redrive of ' + name + ' refused: ' + e.message, true);
+        }
+        poll();
+      });
+  });
+  return b;
 }
 
 /* The held claims (records/held, for the spaces that hold) and the other
