@@ -1996,14 +1996,23 @@ static void ask_later(struct gw *g, int status, const char *detail)
     int give_up = wall_ms() - g->created_ms >= rs->give_up_ms;
     resolved(g, give_up ? RESOLVED_GIVEN_UP : RESOLVED_UNANSWERED, status, detail);
     g->hold_for_ms = give_up ? hold_ms(g->rt) : resolve_wait_ms(rs, g->question + 1);
-    if (give_up) {
-        char why[160];
+    /* Why the claim (at the question's epoch) is held, with the service's
+     * last answer: what an operator reads beside it (an event's why holds
+     * 127 bytes: the answer, free text, last). */
+    char answer[120], why[260];
+    if (detail)
+        snprintf(answer, sizeof answer, "%s", detail);
+    else
+        snprintf(answer, sizeof answer, "status %d", status);
+    if (give_up)
         snprintf(why, sizeof why, "the resolver gave up after %u questions; the last: %s",
-                 g->question + 1, detail ? detail : "");
-        if (!detail)
-            snprintf(why + strlen(why), sizeof why - strlen(why), "status %d", status);
-        incidents_note_why(INCIDENT_HELD, g->rt, g->key, g->epoch, why);
-    }
+                 g->question + 1, answer);
+    else
+        snprintf(why, sizeof why,
+                 "an unknown outcome, being resolved: asked again in %" PRId64
+                 " s; status query %u answered %s",
+                 (g->hold_for_ms + 999) / 1000, g->question + 1, answer);
+    incidents_note_why(INCIDENT_HELD, g->rt, g->key, g->epoch, why);
     VERDICT(g, GW_HELD);
     g->out = problem(409, "request_in_flight",
                      "an earlier request with this idempotency key may have been executed: the "

@@ -3231,6 +3231,16 @@ static void test_resolve_status_url_down(void **state)
     }
     assert_true(first <= 1);
     assert_true(most >= 3); /* the 4 s wait after the third question */
+    /* The held claim says why, with the service's last answer. */
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/held?space=refund", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    json_t *list = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    sys_resp_free(&r);
+    json_t *it = json_array_get(json_object_get(list, "records"), 0);
+    const char *why = json_string_value(json_object_get(it, "reason"));
+    if (!why || !strstr(why, "being resolved: asked again in ") || !strstr(why, "; status query "))
+        fail_msg("RD-1 held, resolving, and said: %s", why ? why : "(nothing)");
+    json_decref(list);
     kill(service.pid, SIGCONT); /* it makes the refund, and answers again */
     wait_state(gw.admin_port, "RD-1", "SUCCEEDED", 10000);
     sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
