@@ -686,13 +686,14 @@ void consumer_connection(struct consumer *k, int up, const char *detail)
  * taken, its key read from it as the gateway reads a message's, and its
  * record looked at:
  *
- *   no key, no record, RELEASED, PROCESSING ─► requeued, with the record's
+ *   no key, no record, RELEASED, PROCESSING,
+ *   any record of a key with states ─────────► requeued, with the record's
  *        epoch as its attempt base: its attempts count afresh (gateway.c,
  *        "attempts"); the message then goes through the consumer like any
  *        other, so a key that another channel finishes meanwhile is acked
  *        there as a duplicate
- *   finished (SUCCEEDED, a state of its machine) ─► taken off: done
- *   FAILED for good, or another reason asked ─────► left where it is: kept
+ *   finished successfully (no states) ───────► taken off: done
+ *   FAILED for good, or another reason asked ─► left where it is: kept
  *
  * A dead letter leaves its queue only once its message is back on the
  * source (or its key is done): two redrives at once, or one racing the
@@ -798,6 +799,11 @@ static void on_looked(void *arg, idem_rc rc, idem_outcome o, idem_record *rec, c
     }
     if (o == IDEM_NOT_FOUND) {
         settle(r, 1, 0);
+    } else if (r->k->cfg->route.states) {
+        /* A key with states: the state it is in says nothing of whether
+         * this message's move was made; the consumer's steps decide (made
+         * since: acked as stale; contradicted: dead-lettered again). */
+        settle(r, 1, rec->epoch);
     } else if (strcmp(rec->state, IDEM_STATE_FAILED) == 0) {
         r->res.kept++; /* it would come back here: failed for good */
         redrive_later(r);

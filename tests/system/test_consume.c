@@ -932,6 +932,22 @@ static void states_shared(int redis)
         sleep_ms(20);
     assert_int_equal(metric(&p, "idem_consumer_duplicates_total", "refund-mq"), 1);
     assert_int_equal(metric(&p, "idem_consumer_alerts_total", "refund-mq"), 1);
+    /* Redriven: a key with states is in a state of its machine, which
+     * says nothing of these moves; they go back through the consumer's
+     * steps (not taken off as done) and come back refused again. */
+    sys_admin_http(p.admin_port, "POST", "/_idem/v1/consumers/refund-mq/redrive", "{}", 30000,
+                   &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = json_loadb(r.m->body, r.m->body_len, 0, NULL);
+    assert_int_equal(member(j, "moved"), 2);
+    assert_int_equal(member(j, "done"), 0);
+    json_decref(j);
+    sys_resp_free(&r);
+    deadline = now_ms() + 10000;
+    while (now_ms() < deadline &&
+           metric(&p, "idem_consumer_dead_lettered_total", "refund-mq") < 4)
+        sleep_ms(20);
+    assert_int_equal(metric(&p, "idem_consumer_dead_lettered_total", "refund-mq"), 4);
     /* By HTTP: REFUNDED_BACK moves it on. */
     EVENT("REFUNDED_BACK");
     sys_http(p.port, "POST", "/refunds", NULL, body, 5000, &r);
