@@ -711,7 +711,9 @@ struct redrive {
     void *arg;
     struct mq_message *m; /* the dead letter in hand */
     int requeue;          /* what is done with it: put back, or taken off */
-    struct event *step;   /* the next dead letter, on the loop's next turn */
+    struct event *step;   /* the next dead letter, on the loop's next turn (or
+                             the session opened again, until open_until) */
+    int64_t open_until;
 };
 
 static void redrive_free(struct redrive *r)
@@ -873,22 +875,40 @@ static void on_step(evutil_socket_t fd, short what, void *arg)
     r->k->ops->dead_next(r->ses, on_dead, r);
 }
 
-static void on_redrive(evutil_socket_t fd, short what, void *arg)
+#define REDRIVE_OPEN_MS 5000 /* a consumer (re)connecting is waited for this long */
+
+static void on_open(evutil_socket_t fd, short what, void *arg)
 {
     struct redrive *r = arg;
     struct consumer *k = r->k;
     (void)fd;
     (void)what;
-    r->next = k->redrives;
-    if (k->redrives)
-        k->redrives->prev = r;
-    k->redrives = r;
     char err[300] = "the consumer is stopping";
-    if (k->stopping || !(r->ses = k->ops->dead_open(k->src, err, sizeof err))) {
+    if (!k->stopping && !(r->ses = k->ops->dead_open(k->src, err, sizeof err)) &&
+        mono_ms() < r->open_until) {
+        struct timeval tv = {0, 200 * 1000};
+        event_assign(r->step, k->ctx.base, -1, 0, on_open, r);
+        evtimer_add(r->step, &tv); /* connecting still, say: again */
+        return;
+    }
+    event_assign(r->step, k->ctx.base, -1, 0, on_step, r);
+    if (!r->ses) {
         redrive_end(r, err);
         return;
     }
     on_step(-1, 0, r);
+}
+
+static void on_redrive(evutil_socket_t fd, short what, void *arg)
+{
+    struct redrive *r = arg;
+    struct consumer *k = r->k;
+    r->next = k->redrives;
+    if (k->redrives)
+        k->redrives->prev = r;
+    k->redrives = r;
+    r->open_until = mono_ms() + REDRIVE_OPEN_MS;
+    on_open(fd, what, r);
 }
 
 int consumers_redrive(struct consumers *cs, size_t i, unsigned long limit, const char *reason,
