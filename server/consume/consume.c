@@ -146,6 +146,7 @@ struct consumer {
     int64_t drain_ms;
     struct event *drain_ev;
     struct redrive *redrives; /* running now (see "the redrive") */
+    struct event *redrive_wait; /* draining: the redrives' time to end */
 };
 
 struct consumers {
@@ -744,7 +745,12 @@ static void redrive_told(void *arg, long left)
                r->k->cfg->route.name, r->k->cfg->dead_letter, r->res.moved, r->res.done,
                r->res.kept, left, r->res.error[0] ? "; stopped short: " : "", r->res.error);
     r->done(r->arg, &r->res);
+    struct consumer *k = r->k;
     redrive_free(r);
+    if (k->stopping && !k->redrives && evtimer_pending(k->redrive_wait, NULL)) {
+        evtimer_del(k->redrive_wait);
+        event_active(k->redrive_wait, EV_TIMEOUT, 0); /* the drain goes on */
+    }
 }
 
 static void redrive_end(struct redrive *r, const char *error)
@@ -968,6 +974,20 @@ static void on_drain(evutil_socket_t fd, short what, void *arg)
         if (h->state == M_HELD)
             drop(h); /* waiting to be tried again: the broker gives it out again */
     }
+    /* A redrive stops at its next step and answers its caller; the loop
+     * waits for that (up to drain_ms), or the call would never be
+     * answered. */
+    struct timeval tv = ms_timeval(k->drain_ms);
+    if (!k->redrives || evtimer_add(k->redrive_wait, &tv) != 0)
+        front_drain(k->front, k->drain_ms);
+}
+
+/* Draining, and the redrives ended (or their time ran out). */
+static void on_redrives_ended(evutil_socket_t fd, short what, void *arg)
+{
+    struct consumer *k = arg;
+    (void)fd;
+    (void)what;
     front_drain(k->front, k->drain_ms);
 }
 
@@ -982,6 +1002,8 @@ static void consumer_free(struct consumer *k)
         redrive_free(k->redrives);
     if (k->drain_ev)
         event_free(k->drain_ev);
+    if (k->redrive_wait)
+        event_free(k->redrive_wait);
     replay_cache_free(k->ctx.replays);
     access_buf_free(k->ctx.alog); /* its last lines */
     upstream_loop_free(k->ctx.upstreams);
@@ -1028,7 +1050,8 @@ struct consumers *consumers_start(struct daemon *d, struct live_config *lc, SSL_
                        ? front_new(k->ctx.base, &cfg->limits, no_listener, d, &k->ctx)
                        : NULL;
         k->drain_ev = k->ctx.base ? event_new(k->ctx.base, -1, 0, on_drain, k) : NULL;
-        k->src = k->front && k->drain_ev && (k->ctx.alog || !alog)
+        k->redrive_wait = k->ctx.base ? evtimer_new(k->ctx.base, on_redrives_ended, k) : NULL;
+        k->src = k->front && k->drain_ev && k->redrive_wait && (k->ctx.alog || !alog)
                      ? k->ops->open(k, k->ctx.base, k->cfg, d->instance) : NULL;
         if (!k->src) {
             snprintf(err, errlen, "consumers[%zu] (%s): cannot start its event loop", i,

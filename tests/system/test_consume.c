@@ -688,6 +688,7 @@ static void test_redis_dead_letter_leaves_key_open(void **state)
 /* Two redrives at once, on the admin listener: each answer's tally. */
 struct redrive_pair {
     int admin_port;
+    const char *consumer; /* NULL: refund-mq */
     int status[2];
     json_t *answer[2];
 };
@@ -698,8 +699,10 @@ static void one_redrive(void *arg, int i)
 {
     struct redrive_pair *rp = arg;
     struct sys_resp r;
-    sys_admin_http(rp->admin_port, "POST", "/_idem/v1/consumers/refund-mq/redrive", "{}", 30000,
-                   &r);
+    char target[128];
+    snprintf(target, sizeof target, "/_idem/v1/consumers/%s/redrive",
+             rp->consumer ? rp->consumer : "refund-mq");
+    sys_admin_http(rp->admin_port, "POST", target, "{}", 30000, &r);
     rp->status[i] = r.status;
     if (r.m)
         rp->answer[i] = json_loadb(r.m->body, r.m->body_len, 0, NULL);
@@ -860,6 +863,47 @@ static void redrive(int redis)
     assert_int_equal(executions() - ran, KEYS);
     assert_int_equal(dead_count(&b), 0);
     assert_true(all_acked(&b));
+    bus_close(&b);
+}
+
+/* one_redrive(arg, 0), as a thread of its own. */
+static void *redrive_thread(void *arg)
+{
+    one_redrive(arg, 0);
+    return NULL;
+}
+
+/* SIGTERM while a redrive runs: the redrive stops at its next step and
+ * its caller is answered (200, complete or not) before the daemon exits,
+ * cleanly; what it did not take stays on the dead letter. */
+static void test_redis_redrive_stopped(void **state)
+{
+    (void)state;
+    enum { DEAD = 2000 };
+    struct bus b;
+    char path[4200];
+    bus_open(&b, 1, "rdstop");
+    refunds_config(&b, 64, 0, "", path, sizeof path);
+    for (int i = 0; i < DEAD; i++) /* without a key: each comes back */
+        redis_int(&b, "XADD %s * body {} message_id m-%d x-idem-reason key_missing", b.dead, i);
+    struct proc p;
+    start(&p, "serve", path);
+    struct redrive_pair rp = {.admin_port = p.admin_port, .consumer = "refunds"};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, redrive_thread, &rp), 0);
+    sleep_ms(150);
+    kill(p.pid, SIGTERM);
+    pthread_join(t, NULL);
+    if (rp.status[0] != 200 || !rp.answer[0])
+        fail_msg("a redrive cut by SIGTERM: %d", rp.status[0]);
+    long long moved = member(rp.answer[0], "moved");
+    json_t *error = json_object_get(rp.answer[0], "error");
+    assert_true(moved > 0);
+    assert_true(json_is_true(json_object_get(rp.answer[0], "complete")) ||
+                (error && strstr(json_string_value(error), "stopping")));
+    json_decref(rp.answer[0]);
+    assert_int_equal(sys_stop(&p, SIGTERM), 0);
+    assert_int_equal(dead_count(&b) >= DEAD - moved, 1);
     bus_close(&b);
 }
 
@@ -1723,6 +1767,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_redis_dead_letter_leaves_key_open, teardown),
         cmocka_unit_test_teardown(test_amqp_redrive, teardown),
         cmocka_unit_test_teardown(test_redis_redrive, teardown),
+        cmocka_unit_test_teardown(test_redis_redrive_stopped, teardown),
         cmocka_unit_test_teardown(test_amqp_states_shared_with_a_route, teardown),
         cmocka_unit_test_teardown(test_amqp_unknown_outcome_resolved, teardown),
         cmocka_unit_test_teardown(test_amqp_tombstoned_acked, teardown),
