@@ -44,6 +44,16 @@ const struct route *config_nth_route(const struct server_config *c, size_t i)
     return i < c->route_count ? &c->routes[i] : &c->consumers[i - c->route_count].route;
 }
 
+int config_span_is_lease(const struct server_config *c, const char *space, int64_t span)
+{
+    for (size_t i = 0; i < c->route_count + c->consumer_count; i++) {
+        const struct route *rt = config_nth_route(c, i);
+        if (rt->lease_ms == span && strcmp(rt->space, space) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 void config_free(struct server_config *c)
 {
     if (!c)

@@ -98,6 +98,14 @@ void config_free(struct server_config *c);
  * consumer_count in all): everything that keeps records in a space. */
 const struct route *config_nth_route(const struct server_config *c, size_t i);
 
+/* Of a PROCESSING claim on space, its span (lease_until - updated): 1 when
+ * it is the lease of a route or consumer there, the claim in flight and
+ * renewed to it; 0 when a hold set it (hold, resolve: gateway.c's
+ * FINISH_HOLD), the claim held. The one rule the admin's listings and
+ * actions read a claim by (the held census keeps a copy of the leases,
+ * its rounds outliving a reload). */
+int config_span_is_lease(const struct server_config *c, const char *space, int64_t span);
+
 /* Where the store is, fit for a log line: the SQLite path, or the two
  * servers' URLs with any user and password left out. */
 void config_storage_where(const struct server_config *c, char *buf, size_t size);

@@ -17,11 +17,13 @@
  * answer is 409 with the record as it stands. docs/http-api.md is the
  * reference.
  *
- * A held claim is PROCESSING with a lease longer than its route's: the
- * gateway extends it by hold_ms (gateway.c, FINISH_HOLD), never less than
- * the lease, and a claim in flight is only ever renewed to the lease. So a
- * space's held claims are its PROCESSING records whose lease_until -
- * updated_ms is over the longest lease of the routes on that space.
+ * A held claim is PROCESSING with a span (lease_until - updated_ms) that
+ * no route's lease is: a claim in flight is only ever renewed to its
+ * lease, a hold extends it by something else (config_span_is_lease). A
+ * hold (hold_ms) is never shorter than the lease, so the store's filter
+ * (a span over the longest lease) finds them; a resolver's wait for its
+ * next question may be shorter, and on such a space the rows are sorted
+ * here.
  */
 #include "admin/records_admin.h"
 
@@ -133,12 +135,14 @@ static struct http_response *int_param(const struct query *q, const char *name, 
 
 /* ---- listing ---- */
 
-/* The longest lease of cfg's routes and consumers on space, and whether
- * one of them holds unknown outcomes. 0 when none keeps records there. */
-static int64_t space_lease(const struct server_config *cfg, const char *space, int *holds)
+/* The longest lease of cfg's routes and consumers on space, whether one
+ * of them holds unknown outcomes, and whether one resolves them. 0 when
+ * none keeps records there. */
+static int64_t space_lease(const struct server_config *cfg, const char *space, int *holds,
+                           int *resolves)
 {
     int64_t lease = 0;
-    *holds = 0;
+    *holds = *resolves = 0;
     for (size_t i = 0; i < cfg->route_count + cfg->consumer_count; i++) {
         const struct route *rt = config_nth_route(cfg, i);
         if (strcmp(rt->space, space) != 0)
@@ -146,6 +150,7 @@ static int64_t space_lease(const struct server_config *cfg, const char *space, i
         if (rt->lease_ms > lease)
             lease = rt->lease_ms;
         *holds |= config_route_holds(rt);
+        *resolves |= rt->resolve != NULL;
     }
     return lease;
 }
@@ -158,14 +163,8 @@ static int64_t space_lease(const struct server_config *cfg, const char *space, i
 static int claim_live(const struct server_config *cfg, const char *space, const idem_record *rec,
                       int64_t now)
 {
-    if (strcmp(rec->state, IDEM_STATE_PROCESSING) != 0 || rec->lease_until_ms <= now)
-        return 0;
-    for (size_t i = 0; i < cfg->route_count + cfg->consumer_count; i++) {
-        const struct route *rt = config_nth_route(cfg, i);
-        if (strcmp(rt->space, space) == 0 && rec->lease_until_ms - rec->updated_ms == rt->lease_ms)
-            return 1;
-    }
-    return 0;
+    return strcmp(rec->state, IDEM_STATE_PROCESSING) == 0 && rec->lease_until_ms > now &&
+           config_span_is_lease(cfg, space, rec->lease_until_ms - rec->updated_ms);
 }
 
 /* The status of a stored answer from its first bytes ("IDEM1 201 ..."), 0
@@ -181,8 +180,8 @@ static int stored_status(const idem_record_item *it)
     return (p[0] - '0') * 100 + (p[1] - '0') * 10 + (p[2] - '0');
 }
 
-static json_t *item_json(const char *space, const idem_record_item *it, int64_t now,
-                         int64_t lease, int holds)
+static json_t *item_json(const struct server_config *cfg, const char *space,
+                         const idem_record_item *it, int64_t now, int holds)
 {
     int processing = strcmp(it->state, IDEM_STATE_PROCESSING) == 0;
     json_t *j = json_pack("{s:s, s:s, s:s, s:I, s:s, s:I, s:I, s:I}", "space", space, "key",
@@ -196,7 +195,7 @@ static json_t *item_json(const char *space, const idem_record_item *it, int64_t 
         int64_t left = it->lease_until_ms - now;
         json_object_set_new(j, "lease_until_ms", json_integer(it->lease_until_ms));
         json_object_set_new(j, "lease_left_ms", json_integer(left > 0 ? left : 0));
-        int held = holds && lease > 0 && it->lease_until_ms - it->updated_ms > lease;
+        int held = holds && !config_span_is_lease(cfg, space, it->lease_until_ms - it->updated_ms);
         json_object_set_new(j, "held", json_boolean(held));
         /* Why, when this instance held it and still keeps the event. */
         char why[sizeof ((struct incident *)0)->why];
@@ -228,7 +227,8 @@ static const char *state_name(const char *s)
 struct listing {
     char space[IDEM_NAME_MAX + 1];
     int64_t now, lease;
-    int holds;
+    int holds, held_only; /* held_only: records/held */
+    int resolves;         /* a route on the space resolves (see list) */
 };
 
 /* A listing refused for its query: the parameter named, as the library's
@@ -256,9 +256,13 @@ static void on_listed(void *arg, idem_rc rc, idem_record_page *page, const char 
         return;
     }
     json_t *items = json_array();
-    for (size_t i = 0; i < page->count; i++)
-        json_array_append_new(items, item_json(l->space, &page->items[i], l->now, l->lease,
-                                               l->holds));
+    for (size_t i = 0; i < page->count; i++) {
+        const idem_record_item *it = &page->items[i];
+        if (l->held_only && config_span_is_lease(c->cfg, l->space,
+                                                 it->lease_until_ms - it->updated_ms))
+            continue; /* in flight, not held: what the store's filter let through */
+        json_array_append_new(items, item_json(c->cfg, l->space, it, l->now, l->holds));
+    }
     json_t *j = json_pack("{s:o, s:o}", "records", items, "next_cursor",
                           page->next_cursor[0] ? json_string(page->next_cursor) : json_null());
     api_answer(c, json_response(200, j));
@@ -296,7 +300,8 @@ static void list(struct api_call *c, int held)
     }
     c->own = l;
     snprintf(l->space, sizeof l->space, "%s", space);
-    l->lease = space_lease(c->cfg, space, &l->holds);
+    l->lease = space_lease(c->cfg, space, &l->holds, &l->resolves);
+    l->held_only = held;
     if (held && !l->holds) {
         api_answer(c, problem(400, "invalid_parameter",
                               "parameter space: no route or consumer on space %s has "
@@ -313,7 +318,10 @@ static void list(struct api_call *c, int held)
                                                                    : NULL,
         .created_before_ms = older ? l->now - older : 0,
         .created_after_ms = newer ? l->now - newer : 0,
-        .min_lease_span_ms = held ? l->lease : 0,
+        /* A hold is never shorter than the lease, so the store leaves out
+         * the claims in flight; a resolver's wait for its next question
+         * may be (after: 1s, lease: 30s): there the rows are sorted here. */
+        .min_lease_span_ms = held && !l->resolves ? l->lease : 0,
         .limit = (unsigned)limit,
         .cursor = param(&q, "cursor"),
     };

@@ -3213,6 +3213,13 @@ static void test_resolve_status_url_down(void **state)
     assert_int_equal(r.status, 504);
     sys_resp_free(&r);
     kill(service.pid, SIGSTOP); /* the refund not made yet; no question answered */
+    /* Held for 1 s (after), shorter than its lease (2 s): held all the
+     * same, and listed as such. */
+    sys_admin_http(gw.admin_port, "GET", "/_idem/v1/records/held?space=refund", NULL, 5000, &r);
+    assert_int_equal(r.status, 200);
+    if (!strstr(r.m->body, "\"key\":\"RD-1\"") || !strstr(r.m->body, "\"held\":true"))
+        fail_msg("RD-1 held for its first question, not listed: %s", r.m->body);
+    sys_resp_free(&r);
     long first = 0, most = 0;
     int held = 0;
     for (int64_t end = mono_ms() + 7000; mono_ms() < end; sleep_ms(250)) {
