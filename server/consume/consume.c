@@ -211,7 +211,7 @@ int mq_add_header(struct mq_message *m, const char *name, size_t nlen, const cha
         if (strlen(reserved[i]) == nlen && http_name_alike(spelt, reserved[i]))
             return 0;
     if (strcasecmp(spelt, "x-idem-attempt-base") == 0) {
-        /* A redrive's (redrive.c); a number or nothing. */
+        /* Set by a redrive (consume.c, "the redrive"); a number or nothing. */
         char num[24];
         char *end;
         if (vlen < sizeof num) {

@@ -109,7 +109,7 @@ struct mq_source_ops {
      * 0, or -1: neither done for sure (it comes back). */
     int (*dead_letter)(void *src, const struct mq_message *m, const char *reason,
                        unsigned attempts, int last_status);
-    /* ---- the redrive (redrive.c): a session of its own takes the dead
+    /* ---- the redrive (consume.c): a session of its own takes the dead
      * letters one at a time and settles each, all on the loop. ---- */
     /* A session, or NULL with err (the broker cannot be reached). */
     void *(*dead_open)(void *src, char *err, size_t errlen);
@@ -178,9 +178,10 @@ struct redrive_result {
     char error[200];     /* "" or why it stopped short (the broker, the store) */
 };
 
-/* Redrive consumer i's dead letters (redrive.c), on its loop: at most
- * limit of them, only those dead-lettered for reason (NULL: any). done(arg,
- * result) is called once, on the consumer's thread, result then freed.
+/* Redrive consumer i's dead letters (consume.c, "the redrive"), on its
+ * loop: at most limit of them, only those dead-lettered for reason (NULL:
+ * any). done(arg, result) is called once, on the consumer's thread, result
+ * then freed.
  * -1 when it cannot start (OOM, the consumer stopped). Any thread. */
 int consumers_redrive(struct consumers *cs, size_t i, unsigned long limit, const char *reason,
                       void (*done)(void *arg, const struct redrive_result *r), void *arg);
