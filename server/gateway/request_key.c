@@ -35,6 +35,25 @@ size_t request_path(const char *target, char *out, size_t cap)
     return len;
 }
 
+int request_pct_encode(const char *s, char *out, size_t cap, size_t *o)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        int plain = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
+                    (*p >= '0' && *p <= '9') || *p == '-' || *p == '.' || *p == '_' || *p == '~';
+        if (*o + (plain ? 1 : 3) >= cap)
+            return -1;
+        if (plain) {
+            out[(*o)++] = (char)*p;
+        } else {
+            out[(*o)++] = '%';
+            out[(*o)++] = hex[*p >> 4];
+            out[(*o)++] = hex[*p & 15];
+        }
+    }
+    return 0;
+}
+
 int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_is_space)
 {
     size_t o = 0;

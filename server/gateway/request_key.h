@@ -53,6 +53,11 @@ int request_fingerprint(const struct route *rt, const struct http_msg *m,
  * %-escape is broken, or it is %00. */
 int request_pct_decode(const char *s, size_t n, char *out, size_t cap, int plus_is_space);
 
+/* s percent-encoded (every byte but the unreserved ones: letters, digits,
+ * "-._~") at out + *o, *o moved on and out kept NUL-terminable: 0, or -1
+ * when it does not fit in cap. */
+int request_pct_encode(const char *s, char *out, size_t cap, size_t *o);
+
 /* The path part of a request target (before '?' or '#'), copied into out
  * (cap bytes), cut to fit. Returns its whole length: cap or more means it
  * was cut. */

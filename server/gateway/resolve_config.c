@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gateway/request_key.h"
 #include "http/upstream.h"
 
 void route_resolve_free(struct route_resolve *r)
@@ -91,26 +92,6 @@ int config_get_resolve(struct config_ctx *c, const yaml_node_t *n, const char *p
     return 0;
 }
 
-/* s percent-escaped (all but unreserved bytes) at out + *o; -1 past cap. */
-static int escape(const char *s, char *out, size_t cap, size_t *o)
-{
-    static const char hex[] = "0123456789ABCDEF";
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        int plain = (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') ||
-                    (*p >= '0' && *p <= '9') || *p == '-' || *p == '.' || *p == '_' || *p == '~';
-        if (*o + (plain ? 1 : 3) >= cap)
-            return -1;
-        if (plain) {
-            out[(*o)++] = (char)*p;
-        } else {
-            out[(*o)++] = '%';
-            out[(*o)++] = hex[*p >> 4];
-            out[(*o)++] = hex[*p & 15];
-        }
-    }
-    return 0;
-}
-
 int resolve_target(const struct route_resolve *r, const char *space, const char *key, char *out,
                    size_t cap)
 {
@@ -119,7 +100,7 @@ int resolve_target(const struct route_resolve *r, const char *space, const char 
     while (*p) {
         if (strncmp(p, "{key}", 5) == 0 || strncmp(p, "{space}", 7) == 0) {
             int is_key = p[1] == 'k';
-            if (escape(is_key ? key : space, out, cap, &o))
+            if (request_pct_encode(is_key ? key : space, out, cap, &o))
                 return -1;
             p += is_key ? 5 : 7;
             continue;
