@@ -17,6 +17,7 @@
 
 #include "config.h"
 #include "exchange.h"
+#include "gateway/request_key.h"
 #include "url.h"
 
 #define REDRIVE_TIMEOUT_MS (10 * 60 * 1000) /* a long redrive is answered when over */
@@ -128,11 +129,14 @@ int redrive_main(int argc, char **argv)
                         "its api_keys in IDEM_API_KEY, which is not set\n");
         return 2;
     }
-    char err[512];
+    char err[512] = "out of memory";
     struct server_config *cfg = NULL;
-    if (config_path ? config_load(config_path, &cfg, err, sizeof err) != 0
-                    : !(cfg = config_default()) && snprintf(err, sizeof err, "out of memory")) {
+    int bad = config_path ? config_load(config_path, &cfg, err, sizeof err) != 0
+                          : !(cfg = config_default()) || config_finish(cfg, err, sizeof err) != 0;
+    if (bad) {
+        /* The defaults finished as a file's are: admin_listen's socket. */
         fprintf(stderr, "idem consume: %s\n", err);
+        config_free(cfg);
         return 2;
     }
     json_t *body = json_object();
@@ -140,29 +144,21 @@ int redrive_main(int argc, char **argv)
         json_object_set_new(body, "limit", json_integer(limit));
     if (reason)
         json_object_set_new(body, "reason", json_string(reason));
-    char *text = json_dumps(body, JSON_COMPACT), *esc = NULL;
+    char *text = json_dumps(body, JSON_COMPACT);
     json_decref(body);
-    /* The name in the path, percent-encoded but for unreserved bytes. */
-    size_t n = strlen(name);
-    char target[400];
-    if (n < 100 && (esc = malloc(3 * n + 1)) != NULL) {
-        char *o = esc;
-        for (const unsigned char *p = (const unsigned char *)name; *p; p++)
-            o += strchr("-._~", *p) || (*p >= '0' && *p <= '9') || ((*p | 32) >= 'a' &&
-                                                                     (*p | 32) <= 'z')
-                     ? sprintf(o, "%c", *p)
-                     : sprintf(o, "%%%02X", *p);
-    }
-    snprintf(target, sizeof target, "/_idem/v1/consumers/%s/redrive", esc ? esc : "");
-    free(esc);
+    /* The name in the path, percent-encoded. */
+    char target[400] = "/_idem/v1/consumers/";
+    size_t o = strlen(target);
+    int too_long = request_pct_encode(name, target, sizeof target - strlen("/redrive"), &o);
+    snprintf(target + o, sizeof target - o, "/redrive");
     struct vurl u;
     memset(&u, 0, sizeof u);
     int rc = 1;
     char auth[600];
     snprintf(auth, sizeof auth, "Bearer %s", key);
     struct xchg_header h[] = {{"Authorization", auth}, {"Content-Type", "application/json"}};
-    if (!text || n >= 100) {
-        fprintf(stderr, "idem consume: --redrive: %s\n", text ? "a name of at most 99 bytes"
+    if (!text || too_long) {
+        fprintf(stderr, "idem consume: --redrive: %s\n", text ? "a name that long is no consumer's"
                                                               : "out of memory");
         rc = 2;
     } else if (admin_url(cfg, target, &u, err, sizeof err) != 0 ||

@@ -714,6 +714,20 @@ static long long member(const json_t *j, const char *name)
     return json_integer_value(json_object_get(j, name));
 }
 
+/* Run the shell command cmd (stderr with stdout): its exit status, and
+ * what it printed into out (cap bytes). */
+static int run_cli(const char *cmd, char *out, size_t cap)
+{
+    char line[10000];
+    snprintf(line, sizeof line, "%s 2>&1", cmd);
+    FILE *f = popen(line, "r");
+    assert_non_null(f);
+    size_t got = fread(out, 1, cap - 1, f);
+    out[got] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 /* 20 keys dead-lettered (their handler refused every attempt), 5 of them
  * then executed through the route sharing the space; a redrive with the
  * handler still down takes the 5 off as done and gets the 15 their
@@ -834,29 +848,29 @@ static void redrive(int redis)
         /* The configuration loads as the daemon's does: its keys' variable
          * set; the key used is IDEM_API_KEY's. */
         setenv(SYS_ADMIN_KEY_ENV, SYS_ADMIN_KEY, 1);
-        snprintf(cmd, sizeof cmd, "IDEM_API_KEY=%s %s consume --redrive refund-mq -c %s 2>&1",
+        snprintf(cmd, sizeof cmd, "IDEM_API_KEY=%s %s consume --redrive refund-mq -c %s",
                  SYS_ADMIN_KEY, idem_bin, unix_cfg);
-        FILE *f = popen(cmd, "r");
-        assert_non_null(f);
-        size_t got = fread(out, 1, sizeof out - 1, f);
-        out[got] = '\0';
-        if (pclose(f) != 0)
-            fail_msg("idem consume --redrive failed: %s", out);
-        if (!strstr(out, "redrive of refund-mq: 0 moved back, 0 done already, 0 kept, 0 left"))
-            fail_msg("idem consume --redrive said: %s", out);
-        snprintf(cmd, sizeof cmd, "%s consume --redrive nobody -c %s 2>&1", idem_bin, unix_cfg);
-        f = popen(cmd, "r");
-        got = fread(out, 1, sizeof out - 1, f);
-        out[got] = '\0';
-        assert_int_equal(WEXITSTATUS(pclose(f)), 2); /* no key in IDEM_API_KEY */
-        snprintf(cmd, sizeof cmd, "IDEM_API_KEY=%s %s consume --redrive nobody -c %s 2>&1",
+        int st = run_cli(cmd, out, sizeof out);
+        if (st != 0 ||
+            !strstr(out, "redrive of refund-mq: 0 moved back, 0 done already, 0 kept, 0 left"))
+            fail_msg("idem consume --redrive: %d, said: %s", st, out);
+        snprintf(cmd, sizeof cmd, "%s consume --redrive nobody -c %s", idem_bin, unix_cfg);
+        assert_int_equal(run_cli(cmd, out, sizeof out), 2); /* no key in IDEM_API_KEY */
+        snprintf(cmd, sizeof cmd, "IDEM_API_KEY=%s %s consume --redrive nobody -c %s",
                  SYS_ADMIN_KEY, idem_bin, unix_cfg);
-        f = popen(cmd, "r");
-        got = fread(out, 1, sizeof out - 1, f);
-        out[got] = '\0';
-        assert_int_equal(WEXITSTATUS(pclose(f)), 1);
+        assert_int_equal(run_cli(cmd, out, sizeof out), 1);
         if (!strstr(out, "404 no consumer nobody here; refund-mq"))
             fail_msg("idem consume --redrive nobody said: %s", out);
+        /* Without -c: the defaults' admin socket (./idem-admin.sock), where
+         * no daemon listens. */
+        char *abs = realpath(idem_bin, NULL);
+        assert_non_null(abs);
+        snprintf(cmd, sizeof cmd, "cd %s && IDEM_API_KEY=%s %s consume --redrive refund-mq", dir,
+                 SYS_ADMIN_KEY, abs);
+        free(abs);
+        assert_int_equal(run_cli(cmd, out, sizeof out), 1);
+        if (!strstr(out, "(is the daemon running?)"))
+            fail_msg("idem consume --redrive without -c said: %s", out);
         assert_int_equal(sys_stop(&p, SIGTERM), 0);
     }
     assert_int_equal(rows() - before, KEYS);
