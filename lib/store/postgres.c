@@ -65,10 +65,15 @@
  * socket against a deadline (libpq has no per-command timeout). A write job
  * that waited timeout_ms for a writer fails untried; a batch's round trips
  * get timeout_ms from when the batch starts; a read gets timeout_ms from
- * when it was asked. A timeout drops the connection and fails what was in
- * flight with IDEM_ETIMEDOUT: the server may have committed it, or may yet.
- * So does a connection lost once a batch's COMMIT may have been sent; a
- * refused connection, or one lost before, fails it with IDEM_EUNAVAILABLE. A
+ * when it was asked. A timeout drops the connection. A batch whose COMMIT
+ * may have been sent when its connection broke or timed out is in doubt:
+ * the writer finds out, on a new connection (to the same server, or to the
+ * standby promoted since), which of its writes committed, and answers each
+ * caller with what is there (see "a batch in doubt"); only when no primary
+ * answers for SETTLE_MS does it fail IDEM_ETIMEDOUT, "it may have
+ * happened". A read that times out fails IDEM_ETIMEDOUT; a refused
+ * connection, or one lost before COMMIT was sent, fails a batch with
+ * IDEM_EUNAVAILABLE. A
  * failed connect starts a backoff (BACKOFF_MIN_MS, doubling to
  * BACKOFF_MAX_MS) shared by the handle's connections; while it runs calls
  * fail at once, and the first connect after it that succeeds puts the handle
@@ -132,6 +137,7 @@
 #define READ_BATCH_MAX 128
 #define READS_PER_SERVER 16
 #define WRITERS 2
+#define SETTLE_MS 30000 /* a batch in doubt: how long to look for its outcome */
 
 /* ---- schema ---- */
 
@@ -177,6 +183,7 @@ enum {
     ST_BEGIN, ST_COMMIT, ST_ROLLBACK,
     ST_REC_INSERT, ST_REC_GET, ST_REC_CAS, ST_REC_PURGE,
     ST_INBOX_INSERT, ST_INBOX_GET, ST_INBOX_CAS,
+    ST_XACT, ST_TERMINATE,
     ST_COUNT_
 };
 
@@ -237,6 +244,19 @@ static const struct {
         " WHERE grp = $1 AND msg_id = $2 AND ($7 IS NULL OR state = $7)"
         " AND attempts = $8 AND ($9 = 0 OR lease_until <= $9)"
         " RETURNING state, attempts, lease_until, biz_type"},
+    /* A batch in doubt (see settle): its rows are read in a transaction
+     * that writes (a row rewritten as it is), so that its COMMIT waits for
+     * the synchronous standby as a batch's does (a transaction that only
+     * takes an xid writes no WAL, and waits for nothing); and the session
+     * that was committing it, when the server is still the same, is ended
+     * first (as long as it is listed: a PID alone could be another
+     * session's by now). */
+    [ST_XACT] = {"idem_xact", "",
+                 "UPDATE idem_schema SET version = version WHERE version = 1"},
+    [ST_TERMINATE] = {
+        "idem_terminate", "ii",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid = $1"
+        " AND (extract(epoch FROM backend_start) * 1000000)::bigint = $2"},
 };
 
 /* ---- the backend's state ---- */
@@ -298,6 +318,10 @@ struct read_req;
 struct writer {
     struct pg_db *db;
     PGconn *pg;
+    /* Who pg's session is, for a batch in doubt: the server's start and
+     * the session's (microseconds since 1970), and its PID. */
+    int64_t server_start_us, session_start_us;
+    int session_pid;
     struct idem__cq_item **items;
     struct job **batch;
     pthread_t thread;
@@ -658,21 +682,29 @@ fail:
 
 static idem_rc migrate(struct pg_db *d, PGconn *pg, int64_t deadline);
 
-/* What the server pg is connected to promises about an acknowledged commit
- * on a failover: synchronous only with a synchronous standby named and
- * synchronous_commit at on or remote_apply (below on, off, local and
- * remote_write acknowledge before the standby has the commit durably). */
-static idem_rc read_replication(struct pg_db *d, PGconn *pg, int64_t deadline)
+/* What the server w's connection pg is connected to promises about an
+ * acknowledged commit on a failover: synchronous only with a synchronous
+ * standby named and synchronous_commit at on or remote_apply (below on,
+ * off, local and remote_write acknowledge before the standby has the
+ * commit durably). And who the session is, for a batch in doubt. */
+static idem_rc read_server(struct writer *w, PGconn *pg, int64_t deadline)
 {
+    struct pg_db *d = w->db;
     PGresult *r = NULL;
     idem_rc rc = exec_simple(d, pg,
                              "SELECT current_setting('synchronous_commit'),"
-                             " current_setting('synchronous_standby_names')",
+                             " current_setting('synchronous_standby_names'),"
+                             " (extract(epoch FROM pg_postmaster_start_time()) * 1000000)"
+                             "::bigint, (SELECT (extract(epoch FROM backend_start) * 1000000)"
+                             "::bigint FROM pg_stat_activity WHERE pid = pg_backend_pid())",
                              deadline, "reading synchronous_commit", &r);
     if (rc != IDEM_OK || !r || PQntuples(r) != 1) {
         PQclear(r);
         return rc;
     }
+    w->server_start_us = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
+    w->session_start_us = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
+    w->session_pid = PQbackendPID(pg);
     idem_replication v;
     memset(&v, 0, sizeof v);
     v.known = 1;
@@ -719,7 +751,7 @@ static idem_rc writer_connect(struct writer *w, int64_t deadline, int migrate_fi
     if (rc == IDEM_OK && migrate_first)
         rc = migrate(d, pg, deadline);
     if (rc == IDEM_OK)
-        rc = read_replication(d, pg, deadline);
+        rc = read_server(w, pg, deadline);
     for (int i = 0; rc == IDEM_OK && i < ST_COUNT_; i++)
         rc = prepare(d, pg, i, deadline);
     if (rc == IDEM_OK && !PQenterPipelineMode(pg))
@@ -1010,6 +1042,8 @@ struct batch_error {
     int job;               /* index of the job, or -1 (BEGIN, COMMIT) */
     int stale;             /* a connection kept from before broke, and nothing
                               can have been committed: see run_batch */
+    int in_doubt;          /* it broke (or timed out) once COMMIT was queued:
+                              see settle */
     char sqlstate[6];
     char detail[256];
 };
@@ -1123,6 +1157,7 @@ static idem_rc run_once(struct writer *w, struct job **jobs, unsigned n, int64_t
     e->rc = IDEM_OK;
     e->job = -1;
     e->stale = 0;
+    e->in_doubt = 0;
     conn_check_idle(&w->pg);
     int kept = w->pg != NULL;
     if (!kept && (rc = writer_connect(w, deadline, 0)) != IDEM_OK)
@@ -1190,6 +1225,7 @@ aborted:
     return idem__fail(e->rc, "%s", e->detail);
 drop:
     conn_close(&w->pg);
+    e->in_doubt = committing;
     if (committing && rc != IDEM_ETIMEDOUT) {
         /* Not "unavailable": the batch may have committed. */
         char why[256];
@@ -1222,11 +1258,205 @@ static void remove_job(struct job **jobs, unsigned *n, unsigned i)
     (*n)--;
 }
 
+/* ---- a batch in doubt ----
+ *
+ * A batch whose connection broke, or whose answer did not come in time,
+ * once its COMMIT was queued may or may not have committed, and may yet, on
+ * the server it was sent to. Failing it (IDEM_ETIMEDOUT, "it may have
+ * happened") costs the callers dearly: a begin whose claim did commit holds
+ * a key no request executes until the lease ends, and on a hold route for
+ * good. Running it again would meet its own writes and take them for
+ * another's. So the writer finds out, on a new connection, for up to
+ * SETTLE_MS:
+ *
+ *   1. When the new connection is to the same server (its postmaster
+ *      started at the same instant), the session that was committing is
+ *      ended first (pg_terminate_backend) and waited for: until it has
+ *      gone its COMMIT may still land. On another server (a standby
+ *      promoted, libpq's multi-host URL finding it) or the same one
+ *      restarted, that session is gone with its server.
+ *   2. Each job's row is read, in a transaction that writes (ST_XACT): its
+ *      COMMIT waits for the synchronous standby as the batch's would have,
+ *      so a row read here is durable where the batch's had to be. A
+ *      standby still in recovery refuses the write, and the writer tries
+ *      again.
+ *   3. A job whose row holds what its write would have written (applied())
+ *      is answered as made; the others run again, as a batch of their
+ *      own, deciding on the rows as they are now: the same first run that
+ *      a batch that never committed would have had.
+ *
+ * When no primary answers within SETTLE_MS, or the handle closes, the
+ * batch fails IDEM_ETIMEDOUT as before. The batch's other writer goes on
+ * meanwhile. */
+
+/* Whether j's write is in the row read back for it (j->rec or j->entry):
+ * the row holds what the write would have written. */
+static int applied(const struct job *j)
+{
+    if (j->rc != IDEM_OK || !j->found)
+        return 0;
+    switch (j->kind) {
+    case JOB_REC_INSERT: {
+        const struct idem__rec_new *n = j->rec_new;
+        return j->rec.epoch == n->epoch && strcmp(j->rec.owner, n->owner) == 0 &&
+               j->rec.created_ms == n->now;
+    }
+    case JOB_REC_CAS: {
+        const struct idem__rec_cas *c = j->rec_cas;
+        uint64_t epoch = c->epoch ? c->epoch : c->expect_epoch;
+        return strcmp(j->rec.state, c->state) == 0 && (!epoch || j->rec.epoch == epoch) &&
+               (!c->owner || strcmp(j->rec.owner, c->owner) == 0) &&
+               j->rec.lease_until_ms == c->lease_until && j->rec.updated_ms == c->now;
+    }
+    case JOB_INBOX_INSERT:
+        return strcmp(j->entry.state, j->state) == 0 && j->entry.attempts == j->attempts &&
+               j->entry.lease_until_ms == j->lease_until;
+    case JOB_INBOX_CAS: {
+        const struct idem__inbox_cas *c = j->inbox_cas;
+        return strcmp(j->entry.state, c->state) == 0 && j->entry.attempts == c->attempts &&
+               j->entry.lease_until_ms == c->lease_until;
+    }
+    default: /* a read, a purge: run again */
+        return 0;
+    }
+}
+
+static int writes_a_row(const struct job *j)
+{
+    return j->kind == JOB_REC_INSERT || j->kind == JOB_REC_CAS ||
+           j->kind == JOB_INBOX_INSERT || j->kind == JOB_INBOX_CAS;
+}
+
+/* Step 1: on the server the batch ran on, end the session that ran it and
+ * wait until it is no longer listed. */
+static idem_rc end_session(struct writer *w, int64_t server_us, int64_t session_us, int pid,
+                           int64_t deadline)
+{
+    struct pg_db *d = w->db;
+    if (w->server_start_us != server_us)
+        return IDEM_OK;
+    for (;;) {
+        struct params p = {0};
+        struct batch_error e = {.rc = IDEM_OK};
+        PGresult *r = NULL;
+        p_int(&p, pid);
+        p_int(&p, session_us);
+        if (!send_stmt(w->pg, ST_TERMINATE, &p) || !PQpipelineSync(w->pg))
+            return conn_fail(d, w->pg, IDEM_EUNAVAILABLE, "ending a batch's session");
+        idem_rc rc = flush_out(d, w->pg, deadline, "ending a batch's session");
+        if (rc == IDEM_OK)
+            rc = next_statement(d, w->pg, deadline, -1, &e, &r);
+        int listed = r && PQntuples(r) > 0;
+        PQclear(r);
+        if (rc == IDEM_OK)
+            rc = sync_point(d, w->pg, deadline);
+        if (rc == IDEM_OK && e.rc != IDEM_OK)
+            rc = idem__fail(e.rc, "%s", e.detail);
+        if (rc != IDEM_OK || !listed)
+            return rc;
+        if (idem__mono_ms() >= deadline)
+            return timeout_fail(d, "for a batch's session to end");
+        struct timespec ts = {0, 10 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Step 2: each job's row, read in a transaction that writes. */
+static idem_rc read_back(struct writer *w, struct job **jobs, unsigned n, int64_t deadline)
+{
+    struct pg_db *d = w->db;
+    PGconn *pg = w->pg;
+    struct params none = {0};
+    struct batch_error e = {.rc = IDEM_OK, .job = -1};
+    PGresult *r;
+    int sent = send_stmt(pg, ST_BEGIN, &none) && send_stmt(pg, ST_XACT, &none);
+    for (unsigned i = 0; sent && i < n; i++)
+        if (writes_a_row(jobs[i]))
+            sent = send_read(pg, jobs[i]);
+    if (!sent || !send_stmt(pg, ST_COMMIT, &none) || !PQpipelineSync(pg))
+        return conn_fail(d, pg, IDEM_EUNAVAILABLE, "reading a batch back");
+    idem_rc rc = flush_out(d, pg, deadline, "reading a batch back");
+    if (rc == IDEM_OK)
+        rc = take_command(d, pg, deadline, &e);
+    if (rc == IDEM_OK)
+        rc = take_command(d, pg, deadline, &e);
+    for (unsigned i = 0; rc == IDEM_OK && i < n; i++) {
+        if (!writes_a_row(jobs[i]))
+            continue;
+        if ((rc = next_statement(d, pg, deadline, (int)i, &e, &r)) == IDEM_OK && r)
+            read_read(jobs[i], r);
+        PQclear(r);
+    }
+    if (rc == IDEM_OK)
+        rc = take_command(d, pg, deadline, &e);
+    if (rc == IDEM_OK)
+        rc = sync_point(d, pg, deadline);
+    if (rc == IDEM_OK && e.rc != IDEM_OK) {
+        (void)end_aborted(d, pg, deadline);
+        rc = idem__fail(e.rc, "%s", e.detail);
+    }
+    return rc;
+}
+
+static int stopping(struct pg_db *d)
+{
+    pthread_mutex_lock(&d->q.mu);
+    int stop = d->q.stopping;
+    pthread_mutex_unlock(&d->q.mu);
+    return stop;
+}
+
+/* Settle jobs[0..*n) of a batch in doubt, until `until`: IDEM_OK with the
+ * jobs whose writes committed moved past *n, answered as made, and the
+ * rest in jobs[0..*n) to run again; otherwise an error (why: the batch's
+ * failure, which stays the answer). */
+static idem_rc settle(struct writer *w, struct job **jobs, unsigned *n, int64_t until)
+{
+    struct pg_db *d = w->db;
+    int64_t server_us = w->server_start_us, session_us = w->session_start_us;
+    int pid = w->session_pid;
+    idem_rc rc = IDEM_ETIMEDOUT;
+    while (!stopping(d)) {
+        int64_t now = idem__mono_ms();
+        if (now >= until)
+            break;
+        int64_t deadline = now + d->timeout_ms < until ? now + d->timeout_ms : until;
+        conn_close(&w->pg);
+        rc = writer_connect(w, deadline, 0);
+        if (rc == IDEM_OK)
+            rc = end_session(w, server_us, session_us, pid, deadline);
+        if (rc == IDEM_OK)
+            rc = read_back(w, jobs, *n, deadline);
+        if (rc == IDEM_OK)
+            break;
+        conn_close(&w->pg);
+        for (unsigned i = 0; i < *n; i++)
+            job_reset(jobs[i]);
+        struct timespec ts = {0, BACKOFF_MIN_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    if (rc != IDEM_OK)
+        return rc;
+    for (unsigned i = 0; i < *n;) {
+        struct job *j = jobs[i];
+        if (applied(j)) {
+            j->hit = 1;
+            remove_job(jobs, n, i);
+            jobs[*n] = j; /* past the end: answered */
+        } else {
+            job_reset(j);
+            i++;
+        }
+    }
+    return IDEM_OK;
+}
+
 static void run_batch(struct writer *w, struct job **jobs, unsigned n)
 {
     struct pg_db *d = w->db;
     unsigned all = n, retries = 0;
     int resent = 0;
+    int64_t settle_until = 0;
     qsort(jobs, n, sizeof *jobs, job_order);
 
     /* A job that waited timeout_ms for a writer fails without being tried;
@@ -1276,10 +1506,22 @@ static void run_batch(struct writer *w, struct job **jobs, unsigned n)
          * commit would meet its own writes and take them for another's
          * (begin would find its own claim IN_PROGRESS and lose it until its
          * lease ends; complete would find the record DONE, not PROCESSING,
-         * and answer a conflict for the result it stored). That stays
-         * IDEM_ETIMEDOUT, which callers treat as "may have happened". */
+         * and answer a conflict for the result it stored). Such a batch is
+         * settled instead: its writes that committed are answered as made,
+         * the rest run again (settle). */
         if (e.stale && !resent++ && idem__mono_ms() < deadline)
             continue;
+        if (e.in_doubt) {
+            if (!settle_until)
+                settle_until = idem__mono_ms() + SETTLE_MS;
+            if (settle(w, jobs, &n, settle_until) == IDEM_OK) {
+                if (n == 0)
+                    break; /* all of it had committed */
+                deadline = idem__mono_ms() + d->timeout_ms;
+                retries = 0;
+                continue;
+            }
+        }
         if (conflict && ++retries < RETRIES_MAX && idem__mono_ms() < deadline)
             continue;
         if (own) {

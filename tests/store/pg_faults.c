@@ -15,10 +15,12 @@
  *
  * And the store's connections ended by the server while they idle
  * (pg_terminate_backend, what a restart does to each), which must cost no
- * call a failure.
+ * call a failure; and batches whose COMMIT got no answer in time, whose
+ * outcome postgres.c finds out rather than report unknown.
  */
 #include <libpq-fe.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,6 +298,116 @@ static void test_idle_connections_ended(void **state)
     assert_int_equal(rows(), 12);
 }
 
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static idem *open_timeout(int64_t timeout_ms)
+{
+    idem_options o;
+    idem_options_init(&o);
+    o.postgres_url = postgres_url;
+    o.timeout_ms = timeout_ms;
+    idem *h = NULL;
+    assert_idem_ok(idem__open_parts(&o, "memory", "postgres", &h));
+    return h;
+}
+
+/* The batch's COMMIT outlasts the timeout (a deferred trigger sleeps in it,
+ * the first time only) and its session is still running it: the store ends
+ * that session, finds the claim not there, and claims again. Before, the
+ * caller got ETIMEDOUT, "it may have happened". */
+static void test_commit_in_doubt_rolled_back(void **state)
+{
+    (void)state;
+    idem *h = open_timeout(500);
+    sql("DROP SEQUENCE IF EXISTS fault_seq;"
+        "CREATE SEQUENCE fault_seq;"
+        "CREATE OR REPLACE FUNCTION slow_commit() RETURNS trigger AS $$ BEGIN"
+        "  IF nextval('fault_seq') = 1 THEN PERFORM pg_sleep(30); END IF;"
+        "  RETURN NEW;"
+        " END $$ LANGUAGE plpgsql;"
+        "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON idem_record"
+        " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()");
+    idem_outcome o;
+    idem_record rec;
+    int64_t t0 = mono_ms();
+    assert_idem_ok(idem_record_begin(h, "refund", "R-doubt", NULL, "w1", 30000, &o, &rec));
+    assert_int_equal(o, IDEM_NEW);
+    assert_true(mono_ms() - t0 < 10000); /* not the 30 s sleep: the session was ended */
+    assert_int_equal(firings(), 2);       /* the first try, ended; the one that held */
+    assert_int_equal(rows(), 1);
+    assert_int_equal(sql_number("SELECT count(*) FROM pg_stat_activity WHERE query LIKE "
+                                "'%pg_sleep(30)%' AND pid <> pg_backend_pid()"), 0);
+    idem_outcome done;
+    assert_idem_ok(idem_record_complete(h, "refund", "R-doubt", rec.epoch, "ok", 2, 0, &done));
+    assert_int_equal(done, IDEM_COMPLETED);
+    idem_record_clear(&rec);
+    idem_close(h);
+}
+
+struct begin_call {
+    idem *h;
+    idem_rc rc;
+    idem_outcome o;
+    char detail[256];
+    atomic_int over;
+};
+
+static void *begin_main(void *arg)
+{
+    struct begin_call *b = arg;
+    idem_record rec;
+    b->rc = idem_record_begin(b->h, "refund", "R-unsynced", NULL, "w1", 30000, &b->o, &rec);
+    if (b->rc == IDEM_OK)
+        idem_record_clear(&rec);
+    snprintf(b->detail, sizeof b->detail, "%s", b->rc == IDEM_OK ? "" : idem_errdetail());
+    atomic_store(&b->over, 1);
+    return NULL;
+}
+
+/* The claim commits on the server, and the answer never comes: the server
+ * waits for a synchronous standby that is not there. The store must neither
+ * answer before the commit is where it was asked to be (the standby's) nor
+ * give up on it: it ends the waiting session, and waits in its turn, while
+ * the standby is missing; once the server no longer asks for one, it finds
+ * the claim made and answers it as made (NEW), with one row. */
+static void test_commit_in_doubt_committed(void **state)
+{
+    (void)state;
+    idem *h = open_timeout(500);
+    sql("ALTER SYSTEM SET synchronous_standby_names = 'idem_test_missing_standby'");
+    sql("SELECT pg_reload_conf()");
+    struct begin_call b = {.h = h};
+    pthread_t t;
+    pthread_create(&t, NULL, begin_main, &b);
+    struct timespec ts = {2, 0}; /* four timeouts */
+    nanosleep(&ts, NULL);
+    int early = atomic_load(&b.over);
+    long committed = rows(); /* committed locally: seen by others already */
+    sql("ALTER SYSTEM RESET synchronous_standby_names");
+    sql("SELECT pg_reload_conf()");
+    pthread_join(t, NULL);
+    if (early)
+        fail_msg("answered while the commit waited for its standby: %s (%s)", idem_errname(b.rc),
+                 b.detail);
+    assert_int_equal(committed, 1);
+    assert_idem_ok(b.rc);
+    assert_int_equal(b.o, IDEM_NEW);
+    assert_int_equal(rows(), 1);
+    idem_close(h);
+}
+
+static int teardown_sync(void **state)
+{
+    sql("ALTER SYSTEM RESET synchronous_standby_names");
+    sql("SELECT pg_reload_conf()");
+    return teardown(state);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -310,6 +422,8 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup_teardown(test_race_under_retries, setup, teardown),
         cmocka_unit_test_setup_teardown(test_own_refusal_fails_alone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_idle_connections_ended, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_commit_in_doubt_rolled_back, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_commit_in_doubt_committed, setup, teardown_sync),
     };
     return cmocka_run_group_tests_name("pg_faults", tests, NULL, NULL);
 }
