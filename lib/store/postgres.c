@@ -2569,6 +2569,26 @@ out:
 }
 
 /* Where the URL points, for messages: host:port, never the password. */
+/* host:port for messages; libpq's multi-host form (hosts and ports as
+ * lists, one port for all or one each) paired: h1:p1,h2:p2. */
+static void where_of(char *out, size_t cap, const char *hosts, const char *ports)
+{
+    size_t n = 0;
+    const char *p = ports;
+    out[0] = '\0';
+    for (const char *h = hosts; *h && n + 1 < cap;) {
+        size_t hl = strcspn(h, ","), pl = strcspn(p, ",");
+        int w = snprintf(out + n, cap - n, "%s%.*s:%.*s", n ? "," : "", (int)hl, h,
+                         pl ? (int)pl : 4, pl ? p : "5432");
+        if (w < 0 || (size_t)w >= cap - n)
+            break;
+        n += (size_t)w;
+        h += hl + (h[hl] == ',');
+        if (p[pl] == ',')
+            p += pl + 1; /* one port each; a single one stays for all */
+    }
+}
+
 static idem_rc parse_url(struct pg_db *d, const char *url)
 {
     /* libpq ends a URI's user part at the first '/', '?' or '#': an '@'
@@ -2603,8 +2623,8 @@ static idem_rc parse_url(struct pg_db *d, const char *url)
         else if (!strcmp(o->keyword, "password"))
             password = o->val;
     }
-    snprintf(d->where, sizeof d->where, "%s:%s",
-             host ? host : hostaddr ? hostaddr : "localhost", port ? port : "5432");
+    where_of(d->where, sizeof d->where, host ? host : hostaddr ? hostaddr : "localhost",
+             port ? port : "5432");
     idem_rc rc = IDEM_OK;
     if (password && !(d->password = idem__strndup(password, strlen(password))))
         rc = idem__fail(IDEM_ENOMEM, "postgres: allocating");
