@@ -82,14 +82,69 @@ static long number(const char *s, const char *e, long max)
     return v;
 }
 
+/* One host[:port] in [p, e): into host (IDEM_REDIS_HOST_MAX + 1 bytes) and
+ * *port (port_default when none is written). */
+static idem_rc parse_host(const char *p, const char *e, const char *what, const char *usage,
+                          char *host_out, int *port, int port_default)
+{
+    const char *host = p, *host_end;
+    if (*p == '[') {
+        host = p + 1;
+        host_end = memchr(host, ']', (size_t)(e - host));
+        if (!host_end)
+            return idem__fail(IDEM_EINVAL, "%s: unclosed [ in the host", what);
+        p = host_end + 1;
+        for (const char *q = host; q < host_end; q++)
+            if (hexval(*q) < 0 && *q != ':' && *q != '.')
+                return idem__fail(IDEM_EINVAL, "%s: malformed IPv6 address", what);
+    } else {
+        host_end = memchr(p, ':', (size_t)(e - p));
+        if (!host_end)
+            host_end = e;
+        p = host_end;
+        for (const char *q = host; q < host_end; q++)
+            if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
+                  (*q >= '0' && *q <= '9') || *q == '.' || *q == '-' || *q == '_'))
+                return idem__fail(IDEM_EINVAL, "%s: the host may hold letters, digits, '.', "
+                                               "'-' and '_'", what);
+    }
+    if (host == host_end)
+        return idem__fail(IDEM_EINVAL, "%s: no host %s", what, usage);
+    if ((size_t)(host_end - host) > IDEM_REDIS_HOST_MAX)
+        return idem__fail(IDEM_EINVAL, "%s: host longer than %d bytes", what,
+                          IDEM_REDIS_HOST_MAX);
+    memcpy(host_out, host, (size_t)(host_end - host));
+    host_out[host_end - host] = '\0';
+
+    *port = port_default;
+    if (p < e && *p == ':') {
+        long v = number(p + 1, e, 65535);
+        if (v < 1)
+            return idem__fail(IDEM_EINVAL, "%s: the port must be 1..65535", what);
+        *port = (int)v;
+    } else if (p != e) {
+        return idem__fail(IDEM_EINVAL, "%s: unexpected text after the host %s", what, usage);
+    }
+    return IDEM_OK;
+}
+
+static int where_of(char *out, size_t cap, const char *host, int port)
+{
+    return snprintf(out, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+}
+
 static idem_rc parse(const char *url, const char *what, struct idem__redis_url *u)
 {
-    static const char usage[] = "(redis://[[user]:password@]host[:port][/db])";
+    static const char usage[] = "(redis://[[user]:password@]host[:port][/db] or "
+                                "redis-sentinel://[[user]:password@]host[:port][,host[:port]...]"
+                                "/master_name[/db])";
     if (!url)
         return idem__fail(IDEM_EINVAL, "%s: NULL", what);
-    if (strncmp(url, "redis://", 8) != 0)
-        return idem__fail(IDEM_EINVAL, "%s: not a redis:// URL %s", what, usage);
-    const char *p = url + 8;
+    int sentinel = strncmp(url, "redis-sentinel://", 17) == 0;
+    if (!sentinel && strncmp(url, "redis://", 8) != 0)
+        return idem__fail(IDEM_EINVAL, "%s: not a redis:// or redis-sentinel:// URL %s", what,
+                          usage);
+    const char *p = url + (sentinel ? 17 : 8);
     const char *end = p + strcspn(p, "/");
 
     /* The last '@' before the path ends the credentials. */
@@ -113,55 +168,61 @@ static idem_rc parse(const char *url, const char *what, struct idem__redis_url *
         p = at + 1;
     }
 
-    const char *host = p, *host_end;
-    if (*p == '[') {
-        host = p + 1;
-        host_end = memchr(host, ']', (size_t)(end - host));
-        if (!host_end)
-            return idem__fail(IDEM_EINVAL, "%s: unclosed [ in the host", what);
-        p = host_end + 1;
-        for (const char *q = host; q < host_end; q++)
-            if (hexval(*q) < 0 && *q != ':' && *q != '.')
-                return idem__fail(IDEM_EINVAL, "%s: malformed IPv6 address", what);
+    const char *path = end;
+    if (!sentinel) {
+        idem_rc rc = parse_host(p, end, what, usage, u->host, &u->port, IDEM_REDIS_PORT_DEFAULT);
+        if (rc != IDEM_OK)
+            return rc;
+        where_of(u->where, sizeof u->where, u->host, u->port);
     } else {
-        host_end = p + strcspn(p, ":/");
-        if (host_end > end)
-            host_end = end;
-        p = host_end;
-        for (const char *q = host; q < host_end; q++)
-            if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
-                  (*q >= '0' && *q <= '9') || *q == '.' || *q == '-' || *q == '_'))
-                return idem__fail(IDEM_EINVAL, "%s: the host may hold letters, digits, '.', "
-                                               "'-' and '_'", what);
-    }
-    if (host == host_end)
-        return idem__fail(IDEM_EINVAL, "%s: no host %s", what, usage);
-    if ((size_t)(host_end - host) > IDEM_REDIS_HOST_MAX)
-        return idem__fail(IDEM_EINVAL, "%s: host longer than %d bytes", what,
-                          IDEM_REDIS_HOST_MAX);
-    memcpy(u->host, host, (size_t)(host_end - host));
-    u->host[host_end - host] = '\0';
-
-    u->port = IDEM_REDIS_PORT_DEFAULT;
-    if (*p == ':') {
-        long port = number(p + 1, end, 65535);
-        if (port < 1)
-            return idem__fail(IDEM_EINVAL, "%s: the port must be 1..65535", what);
-        u->port = (int)port;
-    } else if (p != end) {
-        return idem__fail(IDEM_EINVAL, "%s: unexpected text after the host %s", what, usage);
+        /* The sentinels, then the master's name as they know it. */
+        for (const char *h = p; h <= end; u->sentinels++) {
+            const char *e = memchr(h, ',', (size_t)(end - h));
+            if (!e)
+                e = end;
+            if (u->sentinels == IDEM_REDIS_SENTINELS_MAX)
+                return idem__fail(IDEM_EINVAL, "%s: more than %d sentinels", what,
+                                  IDEM_REDIS_SENTINELS_MAX);
+            idem_rc rc = parse_host(h, e, what, usage, u->sentinel[u->sentinels].host,
+                                    &u->sentinel[u->sentinels].port,
+                                    IDEM_REDIS_SENTINEL_PORT_DEFAULT);
+            if (rc != IDEM_OK)
+                return rc;
+            h = e + 1;
+        }
+        const char *name = *end == '/' ? end + 1 : end;
+        size_t n = strcspn(name, "/");
+        if (n == 0)
+            return idem__fail(IDEM_EINVAL, "%s: no master name after the sentinels %s", what,
+                              usage);
+        if (n > IDEM_REDIS_HOST_MAX)
+            return idem__fail(IDEM_EINVAL, "%s: master name longer than %d bytes", what,
+                              IDEM_REDIS_HOST_MAX);
+        for (size_t i = 0; i < n; i++)
+            if ((unsigned char)name[i] <= 0x20 || name[i] == 0x7f || name[i] == '%')
+                return idem__fail(IDEM_EINVAL, "%s: the master name holds a space, a control "
+                                               "character or a %%", what);
+        memcpy(u->master, name, n);
+        u->master[n] = '\0';
+        path = name + n;
+        size_t w = (size_t)snprintf(u->where, sizeof u->where, "master %s via ", u->master);
+        for (int i = 0; i < u->sentinels && w < sizeof u->where; i++) {
+            if (i)
+                u->where[w++] = ',';
+            if (w < sizeof u->where)
+                w += (size_t)where_of(u->where + w, sizeof u->where - w, u->sentinel[i].host,
+                                      u->sentinel[i].port);
+        }
     }
 
     u->db = 0;
-    if (*end == '/' && end[1]) {
-        long db = number(end + 1, end + strlen(end), IDEM_REDIS_DB_MAX);
+    if (*path == '/' && path[1]) {
+        long db = number(path + 1, path + strlen(path), IDEM_REDIS_DB_MAX);
         if (db < 0)
             return idem__fail(IDEM_EINVAL, "%s: the db must be a number (0..%d) %s", what,
                               IDEM_REDIS_DB_MAX, usage);
         u->db = (int)db;
     }
-    snprintf(u->where, sizeof u->where, strchr(u->host, ':') ? "[%s]:%d" : "%s:%d", u->host,
-             u->port);
     return IDEM_OK;
 }
 

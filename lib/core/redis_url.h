@@ -5,6 +5,11 @@
  * Streams consumers (server/consume/mq_redis.c):
  *
  *   redis://[[user]:password@]host[:port][/db]
+ *   redis-sentinel://[[user]:password@]host[:port][,host[:port]...]/master_name[/db]
+ *
+ * The second names Redis Sentinels (port 26379 by default), which are asked
+ * where the master called master_name is (redis_sentinel.h); the user and
+ * password are the master's.
  *
  * The user and the password are percent-decoded (a '/', '?', '#' or '@' in
  * a password is written %2F, %3F, %23, %40); the host is a name of letters,
@@ -24,14 +29,24 @@
 #define IDEM_REDIS_PASSWORD_MAX 511 /* bytes, decoded */
 #define IDEM_REDIS_DB_MAX 1000000
 #define IDEM_REDIS_PORT_DEFAULT 6379
+#define IDEM_REDIS_SENTINEL_PORT_DEFAULT 26379
+#define IDEM_REDIS_SENTINELS_MAX 8
 
 struct idem__redis_url {
-    char host[IDEM_REDIS_HOST_MAX + 1];   /* without the brackets of an IPv6 address */
+    char host[IDEM_REDIS_HOST_MAX + 1];   /* without the brackets of an IPv6 address;
+                                             "" for sentinels (asked at each connect) */
     int port;                             /* 6379 when the URL has none */
+    int sentinels;                        /* redis-sentinel://: how many; else 0 */
+    struct {
+        char host[IDEM_REDIS_HOST_MAX + 1];
+        int port;
+    } sentinel[IDEM_REDIS_SENTINELS_MAX];
+    char master[IDEM_REDIS_HOST_MAX + 1]; /* the master's name, as the sentinels know it */
     int db;                               /* 0 when the URL has none */
     char user[IDEM_REDIS_USER_MAX + 1];   /* "" for none (Redis's "default") */
     char password[IDEM_REDIS_PASSWORD_MAX + 1]; /* "" for none */
-    char where[IDEM_REDIS_HOST_MAX + 16]; /* host:port, [host]:port for IPv6: for messages */
+    char where[IDEM_REDIS_HOST_MAX + 16]; /* host:port, [host]:port for IPv6, or
+                                             "master NAME via SENTINELS": for messages */
 };
 
 /* Parse url into *out: IDEM_OK, or IDEM_EINVAL with the thread's detail

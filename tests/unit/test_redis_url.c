@@ -94,8 +94,8 @@ static void test_long_password(void **state)
 static void test_refusals(void **state)
 {
     (void)state;
-    refused("http://h:6379", "not a redis:// URL");
-    refused("", "not a redis:// URL");
+    refused("http://h:6379", "not a redis:// or redis-sentinel:// URL");
+    refused("", "not a redis:// or redis-sentinel:// URL");
     refused("redis://", "no host");
     refused("redis://:SECRET@", "no host");
     refused("redis://:SECRET@:6379/0", "no host");
@@ -131,12 +131,48 @@ static void test_refusals(void **state)
     assert_string_equal(idem_errdetail(), "redis_stream: NULL");
 }
 
+/* redis-sentinel://: the sentinels in order (26379 by default), the
+ * master's name, the db; the credentials are the master's. */
+static void test_sentinels(void **state)
+{
+    (void)state;
+    struct idem__redis_url u;
+    parsed("redis-sentinel://:p%40ss@10.0.0.1:26380,s2.example,[::1]:5000/payments/2", &u);
+    assert_int_equal(u.sentinels, 3);
+    assert_string_equal(u.sentinel[0].host, "10.0.0.1");
+    assert_int_equal(u.sentinel[0].port, 26380);
+    assert_string_equal(u.sentinel[1].host, "s2.example");
+    assert_int_equal(u.sentinel[1].port, 26379);
+    assert_string_equal(u.sentinel[2].host, "::1");
+    assert_int_equal(u.sentinel[2].port, 5000);
+    assert_string_equal(u.master, "payments");
+    assert_int_equal(u.db, 2);
+    assert_string_equal(u.password, "p@ss");
+    assert_string_equal(u.host, "");
+    assert_string_equal(u.where,
+                        "master payments via 10.0.0.1:26380,s2.example:26379,[::1]:5000");
+    idem__redis_url_wipe(&u);
+    parsed("redis-sentinel://s1/m", &u);
+    assert_int_equal(u.sentinels, 1);
+    assert_int_equal(u.db, 0);
+    assert_string_equal(u.master, "m");
+
+    refused("redis-sentinel://:SECRET@s1:26379", "no master name after the sentinels");
+    refused("redis-sentinel://:SECRET@s1:26379/", "no master name after the sentinels");
+    refused("redis-sentinel://:SECRET@s1,,s2/m", "no host");
+    refused("redis-sentinel://:SECRET@s1:0/m", "the port must be 1..65535");
+    refused("redis-sentinel://:SECRET@s1/m/x", "the db must be a number");
+    refused("redis-sentinel://:SECRET@s1/m%20x", "the master name holds a space");
+    refused("redis-sentinel://a,b,c,d,e,f,g,h,i/m", "more than 8 sentinels");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_part),
         cmocka_unit_test(test_long_password),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_sentinels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
