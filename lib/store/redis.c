@@ -328,9 +328,16 @@ struct io {
 };
 
 struct redis {
-    /* From the URL; read-only once open. */
+    /* From the URL; read-only once open. With sentinels (redis-sentinel://)
+     * host is "": each connection asks them where the master is first. */
     char host[IDEM_REDIS_HOST_MAX + 1];
     int port;
+    int sentinels;
+    struct {
+        char host[IDEM_REDIS_HOST_MAX + 1];
+        int port;
+    } sentinel[IDEM_REDIS_SENTINELS_MAX];
+    char master[IDEM_REDIS_HOST_MAX + 1];
     int db;
     char user[IDEM_REDIS_USER_MAX + 1];
     char password[IDEM_REDIS_PASSWORD_MAX + 1];
@@ -408,12 +415,92 @@ static void say(char *buf, size_t n, const char *fmt, ...)
     va_end(ap);
 }
 
-/* An error reply's code: OOM is a full store, anything else a store error. */
+/* A server that became a replica (a failover demoted it) refuses every
+ * write with READONLY (a script, at its first write: before it wrote): the
+ * command did not run. */
+static int is_readonly(const char *msg)
+{
+    return strncmp(msg, "READONLY", 8) == 0 || strstr(msg, "-READONLY") != NULL;
+}
+
+/* An error reply's code: OOM is a full store, READONLY an unavailable one
+ * (the master is elsewhere now), anything else a store error. */
 static idem_rc error_rc(const char *msg)
 {
     if (strncmp(msg, "OOM", 3) == 0 || strstr(msg, "OOM command not allowed"))
         return IDEM_EFULL;
+    if (is_readonly(msg))
+        return IDEM_EUNAVAILABLE;
     return IDEM_ESTORE;
+}
+
+/* ---- sentinels ----
+ *
+ * With a redis-sentinel:// URL no connection goes to an address of its
+ * own: each asks the sentinels first (SENTINEL GET-MASTER-ADDR-BY-NAME,
+ * each in the URL's order until one answers), then connects to the master
+ * they name and checks with ROLE that it is one (a sentinel that has not
+ * yet seen a failover names the old master, which may be back as a
+ * replica). A lost connection, or a READONLY answer (the server was
+ * demoted under it), sends the next connection back to the sentinels. The
+ * I/O threads ask with blocking calls (below); the loops' connections ask
+ * on the loop, as a connection of their own (see "on a loop"). */
+
+/* A sentinel's answer: the master's address, or 0. */
+static int sentinel_addr(const redisReply *rep, char *host, size_t cap, int *port)
+{
+    if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+        rep->element[0]->type != REDIS_REPLY_STRING ||
+        rep->element[1]->type != REDIS_REPLY_STRING || rep->element[0]->len >= cap)
+        return 0;
+    char *end;
+    long p = strtol(rep->element[1]->str, &end, 10);
+    if (*end || p < 1 || p > 65535)
+        return 0;
+    memcpy(host, rep->element[0]->str, rep->element[0]->len + 1);
+    *port = (int)p;
+    return 1;
+}
+
+/* ROLE's answer: 1 for a master. */
+static int role_master(const redisReply *rep)
+{
+    return rep && rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
+           rep->element[0]->type == REDIS_REPLY_STRING && !strcmp(rep->element[0]->str, "master");
+}
+
+/* Ask the sentinels, in order, where the master is (blocking). */
+static idem_rc sentinel_ask(struct redis *r, char *host, size_t cap, int *port, char *why,
+                            size_t whylen)
+{
+    char last[DETAIL_MAX] = "";
+    for (int i = 0; i < r->sentinels; i++) {
+        redisContext *c = redisConnectWithTimeout(r->sentinel[i].host, r->sentinel[i].port,
+                                                  timeval_of(r->timeout_ms));
+        if (!c) {
+            say(why, whylen, "redis %s: out of memory connecting", r->where);
+            return IDEM_ENOMEM;
+        }
+        redisReply *rep = NULL;
+        if (!c->err && redisSetTimeout(c, timeval_of(r->timeout_ms)) == REDIS_OK)
+            rep = redisCommand(c, "SENTINEL get-master-addr-by-name %s", r->master);
+        int ok = sentinel_addr(rep, host, cap, port);
+        if (!ok)
+            say(last, sizeof last, "sentinel %s:%d: %s", r->sentinel[i].host,
+                r->sentinel[i].port,
+                c->err ? c->errstr
+                : !rep ? "no answer"
+                : rep->type == REDIS_REPLY_ERROR ? rep->str
+                : rep->type == REDIS_REPLY_NIL ? "no such master"
+                : "an answer that is not an address");
+        if (rep)
+            freeReplyObject(rep);
+        redisFree(c);
+        if (ok)
+            return IDEM_OK;
+    }
+    say(why, whylen, "redis %s: no sentinel named the master (last: %s)", r->where, last);
+    return IDEM_EUNAVAILABLE;
 }
 
 /* ---- connections ---- */
@@ -427,13 +514,18 @@ static idem_rc conn_open(struct redis *r, redisContext **out, int first,
 {
     idem_rc rc = IDEM_OK;
     *out = NULL;
-    redisContext *c = redisConnectWithTimeout(r->host, r->port, timeval_of(r->timeout_ms));
+    char host[IDEM_REDIS_HOST_MAX + 1];
+    int port = r->port;
+    snprintf(host, sizeof host, "%s", r->host);
+    if (r->sentinels && (rc = sentinel_ask(r, host, sizeof host, &port, why, whylen)) != IDEM_OK)
+        return rc;
+    redisContext *c = redisConnectWithTimeout(host, port, timeval_of(r->timeout_ms));
     if (!c) {
         say(why, whylen, "redis %s: out of memory connecting", r->where);
         return IDEM_ENOMEM;
     }
     if (c->err) {
-        say(why, whylen, "redis %s: connecting: %s", r->where, c->errstr);
+        say(why, whylen, "redis %s: connecting to %s:%d: %s", r->where, host, port, c->errstr);
         redisFree(c);
         return IDEM_EUNAVAILABLE;
     }
@@ -443,7 +535,7 @@ static idem_rc conn_open(struct redis *r, redisContext **out, int first,
         return IDEM_EUNAVAILABLE;
     }
 
-    const char *what[2 + NSCRIPTS];
+    const char *what[3 + NSCRIPTS];
     int n = 0, ok = 1;
     char dbtext[16];
     if (r->password[0]) {
@@ -458,6 +550,10 @@ static idem_rc conn_open(struct redis *r, redisContext **out, int first,
         snprintf(dbtext, sizeof dbtext, "%d", r->db);
         ok &= redisAppendCommand(c, "SELECT %s", dbtext) == REDIS_OK;
         what[n++] = "SELECT";
+    }
+    if (r->sentinels) {
+        ok &= redisAppendCommand(c, "ROLE") == REDIS_OK;
+        what[n++] = "ROLE";
     }
     for (int s = 0; s < NSCRIPTS; s++) {
         ok &= redisAppendCommand(c, "SCRIPT LOAD %s", script_text[s]) == REDIS_OK;
@@ -484,6 +580,10 @@ static idem_rc conn_open(struct redis *r, redisContext **out, int first,
         if (rep->type == REDIS_REPLY_ERROR) {
             say(why, whylen, "redis %s: %s: %s", r->where, what[i], rep->str);
             rc = error_rc(rep->str);
+        } else if (!strcmp(what[i], "ROLE") && !role_master(rep)) {
+            say(why, whylen, "redis %s: %s:%d, named by the sentinels, is not a master (yet)",
+                r->where, host, port);
+            rc = IDEM_EUNAVAILABLE;
         } else if (!strcmp(what[i], "SCRIPT LOAD")) {
             int s = i - (n - NSCRIPTS);
             if (rep->type != REDIS_REPLY_STRING || rep->len != 40) {
@@ -546,7 +646,7 @@ static int round_trip(struct redis *r, struct io *io, int n, int *resend)
 {
     redisContext *c = io->c;
     char why[DETAIL_MAX];
-    int i = 0;
+    int i = 0, demoted = 0;
     *resend = 0;
 
     for (; i < n; i++) {
@@ -607,10 +707,14 @@ static int round_trip(struct redis *r, struct io *io, int n, int *resend)
             goto lost;
         }
         struct job *j = io->batch[i];
+        redisReply *rep = v;
+        demoted |= rep->type == REDIS_REPLY_ERROR && is_readonly(rep->str);
         j->reply = v;
         j->rc = IDEM_OK;
         sem_post(&j->done); /* j may be gone from here on */
     }
+    if (demoted)
+        goto lost; /* the next connection asks where the master is now */
     return 1;
 lost:
     redisFree(c);
@@ -1194,6 +1298,13 @@ struct aloop {
     int64_t backoff_ms;
     int64_t tried_at;         /* monotonic ms: the last connect began */
     char down[DETAIL_MAX];    /* why the last connect failed */
+    /* With sentinels: a connection asks one of them first (asking), and
+     * the next one goes where it said, once. */
+    int asked;                /* master_host:master_port: an answer to go by */
+    char master_host[IDEM_REDIS_HOST_MAX + 1];
+    int master_port;
+    int sentinel_next;        /* the one to ask next */
+    int sentinel_tries;       /* asked in a row without an answer */
 };
 
 /* One connection of a loop's; freed by hiredis's cleanup hook. */
@@ -1206,6 +1317,8 @@ struct aconn {
     int connected;            /* the TCP connect completed */
     int handshake;            /* AUTH / SELECT replies still due */
     int ready;                /* those answered: operations may go */
+    int asking;               /* a sentinel's: where is the master? */
+    int readonly;             /* answered READONLY: demoted, used no more */
     int64_t ready_by;         /* monotonic ms: the handshake is due */
     struct acmd *head, *tail; /* in flight, in the order sent */
     size_t appended;          /* bytes appended to the output, all told */
@@ -1316,6 +1429,22 @@ static void aconnect_failed(struct aloop *a, const char *why)
     afail_list(await_take(a), IDEM_EUNAVAILABLE, why);
 }
 
+/* A sentinel that did not say where the master is: the next one is asked
+ * at once, until each has been, in a row; then it is a failed connect. */
+static void asentinel_failed(struct aloop *a, const char *why)
+{
+    struct redis *r = a->r;
+    a->sentinel_next = (a->sentinel_next + 1) % r->sentinels;
+    if (++a->sentinel_tries < r->sentinels) {
+        aschedule(a);
+        return;
+    }
+    a->sentinel_tries = 0;
+    char all[DETAIL_MAX];
+    say(all, sizeof all, "redis %s: no sentinel named the master (last: %s)", r->where, why);
+    aconnect_failed(a, all);
+}
+
 /* hiredis frees the context: after every callback has had its NULL reply,
  * before the context goes. */
 static void ev_cleanup(void *p)
@@ -1325,6 +1454,21 @@ static void ev_cleanup(void *p)
     a->loop->ops->io_free(k->io);
     if (a->conn == k)
         a->conn = NULL;
+    if (k->asking) {
+        /* Dropped with ECLOSING: it answered (or the loop is let go). */
+        if (!(k->dropped && k->why_rc == IDEM_ECLOSING)) {
+            char why[DETAIL_MAX];
+            if (k->dropped)
+                say(why, sizeof why, "%s", k->why);
+            else
+                say(why, sizeof why, "%s:%d: %s", a->r->sentinel[a->sentinel_next].host,
+                    a->r->sentinel[a->sentinel_next].port,
+                    k->ac->errstr ? k->ac->errstr : "connection lost");
+            asentinel_failed(a, why);
+        }
+        idem__free(k);
+        return;
+    }
     if ((!k->connected || !k->ready) && !(k->dropped && k->why_rc == IDEM_ECLOSING)) {
         char why[DETAIL_MAX];
         if (k->dropped)
@@ -1382,8 +1526,14 @@ static void on_timer(void *arg)
     int64_t now = idem__mono_ms();
     char why[DETAIL_MAX];
     if (!k->ready && now >= k->ready_by) {
-        say(why, sizeof why, "redis %s: %s: no reply within %lld ms", r->where,
-            r->password[0] ? "AUTH" : "SELECT", (long long)r->timeout_ms);
+        if (k->asking)
+            say(why, sizeof why, "%s:%d: no reply within %lld ms",
+                r->sentinel[a->sentinel_next].host, r->sentinel[a->sentinel_next].port,
+                (long long)r->timeout_ms);
+        else
+            say(why, sizeof why, "redis %s: %s: no reply within %lld ms", r->where,
+                r->password[0] ? "AUTH" : r->db ? "SELECT" : "ROLE",
+                (long long)r->timeout_ms);
         aconn_drop(k, IDEM_EUNAVAILABLE, why);
     } else if (k->ready && k->head && now >= k->head->deadline) {
         say(why, sizeof why, "redis %s: no reply within %lld ms (the command may have run)",
@@ -1483,8 +1633,39 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *priv)
         asend(k, m, idem__mono_ms());
         return;
     }
+    if (rep->type == REDIS_REPLY_ERROR && is_readonly(rep->str)) {
+        k->readonly = 1; /* no more on it: the next connection asks the sentinels */
+        if (!k->head)
+            aschedule(k->a);
+    }
     idem_rc rc = op_answer(r, &m->op, rep);
     afinish(m, rc, rc == IDEM_OK ? "" : idem_errdetail());
+}
+
+/* A sentinel's answer: where the master is, for the next connection. */
+static void on_sentinel(redisAsyncContext *ac, void *reply, void *priv)
+{
+    struct aconn *k = ac->data;
+    struct aloop *a = k->a;
+    struct redis *r = a->r;
+    redisReply *rep = reply;
+    (void)priv;
+    if (!rep)
+        return; /* ev_cleanup asks the next one */
+    char why[DETAIL_MAX];
+    if (sentinel_addr(rep, a->master_host, sizeof a->master_host, &a->master_port)) {
+        a->asked = 1;
+        a->sentinel_tries = 0;
+        aconn_drop(k, IDEM_ECLOSING, "answered");
+        aschedule(a); /* a flush connects to the master */
+        return;
+    }
+    say(why, sizeof why, "%s:%d: %s", r->sentinel[a->sentinel_next].host,
+        r->sentinel[a->sentinel_next].port,
+        rep->type == REDIS_REPLY_ERROR ? rep->str
+        : rep->type == REDIS_REPLY_NIL ? "no such master"
+        : "an answer that is not an address");
+    aconn_drop(k, IDEM_EUNAVAILABLE, why);
 }
 
 static void on_handshake(redisAsyncContext *ac, void *reply, void *priv)
@@ -1497,6 +1678,13 @@ static void on_handshake(redisAsyncContext *ac, void *reply, void *priv)
     if (rep->type == REDIS_REPLY_ERROR) {
         char why[DETAIL_MAX];
         say(why, sizeof why, "redis %s: %s: %s", k->a->r->where, what, rep->str);
+        aconn_drop(k, IDEM_EUNAVAILABLE, why);
+        return;
+    }
+    if (!strcmp(what, "ROLE") && !role_master(rep)) {
+        char why[DETAIL_MAX];
+        say(why, sizeof why, "redis %s: %s:%d, named by the sentinels, is not a master (yet)",
+            k->a->r->where, k->a->master_host, k->a->master_port);
         aconn_drop(k, IDEM_EUNAVAILABLE, why);
         return;
     }
@@ -1548,14 +1736,29 @@ static void on_io(void *arg, unsigned ready)
 static idem_rc aconn_new(struct aloop *a, int64_t now, char *why, size_t whylen)
 {
     struct redis *r = a->r;
-    redisAsyncContext *ac = redisAsyncConnect(r->host, r->port);
+    const char *host = r->host;
+    int port = r->port, asking = 0;
+    if (r->sentinels && a->asked) {
+        host = a->master_host; /* where a sentinel just said: once */
+        port = a->master_port;
+        a->asked = 0;
+    } else if (r->sentinels) {
+        host = r->sentinel[a->sentinel_next].host;
+        port = r->sentinel[a->sentinel_next].port;
+        asking = 1;
+    }
+    redisAsyncContext *ac = redisAsyncConnect(host, port);
     if (!ac) {
         say(why, whylen, "redis %s: out of memory connecting", r->where);
         return IDEM_ENOMEM;
     }
     if (ac->err) {
-        say(why, whylen, "redis %s: connecting: %s", r->where, ac->errstr);
+        say(why, whylen, "redis %s: connecting to %s:%d: %s", r->where, host, port, ac->errstr);
         redisAsyncFree(ac);
+        if (asking) {
+            asentinel_failed(a, why);
+            return IDEM_OK; /* the next one is asked from a flush */
+        }
         aconnect_failed(a, why);
         return IDEM_EUNAVAILABLE;
     }
@@ -1582,7 +1785,12 @@ static idem_rc aconn_new(struct aloop *a, int64_t now, char *why, size_t whylen)
 
     int ok = 1;
     k->defer = 1;
-    if (r->password[0]) {
+    k->asking = asking;
+    if (asking) {
+        const char *argv[3] = {"SENTINEL", "get-master-addr-by-name", r->master};
+        ok &= redisAsyncCommandArgv(ac, on_sentinel, NULL, 3, argv, NULL) == REDIS_OK;
+        k->handshake++;
+    } else if (r->password[0]) {
         const char *argv[3] = {"AUTH", r->user, r->password};
         int argc = 3;
         if (!r->user[0]) {
@@ -1592,11 +1800,16 @@ static idem_rc aconn_new(struct aloop *a, int64_t now, char *why, size_t whylen)
         ok &= redisAsyncCommandArgv(ac, on_handshake, "AUTH", argc, argv, NULL) == REDIS_OK;
         k->handshake++;
     }
-    if (r->db) {
+    if (r->db && !asking) {
         char dbtext[16];
         snprintf(dbtext, sizeof dbtext, "%d", r->db);
         const char *argv[2] = {"SELECT", dbtext};
         ok &= redisAsyncCommandArgv(ac, on_handshake, "SELECT", 2, argv, NULL) == REDIS_OK;
+        k->handshake++;
+    }
+    if (r->sentinels && !asking) {
+        const char *argv[1] = {"ROLE"};
+        ok &= redisAsyncCommandArgv(ac, on_handshake, "ROLE", 1, argv, NULL) == REDIS_OK;
         k->handshake++;
     }
     k->defer = 0;
@@ -1633,6 +1846,15 @@ static void apump(struct aloop *a)
         aconn_drop(k, IDEM_EUNAVAILABLE, why);
         k = NULL;
     }
+    if (k && k->readonly) {
+        /* Demoted under it (a failover): once what is in flight on it is
+         * answered, the sentinels are asked where the master is now. */
+        if (k->head)
+            return; /* on_reply schedules a flush */
+        say(why, sizeof why, "redis %s: the server answered READONLY: a replica now", r->where);
+        aconn_drop(k, IDEM_EUNAVAILABLE, why);
+        k = NULL;
+    }
     if (!k) {
         /* Backing off, unless a connection of another loop (or thread) got
          * through since this loop's last attempt began. */
@@ -1649,7 +1871,8 @@ static void apump(struct aloop *a)
             afail_list(await_take(a), rc, why);
             return;
         }
-        k = a->conn;
+        if (!(k = a->conn))
+            return; /* a sentinel refused at once: the next is asked from a flush */
     }
     if (!k->ready)
         return; /* on_handshake schedules a flush */
@@ -1850,6 +2073,12 @@ static idem_rc parse_url(const char *url, struct redis *r)
         return rc;
     snprintf(r->host, sizeof r->host, "%s", u.host);
     r->port = u.port;
+    r->sentinels = u.sentinels;
+    for (int i = 0; i < u.sentinels; i++) {
+        snprintf(r->sentinel[i].host, sizeof r->sentinel[i].host, "%s", u.sentinel[i].host);
+        r->sentinel[i].port = u.sentinel[i].port;
+    }
+    snprintf(r->master, sizeof r->master, "%s", u.master);
     r->db = u.db;
     snprintf(r->user, sizeof r->user, "%s", u.user);
     snprintf(r->password, sizeof r->password, "%s", u.password);
