@@ -77,9 +77,14 @@ static int get_broker_url(struct config_ctx *c, const yaml_node_t *n, const char
                                "with { env: NAME } or { file: PATH }");
     }
     size_t sl = strlen(scheme);
-    if (strncasecmp(s, scheme, sl) != 0 || strncmp(s + sl, "://", 3) != 0 || !s[sl + 3])
-        return config_fail(c, n, path, "%s is not a %s:// URL", n->type == YAML_MAPPING_NODE
-                           ? "the secret" : config_quote(c, s), scheme);
+    int ok = strncasecmp(s, scheme, sl) == 0 && strncmp(s + sl, "://", 3) == 0 && s[sl + 3];
+    /* Redis's own URL, or its sentinels': redis_url.h says both forms. */
+    if (!ok && !strcmp(scheme, "redis"))
+        ok = strncasecmp(s, "redis-sentinel://", 17) == 0 && s[17];
+    if (!ok)
+        return config_fail(c, n, path, "%s is not a %s:// URL%s", n->type == YAML_MAPPING_NODE
+                           ? "the secret" : config_quote(c, s), scheme,
+                           strcmp(scheme, "redis") ? "" : " (nor a redis-sentinel:// one)");
     return config_set_string(dst, s) ? config_oom(c) : 0;
 }
 

@@ -53,8 +53,16 @@ struct redis_src {
     struct consumer *k;
     struct event_base *base;
     const struct consumer_config *cfg;
-    char host[IDEM_REDIS_HOST_MAX + 1];
+    char host[IDEM_REDIS_HOST_MAX + 1];  /* with sentinels: where the last one said */
     int port, db;
+    int sentinels;                       /* redis-sentinel://: each dial asks one first */
+    struct {
+        char host[IDEM_REDIS_HOST_MAX + 1];
+        int port;
+    } sentinel[IDEM_REDIS_SENTINELS_MAX];
+    char master[IDEM_REDIS_HOST_MAX + 1];
+    int ask_next;                        /* the sentinel asked next */
+    redisAsyncContext *ask;              /* asking it; NULL when not */
     char user[IDEM_REDIS_USER_MAX + 1];         /* "" for none */
     char password[IDEM_REDIS_PASSWORD_MAX + 1]; /* "" for none */
     char name[96];               /* the consumer's name in the group */
@@ -300,9 +308,13 @@ static void on_claim_tick(evutil_socket_t fd, short what, void *arg)
 static void close_connections(struct redis_src *r)
 {
     /* Freed later by hiredis when inside one of its callbacks. */
-    redisAsyncContext *rd = r->rd, *wr = r->wr;
-    r->rd = r->wr = NULL;
+    redisAsyncContext *rd = r->rd, *wr = r->wr, *ask = r->ask;
+    r->rd = r->wr = r->ask = NULL;
     r->rd_up = r->wr_up = r->reading = 0;
+    if (ask) {
+        ask->data = NULL;
+        redisAsyncFree(ask);
+    }
     if (rd) {
         rd->data = NULL;
         redisAsyncFree(rd);
@@ -417,6 +429,15 @@ static void on_disconnect(const redisAsyncContext *c, int status)
 static void on_connect(const redisAsyncContext *c, int status)
 {
     struct redis_src *r = c->data;
+    if (r && status != REDIS_OK && c == r->ask) {
+        char why[400];
+        snprintf(why, sizeof why, "sentinel %s:%d: %s", r->sentinel[r->ask_next].host,
+                 r->sentinel[r->ask_next].port, c->errstr);
+        r->ask = NULL; /* hiredis frees it */
+        r->ask_next = (r->ask_next + 1) % r->sentinels;
+        failed(r, why);
+        return;
+    }
     if (r && status != REDIS_OK && (c == r->rd || c == r->wr)) {
         if (c == r->rd)
             r->rd = NULL;
@@ -424,6 +445,23 @@ static void on_connect(const redisAsyncContext *c, int status)
             r->wr = NULL;
         char why[300];
         snprintf(why, sizeof why, "%s:%d: %s", r->host, r->port, c->errstr);
+        lost(r, why);
+    }
+}
+
+/* With sentinels: the server they named must be the master (one that has
+ * not seen the failover yet names the old one, which may be a replica). */
+static void on_role(redisAsyncContext *c, void *reply, void *arg)
+{
+    struct redis_src *r = arg;
+    redisReply *x = reply;
+    if (c != r->rd && c != r->wr)
+        return;
+    if (is_error(x) || x->type != REDIS_REPLY_ARRAY || x->elements < 1 ||
+        x->element[0]->type != REDIS_REPLY_STRING || strcmp(x->element[0]->str, "master")) {
+        char why[400];
+        snprintf(why, sizeof why, "%s:%d, named by the sentinels, is not a master (yet)",
+                 r->host, r->port);
         lost(r, why);
     }
 }
@@ -445,6 +483,8 @@ static redisAsyncContext *connect_one(struct redis_src *r, int writer)
     else if (r->password[0])
         redisAsyncCommand(c, on_step, r, "AUTH %s", r->password);
     redisAsyncCommand(c, on_step, r, "SELECT %d", r->db);
+    if (r->sentinels)
+        redisAsyncCommand(c, on_role, r, "ROLE");
     if (writer)
         redisAsyncCommand(c, on_setup, r, "XGROUP CREATE %s %s 0 MKSTREAM", r->cfg->queue,
                           r->cfg->group);
@@ -458,17 +498,14 @@ static void on_connect_timeout(evutil_socket_t fd, short what, void *arg)
     struct redis_src *r = arg;
     (void)fd;
     (void)what;
+    if (r->ask) /* that sentinel said nothing: the next one, next time */
+        r->ask_next = (r->ask_next + 1) % r->sentinels;
     if (!r->connected)
-        lost(r, "no answer within 2 s");
+        lost(r, r->ask ? "a sentinel: no answer within 2 s" : "no answer within 2 s");
 }
 
-static void on_dial(evutil_socket_t fd, short what, void *arg)
+static void dial(struct redis_src *r)
 {
-    struct redis_src *r = arg;
-    (void)fd;
-    (void)what;
-    if (r->stopped || r->rd || r->wr)
-        return;
     r->rd = connect_one(r, 0);
     r->wr = r->rd ? connect_one(r, 1) : NULL;
     if (!r->wr) {
@@ -477,6 +514,78 @@ static void on_dial(evutil_socket_t fd, short what, void *arg)
     }
     struct timeval tv = ms_timeval(CONNECT_TIMEOUT_MS);
     evtimer_add(r->timeout_ev, &tv);
+}
+
+/* A sentinel's answer: where the master is; the connections go there. */
+static void on_ask(redisAsyncContext *c, void *reply, void *arg)
+{
+    struct redis_src *r = arg;
+    redisReply *x = reply;
+    if (c != r->ask)
+        return;
+    r->ask = NULL;
+    c->data = NULL;
+    char why[400];
+    long port = 0;
+    if (!is_error(x) && x->type == REDIS_REPLY_ARRAY && x->elements == 2 &&
+        x->element[0]->type == REDIS_REPLY_STRING && x->element[1]->type == REDIS_REPLY_STRING &&
+        x->element[0]->len < sizeof r->host && (port = strtol(x->element[1]->str, NULL, 10)) > 0 &&
+        port <= 65535) {
+        memcpy(r->host, x->element[0]->str, x->element[0]->len + 1);
+        r->port = (int)port;
+        redisAsyncDisconnect(c);
+        evtimer_del(r->timeout_ev);
+        dial(r);
+        return;
+    }
+    snprintf(why, sizeof why, "sentinel %s:%d: %s", r->sentinel[r->ask_next].host,
+             r->sentinel[r->ask_next].port,
+             x && x->type == REDIS_REPLY_NIL ? "no such master" : error_text(c, x));
+    redisAsyncDisconnect(c);
+    r->ask_next = (r->ask_next + 1) % r->sentinels;
+    failed(r, why);
+}
+
+/* With sentinels, each dial asks one where the master is first (in turn,
+ * the next after one that did not say): a lost connection comes back to
+ * the master of the moment. */
+static void ask_sentinel(struct redis_src *r)
+{
+    const char *host = r->sentinel[r->ask_next].host;
+    int port = r->sentinel[r->ask_next].port;
+    redisAsyncContext *c = redisAsyncConnect(host, port);
+    if (!c || c->err) {
+        char why[400];
+        snprintf(why, sizeof why, "sentinel %s:%d: %s", host, port,
+                 c ? c->errstr : "out of memory");
+        if (c)
+            redisAsyncFree(c);
+        r->ask_next = (r->ask_next + 1) % r->sentinels;
+        failed(r, why);
+        return;
+    }
+    c->data = r;
+    redisLibeventAttach(c, r->base);
+    redisAsyncSetConnectCallback(c, on_connect);
+    redisAsyncSetDisconnectCallback(c, on_disconnect);
+    const char *argv[] = {"SENTINEL", "get-master-addr-by-name", r->master};
+    redisAsyncCommandArgv(c, on_ask, r, 3, argv, NULL);
+    r->ask = c;
+    struct timeval tv = ms_timeval(CONNECT_TIMEOUT_MS);
+    evtimer_add(r->timeout_ev, &tv);
+}
+
+static void on_dial(evutil_socket_t fd, short what, void *arg)
+{
+    struct redis_src *r = arg;
+    (void)fd;
+    (void)what;
+    if (r->stopped || r->rd || r->wr || r->ask)
+        return;
+    if (r->sentinels)
+        ask_sentinel(r);
+    else
+        dial(r);
 }
 
 /* ---- the source ---- */
@@ -506,6 +615,12 @@ static void *redis_open(struct consumer *k, struct event_base *base,
     }
     snprintf(r->host, sizeof r->host, "%s", url.host);
     r->port = url.port;
+    r->sentinels = url.sentinels;
+    for (int i = 0; i < url.sentinels; i++) {
+        snprintf(r->sentinel[i].host, sizeof r->sentinel[i].host, "%s", url.sentinel[i].host);
+        r->sentinel[i].port = url.sentinel[i].port;
+    }
+    snprintf(r->master, sizeof r->master, "%s", url.master);
     r->db = url.db;
     snprintf(r->user, sizeof r->user, "%s", url.user);
     snprintf(r->password, sizeof r->password, "%s", url.password);
