@@ -43,8 +43,8 @@
 #define SHOTS (2 * KEYS * SENDS)
 #define KILL_AFTER 300 /* 2xx answers before the primary is killed */
 
-static const char *idem_bin, *service_bin, *pair_sh, *redis_url;
-static int primary_port, standby_port;
+static const char *idem_bin, *service_bin, *pair_sh, *redis_url, *sentinel_sh, *pg_url;
+static int primary_port, standby_port, redis_ha_port;
 static char *dir;
 static struct proc service;
 static int run_tag; /* keys differ from test to test: the service keeps its rows */
@@ -85,7 +85,8 @@ static const char routes[] =
     "    lease: 10s\n"
     "    upstream_timeout: 5s\n";
 
-static void start_idem(struct proc *p, const char *pg_url, int n)
+static void start_idem_on(struct proc *p, const char *redis, const char *pg, const char *rts,
+                         int n)
 {
     char path[4200], log[4200], text[8192], up[64];
     snprintf(path, sizeof path, "%s/idem-%d.yaml", dir, n);
@@ -94,11 +95,14 @@ static void start_idem(struct proc *p, const char *pg_url, int n)
     char *o = text;
     o += sprintf(o, "storage:\n  kind: distributed\n  redis: %s\n  postgres: %s\n"
                     "  timeout: 1s\n" SYS_ADMIN_YAML,
-                 redis_url, pg_url);
-    for (const char *s = routes; *s;) {
+                 redis, pg);
+    for (const char *s = rts; *s;) {
         if (strncmp(s, "@UP@", 4) == 0) {
             o += sprintf(o, "%s", up);
             s += 4;
+        } else if (strncmp(s, "@SENTINELS@", 11) == 0) {
+            o += sprintf(o, "%s", redis);
+            s += 11;
         } else {
             *o++ = *s++;
         }
@@ -107,6 +111,11 @@ static void start_idem(struct proc *p, const char *pg_url, int n)
     sys_write_file(path, text);
     char *argv[] = {(char *)idem_bin, "serve", "-c", path, "--listen", "127.0.0.1:0", NULL};
     sys_start(p, argv, log);
+}
+
+static void start_idem(struct proc *p, const char *pg, int n)
+{
+    start_idem_on(p, redis_url, pg, routes, n);
 }
 
 /* One request's answer, kept for the checks after the storm. */
@@ -345,6 +354,241 @@ static void test_asynchronous_standby(void **state)
     free(url);
 }
 
+/* ---- Redis with three Sentinels ---- */
+
+static void sentinels(const char *what, const char *args)
+{
+    sys_sh("'%s' %s '%s/sentinel' %s", sentinel_sh, what, dir, args ? args : "");
+}
+
+static const char token_routes[] =
+    "consumers:\n"
+    "  - name: orders\n"
+    "    source: { redis_stream: \"@SENTINELS@\", stream: orders, group: idem }\n"
+    "    key: { json: serial_no }\n"
+    "    handler: @UP@/payments\n"
+    "limits:\n"
+    "  tokens_per_scene: 100000\n"
+    "  token_rate_subject: 1000000\n"
+    "  token_rate_peer: 1000000\n"
+    "routes:\n"
+    "  - name: refund\n"
+    "    match: { method: POST, path: /refunds }\n"
+    "    upstream: @UP@\n"
+    "    key: { json: refund_no }\n"
+    "    layers: [token, lock, record]\n"
+    "    in_flight: reject\n"
+    "    lease: 10s\n"
+    "    upstream_timeout: 5s\n";
+
+/* n orders on the stream, at the master the sentinels name now. */
+static void orders(const char *tag, int n)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/orders-%s.redis", dir, tag);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "XADD orders * body '{\"serial_no\":\"O-%d-%s-%d\",\"amount\":\"1.00\"}'\n",
+                run_tag, tag, i);
+    fclose(f);
+    sys_sh("redis-cli -p \"$('%s' master '%s/sentinel')\" <'%s' >/dev/null", sentinel_sh, dir,
+           path);
+}
+
+/* Wait until the service has rows more payments (the consumer's). */
+static void payments_reach(long rows, const char *when)
+{
+    for (int i = 0; service_stat("payments") < rows; i++) {
+        if (i == 600)
+            fail_msg("%s: %ld payments, expected %ld", when, service_stat("payments"), rows);
+        sleep_ms(100);
+    }
+}
+
+/* A token for the route's scene, or "" when none could be had (Redis
+ * between masters). */
+static void token_for(int port, char *h, size_t cap)
+{
+    struct sys_resp r;
+    sys_http(port, "POST", "/_idem/v1/tokens", NULL, "{\"scene\":\"refund\",\"ttl_ms\":600000}",
+             5000, &r);
+    const char *t = r.status == 201 && r.m ? strstr(r.m->body, "\"token\":\"") : NULL;
+    if (t)
+        snprintf(h, cap, "Idem-Token: %.32s", t + 9);
+    else
+        h[0] = '\0';
+    sys_resp_free(&r);
+}
+
+struct tstorm {
+    int port[2];
+    char token[KEYS][64];
+    atomic_int next, ok;
+    struct shot shot[KEYS * SENDS];
+};
+
+static void tpost(int port, const char *token, int key, struct shot *s)
+{
+    char body[128];
+    snprintf(body, sizeof body, "{\"refund_no\":\"S-%d-%d\",\"amount\":\"1.00\"}", run_tag, key);
+    const char *h[] = {token, NULL};
+    struct sys_resp r;
+    sys_http(port, "POST", "/refunds", token[0] ? h : NULL, body, 20000, &r);
+    s->status = r.status;
+    s->body = r.m ? strndup(r.m->body, r.m->body_len) : strdup("");
+    s->at = now_ms();
+    sys_resp_free(&r);
+}
+
+static void *tclient_main(void *arg)
+{
+    struct tstorm *st = arg;
+    for (int i; (i = atomic_fetch_add(&st->next, 1)) < KEYS * SENDS;) {
+        struct shot *s = &st->shot[i];
+        tpost(st->port[i % 2], st->token[i / SENDS], i / SENDS, s);
+        if (s->status >= 200 && s->status < 300)
+            atomic_fetch_add(&st->ok, 1);
+    }
+    return NULL;
+}
+
+/* Until a 2xx (a token refused, lost with the old master, is replaced), or
+ * the deadline. */
+static void tpost_until(const struct tstorm *st, int key, int64_t until, struct shot *last)
+{
+    char token[64];
+    snprintf(token, sizeof token, "%s", st->token[key]);
+    for (;;) {
+        tpost(st->port[key % 2], token, key, last);
+        if ((last->status >= 200 && last->status < 300) || now_ms() > until)
+            return;
+        if (!token[0] || (last->status == 409 && strstr(last->body, "token_spent")))
+            token_for(st->port[key % 2], token, sizeof token);
+        free(last->body);
+        last->body = NULL;
+        sleep_ms(50);
+    }
+}
+
+/* The master killed mid-storm on a [token, lock, record] route; the
+ * sentinels promote the replica: nothing executes twice (the record layer
+ * decides, whatever locks and tokens the old master took with it), every
+ * answer given replays, service resumes by itself; the consumers and idem
+ * run find the new master. */
+static void test_redis_sentinel_failover(void **state)
+{
+    (void)state;
+    char args[128];
+    snprintf(args, sizeof args, "%d %d %d %d %d", redis_ha_port, redis_ha_port + 1,
+             redis_ha_port + 2, redis_ha_port + 3, redis_ha_port + 4);
+    sentinels("start", args);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/sentinel/url", dir);
+    char *url = sys_read_file(path);
+    url[strcspn(url, "\n")] = '\0';
+    test_wipe_servers(NULL, pg_url);
+    run_tag++;
+    struct proc a, b;
+    start_idem_on(&a, url, pg_url, token_routes, 5);
+    start_idem_on(&b, url, pg_url, token_routes, 6);
+    long exec0 = service_stat("executions"), rows0 = service_stat("refunds");
+    /* The consumers follow the master too: 100 orders taken before. */
+    long pexec0 = service_stat("payment_executions"), prows0 = service_stat("payments");
+    orders("before", 100);
+    payments_reach(prows0 + 100, "before the failover");
+
+    struct tstorm *st = calloc(1, sizeof *st);
+    st->port[0] = a.port, st->port[1] = b.port;
+    for (int k = 0; k < KEYS; k++) {
+        token_for(a.port, st->token[k], sizeof st->token[k]);
+        assert_true(st->token[k][0] != '\0');
+    }
+    pthread_t t[CLIENTS];
+    for (int i = 0; i < CLIENTS; i++)
+        pthread_create(&t[i], NULL, tclient_main, st);
+    while (atomic_load(&st->ok) < KILL_AFTER / 2 && atomic_load(&st->next) < KEYS * SENDS)
+        sleep_ms(1);
+    int64_t killed = now_ms();
+    sentinels("kill-master", NULL);
+    /* Service is back when a new key, with a new token, is answered. */
+    int64_t resumed = 0;
+    for (int n = 0; !resumed; n++) {
+        char token[64];
+        struct shot s;
+        token_for(n % 2 ? b.port : a.port, token, sizeof token);
+        if (token[0]) {
+            tpost(n % 2 ? b.port : a.port, token, 100000 + n, &s);
+            if (s.status >= 200 && s.status < 300)
+                resumed = now_ms();
+            free(s.body);
+        }
+        if (now_ms() - killed > 60000)
+            fail_msg("no 2xx within 60 s of the master's loss");
+        sleep_ms(20);
+    }
+    for (int i = 0; i < CLIENTS; i++)
+        pthread_join(t[i], NULL);
+
+    int lost = 0, stuck = 0;
+    int64_t until = now_ms() + 60000;
+    for (int key = 0; key < KEYS; key++) {
+        const char *first = NULL;
+        for (int s = 0; s < SENDS; s++) {
+            struct shot *x = &st->shot[key * SENDS + s];
+            if (x->status >= 200 && x->status < 300 && !first)
+                first = x->body;
+            else if (x->status >= 200 && x->status < 300 && strcmp(first, x->body) != 0)
+                lost++;
+        }
+        struct shot last = {0};
+        tpost_until(st, key, until, &last);
+        int ok = last.status >= 200 && last.status < 300;
+        if (first && (!ok || strcmp(first, last.body) != 0))
+            lost++;
+        else if (!ok)
+            stuck++;
+        free(last.body);
+    }
+    long twice = (service_stat("executions") - exec0) - (service_stat("refunds") - rows0);
+    /* 100 orders on the new master: both instances' consumers reconnect
+     * there by themselves and take them, each executed once. */
+    orders("after", 100);
+    payments_reach(prows0 + 200, "after the failover");
+    sleep_ms(500);
+    assert_int_equal(service_stat("payments") - prows0, 200);
+    assert_int_equal(service_stat("payment_executions") - pexec0, 200);
+    /* idem run on the same configuration finds the new master too: twice,
+     * its command once, the second printing the first's output. */
+    char cfg[4200], out[4200];
+    snprintf(cfg, sizeof cfg, "%s/idem-5.yaml", dir);
+    snprintf(out, sizeof out, "%s/run.out", dir);
+    for (int i = 0; i < 2; i++)
+        sys_sh("%s='%s' '%s' run -c '%s' -s jobs -k 'daily-%d' -- "
+               "sh -c 'echo ran; echo x >>%s.count' >>'%s'",
+               SYS_ADMIN_KEY_ENV, SYS_ADMIN_KEY, idem_bin, cfg, run_tag, out, out);
+    char *ran = sys_read_file(out);
+    assert_string_equal(ran, "ran\nran\n");
+    free(ran);
+    snprintf(out + strlen(out), sizeof out - strlen(out), ".count");
+    ran = sys_read_file(out);
+    assert_string_equal(ran, "x\n");
+    free(ran);
+    print_message("redis sentinel failover: %d answers lost; %ld keys executed twice; %d keys "
+                  "never answered; service back %lld ms after the master's SIGKILL\n",
+                  lost, twice, stuck, (long long)(resumed - killed));
+    assert_int_equal(twice, 0);
+    assert_int_equal(lost, 0);
+    assert_int_equal(stuck, 0);
+    for (int i = 0; i < KEYS * SENDS; i++)
+        free(st->shot[i].body);
+    free(st);
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+    assert_int_equal(sys_stop(&b, SIGTERM), 0);
+    sentinels("stop", NULL);
+    free(url);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -357,23 +601,30 @@ static int group_teardown(void **state)
 {
     (void)state;
     pair("stop", NULL);
+    sentinels("stop", NULL);
     sys_finish(&service, dir);
     return 0;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc != 7) {
+    if (argc != 10) {
         fprintf(stderr, "usage: %s IDEM_BINARY REFUND_SERVICE_BINARY PG_STANDBY_SH "
-                        "PRIMARY_PORT STANDBY_PORT REDIS_URL\n", argv[0]);
+                        "PRIMARY_PORT STANDBY_PORT REDIS_URL REDIS_SENTINEL_SH "
+                        "REDIS_HA_PORT POSTGRES_URL\n", argv[0]);
         return 2;
     }
     idem_bin = argv[1], service_bin = argv[2], pair_sh = argv[3];
     primary_port = atoi(argv[4]), standby_port = atoi(argv[5]), redis_url = argv[6];
+    sentinel_sh = argv[7], redis_ha_port = atoi(argv[8]), pg_url = argv[9];
     signal(SIGPIPE, SIG_IGN);
+    /* IDEM_TEST_FILTER=*sentinel* runs only the tests it matches. */
+    if (getenv("IDEM_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("IDEM_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_synchronous_standby),
         cmocka_unit_test(test_asynchronous_standby),
+        cmocka_unit_test(test_redis_sentinel_failover),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
