@@ -138,6 +138,7 @@
 #define READS_PER_SERVER 16
 #define WRITERS 2
 #define SETTLE_MS 30000 /* a batch in doubt: how long to look for its outcome */
+#define SETTINGS_EVERY_MS 5000 /* the primary's synchronous_* read again */
 
 /* ---- schema ---- */
 
@@ -361,8 +362,9 @@ struct pg_db {
     int admin_draining;       /* a writer runs the operators' jobs */
     PGconn *admin;            /* the operators' connection: the drainer's alone */
 
-    pthread_mutex_t repl_mu;  /* what the primary promises, read at each connect */
+    pthread_mutex_t repl_mu;  /* what the primary promises: read at each connect, */
     idem_replication repl;
+    _Atomic int64_t settings_due; /* and again from then on (refresh_settings) */
 };
 
 /* ---- time, messages ---- */
@@ -687,6 +689,8 @@ static idem_rc migrate(struct pg_db *d, PGconn *pg, int64_t deadline);
  * standby named and synchronous_commit at on or remote_apply (below on,
  * off, local and remote_write acknowledge before the standby has the
  * commit durably). And who the session is, for a batch in doubt. */
+static void note_replication(struct pg_db *d, const char *commit, const char *standbys);
+
 static idem_rc read_server(struct writer *w, PGconn *pg, int64_t deadline)
 {
     struct pg_db *d = w->db;
@@ -705,13 +709,21 @@ static idem_rc read_server(struct writer *w, PGconn *pg, int64_t deadline)
     w->server_start_us = strtoll(PQgetvalue(r, 0, 2), NULL, 10);
     w->session_start_us = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
     w->session_pid = PQbackendPID(pg);
+    note_replication(d, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
+    PQclear(r);
+    atomic_store(&d->settings_due, idem__mono_ms() + SETTINGS_EVERY_MS);
+    return IDEM_OK;
+}
+
+/* What the primary promises, as its two settings say (read_server, and
+ * again every SETTINGS_EVERY_MS: refresh_settings). */
+static void note_replication(struct pg_db *d, const char *commit, const char *standbys)
+{
     idem_replication v;
     memset(&v, 0, sizeof v);
     v.known = 1;
-    idem__copy(v.synchronous_commit, sizeof v.synchronous_commit, PQgetvalue(r, 0, 0));
-    idem__copy(v.synchronous_standby_names, sizeof v.synchronous_standby_names,
-               PQgetvalue(r, 0, 1));
-    PQclear(r);
+    idem__copy(v.synchronous_commit, sizeof v.synchronous_commit, commit);
+    idem__copy(v.synchronous_standby_names, sizeof v.synchronous_standby_names, standbys);
     int on = strcmp(v.synchronous_commit, "on") == 0 ||
              strcmp(v.synchronous_commit, "remote_apply") == 0;
     v.synchronous = on && v.synchronous_standby_names[0] != '\0';
@@ -728,7 +740,6 @@ static idem_rc read_server(struct writer *w, PGconn *pg, int64_t deadline)
     pthread_mutex_lock(&d->repl_mu);
     d->repl = v;
     pthread_mutex_unlock(&d->repl_mu);
-    return IDEM_OK;
 }
 
 static void replication(void *db, idem_replication *out)
@@ -1568,6 +1579,43 @@ static void operators_drain(struct pg_db *d);
 /* Take what is queued: the operators' jobs go to their own queue, the rest
  * is a batch; then, unless the other writer is at it, run the operators'
  * jobs, one at a time. */
+/* The settings read again on a writer's connection, at most every
+ * SETTINGS_EVERY_MS (whichever writer finishes a batch first once it is
+ * due): a manager may drop the synchronous standby from the primary's
+ * settings while Idem stays connected (Patroni does when the standby is
+ * lost, unless synchronous_mode_strict). A failure here only drops the
+ * connection; the next batch reconnects, which reads them too. */
+static void refresh_settings(struct writer *w)
+{
+    struct pg_db *d = w->db;
+    int64_t due = atomic_load(&d->settings_due), now = idem__mono_ms();
+    if (!w->pg || now < due ||
+        !atomic_compare_exchange_strong(&d->settings_due, &due, now + SETTINGS_EVERY_MS))
+        return;
+    int64_t deadline = now + d->timeout_ms;
+    PGconn *pg = w->pg;
+    PGresult *r = NULL;
+    if (!PQsendQueryParams(pg,
+                           "SELECT current_setting('synchronous_commit'),"
+                           " current_setting('synchronous_standby_names')",
+                           0, NULL, NULL, NULL, NULL, 0) ||
+        !PQpipelineSync(pg) || flush_out(d, pg, deadline, "reading synchronous_commit") ||
+        get_result(d, pg, deadline, "reading synchronous_commit", &r) || !r) {
+        PQclear(r);
+        conn_close(&w->pg);
+        return;
+    }
+    int ok = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1 && PQnfields(r) == 2;
+    if (ok)
+        note_replication(d, PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
+    PQclear(r);
+    if (get_result(d, pg, deadline, "reading synchronous_commit", &r) || r ||
+        sync_point(d, pg, deadline) || !ok) {
+        PQclear(r);
+        conn_close(&w->pg);
+    }
+}
+
 static void *writer_main(void *arg)
 {
     struct writer *w = arg;
@@ -1584,6 +1632,7 @@ static void *writer_main(void *arg)
         }
         if (m)
             run_batch(w, w->batch, m);
+        refresh_settings(w);
         operators_drain(d);
     }
     return NULL;

@@ -85,6 +85,8 @@ static const char routes[] =
     "    lease: 10s\n"
     "    upstream_timeout: 5s\n";
 
+static const char *storage_extra = ""; /* more lines of storage: */
+
 static void start_idem_on(struct proc *p, const char *redis, const char *pg, const char *rts,
                          int n)
 {
@@ -94,8 +96,8 @@ static void start_idem_on(struct proc *p, const char *redis, const char *pg, con
     snprintf(up, sizeof up, "http://127.0.0.1:%d", service.port);
     char *o = text;
     o += sprintf(o, "storage:\n  kind: distributed\n  redis: %s\n  postgres: %s\n"
-                    "  timeout: 1s\n" SYS_ADMIN_YAML,
-                 redis, pg);
+                    "  timeout: 1s\n%s" SYS_ADMIN_YAML,
+                 redis, pg, storage_extra);
     for (const char *s = rts; *s;) {
         if (strncmp(s, "@UP@", 4) == 0) {
             o += sprintf(o, "%s", up);
@@ -324,6 +326,61 @@ static void test_synchronous_standby(void **state)
     assert_int_equal(v.stuck, 0);
     assert_int_equal(sys_stop(&a, SIGTERM), 0);
     assert_int_equal(sys_stop(&b, SIGTERM), 0);
+    pair("stop", NULL);
+    free(url);
+}
+
+/* Health's status and replication.commits, as one string "STATUS COMMITS". */
+static void health_said(const struct proc *p, char *out, size_t cap)
+{
+    struct sys_resp r;
+    sys_admin_http(p->admin_port, "GET", "/_idem/v1/health", NULL, 5000, &r);
+    json_t *j = r.m ? json_loadb(r.m->body, r.m->body_len, 0, NULL) : NULL;
+    const char *st = json_string_value(json_object_get(j, "status"));
+    const char *c = json_string_value(json_object_get(json_object_get(j, "replication"),
+                                                      "commits"));
+    snprintf(out, cap, "%d %s %s", r.status, st ? st : "-", c ? c : "-");
+    json_decref(j);
+    sys_resp_free(&r);
+}
+
+static void health_becomes(const struct proc *p, const char *want)
+{
+    char got[128] = "";
+    for (int i = 0; i < 200; i++) {
+        health_said(p, got, sizeof got);
+        if (!strcmp(got, want))
+            return;
+        sleep_ms(100);
+    }
+    fail_msg("health still says \"%s\" after 20 s, not \"%s\"", got, want);
+}
+
+/* The primary's synchronous standby dropped from its settings while Idem
+ * stays connected (as Patroni does when the standby is lost, unless
+ * strict): with require_synchronous_replication, health turns 503 within
+ * seconds, and back to 200 once the setting is back, with no reconnect. */
+static void test_standby_dropped_under_it(void **state)
+{
+    (void)state;
+    char *url = start_pair("sync");
+    storage_extra = "  require_synchronous_replication: true\n";
+    struct proc a;
+    start_idem(&a, url, 7);
+    storage_extra = "";
+    health_becomes(&a, "200 ok synchronous");
+    char sql[256];
+    snprintf(sql, sizeof sql, "/usr/bin/psql -X -q -h 127.0.0.1 -p %d -U idem -d idem -c \"ALTER "
+             "SYSTEM SET synchronous_standby_names = ''\" -c 'SELECT pg_reload_conf()' >/dev/null",
+             primary_port);
+    sys_sh("%s", sql);
+    health_becomes(&a, "503 replication_asynchronous asynchronous");
+    snprintf(sql, sizeof sql, "/usr/bin/psql -X -q -h 127.0.0.1 -p %d -U idem -d idem -c \"ALTER "
+             "SYSTEM SET synchronous_standby_names = '*'\" -c 'SELECT pg_reload_conf()' "
+             ">/dev/null", primary_port);
+    sys_sh("%s", sql);
+    health_becomes(&a, "200 ok synchronous");
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
     pair("stop", NULL);
     free(url);
 }
@@ -624,6 +681,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_synchronous_standby),
         cmocka_unit_test(test_asynchronous_standby),
+        cmocka_unit_test(test_standby_dropped_under_it),
         cmocka_unit_test(test_redis_sentinel_failover),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
