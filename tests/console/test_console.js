@@ -24,7 +24,7 @@ const http = require('node:http');
 const os = require('node:os');
 const path = require('node:path');
 
-const [idemBin, serviceBin, chromiumBin, outDir, redisUrl] = process.argv.slice(2);
+const [idemBin, serviceBin, chromiumBin, outDir, redisUrl, pgUrl] = process.argv.slice(2);
 if (!redisUrl) {
   console.error('usage: node test_console.js IDEM REFUND_SERVICE CHROMIUM OUTDIR REDIS_URL');
   process.exit(2);
@@ -602,6 +602,34 @@ async function main() {
   assert.match(await p.eval("document.getElementById('health').textContent"),
     /The store is unavailable \(health answers 503\): (reading|writing) records: E[A-Z]+/);
   fs.renameSync(path.join(dir, 'records.db.moved'), path.join(dir, 'records.db'));
+
+  /* A daemon on the distributed store whose PostgreSQL has no synchronous
+   * standby (the tests' own): the health line says that a failover can
+   * lose acknowledged commits, and why, in the alarm's colour. */
+  const distConfig = path.join(dir, 'idem-distributed.yaml');
+  fs.writeFileSync(distConfig, [
+    'storage: { kind: distributed, redis: "' + redisUrl + '", postgres: "' + pgUrl + '" }',
+    'admin_listen: 127.0.0.1:0',
+    'api_keys:',
+    '  - { name: console-ops, scope: write, env: IDEM_CONSOLE_WRITE_KEY }',
+    '',
+  ].join('\n'));
+  const dm = await start(idemBin, ['serve', '-c', distConfig, '--listen', '127.0.0.1:0'],
+    { IDEM_CONSOLE_WRITE_KEY: WRITE_KEY },
+    /listening on [^\n]*:(\d+), JSON API on [^\n]*:(\d+),/, 'idem-distributed.log');
+  await p.send('Page.navigate', { url: 'http://127.0.0.1:' + Number(dm[2]) + '/' });
+  await p.waitFor("document.readyState === 'complete' && !!document.getElementById('api-key')",
+    'the distributed daemon\'s sign-in form');
+  await p.eval("document.getElementById('api-key').value = " + JSON.stringify(WRITE_KEY));
+  await p.key('Enter', 'Enter', 13, '\r');
+  await p.waitFor("document.getElementById('health').textContent.includes('acknowledged')",
+    'the replication warning', 15000);
+  assert.match(await p.eval("document.getElementById('health').textContent"),
+    /^Status ok .*distributed store.*A failover can lose acknowledged commits: 127\.0\.0\.1:\d+ has no synchronous standby/);
+  assert.equal(await p.eval("document.getElementById('health').className"), 'error');
+  const dExited = new Promise((resolve) => dm.proc.on('exit', (code, sig) => resolve(code ?? sig)));
+  dm.proc.kill('SIGTERM');
+  assert.equal(await dExited, 0, 'the distributed idem serve\'s exit status');
 
   assert.deepEqual(p.dialogs, [], 'no dialog raised');
   assert.deepEqual(p.cspViolations, [], 'no Content-Security-Policy violation');

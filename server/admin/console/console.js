@@ -319,11 +319,20 @@ function drawRoutes() {
   }
 }
 
+/* What PostgreSQL promises of an acknowledged commit on a failover, when
+ * it is not enough: health's reason, said plainly. */
+function replicationWarning(r) {
+  return r && r.commits === 'asynchronous'
+    ? 'A failover can lose acknowledged commits: ' + r.why + '.' : '';
+}
+
 function drawHealth(h) {
   const p = $('health');
-  p.className = h.status === 'ok' ? 'ok' : 'error';
+  const warn = replicationWarning(h.replication);
+  p.className = h.status === 'ok' && !warn ? 'ok' : 'error';
   p.textContent = 'Status ' + h.status + ' — records ' + h.records + ', tokens and locks ' +
-    h.tokens_and_locks + ', ' + h.store + ' store, idem ' + h.version;
+    h.tokens_and_locks + ', ' + h.store + ' store, idem ' + h.version +
+    (warn ? '. ' + warn : '');
 }
 
 /* The consumers: connected or not (health), and their counters (metrics). */
@@ -393,9 +402,12 @@ async function poll() {
     if (b.record_writes && b.record_writes !== 'ok') why.push('writing records: ' + b.record_writes);
     if (b.tokens_and_locks && b.tokens_and_locks !== 'ok')
       why.push('tokens and locks: ' + b.tokens_and_locks);
+    const repl = replicationWarning(b.replication);
     $('health').className = 'error';
-    $('health').textContent = 'The store is unavailable (health answers 503)' +
-      (why.length ? ': ' + why.join('; ') : '.');
+    $('health').textContent = b.status === 'replication_asynchronous'
+      ? 'Not ready (health answers 503, require_synchronous_replication). ' + repl
+      : 'The store is unavailable (health answers 503)' +
+        (why.length ? ': ' + why.join('; ') : '.');
   }
 }
 
