@@ -550,6 +550,58 @@ static void test_redis_sentinel_failover(void **state)
     start_idem_on(&a, url, pg_url, token_routes, 5);
     start_idem_on(&b, url, pg_url, token_routes, 6);
     long exec0 = service_stat("executions"), rows0 = service_stat("refunds");
+    /* A failover the sentinels are told to make, both servers up: the old
+     * master, now a replica, answers the connections it still has
+     * READONLY; each instance finds the new master for its tokens. */
+    char before[32], after[32];
+    snprintf(path, sizeof path, "%s/sentinel/master.now", dir);
+    sys_sh("'%s' master '%s/sentinel' >'%s'", sentinel_sh, dir, path);
+    char *m0 = sys_read_file(path);
+    snprintf(before, sizeof before, "%s", m0);
+    free(m0);
+    for (int i = 0; i < 2; i++) {
+        char token[64];
+        token_for(i ? b.port : a.port, token, sizeof token);
+        assert_true(token[0] != '\0');
+    }
+    sys_sh("redis-cli -p %d SENTINEL FAILOVER idem >/dev/null", redis_ha_port + 2);
+    for (int i = 0;; i++) {
+        sys_sh("'%s' master '%s/sentinel' >'%s'", sentinel_sh, dir, path);
+        char *m1 = sys_read_file(path);
+        snprintf(after, sizeof after, "%s", m1);
+        free(m1);
+        if (strcmp(before, after) != 0)
+            break;
+        if (i == 300)
+            fail_msg("SENTINEL FAILOVER: the master is still %s after 30 s", before);
+        sleep_ms(100);
+    }
+    for (int i = 0; i < 2; i++) {
+        char token[64] = "";
+        for (int n = 0; !token[0]; n++) {
+            token_for(i ? b.port : a.port, token, sizeof token);
+            if (n == 300)
+                fail_msg("instance %d issues no token 30 s after the forced failover", i);
+            if (!token[0])
+                sleep_ms(100);
+        }
+    }
+    /* The new master has its replica (the old one) back before the kill. */
+    for (int i = 0;; i++) {
+        char *role = NULL;
+        snprintf(path, sizeof path, "%s/sentinel/replicas", dir);
+        sys_sh("redis-cli -p \"$('%s' master '%s/sentinel')\" INFO replication | "
+               "grep -c 'state=online' >'%s' || true", sentinel_sh, dir, path);
+        role = sys_read_file(path);
+        int online = atoi(role);
+        free(role);
+        if (online >= 1)
+            break;
+        if (i == 300)
+            fail_msg("the old master did not come back as a replica within 30 s");
+        sleep_ms(100);
+    }
+
     /* The consumers follow the master too: 100 orders taken before. */
     long pexec0 = service_stat("payment_executions"), prows0 = service_stat("payments");
     orders("before", 100);
@@ -646,6 +698,53 @@ static void test_redis_sentinel_failover(void **state)
     free(url);
 }
 
+/* The master demoted under Idem's connections, without the sentinels'
+ * CLIENT KILL that a failover they make sends (an operator's REPLICAOF,
+ * the sentinels told afterwards): the old master answers writes READONLY.
+ * Each connection that meets it is retired and the next asks the
+ * sentinels: tokens are issued again at once, no restart. */
+static void test_redis_demoted_under_a_connection(void **state)
+{
+    (void)state;
+    char args[128];
+    int m = redis_ha_port, r = redis_ha_port + 1;
+    snprintf(args, sizeof args, "%d %d %d %d %d", m, r, m + 2, m + 3, m + 4);
+    sentinels("start", args);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/sentinel/url", dir);
+    char *url = sys_read_file(path);
+    url[strcspn(url, "\n")] = '\0';
+    struct proc a;
+    char one_loop[4096]; /* one connection to Redis: the one that meets READONLY */
+    snprintf(one_loop, sizeof one_loop, "event_loops: 1\n%s", token_routes);
+    start_idem_on(&a, url, pg_url, one_loop, 8);
+    char token[64];
+    token_for(a.port, token, sizeof token);
+    assert_true(token[0] != '\0');
+    for (int s = 2; s <= 4; s++)
+        sys_sh("redis-cli -p %d SENTINEL REMOVE idem >/dev/null", m + s);
+    sys_sh("redis-cli -p %d REPLICAOF NO ONE >/dev/null && "
+           "redis-cli -p %d REPLICAOF 127.0.0.1 %d >/dev/null", r, m, r);
+    for (int s = 2; s <= 4; s++)
+        sys_sh("redis-cli -p %d SENTINEL MONITOR idem 127.0.0.1 %d 2 >/dev/null", m + s, r);
+    int refused = 0;
+    for (int n = 0;; n++) {
+        token_for(a.port, token, sizeof token);
+        if (token[0])
+            break;
+        refused++;
+        if (n == 50)
+            fail_msg("no token 5 s after the master was demoted");
+        sleep_ms(100);
+    }
+    print_message("redis demoted under a connection: %d token issue(s) refused, then served "
+                  "by the new master\n", refused);
+    assert_true(refused <= 1); /* the one call that met READONLY, at most */
+    assert_int_equal(sys_stop(&a, SIGTERM), 0);
+    sentinels("stop", NULL);
+    free(url);
+}
+
 static int group_setup(void **state)
 {
     (void)state;
@@ -683,6 +782,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_asynchronous_standby),
         cmocka_unit_test(test_standby_dropped_under_it),
         cmocka_unit_test(test_redis_sentinel_failover),
+        cmocka_unit_test(test_redis_demoted_under_a_connection),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
