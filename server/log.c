@@ -13,6 +13,7 @@
  * back is one line and says what was sent. */
 #include "log.h"
 
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -118,10 +119,32 @@ int daemon_log_enabled(enum log_level level)
     return level >= least;
 }
 
-static void vlog(enum log_level level, const char *fmt, va_list ap)
+/* ,"name":"value" for each field of about that is there, into line at n
+ * (room for cap, and the "}\n" after); returns the new n. */
+static size_t about_fields(const struct log_about *about, char *line, size_t n, size_t cap)
+{
+    const struct {
+        const char *name, *value;
+    } f[] = {{"route", about->route},           {"consumer", about->consumer},
+             {"space", about->space},           {"key", about->key},
+             {"request_id", about->request_id}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (!f[i].value || n + strlen(f[i].name) + 8 >= cap)
+            continue;
+        n += (size_t)snprintf(line + n, cap - n, ",\"%s\":\"", f[i].name);
+        n += log_json_escape(f[i].value, strlen(f[i].value), line + n, cap - n - 1);
+        line[n++] = '"';
+    }
+    if (about->epoch && n + 40 < cap)
+        n += (size_t)snprintf(line + n, cap - n, ",\"epoch\":%" PRIu64, about->epoch);
+    return n;
+}
+
+static void vlog(enum log_level level, const struct log_about *about, const char *fmt,
+                 va_list ap)
 {
     static const char *const names[] = {"debug", "info", "warn", "error", "alert"};
-    char msg[1024], line[1400];
+    char msg[1024], line[4096];
     struct timespec ts;
     struct tm tm;
     if (level < least)
@@ -135,8 +158,10 @@ static void vlog(enum log_level level, const char *fmt, va_list ap)
     if (as_json) {
         n += (size_t)snprintf(line + n, sizeof line - n, ".%03ldZ\",\"level\":\"%s\",\"msg\":\"",
                               ts.tv_nsec / 1000000, names[level]);
-        n += log_json_escape(msg, mlen, line + n, sizeof line - n - 3);
+        n += log_json_escape(msg, mlen, line + n, sizeof line - n - 3 - 1200);
         line[n++] = '"';
+        if (about)
+            n = about_fields(about, line, n, sizeof line - 3);
         line[n++] = '}';
     } else {
         /* The level, as these lines have always said it. */
@@ -154,7 +179,7 @@ void daemon_log(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vlog(LOG_INFO, fmt, ap);
+    vlog(LOG_INFO, NULL, fmt, ap);
     va_end(ap);
 }
 
@@ -162,6 +187,14 @@ void daemon_logl(enum log_level level, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vlog(level, fmt, ap);
+    vlog(level, NULL, fmt, ap);
+    va_end(ap);
+}
+
+void daemon_log_about(enum log_level level, const struct log_about *about, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, about, fmt, ap);
     va_end(ap);
 }

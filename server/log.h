@@ -6,6 +6,7 @@
 #define IDEM_SERVER_LOG_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 enum log_level { LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_ALERT };
 
@@ -15,13 +16,33 @@ void daemon_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void daemon_logl(enum log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* What a line is about: in the JSON form, a field of its own each (route,
+ * consumer, space, key, request_id, epoch), beside the message, which says
+ * them too (the text form is the message alone). NULL or 0: not there. */
+struct log_about {
+    const char *route;
+    const char *consumer;
+    const char *space, *key;
+    const char *request_id;
+    uint64_t epoch;
+};
+
+/* A consumer's line, a route's: about it, by its name. */
+#define LOG_CONSUMER(name) (&(struct log_about){.consumer = (name)})
+#define LOG_ROUTE(name) (&(struct log_about){.route = (name)})
+
+/* A line at level, about what *about names (about may be NULL). */
+void daemon_log_about(enum log_level level, const struct log_about *about, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* 1 when lines at level are written: a debug line's arguments need not
  * be made when they are not. Any thread. */
 int daemon_log_enabled(enum log_level level);
 
 /* The log's least level and form: text (the default: "TIME idem: MESSAGE",
  * a warning's and an error's message starting with its level), or json
- * ({"time", "level", "msg"} a line). Before any thread logs. */
+ * ({"time", "level", "msg"} a line, and what it is about: struct
+ * log_about). Before any thread logs. */
 void daemon_log_setup(enum log_level least, int json);
 
 /* in[0..n) as a log line may hold it, NUL-terminated in out (cap bytes),

@@ -50,8 +50,9 @@ static void on_redriven(void *arg, const struct redrive_result *r)
     struct redrive_call *rc = arg;
     rc->res = *r;
     if (event_base_once(rc->base, -1, EV_TIMEOUT, on_answer, rc, NULL) != 0)
-        daemon_logl(LOG_ERROR, "consumer %s: the redrive's answer was lost (out of memory); "
-                    "its log line says what it did", rc->name);
+        daemon_log_about(LOG_ERROR, LOG_CONSUMER(rc->name),
+                         "consumer %s: the redrive's answer was lost (out of memory); "
+                         "its log line says what it did", rc->name);
 }
 
 void api_consumers_redrive(struct api_call *c)

@@ -353,11 +353,11 @@ static void dead_letter(struct held *h, const char *reason)
     }
     atomic_fetch_add(&k->n.dead_lettered, 1);
     /* The id is the producer's: the log line escapes it (log.c). */
-    daemon_logl(LOG_WARN,
-                "consumer %s: message %.200s dead-lettered to %s: %s (%u attempts, last status "
-                "%d)",
-                k->cfg->route.name, h->m->id ? h->m->id : "without an id", k->cfg->dead_letter,
-                reason, h->attempts, h->last_status);
+    daemon_log_about(LOG_WARN, LOG_CONSUMER(k->cfg->route.name),
+                     "consumer %s: message %.200s dead-lettered to %s: %s (%u attempts, "
+                     "last status %d)",
+                     k->cfg->route.name, h->m->id ? h->m->id : "without an id",
+                     k->cfg->dead_letter, reason, h->attempts, h->last_status);
     drop(h);
 }
 
@@ -655,18 +655,19 @@ void consumer_connection(struct consumer *k, int up, const char *detail)
         k->gen++;
         k->up = 1;
         atomic_store(&k->n.connected, 1);
-        daemon_log("consumer %s: connected to %s (%s)", k->cfg->route.name, k->ops->kind,
-                   detail);
+        daemon_log_about(LOG_INFO, LOG_CONSUMER(k->cfg->route.name),
+                         "consumer %s: connected to %s (%s)", k->cfg->route.name, k->ops->kind,
+                         detail);
         if (!k->stopping && held_count(k) < k->cfg->prefetch)
             k->ops->want(k->src, k->cfg->prefetch - held_count(k));
         return;
     }
     if (k->up) {
         atomic_fetch_add(&k->n.reconnects, 1);
-        daemon_logl(LOG_WARN,
-                    "consumer %s: lost the %s connection: %s; its unacked messages come "
-                    "back from the broker",
-                    k->cfg->route.name, k->ops->kind, detail);
+        daemon_log_about(LOG_WARN, LOG_CONSUMER(k->cfg->route.name),
+                         "consumer %s: lost the %s connection: %s; its unacked messages come "
+                         "back from the broker",
+                         k->cfg->route.name, k->ops->kind, detail);
     }
     k->up = 0;
     atomic_store(&k->n.connected, 0);
@@ -740,10 +741,11 @@ static void redrive_told(void *arg, long left)
     struct redrive *r = arg;
     r->ses = NULL; /* closed */
     r->res.left = left;
-    daemon_log("consumer %s: redrive of %s: %lu moved back, %lu done already, %lu kept, "
-               "%ld left%s%s",
-               r->k->cfg->route.name, r->k->cfg->dead_letter, r->res.moved, r->res.done,
-               r->res.kept, left, r->res.error[0] ? "; stopped short: " : "", r->res.error);
+    daemon_log_about(LOG_INFO, LOG_CONSUMER(r->k->cfg->route.name),
+                     "consumer %s: redrive of %s: %lu moved back, %lu done already, %lu kept, "
+                     "%ld left%s%s",
+                     r->k->cfg->route.name, r->k->cfg->dead_letter, r->res.moved, r->res.done,
+                     r->res.kept, left, r->res.error[0] ? "; stopped short: " : "", r->res.error);
     r->done(r->arg, &r->res);
     struct consumer *k = r->k;
     redrive_free(r);

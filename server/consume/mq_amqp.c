@@ -188,8 +188,9 @@ static int ensure_queue(struct amqp_src *a, amqp_connection_state_t c, const cha
     snprintf(what, sizeof what, "declaring queue %s", name);
     if (rpc_ok(c, what, err, errlen) != 0)
         return -1;
-    daemon_log("consumer %s: declared queue %s (it did not exist): durable, classic, "
-               "without arguments", a->cfg->route.name, name);
+    daemon_log_about(LOG_INFO, LOG_CONSUMER(a->cfg->route.name),
+                     "consumer %s: declared queue %s (it did not exist): durable, classic, "
+                     "without arguments", a->cfg->route.name, name);
     return 0;
 }
 
@@ -600,10 +601,10 @@ failed:
     a->failures++;
     /* The 1st, 2nd, 4th, 8th... failure in a row is logged. */
     if ((a->failures & (a->failures - 1)) == 0)
-        daemon_logl(LOG_WARN,
-                    "consumer %s: cannot connect to RabbitMQ (%s; %lu tries so far), trying "
-                    "again",
-                    a->cfg->route.name, err, a->failures);
+        daemon_log_about(LOG_WARN, LOG_CONSUMER(a->cfg->route.name),
+                         "consumer %s: cannot connect to RabbitMQ (%s; %lu tries so far), trying "
+                         "again",
+                         a->cfg->route.name, err, a->failures);
     redial_later(a);
 }
 
@@ -624,7 +625,8 @@ static void *amqp_open(struct consumer *k, struct event_base *base,
     amqp_default_connection_info(&a->info);
     if (!a->url || amqp_parse_url(a->url, &a->info) != AMQP_STATUS_OK) {
         if (a->url)
-            daemon_log("consumer %s: the amqp URL does not parse", cfg->route.name);
+            daemon_log_about(LOG_INFO, LOG_CONSUMER(cfg->route.name),
+                             "consumer %s: the amqp URL does not parse", cfg->route.name);
         free(a->url);
         free(a);
         return NULL;
@@ -774,8 +776,9 @@ static int amqp_dead_letter(void *src, const struct mq_message *m, const char *r
     if (!a->in)
         return -1;
     if (!a->out && !(a->out = open_publisher(a, NULL, err, sizeof err))) {
-        daemon_log("consumer %s: cannot reach RabbitMQ to dead-letter a message: %s",
-                   a->cfg->route.name, err);
+        daemon_log_about(LOG_INFO, LOG_CONSUMER(a->cfg->route.name),
+                         "consumer %s: cannot reach RabbitMQ to dead-letter a message: %s",
+                         a->cfg->route.name, err);
         return -1;
     }
     amqp_table_entry_t idem[] = {
@@ -787,10 +790,12 @@ static int amqp_dead_letter(void *src, const struct mq_message *m, const char *r
     };
     int r = publish(a->out, a->cfg->dead_letter, m, idem, sizeof idem / sizeof idem[0]);
     if (r != 0) {
-        daemon_logl(LOG_ERROR,
-                    "consumer %s: dead-lettering to %s failed (%s): the message stays unacked",
-                    a->cfg->route.name, a->cfg->dead_letter,
-                    r > 0 ? "no such queue: it is declared again" : "no confirm from the broker");
+        daemon_log_about(LOG_ERROR, LOG_CONSUMER(a->cfg->route.name),
+                         "consumer %s: dead-lettering to %s failed (%s): the message stays "
+                         "unacked",
+                         a->cfg->route.name, a->cfg->dead_letter,
+                         r > 0 ? "no such queue: it is declared again"
+                               : "no confirm from the broker");
         amqp_destroy_connection(a->out); /* opened again, the queue with it */
         a->out = NULL;
         return -1;
@@ -877,8 +882,9 @@ static void amqp_dead_next(void *ses, void (*got)(void *arg, int rc, struct mq_m
         snprintf(why, sizeof why, "the broker answered method 0x%08x", r.reply.id);
     }
     if (!m) {
-        daemon_logl(LOG_WARN, "consumer %s: redrive: taking a dead letter from %s: %s",
-                    a->cfg->route.name, a->cfg->dead_letter, why);
+        daemon_log_about(LOG_WARN, LOG_CONSUMER(a->cfg->route.name),
+                         "consumer %s: redrive: taking a dead letter from %s: %s",
+                         a->cfg->route.name, a->cfg->dead_letter, why);
         got(arg, -1, NULL);
         return;
     }
@@ -900,9 +906,10 @@ static void amqp_dead_settle(void *ses, const struct mq_message *m, int requeue,
         done(arg, 1);
         return;
     }
-    daemon_logl(LOG_WARN, "consumer %s: redrive: %s a dead letter failed: it stays on %s",
-                s->a->cfg->route.name, requeue ? "putting back" : "taking off",
-                s->a->cfg->dead_letter);
+    daemon_log_about(LOG_WARN, LOG_CONSUMER(s->a->cfg->route.name),
+                     "consumer %s: redrive: %s a dead letter failed: it stays on %s",
+                     s->a->cfg->route.name, requeue ? "putting back" : "taking off",
+                     s->a->cfg->dead_letter);
     done(arg, -1);
 }
 

@@ -234,9 +234,10 @@ static void on_claimed(redisAsyncContext *c, void *reply, void *arg)
         /* XAUTOCLAIM is Redis 6.2's: before it, pending entries of a dead
          * consumer stay until an operator claims them. Said once. */
         if (x && !r->claim_cursor[0]) {
-            daemon_log("consumer %s: XAUTOCLAIM failed (%s): entries left pending by a "
-                       "consumer that stopped are not taken over",
-                       r->cfg->route.name, error_text(c, x));
+            daemon_log_about(LOG_INFO, LOG_CONSUMER(r->cfg->route.name),
+                             "consumer %s: XAUTOCLAIM failed (%s): entries left pending by a "
+                             "consumer that stopped are not taken over",
+                             r->cfg->route.name, error_text(c, x));
             snprintf(r->claim_cursor, sizeof r->claim_cursor, "off");
         }
         read_more(r);
@@ -338,9 +339,10 @@ static void failed(struct redis_src *r, const char *why)
 {
     r->failures++;
     if ((r->failures & (r->failures - 1)) == 0)
-        daemon_logl(LOG_WARN,
-                    "consumer %s: cannot connect to Redis (%s; %lu tries so far), trying again",
-                    r->cfg->route.name, why, r->failures);
+        daemon_log_about(LOG_WARN, LOG_CONSUMER(r->cfg->route.name),
+                         "consumer %s: cannot connect to Redis (%s; %lu tries so far), "
+                         "trying again",
+                         r->cfg->route.name, why, r->failures);
     close_connections(r);
     redial_later(r);
 }
@@ -392,8 +394,9 @@ static void on_setup(redisAsyncContext *c, void *reply, void *arg)
         return;
     }
     if (c == r->wr && x->type != REDIS_REPLY_ERROR)
-        daemon_log("consumer %s: made group %s of stream %s, from its first entry",
-                   r->cfg->route.name, r->cfg->group, r->cfg->queue);
+        daemon_log_about(LOG_INFO, LOG_CONSUMER(r->cfg->route.name),
+                         "consumer %s: made group %s of stream %s, from its first entry",
+                         r->cfg->route.name, r->cfg->group, r->cfg->queue);
     if (c == r->rd)
         r->rd_up = 1;
     else
@@ -609,7 +612,8 @@ static void *redis_open(struct consumer *k, struct event_base *base,
      * own: its detail names what is wrong, never the password. */
     struct idem__redis_url url;
     if (idem__redis_url_parse(cfg->url, "redis_stream", &url) != IDEM_OK) {
-        daemon_log("consumer %s: %s", cfg->route.name, idem_errdetail());
+        daemon_log_about(LOG_INFO, LOG_CONSUMER(cfg->route.name),
+                         "consumer %s: %s", cfg->route.name, idem_errdetail());
         free(r);
         return NULL;
     }
@@ -668,10 +672,10 @@ static void on_dead_lettered(redisAsyncContext *c, void *reply, void *arg)
     struct redis_src *r = c->data;
     (void)arg;
     if (r && x && x->type == REDIS_REPLY_ERROR)
-        daemon_logl(LOG_ERROR,
-                    "consumer %s: dead-lettering to %s failed (%s): the entry stays pending, "
-                    "and is taken over again later",
-                    r->cfg->route.name, r->cfg->dead_letter, x->str);
+        daemon_log_about(LOG_ERROR, LOG_CONSUMER(r->cfg->route.name),
+                         "consumer %s: dead-lettering to %s failed (%s): the entry stays pending, "
+                         "and is taken over again later",
+                         r->cfg->route.name, r->cfg->dead_letter, x->str);
 }
 
 /* An EVAL's arguments: the script and its keys, then the fields of an
@@ -816,8 +820,9 @@ static void on_dead_read(redisAsyncContext *c, void *reply, void *arg)
     struct mq_message *m = NULL;
     int rc = 0;
     if (is_error(x) || x->type != REDIS_REPLY_ARRAY) {
-        daemon_logl(LOG_WARN, "consumer %s: redrive: XRANGE %s: %s", s->r->cfg->route.name,
-                    s->r->cfg->dead_letter, error_text(c, x));
+        daemon_log_about(LOG_WARN, LOG_CONSUMER(s->r->cfg->route.name),
+                         "consumer %s: redrive: XRANGE %s: %s", s->r->cfg->route.name,
+                         s->r->cfg->dead_letter, error_text(c, x));
         rc = -1;
     } else if (x->elements > 0) {
         m = from_entry(s->r, x->element[0]);
@@ -882,9 +887,10 @@ static void on_dead_settled(redisAsyncContext *c, void *reply, void *arg)
     if (!is_error(x) && x->type == REDIS_REPLY_INTEGER)
         rc = x->integer > 0 ? 1 : 0;
     else
-        daemon_logl(LOG_WARN, "consumer %s: redrive: settling a dead letter of %s failed (%s): "
-                    "it stays there", s->r->cfg->route.name, s->r->cfg->dead_letter,
-                    error_text(c, x));
+        daemon_log_about(LOG_WARN, LOG_CONSUMER(s->r->cfg->route.name),
+                         "consumer %s: redrive: settling a dead letter of %s failed (%s): "
+                         "it stays there", s->r->cfg->route.name, s->r->cfg->dead_letter,
+                         error_text(c, x));
     s->done(s->arg, rc);
 }
 

@@ -98,6 +98,13 @@
 /* A gateway counter: the route's (the daemon's totals are their sums). */
 #define COUNT(rt, field) atomic_fetch_add(&(rt)->n->field, 1)
 
+/* What a line of the daemon's log is about (its fields in the JSON log):
+ * the request's route, space, key, request id and claim; a renewal's
+ * space, key and claim. */
+#define ABOUT(g) about_of((g), &(struct log_about){0})
+#define TIMER_ABOUT(t)                                                                  \
+    (&(struct log_about){.space = (t)->space, .key = (t)->key, .epoch = (t)->epoch})
+
 /* The verdict a request's answer carries (enum gw_outcome). */
 #define VERDICT(g, v) ((g)->req->outcome = (v))
 
@@ -226,6 +233,16 @@ struct gw {
     unsigned tries;
     int64_t retry_ms;
 };
+
+static const struct log_about *about_of(const struct gw *g, struct log_about *a)
+{
+    a->route = g->rt->name;
+    a->space = g->rt->space;
+    a->key = g->key[0] ? g->key : NULL;
+    a->request_id = !g->resolver && g->req && g->req->request_id[0] ? g->req->request_id : NULL;
+    a->epoch = g->epoch;
+    return a;
+}
 
 static void claim_remove(struct gw *g);
 static void extending_forget(struct gw *g);
@@ -421,9 +438,10 @@ static void abandon(struct gw *g)
     int finishing = g->state == S_FINISH || g->state == S_FINISH_WAIT;
     if (g->out && finishing && g->rc != IDEM_OK && executed) {
         VERDICT(g, GW_OUTCOME_UNKNOWN); /* executed, and not kept */
-        daemon_log("%s/%s: stopping before its answer was kept (%u failed tries): the record "
-                   "stays PROCESSING until its lease ends, and a retry then executes again",
-                   g->rt->space, g->key, g->tries);
+        daemon_log_about(LOG_INFO, ABOUT(g),
+                         "%s/%s: stopping before its answer was kept (%u failed tries): the record "
+                         "stays PROCESSING until its lease ends, and a retry then executes again",
+                         g->rt->space, g->key, g->tries);
     }
     if (g->out && (!finishing || g->rc == IDEM_OK || executed)) {
         enter(g, S_DONE);
@@ -708,16 +726,18 @@ static void ask(struct gw *g);
 static void enter(struct gw *g, enum gw_state s)
 {
     if (s != S_DONE && !(states[g->state].next & BIT(s))) {
-        daemon_logl(LOG_ALERT, "%s/%s: the gateway went from %s to %s, which it never does",
-                    g->rt->space, g->key, states[g->state].name, states[s].name);
+        daemon_log_about(LOG_ALERT, ABOUT(g),
+                         "%s/%s: the gateway went from %s to %s, which it never does",
+                         g->rt->space, g->key, states[g->state].name, states[s].name);
         assert(!"a transition missing from states[]");
     }
     /* log.level: debug: each request's walk, a line a state. */
     if (daemon_log_enabled(LOG_DEBUG))
-        daemon_logl(LOG_DEBUG, "route %s: %s/%s (request %s): %s -> %s%s%s", g->rt->name,
-                    g->rt->space, g->key, g->req->request_id[0] ? g->req->request_id : "-",
-                    states[g->state].name, states[s].name, g->o != IDEM_NONE ? " after " : "",
-                    g->o != IDEM_NONE ? idem_outcome_name(g->o) : "");
+        daemon_log_about(LOG_DEBUG, ABOUT(g),
+                         "route %s: %s/%s (request %s): %s -> %s%s%s", g->rt->name,
+                         g->rt->space, g->key, g->req->request_id[0] ? g->req->request_id : "-",
+                         states[g->state].name, states[s].name, g->o != IDEM_NONE ? " after " : "",
+                         g->o != IDEM_NONE ? idem_outcome_name(g->o) : "");
     g->state = s;
     switch (states[s].work) {
     case W_DB:
@@ -762,8 +782,9 @@ static int skip_kv_layer(struct gw *g, const char *layer)
     unsigned long n = COUNT(g->rt, redis_down_skips) + 1;
     /* Every skip is counted; the log says so for the route's 1st, 2nd, 4th... */
     if ((n & (n - 1)) == 0)
-        daemon_log("route %s: %s skipped, the store is down (%s: %s); %lu skipped so far",
-                   g->rt->name, layer, idem_strerror(g->rc), g->detail, n);
+        daemon_log_about(LOG_INFO, ABOUT(g),
+                         "route %s: %s skipped, the store is down (%s: %s); %lu skipped so far",
+                         g->rt->name, layer, idem_strerror(g->rc), g->detail, n);
     return 1;
 }
 
@@ -1193,10 +1214,11 @@ static void hold_abandoned(struct gw *g)
     incidents_note_why(INCIDENT_HELD, rt, g->key, g->epoch,
                        "taken over after its lease ran out unfinished (a crash, a lost "
                        "instance, or a hold that ran its time)");
-    daemon_log("%s/%s: a claim whose lease ran out, its outcome unknown, is held at epoch "
-               "%" PRIu64 " for %" PRId64 " ms (on_unknown_outcome: hold): an operator "
-               "finishes it through the JSON API",
-               rt->space, g->key, g->epoch, hold_ms(rt));
+    daemon_log_about(LOG_INFO, ABOUT(g),
+                     "%s/%s: a claim whose lease ran out, its outcome unknown, is held at epoch "
+                     "%" PRIu64 " for %" PRId64 " ms (on_unknown_outcome: hold): an operator "
+                     "finishes it through the JSON API",
+                     rt->space, g->key, g->epoch, hold_ms(rt));
     g->out = problem(409, "request_in_flight",
                      "an earlier request with this idempotency key was left unfinished (its "
                      "lease ran out) and may have been executed: its record is held PROCESSING "
@@ -1301,10 +1323,10 @@ static void transition_conflict(struct gw *g, const char *current, uint64_t epoc
     COUNT(rt, transition_conflicts);
     VERDICT(g, GW_TRANSITION_CONFLICT);
     incidents_note(INCIDENT_TRANSITION_CONFLICT, rt, g->key, epoch);
-    daemon_logl(LOG_ALERT,
-                "route %s: %s/%s is %s, and an event moves it to %s, which its states never "
-                "allow from there: not forwarded (409 transition_conflict)",
-                rt->name, rt->space, g->key, current, g->to);
+    daemon_log_about(LOG_ALERT, ABOUT(g),
+                     "route %s: %s/%s is %s, and an event moves it to %s, which its states never "
+                     "allow from there: not forwarded (409 transition_conflict)",
+                     rt->name, rt->space, g->key, current, g->to);
     g->out = problem(409, "transition_conflict",
                      "the key %s is in state %s, and %s cannot follow it: the event "
                      "contradicts what is recorded",
@@ -1443,10 +1465,10 @@ struct renewal {
 static void renewal_done(struct renewal *t)
 {
     if (t->rc != IDEM_OK || t->o != IDEM_RENEWED)
-        daemon_logl(LOG_WARN, "%s/%s: %s failed: %s %s", t->space, t->key,
-                    t->lock ? "renewing the lock" : "extending the claim's lease",
-                    t->rc != IDEM_OK ? idem_strerror(t->rc) : idem_outcome_name(t->o),
-                    t->rc != IDEM_OK ? t->detail : "");
+        daemon_log_about(LOG_WARN, TIMER_ABOUT(t), "%s/%s: %s failed: %s %s", t->space, t->key,
+                         t->lock ? "renewing the lock" : "extending the claim's lease",
+                         t->rc != IDEM_OK ? idem_strerror(t->rc) : idem_outcome_name(t->o),
+                         t->rc != IDEM_OK ? t->detail : "");
     free(t);
 }
 
@@ -1487,8 +1509,9 @@ static void renewal_start(struct gw *g, int lock)
     struct daemon *d = g->d;
     struct renewal *t = calloc(1, sizeof *t);
     if (!t) {
-        daemon_logl(LOG_WARN, "%s/%s: no memory to renew the %s", g->rt->space, g->key,
-                    lock ? "lock" : "claim's lease");
+        daemon_log_about(LOG_WARN, ABOUT(g),
+                         "%s/%s: no memory to renew the %s", g->rt->space, g->key,
+                         lock ? "lock" : "claim's lease");
         return;
     }
     t->d = d;
@@ -1503,8 +1526,9 @@ static void renewal_start(struct gw *g, int lock)
                       : idem_record_extend_async(d->h, loop_of(g), t->space, t->key, t->epoch,
                                                  t->lease_ms, renewal_answered, t);
     if (rc != IDEM_OK) {
-        daemon_logl(LOG_WARN, "%s/%s: cannot renew the %s: %s", t->space, t->key,
-                    lock ? "lock" : "claim's lease", idem_errdetail());
+        daemon_log_about(LOG_WARN, TIMER_ABOUT(t),
+                         "%s/%s: cannot renew the %s: %s", t->space, t->key,
+                         lock ? "lock" : "claim's lease", idem_errdetail());
         free(t);
         return;
     }
@@ -1583,8 +1607,9 @@ static void after_conflict_read(struct gw *g)
     int kept = g->o == IDEM_FOUND && g->rec.epoch == g->epoch &&
                strcmp(g->rec.state, IDEM_STATE_PROCESSING) != 0;
     if (kept) {
-        daemon_log("%s/%s: the answer is kept: an earlier of %u failed tries was written",
-                   g->rt->space, g->key, g->tries);
+        daemon_log_about(LOG_INFO, ABOUT(g),
+                         "%s/%s: the answer is kept: an earlier of %u failed tries was written",
+                         g->rt->space, g->key, g->tries);
         g->expires_ms = g->rec.expires_ms;
     }
     set_unkept(g, 0);
@@ -1603,10 +1628,10 @@ static void after_finish(struct gw *g)
         daemon_write_failed(g->d, g->rc);
         g->tries++;
         if (!g->unkept) {
-            daemon_logl(LOG_ERROR,
-                        "%s/%s: keeping the answer failed: %s: %s; the claim is kept, and "
-                        "the answer is written again until the store takes it",
-                        g->rt->space, g->key, idem_strerror(g->rc), g->detail);
+            daemon_log_about(LOG_ERROR, ABOUT(g),
+                             "%s/%s: keeping the answer failed: %s: %s; the claim is kept, and "
+                             "the answer is written again until the store takes it",
+                             g->rt->space, g->key, idem_strerror(g->rc), g->detail);
             set_unkept(g, 1);
             g->retry_ms = 100;
         } else {
@@ -1628,8 +1653,9 @@ static void after_finish(struct gw *g)
         return;
     }
     if (g->unkept && g->rc == IDEM_OK) {
-        daemon_log("%s/%s: the answer is kept after %u failed tries", g->rt->space, g->key,
-                   g->tries);
+        daemon_log_about(LOG_INFO, ABOUT(g),
+                         "%s/%s: the answer is kept after %u failed tries", g->rt->space, g->key,
+                         g->tries);
         set_unkept(g, 0);
     }
     if (g->rc == IDEM_OK && g->o == IDEM_COMPLETED && g->finish != FINISH_FAIL_RETRYABLE) {
@@ -1646,14 +1672,16 @@ static void after_finish(struct gw *g)
                    : g->finish == FINISH_HOLD              ? GW_HELD
                                                            : GW_EXECUTED);
     if (g->rc != IDEM_OK) {
-        daemon_logl(LOG_ERROR, "%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
-                    idem_strerror(g->rc), g->detail);
+        daemon_log_about(LOG_ERROR, ABOUT(g),
+                         "%s/%s: finishing the record failed: %s: %s", g->rt->space, g->key,
+                         idem_strerror(g->rc), g->detail);
         daemon_write_failed(g->d, g->rc);
     } else {
         daemon_write_ok(g->d);
         if (g->o == IDEM_CONFLICT)
-            daemon_logl(LOG_ALERT, "%s/%s: epoch %" PRIu64 " was taken over while it ran",
-                        g->rt->space, g->key, g->epoch);
+            daemon_log_about(LOG_ALERT, ABOUT(g),
+                             "%s/%s: epoch %" PRIu64 " was taken over while it ran",
+                             g->rt->space, g->key, g->epoch);
         else if (g->finish == FINISH_HOLD)
             held_census_nudge(&g->d->held, g->d->h, loop_of(g), g->lc->c); /* the gauge */
     }
@@ -1668,10 +1696,10 @@ static void after_give_back(struct gw *g)
         /* A store that did not answer may still give the token back later:
          * were the record released now, a retry could execute on the token
          * meanwhile. The claim stays until its lease ends. */
-        daemon_logl(LOG_WARN,
-                    "%s/%s: giving the token back failed (%s: %s): the record stays "
-                    "PROCESSING until its lease ends",
-                    g->rt->space, g->key, idem_strerror(g->rc), g->detail);
+        daemon_log_about(LOG_WARN, ABOUT(g),
+                         "%s/%s: giving the token back failed (%s: %s): the record stays "
+                         "PROCESSING until its lease ends",
+                         g->rt->space, g->key, idem_strerror(g->rc), g->detail);
         g->finish = FINISH_NONE;
         finish(g);
         return;
@@ -1840,9 +1868,10 @@ static void claim_lost(struct gw *g, idem_outcome o)
                           ? "its record was deleted"
                           : "its record is no longer PROCESSING at this claim's epoch (taken "
                             "over after its lease ran out, or finished by an operator)";
-    daemon_logl(LOG_WARN, "%s/%s: the claim (epoch %" PRIu64 ") was lost while the upstream "
-                "had the request: %s; the upstream call is cut", rt->space, g->key, g->epoch,
-                why);
+    daemon_log_about(LOG_WARN, ABOUT(g),
+                     "%s/%s: the claim (epoch %" PRIu64 ") was lost while the upstream "
+                     "had the request: %s; the upstream call is cut", rt->space, g->key, g->epoch,
+                     why);
     g->out = problem(504, "outcome_unknown",
                      "the claim (epoch %" PRIu64 ") was lost while the upstream had the request: "
                      "%s. The call was cut, and the request may have been executed",
@@ -1982,11 +2011,11 @@ static void resolved(struct gw *g, enum resolution v, int status, const char *de
                                 .question = g->question + 1, .verdict = resolution_name(v),
                                 .status = status, .upstream_us = g->req->upstream_us,
                                 .request_id = g->resolver ? NULL : g->req->request_id});
-    daemon_logl(v == RESOLVED_GIVEN_UP ? LOG_ALERT : LOG_INFO,
-                "route %s: %s/%s (epoch %" PRIu64 "), status query %u: %s (%s)%s", rt->name,
-                rt->space, g->key, g->epoch, g->question + 1, resolution_name(v), why,
-                v == RESOLVED_GIVEN_UP ? "; held for an operator, as on_unknown_outcome: hold"
-                                       : "");
+    daemon_log_about(v == RESOLVED_GIVEN_UP ? LOG_ALERT : LOG_INFO, ABOUT(g),
+                     "route %s: %s/%s (epoch %" PRIu64 "), status query %u: %s (%s)%s", rt->name,
+                     rt->space, g->key, g->epoch, g->question + 1, resolution_name(v), why,
+                     v == RESOLVED_GIVEN_UP ? "; held for an operator, as on_unknown_outcome: hold"
+                     : "");
 }
 
 /* Ask again later, or give up and hold for an operator. */

@@ -68,16 +68,18 @@ static void on_page(void *arg, idem_rc rc, idem_record_page *page, const char *d
     struct look *k = arg;
     struct resolver *r = k->r;
     if (rc != IDEM_OK && rc != IDEM_ECLOSING)
-        daemon_logl(LOG_WARN, "route %s: looking for claims to resolve: %s: %s", k->rt->name,
-                    idem_strerror(rc), detail);
+        daemon_log_about(LOG_WARN, LOG_ROUTE(k->rt->name),
+                         "route %s: looking for claims to resolve: %s: %s", k->rt->name,
+                         idem_strerror(rc), detail);
     int64_t now = wall_ms();
     size_t due = 0;
     for (size_t i = 0; rc == IDEM_OK && !r->stopped && i < page->count; i++)
         if (page->items[i].lease_until_ms <= now)
             resolve_one(r, k->lc, k->rt, page->items[i].key), due++;
     if (rc == IDEM_OK && daemon_log_enabled(LOG_DEBUG))
-        daemon_logl(LOG_DEBUG, "route %s: %zu claims in flight, %zu of them to ask about",
-                    k->rt->name, page->count, due);
+        daemon_log_about(LOG_DEBUG, LOG_ROUTE(k->rt->name),
+                         "route %s: %zu claims in flight, %zu of them to ask about",
+                         k->rt->name, page->count, due);
     daemon_config_put(k->lc);
     free(k);
     r->looking--;

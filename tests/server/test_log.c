@@ -5,7 +5,10 @@
  * forge one, or hide or reorder text in a terminal or a log viewer.
  */
 #include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "testlib.h"
@@ -81,12 +84,81 @@ static void test_json_escape(void **state)
     assert_int_equal(k, 2); /* "ab", then \u2028 (6 bytes) does not fit in 5 */
 }
 
+/* The lines daemon_log_about() writes while fn runs, from stderr. */
+static char *captured(void (*fn)(void))
+{
+    char path[] = "/tmp/idem-test-log-XXXXXX";
+    int fd = mkstemp(path), saved = dup(2);
+    assert_true(fd >= 0 && saved >= 0);
+    dup2(fd, 2);
+    fn();
+    dup2(saved, 2);
+    close(saved);
+    off_t n = lseek(fd, 0, SEEK_END);
+    char *text = calloc(1, (size_t)n + 1);
+    assert_int_equal(pread(fd, text, (size_t)n, 0), n);
+    close(fd);
+    unlink(path);
+    return text;
+}
+
+static void write_about(void)
+{
+    struct log_about a = {.route = "refund", .space = "refunds", .key = "R-1\"\n",
+                          .request_id = "rid-7", .epoch = 1796346503701ULL};
+    daemon_log_about(LOG_WARN, &a, "%s/%s: held", a.space, "R-1");
+    daemon_log_about(LOG_INFO, LOG_CONSUMER("orders"), "consumer %s: connected", "orders");
+    daemon_log("no fields");
+}
+
+/* The JSON form: what a line is about in fields of its own, escaped as
+ * the message is; the text form unchanged. */
+static void test_json_fields(void **state)
+{
+    (void)state;
+    daemon_log_setup(LOG_INFO, 1);
+    char *text = captured(write_about);
+    daemon_log_setup(LOG_INFO, 0);
+    char *line[3] = {text, NULL, NULL};
+    for (int i = 1; i < 3; i++) {
+        line[i] = strchr(line[i - 1], '\n');
+        assert_non_null(line[i]);
+        *line[i]++ = '\0';
+    }
+    json_t *j = json_loads(line[0], 0, NULL);
+    assert_non_null(j);
+    assert_string_equal(json_string_value(json_object_get(j, "level")), "warn");
+    assert_string_equal(json_string_value(json_object_get(j, "msg")), "refunds/R-1: held");
+    assert_string_equal(json_string_value(json_object_get(j, "route")), "refund");
+    assert_string_equal(json_string_value(json_object_get(j, "space")), "refunds");
+    assert_string_equal(json_string_value(json_object_get(j, "key")), "R-1\"\n");
+    assert_string_equal(json_string_value(json_object_get(j, "request_id")), "rid-7");
+    assert_int_equal(json_integer_value(json_object_get(j, "epoch")), 1796346503701LL);
+    assert_null(json_object_get(j, "consumer"));
+    json_decref(j);
+    j = json_loads(line[1], 0, NULL);
+    assert_string_equal(json_string_value(json_object_get(j, "consumer")), "orders");
+    assert_null(json_object_get(j, "route"));
+    assert_null(json_object_get(j, "epoch"));
+    json_decref(j);
+    j = json_loads(line[2], 0, NULL);
+    assert_int_equal(json_object_size(j), 3); /* time, level, msg */
+    json_decref(j);
+    free(text);
+
+    text = captured(write_about);
+    assert_non_null(strstr(text, " idem: warning: refunds/R-1: held\n"));
+    assert_null(strstr(text, "rid-7"));
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_controls_and_separators_escaped),
         cmocka_unit_test(test_cut_between_characters),
         cmocka_unit_test(test_json_escape),
+        cmocka_unit_test(test_json_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3946,21 +3946,46 @@ static void test_access_log(void **state)
     line_with(lines, n, " outcome=replayed ");
     free_lines(lines, n);
 
-    /* The daemon's own log in JSON: every line an object with its level. */
-    start_idem(&gw, "log: { format: json }\naccess_log: off\nroutes:\n" REFUND_ROUTE,
-               "access-json.db");
+    /* The daemon's own log in JSON: every line an object with its level;
+     * a request's lines (here its walk, at debug) with what they are
+     * about in fields of their own. */
+    start_idem(&gw, "log: { format: json, level: debug }\naccess_log: off\nroutes:\n"
+               REFUND_ROUTE, "access-json.db");
+    static const char *const rid[] = {"X-Request-Id: walk-1", NULL};
+    struct sys_resp r;
+    sys_http(gw.port, "POST", "/refunds", rid, "{\"refund_no\":\"AL-J\",\"amount\":\"1.00\"}",
+             5000, &r);
+    assert_int_equal(r.status, 201);
+    sys_resp_free(&r);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
     lines = read_lines(gw.log, &n);
     assert_true(n >= 2); /* draining, stopped */
+    int about = 0, forwarded = 0;
     for (size_t i = 0; i < n; i++) {
         json_t *j = json_loads(lines[i], 0, NULL);
         if (!j)
             fail_msg("log line %zu is not JSON: %s", i, lines[i]);
         assert_non_null(json_string_value(json_object_get(j, "time")));
-        assert_string_equal(json_string_value(json_object_get(j, "level")), "info");
+        const char *level = json_string_value(json_object_get(j, "level"));
+        assert_true(!strcmp(level, "info") || !strcmp(level, "debug"));
         assert_non_null(json_string_value(json_object_get(j, "msg")));
+        const char *key = json_string_value(json_object_get(j, "key"));
+        if (key) {
+            about++;
+            assert_string_equal(key, "AL-J");
+            assert_string_equal(json_string_value(json_object_get(j, "route")), "refund");
+            assert_string_equal(json_string_value(json_object_get(j, "space")), "refund");
+            assert_string_equal(json_string_value(json_object_get(j, "request_id")), "walk-1");
+            /* Once begun, the claim's epoch too. */
+            if (strstr(json_string_value(json_object_get(j, "msg")), "-> forward")) {
+                forwarded++;
+                assert_true(json_integer_value(json_object_get(j, "epoch")) > 0);
+            }
+        }
         json_decref(j);
     }
+    assert_true(about >= 4);
+    assert_int_equal(forwarded, 1);
     free_lines(lines, n);
 }
 
