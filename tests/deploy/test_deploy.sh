@@ -12,7 +12,9 @@
 set -eu
 idem=$1 src=$2 man=$3
 unit=$src/deploy/systemd/idem.service
+creds_conf=$src/deploy/systemd/credentials.conf
 yaml=$src/deploy/idem.yaml
+starter=$src/deploy/debian/idem.yaml
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 fail() { echo "$*"; exit 1; }
 
@@ -46,9 +48,23 @@ creds=$(grep -o '/run/credentials/idem.service/[a-z-]*' "$yaml" | sort -u)
 [ -n "$creds" ] || fail "$yaml reads no credential"
 for c in $creds; do
   name=${c##*/}
-  grep -q "^LoadCredential=$name:" "$unit" || fail "$yaml reads $name, which the unit does not load"
+  grep -q "^LoadCredential=$name:" "$creds_conf" ||
+    fail "$yaml reads $name, which the unit's drop-in credentials.conf does not load"
 done
 grep -v '^ *#' "$yaml" | grep -q '://[^ /]*:[^ /@]*@' && fail "$yaml holds a password"
+# The drop-in, beside the unit, is one systemd takes with it.
+mkdir -p "$tmp/unit/idem.service.d"
+cp "$creds_conf" "$tmp/unit/idem.service.d/"
+if ! out=$(cd "$tmp" && MANPATH="$tmp/man" SYSTEMD_LOG_LEVEL=notice \
+           systemd-analyze verify "$tmp/unit/idem.service" 2>&1) || [ -n "$out" ]; then
+  fail "systemd-analyze verify, with credentials.conf: $out"
+fi
+# The package's starter: the unit's paths, no secret, and it loads as is.
+grep -q "^admin_listen: unix:/run/$runtime/" "$starter" || fail "$starter: admin_listen not in /run/$runtime"
+grep -q "path: /var/lib/$state/" "$starter" || fail "$starter: its store is not in /var/lib/$state"
+grep -q "to: /var/log/$logs/" "$starter" || fail "$starter: the access log is not in /var/log/$logs"
+grep -v '^ *#' "$starter" | grep -q 'env:\|file:' && fail "$starter reads a secret: the service would not start as installed"
+out=$("$idem" serve -c "$starter" --check 2>&1) || fail "idem serve --check $starter: $out"
 
 # idem serve --check on it, the credentials being files of this test.
 mkdir "$tmp/cred"

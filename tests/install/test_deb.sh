@@ -6,7 +6,10 @@
 # unit and the deployment kit), libidem0 (the shared library) and
 # libidem-dev (its headers, the static library, idem.pc and the CMake
 # package); the unit runs the command where the package puts it; each
-# package has its copyright file and changelog; lintian finds no error.
+# package has its copyright file and changelog; idem's two files in /etc
+# are conffiles, its starter configuration loads, and its maintainer
+# scripts enable and start the unit through deb-systemd-helper; lintian
+# finds no error.
 set -eu
 build=$1
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -39,9 +42,13 @@ has() { # package file...
 has idem ./usr/bin/idem ./usr/share/man/man1/idem.1.gz ./usr/share/man/man1/idem-serve.1.gz \
   ./usr/share/man/man1/idem-consume.1.gz ./usr/share/man/man1/idem-verify.1.gz \
   ./usr/share/man/man5/idem.yaml.5.gz ./usr/lib/systemd/system/idem.service \
-  ./usr/share/doc/idem/deploy/idem.yaml ./usr/share/doc/idem/deploy/logrotate-idem \
+  ./usr/share/doc/idem/deploy/idem.yaml ./usr/share/doc/idem/deploy/credentials.conf \
   ./usr/share/doc/idem/deploy/idem-dashboard.json ./usr/share/doc/idem/deploy/idem-alerts.yml \
-  ./usr/share/doc/idem/NOTICE
+  ./usr/share/doc/idem/NOTICE ./etc/idem/idem.yaml ./etc/logrotate.d/idem
+# The docs the manual pages cite ("docs/consumers.md") are there.
+for page in $(zcat "$tmp"/root-idem/usr/share/man/man1/*.gz | grep -o 'docs/[a-z-]*\.md' | sort -u); do
+  has idem "./usr/share/doc/idem/$page"
+done
 has libidem0 ./usr/lib/$ma/libidem.so.0
 has libidem-dev ./usr/lib/$ma/libidem.so ./usr/lib/$ma/libidem.a ./usr/include/idem.h \
   ./usr/include/idem/version.h ./usr/lib/$ma/pkgconfig/idem.pc \
@@ -58,6 +65,19 @@ dpkg-deb -f "$tmp"/libidem0_*.deb Depends | grep -q libsqlite3-0 ||
   fail "libidem0 does not depend on SQLite"
 dpkg-deb -f "$tmp"/libidem-dev_*.deb Depends | grep -qF "libidem0 (= $version)" ||
   fail "libidem-dev does not depend on libidem0 of its version"
+# The files in /etc are conffiles: an upgrade keeps an administrator's.
+dpkg-deb -e "$tmp"/idem_*.deb "$tmp/control-idem"
+[ "$(sort "$tmp/control-idem/conffiles")" = "$(printf '/etc/idem/idem.yaml\n/etc/logrotate.d/idem')" ] ||
+  fail "idem's conffiles: $(cat "$tmp/control-idem/conffiles")"
+# The unit is enabled and started as dh_installsystemd does it.
+grep -q 'deb-systemd-helper enable idem.service' "$tmp/control-idem/postinst" ||
+  fail "idem's postinst does not enable the unit through deb-systemd-helper"
+grep -q 'deb-systemd-invoke "$action" idem.service' "$tmp/control-idem/postinst" ||
+  fail "idem's postinst does not start the unit"
+grep -q 'deb-systemd-helper purge idem.service' "$tmp/control-idem/postrm" ||
+  fail "idem's postrm does not forget the unit on purge"
+dpkg-deb -f "$tmp"/idem_*.deb Depends | grep -q 'init-system-helpers' ||
+  fail "idem does not depend on init-system-helpers (deb-systemd-helper)"
 # Unpacked, the command runs and its page reads; the unit runs it at /usr/bin.
 root="$tmp/root-idem"
 "$root/usr/bin/idem" version | grep -q '^idem [0-9]' || fail "the packaged idem does not run"
@@ -65,6 +85,13 @@ MANWIDTH=80 man -l "$root/usr/share/man/man1/idem-serve.1.gz" | grep -q '^EXIT S
   fail "the packaged idem-serve(1) does not read"
 grep -q '^ExecStart=/usr/bin/idem serve ' "$root/usr/lib/systemd/system/idem.service" ||
   fail "the packaged unit does not run /usr/bin/idem"
+# The unit's configuration, as installed, loads: the service starts as
+# installed, without a secret (a LoadCredential= of a missing file would
+# fail it: none is in the unit).
+out=$("$root/usr/bin/idem" serve -t -c "$root/etc/idem/idem.yaml" 2>&1) ||
+  fail "the packaged /etc/idem/idem.yaml does not load: $out"
+grep -q '^LoadCredential=' "$root/usr/lib/systemd/system/idem.service" &&
+  fail "the packaged unit loads credentials a fresh install does not have"
 # lintian, Debian's own check: no error (its warnings are explained in
 # deploy/README.md).
 command -v lintian >/dev/null || fail "lintian is not installed (scripts/install-deps.sh installs it)"
