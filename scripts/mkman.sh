@@ -67,6 +67,7 @@ page)
                 sep = ",\n"
             }
             if (sep != "") printf "\n"
+            if (sep != "") print ".PP\nThe docs/ pages named here are installed with the idem package, in\n/usr/share/doc/idem/docs/."
         }
         function pre_on() { if (!pre) { print ".nf"; pre = 1 } }
         function pre_off() { if (pre) { print ".fi"; pre = 0 } }
@@ -118,6 +119,7 @@ md)
                 sep = ",\n"
             }
             if (sep != "") printf "\n"
+            if (sep != "") print ".PP\nThe docs/ pages named here are installed with the idem package, in\n/usr/share/doc/idem/docs/."
         }
         function lead(s) { return substr(s, 1, 1) == "." || substr(s, 1, 1) == q ? "\\&" s : s }
         # `code` in bold, [text](link) as its text, **strong** and *em* as fonts.
