@@ -17,6 +17,7 @@ packages=(
   man-db                                # the manual pages' test (man --warnings)
   systemd logrotate                     # deploy/: systemd-analyze verify of the unit; logrotate
   file dpkg-dev lintian                 # cpack -G DEB (its shlibdeps) in install.deb, checked
+  podman runc debootstrap               # install.container: the image, on a bookworm of its own
   redis-server redis-tools redis-sentinel  # distributed tests, failover, redis-benchmark
   rabbitmq-server librabbitmq-dev amqp-tools  # the message consumers and their tests
   prometheus                            # promtool: the metrics' and alert rules' tests
