@@ -7,8 +7,8 @@
 #    MAN_DIR: verify checks both exist);
 #  - deploy/idem.yaml is a configuration idem serve --check accepts, given
 #    the credentials the unit loads, and each path it names is one the unit
-#    makes: its credentials, the admin socket's RuntimeDirectory, state_dir,
-#    the access log's LogsDirectory.
+#    makes: its credentials, state_dir, the access log's LogsDirectory; its
+#    admin listener on loopback, where Prometheus scrapes it.
 set -eu
 idem=$1 src=$2 man=$3
 unit=$src/deploy/systemd/idem.service
@@ -41,7 +41,8 @@ grep -q '^RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6$' "$unit" ||
 # The file's paths are the unit's.
 dir() { sed -n "s/^$1=//p" "$unit"; }
 state=$(dir StateDirectory) runtime=$(dir RuntimeDirectory) logs=$(dir LogsDirectory)
-grep -q "^admin_listen: unix:/run/$runtime/" "$yaml" || fail "admin_listen is not in /run/$runtime"
+# The admin listener on loopback, where Prometheus on the host scrapes it.
+grep -q "^admin_listen: 127\.0\.0\.1:[0-9]*$" "$yaml" || fail "admin_listen is not on loopback"
 grep -q "^state_dir: /var/lib/$state\$" "$yaml" || fail "state_dir is not /var/lib/$state"
 grep -q "to: /var/log/$logs/" "$yaml" || fail "the access log is not in /var/log/$logs"
 creds=$(grep -o '/run/credentials/idem.service/[a-z-]*' "$yaml" | sort -u)
