@@ -313,7 +313,8 @@ static int get_storage(struct config_ctx *c, const yaml_node_t *n, struct server
             return config_fail(c, n, "storage.redis", "missing (kind: distributed needs "
                                "redis: redis://host:port/db)");
         if (get_server_url(c, v, "storage.redis", "a URL like redis://127.0.0.1:6379/0",
-                           &cfg->redis_url))
+                           &cfg->redis_url) ||
+            config_check_redis_url(c, v, "storage.redis", cfg->redis_url))
             return -1;
         if (!(v = config_field(c, n, "postgres")))
             return config_fail(c, n, "storage.postgres", "missing (kind: distributed needs "

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "core/redis_url.h"
 
 /* ------------------------------------------------------------------------- */
 /* Durations and sizes. */
@@ -982,3 +983,19 @@ int config_get_secret(struct config_ctx *c, const yaml_node_t *n, const char *pa
 /* storage.redis / storage.postgres: a URL written out, or { env: NAME } or
  * { file: PATH } for one that holds a password, which is then read from the
  * environment or the file (its first line) and never printed. */
+
+int config_check_redis_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                           const char *url)
+{
+    struct idem__redis_url u;
+    if (idem__redis_url_parse(url, path, &u) == IDEM_OK) {
+        idem__redis_url_wipe(&u);
+        return 0;
+    }
+    /* The parser's detail is "PATH: why": the why, at the line. */
+    const char *why = idem_errdetail();
+    size_t pl = strlen(path);
+    if (!strncmp(why, path, pl) && !strncmp(why + pl, ": ", 2))
+        why += pl + 2;
+    return config_fail(c, n, path, "%s", why);
+}

@@ -66,6 +66,11 @@ int config_fail(struct config_ctx *c, const yaml_node_t *n, const char *path,
                 const char *fmt, ...);
 PRINTF_LIKE(3, 4)
 int config_fail_at(struct config_ctx *c, const yaml_mark_t *mark, const char *fmt, ...);
+/* A Redis URL (redis:// or redis-sentinel://, as core/redis_url.h reads
+ * them) that will parse when the store or a consumer opens it: refused
+ * here, at its line, with the parser's reason (never the password). */
+int config_check_redis_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                           const char *url);
 /* "out of memory"; -1. */
 int config_oom(struct config_ctx *c);
 /* s in double quotes, escaped, cut short if long: safe to print whatever the

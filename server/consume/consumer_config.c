@@ -134,7 +134,8 @@ static int get_source(struct config_ctx *c, const yaml_node_t *n, const char *pa
                                amqp ? "redis_stream" : "amqp");
         }
     config_join(fpath, sizeof fpath, path, amqp ? "amqp" : "redis_stream");
-    if (get_broker_url(c, amqp ? amqp : redis, fpath, amqp ? "amqp" : "redis", &k->url))
+    if (get_broker_url(c, amqp ? amqp : redis, fpath, amqp ? "amqp" : "redis", &k->url) ||
+        (!amqp && config_check_redis_url(c, redis, fpath, k->url)))
         return -1;
     config_join(fpath, sizeof fpath, path, own);
     if (!(v = config_field(c, n, own)))

@@ -1230,6 +1230,20 @@ static void test_consumers(void **state)
               "    source: { amqp: \"http://h\", queue: q }\n    key: { json: k }\n"
               "    handler: http://h\n",
               "consumers[0].source.amqp:", "not a amqp:// URL");
+    /* A Redis URL is read as the consumer would read it, at its line; a
+     * Sentinels' one too. */
+    parse_bad("consumers:\n  - name: c\n"
+              "    source: { redis_stream: \"redis://h:70000/0\", stream: q }\n"
+              "    key: { json: k }\n    handler: http://h\n",
+              "idem.yaml:3: consumers[0].source.redis_stream:", "the port must be 1..65535");
+    parse_bad("consumers:\n  - name: c\n"
+              "    source: { redis_stream: \"redis-sentinel://s1,s2\", stream: q }\n"
+              "    key: { json: k }\n    handler: http://h\n",
+              "consumers[0].source.redis_stream:", "no master name after the sentinels");
+    c = parse_ok("consumers:\n  - name: c\n"
+                 "    source: { redis_stream: \"redis-sentinel://s1,s2:26380/orders/1\", "
+                 "stream: q }\n    key: { json: k }\n    handler: http://h\n");
+    config_free(c);
     parse_bad("consumers:\n  - name: c\n    source: { amqp: \"amqp://h\", stream: q }\n"
               "    key: { json: k }\n    handler: http://h\n",
               "consumers[0].source.stream:", "belongs to redis_stream");
@@ -1820,14 +1834,41 @@ static void test_distributed_storage(void **state)
                  "  postgres: postgresql://p/db\n", tricky[i]);
         parse_bad(y, "storage.redis", "{ env: NAME }");
         setenv("IDEM_TEST_TRICKY", tricky[i], 1);
-        c = parse_ok("storage:\n  kind: distributed\n  redis: { env: IDEM_TEST_TRICKY }\n"
-                     "  postgres: { env: IDEM_TEST_TRICKY }\n");
+        int redis = !strncmp(tricky[i], "redis", 5);
+        const char *from_env = redis ? "storage:\n  kind: distributed\n"
+                                       "  redis: { env: IDEM_TEST_TRICKY }\n"
+                                       "  postgres: postgresql://p/db\n"
+                                     : "storage:\n  kind: distributed\n"
+                                       "  redis: redis://r:6379/0\n"
+                                       "  postgres: { env: IDEM_TEST_TRICKY }\n";
+        char err[512] = "";
+        if (config_parse(from_env, strlen(from_env), "idem.yaml", &c, err, sizeof err) != 0) {
+            /* An unescaped '/', '?' or '#' ends Redis's host part: refused
+             * at its line, as the store would refuse it, and not shown. */
+            assert_true(redis);
+            assert_non_null(strstr(err, "idem.yaml:3: storage.redis: "));
+            if (strstr(err, "Secret") || strstr(err, "Top"))
+                fail_msg("%s shows in \"%s\"", tricky[i], err);
+            continue;
+        }
         config_storage_where(c, where, sizeof where);
         if (strstr(where, "Secret") || strstr(where, "S3cr") || strstr(where, "Top"))
             fail_msg("%s shows as %s", tricky[i], where);
         config_free(c);
     }
     unsetenv("IDEM_TEST_TRICKY");
+    /* storage.redis is read as the store will read it: --check refuses
+     * what the start would, at its line. */
+    parse_bad("storage:\n  kind: distributed\n  redis: redis://r:0/0\n"
+              "  postgres: postgresql://p/db\n",
+              "idem.yaml:3: storage.redis: ", "the port must be 1..65535");
+    parse_bad("storage:\n  kind: distributed\n  redis: rediss://r/0\n"
+              "  postgres: postgresql://p/db\n",
+              "idem.yaml:3: storage.redis: ", "not a redis:// or redis-sentinel:// URL");
+    c = parse_ok("storage:\n  kind: distributed\n"
+                 "  redis: redis-sentinel://10.0.0.7,10.0.0.8/idem/2\n"
+                 "  postgres: postgresql://p/db\n");
+    config_free(c);
     assert_false(config_url_has_password("redis://cache:6379/0"));
     assert_false(config_url_has_password("postgresql://idem@db/idem?sslmode=require"));
 
