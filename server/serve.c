@@ -824,6 +824,13 @@ static int run(int argc, char **argv, int consume_only)
         fprintf(stderr, "%s: out of memory\n", me);
         goto out;
     }
+    /* What libevent puts back when these events are freed, late in a stop:
+     * ignored, not the default action, which would end the daemon (143,
+     * 129, 138) in the middle of its clean exit. */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGINT, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGUSR1, SIG_IGN);
     s->sig_term = evsignal_new(s->base, SIGTERM, on_stop, s);
     s->sig_int = evsignal_new(s->base, SIGINT, on_stop, s);
     s->sig_hup = evsignal_new(s->base, SIGHUP, on_reload, s);

@@ -189,6 +189,24 @@ int sys_stop(struct proc *p, int sig)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+int sys_stop_hammered(struct proc *p)
+{
+    static const int sigs[] = {SIGTERM, SIGHUP, SIGUSR1};
+    int status = 0;
+    if (p->pid <= 0)
+        return -1;
+    kill(p->pid, SIGTERM);
+    for (unsigned i = 0; waitpid(p->pid, &status, WNOHANG) == 0; i++) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+        kill(p->pid, sigs[i % 3]);
+    }
+    untrack(p->pid);
+    close(p->out);
+    p->pid = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 static int connect_local(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -51,6 +51,11 @@ void sys_kill_all(void);
 /* Send sig and wait for the exit; returns the exit status (or 128+signal). */
 int sys_stop(struct proc *p, int sig);
 
+/* SIGTERM, then SIGTERM, SIGHUP and SIGUSR1 in turn every 100 µs until the
+ * process exits (an impatient supervisor, logrotate, a reload, all during
+ * its shutdown); returns its exit status (or 128+signal). */
+int sys_stop_hammered(struct proc *p);
+
 struct sys_resp {
     int status;        /* 0 when the connection failed or closed without an answer */
     struct http_msg *m;
