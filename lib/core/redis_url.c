@@ -8,7 +8,9 @@
  */
 #include "redis_url.h"
 
+#include <hiredis/hiredis.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -239,4 +241,32 @@ void idem__redis_url_wipe(struct idem__redis_url *u)
 {
     explicit_bzero(u->user, sizeof u->user);
     explicit_bzero(u->password, sizeof u->password);
+}
+
+const char *idem__sentinel_master(const struct redisReply *rep, char *host, size_t cap,
+                                  int *port)
+{
+    if (!rep)
+        return "no answer";
+    if (rep->type == REDIS_REPLY_ERROR)
+        return rep->str;
+    if (rep->type == REDIS_REPLY_NIL)
+        return "no such master";
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+        rep->element[0]->type != REDIS_REPLY_STRING ||
+        rep->element[1]->type != REDIS_REPLY_STRING || rep->element[0]->len >= cap)
+        return "an answer that is not an address";
+    char *end;
+    long p = strtol(rep->element[1]->str, &end, 10);
+    if (*end || p < 1 || p > 65535)
+        return "an answer that is not an address";
+    memcpy(host, rep->element[0]->str, rep->element[0]->len + 1);
+    *port = (int)p;
+    return NULL;
+}
+
+int idem__redis_is_master(const struct redisReply *rep)
+{
+    return rep && rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
+           rep->element[0]->type == REDIS_REPLY_STRING && !strcmp(rep->element[0]->str, "master");
 }

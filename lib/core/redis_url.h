@@ -57,4 +57,18 @@ idem_rc idem__redis_url_parse(const char *url, const char *what, struct idem__re
 /* Wipe the credentials of *u (explicit_bzero), once they are used. */
 void idem__redis_url_wipe(struct idem__redis_url *u);
 
+/* The two answers a connection through sentinels reads, the same for the
+ * store's connections and the consumers'. rep: a hiredis reply, NULL for
+ * none. */
+struct redisReply;
+
+/* SENTINEL GET-MASTER-ADDR-BY-NAME's answer: NULL when it named the
+ * master, in host (cap bytes) and *port; otherwise why not, for a message
+ * (static, or the reply's own error text). */
+const char *idem__sentinel_master(const struct redisReply *rep, char *host, size_t cap,
+                                  int *port);
+
+/* ROLE's answer: 1 when the server is a master. */
+int idem__redis_is_master(const struct redisReply *rep);
+
 #endif

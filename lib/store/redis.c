@@ -446,29 +446,6 @@ static idem_rc error_rc(const char *msg)
  * I/O threads ask with blocking calls (below); the loops' connections ask
  * on the loop, as a connection of their own (see "on a loop"). */
 
-/* A sentinel's answer: the master's address, or 0. */
-static int sentinel_addr(const redisReply *rep, char *host, size_t cap, int *port)
-{
-    if (!rep || rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
-        rep->element[0]->type != REDIS_REPLY_STRING ||
-        rep->element[1]->type != REDIS_REPLY_STRING || rep->element[0]->len >= cap)
-        return 0;
-    char *end;
-    long p = strtol(rep->element[1]->str, &end, 10);
-    if (*end || p < 1 || p > 65535)
-        return 0;
-    memcpy(host, rep->element[0]->str, rep->element[0]->len + 1);
-    *port = (int)p;
-    return 1;
-}
-
-/* ROLE's answer: 1 for a master. */
-static int role_master(const redisReply *rep)
-{
-    return rep && rep->type == REDIS_REPLY_ARRAY && rep->elements >= 1 &&
-           rep->element[0]->type == REDIS_REPLY_STRING && !strcmp(rep->element[0]->str, "master");
-}
-
 /* Ask the sentinels, in order, where the master is (blocking). */
 static idem_rc sentinel_ask(struct redis *r, char *host, size_t cap, int *port, char *why,
                             size_t whylen)
@@ -484,15 +461,11 @@ static idem_rc sentinel_ask(struct redis *r, char *host, size_t cap, int *port, 
         redisReply *rep = NULL;
         if (!c->err && redisSetTimeout(c, timeval_of(r->timeout_ms)) == REDIS_OK)
             rep = redisCommand(c, "SENTINEL get-master-addr-by-name %s", r->master);
-        int ok = sentinel_addr(rep, host, cap, port);
+        const char *not = c->err ? c->errstr : idem__sentinel_master(rep, host, cap, port);
+        int ok = !not;
         if (!ok)
             say(last, sizeof last, "sentinel %s:%d: %s", r->sentinel[i].host,
-                r->sentinel[i].port,
-                c->err ? c->errstr
-                : !rep ? "no answer"
-                : rep->type == REDIS_REPLY_ERROR ? rep->str
-                : rep->type == REDIS_REPLY_NIL ? "no such master"
-                : "an answer that is not an address");
+                r->sentinel[i].port, not);
         if (rep)
             freeReplyObject(rep);
         redisFree(c);
@@ -580,7 +553,7 @@ static idem_rc conn_open(struct redis *r, redisContext **out, int first,
         if (rep->type == REDIS_REPLY_ERROR) {
             say(why, whylen, "redis %s: %s: %s", r->where, what[i], rep->str);
             rc = error_rc(rep->str);
-        } else if (!strcmp(what[i], "ROLE") && !role_master(rep)) {
+        } else if (!strcmp(what[i], "ROLE") && !idem__redis_is_master(rep)) {
             say(why, whylen, "redis %s: %s:%d, named by the sentinels, is not a master (yet)",
                 r->where, host, port);
             rc = IDEM_EUNAVAILABLE;
@@ -1653,7 +1626,9 @@ static void on_sentinel(redisAsyncContext *ac, void *reply, void *priv)
     if (!rep)
         return; /* ev_cleanup asks the next one */
     char why[DETAIL_MAX];
-    if (sentinel_addr(rep, a->master_host, sizeof a->master_host, &a->master_port)) {
+    const char *not = idem__sentinel_master(rep, a->master_host, sizeof a->master_host,
+                                            &a->master_port);
+    if (!not) {
         a->asked = 1;
         a->sentinel_tries = 0;
         aconn_drop(k, IDEM_ECLOSING, "answered");
@@ -1661,10 +1636,7 @@ static void on_sentinel(redisAsyncContext *ac, void *reply, void *priv)
         return;
     }
     say(why, sizeof why, "%s:%d: %s", r->sentinel[a->sentinel_next].host,
-        r->sentinel[a->sentinel_next].port,
-        rep->type == REDIS_REPLY_ERROR ? rep->str
-        : rep->type == REDIS_REPLY_NIL ? "no such master"
-        : "an answer that is not an address");
+        r->sentinel[a->sentinel_next].port, not);
     aconn_drop(k, IDEM_EUNAVAILABLE, why);
 }
 
@@ -1681,7 +1653,7 @@ static void on_handshake(redisAsyncContext *ac, void *reply, void *priv)
         aconn_drop(k, IDEM_EUNAVAILABLE, why);
         return;
     }
-    if (!strcmp(what, "ROLE") && !role_master(rep)) {
+    if (!strcmp(what, "ROLE") && !idem__redis_is_master(rep)) {
         char why[DETAIL_MAX];
         say(why, sizeof why, "redis %s: %s:%d, named by the sentinels, is not a master (yet)",
             k->a->r->where, k->a->master_host, k->a->master_port);

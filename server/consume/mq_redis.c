@@ -460,8 +460,7 @@ static void on_role(redisAsyncContext *c, void *reply, void *arg)
     redisReply *x = reply;
     if (c != r->rd && c != r->wr)
         return;
-    if (is_error(x) || x->type != REDIS_REPLY_ARRAY || x->elements < 1 ||
-        x->element[0]->type != REDIS_REPLY_STRING || strcmp(x->element[0]->str, "master")) {
+    if (!idem__redis_is_master(x)) {
         char why[400];
         snprintf(why, sizeof why, "%s:%d, named by the sentinels, is not a master (yet)",
                  r->host, r->port);
@@ -529,21 +528,16 @@ static void on_ask(redisAsyncContext *c, void *reply, void *arg)
     r->ask = NULL;
     c->data = NULL;
     char why[400];
-    long port = 0;
-    if (!is_error(x) && x->type == REDIS_REPLY_ARRAY && x->elements == 2 &&
-        x->element[0]->type == REDIS_REPLY_STRING && x->element[1]->type == REDIS_REPLY_STRING &&
-        x->element[0]->len < sizeof r->host && (port = strtol(x->element[1]->str, NULL, 10)) > 0 &&
-        port <= 65535) {
-        memcpy(r->host, x->element[0]->str, x->element[0]->len + 1);
-        r->port = (int)port;
+    const char *not = x ? idem__sentinel_master(x, r->host, sizeof r->host, &r->port)
+                        : error_text(c, x);
+    if (!not) {
         redisAsyncDisconnect(c);
         evtimer_del(r->timeout_ev);
         dial(r);
         return;
     }
     snprintf(why, sizeof why, "sentinel %s:%d: %s", r->sentinel[r->ask_next].host,
-             r->sentinel[r->ask_next].port,
-             x && x->type == REDIS_REPLY_NIL ? "no such master" : error_text(c, x));
+             r->sentinel[r->ask_next].port, not);
     redisAsyncDisconnect(c);
     r->ask_next = (r->ask_next + 1) % r->sentinels;
     failed(r, why);

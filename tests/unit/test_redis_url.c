@@ -3,6 +3,7 @@
  * the distributed store and the daemon's Redis Streams consumers share:
  * what it takes, what it refuses and why, and that no message shows a
  * password. */
+#include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -166,6 +167,45 @@ static void test_sentinels(void **state)
     refused("redis-sentinel://a,b,c,d,e,f,g,h,i/m", "more than 8 sentinels");
 }
 
+static redisReply text(int type, const char *s)
+{
+    redisReply r = {.type = type, .str = (char *)s, .len = strlen(s)};
+    return r;
+}
+
+/* The sentinels' answers, as every connection through them reads them. */
+static void test_sentinel_answers(void **state)
+{
+    (void)state;
+    char host[64];
+    int port = 0;
+    redisReply h = text(REDIS_REPLY_STRING, "10.0.0.9"), p = text(REDIS_REPLY_STRING, "6380");
+    redisReply *pair[2] = {&h, &p};
+    redisReply addr = {.type = REDIS_REPLY_ARRAY, .elements = 2, .element = pair};
+    assert_null(idem__sentinel_master(&addr, host, sizeof host, &port));
+    assert_string_equal(host, "10.0.0.9");
+    assert_int_equal(port, 6380);
+    redisReply nil = {.type = REDIS_REPLY_NIL};
+    assert_string_equal(idem__sentinel_master(&nil, host, sizeof host, &port), "no such master");
+    redisReply err = text(REDIS_REPLY_ERROR, "ERR unknown command");
+    assert_string_equal(idem__sentinel_master(&err, host, sizeof host, &port),
+                        "ERR unknown command");
+    assert_string_equal(idem__sentinel_master(NULL, host, sizeof host, &port), "no answer");
+    p = text(REDIS_REPLY_STRING, "70000");
+    assert_string_equal(idem__sentinel_master(&addr, host, sizeof host, &port),
+                        "an answer that is not an address");
+    p = text(REDIS_REPLY_STRING, "6380");
+    assert_non_null(idem__sentinel_master(&addr, host, 4, &port)); /* no room for the host */
+
+    redisReply role = text(REDIS_REPLY_STRING, "master"), *first[1] = {&role};
+    redisReply roles = {.type = REDIS_REPLY_ARRAY, .elements = 1, .element = first};
+    assert_true(idem__redis_is_master(&roles));
+    role = text(REDIS_REPLY_STRING, "slave");
+    assert_false(idem__redis_is_master(&roles));
+    assert_false(idem__redis_is_master(&err));
+    assert_false(idem__redis_is_master(NULL));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -173,6 +213,7 @@ int main(void)
         cmocka_unit_test(test_long_password),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_sentinels),
+        cmocka_unit_test(test_sentinel_answers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
