@@ -77,14 +77,15 @@ static int get_broker_url(struct config_ctx *c, const yaml_node_t *n, const char
                                "with { env: NAME } or { file: PATH }");
     }
     size_t sl = strlen(scheme);
-    int ok = strncasecmp(s, scheme, sl) == 0 && strncmp(s + sl, "://", 3) == 0 && s[sl + 3];
-    /* Redis's own URL, or its sentinels': redis_url.h says both forms. */
-    if (!ok && !strcmp(scheme, "redis"))
-        ok = strncasecmp(s, "redis-sentinel://", 17) == 0 && s[17];
-    if (!ok)
-        return config_fail(c, n, path, "%s is not a %s:// URL%s", n->type == YAML_MAPPING_NODE
-                           ? "the secret" : config_quote(c, s), scheme,
-                           strcmp(scheme, "redis") ? "" : " (nor a redis-sentinel:// one)");
+    if (!strcmp(scheme, "redis")) {
+        /* Read whole by the parser the consumer opens it with: its two
+         * forms, redis:// and redis-sentinel:// (core/redis_url.h). */
+        if (config_check_redis_url(c, n, path, s))
+            return -1;
+    } else if (strncasecmp(s, scheme, sl) != 0 || strncmp(s + sl, "://", 3) != 0 || !s[sl + 3]) {
+        return config_fail(c, n, path, "%s is not a %s:// URL", n->type == YAML_MAPPING_NODE
+                           ? "the secret" : config_quote(c, s), scheme);
+    }
     return config_set_string(dst, s) ? config_oom(c) : 0;
 }
 
@@ -134,8 +135,7 @@ static int get_source(struct config_ctx *c, const yaml_node_t *n, const char *pa
                                amqp ? "redis_stream" : "amqp");
         }
     config_join(fpath, sizeof fpath, path, amqp ? "amqp" : "redis_stream");
-    if (get_broker_url(c, amqp ? amqp : redis, fpath, amqp ? "amqp" : "redis", &k->url) ||
-        (!amqp && config_check_redis_url(c, redis, fpath, k->url)))
+    if (get_broker_url(c, amqp ? amqp : redis, fpath, amqp ? "amqp" : "redis", &k->url))
         return -1;
     config_join(fpath, sizeof fpath, path, own);
     if (!(v = config_field(c, n, own)))

@@ -1240,6 +1240,10 @@ static void test_consumers(void **state)
               "    source: { redis_stream: \"redis-sentinel://s1,s2\", stream: q }\n"
               "    key: { json: k }\n    handler: http://h\n",
               "consumers[0].source.redis_stream:", "no master name after the sentinels");
+    parse_bad("consumers:\n  - name: c\n"
+              "    source: { redis_stream: \"http://h\", stream: q }\n"
+              "    key: { json: k }\n    handler: http://h\n",
+              "consumers[0].source.redis_stream:", "not a redis:// or redis-sentinel:// URL");
     c = parse_ok("consumers:\n  - name: c\n"
                  "    source: { redis_stream: \"redis-sentinel://s1,s2:26380/orders/1\", "
                  "stream: q }\n    key: { json: k }\n    handler: http://h\n");
