@@ -691,13 +691,18 @@ static idem_rc migrate(struct pg_db *d, PGconn *pg, int64_t deadline);
  * commit durably). And who the session is, for a batch in doubt. */
 static void note_replication(struct pg_db *d, const char *commit, const char *standbys);
 
+/* The two settings, first in read_server's query, alone in
+ * refresh_settings'. */
+#define SETTINGS_SQL                                                                    \
+    "SELECT current_setting('synchronous_commit'),"                                     \
+    " current_setting('synchronous_standby_names')"
+
 static idem_rc read_server(struct writer *w, PGconn *pg, int64_t deadline)
 {
     struct pg_db *d = w->db;
     PGresult *r = NULL;
     idem_rc rc = exec_simple(d, pg,
-                             "SELECT current_setting('synchronous_commit'),"
-                             " current_setting('synchronous_standby_names'),"
+                             SETTINGS_SQL ","
                              " (extract(epoch FROM pg_postmaster_start_time()) * 1000000)"
                              "::bigint, (SELECT (extract(epoch FROM backend_start) * 1000000)"
                              "::bigint FROM pg_stat_activity WHERE pid = pg_backend_pid())",
@@ -1595,10 +1600,7 @@ static void refresh_settings(struct writer *w)
     int64_t deadline = now + d->timeout_ms;
     PGconn *pg = w->pg;
     PGresult *r = NULL;
-    if (!PQsendQueryParams(pg,
-                           "SELECT current_setting('synchronous_commit'),"
-                           " current_setting('synchronous_standby_names')",
-                           0, NULL, NULL, NULL, NULL, 0) ||
+    if (!PQsendQueryParams(pg, SETTINGS_SQL, 0, NULL, NULL, NULL, NULL, 0) ||
         !PQpipelineSync(pg) || flush_out(d, pg, deadline, "reading synchronous_commit") ||
         get_result(d, pg, deadline, "reading synchronous_commit", &r) || !r) {
         PQclear(r);
