@@ -27,6 +27,7 @@
 #include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,16 +150,24 @@ static const char *path_of(int route)
     return route ? "/payments" : "/refunds";
 }
 
-static void post(int port, int route, int key, struct shot *s)
+/* One POST, its answer kept in s; header may be NULL or "". */
+static void shoot(int port, const char *path, const char *header, const char *body,
+                  struct shot *s)
 {
-    char body[128];
-    body_of(route, key, body, sizeof body);
+    const char *h[] = {header, NULL};
     struct sys_resp r;
-    sys_http(port, "POST", path_of(route), NULL, body, 20000, &r);
+    sys_http(port, "POST", path, header && header[0] ? h : NULL, body, 20000, &r);
     s->status = r.status;
     s->body = r.m ? strndup(r.m->body, r.m->body_len) : strdup("");
     s->at = now_ms();
     sys_resp_free(&r);
+}
+
+static void post(int port, int route, int key, struct shot *s)
+{
+    char body[128];
+    body_of(route, key, body, sizeof body);
+    shoot(port, path_of(route), NULL, body, s);
 }
 
 static void *client_main(void *arg)
@@ -306,16 +315,54 @@ static void health_becomes(const struct proc *p, const char *want)
     fail_msg("health still says \"%s\" after 20 s, not \"%s\"", got, want);
 }
 
+/* The URL a script wrote to dir/SUB/url (pg_standby.sh, redis_sentinel.sh). */
+static char *url_of(const char *sub)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s/url", dir, sub);
+    char *url = sys_read_file(path);
+    url[strcspn(url, "\n")] = '\0';
+    return url;
+}
+
+/* The first line a shell command prints, into out. */
+static void sh_line(char *out, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void sh_line(char *out, size_t cap, const char *fmt, ...)
+{
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    out[0] = '\0';
+    FILE *f = popen(cmd, "r");
+    if (!f)
+        fail_msg("cannot run: %s", cmd);
+    if (fgets(out, (int)cap, f))
+        out[strcspn(out, "\n")] = '\0';
+    pclose(f);
+}
+
+static void sentinels(const char *what, const char *args);
+
 static char *start_pair(const char *mode)
 {
     char args[64];
     snprintf(args, sizeof args, "%d %d %s", primary_port, standby_port, mode);
     pair("start", args);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/pair/url", dir);
-    char *url = sys_read_file(path);
-    url[strcspn(url, "\n")] = '\0';
-    return url;
+    return url_of("pair");
+}
+
+/* A master, a replica and three Sentinels of the test's own: the URL that
+ * names the sentinels. */
+static char *start_sentinels(void)
+{
+    char args[128];
+    int m = redis_ha_port;
+    snprintf(args, sizeof args, "%d %d %d %d %d", m, m + 1, m + 2, m + 3, m + 4);
+    sentinels("start", args);
+    return url_of("sentinel");
 }
 
 /* A synchronous standby: nothing executed twice, no answer lost, every
@@ -475,13 +522,7 @@ static void tpost(int port, const char *token, int key, struct shot *s)
 {
     char body[128];
     snprintf(body, sizeof body, "{\"refund_no\":\"S-%d-%d\",\"amount\":\"1.00\"}", run_tag, key);
-    const char *h[] = {token, NULL};
-    struct sys_resp r;
-    sys_http(port, "POST", "/refunds", token[0] ? h : NULL, body, 20000, &r);
-    s->status = r.status;
-    s->body = r.m ? strndup(r.m->body, r.m->body_len) : strdup("");
-    s->at = now_ms();
-    sys_resp_free(&r);
+    shoot(port, "/refunds", token, body, s);
 }
 
 static void *tclient_main(void *arg)
@@ -522,14 +563,7 @@ static void tpost_until(const struct tstorm *st, int key, int64_t until, struct 
 static void test_redis_sentinel_failover(void **state)
 {
     (void)state;
-    char args[128];
-    snprintf(args, sizeof args, "%d %d %d %d %d", redis_ha_port, redis_ha_port + 1,
-             redis_ha_port + 2, redis_ha_port + 3, redis_ha_port + 4);
-    sentinels("start", args);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/sentinel/url", dir);
-    char *url = sys_read_file(path);
-    url[strcspn(url, "\n")] = '\0';
+    char *url = start_sentinels();
     test_wipe_servers(NULL, pg_url);
     run_tag++;
     struct proc a, b;
@@ -540,11 +574,7 @@ static void test_redis_sentinel_failover(void **state)
      * master, now a replica, answers the connections it still has
      * READONLY; each instance finds the new master for its tokens. */
     char before[32], after[32];
-    snprintf(path, sizeof path, "%s/sentinel/master.now", dir);
-    sys_sh("'%s' master '%s/sentinel' >'%s'", sentinel_sh, dir, path);
-    char *m0 = sys_read_file(path);
-    snprintf(before, sizeof before, "%s", m0);
-    free(m0);
+    sh_line(before, sizeof before, "'%s' master '%s/sentinel'", sentinel_sh, dir);
     for (int i = 0; i < 2; i++) {
         char token[64];
         token_for(i ? b.port : a.port, token, sizeof token);
@@ -552,10 +582,7 @@ static void test_redis_sentinel_failover(void **state)
     }
     sys_sh("redis-cli -p %d SENTINEL FAILOVER idem >/dev/null", redis_ha_port + 2);
     for (int i = 0;; i++) {
-        sys_sh("'%s' master '%s/sentinel' >'%s'", sentinel_sh, dir, path);
-        char *m1 = sys_read_file(path);
-        snprintf(after, sizeof after, "%s", m1);
-        free(m1);
+        sh_line(after, sizeof after, "'%s' master '%s/sentinel'", sentinel_sh, dir);
         if (strcmp(before, after) != 0)
             break;
         if (i == 300)
@@ -574,14 +601,10 @@ static void test_redis_sentinel_failover(void **state)
     }
     /* The new master has its replica (the old one) back before the kill. */
     for (int i = 0;; i++) {
-        char *role = NULL;
-        snprintf(path, sizeof path, "%s/sentinel/replicas", dir);
-        sys_sh("redis-cli -p \"$('%s' master '%s/sentinel')\" INFO replication | "
-               "grep -c 'state=online' >'%s' || true", sentinel_sh, dir, path);
-        role = sys_read_file(path);
-        int online = atoi(role);
-        free(role);
-        if (online >= 1)
+        char online[16];
+        sh_line(online, sizeof online, "redis-cli -p \"$('%s' master '%s/sentinel')\" "
+                "INFO replication | grep -c 'state=online'", sentinel_sh, dir);
+        if (atoi(online) >= 1)
             break;
         if (i == 300)
             fail_msg("the old master did not come back as a replica within 30 s");
@@ -692,14 +715,8 @@ static void test_redis_sentinel_failover(void **state)
 static void test_redis_demoted_under_a_connection(void **state)
 {
     (void)state;
-    char args[128];
     int m = redis_ha_port, r = redis_ha_port + 1;
-    snprintf(args, sizeof args, "%d %d %d %d %d", m, r, m + 2, m + 3, m + 4);
-    sentinels("start", args);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/sentinel/url", dir);
-    char *url = sys_read_file(path);
-    url[strcspn(url, "\n")] = '\0';
+    char *url = start_sentinels();
     struct proc a;
     char one_loop[4096]; /* one connection to Redis: the one that meets READONLY */
     snprintf(one_loop, sizeof one_loop, "event_loops: 1\n%s", token_routes);
