@@ -152,3 +152,10 @@ long test_pg_count(PGconn *c, const char *sql)
     PQclear(r);
     return n;
 }
+
+int64_t test_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}

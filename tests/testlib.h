@@ -18,6 +18,9 @@ int64_t test_clock(void *arg);
 void test_clock_advance(int64_t ms);
 void test_clock_reset(void);
 
+/* The monotonic clock in milliseconds: deadlines and elapsed times. */
+int64_t test_mono_ms(void);
+
 /* A fresh directory under $TMPDIR (or /tmp), removed by test_rmdir(). */
 char *test_mkdtemp(void);
 void test_rmdir(char *dir);

@@ -31,13 +31,6 @@
 #define HOST "127.0.0.1"
 #define MAX_CONNS 256
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000};
@@ -351,8 +344,8 @@ static void run_until(struct event_base *base, const int *count, int want, int64
     struct timeval tv = {.tv_usec = 10000};
     assert_non_null(wake);
     event_add(wake, &tv);
-    int64_t end = now_ms() + limit_ms;
-    while ((!count || *count < want) && now_ms() < end)
+    int64_t end = test_mono_ms() + limit_ms;
+    while ((!count || *count < want) && test_mono_ms() < end)
         event_base_loop(base, EVLOOP_ONCE);
     event_free(wake);
 }
@@ -379,8 +372,8 @@ static struct upstream_call *start_call(struct upstream_loop *ul, int port,
 /* Wait (the loop running) until the server's counter reaches want. */
 static void await_server(struct fixture *f, atomic_int *counter, int want)
 {
-    int64_t end = now_ms() + 5000;
-    while (atomic_load(counter) < want && now_ms() < end)
+    int64_t end = test_mono_ms() + 5000;
+    while (atomic_load(counter) < want && test_mono_ms() < end)
         run_for(f->base, 10);
     assert_int_equal(atomic_load(counter), want);
 }
@@ -389,13 +382,13 @@ static void await_server(struct fixture *f, atomic_int *counter, int want)
 static struct done_rec call_port(struct fixture *f, int port, const struct upstream_request *rq)
 {
     struct done_rec d = {0};
-    int64_t t0 = now_ms();
+    int64_t t0 = test_mono_ms();
     struct upstream_call *c = start_call(f->ul, port, rq, on_done, &d);
     assert_non_null(c);
     assert_int_equal(d.calls, 0); /* never from inside start */
     run_until(f->base, &d.calls, 1, rq->timeout_ms + 10000);
     assert_int_equal(d.calls, 1);
-    d.ms = now_ms() - t0;
+    d.ms = test_mono_ms() - t0;
     if (d.r == UPSTREAM_OK)
         assert_non_null(d.resp);
     else
@@ -1056,8 +1049,8 @@ static void pool_keeps_64(void **state)
             assert_non_null(
                 start_call(f->ul, f->srv.port, &get_rq, on_done, &rec[i]));
         done = 0;
-        int64_t end = now_ms() + 20000;
-        while (done < N && now_ms() < end) {
+        int64_t end = test_mono_ms() + 20000;
+        while (done < N && test_mono_ms() < end) {
             run_for(f->base, 10);
             done = 0;
             for (int i = 0; i < N; i++)

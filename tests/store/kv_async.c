@@ -37,13 +37,6 @@ static const char *redis_url, *services_sh, *state_dir;
 
 static int is_redis(void) { return strcmp(kv_kind, "redis") == 0; }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static idem *open_kv(int64_t timeout_ms)
 {
     idem_options o;
@@ -92,8 +85,8 @@ static int teardown(void **state)
 /* Run the loop until *count reaches want, or ms have passed. */
 static void run_until(struct fix *f, const int *count, int want, int64_t ms)
 {
-    int64_t end = mono_ms() + ms;
-    while (*count < want && mono_ms() < end) {
+    int64_t end = test_mono_ms() + ms;
+    while (*count < want && test_mono_ms() < end) {
         struct timeval tv = {0, 5000};
         event_base_loopexit(f->base, &tv);
         event_base_dispatch(f->base);
@@ -659,7 +652,7 @@ static void test_redis_stopped_times_out(void **state)
     static struct answer s[10];
     int count;
     answer_init(s, 10, &count);
-    int64_t t0 = mono_ms();
+    int64_t t0 = test_mono_ms();
     for (int i = 0; i < 10; i++) {
         if (i % 2)
             assert_idem_ok(idem_lock_acquire_async(f->h, f->loop, "orders", "R-stopped", "bob",
@@ -669,12 +662,12 @@ static void test_redis_stopped_times_out(void **state)
                                                   on_token, &s[i]));
         s[i].returned = 1;
     }
-    int64_t calls_took = mono_ms() - t0;
+    int64_t calls_took = test_mono_ms() - t0;
     if (calls_took > 250)
         fail_msg("the calls took %lld ms to return: one waited for Redis",
                  (long long)calls_took);
     run_until(f, &count, 10, 10000);
-    int64_t took = mono_ms() - t0;
+    int64_t took = test_mono_ms() - t0;
     assert_int_equal(kill(pid, SIGCONT), 0);
     assert_each_once(s, 10);
     for (int i = 0; i < 10; i++) {
@@ -711,11 +704,11 @@ static void test_redis_down_unavailable(void **state)
     assert_non_null(strstr(b.detail, redis_where()));
     services("redis-start");
     /* The backoff is at most 1 s: within a few, the loop is connected. */
-    int64_t end = mono_ms() + 5000;
+    int64_t end = test_mono_ms() + 5000;
     do {
         usleep(100 * 1000);
         a = acquire(f, "R-back", "alice", 30000);
-    } while (a.rc == IDEM_EUNAVAILABLE && mono_ms() < end);
+    } while (a.rc == IDEM_EUNAVAILABLE && test_mono_ms() < end);
     assert_answer(a, IDEM_ACQUIRED);
 }
 

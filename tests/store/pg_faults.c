@@ -298,13 +298,6 @@ static void test_idle_connections_ended(void **state)
     assert_int_equal(rows(), 12);
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static idem *open_timeout(int64_t timeout_ms)
 {
     idem_options o;
@@ -334,10 +327,10 @@ static void test_commit_in_doubt_rolled_back(void **state)
         " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()");
     idem_outcome o;
     idem_record rec;
-    int64_t t0 = mono_ms();
+    int64_t t0 = test_mono_ms();
     assert_idem_ok(idem_record_begin(h, "refund", "R-doubt", NULL, "w1", 30000, &o, &rec));
     assert_int_equal(o, IDEM_NEW);
-    assert_true(mono_ms() - t0 < 10000); /* not the 30 s sleep: the session was ended */
+    assert_true(test_mono_ms() - t0 < 10000); /* not the 30 s sleep: the session was ended */
     assert_int_equal(firings(), 2);       /* the first try, ended; the one that held */
     assert_int_equal(rows(), 1);
     assert_int_equal(sql_number("SELECT count(*) FROM pg_stat_activity WHERE query LIKE "

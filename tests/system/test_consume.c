@@ -44,13 +44,6 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---- the brokers, as a test sees them ---- */
 
 struct header {
@@ -394,18 +387,18 @@ static long executions(void)
 /* Wait (up to ms) until the service holds want rows; the count. */
 static long wait_rows(long want, int ms)
 {
-    long long deadline = now_ms() + ms;
+    long long deadline = test_mono_ms() + ms;
     long n;
-    while ((n = rows()) < want && now_ms() < deadline)
+    while ((n = rows()) < want && test_mono_ms() < deadline)
         sleep_ms(50);
     return n;
 }
 
 static long wait_dead(struct bus *b, long want, int ms)
 {
-    long long deadline = now_ms() + ms;
+    long long deadline = test_mono_ms() + ms;
     long n;
-    while ((n = dead_count(b)) < want && now_ms() < deadline)
+    while ((n = dead_count(b)) < want && test_mono_ms() < deadline)
         sleep_ms(50);
     return n;
 }
@@ -448,15 +441,15 @@ static void duplicates_two_instances(int redis)
         }
     }
     assert_int_equal(wait_rows(before_rows + 1000, 60000) - before_rows, 1000);
-    long long deadline = now_ms() + 30000;
+    long long deadline = test_mono_ms() + 30000;
     long got = 0;
-    while (now_ms() < deadline &&
+    while (test_mono_ms() < deadline &&
            (got = metric(&a, "idem_consumer_received_total", "refunds") +
                   metric(&c, "idem_consumer_received_total", "refunds")) < 3000)
         sleep_ms(50);
     assert_int_equal(got, 3000);
-    while (now_ms() < deadline && (metric(&a, "idem_consumer_in_flight", "refunds") ||
-                                   metric(&c, "idem_consumer_in_flight", "refunds")))
+    while (test_mono_ms() < deadline && (metric(&a, "idem_consumer_in_flight", "refunds") ||
+                                         metric(&c, "idem_consumer_in_flight", "refunds")))
         sleep_ms(50);
     long dups = metric(&a, "idem_consumer_duplicates_total", "refunds") +
                 metric(&c, "idem_consumer_duplicates_total", "refunds");
@@ -576,9 +569,10 @@ static void route_and_consumer(int redis)
     for (int i = 0; i < 50; i++)
         if (s.status[i] != 201 && s.status[i] != 409)
             fail_msg("POST %d answered %d (201 or 409 expected)", i, s.status[i]);
-    long long deadline = now_ms() + 20000;
-    while (now_ms() < deadline && (metric(&p, "idem_consumer_received_total", "refund-mq") < 50 ||
-                                   metric(&p, "idem_consumer_in_flight", "refund-mq") > 0))
+    long long deadline = test_mono_ms() + 20000;
+    while (test_mono_ms() < deadline &&
+           (metric(&p, "idem_consumer_received_total", "refund-mq") < 50 ||
+            metric(&p, "idem_consumer_in_flight", "refund-mq") > 0))
         sleep_ms(50);
     assert_int_equal(metric(&p, "idem_consumer_received_total", "refund-mq"), 50);
     assert_int_equal(metric(&p, "idem_consumer_in_flight", "refund-mq"), 0);
@@ -662,8 +656,9 @@ static void dead_letter_leaves_key_open(int redis)
     assert_int_equal(rows() - before, KEYS);
     /* Delivered again: past its attempts, and now done by the route. */
     publish(&b, body, fail, NULL);
-    long long deadline = now_ms() + 10000;
-    while (now_ms() < deadline && metric(&p, "idem_consumer_duplicates_total", "refund-mq") < 1)
+    long long deadline = test_mono_ms() + 10000;
+    while (test_mono_ms() < deadline &&
+           metric(&p, "idem_consumer_duplicates_total", "refund-mq") < 1)
         sleep_ms(50);
     assert_int_equal(metric(&p, "idem_consumer_duplicates_total", "refund-mq"), 1);
     assert_int_equal(sys_stop(&p, SIGTERM), 0);
@@ -779,8 +774,8 @@ static void redrive(int redis)
     assert_int_equal(member(j, "done"), BY_ROUTE);
     json_decref(j);
     sys_resp_free(&r);
-    long long deadline = now_ms() + 20000;
-    while (now_ms() < deadline &&
+    long long deadline = test_mono_ms() + 20000;
+    while (test_mono_ms() < deadline &&
            (dead_count(&b) < KEYS - BY_ROUTE ||
             metric(&p, "idem_consumer_dead_lettered_total", "refund-mq") < 2 * KEYS - BY_ROUTE))
         sleep_ms(50);
@@ -818,8 +813,8 @@ static void redrive(int redis)
     assert_int_equal(moved, KEYS - BY_ROUTE);
     assert_int_equal(done, 0);
     assert_int_equal(wait_rows(before + KEYS, 20000), before + KEYS);
-    deadline = now_ms() + 10000;
-    while (now_ms() < deadline && metric(&p, "idem_consumer_in_flight", "refund-mq") > 0)
+    deadline = test_mono_ms() + 10000;
+    while (test_mono_ms() < deadline && metric(&p, "idem_consumer_in_flight", "refund-mq") > 0)
         sleep_ms(50);
     /* A second look finds nothing to do. */
     sys_admin_http(p.admin_port, "POST", "/_idem/v1/consumers/refund-mq/redrive",
@@ -908,8 +903,8 @@ static void test_redis_redrive_stopped(void **state)
     assert_int_equal(pthread_create(&t, NULL, redrive_thread, &rp), 0);
     /* Once it has put messages back (before that, a SIGTERM finds nothing
      * redriven: 503 redrive_failed, also an answer). */
-    long long deadline = now_ms() + 10000;
-    while (now_ms() < deadline && redis_int(&b, "XLEN %s", b.queue) < 1)
+    long long deadline = test_mono_ms() + 10000;
+    while (test_mono_ms() < deadline && redis_int(&b, "XLEN %s", b.queue) < 1)
         sleep_ms(5);
     kill(p.pid, SIGTERM);
     pthread_join(t, NULL);
@@ -972,11 +967,11 @@ static void states_shared(int redis)
     /* SUCCESS by the MQ: executed. */
     EVENT("SUCCESS");
     publish(&b, body, NULL, NULL);
-    long long deadline = now_ms() + 10000;
-    while (executions() - before < 1 && now_ms() < deadline)
+    long long deadline = test_mono_ms() + 10000;
+    while (executions() - before < 1 && test_mono_ms() < deadline)
         sleep_ms(20);
     assert_int_equal(executions() - before, 1);
-    while (now_ms() < deadline && metric(&p, "idem_consumer_executed_total", "refund-mq") < 1)
+    while (test_mono_ms() < deadline && metric(&p, "idem_consumer_executed_total", "refund-mq") < 1)
         sleep_ms(20);
     /* By HTTP: SUCCESS again is the MQ's answer; PROCESSING is stale. */
     struct sys_resp r;
@@ -998,8 +993,9 @@ static void states_shared(int redis)
     EVENT("NOPE");
     publish(&b, body, NULL, NULL);
     assert_int_equal(wait_dead(&b, 2, 10000), 2);
-    deadline = now_ms() + 10000;
-    while (now_ms() < deadline && metric(&p, "idem_consumer_duplicates_total", "refund-mq") < 1)
+    deadline = test_mono_ms() + 10000;
+    while (test_mono_ms() < deadline &&
+           metric(&p, "idem_consumer_duplicates_total", "refund-mq") < 1)
         sleep_ms(20);
     assert_int_equal(metric(&p, "idem_consumer_duplicates_total", "refund-mq"), 1);
     assert_int_equal(metric(&p, "idem_consumer_alerts_total", "refund-mq"), 1);
@@ -1014,8 +1010,8 @@ static void states_shared(int redis)
     assert_int_equal(member(j, "done"), 0);
     json_decref(j);
     sys_resp_free(&r);
-    deadline = now_ms() + 10000;
-    while (now_ms() < deadline &&
+    deadline = test_mono_ms() + 10000;
+    while (test_mono_ms() < deadline &&
            metric(&p, "idem_consumer_dead_lettered_total", "refund-mq") < 4)
         sleep_ms(20);
     assert_int_equal(metric(&p, "idem_consumer_dead_lettered_total", "refund-mq"), 4);
@@ -1074,9 +1070,9 @@ static void resolved_message(int redis)
     publish(&b, body, h, NULL);
     /* The call times out; the service is asked 1.5 s later, says yes. */
     static const char want[] = "idem_resolutions_total{route=\"refunds\",verdict=\"executed\"} 1";
-    long long deadline = now_ms() + 20000;
+    long long deadline = test_mono_ms() + 20000;
     int resolved = 0;
-    while (!resolved && now_ms() < deadline) {
+    while (!resolved && test_mono_ms() < deadline) {
         struct sys_resp r;
         sys_admin_http(p.admin_port, "GET", "/metrics", NULL, 5000, &r);
         resolved = strstr(r.m->body, want) != NULL;
@@ -1088,7 +1084,7 @@ static void resolved_message(int redis)
         char *log = sys_read_file(p.log);
         fail_msg("never resolved; idem's log:\n%s", log);
     }
-    while (now_ms() < deadline && !all_acked(&b))
+    while (test_mono_ms() < deadline && !all_acked(&b))
         sleep_ms(100);
     assert_true(all_acked(&b));
     assert_int_equal(executions() - before, 1);
@@ -1122,14 +1118,14 @@ static void tombstoned_message(int redis)
     long before = executions();
     snprintf(body, sizeof body, "{\"refund_no\":\"TM-%d\",\"amount\":\"1.00\"}", seq);
     publish(&b, body, NULL, NULL);
-    long long deadline = now_ms() + 10000;
-    while (now_ms() < deadline &&
+    long long deadline = test_mono_ms() + 10000;
+    while (test_mono_ms() < deadline &&
            (executions() - before < 1 || metric(&p, "idem_consumer_executed_total", "refunds") < 1))
         sleep_ms(50);
     assert_int_equal(executions() - before, 1);
     sleep_ms(1500); /* past the retention */
     publish(&b, body, NULL, NULL);
-    while (now_ms() < deadline + 5000 &&
+    while (test_mono_ms() < deadline + 5000 &&
            metric(&p, "idem_consumer_duplicates_total", "refunds") < 1)
         sleep_ms(50);
     assert_int_equal(metric(&p, "idem_consumer_duplicates_total", "refunds"), 1);
@@ -1175,8 +1171,8 @@ static void poison(int redis)
     snprintf(body, sizeof body, "{\"refund_no\":\"P-%d\",\"amount\":\"1.00\"}", seq);
     const struct header h[] = {{"X-Fail", "500"}, {NULL, NULL}};
     publish(&b, body, h, NULL);
-    long long deadline = now_ms() + 10000;
-    while (executions() - before < 1 && now_ms() < deadline)
+    long long deadline = test_mono_ms() + 10000;
+    while (executions() - before < 1 && test_mono_ms() < deadline)
         sleep_ms(20);
     assert_int_equal(executions() - before, 1);
     sys_stop(&p, SIGKILL); /* between attempts 1 and 2 (or during 1) */
@@ -1255,8 +1251,8 @@ static void signed_messages(int redis)
     assert_int_equal(executions() - before, 0);
     publish(&b, body, genuine, NULL);
     publish(&b, body, genuine, NULL);
-    long long deadline = now_ms() + 10000;
-    while (executions() - before < 1 && now_ms() < deadline)
+    long long deadline = test_mono_ms() + 10000;
+    while (executions() - before < 1 && test_mono_ms() < deadline)
         sleep_ms(20);
     sleep_ms(500); /* the redelivery, handled too */
     assert_int_equal(executions() - before, 1);
@@ -1314,8 +1310,8 @@ static void bad_input(int redis)
     snprintf(good, sizeof good, "{\"refund_no\":\"GOOD-%d\",\"amount\":\"1.00\"}", seq);
     publish(&b, good, NULL, NULL);
     assert_int_equal(wait_dead(&b, 6, 10000), 6);
-    long long deadline = now_ms() + 10000;
-    while (executions() - before < 1 && now_ms() < deadline)
+    long long deadline = test_mono_ms() + 10000;
+    while (executions() - before < 1 && test_mono_ms() < deadline)
         sleep_ms(20);
     assert_int_equal(executions() - before, 1); /* the good one only */
     sleep_ms(1000); /* a reconnect would give out the bad ones again: none does */
@@ -1426,9 +1422,9 @@ static void kill9_stream(int redis)
     }
     struct proc p;
     int kills = 0;
-    long long deadline = now_ms() + 120000;
+    long long deadline = test_mono_ms() + 120000;
     start(&p, "serve", path);
-    while (rows() - before_rows < keys && now_ms() < deadline) {
+    while (rows() - before_rows < keys && test_mono_ms() < deadline) {
         sleep_ms(1000 + rand() % 1000);
         if (rows() - before_rows >= keys)
             break;
@@ -1440,9 +1436,9 @@ static void kill9_stream(int redis)
     /* A stream's entries whose ack a kill cut off stay pending with the
      * dead instance until the live one takes them over (and acks them:
      * their records are finished). */
-    long long settle = now_ms() + 20000;
-    while (now_ms() < settle && (metric(&p, "idem_consumer_in_flight", "refunds") > 0 ||
-                                 (redis && !all_acked(&b))))
+    long long settle = test_mono_ms() + 20000;
+    while (test_mono_ms() < settle && (metric(&p, "idem_consumer_in_flight", "refunds") > 0 ||
+                                       (redis && !all_acked(&b))))
         sleep_ms(50);
     assert_int_equal(sys_stop(&p, SIGTERM), 0);
     long extra = executions() - before - keys;
@@ -1491,12 +1487,12 @@ static void test_amqp_broker_restart_and_handler_down(void **state)
     }
     struct proc p;
     start(&p, "serve", path);
-    long long deadline = now_ms() + 20000;
-    while (rows() - before_rows < keys / 4 && now_ms() < deadline)
+    long long deadline = test_mono_ms() + 20000;
+    while (rows() - before_rows < keys / 4 && test_mono_ms() < deadline)
         sleep_ms(20);
     sys_sh("'%s' rabbitmq-restart '%s' >/dev/null", services_sh, rabbit_dir);
     bus_reconnect(&b);
-    while (rows() - before_rows < keys / 2 && now_ms() < deadline + 40000)
+    while (rows() - before_rows < keys / 2 && test_mono_ms() < deadline + 40000)
         sleep_ms(20);
     int port = service.port;
     /* The service's count starts over when it restarts: read it once no
@@ -1516,10 +1512,10 @@ static void test_amqp_broker_restart_and_handler_down(void **state)
     /* The copies the broker gave out again after its restart are
      * duplicates now, each acked once its turn comes: a held one waits
      * out its backoff first, longer under the sanitizers. */
-    long long settle = now_ms() + 60000;
+    long long settle = test_mono_ms() + 60000;
     /* None held by idem, and none left in the queue: a moment with none
      * held comes between two of the broker's batches too. */
-    while (now_ms() < settle &&
+    while (test_mono_ms() < settle &&
            (metric(&p, "idem_consumer_in_flight", "refunds") > 0 || !all_acked(&b)))
         sleep_ms(50);
     assert_int_equal(metric(&p, "idem_consumer_in_flight", "refunds"), 0);
@@ -1547,8 +1543,8 @@ static void key_reused(int redis)
     snprintf(one, sizeof one, "{\"refund_no\":\"MM-%d\",\"amount\":\"1.00\"}", seq);
     snprintf(other, sizeof other, "{\"refund_no\":\"MM-%d\",\"amount\":\"9.00\"}", seq);
     publish(&b, one, NULL, NULL);
-    long long deadline = now_ms() + 10000;
-    while (executions() - before < 1 && now_ms() < deadline)
+    long long deadline = test_mono_ms() + 10000;
+    while (executions() - before < 1 && test_mono_ms() < deadline)
         sleep_ms(20);
     publish(&b, other, NULL, NULL);
     assert_int_equal(wait_dead(&b, 1, 10000), 1);
@@ -1665,8 +1661,8 @@ static void store_stopped(int redis)
         snprintf(body, sizeof body, "{\"refund_no\":\"S%d-%d\",\"amount\":\"1.00\"}", seq, i);
         publish(&b, body, NULL, NULL);
     }
-    long long deadline = now_ms() + 20000;
-    while (rows() - before_rows < keys / 4 && now_ms() < deadline)
+    long long deadline = test_mono_ms() + 20000;
+    while (rows() - before_rows < keys / 4 && test_mono_ms() < deadline)
         sleep_ms(10);
     sys_sh("'%s' pg-stop '%s' >/dev/null", services_sh, state_dir);
     sleep_ms(1000);
@@ -1675,9 +1671,9 @@ static void store_stopped(int redis)
     assert_int_equal(rows(), during); /* nothing executes without its record */
     sys_sh("'%s' pg-start '%s' >/dev/null", services_sh, state_dir);
     assert_int_equal(wait_rows(before_rows + keys, 60000) - before_rows, keys);
-    long long settle = now_ms() + 15000;
-    while (now_ms() < settle && (metric(&p, "idem_consumer_in_flight", "refunds") > 0 ||
-                                 (redis && !all_acked(&b))))
+    long long settle = test_mono_ms() + 15000;
+    while (test_mono_ms() < settle && (metric(&p, "idem_consumer_in_flight", "refunds") > 0 ||
+                                       (redis && !all_acked(&b))))
         sleep_ms(50);
     assert_int_equal(sys_stop(&p, SIGTERM), 0);
     /* A call the store's fall cut short may be sent again (its record not
@@ -1721,16 +1717,16 @@ static void test_redis_dead_consumer_taken_over(void **state)
         snprintf(body, sizeof body, "{\"refund_no\":\"C%d-%d\",\"amount\":\"1.00\"}", seq, i);
         publish(&b, body, slow, NULL);
     }
-    long long deadline = now_ms() + 10000;
-    while (metric(&p, "idem_consumer_received_total", "refunds") < 20 && now_ms() < deadline)
+    long long deadline = test_mono_ms() + 10000;
+    while (metric(&p, "idem_consumer_received_total", "refunds") < 20 && test_mono_ms() < deadline)
         sleep_ms(10);
     sys_stop(&p, SIGKILL);
     assert_true(redis_int(&b, "XLEN %s", b.queue) == 20);
     assert_false(all_acked(&b)); /* pending with the dead instance */
     start(&p, "serve", path); /* another instance: another consumer name */
     assert_int_equal(wait_rows(before_rows + 20, 30000) - before_rows, 20);
-    deadline = now_ms() + 15000;
-    while (!all_acked(&b) && now_ms() < deadline)
+    deadline = test_mono_ms() + 15000;
+    while (!all_acked(&b) && test_mono_ms() < deadline)
         sleep_ms(50);
     assert_true(all_acked(&b));
     assert_true(metric(&p, "idem_consumer_received_total", "refunds") >= 20);

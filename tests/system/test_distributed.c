@@ -437,13 +437,6 @@ struct stream {
     pthread_t t;
 };
 
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* One client: a new key at a time, 20 ms apart, each answer noted. */
 static void stream_one(void *arg, int i)
 {
@@ -464,12 +457,12 @@ static void stream_one(void *arg, int i)
         snprintf(body, sizeof body, "{\"refund_no\":\"R-%s-%d-%d\",\"amount\":\"1.00\"}",
                  s->tag, i, k);
         struct sys_resp r;
-        long long start = now_ms();
+        long long start = test_mono_ms();
         sys_http(s->port[inst], "POST", "/refunds", NULL, body, 10000, &r);
         int slot = atomic_fetch_add(&s->n, 1);
         if (slot < STREAM_MAX) {
             struct shot *t = &s->shot[slot];
-            *t = (struct shot){inst, r.status, start, now_ms(), ""};
+            *t = (struct shot){inst, r.status, start, test_mono_ms(), ""};
             if (r.status != 201 && r.m)
                 snprintf(t->body, sizeof t->body, "%.*s", (int)r.m->body_len, r.m->body);
         } else {
@@ -508,7 +501,7 @@ static void stream_across(const struct proc *a, const struct proc *b, const char
     while (atomic_load(&s->busy) > 0)
         sleep_ms(1);
     services(stop);
-    long long down_at = now_ms();
+    long long down_at = test_mono_ms();
     sleep_ms(200);
     services(start);
     atomic_store(&s->quiet, 0);

@@ -50,13 +50,6 @@ static char *dir;
 static struct proc service;
 static int run_tag; /* keys differ from test to test: the service keeps its rows */
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
@@ -159,7 +152,7 @@ static void shoot(int port, const char *path, const char *header, const char *bo
     sys_http(port, "POST", path, header && header[0] ? h : NULL, body, 20000, &r);
     s->status = r.status;
     s->body = r.m ? strndup(r.m->body, r.m->body_len) : strdup("");
-    s->at = now_ms();
+    s->at = test_mono_ms();
     sys_resp_free(&r);
 }
 
@@ -212,10 +205,10 @@ static void storm_and_failover(const struct proc *a, const struct proc *b, struc
         pthread_create(&t[i], NULL, client_main, st);
     while (atomic_load(&st->ok) < KILL_AFTER && atomic_load(&st->next) < SHOTS)
         sleep_ms(1);
-    int64_t killed = now_ms();
+    int64_t killed = test_mono_ms();
     pair("kill-primary", NULL);
     pair("promote", NULL);
-    int64_t promoted = now_ms();
+    int64_t promoted = test_mono_ms();
     v->kill_to_promoted = promoted - killed;
     /* The first new key answered after the promotion (each try a new key:
      * a try that failed may have left its claim in doubt). */
@@ -226,17 +219,17 @@ static void storm_and_failover(const struct proc *a, const struct proc *b, struc
         free(s.body);
         if (ok)
             break;
-        if (now_ms() - promoted > 30000)
+        if (test_mono_ms() - promoted > 30000)
             fail_msg("no 2xx within 30 s of the promotion (last %d)", s.status);
         sleep_ms(10);
     }
-    v->promoted_to_first = now_ms() - promoted;
+    v->promoted_to_first = test_mono_ms() - promoted;
     for (int i = 0; i < CLIENTS; i++)
         pthread_join(t[i], NULL);
     v->unavailable = atomic_load(&st->unavailable);
 
     /* Every key to a 2xx; then every 2xx given replays the same body. */
-    int64_t until = now_ms() + 60000;
+    int64_t until = test_mono_ms() + 60000;
     for (int route = 0; route < 2; route++) {
         for (int key = 0; key < KEYS; key++) {
             const char *first = NULL;
@@ -258,7 +251,7 @@ static void storm_and_failover(const struct proc *a, const struct proc *b, struc
             for (;;) {
                 free(last.body);
                 post(key % 2 ? b->port : a->port, route, key, &last);
-                if (first || (last.status >= 200 && last.status < 300) || now_ms() > until)
+                if (first || (last.status >= 200 && last.status < 300) || test_mono_ms() > until)
                     break;
                 sleep_ms(100);
             }
@@ -545,7 +538,7 @@ static void tpost_until(const struct tstorm *st, int key, int64_t until, struct 
     snprintf(token, sizeof token, "%s", st->token[key]);
     for (;;) {
         tpost(st->port[key % 2], token, key, last);
-        if ((last->status >= 200 && last->status < 300) || now_ms() > until)
+        if ((last->status >= 200 && last->status < 300) || test_mono_ms() > until)
             return;
         if (!token[0] || (last->status == 409 && strstr(last->body, "token_spent")))
             token_for(st->port[key % 2], token, sizeof token);
@@ -627,7 +620,7 @@ static void test_redis_sentinel_failover(void **state)
         pthread_create(&t[i], NULL, tclient_main, st);
     while (atomic_load(&st->ok) < KILL_AFTER / 2 && atomic_load(&st->next) < KEYS * SENDS)
         sleep_ms(1);
-    int64_t killed = now_ms();
+    int64_t killed = test_mono_ms();
     sentinels("kill-master", NULL);
     /* Service is back when a new key, with a new token, is answered. */
     int64_t resumed = 0;
@@ -638,10 +631,10 @@ static void test_redis_sentinel_failover(void **state)
         if (token[0]) {
             tpost(n % 2 ? b.port : a.port, token, 100000 + n, &s);
             if (s.status >= 200 && s.status < 300)
-                resumed = now_ms();
+                resumed = test_mono_ms();
             free(s.body);
         }
-        if (now_ms() - killed > 60000)
+        if (test_mono_ms() - killed > 60000)
             fail_msg("no 2xx within 60 s of the master's loss");
         sleep_ms(20);
     }
@@ -649,7 +642,7 @@ static void test_redis_sentinel_failover(void **state)
         pthread_join(t[i], NULL);
 
     int lost = 0, stuck = 0;
-    int64_t until = now_ms() + 60000;
+    int64_t until = test_mono_ms() + 60000;
     for (int key = 0; key < KEYS; key++) {
         const char *first = NULL;
         for (int s = 0; s < SENDS; s++) {

@@ -917,8 +917,6 @@ static void test_token_subject_checked(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
-static int64_t mono_ms(void);
-
 static int64_t mono_us_test(void)
 {
     struct timespec ts;
@@ -939,7 +937,7 @@ struct resubmits {
 static void *resubmits_main(void *arg)
 {
     struct resubmits *e = arg;
-    while (mono_ms() < e->until_ms) {
+    while (test_mono_ms() < e->until_ms) {
         struct sys_resp r;
         sys_http(e->port, "POST", "/refunds", e->headers, e->body, 10000, &r);
         e->first_hand += r.status == 201 && !sys_header(&r, "Idempotent-Replayed");
@@ -971,7 +969,7 @@ static void test_one_token_one_key_under_resubmits(void **state)
     const char *slow[] = {"X-Subject: gina", th, "X-Delay-Ms: 800", NULL};
     const char *plain[] = {"X-Subject: gina", th, NULL};
     const char *body = "{\"refund_no\":\"R-ride\",\"amount\":\"1.00\"}";
-    int64_t t0 = mono_ms();
+    int64_t t0 = test_mono_ms();
     struct bg_post a = {.port = gw.port, .headers = failing, .body = body};
     pthread_create(&a.t, NULL, bg_post_main, &a);
     sleep_ms(50);
@@ -1511,7 +1509,7 @@ static void test_store_files_deleted(void **state)
     }
     /* New keys one after another until one is refused, a second at most;
      * those answered 201 meanwhile are kept to be sent again. */
-    int64_t t0 = mono_ms();
+    int64_t t0 = test_mono_ms();
     int n = 1, acked = 0, acked_keys[KEYS_MAX];
     char body[96];
     struct sys_resp r;
@@ -1522,9 +1520,9 @@ static void test_store_files_deleted(void **state)
             break;
         assert_int_equal(r.status, 201);
         sys_resp_free(&r);
-        if (mono_ms() - t0 > 1000 || n >= KEYS_MAX)
+        if (test_mono_ms() - t0 > 1000 || n >= KEYS_MAX)
             fail_msg("%d new keys answered 201 in the %lld ms since the files were deleted",
-                     n, (long long)(mono_ms() - t0));
+                     n, (long long)(test_mono_ms() - t0));
         acked_keys[acked++] = n;
     }
     assert_non_null(strstr(r.m->body, "store_unavailable"));
@@ -1586,13 +1584,6 @@ static void *slow_post_main(void *arg)
     return NULL;
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static long metric(int port, const char *name)
 {
     struct sys_resp r;
@@ -1632,11 +1623,11 @@ static void test_answer_kept_after_store_failure(void **state)
      * claimed by a request of this daemon. */
     sleep_ms(1500);
     struct sys_resp r;
-    int64_t t = mono_ms();
+    int64_t t = test_mono_ms();
     sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
     assert_int_equal(r.status, 409);
     assert_non_null(strstr(r.m->body, "running a request with this key"));
-    assert_true(mono_ms() - t < 2000); /* not queued behind the store */
+    assert_true(test_mono_ms() - t < 2000); /* not queued behind the store */
     sys_resp_free(&r);
     int waited = 0;
     while (metric(gw.admin_port, "idem_gateway_answers_not_kept") != 1 && waited < 30000) {
@@ -3043,10 +3034,10 @@ static void test_tombstone(void **state)
     start_idem(&gw, routes, "tombstone.db");
     long before = sys_stat(service.port, "executions");
     const char *body = "{\"refund_no\":\"TB-1\",\"amount\":\"1.00\"}";
-    int64_t t0 = mono_ms();
+    int64_t t0 = test_mono_ms();
     post_expect(gw.port, body, 201, 0);
     post_expect(gw.port, body, 201, 1); /* within the retention: the replay */
-    sleep_ms((int)(t0 + 2000 - mono_ms()));
+    sleep_ms((int)(t0 + 2000 - test_mono_ms()));
     struct sys_resp r;
     sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
     assert_int_equal(r.status, 410);
@@ -3060,7 +3051,7 @@ static void test_tombstone(void **state)
     assert_int_equal(metric(gw.admin_port,
                             "idem_requests_total{route=\"refund\",outcome=\"key_expired\"}"),
                      1);
-    sleep_ms((int)(t0 + 4300 - mono_ms()));
+    sleep_ms((int)(t0 + 4300 - test_mono_ms()));
     /* The tombstone is over: the key is new, and executes (the service's
      * own unique refund_no refuses it: its third defence, 409). */
     post_expect(gw.port, body, 409, 0);
@@ -3098,7 +3089,7 @@ static void record_state_of(int admin_port, const char *key, char *state, size_t
 static void wait_state(int admin_port, const char *key, const char *state, int ms)
 {
     char now[64] = "";
-    for (int64_t end = mono_ms() + ms; mono_ms() < end; sleep_ms(100)) {
+    for (int64_t end = test_mono_ms() + ms; test_mono_ms() < end; sleep_ms(100)) {
         record_state_of(admin_port, key, now, sizeof now);
         if (strcmp(now, state) == 0)
             return;
@@ -3222,7 +3213,7 @@ static void test_resolve_status_url_down(void **state)
     sys_resp_free(&r);
     long first = 0, most = 0;
     int held = 0;
-    for (int64_t end = mono_ms() + 7000; mono_ms() < end; sleep_ms(250)) {
+    for (int64_t end = test_mono_ms() + 7000; test_mono_ms() < end; sleep_ms(250)) {
         sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
         if (r.status != 409)
             fail_msg("a retry while the service is down: %d %s", r.status,
@@ -4340,20 +4331,20 @@ static void test_failed_keys_slowed(void **state)
     int64_t slow = 0;
     for (int i = 0; i < 14; i++) {
         struct sys_resp r;
-        int64_t t0 = mono_ms();
+        int64_t t0 = test_mono_ms();
         sys_http(gw.admin_port, "GET", "/_idem/v1/metrics", wrong, NULL, 5000, &r);
         assert_int_equal(r.status, 401);
         sys_resp_free(&r);
-        slow += mono_ms() - t0 >= 900;
+        slow += test_mono_ms() - t0 >= 900;
     }
     if (slow < 3)
         fail_msg("%lld of 14 failures were held back; past the burst of 10 each should be",
                  (long long)slow);
     struct sys_resp r;
-    int64_t t0 = mono_ms();
+    int64_t t0 = test_mono_ms();
     sys_admin_http(gw.admin_port, "GET", "/_idem/v1/metrics", NULL, 5000, &r);
     assert_int_equal(r.status, 200);
-    assert_true(mono_ms() - t0 < 900);
+    assert_true(test_mono_ms() - t0 < 900);
     sys_resp_free(&r);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 

@@ -45,13 +45,6 @@ static char naive_url[128], count_url[128];
 
 static const char refund_body[] = "{\"refund_no\":\"{{key}}\",\"amount\":\"1.00\"}";
 
-static long long now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---- idem serve in front of the naive service ---- */
 
 /* The refund route with these layers, and extra lines (scope,
@@ -164,8 +157,8 @@ static void run_verify(struct verify_run *v, const char *const *args)
     size_t olen = 0, elen = 0;
     int open_fds = 2;
     struct pollfd p[2] = {{.fd = op[0], .events = POLLIN}, {.fd = ep[0], .events = POLLIN}};
-    long long deadline = now_ms() + VERIFY_DEADLINE_MS;
-    while (open_fds > 0 && now_ms() < deadline) {
+    long long deadline = test_mono_ms() + VERIFY_DEADLINE_MS;
+    while (open_fds > 0 && test_mono_ms() < deadline) {
         if (poll(p, 2, 200) <= 0)
             continue;
         for (int i = 0; i < 2; i++) {
