@@ -6,7 +6,8 @@
 # place of debian:bookworm-slim, so that nothing comes from elsewhere, with
 # the idem package `cpack -G DEB` makes in BUILD_DIR. The image runs idem
 # as a user of its own; the gateway answers its health on a port of the
-# test's; the container stops cleanly. podman keeps everything of the
+# test's; the container stops cleanly. Installing the package there also
+# runs its maintainer scripts for real: the unit ends up enabled. podman keeps everything of the
 # test's under a temp dir (its own storage root), which goes at the end.
 #
 # Run where the test suite runs (a VM that may itself be sandboxed), podman
@@ -57,6 +58,13 @@ version=$(pm run --rm $limits localhost/idem-test:latest version)
 echo "$version" | grep -q '^idem [0-9]' || fail "the image's idem: $version"
 who=$(pm run --rm $limits --entrypoint /usr/bin/id localhost/idem-test:latest -un)
 [ "$who" = idem ] || fail "the image runs as $who, not idem"
+# The package's postinst ran there, as on a host: the unit enabled
+# through deb-systemd-helper (which systemd, had the image one, would
+# start), the conffiles in /etc.
+pm run --rm $limits --entrypoint /bin/sh localhost/idem-test:latest -c \
+  'test -L /etc/systemd/system/multi-user.target.wants/idem.service &&
+   test -f /etc/idem/idem.yaml && test -f /etc/logrotate.d/idem' ||
+  fail "the package's postinst did not enable idem.service, or its conffiles are missing"
 
 # The daemon, on a port of the test's: its health, then a clean stop.
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
