@@ -429,10 +429,12 @@ async function main() {
   assert.equal(await executions(), ran + 1, 'the retries executed once');
   assert.ok([200, 201, 409].includes((await refund(port, 'H-1')).status));
   assert.equal(await executions(), ran + 1, 'a later retry is a replay');
-  /* The 409s of the held claim show among the counters. */
+  /* The 409s of the held claim show among the counters: the one after the
+   * cancel for certain; the four retries above may or may not have met
+   * each other in flight. */
   const rejected = Number(/^idem_gateway_in_flight_rejections_total\{route="refund"\} (\d+)$/m
     .exec((await admin(adminPort, 'GET', '/_idem/v1/metrics')).body)[1]);
-  assert.ok(rejected >= 2, 'in-flight rejections: ' + rejected);
+  assert.ok(rejected >= 1, 'in-flight rejections: ' + rejected);
   await p.waitFor(counter.replace('idem_gateway_executions_total',
     'idem_gateway_in_flight_rejections_total') + ' === ' + rejected, 'the 409s counted');
 
