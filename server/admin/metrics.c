@@ -258,29 +258,10 @@ struct http_response *metrics_render(struct daemon *d)
         const char *name, *help;
         size_t field; /* in struct route_counts */
     } per_route[] = {
-        {"idem_gateway_requests_total", "Requests that matched the route.",
-         offsetof(struct route_counts, requests)},
-        {"idem_gateway_executions_total",
+        {"idem_executions_total",
          "Requests forwarded to the upstream under a claimed record.",
          offsetof(struct route_counts, executions)},
-        {"idem_gateway_replays_total", "Requests answered with a stored answer.",
-         offsetof(struct route_counts, replays)},
-        {"idem_gateway_in_flight_rejections_total",
-         "Duplicates answered 409 while the first request ran.",
-         offsetof(struct route_counts, in_flight_409)},
-        {"idem_gateway_mismatches_total", "Keys reused with another payload, answered 422.",
-         offsetof(struct route_counts, mismatches)},
-        {"idem_gateway_store_errors_total",
-         "Requests the store failed, answered 503 (never forwarded unclaimed).",
-         offsetof(struct route_counts, store_errors)},
-        {"idem_gateway_unknown_outcomes_total",
-         "Requests sent upstream with no answer (timeout, lost connection): left claimed "
-         "until their lease ends.",
-         offsetof(struct route_counts, upstream_unknown)},
-        {"idem_gateway_unkeyed_total",
-         "Requests without the key on a key_required: false route, forwarded unguarded.",
-         offsetof(struct route_counts, unkeyed)},
-        {"idem_gateway_redis_down_skips_total",
+        {"idem_redis_down_skips_total",
          "Requests that went on without the token and lock layers while Redis was down.",
          offsetof(struct route_counts, redis_down_skips)},
         {"idem_stale_events_total",
@@ -292,9 +273,6 @@ struct http_response *metrics_render(struct daemon *d)
          offsetof(struct route_counts, transition_conflicts)},
         {"idem_tokens_consumed_total", "Tokens the route's token layer spent.",
          offsetof(struct route_counts, tokens_consumed)},
-        {"idem_tokens_refused_total",
-         "Requests the route's token layer refused (409 or 428: spent, unknown, expired).",
-         offsetof(struct route_counts, tokens_refused)},
         {"idem_locks_acquired_total", "Locks the route's lock layer took.",
          offsetof(struct route_counts, locks_acquired)},
         {"idem_locks_busy_total",
@@ -311,9 +289,9 @@ struct http_response *metrics_render(struct daemon *d)
         const char *name, *type, *help;
         uint64_t value;
     } whole[] = {
-        {"idem_gateway_passthrough_total", "counter",
+        {"idem_passthrough_total", "counter",
          "Requests that matched no route, proxied untouched.", atomic_load(&d->passthrough)},
-        {"idem_gateway_answers_not_kept", "gauge",
+        {"idem_answers_not_kept", "gauge",
          "Requests executed whose answer the store has not kept yet: each holds its claim "
          "and writes it again until the store takes it.",
          gateway_unkept(d->gateway)},
@@ -406,7 +384,7 @@ struct http_response *metrics_render(struct daemon *d)
         for (int v = 0; v < 4; v++)
             add(&o, "idem_resolutions_total{route=\"%s\",verdict=\"%s\"} %lu\n",
                 label(rc->name, esc), resolutions[v], atomic_load(&rc->n.resolutions[v]));
-    const char *dur = "idem_gateway_request_duration_seconds";
+    const char *dur = "idem_request_duration_seconds";
     family(&o, dur, "histogram",
            "From a request's arrival at the route to its answer (the upstream's time "
            "included).");
@@ -470,3 +448,4 @@ void api_metrics(struct api_call *c)
 {
     api_answer(c, metrics_render(c->d));
 }
+

@@ -100,8 +100,6 @@ void counts_answer(struct route_counts *n, const struct front_request *req, int 
         return;
     if (req->outcome >= 0 && req->outcome < GW_OUTCOMES)
         atomic_fetch_add(&n->outcomes[req->outcome], 1);
-    if (req->outcome == GW_TOKEN_REFUSED)
-        atomic_fetch_add(&n->tokens_refused, 1);
     if (status >= STATUS_MIN && status < STATUS_MIN + STATUS_CODES)
         atomic_fetch_add(&n->codes[status - STATUS_MIN], 1);
     /* The upstream was asked: it answered (a status), or it failed. */

@@ -93,7 +93,6 @@ struct route_counts {
     atomic_ulong upstream_latency[LATENCY_BUCKETS];
     atomic_ulong upstream_latency_sum_us;
     atomic_ulong tokens_consumed; /* the token layer spent the request's token */
-    atomic_ulong tokens_refused;  /* the token layer refused the request */
     atomic_ulong locks_acquired;  /* the lock layer took the key's lock */
     atomic_ulong locks_busy;      /* the lock layer found it held */
     atomic_ulong resolutions[4];  /* on_unknown_outcome: resolve: the status queries,

@@ -344,14 +344,14 @@ async function main() {
 
   /* The counters move: one more execution shows within a few polls. */
   const counter = "(() => { const c = document.querySelector('.route[data-route=\"refund\"] " +
-    "[data-counter=\"idem_gateway_executions_total\"] .value'); return c ? Number(c.textContent)" +
+    "[data-counter=\"idem_executions_total\"] .value'); return c ? Number(c.textContent)" +
     " : -1; })()";
   const before = await p.waitFor(counter + ' >= 3 && ' + counter, 'the executions counter');
   assert.equal((await refund(port, 'C-1')).status, 201);
   await p.waitFor(counter + ' === ' + (before + 1), 'the executions counter to move');
   await p.waitFor("document.querySelectorAll('.route svg polyline').length > 0", 'a chart');
   /* The two held claims' upstream calls timed out: upstream errors. */
-  assert.equal(await p.eval(counter.replace('idem_gateway_executions_total',
+  assert.equal(await p.eval(counter.replace('idem_executions_total',
     'idem_upstream_errors_total')), 2);
 
   /* "/" goes to the search; Enter searches; the key opens. */
@@ -432,11 +432,11 @@ async function main() {
   /* The 409s of the held claim show among the counters: the one after the
    * cancel for certain; the four retries above may or may not have met
    * each other in flight. */
-  const rejected = Number(/^idem_gateway_in_flight_rejections_total\{route="refund"\} (\d+)$/m
+  const rejected = Number(/^idem_requests_total\{route="refund",outcome="in_flight"\} (\d+)$/m
     .exec((await admin(adminPort, 'GET', '/_idem/v1/metrics')).body)[1]);
   assert.ok(rejected >= 1, 'in-flight rejections: ' + rejected);
-  await p.waitFor(counter.replace('idem_gateway_executions_total',
-    'idem_gateway_in_flight_rejections_total') + ' === ' + rejected, 'the 409s counted');
+  await p.waitFor(counter.replace('idem_executions_total',
+    'idem_requests_total:in_flight') + ' === ' + rejected, 'the 409s counted');
 
   /* A live claim (its request in flight): its buttons are forced and say
    * what that risks; the daemon refuses the unforced action. */

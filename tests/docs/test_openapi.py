@@ -917,7 +917,7 @@ def exercise(d):
     if "consumers" in d.call("GET", P + "/health", on="listen", key=None).json():
         fail("the main listener's health has the counters")
     a = d.call("GET", P + "/metrics", key="read", status=200)
-    if b'idem_gateway_requests_total{route="refund"}' not in a.body:
+    if b'idem_requests_total{route="refund",outcome="executed"}' not in a.body:
         fail("metrics without the refund route's requests")
     d.call("GET", P + "/metrics", key=None, status=401, problem="unauthorized")
     d.call("GET", P + "/metrics", on="listen", key=None, status=404, problem="no_such_endpoint")

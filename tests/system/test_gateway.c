@@ -321,14 +321,14 @@ static void test_replay_mismatch_missing_key(void **state)
     assert_int_equal(e.status, 200);
     assert_string_equal(sys_header(&e, "Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
     static const char *const counts[] = {
-        "\nidem_gateway_executions_total{route=\"refund\"} 1\n",
-        "\nidem_gateway_replays_total{route=\"refund\"} 3\n",
-        "\nidem_gateway_mismatches_total{route=\"refund\"} 1\n",
-        "\nidem_gateway_store_errors_total{route=\"refund\"} 0\n",
-        "\nidem_gateway_passthrough_total 1\n", "\nidem_record_conflicts_total 0\n",
-        "# TYPE idem_gateway_requests_total counter\n", "idem_build_info{version=\"",
-        "\nidem_gateway_request_duration_seconds_count{route=\"refund\"} 6\n",
-        "\nidem_gateway_request_duration_seconds_bucket{route=\"refund\",le=\"+Inf\"} 6\n"};
+        "\nidem_executions_total{route=\"refund\"} 1\n",
+        "\nidem_requests_total{route=\"refund\",outcome=\"replayed\"} 3\n",
+        "\nidem_requests_total{route=\"refund\",outcome=\"mismatch\"} 1\n",
+        "\nidem_requests_total{route=\"refund\",outcome=\"store_unavailable\"} 0\n",
+        "\nidem_passthrough_total 1\n", "\nidem_record_conflicts_total 0\n",
+        "# TYPE idem_requests_total counter\n", "idem_build_info{version=\"",
+        "\nidem_request_duration_seconds_count{route=\"refund\"} 6\n",
+        "\nidem_request_duration_seconds_bucket{route=\"refund\",le=\"+Inf\"} 6\n"};
     for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++)
         if (!strstr(e.m->body, counts[i]))
             fail_msg("no %s in:\n%s", counts[i], e.m->body);
@@ -1630,11 +1630,11 @@ static void test_answer_kept_after_store_failure(void **state)
     assert_true(test_mono_ms() - t < 2000); /* not queued behind the store */
     sys_resp_free(&r);
     int waited = 0;
-    while (metric(gw.admin_port, "idem_gateway_answers_not_kept") != 1 && waited < 30000) {
+    while (metric(gw.admin_port, "idem_answers_not_kept") != 1 && waited < 30000) {
         sleep_ms(100);
         waited += 100;
     }
-    assert_int_equal(metric(gw.admin_port, "idem_gateway_answers_not_kept"), 1);
+    assert_int_equal(metric(gw.admin_port, "idem_answers_not_kept"), 1);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     /* The finish failed: the answer waits to be kept, and says so. */
     sys_http(gw.port, "POST", "/refunds", NULL, body, 5000, &r);
@@ -1652,13 +1652,13 @@ static void test_answer_kept_after_store_failure(void **state)
     sys_resp_free(&r);
     sys_resp_free(&b.resp);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
-    assert_int_equal(metric(gw.admin_port, "idem_gateway_answers_not_kept"), 0);
+    assert_int_equal(metric(gw.admin_port, "idem_answers_not_kept"), 0);
     /* Four requests; the first took over 5 s (the store's busy timeout,
      * twice), the two 409s and the replay far less. */
     assert_int_equal(
-        metric(gw.admin_port, "idem_gateway_request_duration_seconds_count{route=\"refund\"}"), 4);
+        metric(gw.admin_port, "idem_request_duration_seconds_count{route=\"refund\"}"), 4);
     assert_int_equal(
-        metric(gw.admin_port, "idem_gateway_request_duration_seconds_bucket{route=\"refund\",le=\"5\"}"),
+        metric(gw.admin_port, "idem_request_duration_seconds_bucket{route=\"refund\",le=\"5\"}"),
         3);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
@@ -2287,11 +2287,14 @@ static void test_sighup_reloads_routes(void **state)
     assert_true(metric(gw.admin_port, "idem_connections_open") >= 0);
     /* The metrics count per route, and a route that keeps its name across
      * the reload keeps its counts. */
-    assert_int_equal(metric(gw.admin_port, "idem_gateway_executions_total{route=\"refund\"}"), 1);
-    assert_int_equal(metric(gw.admin_port, "idem_gateway_requests_total{route=\"payment-callback\"}"),
-                     2);
-    assert_int_equal(metric(gw.admin_port, "idem_gateway_replays_total{route=\"payment-callback\"}"), 1);
-    assert_int_equal(metric(gw.admin_port, "idem_gateway_passthrough_total"), 1);
+    assert_int_equal(metric(gw.admin_port, "idem_executions_total{route=\"refund\"}"), 1);
+    assert_int_equal(metric(gw.admin_port, "idem_requests_total{route=\"payment-callback\","
+                                           "outcome=\"executed\"}"),
+                     1);
+    assert_int_equal(metric(gw.admin_port, "idem_requests_total{route=\"payment-callback\","
+                                           "outcome=\"replayed\"}"),
+                     1);
+    assert_int_equal(metric(gw.admin_port, "idem_passthrough_total"), 1);
     /* Every durable commit of the store is timed into its histogram. */
     long commits = metric(gw.admin_port, "idem_store_commits_total");
     assert_true(commits >= 4);
@@ -3748,7 +3751,7 @@ static void test_key_optional(void **state)
     struct sys_resp m;
     sys_admin_http(gw.admin_port, "GET", "/metrics", NULL, 5000, &m);
     assert_int_equal(m.status, 200);
-    assert_non_null(strstr(m.m->body, "idem_gateway_unkeyed_total{route=\"refund\"} 2\n"));
+    assert_non_null(strstr(m.m->body, "idem_requests_total{route=\"refund\",outcome=\"unkeyed\"} 2\n"));
     sys_resp_free(&m);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
     char *text = sys_read_file(gw.log);

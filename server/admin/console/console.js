@@ -15,17 +15,22 @@ const POLL_MS = 2000;
 const SAMPLES = 300; /* 10 minutes at POLL_MS */
 const KEY_STORE = 'idem.console.key';
 
-/* The per-route counters charted, as /_idem/v1/metrics names them (a
- * family with more labels than route summed over them). */
+/* The per-route counters charted, as /_idem/v1/metrics names them, with
+ * the outcome a series of idem_requests_total must have (a family with more
+ * labels than route and outcome summed over them). */
 const COUNTERS = [
-  ['idem_gateway_executions_total', 'executions'],
-  ['idem_gateway_replays_total', 'replays'],
-  ['idem_gateway_in_flight_rejections_total', 'in flight (409)'],
-  ['idem_gateway_mismatches_total', 'key reused (422)'],
+  ['idem_executions_total', 'executions'],
+  ['idem_requests_total', 'replays', 'replayed'],
+  ['idem_requests_total', 'in flight (409)', 'in_flight'],
+  ['idem_requests_total', 'key reused (422)', 'mismatch'],
   ['idem_upstream_errors_total', 'upstream errors'],
-  ['idem_gateway_unknown_outcomes_total', 'unknown outcomes'],
-  ['idem_gateway_store_errors_total', 'store errors (503)'],
+  ['idem_requests_total', 'unknown outcomes', 'outcome_unknown'],
+  ['idem_requests_total', 'store errors (503)', 'store_unavailable'],
 ];
+
+/* A counter's name in the charts' maps and the page: the family, and the
+ * outcome when there is one. */
+const counterId = (c) => (c[2] ? c[0] + ':' + c[2] : c[0]);
 
 const state = {
   key: null,
@@ -250,13 +255,15 @@ function parseSeries(text) {
 /* The per-route counters charted: route -> name -> value. */
 function routeCounters(series) {
   const out = new Map();
-  const charted = new Set(COUNTERS.map((c) => c[0]));
   for (const s of series) {
     const route = s.labels.route;
-    if (route === undefined || !charted.has(s.name)) continue;
-    if (!out.has(route)) out.set(route, new Map());
-    const r = out.get(route);
-    r.set(s.name, (r.get(s.name) || 0) + s.value);
+    if (route === undefined) continue;
+    for (const c of COUNTERS) {
+      if (c[0] !== s.name || (c[2] && s.labels.outcome !== c[2])) continue;
+      if (!out.has(route)) out.set(route, new Map());
+      const r = out.get(route);
+      r.set(counterId(c), (r.get(counterId(c)) || 0) + s.value);
+    }
   }
   return out;
 }
@@ -305,10 +312,11 @@ function drawRoutes() {
     const div = el('div', null, { class: 'route', 'data-route': route });
     div.append(el('h3', route));
     const grid = el('div', null, { class: 'charts' });
-    for (const [name, label] of COUNTERS) {
-      const samples = counters.get(name) || [];
+    for (const counter of COUNTERS) {
+      const samples = counters.get(counterId(counter)) || [];
       const last = samples.length ? samples[samples.length - 1].total : 0;
-      const c = el('div', null, { class: 'chart', 'data-counter': name });
+      const label = counter[1];
+      const c = el('div', null, { class: 'chart', 'data-counter': counterId(counter) });
       c.append(el('div', label));
       c.append(el('div', last, { class: 'value' }));
       c.append(chart(samples));
@@ -383,7 +391,7 @@ async function poll() {
   for (const [route, counters] of routeCounters(series)) {
     if (!state.history.has(route)) state.history.set(route, new Map());
     const hist = state.history.get(route);
-    for (const [name] of COUNTERS) {
+    for (const name of COUNTERS.map(counterId)) {
       if (!hist.has(name)) hist.set(name, []);
       const s = hist.get(name);
       s.push({ t: now, total: counters.get(name) || 0 });
