@@ -31,6 +31,7 @@
 
 #include "background.h"
 #include "telemetry/access_log.h"
+#include "telemetry/recent.h"
 #include "consume/consume.h"
 #include "daemon.h"
 #include "dispatch.h"
@@ -158,6 +159,7 @@ struct serve {
      * its certificates and its upstreams' names blocks. */
     struct background *background;
     struct event *sig_term, *sig_int, *sig_hup, *sig_usr1, *purge_timer, *census_timer;
+    struct event *recent_timer;
     struct resolver *resolver;   /* on_unknown_outcome: resolve's looks, on loop 0 */
     const char *listen_arg, *db_arg; /* --listen and --db, or NULL */
     struct live_config *start;       /* the configuration it started with (kept) */
@@ -207,6 +209,7 @@ static void on_stop(evutil_socket_t sig, short what, void *arg)
             (long long)s->limits->shutdown_timeout_ms);
     event_del(s->purge_timer);
     event_del(s->census_timer);
+    event_del(s->recent_timer);
     pthread_mutex_lock(&s->d.held.mu);
     event_del(s->d.held.later);
     pthread_mutex_unlock(&s->d.held.mu);
@@ -560,6 +563,16 @@ static void on_census(evutil_socket_t fd, short what, void *arg)
     daemon_config_put(lc);
 }
 
+/* Every RECENT_STEP_MS, each route's counters are copied into its recent
+ * past (telemetry/recent.h), on loop 0, for the console's rates. */
+static void on_recent(evutil_socket_t fd, short what, void *arg)
+{
+    struct serve *s = arg;
+    (void)fd;
+    (void)what;
+    recent_sample_all(&s->d.counts, mono_ms());
+}
+
 static void on_idem_log(void *arg, idem_log_level level, const char *msg)
 {
     (void)arg;
@@ -837,16 +850,20 @@ static int run(int argc, char **argv, int consume_only)
     s->sig_usr1 = evsignal_new(s->base, SIGUSR1, on_reopen, s);
     s->purge_timer = event_new(s->base, -1, EV_PERSIST, on_purge, s);
     s->census_timer = event_new(s->base, -1, EV_PERSIST, on_census, s);
+    s->recent_timer = event_new(s->base, -1, EV_PERSIST, on_recent, s);
     s->d.held.later = event_new(s->base, -1, 0, on_census, s);
     struct timeval minute = {60, 0}, census = {HELD_CENSUS_EVERY_S, 0};
+    struct timeval step = {RECENT_STEP_MS / 1000, RECENT_STEP_MS % 1000 * 1000};
     event_add(s->sig_term, NULL);
     event_add(s->sig_int, NULL);
     event_add(s->sig_hup, NULL);
     event_add(s->sig_usr1, NULL);
     event_add(s->purge_timer, &minute);
     event_add(s->census_timer, &census);
+    event_add(s->recent_timer, &step);
     on_purge(-1, EV_TIMEOUT, s); /* and once now: what expired while it was down */
     on_census(-1, EV_TIMEOUT, s);
+    on_recent(-1, EV_TIMEOUT, s); /* where the first step starts */
     for (int i = 1; i < s->nloops; i++) {
         if (pthread_create(&s->loops[i].thread, NULL, loop_main, &s->loops[i]) != 0) {
             fprintf(stderr, "%s: cannot start the thread of event loop %d\n", me, i);
@@ -923,6 +940,8 @@ out:
         event_free(s->purge_timer);
     if (s->census_timer)
         event_free(s->census_timer);
+    if (s->recent_timer)
+        event_free(s->recent_timer);
     if (s->d.held.later)
         event_free(s->d.held.later);
     for (int i = 0; i < LOOPS_MAX; i++) {

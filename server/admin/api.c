@@ -75,6 +75,7 @@ static const struct endpoint endpoints[] = {
     {"GET", "whoami", ADMIN_ONLY, api_whoami, {0}},
     {"GET", "spaces", ADMIN_ONLY, api_spaces, {0}},
     {"GET", "routes", ADMIN_ONLY, api_routes, {0}},
+    {"GET", "routes/stats", ADMIN_ONLY, api_route_stats, {0}},
     {"POST", "consumers/{}/redrive", ADMIN_ONLY, api_consumers_redrive, {"limit", "reason"}},
 };
 #define ENDPOINTS (sizeof endpoints / sizeof endpoints[0])

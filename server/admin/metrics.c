@@ -12,6 +12,9 @@
  * dropped, so only reloads that keep renaming routes add any), an outcome one
  * of enum gw_outcome's GW_OUTCOMES names, a code a status of 100 to 599
  * (only those answered appear), a kind one of enum upstream_result's.
+ *
+ * Beside them, GET routes/stats: each route's figures over the last minute
+ * (telemetry/recent.h), for the console's overview of what is wrong now.
  */
 #include "admin/metrics.h"
 
@@ -29,7 +32,11 @@
 #include "daemon.h"
 #include "gateway/gateway.h"
 #include "telemetry/counters.h"
+#include "telemetry/recent.h"
 #include "http/upstream.h"
+#include "mono.h"
+
+#include <jansson.h>
 
 _Static_assert(GW_KEY_EXPIRED + 1 == GW_OUTCOMES, "GW_OUTCOMES counts enum gw_outcome");
 _Static_assert(UPSTREAM_TOO_BIG + 1 == UPSTREAM_RESULTS,
@@ -449,3 +456,59 @@ void api_metrics(struct api_call *c)
     api_answer(c, metrics_render(c->d));
 }
 
+/* A figure per second, or null when the span is unknown or empty. */
+static json_t *per(double n, double seconds)
+{
+    return seconds > 0 ? json_real(n / seconds) : json_null();
+}
+
+/* A route's figures over the last STATS_SPAN_MS, and its requests per
+ * second in each step of the last five minutes. */
+#define STATS_SPAN_MS 60000
+static json_t *route_stats(struct daemon *d, const struct route *rt, int consumer,
+                           int64_t now_ms)
+{
+    const struct recent *r = NULL;
+    if (rt->n != &d->counts.unlisted)
+        r = ((const struct named_counts *)((const char *)rt->n -
+                                           offsetof(struct named_counts, n)))->recent;
+    struct recent_figures f;
+    recent_figures(r, rt->n, now_ms, STATS_SPAN_MS, &f);
+    double rates[RECENT_STEPS];
+    unsigned nrates = recent_rates(r, rt->n, now_ms, rates);
+    json_t *steps = json_array();
+    for (unsigned i = 0; steps && i < nrates; i++)
+        json_array_append_new(steps, json_real(rates[i]));
+    return json_pack("{s:s, s:s, s:f, s:I, s:o, s:I, s:o, s:I, s:I, s:I, s:o, s:o, s:o}",
+                     "route", rt->name, "kind", consumer ? "consumer" : "route", "seconds",
+                     f.seconds, "requests", (json_int_t)f.requests, "per_second",
+                     per((double)f.requests, f.seconds), "errors", (json_int_t)f.errors,
+                     "error_ratio",
+                     f.requests ? json_real((double)f.errors / (double)f.requests)
+                                : json_null(),
+                     "executions", (json_int_t)f.executions, "replays",
+                     (json_int_t)f.replays, "conflicts", (json_int_t)f.conflicts, "p50_ms",
+                     f.p50_ms >= 0 ? json_real(f.p50_ms) : json_null(), "p99_ms",
+                     f.p99_ms >= 0 ? json_real(f.p99_ms) : json_null(), "steps", steps);
+}
+
+void api_route_stats(struct api_call *c)
+{
+    struct daemon *d = c->d;
+    const struct server_config *cfg = c->cfg;
+    int64_t now = mono_ms();
+    json_t *list = json_array();
+    pthread_mutex_lock(&d->counts.mu);
+    for (size_t i = 0; list && i < cfg->route_count + cfg->consumer_count; i++)
+        if (json_array_append_new(list, route_stats(d, config_nth_route(cfg, i),
+                                                    i >= cfg->route_count, now))) {
+            json_decref(list);
+            list = NULL;
+        }
+    pthread_mutex_unlock(&d->counts.mu);
+    api_answer(c, list ? json_response(200, json_pack("{s:I, s:I, s:o}", "span_ms",
+                                                      (json_int_t)STATS_SPAN_MS, "step_ms",
+                                                      (json_int_t)RECENT_STEP_MS, "routes",
+                                                      list))
+                       : NULL);
+}

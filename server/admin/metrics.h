@@ -18,4 +18,9 @@ struct http_response *metrics_render(struct daemon *d);
 struct api_call;
 void api_metrics(struct api_call *c);
 
+/* GET routes/stats: each route's and consumer's requests per second, error
+ * ratio, p50 and p99 over the last minute, and its rate in each 10 s step of
+ * the last five minutes, from the daemon's own record of them. */
+void api_route_stats(struct api_call *c);
+
 #endif

@@ -58,6 +58,7 @@ void counts_free(struct counts *c)
     while (c->list) {
         struct named_counts *dead = c->list;
         c->list = dead->next;
+        free(dead->recent);
         free(dead);
     }
     pthread_mutex_destroy(&c->mu);

@@ -18,6 +18,7 @@
 #include "idem.h"
 
 struct front_request;
+struct recent;
 
 /* How long requests took, from their arrival to their answer (and the
  * upstream's part of it): a count per bucket, each bucket up to its bound
@@ -102,11 +103,13 @@ struct route_counts {
     atomic_ulong transition_conflicts; /* states: events contradicting it */
 };
 
-/* A route's counters, by its name. */
+/* A route's counters, by its name, and their recent past (recent.h; made
+ * at its first sample). */
 struct named_counts {
     struct named_counts *next;
     char name[65];
     struct route_counts n;
+    struct recent *recent;
 };
 
 /* Every route's counters: made when a configuration is loaded (a reload

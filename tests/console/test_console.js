@@ -342,17 +342,24 @@ async function main() {
   assert.equal(await p.eval("localStorage.length"), 0);
   assert.equal(await p.eval("document.cookie"), '');
 
-  /* The counters move: one more execution shows within a few polls. */
-  const counter = "(() => { const c = document.querySelector('.route[data-route=\"refund\"] " +
-    "[data-counter=\"idem_executions_total\"] .value'); return c ? Number(c.textContent)" +
-    " : -1; })()";
-  const before = await p.waitFor(counter + ' >= 3 && ' + counter, 'the executions counter');
+  /* The overview moves: one more execution shows within a few polls, in
+   * the route's row of the last minute's figures. */
+  const figure = (route, name) => "(() => { const c = document.querySelector(" +
+    "'#routes tr[data-route=\"" + route + "\"] [data-figure=\"" + name + "\"]'); " +
+    'return c ? c.textContent : null; })()';
+  const counter = 'Number(' + figure('refund', 'executions') + ' ?? -1)';
+  const before = await p.waitFor(counter + ' >= 3 && ' + counter, 'the executions figure');
   assert.equal((await refund(port, 'C-1')).status, 201);
-  await p.waitFor(counter + ' === ' + (before + 1), 'the executions counter to move');
-  await p.waitFor("document.querySelectorAll('.route svg polyline').length > 0", 'a chart');
-  /* The two held claims' upstream calls timed out: upstream errors. */
-  assert.equal(await p.eval(counter.replace('idem_executions_total',
-    'idem_upstream_errors_total')), 2);
+  await p.waitFor(counter + ' === ' + (before + 1), 'the executions figure to move');
+  /* The two held claims' upstream calls timed out: two 504s, the route
+   * first and marked, with its latencies. */
+  await p.waitFor("document.querySelector('#routes tr').dataset.route === 'refund'",
+    'the route with 5xx answers first');
+  assert.match(await p.eval(figure('refund', 'errors')), /^2 \(\d+(\.\d)? %\)$/);
+  assert.equal(await p.eval("document.querySelector('#routes tr[data-route=\"refund\"]')" +
+    '.className'), 'bad');
+  assert.match(await p.eval(figure('refund', 'p99')), /^\d+(\.\d)? (ms|s)$/);
+  assert.equal(await p.eval(figure('refund-mq', 'route')), 'refund-mq (consumer)');
 
   /* "/" goes to the search; Enter searches; the key opens. */
   await p.eval('document.activeElement.blur()');
@@ -429,14 +436,18 @@ async function main() {
   assert.equal(await executions(), ran + 1, 'the retries executed once');
   assert.ok([200, 201, 409].includes((await refund(port, 'H-1')).status));
   assert.equal(await executions(), ran + 1, 'a later retry is a replay');
-  /* The 409s of the held claim show among the counters: the one after the
+  /* The 409s of the held claim show in the overview: the one after the
    * cancel for certain; the four retries above may or may not have met
-   * each other in flight. */
-  const rejected = Number(/^idem_requests_total\{route="refund",outcome="in_flight"\} (\d+)$/m
-    .exec((await admin(adminPort, 'GET', '/_idem/v1/metrics')).body)[1]);
-  assert.ok(rejected >= 1, 'in-flight rejections: ' + rejected);
-  await p.waitFor(counter.replace('idem_executions_total',
-    'idem_requests_total:in_flight') + ' === ' + rejected, 'the 409s counted');
+   * each other in flight. With the 422 of the reused key, as the metrics
+   * count them (all within the last minute). */
+  const metricsText = (await admin(adminPort, 'GET', '/_idem/v1/metrics')).body;
+  const outcome = (o) => Number(new RegExp('^idem_requests_total\\{route="refund",outcome="' +
+    o + '"\\} (\\d+)$', 'm').exec(metricsText)[1]);
+  assert.ok(outcome('in_flight') >= 1, 'in-flight rejections: ' + outcome('in_flight'));
+  const conflicts = ['in_flight', 'mismatch', 'token_refused', 'conflict']
+    .reduce((sum, o) => sum + outcome(o), 0);
+  await p.waitFor(figure('refund', 'conflicts') + " === '" + conflicts + "'",
+    'the 409s and 422s counted');
 
   /* A live claim (its request in flight): its buttons are forced and say
    * what that risks; the daemon refuses the unforced action. */
@@ -632,6 +643,66 @@ async function main() {
   const dExited = new Promise((resolve) => dm.proc.on('exit', (code, sig) => resolve(code ?? sig)));
   dm.proc.kill('SIGTERM');
   assert.equal(await dExited, 0, 'the distributed idem serve\'s exit status');
+
+  /* Fifty routes: the overview is one table, a row each, what is wrong
+   * now on top (a route whose upstream is down), the busy route's rate and
+   * latencies filled in and its last minutes drawn. */
+  const manyConfig = path.join(dir, 'idem-fifty.yaml');
+  const name = (i) => 'r-' + String(i).padStart(2, '0');
+  fs.writeFileSync(manyConfig, [
+    'admin_listen: 127.0.0.1:0',
+    'api_keys:',
+    '  - { name: console-ops, scope: write, env: IDEM_CONSOLE_WRITE_KEY }',
+    'routes:',
+  ].concat(Array.from({ length: 50 }, (_, i) => [
+    '  - name: ' + name(i),
+    '    match: { method: POST, path: /' + name(i) + ' }',
+    /* r-07's upstream listens on nothing: 502s. */
+    '    upstream: http://127.0.0.1:' + (i === 7 ? 1 : servicePort),
+    '    key: { json: refund_no }',
+  ].join('\n'))).concat(['']).join('\n'));
+  const fm = await start(idemBin, ['serve', '-c', manyConfig, '--db',
+    path.join(dir, 'fifty.db'), '--listen', '127.0.0.1:0'], { IDEM_CONSOLE_WRITE_KEY: WRITE_KEY },
+  /listening on [^\n]*:(\d+), JSON API on [^\n]*:(\d+),/, 'idem-fifty.log');
+  const fPort = Number(fm[1]);
+  const post = (route, no) => request(fPort, 'POST', '/' + route,
+    { 'Content-Type': 'application/json' }, JSON.stringify({ refund_no: no, amount: '1.00' }));
+  for (let i = 0; i < 3; i++)
+    assert.equal((await post(name(7), 'down-' + i)).status, 502);
+  await p.send('Page.navigate', { url: 'http://127.0.0.1:' + Number(fm[2]) + '/' });
+  await p.waitFor("document.readyState === 'complete' && !!document.getElementById('api-key')",
+    'the fifty routes\' sign-in form');
+  await p.eval("document.getElementById('api-key').value = " + JSON.stringify(WRITE_KEY));
+  await p.key('Enter', 'Enter', 13, '\r');
+  /* Traffic on r-03 until two 10 s steps of it are drawn. */
+  let sent = 0;
+  const busy = setInterval(() => { post(name(3), 'busy-' + sent++).catch(() => {}); }, 200);
+  try {
+    await p.waitFor("document.querySelectorAll('#routes tr').length === 50 && " +
+      "!!document.querySelector('#routes tr[data-route=\"r-03\"] svg polyline')",
+    'fifty rows, and r-03\'s last minutes drawn', 40000);
+  } finally {
+    clearInterval(busy);
+  }
+  assert.equal(await p.eval("document.querySelector('#routes tr').dataset.route"), 'r-07',
+    'the route answering 502s first');
+  assert.equal(await p.eval("document.querySelector('#routes tr').className"), 'bad');
+  assert.match(await p.eval(figure('r-07', 'errors')), /^3 \(100 %\)$/);
+  assert.equal(await p.eval("document.querySelectorAll('#routes tr')[1].dataset.route"), 'r-03',
+    'then the busiest');
+  assert.ok(Number(await p.eval(figure('r-03', 'per_second'))) > 0, 'r-03\'s rate');
+  assert.match(await p.eval(figure('r-03', 'p50')), /^\d+(\.\d)? ms$/);
+  assert.equal(await p.eval(figure('r-40', 'per_second')), '0.00');
+  assert.equal(await p.eval(figure('r-40', 'p99')), '—');
+  /* A row a line: fifty routes in about two screens, not fifty boxes. */
+  const tallest = await p.eval("Math.max(...[...document.querySelectorAll('#routes tr')]" +
+    '.map((r) => r.getBoundingClientRect().height))');
+  assert.ok(tallest <= 40, 'a row ' + tallest + ' px high');
+  const fiftyShot = await p.send('Page.captureScreenshot', { format: 'png' });
+  fs.writeFileSync(path.join(outDir, 'console-fifty.png'), Buffer.from(fiftyShot.data, 'base64'));
+  const fExited = new Promise((resolve) => fm.proc.on('exit', (code, sig) => resolve(code ?? sig)));
+  fm.proc.kill('SIGTERM');
+  assert.equal(await fExited, 0, 'the fifty routes\' idem serve\'s exit status');
 
   assert.deepEqual(p.dialogs, [], 'no dialog raised');
   assert.deepEqual(p.cspViolations, [], 'no Content-Security-Policy violation');

@@ -852,6 +852,11 @@ def exercise(d):
     if not any(r["kind"] == "route" and r.get("match") for r in a.json()["routes"]):
         fail("routes: %r" % a.json())
     d.call("GET", P + "/routes", key=None, status=401, problem="unauthorized")
+    a = d.call("GET", P + "/routes/stats", key="read", status=200)
+    if not any(r["requests"] > 0 and r["p99_ms"] is not None for r in a.json()["routes"]):
+        fail("routes/stats: %r" % a.json())
+    d.call("GET", P + "/routes/stats", on="listen", key=None, status=404,
+           problem="no_such_endpoint")
 
     # ---- an operator's actions ----
     act = {"space": "slow", "key": "H-1", "epoch": hepoch}

@@ -12,31 +12,12 @@
 
 const API = '/_idem/v1/';
 const POLL_MS = 2000;
-const SAMPLES = 300; /* 10 minutes at POLL_MS */
 const KEY_STORE = 'idem.console.key';
-
-/* The per-route counters charted, as /_idem/v1/metrics names them, with
- * the outcome a series of idem_requests_total must have (a family with more
- * labels than route and outcome summed over them). */
-const COUNTERS = [
-  ['idem_executions_total', 'executions'],
-  ['idem_requests_total', 'replays', 'replayed'],
-  ['idem_requests_total', 'in flight (409)', 'in_flight'],
-  ['idem_requests_total', 'key reused (422)', 'mismatch'],
-  ['idem_upstream_errors_total', 'upstream errors'],
-  ['idem_requests_total', 'unknown outcomes', 'outcome_unknown'],
-  ['idem_requests_total', 'store errors (503)', 'store_unavailable'],
-];
-
-/* A counter's name in the charts' maps and the page: the family, and the
- * outcome when there is one. */
-const counterId = (c) => (c[2] ? c[0] + ':' + c[2] : c[0]);
 
 const state = {
   key: null,
   write: false,
   spaces: [],
-  history: new Map(), /* route -> counter -> [{t, total}] */
   cursor: null,
   timer: null,
   view: 'overview',
@@ -152,7 +133,6 @@ function signOut() {
   state.timer = null;
   state.key = null;
   state.write = false;
-  state.history.clear();
   sessionStorage.removeItem(KEY_STORE);
   /* Nothing the last key saw, or could do, stays behind. */
   for (const id of ['confirm', 'detail'])
@@ -252,38 +232,23 @@ function parseSeries(text) {
   return out;
 }
 
-/* The per-route counters charted: route -> name -> value. */
-function routeCounters(series) {
-  const out = new Map();
-  for (const s of series) {
-    const route = s.labels.route;
-    if (route === undefined) continue;
-    for (const c of COUNTERS) {
-      if (c[0] !== s.name || (c[2] && s.labels.outcome !== c[2])) continue;
-      if (!out.has(route)) out.set(route, new Map());
-      const r = out.get(route);
-      r.set(counterId(c), (r.get(counterId(c)) || 0) + s.value);
-    }
-  }
-  return out;
-}
-
 const SVG = 'http://www.w3.org/2000/svg';
 
-/* A chart of the increase between samples, drawn with DOM calls. */
-function chart(samples) {
-  const w = 300, h = 48;
+/* A route's requests per second in each 10 s step of the last five
+ * minutes, as a line over the whole cell, its scale said in it. */
+function spark(steps) {
+  const w = 150, h = 28, n = 30;
   const svg = document.createElementNS(SVG, 'svg');
   svg.setAttribute('viewBox', '0 0 ' + w + ' ' + h);
   svg.setAttribute('preserveAspectRatio', 'none');
-  svg.setAttribute('aria-hidden', 'true');
-  const deltas = [];
-  for (let i = 1; i < samples.length; i++)
-    deltas.push(Math.max(0, samples[i].total - samples[i - 1].total));
-  const max = Math.max(1, ...deltas);
-  const pts = deltas.map((d, i) => {
-    const x = w - (deltas.length - 1 - i) * (w / (SAMPLES - 1));
-    return x.toFixed(1) + ',' + (h - 2 - (d / max) * (h - 6)).toFixed(1);
+  const max = Math.max(0, ...steps);
+  const title = document.createElementNS(SVG, 'title');
+  title.textContent = 'requests per second, 10 s steps over the last 5 minutes; at most ' +
+    rate(max) + '/s';
+  svg.append(title);
+  const pts = steps.map((v, i) => {
+    const x = w - (steps.length - 1 - i) * (w / (n - 1));
+    return x.toFixed(1) + ',' + (h - 2 - (max ? v / max : 0) * (h - 12)).toFixed(1);
   });
   if (pts.length > 1) {
     const line = document.createElementNS(SVG, 'polyline');
@@ -294,36 +259,64 @@ function chart(samples) {
     svg.append(line);
   }
   const top = document.createElementNS(SVG, 'text');
-  top.setAttribute('x', '4');
-  top.setAttribute('y', '12');
-  top.setAttribute('font-size', '10');
+  top.setAttribute('x', '2');
+  top.setAttribute('y', '9');
+  top.setAttribute('font-size', '9');
   top.setAttribute('fill', '#5b6670');
-  top.textContent = 'max ' + max + ' / 2 s';
+  top.textContent = 'max ' + rate(max) + '/s';
   svg.append(top);
   return svg;
 }
 
-function drawRoutes() {
-  const box = $('routes');
-  box.replaceChildren();
-  if (state.history.size === 0)
-    box.append(el('p', 'No routes configured.', { class: 'hint' }));
-  for (const [route, counters] of state.history) {
-    const div = el('div', null, { class: 'route', 'data-route': route });
-    div.append(el('h3', route));
-    const grid = el('div', null, { class: 'charts' });
-    for (const counter of COUNTERS) {
-      const samples = counters.get(counterId(counter)) || [];
-      const last = samples.length ? samples[samples.length - 1].total : 0;
-      const label = counter[1];
-      const c = el('div', null, { class: 'chart', 'data-counter': counterId(counter) });
-      c.append(el('div', label));
-      c.append(el('div', last, { class: 'value' }));
-      c.append(chart(samples));
-      grid.append(c);
-    }
-    div.append(grid);
-    box.append(div);
+function rate(v) {
+  if (v === null || v === undefined) return '—';
+  return v >= 100 ? String(Math.round(v)) : v >= 10 ? v.toFixed(1) : v.toFixed(2);
+}
+
+function ms(v) {
+  if (v === null || v === undefined) return '—';
+  return v >= 1000 ? (v / 1000).toFixed(v >= 10000 ? 0 : 1) + ' s'
+    : (v >= 10 ? Math.round(v) : v.toFixed(1)) + ' ms';
+}
+
+function percent(v) {
+  return v === null || v === undefined ? '—' : (100 * v).toFixed(v >= 0.1 ? 0 : 1) + ' %';
+}
+
+/* One row per route and consumer, over the last minute as the daemon keeps
+ * it (GET routes/stats): what is wrong now first (5xx by their share, then
+ * 409s and 422s), then the busiest. */
+function drawRoutes(stats) {
+  const body = $('routes');
+  body.replaceChildren();
+  const routes = stats.routes.slice().sort((a, b) =>
+    (b.error_ratio || 0) - (a.error_ratio || 0) || b.conflicts - a.conflicts ||
+    (b.per_second || 0) - (a.per_second || 0) || (a.route < b.route ? -1 : 1));
+  if (routes.length === 0) {
+    const tr = row(['No routes configured.']);
+    tr.firstChild.colSpan = 9;
+    body.append(tr);
+  }
+  for (const r of routes) {
+    const cells = [
+      el('span', r.route + (r.kind === 'consumer' ? ' (consumer)' : '')),
+      rate(r.per_second),
+      r.errors ? r.errors + ' (' + percent(r.error_ratio) + ')' : '0',
+      ms(r.p50_ms),
+      ms(r.p99_ms),
+      r.executions,
+      r.replays,
+      r.conflicts,
+      spark(r.steps),
+    ];
+    const tr = row(cells);
+    tr.dataset.route = r.route;
+    const names = ['route', 'per_second', 'errors', 'p50', 'p99', 'executions', 'replays',
+      'conflicts', 'steps'];
+    names.forEach((n, i) => { tr.children[i].dataset.figure = n; });
+    if (r.errors) tr.className = 'bad';
+    else if (r.conflicts) tr.className = 'warn';
+    body.append(tr);
   }
 }
 
@@ -374,31 +367,20 @@ function drawConsumers(h, series) {
 
 async function poll() {
   if (!state.key) return;
-  let text, h;
+  let text, h, stats;
   try {
-    [text, h] = await Promise.all([call('metrics'), call('health').catch((e) => {
+    [text, h, stats] = await Promise.all([call('metrics'), call('health').catch((e) => {
       /* The store is down: said below, with the reason health gives. */
       if (e.status === 503) return { down: true, body: e.body };
       throw e;
-    })]);
+    }), call('routes/stats')]);
   } catch (e) {
     say(e.message, true);
     if (e.status === 401) signOut();
     return;
   }
-  const now = Date.now();
   const series = parseSeries(text);
-  for (const [route, counters] of routeCounters(series)) {
-    if (!state.history.has(route)) state.history.set(route, new Map());
-    const hist = state.history.get(route);
-    for (const name of COUNTERS.map(counterId)) {
-      if (!hist.has(name)) hist.set(name, []);
-      const s = hist.get(name);
-      s.push({ t: now, total: counters.get(name) || 0 });
-      if (s.length > SAMPLES) s.shift();
-    }
-  }
-  drawRoutes();
+  drawRoutes(stats);
   if (h && !h.down) {
     drawHealth(h);
     drawConsumers(h, series);

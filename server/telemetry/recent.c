@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * recent.c — each route's recent past (recent.h): the ring of samples, and
+ * the figures over a span read from it, the percentiles interpolated
+ * within a latency bucket as Prometheus's histogram_quantile() does.
+ */
+#include "telemetry/recent.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The counters of n now, as a sample taken at now_ms. */
+static void take(const struct route_counts *n, int64_t now_ms, struct recent_sample *s)
+{
+    s->at_ms = now_ms;
+    s->requests = 0;
+    for (int v = 0; v < GW_OUTCOMES; v++)
+        s->requests += atomic_load(&n->outcomes[v]);
+    s->errors = 0;
+    for (int code = 500; code < STATUS_MIN + STATUS_CODES; code++)
+        s->errors += atomic_load(&n->codes[code - STATUS_MIN]);
+    s->executions = atomic_load(&n->executions);
+    s->replays = atomic_load(&n->outcomes[GW_REPLAYED]);
+    s->conflicts = atomic_load(&n->outcomes[GW_IN_FLIGHT]) +
+                   atomic_load(&n->outcomes[GW_MISMATCH]) +
+                   atomic_load(&n->outcomes[GW_TOKEN_REFUSED]) +
+                   atomic_load(&n->outcomes[GW_TRANSITION_CONFLICT]);
+    for (int b = 0; b < LATENCY_BUCKETS; b++)
+        s->latency[b] = atomic_load(&n->latency[b]);
+}
+
+void recent_sample_all(struct counts *c, int64_t now_ms)
+{
+    pthread_mutex_lock(&c->mu);
+    for (struct named_counts *nc = c->list; nc; nc = nc->next) {
+        if (!nc->recent && !(nc->recent = calloc(1, sizeof *nc->recent)))
+            continue; /* no past for it: its figures span its whole life */
+        struct recent *r = nc->recent;
+        take(&nc->n, now_ms, &r->ring[r->next]);
+        r->next = (r->next + 1) % RECENT_STEPS;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* The i-th sample back from the newest (0: the newest), or NULL. */
+static const struct recent_sample *back(const struct recent *r, unsigned i)
+{
+    if (!r || i >= RECENT_STEPS)
+        return NULL;
+    const struct recent_sample *s = &r->ring[(r->next + RECENT_STEPS - 1 - i) % RECENT_STEPS];
+    return s->at_ms ? s : NULL;
+}
+
+/* The value below which q of the durations in the bucket counts d fall,
+ * in ms: linear within its bucket; in the last (no bound), its lower one. */
+static double quantile(const unsigned long *d, unsigned long total, double q)
+{
+    double want = q * (double)total, seen = 0;
+    for (int b = 0; b < LATENCY_BUCKETS; b++) {
+        if (seen + (double)d[b] < want || d[b] == 0) {
+            seen += (double)d[b];
+            continue;
+        }
+        double lo = b ? (double)latency_bounds_us[b - 1] : 0;
+        if (b == LATENCY_BUCKETS - 1)
+            return lo / 1000.0;
+        double hi = (double)latency_bounds_us[b];
+        return (lo + (hi - lo) * (want - seen) / (double)d[b]) / 1000.0;
+    }
+    return -1;
+}
+
+void recent_figures(const struct recent *r, const struct route_counts *n, int64_t now_ms,
+                    int64_t span_ms, struct recent_figures *f)
+{
+    struct recent_sample now, zero = {0};
+    take(n, now_ms, &now);
+    /* The newest sample at least span_ms old, else the oldest there is,
+     * else none: since the counters began (zero, at an unknown time). */
+    const struct recent_sample *from = NULL, *s;
+    for (unsigned i = 0; (s = back(r, i)) != NULL; i++) {
+        from = s;
+        if (now_ms - s->at_ms >= span_ms)
+            break;
+    }
+    if (!from)
+        from = &zero;
+    memset(f, 0, sizeof *f);
+    f->seconds = from->at_ms ? (double)(now_ms - from->at_ms) / 1000.0 : 0;
+    f->requests = now.requests - from->requests;
+    f->errors = now.errors - from->errors;
+    f->executions = now.executions - from->executions;
+    f->replays = now.replays - from->replays;
+    f->conflicts = now.conflicts - from->conflicts;
+    unsigned long d[LATENCY_BUCKETS], timed = 0;
+    for (int b = 0; b < LATENCY_BUCKETS; b++)
+        timed += d[b] = now.latency[b] - from->latency[b];
+    f->p50_ms = timed ? quantile(d, timed, 0.50) : -1;
+    f->p99_ms = timed ? quantile(d, timed, 0.99) : -1;
+}
+
+unsigned recent_rates(const struct recent *r, const struct route_counts *n, int64_t now_ms,
+                      double *out)
+{
+    struct recent_sample now;
+    take(n, now_ms, &now);
+    const struct recent_sample *s[RECENT_STEPS];
+    unsigned have = 0;
+    while (have < RECENT_STEPS - 1 && (s[have] = back(r, have)) != NULL)
+        have++;
+    /* Between two samples each; and from the newest to now, when that is
+     * long enough to say something. */
+    unsigned live = have && now_ms - s[0]->at_ms >= RECENT_STEP_MS / 5, steps = have - !live;
+    for (unsigned i = !live; i < have; i++) {
+        const struct recent_sample *to = i ? s[i - 1] : &now, *from = s[i];
+        double secs = (double)(to->at_ms - from->at_ms) / 1000.0;
+        out[have - 1 - i] = secs > 0 ? (double)(to->requests - from->requests) / secs : 0;
+    }
+    return steps;
+}
