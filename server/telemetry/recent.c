@@ -102,19 +102,21 @@ void recent_figures(const struct recent *r, const struct route_counts *n, int64_
 unsigned recent_rates(const struct recent *r, const struct route_counts *n, int64_t now_ms,
                       double *out)
 {
+    /* The samples, newest first, and now before them when the newest is
+     * old enough for a step to say something. */
     struct recent_sample now;
     take(n, now_ms, &now);
-    const struct recent_sample *s[RECENT_STEPS];
+    const struct recent_sample *s[RECENT_STEPS + 1];
     unsigned have = 0;
-    while (have < RECENT_STEPS - 1 && (s[have] = back(r, have)) != NULL)
-        have++;
-    /* Between two samples each; and from the newest to now, when that is
-     * long enough to say something. */
-    unsigned live = have && now_ms - s[0]->at_ms >= RECENT_STEP_MS / 5, steps = have - !live;
-    for (unsigned i = !live; i < have; i++) {
-        const struct recent_sample *to = i ? s[i - 1] : &now, *from = s[i];
-        double secs = (double)(to->at_ms - from->at_ms) / 1000.0;
-        out[have - 1 - i] = secs > 0 ? (double)(to->requests - from->requests) / secs : 0;
+    if (back(r, 0) && now_ms - back(r, 0)->at_ms >= RECENT_STEP_MS / 5)
+        s[have++] = &now;
+    for (unsigned i = 0; i < RECENT_STEPS && back(r, i); i++)
+        s[have++] = back(r, i);
+    unsigned steps = have > RECENT_STEPS ? RECENT_STEPS - 1 : have ? have - 1 : 0;
+    for (unsigned i = 0; i < steps; i++) {
+        double secs = (double)(s[i]->at_ms - s[i + 1]->at_ms) / 1000.0;
+        out[steps - 1 - i] =
+            secs > 0 ? (double)(s[i]->requests - s[i + 1]->requests) / secs : 0;
     }
     return steps;
 }

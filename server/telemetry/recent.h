@@ -50,8 +50,9 @@ void recent_figures(const struct recent *r, const struct route_counts *n, int64_
                     int64_t span_ms, struct recent_figures *f);
 
 /* n's requests per second in each step of the ring, oldest first, the last
- * one ending now: up to RECENT_STEPS - 1 of them (fewer when younger).
- * Returns how many. Under the counters' lock. */
+ * one ending now when the newest sample is over a fifth of a step old: up
+ * to RECENT_STEPS - 1 of them (fewer when younger). Returns how many.
+ * Under the counters' lock. */
 unsigned recent_rates(const struct recent *r, const struct route_counts *n, int64_t now_ms,
                       double *out);
 
