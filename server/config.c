@@ -384,8 +384,8 @@ static int get_log(struct config_ctx *c, const yaml_node_t *n, struct server_con
     return 0;
 }
 
-/* access_log: off | stderr | PATH, or { to: off|stderr|PATH, format:
- * json|text, subject: hash|plain|off }. */
+/* access_log: off | stdout | stderr | PATH, or { to: off|stdout|stderr|PATH,
+ * format: json|text, subject: hash|plain|off }. */
 static int get_access_log(struct config_ctx *c, const yaml_node_t *n, struct server_config *cfg)
 {
     static const char *const known[] = {"to", "format", "subject"};
@@ -411,10 +411,14 @@ static int get_access_log(struct config_ctx *c, const yaml_node_t *n, struct ser
             return 0;
     }
     const char *where = n == to ? "access_log" : "access_log.to";
-    if (config_scalar(c, to, where, "off, stderr or a file's path", &s))
+    if (config_scalar(c, to, where, "off, stdout, stderr or a file's path", &s))
         return -1;
-    if (!strcmp(s, "stderr"))
+    if (!strcmp(s, "stdout"))
         return 0;
+    if (!strcmp(s, "stderr")) {
+        cfg->access_stderr = 1;
+        return 0;
+    }
     if (!strcmp(s, "off"))
         return config_set_string(&cfg->access_to, "") ? config_oom(c) : 0;
     return config_get_path(c, to, where, "file", &cfg->access_to);

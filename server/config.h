@@ -49,12 +49,14 @@ struct server_config {
                                  runs on the event loops; kept so older files load */
     int event_loops;          /* 0: one per processor, at most 4; else 1..16 */
     /* access_log: a line per request on listen and per message consumed.
-     * to: NULL stderr (the default), "" off, else a file (opened for
-     * appending, reopened on SIGUSR1); json (default) or text; the subject
-     * as its hash (default), plain, or left out. */
+     * to: NULL stdout (the default: the daemon's own log is on stderr) or
+     * stderr (access_stderr), "" off, else a file (opened for appending,
+     * reopened on SIGUSR1); json (default) or text; the subject as its
+     * hash (default), plain, or left out. */
     int log_level;            /* log.level: 0 debug, 1 info (default), 2 warn, 3 error */
     int log_json;             /* log.format: json (1) or text (0, default) */
     char *access_to;
+    int access_stderr;
     int access_text;
     enum { SUBJECT_HASH, SUBJECT_PLAIN, SUBJECT_OFF } access_subject;
     struct server_limits limits;

@@ -469,8 +469,8 @@ static void on_reopen(evutil_socket_t sig, short what, void *arg)
     (void)sig;
     (void)what;
     if (!s->start->c->access_to || !*s->start->c->access_to) {
-        daemon_log("SIGUSR1: the logs go to stderr, which the daemon does not open: nothing to "
-                   "reopen");
+        daemon_log("SIGUSR1: the logs go to stdout and stderr, which the daemon does not "
+                   "open: nothing to reopen");
         return;
     }
     if (access_log_reopen(s->access, err, sizeof err) != 0)

@@ -47,7 +47,7 @@
 
 struct access_log {
     int fd;
-    char *path; /* NULL: stderr */
+    char *path; /* NULL: stdout or stderr */
     int text;
     int subject;
     char *subject_header;
@@ -82,7 +82,7 @@ struct access_log *access_log_open(const struct server_config *cfg, char *err, s
     }
     l->text = cfg->access_text;
     l->subject = cfg->access_subject;
-    l->fd = l->path ? open_file(l->path) : STDERR_FILENO;
+    l->fd = l->path ? open_file(l->path) : cfg->access_stderr ? STDERR_FILENO : STDOUT_FILENO;
     if (l->fd < 0) {
         snprintf(err, errlen, "access_log: opening %s: %s", l->path, strerror(errno));
         access_log_close(l);

@@ -1284,7 +1284,8 @@ static void test_access_log(void **state)
 {
     (void)state;
     struct server_config *c = parse_ok("listen: 127.0.0.1:8080\n");
-    assert_null(c->access_to); /* stderr */
+    assert_null(c->access_to); /* stdout, apart from the daemon's log */
+    assert_false(c->access_stderr);
     assert_false(c->access_text);
     assert_int_equal(c->access_subject, SUBJECT_HASH);
     config_free(c);
@@ -1294,8 +1295,13 @@ static void test_access_log(void **state)
     c = parse_ok("access_log: /var/log/idem/access.log\n");
     assert_string_equal(c->access_to, "/var/log/idem/access.log");
     config_free(c);
+    c = parse_ok("access_log: stdout\n");
+    assert_null(c->access_to);
+    assert_false(c->access_stderr);
+    config_free(c);
     c = parse_ok("access_log: { to: stderr, format: text, subject: off }\n");
     assert_null(c->access_to);
+    assert_true(c->access_stderr);
     assert_true(c->access_text);
     assert_int_equal(c->access_subject, SUBJECT_OFF);
     config_free(c);

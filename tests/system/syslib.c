@@ -82,36 +82,41 @@ static int port_after(const char *s, const char *label)
 
 void sys_start(struct proc *p, char *const argv[], const char *log_path)
 {
-    int pipefd[2];
-    assert_int_equal(pipe(pipefd), 0);
     memset(p, 0, sizeof *p);
     snprintf(p->log, sizeof p->log, "%s", log_path);
+    /* Its stdout (the ready line, the access log's lines by default) and its
+     * stderr (its own log) both in the log file, read from where it ends now
+     * until the ready line: a pipe nobody reads after that would fill and
+     * stop the daemon's writes. */
+    int log = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    assert_true(log >= 0);
+    off_t from = lseek(log, 0, SEEK_END);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         setenv(SYS_ADMIN_KEY_ENV, SYS_ADMIN_KEY, 1);
-        dup2(pipefd[1], 1);
-        int log = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (log >= 0)
-            dup2(log, 2);
-        close(pipefd[0]);
+        dup2(log, 1);
+        dup2(log, 2);
         execv(argv[0], argv);
         _exit(127);
     }
-    close(pipefd[1]);
+    close(log);
     p->pid = pid;
-    p->out = pipefd[0];
     track(pid);
+    int in = open(log_path, O_RDONLY | O_CLOEXEC);
+    assert_true(in >= 0);
     char buf[4096];
     size_t len = 0;
     long long deadline = mono_ms() + 10000;
     while (mono_ms() < deadline && len < sizeof buf - 1) {
-        struct pollfd pfd = {.fd = p->out, .events = POLLIN};
-        if (poll(&pfd, 1, 100) <= 0)
+        ssize_t n = pread(in, buf + len, sizeof buf - 1 - len, from + (off_t)len);
+        if (n <= 0) {
+            if (waitpid(pid, NULL, WNOHANG) == pid)
+                break;
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
             continue;
-        ssize_t n = read(p->out, buf + len, sizeof buf - 1 - len);
-        if (n <= 0)
-            break;
+        }
         len += (size_t)n;
         buf[len] = '\0';
         /* idem consume listens on nothing but its admin listener. */
@@ -124,15 +129,17 @@ void sys_start(struct proc *p, char *const argv[], const char *log_path)
             const char *a = strstr(l, "JSON API on ");
             p->admin_port = a && a < nl ? port_after(a, "JSON API on ") : 0;
             snprintf(p->ready, sizeof p->ready, "%.*s", (int)(nl - l), l);
+            close(in);
             return;
         }
     }
+    close(in);
     int status;
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
     untrack(pid);
-    fail_msg("%s did not say it was listening (stdout: %.*s; stderr in %s)", argv[0], (int)len,
-             buf, log_path);
+    fail_msg("%s did not say it was listening (its output: %.*s; in %s)", argv[0], (int)len, buf,
+             log_path);
 }
 
 int sys_run_fail(char *const argv[], char *err, size_t errlen)
@@ -184,7 +191,6 @@ int sys_stop(struct proc *p, int sig)
     kill(p->pid, sig);
     waitpid(p->pid, &status, 0);
     untrack(p->pid);
-    close(p->out);
     p->pid = 0;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
@@ -202,7 +208,6 @@ int sys_stop_hammered(struct proc *p)
         kill(p->pid, sigs[i % 3]);
     }
     untrack(p->pid);
-    close(p->out);
     p->pid = 0;
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }

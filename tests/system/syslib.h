@@ -14,10 +14,9 @@
 
 struct proc {
     pid_t pid;
-    int out;       /* its stdout, read until the ready line */
     int port;      /* the port it said it listens on */
     int admin_port; /* idem serve with admin_listen: "JSON API on HOST:PORT"; else 0 */
-    char log[256]; /* where its stderr goes */
+    char log[256]; /* where its stdout and stderr go */
     char ready[512]; /* the ready line ("... listening on ..."), cut to fit */
 };
 
