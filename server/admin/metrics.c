@@ -462,11 +462,11 @@ static json_t *per(double n, double seconds)
     return seconds > 0 ? json_real(n / seconds) : json_null();
 }
 
-/* A route's figures over the last STATS_SPAN_MS, and its requests per
- * second in each step of the last five minutes. */
+/* A route's figures over the last STATS_SPAN_MS, and its answers and 5xx
+ * in each step of the last hour. */
 #define STATS_SPAN_MS 60000
 static json_t *route_stats(struct daemon *d, const struct route *rt, int consumer,
-                           int64_t now_ms)
+                           int64_t now_ms, struct recent_step *steps)
 {
     const struct recent *r = NULL;
     if (rt->n != &d->counts.unlisted)
@@ -474,12 +474,12 @@ static json_t *route_stats(struct daemon *d, const struct route *rt, int consume
                                            offsetof(struct named_counts, n)))->recent;
     struct recent_figures f;
     recent_figures(r, rt->n, now_ms, STATS_SPAN_MS, &f);
-    double rates[RECENT_STEPS];
-    unsigned nrates = recent_rates(r, rt->n, now_ms, rates);
-    json_t *steps = json_array();
-    for (unsigned i = 0; steps && i < nrates; i++)
-        json_array_append_new(steps, json_real(rates[i]));
-    return json_pack("{s:s, s:s, s:f, s:I, s:o, s:I, s:o, s:I, s:I, s:I, s:o, s:o, s:o}",
+    unsigned nsteps = recent_steps(r, rt->n, now_ms, steps);
+    json_t *list = json_array();
+    for (unsigned i = 0; list && i < nsteps; i++)
+        json_array_append_new(list, json_pack("[I, I]", (json_int_t)steps[i].requests,
+                                              (json_int_t)steps[i].errors));
+    return json_pack("{s:s, s:s, s:f, s:I, s:o, s:I, s:o, s:I, s:I, s:I, s:o, s:o, s:o, s:I}",
                      "route", rt->name, "kind", consumer ? "consumer" : "route", "seconds",
                      f.seconds, "requests", (json_int_t)f.requests, "per_second",
                      per((double)f.requests, f.seconds), "errors", (json_int_t)f.errors,
@@ -489,7 +489,8 @@ static json_t *route_stats(struct daemon *d, const struct route *rt, int consume
                      "executions", (json_int_t)f.executions, "replays",
                      (json_int_t)f.replays, "conflicts", (json_int_t)f.conflicts, "p50_ms",
                      f.p50_ms >= 0 ? json_real(f.p50_ms) : json_null(), "p99_ms",
-                     f.p99_ms >= 0 ? json_real(f.p99_ms) : json_null(), "steps", steps);
+                     f.p99_ms >= 0 ? json_real(f.p99_ms) : json_null(), "steps", list,
+                     "last_step_ms", (json_int_t)(nsteps ? steps[nsteps - 1].ms : 0));
 }
 
 void api_route_stats(struct api_call *c)
@@ -498,14 +499,20 @@ void api_route_stats(struct api_call *c)
     const struct server_config *cfg = c->cfg;
     int64_t now = mono_ms();
     json_t *list = json_array();
+    struct recent_step *steps = malloc(RECENT_STEPS * sizeof *steps);
+    if (!steps) {
+        json_decref(list);
+        list = NULL;
+    }
     pthread_mutex_lock(&d->counts.mu);
     for (size_t i = 0; list && i < cfg->route_count + cfg->consumer_count; i++)
         if (json_array_append_new(list, route_stats(d, config_nth_route(cfg, i),
-                                                    i >= cfg->route_count, now))) {
+                                                    i >= cfg->route_count, now, steps))) {
             json_decref(list);
             list = NULL;
         }
     pthread_mutex_unlock(&d->counts.mu);
+    free(steps);
     api_answer(c, list ? json_response(200, json_pack("{s:I, s:I, s:o}", "span_ms",
                                                       (json_int_t)STATS_SPAN_MS, "step_ms",
                                                       (json_int_t)RECENT_STEP_MS, "routes",

@@ -19,8 +19,8 @@ struct api_call;
 void api_metrics(struct api_call *c);
 
 /* GET routes/stats: each route's and consumer's requests per second, error
- * ratio, p50 and p99 over the last minute, and its rate in each 10 s step of
- * the last five minutes, from the daemon's own record of them. */
+ * ratio, p50 and p99 over the last minute, and its answers and 5xx in each
+ * 10 s step of the last hour, from the daemon's own record of them. */
 void api_route_stats(struct api_call *c);
 
 #endif

@@ -36,8 +36,20 @@ void recent_sample_all(struct counts *c, int64_t now_ms)
         if (!nc->recent && !(nc->recent = calloc(1, sizeof *nc->recent)))
             continue; /* no past for it: its figures span its whole life */
         struct recent *r = nc->recent;
-        take(&nc->n, now_ms, &r->ring[r->next]);
-        r->next = (r->next + 1) % RECENT_STEPS;
+        const struct recent_sample *last = &r->ring[(r->next + RECENT_FULL - 1) % RECENT_FULL];
+        struct recent_sample *s = &r->ring[r->next];
+        take(&nc->n, now_ms, s);
+        if (last->at_ms) {
+            r->step[r->step_next] = (struct recent_step){
+                .ms = (uint32_t)(now_ms - last->at_ms),
+                .requests = (uint32_t)(s->requests - last->requests),
+                .errors = (uint32_t)(s->errors - last->errors),
+            };
+            r->step_next = (r->step_next + 1) % RECENT_STEPS;
+            if (r->steps < RECENT_STEPS)
+                r->steps++;
+        }
+        r->next = (r->next + 1) % RECENT_FULL;
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -45,9 +57,9 @@ void recent_sample_all(struct counts *c, int64_t now_ms)
 /* The i-th sample back from the newest (0: the newest), or NULL. */
 static const struct recent_sample *back(const struct recent *r, unsigned i)
 {
-    if (!r || i >= RECENT_STEPS)
+    if (!r || i >= RECENT_FULL)
         return NULL;
-    const struct recent_sample *s = &r->ring[(r->next + RECENT_STEPS - 1 - i) % RECENT_STEPS];
+    const struct recent_sample *s = &r->ring[(r->next + RECENT_FULL - 1 - i) % RECENT_FULL];
     return s->at_ms ? s : NULL;
 }
 
@@ -99,24 +111,29 @@ void recent_figures(const struct recent *r, const struct route_counts *n, int64_
     f->p99_ms = timed ? quantile(d, timed, 0.99) : -1;
 }
 
-unsigned recent_rates(const struct recent *r, const struct route_counts *n, int64_t now_ms,
-                      double *out)
+unsigned recent_steps(const struct recent *r, const struct route_counts *n, int64_t now_ms,
+                      struct recent_step *out)
 {
-    /* The samples, newest first, and now before them when the newest is
-     * old enough for a step to say something. */
-    struct recent_sample now;
-    take(n, now_ms, &now);
-    const struct recent_sample *s[RECENT_STEPS + 1];
-    unsigned have = 0;
-    if (back(r, 0) && now_ms - back(r, 0)->at_ms >= RECENT_STEP_MS / 5)
-        s[have++] = &now;
-    for (unsigned i = 0; i < RECENT_STEPS && back(r, i); i++)
-        s[have++] = back(r, i);
-    unsigned steps = have > RECENT_STEPS ? RECENT_STEPS - 1 : have ? have - 1 : 0;
-    for (unsigned i = 0; i < steps; i++) {
-        double secs = (double)(s[i]->at_ms - s[i + 1]->at_ms) / 1000.0;
-        out[steps - 1 - i] =
-            secs > 0 ? (double)(s[i]->requests - s[i + 1]->requests) / secs : 0;
+    if (!r)
+        return 0;
+    /* Now, since the newest sample, when that says something. */
+    const struct recent_sample *newest = back(r, 0);
+    struct recent_step live = {0};
+    int has_live = newest && now_ms - newest->at_ms >= RECENT_STEP_MS / 5;
+    if (has_live) {
+        struct recent_sample now;
+        take(n, now_ms, &now);
+        live = (struct recent_step){
+            .ms = (uint32_t)(now_ms - newest->at_ms),
+            .requests = (uint32_t)(now.requests - newest->requests),
+            .errors = (uint32_t)(now.errors - newest->errors),
+        };
     }
-    return steps;
+    unsigned kept = r->steps - (has_live && r->steps == RECENT_STEPS);
+    unsigned first = (r->step_next + RECENT_STEPS - kept) % RECENT_STEPS;
+    for (unsigned i = 0; i < kept; i++)
+        out[i] = r->step[(first + i) % RECENT_STEPS];
+    if (has_live)
+        out[kept++] = live;
+    return kept;
 }

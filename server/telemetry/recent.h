@@ -5,7 +5,8 @@
  * RECENT_STEPS samples, so that a rate, an error ratio or a percentile over
  * the last minute is the difference between the counters now and a sample
  * a minute old. Kept in the daemon, by the route's name, so a console that
- * opens late, or a reload, loses nothing. Sampled on one loop's timer;
+ * opens late, or a reload, loses nothing: the last minute's every counter,
+ * and the last hour's answers and 5xx step by step. Sampled on one loop's timer;
  * read by the JSON API on any loop, under the counters' lock.
  */
 #ifndef IDEM_SERVER_RECENT_H
@@ -16,7 +17,8 @@
 #include "telemetry/counters.h"
 
 #define RECENT_STEP_MS 10000
-#define RECENT_STEPS 31 /* five minutes of steps, and the one before */
+#define RECENT_FULL 7      /* samples of every counter: the last minute, and one */
+#define RECENT_STEPS 360   /* an hour of steps: the answers and the 5xx of each */
 
 /* What a route's counters held at one time. */
 struct recent_sample {
@@ -25,9 +27,16 @@ struct recent_sample {
     unsigned long latency[LATENCY_BUCKETS];
 };
 
+/* What happened between two samples. */
+struct recent_step {
+    uint32_t ms, requests, errors;
+};
+
 struct recent {
-    unsigned next; /* the slot the next sample goes in */
-    struct recent_sample ring[RECENT_STEPS];
+    unsigned next; /* the slot of ring the next sample goes in */
+    struct recent_sample ring[RECENT_FULL];
+    unsigned steps, step_next; /* steps held (up to RECENT_STEPS), the next's slot */
+    struct recent_step step[RECENT_STEPS];
 };
 
 /* A route's figures over a span: the counters now, less a sample's. */
@@ -49,11 +58,10 @@ void recent_sample_all(struct counts *c, int64_t now_ms);
 void recent_figures(const struct recent *r, const struct route_counts *n, int64_t now_ms,
                     int64_t span_ms, struct recent_figures *f);
 
-/* n's requests per second in each step of the ring, oldest first, the last
- * one ending now when the newest sample is over a fifth of a step old: up
- * to RECENT_STEPS - 1 of them (fewer when younger). Returns how many.
- * Under the counters' lock. */
-unsigned recent_rates(const struct recent *r, const struct route_counts *n, int64_t now_ms,
-                      double *out);
+/* n's steps of the last hour, oldest first, the last one ending now when
+ * the newest sample is over a fifth of a step old: up to RECENT_STEPS of
+ * them (fewer when younger). Returns how many. Under the counters' lock. */
+unsigned recent_steps(const struct recent *r, const struct route_counts *n, int64_t now_ms,
+                      struct recent_step *out);
 
 #endif

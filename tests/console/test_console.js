@@ -688,6 +688,10 @@ async function main() {
     'the route answering 502s first');
   assert.equal(await p.eval("document.querySelector('#routes tr').className"), 'bad');
   assert.match(await p.eval(figure('r-07', 'errors')), /^3 \(100 %\)$/);
+  assert.ok(await p.eval("!!document.querySelector('#routes tr[data-route=\"r-07\"] " +
+    "polyline[data-series=\"errors\"]')"), 'r-07\'s 5xx drawn in its last hour');
+  assert.ok(await p.eval("!document.querySelector('#routes tr[data-route=\"r-03\"] " +
+    "polyline[data-series=\"errors\"]')"), 'no 5xx line where there were none');
   assert.equal(await p.eval("document.querySelectorAll('#routes tr')[1].dataset.route"), 'r-03',
     'then the busiest');
   assert.ok(Number(await p.eval(figure('r-03', 'per_second'))) > 0, 'r-03\'s rate');

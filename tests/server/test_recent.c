@@ -3,8 +3,8 @@
  * test_recent.c — each route's recent past (server/telemetry/recent.c):
  * the figures over the last minute are the counters now less the sample a
  * minute old, whatever came before it; the percentiles fall where the
- * requests' durations were; the steps are each 10 s's rate, oldest first;
- * a ring that went round keeps the newest samples.
+ * requests' durations were; the steps are each 10 s's answers and 5xx,
+ * oldest first, an hour of them; rings that went round keep the newest.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -56,11 +56,14 @@ static void test_last_minute_only(void **state)
     /* Half are in (0.5, 1] ms, linear within it; 1 % in (10, 25] ms. */
     assert_true(f.p50_ms > 0.5 && f.p50_ms <= 1.0);
     assert_true(f.p99_ms > 10.0 && f.p99_ms <= 25.0);
-    double steps[RECENT_STEPS];
-    unsigned n = recent_rates(nc->recent, &nc->n, 61000, steps);
+    struct recent_step steps[RECENT_STEPS];
+    unsigned n = recent_steps(nc->recent, &nc->n, 61000, steps);
     assert_int_equal(n, 6);
-    for (unsigned i = 0; i < n; i++)
-        assert_true(steps[i] == 10.0);
+    for (unsigned i = 0; i < n; i++) {
+        assert_int_equal(steps[i].ms, 10000);
+        assert_int_equal(steps[i].requests, 100);
+        assert_int_equal(steps[i].errors, 1);
+    }
     counts_free(c);
     free(c);
 }
@@ -82,8 +85,13 @@ static void test_young_and_empty(void **state)
     assert_int_equal(f.requests, 0);
     assert_true(f.seconds == 4.0);
     assert_true(f.p50_ms < 0 && f.p99_ms < 0);
-    double steps[RECENT_STEPS];
-    assert_int_equal(recent_rates(nc->recent, &nc->n, 5500, steps), 0); /* too short */
+    struct recent_step steps[RECENT_STEPS];
+    assert_int_equal(recent_steps(nc->recent, &nc->n, 5500, steps), 0); /* too short */
+    /* Long enough: the step since the sample, as it is now. */
+    answer(&nc->n, 2, 201, 800);
+    assert_int_equal(recent_steps(nc->recent, &nc->n, 8000, steps), 1);
+    assert_int_equal(steps[0].ms, 3000);
+    assert_int_equal(steps[0].requests, 2);
     counts_free(c);
     free(c);
 }
@@ -94,22 +102,31 @@ static void test_ring_goes_round(void **state)
     struct named_counts *nc;
     struct counts *c = one_route(&nc);
     int64_t t = 0;
-    for (int i = 0; i < 3 * RECENT_STEPS; i++) {
-        answer(&nc->n, i, 201, 800); /* i requests in the step before sample i */
+    const int samples = 2 * RECENT_STEPS + 7;
+    for (int i = 0; i < samples; i++) {
+        answer(&nc->n, i % 50, 201, 800); /* i % 50 answers before sample i */
         recent_sample_all(c, t += 10000);
     }
-    double steps[RECENT_STEPS];
-    unsigned n = recent_rates(nc->recent, &nc->n, t, steps);
-    assert_int_equal(n, RECENT_STEPS - 1);
-    /* The newest step had 3 * RECENT_STEPS - 1 requests in 10 s. */
-    assert_true(steps[n - 1] == (3.0 * RECENT_STEPS - 1) / 10.0);
-    assert_true(steps[0] == (3.0 * RECENT_STEPS - RECENT_STEPS + 1) / 10.0);
+    /* An hour of steps, the newest last: step k ended with sample k. */
+    struct recent_step steps[RECENT_STEPS];
+    unsigned n = recent_steps(nc->recent, &nc->n, t, steps);
+    assert_int_equal(n, RECENT_STEPS);
+    for (unsigned i = 0; i < n; i++)
+        assert_int_equal(steps[i].requests, (unsigned)(samples - RECENT_STEPS + (int)i) % 50);
+    /* With a live step, the oldest full one makes room for it. */
+    answer(&nc->n, 7, 201, 800);
+    n = recent_steps(nc->recent, &nc->n, t + 5000, steps);
+    assert_int_equal(n, RECENT_STEPS);
+    assert_int_equal(steps[n - 1].requests, 7);
+    assert_int_equal(steps[n - 1].ms, 5000);
+    assert_int_equal(steps[0].requests, (unsigned)(samples - RECENT_STEPS + 1) % 50);
+    /* The last minute: the last six samples' answers, and the live ones. */
     struct recent_figures f;
-    recent_figures(nc->recent, &nc->n, t, 60000, &f);
-    assert_true(f.seconds == 60.0);
-    unsigned long want = 0;
-    for (int i = 3 * RECENT_STEPS - 6; i < 3 * RECENT_STEPS; i++)
-        want += (unsigned long)i;
+    recent_figures(nc->recent, &nc->n, t + 5000, 60000, &f);
+    unsigned long want = 7;
+    for (int i = samples - 6; i < samples; i++)
+        want += (unsigned long)(i % 50);
+    assert_true(f.seconds == 65.0);
     assert_int_equal(f.requests, want);
     counts_free(c);
     free(c);

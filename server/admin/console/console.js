@@ -234,38 +234,38 @@ function parseSeries(text) {
 
 const SVG = 'http://www.w3.org/2000/svg';
 
-/* A route's requests per second in each 10 s step of the last five
- * minutes, as a line over the whole cell, its scale said in it. */
-function spark(steps) {
-  const w = 150, h = 28, n = 30;
+/* A route's last hour, a 10 s step a point: its answers per second (blue)
+ * and its 5xx (red), now at the right edge, the scale written in it. */
+function spark(r, stepMs) {
+  const w = 360, h = 28, n = 360;
   const svg = document.createElementNS(SVG, 'svg');
   svg.setAttribute('viewBox', '0 0 ' + w + ' ' + h);
   svg.setAttribute('preserveAspectRatio', 'none');
-  const max = Math.max(0, ...steps);
+  const secs = (i) => (i === r.steps.length - 1 ? r.last_step_ms : stepMs) / 1000;
+  const perSecond = (k) => r.steps.map((s, i) => (secs(i) > 0 ? s[k] / secs(i) : 0));
+  const answers = perSecond(0), errors = perSecond(1);
+  const max = Math.max(0, ...answers);
   const title = document.createElementNS(SVG, 'title');
-  title.textContent = 'requests per second, 10 s steps over the last 5 minutes; at most ' +
-    rate(max) + '/s';
+  title.textContent = 'answers per second (blue) and 5xx (red), 10 s steps over the last ' +
+    'hour, now at the right; at most ' + rate(max) + '/s';
   svg.append(title);
-  const pts = steps.map((v, i) => {
-    const x = w - (steps.length - 1 - i) * (w / (n - 1));
-    return x.toFixed(1) + ',' + (h - 2 - (max ? v / max : 0) * (h - 12)).toFixed(1);
-  });
-  if (pts.length > 1) {
+  for (const [values, colour] of [[answers, '#0b5cad'], [errors, '#b3261e']]) {
+    if (values.length < 2 || (colour !== '#0b5cad' && !values.some((v) => v > 0))) continue;
     const line = document.createElementNS(SVG, 'polyline');
-    line.setAttribute('points', pts.join(' '));
+    line.setAttribute('points', values.map((v, i) => {
+      const x = w - (values.length - 1 - i) * (w / (n - 1));
+      return x.toFixed(1) + ',' + (h - 2 - (max ? v / max : 0) * (h - 12)).toFixed(1);
+    }).join(' '));
     line.setAttribute('fill', 'none');
-    line.setAttribute('stroke', '#0b5cad');
+    line.setAttribute('stroke', colour);
     line.setAttribute('stroke-width', '1.5');
+    line.setAttribute('vector-effect', 'non-scaling-stroke');
+    line.dataset.series = colour === '#0b5cad' ? 'answers' : 'errors';
     svg.append(line);
   }
-  const top = document.createElementNS(SVG, 'text');
-  top.setAttribute('x', '2');
-  top.setAttribute('y', '9');
-  top.setAttribute('font-size', '9');
-  top.setAttribute('fill', '#5b6670');
-  top.textContent = 'max ' + rate(max) + '/s';
-  svg.append(top);
-  return svg;
+  const box = el('div', null, { class: 'spark' });
+  box.append(el('span', 'max ' + rate(max) + '/s'), svg);
+  return box;
 }
 
 function rate(v) {
@@ -307,7 +307,7 @@ function drawRoutes(stats) {
       r.executions,
       r.replays,
       r.conflicts,
-      spark(r.steps),
+      spark(r, stats.step_ms),
     ];
     const tr = row(cells);
     tr.dataset.route = r.route;
