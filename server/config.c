@@ -70,13 +70,17 @@ void config_free(struct server_config *c)
         free(tf[i]->key);
         free(tf[i]->client_ca);
     }
-    for (size_t i = 0; i < c->api_key_count; i++)
+    for (size_t i = 0; i < c->api_key_count; i++) {
         free(c->api_keys[i].name);
+        config_secret_free(&c->api_keys[i].src);
+    }
     free(c->api_keys);
     free(c->storage_kind);
     free(c->storage_path);
     free(c->redis_url);
     free(c->postgres_url);
+    config_secret_free(&c->redis_src);
+    config_secret_free(&c->postgres_src);
     free(c->subject_header);
     free(c->access_to);
     free(c->upstream.host);
@@ -253,13 +257,13 @@ void config_storage_where(const struct server_config *c, char *buf, size_t size)
 }
 
 static int get_server_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                          const char *example, char **dst)
+                          const char *example, char **dst, struct config_secret *src)
 {
     static const char *const known[] = {"env", "file"};
     const char *s;
     char buf[SECRET_MAX + 2];
     if (n->type == YAML_MAPPING_NODE) {
-        if (config_get_secret(c, n, path, known, 2, buf))
+        if (config_get_secret(c, n, path, known, 2, buf, src))
             return -1;
         return config_set_string(dst, buf) ? config_oom(c) : 0;
     }
@@ -313,14 +317,15 @@ static int get_storage(struct config_ctx *c, const yaml_node_t *n, struct server
             return config_fail(c, n, "storage.redis", "missing (kind: distributed needs "
                                "redis: redis://host:port/db)");
         if (get_server_url(c, v, "storage.redis", "a URL like redis://127.0.0.1:6379/0",
-                           &cfg->redis_url) ||
+                           &cfg->redis_url, &cfg->redis_src) ||
             config_check_redis_url(c, v, "storage.redis", cfg->redis_url))
             return -1;
         if (!(v = config_field(c, n, "postgres")))
             return config_fail(c, n, "storage.postgres", "missing (kind: distributed needs "
                                "postgres: postgresql://user@host/db)");
         if (get_server_url(c, v, "storage.postgres",
-                           "a URL like postgresql://idem@127.0.0.1/idem", &cfg->postgres_url))
+                           "a URL like postgresql://idem@127.0.0.1/idem", &cfg->postgres_url,
+                           &cfg->postgres_src))
             return -1;
         uint64_t pool;
         if ((v = config_field(c, n, "pool"))) {

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "admin/admin_config.h"
+#include "config_secret.h"
 #include "consume/consumer_config.h"
 #include "gateway/route_config.h"
 #include "http/front_config.h"
@@ -38,6 +39,8 @@ struct server_config {
     char *storage_path;       /* embedded: default ./idem.db */
     char *redis_url;          /* distributed: secret when it holds a password */
     char *postgres_url;       /* distributed: likewise; never logged */
+    struct config_secret redis_src, postgres_src; /* where each came from: the env:
+                                 or file: the file gave (kind NONE: written out) */
     unsigned storage_pool;    /* distributed: PostgreSQL connections; default 8 */
     int64_t storage_timeout_ms; /* distributed: connect and command timeout; 2 s */
     int require_sync_replication; /* distributed: refuse to start (and fail health)

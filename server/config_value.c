@@ -925,9 +925,11 @@ void config_url_without_userinfo(const char *url, char *buf, size_t size)
 
 /* A secret from { env: NAME } or { file: PATH } (its first line) in n, a
  * mapping whose other fields are in known (env and file among them), into
- * buf (SECRET_MAX + 2 bytes). 0, or -1 having said why. */
+ * buf (SECRET_MAX + 2 bytes), and its source into *src. 0, or -1 having
+ * said why. */
 int config_get_secret(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                      const char *const *known, size_t nknown, char *buf)
+                      const char *const *known, size_t nknown, char *buf,
+                      struct config_secret *src)
 {
     const char *s;
     char fpath[64];
@@ -976,6 +978,12 @@ int config_get_secret(struct config_ctx *c, const yaml_node_t *n, const char *pa
         }
         if (config_has_control(buf))
             return config_fail(c, n, fpath, "the secret holds a control character");
+        char *name = strdup(s);
+        if (!name)
+            return config_oom(c);
+        config_secret_free(src);
+        src->kind = env ? CONFIG_SECRET_ENV : CONFIG_SECRET_FILE;
+        src->name = name;
     }
     return 0;
 }

@@ -24,6 +24,8 @@
 
 #include <yaml.h>
 
+#include "config_secret.h"
+
 #define LIST_MAX 64        /* replay_headers, fingerprint fields */
 #define NAME_MAX_LEN 64    /* route names, spaces, scenes: Idem's names */
 #define FIELD_MAX_LEN 255  /* header names, JSON fields, query parameters */
@@ -176,8 +178,10 @@ int config_get_upstream(struct config_ctx *c, const yaml_node_t *n, const char *
 void config_url_without_userinfo(const char *url, char *buf, size_t size);
 /* A secret from { env: NAME } or { file: PATH } (its first line) in n, a
  * mapping whose other fields are in known (env and file among them), into
- * buf (SECRET_MAX + 2 bytes). 0, or -1 having said why. */
+ * buf (SECRET_MAX + 2 bytes), and where it came from into *src (its name
+ * malloc'd: config_secret_free). 0, or -1 having said why (*src untouched). */
 int config_get_secret(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                      const char *const *known, size_t nknown, char *buf);
+                      const char *const *known, size_t nknown, char *buf,
+                      struct config_secret *src);
 
 #endif

@@ -109,7 +109,7 @@ int config_read_api_keys(struct config_ctx *c, const yaml_node_t *n, struct serv
         if (config_get_enum(c, v, fpath, "read or write", scopes, 2, "a scope (read or write)",
                             &k->write))
             goto out;
-        if (config_get_secret(c, kn, path, known, 4, text))
+        if (config_get_secret(c, kn, path, known, 4, text, &k->src))
             goto out;
         size_t len = strlen(text);
         for (size_t j = 0; j < len; j++)

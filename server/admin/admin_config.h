@@ -10,12 +10,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config_secret.h"
+
 /* An API key of the admin listener: its name (logged on use), its scope,
- * and the SHA-256 of its text (the text itself is not kept). */
+ * the SHA-256 of its text (the text itself is not kept) and where the text
+ * came from. */
 struct api_key {
     char *name;
     int write;               /* scope: write (1: everything) or read (0: GET only) */
     unsigned char hash[32];
+    struct config_secret src; /* its env: or file: */
     unsigned long line;      /* where the file gives it */
     int64_t logged_ms;       /* when its use was last logged (serve.c) */
 };

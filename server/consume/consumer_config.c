@@ -29,6 +29,7 @@ void config_consumers_free(struct consumer_config *consumers, size_t n)
         struct consumer_config *k = &consumers[i];
         config_route_free(&k->route);
         free(k->url);
+        config_secret_free(&k->url_src);
         free(k->queue);
         free(k->group);
         free(k->body_field);
@@ -58,13 +59,13 @@ static int guest_on_loopback(const char *url)
 /* A broker's URL: written out (without a password, but guest:guest on
  * loopback), or { env: NAME } / { file: PATH }. */
 static int get_broker_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                          const char *scheme, char **dst)
+                          const char *scheme, char **dst, struct config_secret *src)
 {
     static const char *const known[] = {"env", "file"};
     char buf[SECRET_MAX + 2];
     const char *s = buf;
     if (n->type == YAML_MAPPING_NODE) {
-        if (config_get_secret(c, n, path, known, 2, buf))
+        if (config_get_secret(c, n, path, known, 2, buf, src))
             return -1;
     } else {
         if (config_scalar(c, n, path, "a URL", &s))
@@ -135,7 +136,8 @@ static int get_source(struct config_ctx *c, const yaml_node_t *n, const char *pa
                                amqp ? "redis_stream" : "amqp");
         }
     config_join(fpath, sizeof fpath, path, amqp ? "amqp" : "redis_stream");
-    if (get_broker_url(c, amqp ? amqp : redis, fpath, amqp ? "amqp" : "redis", &k->url))
+    if (get_broker_url(c, amqp ? amqp : redis, fpath, amqp ? "amqp" : "redis", &k->url,
+                       &k->url_src))
         return -1;
     config_join(fpath, sizeof fpath, path, own);
     if (!(v = config_field(c, n, own)))

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config_secret.h"
 #include "gateway/route_config.h"
 
 enum consumer_source {
@@ -25,6 +26,7 @@ struct consumer_config {
     enum consumer_source source;
     char *url;               /* amqp://… or redis://…; a password only from env: or
                                 file:, or RabbitMQ's loopback-only guest:guest */
+    struct config_secret url_src; /* that env: or file: (kind NONE: written out) */
     char *queue;             /* the AMQP queue, or the Redis stream */
     char *group;             /* Redis: the consumer group (default idem) */
     char *body_field;        /* Redis: the entry's field holding the body (body) */

@@ -42,12 +42,15 @@ void signature_free(struct signature *s)
     if (!s)
         return;
     OPENSSL_cleanse(s->apiv3_key, sizeof s->apiv3_key);
+    config_secret_free(&s->apiv3_src);
     for (size_t i = 0; i < s->secret_count; i++) {
         OPENSSL_cleanse(s->secrets[i].key, s->secrets[i].len);
         free(s->secrets[i].key);
+        config_secret_free(&s->secrets[i].src);
     }
     for (size_t i = 0; i < s->public_key_count; i++) {
         EVP_PKEY_free(s->public_keys[i].key);
+        free(s->public_keys[i].file);
         free(s->public_keys[i].serial);
     }
     free(s->header);

@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config_secret.h"
+
 struct http_msg;
 
 enum signature_scheme {
@@ -39,12 +41,14 @@ enum signature_scheme {
 struct signature_secret {
     unsigned char *key;
     size_t len;
+    struct config_secret src; /* the env: or file: it was read from */
 };
 
 struct evp_pkey_st; /* OpenSSL's EVP_PKEY */
 
 struct signature_public_key {
     struct evp_pkey_st *key;
+    char *file;   /* the PEM file it was read from */
     char *serial; /* wechatpay_v3: the serial it is chosen by */
 };
 
@@ -63,6 +67,7 @@ struct signature {
      * notification's resource (AEAD_AES_256_GCM); has_apiv3_key 0: none. */
     unsigned char apiv3_key[32];
     int has_apiv3_key;
+    struct config_secret apiv3_src; /* where apiv3_key was read from */
 };
 
 void signature_free(struct signature *s);

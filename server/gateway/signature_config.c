@@ -73,7 +73,7 @@ static int get_public_key(struct config_ctx *c, const yaml_node_t *n, const char
                            "key or a certificate)", config_quote(c, file));
     }
     out->key = key;
-    if (serial && !(out->serial = strdup(serial)))
+    if (!(out->file = strdup(file)) || (serial && !(out->serial = strdup(serial))))
         return config_oom(c);
     return 0;
 }
@@ -88,16 +88,19 @@ static int get_secret(struct config_ctx *c, const yaml_node_t *n, const char *pa
     if (n->type != YAML_MAPPING_NODE)
         return config_fail(c, n, path, "expected { env: NAME } or { file: PATH }: a secret is "
                            "never written in this file");
-    if (config_get_secret(c, n, path, known, 2, buf))
+    if (config_get_secret(c, n, path, known, 2, buf, &out->src))
         return -1;
     size_t len = strlen(buf);
     unsigned char *key = malloc(len + 3);
-    if (!key)
+    if (!key) {
+        config_secret_free(&out->src);
         return config_oom(c);
+    }
     if (scheme == SIGNATURE_STANDARD_WEBHOOKS) {
         long got = strncmp(buf, "whsec_", 6) == 0 ? base64_decode(buf + 6, len - 6, key) : -1;
         if (got < SECRET_MIN) {
             free(key);
+            config_secret_free(&out->src); /* not counted: signature_free does not see it */
             return config_fail(c, n, path, "a standard_webhooks secret is whsec_ and the "
                                "base64 of at least %d bytes", SECRET_MIN);
         }
@@ -105,6 +108,7 @@ static int get_secret(struct config_ctx *c, const yaml_node_t *n, const char *pa
     } else {
         if (len < SECRET_MIN) {
             free(key);
+            config_secret_free(&out->src);
             return config_fail(c, n, path, "the secret is %zu bytes; at least %d", len,
                                SECRET_MIN);
         }
@@ -128,7 +132,7 @@ static int get_apiv3_key(struct config_ctx *c, const yaml_node_t *n, const char 
     if (n->type != YAML_MAPPING_NODE)
         return config_fail(c, n, path, "expected { env: NAME } or { file: PATH }: a key is "
                            "never written in this file");
-    if (config_get_secret(c, n, path, known, 2, buf))
+    if (config_get_secret(c, n, path, known, 2, buf, &s->apiv3_src))
         return -1;
     size_t len = strlen(buf);
     if (len != sizeof s->apiv3_key) {
