@@ -16,6 +16,11 @@ void route_states_free(struct route_states *s)
         return;
     free(s->field.name);
     idem_machine_free(s->machine);
+    for (size_t i = 0; i < s->move_count; i++) {
+        free(s->moves[i].from);
+        free(s->moves[i].to);
+    }
+    free(s->moves);
     free(s);
 }
 
@@ -33,10 +38,31 @@ static int get_state(struct config_ctx *c, const yaml_node_t *n, const char *pat
     return config_scalar(c, n, path, "a state's name", out);
 }
 
-/* transitions: { FROM: [TO, ...], ... } into m. */
-static int get_transitions(struct config_ctx *c, const yaml_node_t *n, const char *path,
-                           idem_machine *m)
+/* from -> to into s->moves, unless it is there already. 0, or -1 out of
+ * memory. */
+static int keep_move(struct route_states *s, const char *from, const char *to)
 {
+    for (size_t i = 0; i < s->move_count; i++)
+        if (!strcmp(s->moves[i].from, from) && !strcmp(s->moves[i].to, to))
+            return 0;
+    struct state_move *m = realloc(s->moves, (s->move_count + 1) * sizeof *m);
+    if (!m)
+        return -1;
+    s->moves = m;
+    m = &s->moves[s->move_count];
+    if (!(m->from = strdup(from)) || !(m->to = strdup(to))) {
+        free(m->from);
+        return -1;
+    }
+    s->move_count++;
+    return 0;
+}
+
+/* transitions: { FROM: [TO, ...], ... } into s->machine and s->moves. */
+static int get_transitions(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                           struct route_states *s)
+{
+    idem_machine *m = s->machine;
     char fpath[192], ipath[208];
     if (n->type != YAML_MAPPING_NODE || n->data.mapping.pairs.start == n->data.mapping.pairs.top)
         return config_fail(c, n, path, "expected a mapping of moves, FROM: [TO, ...], like "
@@ -63,7 +89,7 @@ static int get_transitions(struct config_ctx *c, const yaml_node_t *n, const cha
             if (get_state(c, tn, ipath, &to))
                 return -1;
             idem_rc rc = idem_machine_allow(m, from, to);
-            if (rc == IDEM_ENOMEM)
+            if (rc == IDEM_ENOMEM || (rc == IDEM_OK && keep_move(s, from, to)))
                 return config_oom(c);
             if (rc != IDEM_OK) { /* "from: ...", "to: ..." or "machine: ..." */
                 const char *why = idem_errdetail();
@@ -114,7 +140,7 @@ int config_get_states(struct config_ctx *c, const yaml_node_t *n, const char *pa
     config_join(fpath, sizeof fpath, path, "transitions");
     if (!(v = config_field(c, n, "transitions")))
         return config_fail(c, n, path, "transitions is required: the moves, FROM: [TO, ...]");
-    if (get_transitions(c, v, fpath, s->machine))
+    if (get_transitions(c, v, fpath, s))
         return -1;
     if (idem_machine_seal(s->machine) != IDEM_OK)
         return config_fail(c, v, fpath, "%s", idem_errdetail() + strlen("machine: "));

@@ -11,9 +11,18 @@
 #include "gateway/key_part.h"
 #include "idem.h"
 
+/* One move of a machine, FROM -> TO. */
+struct state_move {
+    char *from, *to;
+};
+
 struct route_states {
     struct key_part field; /* where the target state is */
     idem_machine *machine; /* sealed */
+    /* The moves, each once, in the order the file gives them: the machine
+     * keeps bit sets, which do not say it (the configuration printed back). */
+    struct state_move *moves;
+    size_t move_count;
 };
 
 /* states: { field, initial, transitions } in n, into *out (malloc'd;
