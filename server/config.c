@@ -27,6 +27,7 @@
 
 #include <yaml.h>
 
+#include "config_print.h"
 #include "config_value.h"
 #include "gateway/resolve_config.h"
 #include "http/upstream.h"
@@ -495,6 +496,78 @@ static int get_root(struct config_ctx *c, const yaml_node_t *root, struct server
     if ((v = config_field(c, root, "consumers")) && config_read_consumers(c, v, cfg))
         return -1;
     return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Printed back: get_root's fields, in its order. */
+
+static void print_storage(struct config_out *o, const struct server_config *cfg)
+{
+    config_put_key(o, 0, "storage");
+    config_put_word(o, 2, "kind", cfg->storage_kind);
+    if (strcmp(cfg->storage_kind, "distributed") != 0) {
+        config_put_str(o, 2, "path", cfg->storage_path);
+        return;
+    }
+    config_put_url(o, 2, "redis", cfg->redis_url, &cfg->redis_src);
+    config_put_url(o, 2, "postgres", cfg->postgres_url, &cfg->postgres_src);
+    config_put_count(o, 2, "pool", cfg->storage_pool);
+    config_put_duration(o, 2, "timeout", cfg->storage_timeout_ms);
+    config_put_bool(o, 2, "require_synchronous_replication", cfg->require_sync_replication);
+}
+
+static void print_logs(struct config_out *o, const struct server_config *cfg)
+{
+    static const char *const levels[] = {"debug", "info", "warn", "error"};
+    static const char *const subjects[] = {"hash", "plain", "off"}; /* SUBJECT_HASH ... */
+    config_put_key(o, 0, "log");
+    config_put_word(o, 2, "level", levels[cfg->log_level]);
+    config_put_word(o, 2, "format", cfg->log_json ? "json" : "text");
+    config_put_key(o, 0, "access_log");
+    /* A path is never "off" or "stderr": those are the two words. */
+    if (!cfg->access_to || !*cfg->access_to)
+        config_put_word(o, 2, "to", cfg->access_to ? "off" : "stderr");
+    else
+        config_put_str(o, 2, "to", cfg->access_to);
+    config_put_word(o, 2, "format", cfg->access_text ? "text" : "json");
+    config_put_word(o, 2, "subject", subjects[cfg->access_subject]);
+}
+
+int config_print(FILE *f, const struct server_config *cfg)
+{
+    struct config_out out = {.f = f}, *o = &out;
+    fputs("# The configuration as idem serve reads it, every default filled in. A secret\n"
+          "# is shown by where it is read from (env: or file:), never by its value.\n", f);
+    config_print_listen(o, "listen", cfg->listen_host, cfg->listen_port, NULL,
+                        cfg->listen_plaintext, &cfg->listen_tls);
+    config_print_admin_listen(o, cfg);
+    if (cfg->state_dir)
+        config_put_str(o, 0, "state_dir", cfg->state_dir);
+    else
+        config_put_comment(o, 0, "state_dir: not set: the embedded store's directory, or .");
+    config_print_api_keys(o, cfg);
+    if (cfg->tls_ca)
+        config_put_str(o, 0, "tls_ca", cfg->tls_ca);
+    else
+        config_put_comment(o, 0, "tls_ca: not set: the system's CAs");
+    print_storage(o, cfg);
+    config_put_str(o, 0, "subject_header", cfg->subject_header);
+    if (cfg->has_upstream)
+        config_put_upstream(o, 0, "upstream", &cfg->upstream);
+    else
+        config_put_comment(o, 0, "upstream: none: a request no route matches gets 404");
+    /* workers: is read and ignored (the JSON API runs on the event loops),
+     * so that older files load: it changes nothing, and is not printed. */
+    if (cfg->event_loops)
+        config_put_count(o, 0, "event_loops", (uint64_t)cfg->event_loops);
+    else
+        config_put_comment(o, 0, "event_loops: not set: one per processor, at most 4");
+    print_logs(o, cfg);
+    config_print_limits(o, &cfg->limits);
+    config_print_problems(o, 0, cfg->problems, cfg->problem_count);
+    config_print_routes(o, cfg);
+    config_print_consumers(o, cfg);
+    return fflush(f) != 0 || ferror(f) ? -1 : 0;
 }
 
 /* ------------------------------------------------------------------------- */

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "admin/admin_config.h"
 #include "config_secret.h"
@@ -98,6 +99,15 @@ struct server_config *config_default(void);
 int config_finish(struct server_config *cfg, char *err, size_t errlen);
 
 void config_free(struct server_config *c);
+
+/* The configuration as YAML (idem serve -T): every field, every default
+ * filled in, in a form config_parse() reads back to the same configuration
+ * (so that printing that gives the same text again). A secret is printed
+ * as the { env: NAME } or { file: PATH } it is read from, never its value;
+ * an upstream by the host name the file gives, not its address. Fields
+ * config_finish() fills in (admin_listen, state_dir) are printed once it
+ * has run, a comment before. 0, or -1 when f could not be written. */
+int config_print(FILE *f, const struct server_config *c);
 
 /* The i-th of c's routes, then of its consumers' routes (route_count +
  * consumer_count in all): everything that keeps records in a space. */

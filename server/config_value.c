@@ -151,8 +151,8 @@ int config_parse_size(const char *s, size_t *bytes)
     return -1;
 }
 
-/* "24h", "10m", "1500ms": the largest unit that divides evenly. */
-static const char *fmt_duration(int64_t ms, char *buf, size_t size)
+/* "1d", "10m", "1500ms": the largest unit that divides evenly. */
+const char *config_fmt_duration(int64_t ms, char *buf, size_t size)
 {
     static const struct { const char *unit; int64_t ms; } units[] = {
         {"d", MS_DAY}, {"h", MS_HOUR}, {"m", MS_MIN}, {"s", MS_SEC},
@@ -166,7 +166,7 @@ static const char *fmt_duration(int64_t ms, char *buf, size_t size)
     return buf;
 }
 
-static const char *fmt_size(size_t n, char *buf, size_t size)
+const char *config_fmt_size(size_t n, char *buf, size_t size)
 {
     static const struct { const char *unit; size_t mult; } units[] = {
         {"GiB", GIB}, {"MiB", MIB}, {"KiB", KIB},
@@ -494,8 +494,9 @@ int config_get_duration(struct config_ctx *c, const yaml_node_t *n, const char *
         return -1;
     if (*s == '-')
         return config_fail(c, n, path, "%s: negative durations are not allowed (must be "
-                           "%s to %s)", config_quote(c, s), fmt_duration(min, a, sizeof a),
-                           fmt_duration(max, b, sizeof b));
+                           "%s to %s)", config_quote(c, s),
+                           config_fmt_duration(min, a, sizeof a),
+                           config_fmt_duration(max, b, sizeof b));
     if (config_parse_duration(s, &ms))
         return config_fail(c, n, path, "%s is not a duration (numbers with ms, s, m, h or "
                            "d, e.g. 500ms, 1.5s, 5m, 1h30m, 24h; a whole number alone is "
@@ -507,13 +508,14 @@ int config_get_duration(struct config_ctx *c, const yaml_node_t *n, const char *
             snprintf(hint, sizeof hint, "; did you mean %llds?", (long long)ms);
         return config_fail(c, n, path, "%s is read as %lld ms, out of range (must be %s to %s): "
                            "a number without a unit is milliseconds%s",
-                           config_quote(c, s), (long long)ms, fmt_duration(min, a, sizeof a),
-                           fmt_duration(max, b, sizeof b), hint);
+                           config_quote(c, s), (long long)ms,
+                           config_fmt_duration(min, a, sizeof a),
+                           config_fmt_duration(max, b, sizeof b), hint);
     }
     if (ms < min || ms > max)
         return config_fail(c, n, path, "%s is out of range (must be %s to %s)",
-                           config_quote(c, s), fmt_duration(min, a, sizeof a),
-                           fmt_duration(max, b, sizeof b));
+                           config_quote(c, s), config_fmt_duration(min, a, sizeof a),
+                           config_fmt_duration(max, b, sizeof b));
     *out = ms;
     return 0;
 }
@@ -553,8 +555,8 @@ int config_get_size(struct config_ctx *c, const yaml_node_t *n, const char *path
                            "are accepted and also mean multiples of 1024)", config_quote(c, s));
     if (bad == -2 || v < min || v > max) /* -2: a size, too large to hold */
         return config_fail(c, n, path, "%s is out of range (must be %s to %s)",
-                           config_quote(c, s), fmt_size(min, a, sizeof a), fmt_size(max, b,
-                                                                                    sizeof b));
+                           config_quote(c, s), config_fmt_size(min, a, sizeof a),
+                           config_fmt_size(max, b, sizeof b));
     *out = v;
     return 0;
 }

@@ -122,6 +122,11 @@ int config_is_token(const char *s, size_t max);
 
 int config_get_duration(struct config_ctx *c, const yaml_node_t *n, const char *path,
                         int64_t min, int64_t max, int64_t *out);
+/* ms and n as config_parse_duration and config_parse_size read them back
+ * exactly: in the largest unit that divides them ("1d", "90s", "1500ms";
+ * "16MiB", "1536B"). buf, for messages and the configuration printed. */
+const char *config_fmt_duration(int64_t ms, char *buf, size_t size);
+const char *config_fmt_size(size_t n, char *buf, size_t size);
 /* A list of 1 to max durations, each min_ms..max_ms, like [1s, 5s, 30s]
  * (backoffs), into out; *count their number. */
 int config_get_durations(struct config_ctx *c, const yaml_node_t *n, const char *path,

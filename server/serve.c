@@ -599,21 +599,24 @@ static int run(int argc, char **argv, int consume_only)
         {"listen", required_argument, NULL, 'l'},
         {"db", required_argument, NULL, 'd'},
         {"check", no_argument, NULL, 't'},
+        {"dump-config", no_argument, NULL, 'T'},
         {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *me = consume_only ? "idem consume" : "idem serve";
     const char *config_path = NULL, *listen = NULL, *db = NULL;
-    int c, check = 0;
+    int c, check = 0, dump = 0;
     optind = 1;
-    /* -t and -V as nginx has them (-t tests the file, -v its version). */
-    while ((c = getopt_long(argc, argv, "c:l:htV", opts, NULL)) != -1) {
+    /* -t, -T and -V as nginx has them (-t tests the file, -T tests and
+     * prints it, -v says the version). */
+    while ((c = getopt_long(argc, argv, "c:l:htTV", opts, NULL)) != -1) {
         switch (c) {
         case 'c': config_path = optarg; break;
         case 'l': listen = optarg; break;
         case 'd': db = optarg; break;
         case 't': check = 1; break;
+        case 'T': check = dump = 1; break;
         case 'V': printf("%s %s\n", me, idem_version()); return 0;
         case 'h': (consume_only ? consume_usage : usage)(stdout); return 0;
         default: (consume_only ? consume_usage : usage)(stderr); return 2;
@@ -670,8 +673,15 @@ static int run(int argc, char **argv, int consume_only)
         tls_server_free(tls[0]);
         tls_server_free(tls[1]);
         tls_client_ctx_free(upstream_tls);
-        printf("%s: %s is valid: %zu routes, %zu consumers\n", me,
-               config_path ? config_path : "(defaults)", cfg->route_count, cfg->consumer_count);
+        /* -T: the configuration on stdout, what it says of it on stderr
+         * (the output is a file idem serve -c reads). */
+        if (dump && config_print(stdout, cfg) != 0) {
+            fprintf(stderr, "%s: writing the configuration: %s\n", me, strerror(errno));
+            config_free(cfg);
+            return 1;
+        }
+        fprintf(dump ? stderr : stdout, "%s: %s is valid: %zu routes, %zu consumers\n", me,
+                config_path ? config_path : "(defaults)", cfg->route_count, cfg->consumer_count);
         config_free(cfg);
         return 0;
     }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "config_print.h"
 #include "config_value.h"
 #include "idem.h"
 
@@ -59,6 +60,29 @@ int config_read_admin_listen(struct config_ctx *c, const yaml_node_t *v,
                            "address, or a wildcard, on the same port): the JSON API gets a "
                            "listener of its own (another port, or a Unix socket)");
     return 0;
+}
+
+void config_print_admin_listen(struct config_out *o, const struct server_config *cfg)
+{
+    if (!cfg->admin_host && !cfg->admin_unix) {
+        config_put_comment(o, 0, "admin_listen: not set: the Unix socket idem-admin.sock in "
+                           "state_dir");
+        return;
+    }
+    config_print_listen(o, "admin_listen", cfg->admin_host, cfg->admin_port, cfg->admin_unix,
+                        cfg->admin_plaintext, &cfg->admin_tls);
+}
+
+void config_print_api_keys(struct config_out *o, const struct server_config *cfg)
+{
+    config_put_list(o, 0, "api_keys", cfg->api_key_count);
+    for (size_t i = 0; i < cfg->api_key_count; i++) {
+        const struct api_key *k = &cfg->api_keys[i];
+        config_put_item(o);
+        config_put_str(o, 4, "name", k->name);
+        config_put_word(o, 4, "scope", k->write ? "write" : "read");
+        config_put_secret(o, 4, &k->src);
+    }
 }
 
 /* api_keys: [{ name, scope: read | write, env: NAME | file: PATH }], the

@@ -41,4 +41,11 @@ int config_read_admin_listen(struct config_ctx *c, const struct yaml_node_s *v,
 int config_read_api_keys(struct config_ctx *c, const struct yaml_node_s *n,
                          struct server_config *cfg);
 
+/* For config_print() (config.h): admin_listen: (a comment when it is not
+ * set yet: config_finish() sets its default), and api_keys:, each key by
+ * the env: or file: it is read from. */
+struct config_out;
+void config_print_admin_listen(struct config_out *o, const struct server_config *cfg);
+void config_print_api_keys(struct config_out *o, const struct server_config *cfg);
+
 #endif

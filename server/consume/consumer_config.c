@@ -17,6 +17,7 @@
 #include <strings.h>
 
 #include "config.h"
+#include "config_print.h"
 #include "config_value.h"
 #include "gateway/signature_config.h"
 #include "gateway/states_config.h"
@@ -362,4 +363,38 @@ int config_read_consumers(struct config_ctx *c, const yaml_node_t *n, struct ser
         }
     }
     return 0;
+}
+
+static void print_consumer(struct config_out *o, const struct consumer_config *k)
+{
+    const struct route *r = &k->route;
+    int amqp = k->source == SOURCE_AMQP;
+    config_put_item(o);
+    config_put_str(o, 4, "name", r->name);
+    config_put_key(o, 4, "source");
+    config_put_url(o, 6, amqp ? "amqp" : "redis_stream", k->url, &k->url_src);
+    config_put_str(o, 6, amqp ? "queue" : "stream", k->queue);
+    if (!amqp) {
+        config_put_str(o, 6, "group", k->group);
+        config_put_str(o, 6, "body_field", k->body_field);
+    }
+    config_put_count(o, 6, "prefetch", k->prefetch);
+    config_put_upstream(o, 4, "handler", &r->upstream);
+    config_print_key(o, 4, r, 1);
+    config_print_record_fields(o, 4, r, 1);
+    config_print_unknown_outcome(o, 4, r);
+    config_put_duration(o, 4, "handler_timeout", r->upstream_timeout_ms);
+    config_put_count(o, 4, "max_attempts", r->max_attempts);
+    config_put_durations(o, 4, "retry_backoff", k->backoff_ms, k->backoff_count);
+    if (r->signature)
+        config_print_signature(o, 4, r->signature);
+    config_put_key(o, 4, "dead_letter");
+    config_put_str(o, 6, amqp ? "queue" : "stream", k->dead_letter);
+}
+
+void config_print_consumers(struct config_out *o, const struct server_config *cfg)
+{
+    config_put_list(o, 0, "consumers", cfg->consumer_count);
+    for (size_t i = 0; i < cfg->consumer_count; i++)
+        print_consumer(o, &cfg->consumers[i]);
 }

@@ -51,5 +51,9 @@ struct server_config;
 int config_read_consumers(struct config_ctx *c, const struct yaml_node_s *n,
                           struct server_config *cfg);
 void config_consumers_free(struct consumer_config *consumers, size_t n);
+/* consumers: as config_read_consumers reads it back (config_print()):
+ * every field of each, a broker URL's password by its env: or file:. */
+struct config_out;
+void config_print_consumers(struct config_out *o, const struct server_config *cfg);
 
 #endif

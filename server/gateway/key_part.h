@@ -37,5 +37,10 @@ struct key_part {
  * said why. */
 int config_get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *path,
                         struct key_part *k, int for_consumer);
+/* k as config_get_key_part reads it back: its one line (header: "X"),
+ * message_id: true for a consumer's message id. */
+struct config_out;
+void config_print_key_part(struct config_out *o, int indent, const struct key_part *k,
+                           int for_consumer);
 
 #endif

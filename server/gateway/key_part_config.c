@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * key_part_config.c — one key part read from the configuration
- * (key_part.h), for key: and states.field alike.
+ * (key_part.h), for key: and states.field alike, and printed back.
  */
 #include "gateway/key_part.h"
+
+#include "config_print.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -95,4 +97,19 @@ int config_get_key_part(struct config_ctx *c, const yaml_node_t *n, const char *
     }
     }
     return (k->name = strdup(s)) ? 0 : config_oom(c);
+}
+
+void config_print_key_part(struct config_out *o, int indent, const struct key_part *k,
+                           int for_consumer)
+{
+    /* In the order of enum key_source. */
+    static const char *const names[] = {"header", "json", "query", "path_segment", "form",
+                                         "wechatpay_resource"};
+    if (k->source == KEY_HEADER && for_consumer &&
+        !strcasecmp(k->name, CONSUMER_MESSAGE_ID_HEADER))
+        config_put_bool(o, indent, "message_id", 1);
+    else if (k->source == KEY_PATH_SEGMENT)
+        config_put_count(o, indent, names[k->source], (uint64_t)k->segment);
+    else
+        config_put_str(o, indent, names[k->source], k->name);
 }

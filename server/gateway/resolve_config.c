@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config_print.h"
 #include "gateway/request_key.h"
 #include "http/upstream.h"
 
@@ -90,6 +91,17 @@ int config_get_resolve(struct config_ctx *c, const yaml_node_t *n, const char *p
                                st);
 #undef FIELD
     return 0;
+}
+
+void config_print_resolve(struct config_out *o, int indent, const struct route_resolve *r)
+{
+    config_put_key(o, indent, "resolve");
+    config_put_upstream(o, indent + 2, "url", &r->url);
+    config_put_duration(o, indent + 2, "after", r->after_ms);
+    config_put_durations(o, indent + 2, "backoff", r->backoff_ms, r->backoff_count);
+    config_put_duration(o, indent + 2, "give_up", r->give_up_ms);
+    config_put_status_set(o, indent + 2, "executed", r->executed);
+    config_put_status_set(o, indent + 2, "not_executed", r->not_executed);
 }
 
 int resolve_target(const struct route_resolve *r, const char *space, const char *key, char *out,

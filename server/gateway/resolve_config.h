@@ -34,6 +34,9 @@ struct route_resolve {
 int config_get_resolve(struct config_ctx *c, const yaml_node_t *n, const char *path,
                        struct route_resolve **out);
 void route_resolve_free(struct route_resolve *r);
+/* resolve: as config_get_resolve reads it back, at indent. */
+struct config_out;
+void config_print_resolve(struct config_out *o, int indent, const struct route_resolve *r);
 
 /* The status query's target for (space, key): the URL's path with {key}
  * and {space} replaced, percent-escaped, into out (cap bytes). 0, or -1

@@ -17,6 +17,7 @@
 #include <strings.h>
 
 #include "config.h"
+#include "config_print.h"
 #include "config_value.h"
 #include "gateway/signature.h"
 #include "gateway/signature_config.h"
@@ -728,4 +729,105 @@ int config_read_routes(struct config_ctx *c, const yaml_node_t *n, struct server
         }
     }
     return 0;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Printed back (config_print). */
+
+void config_print_key(struct config_out *o, int indent, const struct route *r, int for_consumer)
+{
+    config_put_key(o, indent, "key");
+    for (size_t i = 0; i < r->key_parts; i++) {
+        if (r->key_parts > 1)
+            config_put_item(o);
+        config_print_key_part(o, r->key_parts > 1 ? indent + 4 : indent + 2, &r->key[i],
+                              for_consumer);
+    }
+}
+
+void config_print_record_fields(struct config_out *o, int indent, const struct route *r,
+                                int for_consumer)
+{
+    config_put_str(o, indent, "space", r->space);
+    config_put_duration(o, indent, "lease", r->lease_ms);
+    config_put_duration(o, indent, "retention", r->retention_ms);
+    if (r->tombstone_ms)
+        config_put_duration(o, indent, "tombstone", r->tombstone_ms);
+    else
+        config_put_comment(o, indent, "tombstone: off");
+    config_put_strings(o, indent, "replay_headers", r->replay_headers, r->replay_header_count);
+    if (r->fingerprint == FINGERPRINT_FIELDS)
+        config_put_strings(o, indent, "fingerprint", r->fingerprint_fields,
+                           r->fingerprint_field_count);
+    else
+        config_put_word(o, indent, "fingerprint", r->fingerprint == FINGERPRINT_NONE ? "none"
+                                                                                    : "body");
+    if (r->states)
+        config_print_states(o, indent, r->states, for_consumer);
+}
+
+void config_print_unknown_outcome(struct config_out *o, int indent, const struct route *r)
+{
+    config_put_word(o, indent, "on_unknown_outcome",
+                    r->resolve ? "resolve" : r->unknown_hold ? "hold" : "expire");
+    if (r->resolve)
+        config_print_resolve(o, indent, r->resolve);
+}
+
+void config_print_problems(struct config_out *o, int indent, const struct problem_text *p,
+                           size_t n)
+{
+    if (n)
+        config_put_key(o, indent, "problems");
+    for (size_t i = 0; i < n; i++) {
+        config_put_key(o, indent + 2, p[i].type);
+        if (p[i].title)
+            config_put_str(o, indent + 4, "title", p[i].title);
+        if (p[i].detail)
+            config_put_str(o, indent + 4, "detail", p[i].detail);
+    }
+}
+
+static void print_route(struct config_out *o, const struct route *r)
+{
+    char path[URL_PATH_MAX + 2];
+    config_put_item(o);
+    config_put_str(o, 4, "name", r->name);
+    config_put_key(o, 4, "match");
+    if (r->method)
+        config_put_str(o, 6, "method", r->method);
+    else
+        config_put_comment(o, 6, "method: any");
+    snprintf(path, sizeof path, "%s%s", r->path, r->prefix ? "*" : "");
+    config_put_str(o, 6, "path", path);
+    config_put_upstream(o, 4, "upstream", &r->upstream);
+    config_print_key(o, 4, r, 0);
+    config_print_record_fields(o, 4, r, 0);
+    config_put_word(o, 4, "scope", r->scope_subject ? "subject" : "global");
+    fprintf(o->f, "    layers: [%s%srecord]\n", r->layer_token ? "token, " : "",
+            r->layer_lock ? "lock, " : "");
+    config_put_str(o, 4, "token_scene", r->token_scene);
+    config_put_word(o, 4, "in_flight", r->in_flight_wait ? "wait" : "reject");
+    config_put_duration(o, 4, "wait_timeout", r->wait_timeout_ms);
+    config_put_duration(o, 4, "upstream_timeout", r->upstream_timeout_ms);
+    /* store_statuses says what on_upstream_5xx would, and the two are not
+     * given together: the one the file gave (on_upstream_5xx, its default). */
+    if (r->store_statuses_set)
+        config_put_status_set(o, 4, "store_statuses", r->keep_status);
+    else
+        config_put_word(o, 4, "on_upstream_5xx", r->on_5xx_store ? "store" : "release");
+    config_put_word(o, 4, "on_redis_down", r->on_redis_down_reject ? "reject" : "skip");
+    config_print_unknown_outcome(o, 4, r);
+    config_put_bool(o, 4, "key_required", !r->key_optional);
+    config_put_bool(o, 4, "pass_host", r->pass_host);
+    if (r->signature)
+        config_print_signature(o, 4, r->signature);
+    config_print_problems(o, 4, r->problems, r->problem_count);
+}
+
+void config_print_routes(struct config_out *o, const struct server_config *cfg)
+{
+    config_put_list(o, 0, "routes", cfg->route_count);
+    for (size_t i = 0; i < cfg->route_count; i++)
+        print_route(o, &cfg->routes[i]);
 }

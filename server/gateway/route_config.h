@@ -166,4 +166,20 @@ int config_get_problems(struct config_ctx *c, const struct yaml_node_s *n, const
 int config_read_routes(struct config_ctx *c, const struct yaml_node_s *n,
                        struct server_config *cfg);
 
+/* For config_print() (config.h) and the consumers' printer: each reader's
+ * fields printed back, at indent, as it reads them. */
+struct config_out;
+/* key: its one part, or the list of them. */
+void config_print_key(struct config_out *o, int indent, const struct route *r, int for_consumer);
+/* space, lease, retention, tombstone, replay_headers, fingerprint, states. */
+void config_print_record_fields(struct config_out *o, int indent, const struct route *r,
+                                int for_consumer);
+/* on_unknown_outcome, and resolve: with resolve. */
+void config_print_unknown_outcome(struct config_out *o, int indent, const struct route *r);
+/* problems: (key), nothing when there are none. */
+void config_print_problems(struct config_out *o, int indent, const struct problem_text *p,
+                           size_t n);
+/* routes:, every field of each. */
+void config_print_routes(struct config_out *o, const struct server_config *cfg);
+
 #endif

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "base64.h"
+#include "config_print.h"
 #include "gateway/signature.h"
 
 #define SECRET_MIN 16 /* bytes: a shorter secret can be guessed */
@@ -265,4 +266,38 @@ int config_get_signature(struct config_ctx *c, const yaml_node_t *n, const char 
     }
     *out = s;
     return 0;
+}
+
+void config_print_signature(struct config_out *o, int indent, const struct signature *s)
+{
+    int in = indent + 2;
+    config_put_key(o, indent, "signature");
+    config_put_word(o, in, "scheme", schemes[s->scheme]);
+    if (s->scheme == SIGNATURE_STRIPE || s->scheme == SIGNATURE_STANDARD_WEBHOOKS ||
+        s->scheme == SIGNATURE_WECHATPAY_V3)
+        config_put_duration(o, in, "tolerance", s->tolerance_ms);
+    if (s->scheme == SIGNATURE_HMAC_SHA256) {
+        config_put_str(o, in, "header", s->header);
+        config_put_word(o, in, "encoding", s->base64 ? "base64" : "hex");
+        if (s->prefix)
+            config_put_str(o, in, "prefix", s->prefix);
+    }
+    if (s->secret_count)
+        config_put_key(o, in, "secrets");
+    for (size_t i = 0; i < s->secret_count; i++) {
+        config_put_item(o);
+        config_put_secret(o, in + 4, &s->secrets[i].src);
+    }
+    if (s->public_key_count)
+        config_put_key(o, in, "public_keys");
+    for (size_t i = 0; i < s->public_key_count; i++) {
+        config_put_item(o);
+        config_put_str(o, in + 4, "file", s->public_keys[i].file);
+        if (s->public_keys[i].serial)
+            config_put_str(o, in + 4, "serial", s->public_keys[i].serial);
+    }
+    if (s->has_apiv3_key) {
+        config_put_key(o, in, "apiv3_key");
+        config_put_secret(o, in + 2, &s->apiv3_src);
+    }
 }

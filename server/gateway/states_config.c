@@ -7,8 +7,11 @@
  */
 #include "gateway/states_config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "config_print.h"
 
 void route_states_free(struct route_states *s)
 {
@@ -145,6 +148,34 @@ int config_get_states(struct config_ctx *c, const yaml_node_t *n, const char *pa
     if (idem_machine_seal(s->machine) != IDEM_OK)
         return config_fail(c, v, fpath, "%s", idem_errdetail() + strlen("machine: "));
     return 0;
+}
+
+void config_print_states(struct config_out *o, int indent, const struct route_states *s,
+                         int for_consumer)
+{
+    config_put_key(o, indent, "states");
+    config_put_key(o, indent + 2, "field");
+    config_print_key_part(o, indent + 4, &s->field, for_consumer);
+    config_put_str(o, indent + 2, "initial", idem_machine_initial(s->machine));
+    config_put_key(o, indent + 2, "transitions");
+    /* Each state the moves leave, once, at its first move: FROM: [TO, ...]. */
+    for (size_t i = 0; i < s->move_count; i++) {
+        const char *from = s->moves[i].from;
+        size_t j = 0;
+        while (j < i && strcmp(s->moves[j].from, from) != 0)
+            j++;
+        if (j < i)
+            continue;
+        fprintf(o->f, "%*s", indent + 4, "");
+        config_put_quoted(o->f, from);
+        fputs(": [", o->f);
+        for (size_t k = i, n = 0; k < s->move_count; k++)
+            if (!strcmp(s->moves[k].from, from)) {
+                fputs(n++ ? ", " : "", o->f);
+                config_put_quoted(o->f, s->moves[k].to);
+            }
+        fputs("]\n", o->f);
+    }
 }
 
 int config_check_states_shared(struct config_ctx *c, const yaml_node_t *n, const char *path,

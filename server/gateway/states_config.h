@@ -30,6 +30,10 @@ struct route_states {
 int config_get_states(struct config_ctx *c, const yaml_node_t *n, const char *path,
                       int for_consumer, struct route_states **out);
 void route_states_free(struct route_states *s);
+/* states: as config_get_states reads it back, at indent. */
+struct config_out;
+void config_print_states(struct config_out *o, int indent, const struct route_states *s,
+                         int for_consumer);
 /* 1 if a and b move keys alike: both without states, or the same machine. */
 int route_states_same(const struct route_states *a, const struct route_states *b);
 

@@ -2,11 +2,14 @@
 /*
  * status_set.c — a list of HTTP statuses read from the configuration
  * (status_set.h): a route's store_statuses, a resolver's executed and
- * not_executed.
+ * not_executed; and printed back.
  */
 #include "gateway/status_set.h"
 
+#include <stdio.h>
 #include <string.h>
+
+#include "config_print.h"
 
 int config_get_status_set(struct config_ctx *c, const yaml_node_t *n, const char *path,
                           uint64_t set[STATUS_SET_WORDS])
@@ -44,4 +47,26 @@ int config_get_status_set(struct config_ctx *c, const yaml_node_t *n, const char
         }
     }
     return 0;
+}
+
+void config_put_status_set(struct config_out *o, int indent, const char *key,
+                           const uint64_t set[STATUS_SET_WORDS])
+{
+    int n = 0;
+    config_put_name(o, indent, key);
+    for (int class = 100; class < 600; class += 100) {
+        int all = 1;
+        for (int st = class; st < class + 100 && all; st++)
+            all = status_set_has(set, st);
+        if (all) {
+            fprintf(o->f, "%s%dxx", n++ ? ", " : "[", class / 100);
+            continue;
+        }
+        for (int st = class; st < class + 100; st++)
+            if (status_set_has(set, st))
+                fprintf(o->f, "%s%d", n++ ? ", " : "[", st);
+    }
+    /* An empty list is refused where it would keep nothing; a null (which
+     * store_statuses takes) is no list. */
+    fputs(n ? "]\n" : "null\n", o->f);
 }

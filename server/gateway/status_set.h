@@ -28,5 +28,10 @@ static inline void status_set_add(uint64_t *set, int status)
  * at most LIST_MAX. 0, or -1 with the error in c. */
 int config_get_status_set(struct config_ctx *c, const yaml_node_t *n, const char *path,
                           uint64_t set[STATUS_SET_WORDS]);
+/* key: [2xx, 404] as config_get_status_set reads it back: a whole class as
+ * its class, the rest status by status; null for an empty set. */
+struct config_out;
+void config_put_status_set(struct config_out *o, int indent, const char *key,
+                           const uint64_t set[STATUS_SET_WORDS]);
 
 #endif

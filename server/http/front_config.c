@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "config_print.h"
 #include "config_value.h"
 
 /* A listening address into *host and *port; on failure says why. */
@@ -117,6 +118,29 @@ int config_get_listen(struct config_ctx *c, const yaml_node_t *n, const char *pa
     return 0;
 }
 
+void config_print_listen(struct config_out *o, const char *key, const char *host, int port,
+                         const char *unix_path, int plaintext, const struct tls_files *tls)
+{
+    static const char *const names[] = {"cert", "key", "client_ca"};
+    const char *const files[] = {tls->cert, tls->key, tls->client_ca};
+    char address[UNIX_PATH_MAX + 300];
+    if (unix_path)
+        snprintf(address, sizeof address, "unix:%s", unix_path);
+    else
+        snprintf(address, sizeof address, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    config_put_key(o, 0, key);
+    config_put_str(o, 2, "address", address);
+    config_put_bool(o, 2, "allow_plaintext", plaintext);
+    if (!tls->cert) {
+        config_put_comment(o, 2, "tls: none: plain HTTP");
+        return;
+    }
+    config_put_key(o, 2, "tls");
+    for (int i = 0; i < 3; i++)
+        if (files[i])
+            config_put_str(o, 4, names[i], files[i]);
+}
+
 int config_is_loopback(const char *host)
 {
     unsigned char a[16];
@@ -206,4 +230,19 @@ int config_get_limits(struct config_ctx *c, const yaml_node_t *n, struct server_
         }
     }
     return 0;
+}
+
+void config_print_limits(struct config_out *o, const struct server_limits *l)
+{
+    config_put_key(o, 0, "limits");
+    for (size_t i = 0; i < N_LIMITS; i++) {
+        const struct limit_field *f = &limit_fields[i];
+        const char *at = (const char *)l + f->offset;
+        if (f->kind == 's')
+            config_put_size(o, 2, f->name, *(const size_t *)(const void *)at);
+        else if (f->kind == 'n')
+            config_put_count(o, 2, f->name, *(const size_t *)(const void *)at);
+        else
+            config_put_duration(o, 2, f->name, *(const int64_t *)(const void *)at);
+    }
 }

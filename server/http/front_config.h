@@ -64,4 +64,14 @@ int config_get_listen(struct config_ctx *c, const struct yaml_node_s *n, const c
 int config_get_limits(struct config_ctx *c, const struct yaml_node_s *n,
                       struct server_limits *l);
 
+/* For config_print() (config.h), which prints the configuration back. */
+struct config_out;
+
+/* listen or admin_listen (key) as config_get_listen reads it back: the
+ * mapping form, every field; unix_path for admin_listen's unix:PATH. */
+void config_print_listen(struct config_out *o, const char *key, const char *host, int port,
+                         const char *unix_path, int plaintext, const struct tls_files *tls);
+/* limits:, every one. */
+void config_print_limits(struct config_out *o, const struct server_limits *l);
+
 #endif

@@ -17,6 +17,40 @@
 
 #include "config.h"
 
+/* c printed as idem serve -T prints it; free() it. */
+static char *print_config(const struct server_config *c)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    assert_int_equal(config_print(f, c), 0);
+    fclose(f);
+    return text;
+}
+
+/* What -T prints of c reads back, and printed again is the same text: the
+ * printed form is a fixed point. The configuration read back, for the
+ * caller to compare (or NULL: freed here). */
+static struct server_config *round_trip(const struct server_config *c, int keep)
+{
+    char *one = print_config(c), *two, err[512];
+    struct server_config *again = NULL;
+    if (config_parse(one, strlen(one), "printed.yaml", &again, err, sizeof err) != 0)
+        fail_msg("the printed configuration is refused: %s\n--- printed ---\n%s", err, one);
+    two = print_config(again);
+    if (strcmp(one, two) != 0)
+        fail_msg("printed again, it differs\n--- printed ---\n%s--- read back, printed ---\n%s",
+                 one, two);
+    free(one);
+    free(two);
+    if (keep)
+        return again;
+    config_free(again);
+    return NULL;
+}
+
+/* Every configuration a test reads is printed back too (round_trip). */
 static struct server_config *parse_ok(const char *yaml)
 {
     struct server_config *c = NULL;
@@ -24,6 +58,7 @@ static struct server_config *parse_ok(const char *yaml)
     if (config_parse(yaml, strlen(yaml), "idem.yaml", &c, err, sizeof err) != 0)
         fail_msg("refused: %s\n--- input ---\n%s", err, yaml);
     assert_non_null(c);
+    round_trip(c, 0);
     return c;
 }
 
@@ -1960,6 +1995,482 @@ static void test_shipped_example(void **state)
     config_free(c);
 }
 
+/* ------------------------------------------------------------------------- */
+/* Printed back (idem serve -T). */
+
+/* What printing must never show: the values the secrets of
+ * rich_config() read. */
+static const char *const secret_values[] = {
+    "s3cr3t-VALUE-xyz-ops-key-0001",   "s3cr3t-VALUE-xyz-grafana-key-02",
+    "s3cr3t-VALUE-xyz-redis",          "s3cr3t-VALUE-xyz-postgres",
+    "s3cr3t-VALUE-xyz-hmac-0000001",   "s3cr3t-VALUE-xyz-hmac-file-0002",
+    "s3cr3t-VALUE-apiv3-0123456789abc", "s3cr3t-VALUE-xyz-amqp",
+    "s3cr3t-VALUE-xyz-stream",         "s3cr3t-VALUE-xyz-github-000003",
+    "whsec_czNjcjN0LVZBTFVFLXh5ei1zdw==",
+};
+
+static void write_text(const char *dir, const char *name, const char *text)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Every field of every section, none at its default where it has one, the
+ * secrets from the environment and from files in dir (made here, with the
+ * TLS and PEM files the parser reads). */
+static struct server_config *rich_config(const char *dir)
+{
+    static const char *const env[][2] = {
+        {"IDEM_DUMP_OPS", "s3cr3t-VALUE-xyz-ops-key-0001"},
+        {"IDEM_DUMP_REDIS", "redis://idem:s3cr3t-VALUE-xyz-redis@127.0.0.1:6379/0"},
+        {"IDEM_DUMP_HMAC", "s3cr3t-VALUE-xyz-hmac-0000001"},
+        {"IDEM_DUMP_APIV3", "s3cr3t-VALUE-apiv3-0123456789abc"},
+        {"IDEM_DUMP_AMQP", "amqp://app:s3cr3t-VALUE-xyz-amqp@10.0.0.5:5672/%2f"},
+        {"IDEM_DUMP_GITHUB", "s3cr3t-VALUE-xyz-github-000003"},
+        {"IDEM_DUMP_WHSEC", "whsec_czNjcjN0LVZBTFVFLXh5ei1zdw=="},
+    };
+    for (size_t i = 0; i < sizeof env / sizeof env[0]; i++)
+        setenv(env[i][0], env[i][1], 1);
+    write_text(dir, "grafana.key", "s3cr3t-VALUE-xyz-grafana-key-02\n");
+    write_text(dir, "pg.url", "postgresql://idem:s3cr3t-VALUE-xyz-postgres@db:5432/idem\n");
+    write_text(dir, "hmac.key", "s3cr3t-VALUE-xyz-hmac-file-0002\n");
+    write_text(dir, "stream.url", "redis://:s3cr3t-VALUE-xyz-stream@127.0.0.1:6380/2\n");
+    write_text(dir, "cert.pem", "not read by the parser\n");
+    write_text(dir, "key.pem", "not read by the parser\n");
+    write_text(dir, "ca.pem", "not read by the parser\n");
+    char pem[512];
+    snprintf(pem, sizeof pem, "%s/provider.pem", dir);
+    EVP_PKEY *k = EVP_RSA_gen(2048);
+    FILE *f = fopen(pem, "w");
+    assert_non_null(f);
+    PEM_write_PUBKEY(f, k);
+    fclose(f);
+    EVP_PKEY_free(k);
+
+    static const char yaml[] =
+        "listen:\n"
+        "  address: 0.0.0.0:8443\n"
+        "  tls: { cert: {D}/cert.pem, key: {D}/key.pem }\n"
+        "admin_listen:\n"
+        "  address: \"[::1]:9443\"\n"
+        "  allow_plaintext: true\n"
+        "  tls: { cert: {D}/cert.pem, key: {D}/key.pem, client_ca: {D}/ca.pem }\n"
+        "state_dir: {D}\n"
+        "api_keys:\n"
+        "  - { name: ops, scope: write, env: IDEM_DUMP_OPS }\n"
+        "  - { name: grafana, scope: read, file: {D}/grafana.key }\n"
+        "tls_ca: {D}/ca.pem\n"
+        "storage:\n"
+        "  kind: distributed\n"
+        "  redis: { env: IDEM_DUMP_REDIS }\n"
+        "  postgres: { file: {D}/pg.url }\n"
+        "  pool: 12\n"
+        "  timeout: 2500ms\n"
+        "  require_synchronous_replication: true\n"
+        "subject_header: \"X-!#$%&'*+.^_`|~\"\n"
+        "upstream: HTTPS://Backend.example:8443/base/\n"
+        "workers: 8\n"
+        "event_loops: 3\n"
+        "access_log: { to: \"{D}/access #1: 'log'.txt\", format: text, subject: plain }\n"
+        "log: { level: warn, format: json }\n"
+        "limits:\n"
+        "  request_line_max: 4KiB\n  header_count_max: 50\n  header_bytes_max: 16KiB\n"
+        "  body_max: 1536\n  response_max: 2MiB\n  connections_max: 500\n"
+        "  connections_per_peer: 50\n  admin_connections_max: 8\n"
+        "  requests_per_connection: 100\n  idle_timeout: 1h30m\n  header_timeout: 1.5s\n"
+        "  body_timeout: 45s\n  send_timeout: 2m\n  in_flight_max: 99\n"
+        "  in_flight_per_peer: 9\n  shutdown_timeout: 0\n  replay_cache: 0\n"
+        "  tokens_per_scene: 4\n  token_ttl_max: 2d\n  token_rate_subject: 3\n"
+        "  token_rate_peer: 30\n"
+        "problems:\n"
+        "  token_spent: { title: \"请刷新后重试\", detail: \"a \\\"quoted\\\" \\\\ detail: # no "
+        "comment\" }\n"
+        "  key_missing: { detail: \"\\x80\\N\\L\\P\\uFEFF\\u00e9 end\" }\n"
+        "routes:\n"
+        "  - name: \"null\"\n"
+        "    match: { method: post, path: \"/orders/*/refunds/*\" }\n"
+        "    upstream: http://127.0.0.1:9000/api\n"
+        "    key: [{ header: Idempotency-Key }, { json: order.id }, { query: \"id:\\\"x\" }, "
+        "{ path_segment: 2 }, { form: out_trade_no }]\n"
+        "    space: \"1.5e3:-\"\n"
+        "    scope: subject\n"
+        "    layers: [record, lock, token]\n"
+        "    token_scene: \"true\"\n"
+        "    in_flight: wait\n"
+        "    wait_timeout: 1500ms\n"
+        "    lease: 45s\n"
+        "    retention: 36h\n"
+        "    tombstone: 7d\n"
+        "    upstream_timeout: 1m30s\n"
+        "    replay_headers: [Content-Type, X-Request-Id]\n"
+        "    fingerprint: [amount, order.id]\n"
+        "    store_statuses: [2xx, 409, 422, 5xx]\n"
+        "    on_redis_down: reject\n"
+        "    on_unknown_outcome: hold\n"
+        "    key_required: false\n"
+        "    pass_host: true\n"
+        "    signature: { scheme: hmac_sha256, header: X-Sig, encoding: base64, "
+        "prefix: \"sha256=\", secrets: [{ env: IDEM_DUMP_HMAC }, { file: {D}/hmac.key }] }\n"
+        "    states:\n"
+        "      field: { header: X-State }\n"
+        "      initial: CREATED\n"
+        "      transitions: { CREATED: [PROCESSING, SUCCESS], PROCESSING: [SUCCESS], "
+        "CREATED: [FAILED, SUCCESS] }\n"
+        "    problems: { token_spent: { title: t }, key_reused: { detail: d } }\n"
+        "  - name: wechat\n"
+        "    match: { path: /wx }\n"
+        "    upstream: \"http://[::1]:9001\"\n"
+        "    key: { wechatpay_resource: out_refund_no }\n"
+        "    fingerprint: none\n"
+        "    replay_headers: []\n"
+        "    on_upstream_5xx: store\n"
+        "    signature: { scheme: wechatpay_v3, tolerance: 2m, public_keys: [{ file: "
+        "{D}/provider.pem, serial: S-1 }, { file: {D}/provider.pem, serial: \"S 2\" }], "
+        "apiv3_key: { env: IDEM_DUMP_APIV3 } }\n"
+        "    on_unknown_outcome: resolve\n"
+        "    resolve: { url: \"http://localhost:9000/r/{space}/{key}\", after: 2s, "
+        "backoff: [1s, 2s], give_up: 2h, executed: [200, 201], not_executed: [4xx] }\n"
+        "  - name: alipay\n"
+        "    match: { method: POST, path: /ali }\n"
+        "    upstream: http://127.0.0.1:9000\n"
+        "    key: { form: out_trade_no }\n"
+        "    signature: { scheme: alipay_rsa2, public_keys: [{ file: {D}/provider.pem }] }\n"
+        "  - name: stripe\n"
+        "    match: { path: /stripe }\n"
+        "    upstream: http://127.0.0.1:9000\n"
+        "    key: { header: Idempotency-Key }\n"
+        "    layers: [lock, record]\n"
+        "    store_statuses: ~\n"
+        "    signature: { scheme: standard_webhooks, secrets: [{ env: IDEM_DUMP_WHSEC }] }\n"
+        "consumers:\n"
+        "  - name: c-amqp\n"
+        "    source: { amqp: { env: IDEM_DUMP_AMQP }, queue: \"refund.result#1\", prefetch: 16 }\n"
+        "    handler: http://127.0.0.1:9000/mq\n"
+        "    key: { message_id: true }\n"
+        "    space: c-space\n"
+        "    lease: 1m\n"
+        "    retention: 2d\n"
+        "    tombstone: 1h\n"
+        "    replay_headers: [x-a]\n"
+        "    fingerprint: [a]\n"
+        "    handler_timeout: 20s\n"
+        "    max_attempts: 3\n"
+        "    retry_backoff: [100ms, 2s]\n"
+        "    dead_letter: { queue: dlq }\n"
+        "    signature: { scheme: github, secrets: [{ env: IDEM_DUMP_GITHUB }] }\n"
+        "    states:\n"
+        "      field: { message_id: true }\n"
+        "      initial: A\n"
+        "      transitions: { A: [B] }\n"
+        "  - name: c-redis\n"
+        "    source: { redis_stream: { file: {D}/stream.url }, stream: st, group: g1, "
+        "body_field: payload, prefetch: 8 }\n"
+        "    handler: https://h.example/x\n"
+        "    key: [{ header: X-Biz }, { json: id }, { form: f }]\n"
+        "    on_unknown_outcome: resolve\n"
+        "    resolve: { url: \"http://127.0.0.1:9000/c/{key}\", executed: [2xx], "
+        "not_executed: [404] }\n"
+        "  - name: c-guest\n"
+        "    source: { amqp: \"amqp://guest:guest@127.0.0.1:5672/%2f\", queue: q3 }\n"
+        "    handler: http://127.0.0.1:9000\n"
+        "    key: { wechatpay_resource: id }\n"
+        "    on_unknown_outcome: hold\n"
+        "    signature: { scheme: wechatpay_v3, public_keys: [{ file: {D}/provider.pem, "
+        "serial: S-3 }], apiv3_key: { env: IDEM_DUMP_APIV3 } }\n";
+    /* {D} is dir. */
+    size_t n = 0, dl = strlen(dir);
+    char *text = malloc(sizeof yaml + 64 * dl);
+    assert_non_null(text);
+    for (const char *p = yaml; *p; p++) {
+        if (!strncmp(p, "{D}", 3)) {
+            memcpy(text + n, dir, dl);
+            n += dl;
+            p += 2;
+        } else {
+            text[n++] = *p;
+        }
+    }
+    text[n] = '\0';
+    struct server_config *c = parse_ok(text);
+    free(text);
+    return c;
+}
+
+/* Two strings either of which may be NULL. */
+#define SAME_STR(x, y) assert_true((x) ? (y) && !strcmp((x), (y)) : !(y))
+/* Field f of a and b. */
+#define SAME(f) SAME_STR(a->f, b->f)
+
+static void assert_same_problems(const struct problem_text *a, size_t an,
+                                 const struct problem_text *b, size_t bn)
+{
+    assert_int_equal(an, bn);
+    for (size_t i = 0; i < an; i++) {
+        SAME_STR(a[i].type, b[i].type);
+        SAME_STR(a[i].title, b[i].title);
+        SAME_STR(a[i].detail, b[i].detail);
+    }
+}
+
+/* The fields a configuration read back from its printed form must have as
+ * the original has them: what the daemon runs with. */
+static void assert_same_route(const struct route *a, const struct route *b)
+{
+    assert_string_equal(a->name, b->name);
+    SAME(method);
+    assert_string_equal(a->path, b->path);
+    assert_int_equal(a->prefix, b->prefix);
+    SAME(folded_path);
+    assert_string_equal(a->upstream.host, b->upstream.host);
+    assert_int_equal(a->upstream.port, b->upstream.port);
+    assert_int_equal(a->upstream.tls, b->upstream.tls);
+    assert_string_equal(a->upstream.base_path, b->upstream.base_path);
+    assert_int_equal(a->key_parts, b->key_parts);
+    for (size_t i = 0; i < a->key_parts; i++) {
+        assert_int_equal(a->key[i].source, b->key[i].source);
+        assert_int_equal(a->key[i].segment, b->key[i].segment);
+        SAME_STR(a->key[i].name, b->key[i].name);
+    }
+    assert_string_equal(a->space, b->space);
+    assert_string_equal(a->token_scene, b->token_scene);
+    assert_int_equal(a->scope_subject, b->scope_subject);
+    assert_int_equal(a->layer_token, b->layer_token);
+    assert_int_equal(a->layer_lock, b->layer_lock);
+    assert_int_equal(a->in_flight_wait, b->in_flight_wait);
+    assert_int_equal(a->wait_timeout_ms, b->wait_timeout_ms);
+    assert_int_equal(a->lease_ms, b->lease_ms);
+    assert_int_equal(a->retention_ms, b->retention_ms);
+    assert_int_equal(a->tombstone_ms, b->tombstone_ms);
+    assert_int_equal(a->upstream_timeout_ms, b->upstream_timeout_ms);
+    assert_int_equal(a->replay_header_count, b->replay_header_count);
+    for (size_t i = 0; i < a->replay_header_count; i++)
+        assert_string_equal(a->replay_headers[i], b->replay_headers[i]);
+    assert_int_equal(a->fingerprint, b->fingerprint);
+    assert_int_equal(a->fingerprint_field_count, b->fingerprint_field_count);
+    for (size_t i = 0; i < a->fingerprint_field_count; i++)
+        assert_string_equal(a->fingerprint_fields[i], b->fingerprint_fields[i]);
+    assert_int_equal(a->on_5xx_store, b->on_5xx_store);
+    assert_memory_equal(a->keep_status, b->keep_status, sizeof a->keep_status);
+    assert_int_equal(a->store_statuses_set, b->store_statuses_set);
+    assert_same_problems(a->problems, a->problem_count, b->problems, b->problem_count);
+    assert_int_equal(a->on_redis_down_reject, b->on_redis_down_reject);
+    assert_int_equal(a->key_optional, b->key_optional);
+    assert_int_equal(a->pass_host, b->pass_host);
+    assert_int_equal(a->unknown_hold, b->unknown_hold);
+    assert_int_equal(a->fails_from, b->fails_from);
+    assert_int_equal(a->max_attempts, b->max_attempts);
+    assert_int_equal(!a->resolve, !b->resolve);
+    if (a->resolve) {
+        const struct route_resolve *x = a->resolve, *y = b->resolve;
+        assert_string_equal(x->url.host, y->url.host);
+        assert_int_equal(x->url.port, y->url.port);
+        assert_string_equal(x->url.base_path, y->url.base_path);
+        assert_int_equal(x->after_ms, y->after_ms);
+        assert_int_equal(x->backoff_count, y->backoff_count);
+        assert_memory_equal(x->backoff_ms, y->backoff_ms, sizeof x->backoff_ms);
+        assert_int_equal(x->give_up_ms, y->give_up_ms);
+        assert_memory_equal(x->executed, y->executed, sizeof x->executed);
+        assert_memory_equal(x->not_executed, y->not_executed, sizeof x->not_executed);
+    }
+    assert_true(route_states_same(a->states, b->states));
+    if (a->states) {
+        assert_int_equal(a->states->field.source, b->states->field.source);
+        assert_string_equal(a->states->field.name, b->states->field.name);
+    }
+    assert_int_equal(!a->signature, !b->signature);
+    if (a->signature) {
+        const struct signature *x = a->signature, *y = b->signature;
+        assert_int_equal(x->scheme, y->scheme);
+        assert_int_equal(x->tolerance_ms, y->tolerance_ms);
+        assert_int_equal(x->base64, y->base64);
+        SAME_STR(x->header, y->header);
+        SAME_STR(x->prefix, y->prefix);
+        assert_int_equal(x->secret_count, y->secret_count);
+        for (size_t i = 0; i < x->secret_count; i++) {
+            assert_int_equal(x->secrets[i].len, y->secrets[i].len);
+            assert_memory_equal(x->secrets[i].key, y->secrets[i].key, x->secrets[i].len);
+        }
+        assert_int_equal(x->public_key_count, y->public_key_count);
+        for (size_t i = 0; i < x->public_key_count; i++) {
+            assert_int_equal(EVP_PKEY_eq(x->public_keys[i].key, y->public_keys[i].key), 1);
+            SAME_STR(x->public_keys[i].serial, y->public_keys[i].serial);
+        }
+        assert_int_equal(x->has_apiv3_key, y->has_apiv3_key);
+        assert_memory_equal(x->apiv3_key, y->apiv3_key, sizeof x->apiv3_key);
+    }
+}
+
+static void assert_same_config(const struct server_config *a, const struct server_config *b)
+{
+    SAME(listen_host);
+    assert_int_equal(a->listen_port, b->listen_port);
+    assert_int_equal(a->listen_plaintext, b->listen_plaintext);
+    SAME(listen_tls.cert);
+    SAME(listen_tls.key);
+    SAME(listen_tls.client_ca);
+    SAME(admin_tls.cert);
+    SAME(admin_tls.key);
+    SAME(admin_tls.client_ca);
+    SAME(tls_ca);
+    SAME(admin_host);
+    assert_int_equal(a->admin_port, b->admin_port);
+    SAME(admin_unix);
+    assert_int_equal(a->admin_plaintext, b->admin_plaintext);
+    SAME(state_dir);
+    assert_int_equal(a->api_key_count, b->api_key_count);
+    for (size_t i = 0; i < a->api_key_count; i++) {
+        assert_string_equal(a->api_keys[i].name, b->api_keys[i].name);
+        assert_int_equal(a->api_keys[i].write, b->api_keys[i].write);
+        assert_memory_equal(a->api_keys[i].hash, b->api_keys[i].hash, 32);
+    }
+    SAME(storage_kind);
+    SAME(storage_path);
+    SAME(redis_url);
+    SAME(postgres_url);
+    assert_int_equal(a->storage_pool, b->storage_pool);
+    assert_int_equal(a->storage_timeout_ms, b->storage_timeout_ms);
+    assert_int_equal(a->require_sync_replication, b->require_sync_replication);
+    SAME(subject_header);
+    assert_int_equal(a->has_upstream, b->has_upstream);
+    if (a->has_upstream) {
+        SAME(upstream.host);
+        assert_int_equal(a->upstream.port, b->upstream.port);
+        assert_int_equal(a->upstream.tls, b->upstream.tls);
+        SAME(upstream.base_path);
+    }
+    assert_int_equal(a->event_loops, b->event_loops);
+    assert_int_equal(a->log_level, b->log_level);
+    assert_int_equal(a->log_json, b->log_json);
+    SAME(access_to);
+    assert_int_equal(a->access_text, b->access_text);
+    assert_int_equal(a->access_subject, b->access_subject);
+    assert_memory_equal(&a->limits, &b->limits, sizeof a->limits);
+    assert_same_problems(a->problems, a->problem_count, b->problems, b->problem_count);
+    assert_int_equal(a->route_count, b->route_count);
+    for (size_t i = 0; i < a->route_count; i++)
+        assert_same_route(&a->routes[i], &b->routes[i]);
+    assert_int_equal(a->consumer_count, b->consumer_count);
+    for (size_t i = 0; i < a->consumer_count; i++) {
+        const struct consumer_config *x = &a->consumers[i], *y = &b->consumers[i];
+        assert_int_equal(x->source, y->source);
+        assert_string_equal(x->url, y->url);
+        assert_string_equal(x->queue, y->queue);
+        SAME_STR(x->group, y->group);
+        SAME_STR(x->body_field, y->body_field);
+        assert_int_equal(x->prefetch, y->prefetch);
+        assert_string_equal(x->dead_letter, y->dead_letter);
+        assert_int_equal(x->backoff_count, y->backoff_count);
+        assert_memory_equal(x->backoff_ms, y->backoff_ms, sizeof x->backoff_ms);
+        assert_same_route(&x->route, &y->route);
+    }
+}
+
+/* Printed, read back, printed again: the same text, and the configuration
+ * read back is the original, field by field; before config_finish() and
+ * after it, as -T prints it. */
+static void test_print_round_trip(void **state)
+{
+    (void)state;
+    char *dir = test_mkdtemp(), err[512];
+    struct server_config *c = rich_config(dir), *back = round_trip(c, 1);
+    assert_same_config(c, back);
+    config_free(back);
+    assert_int_equal(config_finish(c, err, sizeof err), 0);
+    back = round_trip(c, 1);
+    assert_same_config(c, back);
+    config_free(back);
+    /* What the file gave is printed as it gave it. */
+    char *text = print_config(c);
+    static const char *const shown[] = {
+        "  address: \"0.0.0.0:8443\"\n",
+        "  address: \"[::1]:9443\"\n",
+        "upstream: \"https://Backend.example:8443/base\"\n",
+        "subject_header: \"X-!#$%&'*+.^_`|~\"\n",
+        "  - name: \"null\"\n",
+        "      method: \"POST\"\n      path: \"/orders/*/refunds/*\"\n",
+        "    layers: [token, lock, record]\n",
+        "    upstream: \"http://[::1]:9001\"\n",
+        "    store_statuses: [2xx, 409, 422, 5xx]\n",
+        "    store_statuses: null\n",
+        "        \"CREATED\": [\"PROCESSING\", \"SUCCESS\", \"FAILED\"]\n",
+        "  key_missing:\n    detail: \"\\x80\\x85\\u2028\\u2029\\uFEFFé end\"\n",
+        "  idle_timeout: 90m\n  header_timeout: 1500ms\n",
+        "  body_max: 1536B\n",
+        "  shutdown_timeout: 0ms\n  replay_cache: 0B\n",
+        "  token_ttl_max: 2d\n",
+        "      amqp: \"amqp://guest:guest@127.0.0.1:5672/%2f\"\n",
+        "    key:\n      message_id: true\n",
+        "    retry_backoff: [100ms, 2s]\n",
+    };
+    for (size_t i = 0; i < sizeof shown / sizeof shown[0]; i++)
+        if (!strstr(text, shown[i])) {
+            fputs(text, stderr); /* longer than cmocka's message */
+            fail_msg("no %s in what is printed", shown[i]);
+        }
+    assert_null(strstr(text, "workers"));
+    free(text);
+    config_free(c);
+    test_rmdir(dir);
+
+    /* With every default, before and after config_finish. */
+    c = config_default();
+    round_trip(c, 0);
+    assert_int_equal(config_finish(c, err, sizeof err), 0);
+    back = round_trip(c, 1);
+    assert_same_config(c, back);
+    config_free(back);
+    config_free(c);
+}
+
+/* No secret's value is printed, anywhere: each as its source. */
+static void test_print_secrets(void **state)
+{
+    (void)state;
+    char *dir = test_mkdtemp(), want[600];
+    struct server_config *c = rich_config(dir);
+    char *text = print_config(c);
+    for (size_t i = 0; i < sizeof secret_values / sizeof secret_values[0]; i++)
+        if (strstr(text, secret_values[i]))
+            fail_msg("%s is printed:\n%s", secret_values[i], text);
+    assert_null(strstr(text, "s3cr3t"));
+    assert_null(strstr(text, "VALUE"));
+    /* The password in a URL: its source, not the URL. */
+    assert_null(strstr(text, "idem:"));
+    assert_non_null(strstr(text, "  redis:\n    env: \"IDEM_DUMP_REDIS\"\n"));
+    snprintf(want, sizeof want, "  postgres:\n    file: \"%s/pg.url\"\n", dir);
+    assert_non_null(strstr(text, want));
+    assert_non_null(strstr(text, "  - name: \"ops\"\n    scope: write\n"
+                                 "    env: \"IDEM_DUMP_OPS\"\n"));
+    snprintf(want, sizeof want, "  - name: \"grafana\"\n    scope: read\n"
+             "    file: \"%s/grafana.key\"\n", dir);
+    assert_non_null(strstr(text, want));
+    snprintf(want, sizeof want, "      secrets:\n        - env: \"IDEM_DUMP_HMAC\"\n"
+             "        - file: \"%s/hmac.key\"\n", dir);
+    assert_non_null(strstr(text, want));
+    assert_non_null(strstr(text, "      apiv3_key:\n        env: \"IDEM_DUMP_APIV3\"\n"));
+    assert_non_null(strstr(text, "      amqp:\n        env: \"IDEM_DUMP_AMQP\"\n"));
+    snprintf(want, sizeof want, "      redis_stream:\n        file: \"%s/stream.url\"\n", dir);
+    assert_non_null(strstr(text, want));
+    snprintf(want, sizeof want, "        - file: \"%s/provider.pem\"\n          serial: \"S-1\"\n",
+             dir);
+    assert_non_null(strstr(text, want));
+    free(text);
+    config_free(c);
+    /* The sources read again give the same secrets; gone, the printed
+     * form is refused as the file would be. */
+    c = rich_config(dir);
+    text = print_config(c);
+    unsetenv("IDEM_DUMP_HMAC");
+    parse_bad(text, "IDEM_DUMP_HMAC", "not set");
+    free(text);
+    config_free(c);
+    test_rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1998,6 +2509,8 @@ int main(void)
         cmocka_unit_test(test_load),
         cmocka_unit_test(test_shipped_example),
         cmocka_unit_test(test_distributed_storage),
+        cmocka_unit_test(test_print_round_trip),
+        cmocka_unit_test(test_print_secrets),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
