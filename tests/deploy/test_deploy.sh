@@ -86,6 +86,17 @@ if out=$(sed "s|/run/credentials/idem.service|$tmp/none|" "$yaml" >"$tmp/bad.yam
   fail "idem serve --check took a file whose credentials are missing"
 fi
 echo "$out" | grep -q "$tmp/none/" || fail "the refusal does not name the file: $out"
+# -T checks it the same way and prints it: no credential's text, each by
+# the file it is read from, and the printed file printed again is the same.
+"$idem" serve -T -c "$tmp/idem.yaml" >"$tmp/dump.yaml" 2>"$tmp/dump.err" ||
+  fail "idem serve -T: $(cat "$tmp/dump.err")"
+grep -q "is valid" "$tmp/dump.err" || fail "idem serve -T did not check: $(cat "$tmp/dump.err")"
+for c in "$tmp/cred"/*; do
+  grep -qF "$(cat "$c")" "$tmp/dump.yaml" && fail "idem serve -T printed the text of $c"
+done
+grep -q "file: \"$tmp/cred/" "$tmp/dump.yaml" || fail "idem serve -T names no credential file"
+"$idem" serve -T -c "$tmp/dump.yaml" 2>/dev/null | cmp -s - "$tmp/dump.yaml" ||
+  fail "idem serve -T of its own output differs"
 # -t is --check, as nginx -t is; -V says the version, as idem version does.
 out=$("$idem" serve -t -c "$tmp/idem.yaml" 2>&1) || fail "idem serve -t: $out"
 echo "$out" | grep -q "is valid" || fail "idem serve -t did not check: $out"

@@ -3,7 +3,9 @@
 # test_doc_yaml.sh IDEM DOC... — every ```yaml block of the given docs is a
 # configuration idem accepts: `idem serve --check` (or `idem consume
 # --check` for one with consumers: and no routes:) exits 0 on it. A doc
-# example that stops parsing fails here, not in a reader's hands.
+# example that stops parsing fails here, not in a reader's hands. And
+# each is printed back (-T), the printed file accepted and printed again
+# to the same text: every example is a round trip of the printer too.
 set -eu
 idem=$1; shift
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
@@ -47,6 +49,14 @@ for f in "$tmp"/*.yaml; do
   if grep -q '^consumers:' "$f" && ! grep -q '^routes:' "$f"; then cmd=consume; fi
   if ! out=$(cd "$tmp" && "$idem" "$cmd" --check -c "$f" 2>&1); then
     echo "$(basename "$f"): idem $cmd --check refused it: $out"; sed 's/^/  | /' "$f"; exit 1
+  fi
+  if ! out=$(cd "$tmp" && "$idem" "$cmd" -T -c "$f" 2>&1 >"$f.dump") ||
+     ! out=$(cd "$tmp" && "$idem" "$cmd" -T -c "$f.dump" 2>&1 >"$f.dump2"); then
+    echo "$(basename "$f"): idem $cmd -T: $out"; sed 's/^/  | /' "$f.dump"; exit 1
+  fi
+  if ! cmp -s "$f.dump" "$f.dump2"; then
+    echo "$(basename "$f"): printed back (-T), then printed again, it differs:"
+    diff "$f.dump" "$f.dump2" | sed 's/^/  | /'; exit 1
   fi
 done
 [ "$n" -gt 0 ] || { echo "no yaml blocks in $*"; exit 1; }

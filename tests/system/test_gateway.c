@@ -2171,6 +2171,22 @@ static void test_bad_config_refused(void **state)
                   "--check", NULL};
     assert_int_equal(sys_run_fail(ok, err, sizeof err), 0);
     assert_string_equal(err, "");
+    /* -T checks as --check does, refusing with the same line and status... */
+    char *dump_bad[] = {(char *)idem_bin, "serve", "-c", path, "-T", NULL};
+    assert_int_equal(sys_run_fail(dump_bad, err, sizeof err), 2);
+    assert_non_null(strstr(err, "bad.yaml:7"));
+    /* ... and prints a valid one on stdout, --db and --listen applied, as
+     * a file that, printed again, gives the same text. */
+    char cmd[30000];
+    snprintf(cmd, sizeof cmd,
+             "D='%s' && '%s' serve -c \"$D/good.yaml\" --db '%s' --listen %s -T "
+             ">\"$D/dump1.yaml\" 2>\"$D/dump.err\" && grep -q 'good.yaml is valid' "
+             "\"$D/dump.err\" && grep -q '^  path: \"%s\"$' \"$D/dump1.yaml\" && "
+             "grep -q '^  address: \"%s\"$' \"$D/dump1.yaml\" && '%s' serve --dump-config "
+             "-c \"$D/dump1.yaml\" >\"$D/dump2.yaml\" 2>/dev/null && "
+             "cmp -s \"$D/dump1.yaml\" \"$D/dump2.yaml\"",
+             dir, idem_bin, db, listen, db, listen, idem_bin);
+    assert_int_equal(system(cmd), 0);
 }
 
 /* Two routes, the second's upstream host given: the file idem serve loads
