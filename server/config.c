@@ -524,9 +524,11 @@ static void print_logs(struct config_out *o, const struct server_config *cfg)
     config_put_word(o, 2, "level", levels[cfg->log_level]);
     config_put_word(o, 2, "format", cfg->log_json ? "json" : "text");
     config_put_key(o, 0, "access_log");
-    /* A path is never "off" or "stderr": those are the two words. */
+    /* A path is never "off", "stdout" or "stderr": those are the words. */
     if (!cfg->access_to || !*cfg->access_to)
-        config_put_word(o, 2, "to", cfg->access_to ? "off" : "stderr");
+        config_put_word(o, 2, "to", cfg->access_to        ? "off"
+                                    : cfg->access_stderr ? "stderr"
+                                                         : "stdout");
     else
         config_put_str(o, 2, "to", cfg->access_to);
     config_put_word(o, 2, "format", cfg->access_text ? "text" : "json");

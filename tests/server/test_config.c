@@ -1333,10 +1333,16 @@ static void test_access_log(void **state)
     c = parse_ok("access_log: stdout\n");
     assert_null(c->access_to);
     assert_false(c->access_stderr);
+    struct server_config *out = round_trip(c, 1); /* -T says stdout */
+    assert_false(out->access_stderr);
+    config_free(out);
     config_free(c);
     c = parse_ok("access_log: { to: stderr, format: text, subject: off }\n");
     assert_null(c->access_to);
     assert_true(c->access_stderr);
+    struct server_config *back = round_trip(c, 1); /* -T says stderr, not the default */
+    assert_true(back->access_stderr);
+    config_free(back);
     assert_true(c->access_text);
     assert_int_equal(c->access_subject, SUBJECT_OFF);
     config_free(c);
@@ -2346,6 +2352,7 @@ static void assert_same_config(const struct server_config *a, const struct serve
     assert_int_equal(a->log_level, b->log_level);
     assert_int_equal(a->log_json, b->log_json);
     SAME(access_to);
+    assert_int_equal(a->access_stderr, b->access_stderr);
     assert_int_equal(a->access_text, b->access_text);
     assert_int_equal(a->access_subject, b->access_subject);
     assert_memory_equal(&a->limits, &b->limits, sizeof a->limits);
