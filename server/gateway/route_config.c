@@ -418,7 +418,9 @@ int config_route_holds(const struct route *r)
 static int get_store_statuses(struct config_ctx *c, const yaml_node_t *n, const char *path,
                               struct route *r)
 {
-    if (n->type == YAML_SEQUENCE_NODE && n->data.sequence.items.start == n->data.sequence.items.top)
+    /* A null is an empty list, as everywhere in the file. */
+    if (config_is_null(n) || (n->type == YAML_SEQUENCE_NODE &&
+                              n->data.sequence.items.start == n->data.sequence.items.top))
         return config_fail(c, n, path, "an empty list keeps no answer, so every retry would "
                            "execute again; list what to keep, e.g. [2xx, 4xx]");
     r->store_statuses_set = 1;

@@ -66,7 +66,7 @@ void config_put_status_set(struct config_out *o, int indent, const char *key,
             if (status_set_has(set, st))
                 fprintf(o->f, "%s%d", n++ ? ", " : "[", st);
     }
-    /* An empty list is refused where it would keep nothing; a null (which
-     * store_statuses takes) is no list. */
-    fputs(n ? "]\n" : "null\n", o->f);
+    /* Empty: resolve's executed or not_executed may be (store_statuses
+     * may not). */
+    fputs(n ? "]\n" : "[]\n", o->f);
 }
