@@ -19,6 +19,7 @@
 #include "admin/metrics.h"
 
 #include <dirent.h>
+#include <jansson.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -35,8 +36,6 @@
 #include "telemetry/recent.h"
 #include "http/upstream.h"
 #include "mono.h"
-
-#include <jansson.h>
 
 _Static_assert(GW_KEY_EXPIRED + 1 == GW_OUTCOMES, "GW_OUTCOMES counts enum gw_outcome");
 _Static_assert(UPSTREAM_TOO_BIG + 1 == UPSTREAM_RESULTS,
