@@ -326,7 +326,8 @@ static int get_storage(struct config_ctx *c, const yaml_node_t *n, struct server
                                "postgres: postgresql://user@host/db)");
         if (get_server_url(c, v, "storage.postgres",
                            "a URL like postgresql://idem@127.0.0.1/idem", &cfg->postgres_url,
-                           &cfg->postgres_src))
+                           &cfg->postgres_src) ||
+            config_check_postgres_url(c, v, "storage.postgres", cfg->postgres_url))
             return -1;
         uint64_t pool;
         if ((v = config_field(c, n, "pool"))) {

@@ -20,6 +20,7 @@
 
 #include "config.h"
 #include "core/redis_url.h"
+#include "store/store.h"
 
 /* ------------------------------------------------------------------------- */
 /* Durations and sizes. */
@@ -994,6 +995,27 @@ int config_get_secret(struct config_ctx *c, const yaml_node_t *n, const char *pa
  * { file: PATH } for one that holds a password, which is then read from the
  * environment or the file (its first line) and never printed. */
 
+/* The library's detail "name: why", at the line as path: why. */
+static int fail_with_detail(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                            const char *name)
+{
+    const char *why = idem_errdetail();
+    size_t nl = strlen(name);
+    if (!strncmp(why, name, nl) && !strncmp(why + nl, ": ", 2))
+        why += nl + 2;
+    return config_fail(c, n, path, "%s", why);
+}
+
+int config_check_postgres_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                              const char *url)
+{
+    /* libpq's reason may quote the URL: only one written in the file. */
+    int in_file = n->type == YAML_SCALAR_NODE;
+    return idem__postgres_url_check(url, in_file) == IDEM_OK
+               ? 0
+               : fail_with_detail(c, n, path, "postgres_url");
+}
+
 int config_check_redis_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
                            const char *url)
 {
@@ -1003,9 +1025,5 @@ int config_check_redis_url(struct config_ctx *c, const yaml_node_t *n, const cha
         return 0;
     }
     /* The parser's detail is "PATH: why": the why, at the line. */
-    const char *why = idem_errdetail();
-    size_t pl = strlen(path);
-    if (!strncmp(why, path, pl) && !strncmp(why + pl, ": ", 2))
-        why += pl + 2;
-    return config_fail(c, n, path, "%s", why);
+    return fail_with_detail(c, n, path, path);
 }

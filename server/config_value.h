@@ -73,6 +73,12 @@ int config_fail_at(struct config_ctx *c, const yaml_mark_t *mark, const char *fm
  * here, at its line, with the parser's reason (never the password). */
 int config_check_redis_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
                            const char *url);
+/* A PostgreSQL URL or key=value string that libpq will read when the store
+ * opens it: refused here, at its line, with libpq's reason when the URL is
+ * written in the file (libpq may quote it; one from env: or file: is a
+ * secret). */
+int config_check_postgres_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
+                              const char *url);
 /* "out of memory"; -1. */
 int config_oom(struct config_ctx *c);
 /* s in double quotes, escaped, cut short if long: safe to print whatever the

@@ -2640,7 +2640,26 @@ static void where_of(char *out, size_t cap, const char *hosts, const char *ports
     }
 }
 
-static idem_rc parse_url(struct pg_db *d, const char *url)
+/* Whether url carries a password: user:password@ in a URI, or password=
+ * (a key=value string's, a URI parameter). */
+static int holds_password(const char *url)
+{
+    if (strstr(url, "password"))
+        return 1;
+    const char *s = strstr(url, "://");
+    if (!s)
+        return 0;
+    s += 3;
+    size_t auth = strcspn(s, "/?#");
+    const char *at = memchr(s, '@', auth);
+    return at && memchr(s, ':', (size_t)(at - s)) != NULL;
+}
+
+/* url as libpq reads it, or why not, the options in *out (freed by the
+ * caller) when out is not NULL. libpq's own reason, which may quote any
+ * part of url, is said only when quote is set and the URL holds no
+ * password. */
+static idem_rc check_url(const char *url, int quote, PQconninfoOption **out)
 {
     /* libpq ends a URI's user part at the first '/', '?' or '#': an '@'
      * after one means a password holding it unescaped, which libpq would
@@ -2657,10 +2676,33 @@ static idem_rc parse_url(struct pg_db *d, const char *url)
     char *err = NULL;
     PQconninfoOption *opts = PQconninfoParse(url, &err);
     if (!opts) {
+        int secret = !quote || holds_password(url);
+        size_t n = err ? strcspn(err, "\n") : 0;
+        idem_rc rc = idem__fail(IDEM_EINVAL, "postgres_url: not a libpq connection URI or "
+                                "key=value string%s%.*s",
+                                n && !secret ? ": " : "", n && !secret ? (int)n : 0,
+                                err ? err : "");
         PQfreemem(err);
-        return idem__fail(IDEM_EINVAL, "postgres_url: not a libpq connection URI or "
-                                       "key=value string");
+        return rc;
     }
+    if (out)
+        *out = opts;
+    else
+        PQconninfoFree(opts);
+    return IDEM_OK;
+}
+
+idem_rc idem__postgres_url_check(const char *url, int quote)
+{
+    return check_url(url, quote, NULL);
+}
+
+static idem_rc parse_url(struct pg_db *d, const char *url)
+{
+    PQconninfoOption *opts;
+    idem_rc bad = check_url(url, 0, &opts);
+    if (bad != IDEM_OK)
+        return bad;
     const char *host = NULL, *hostaddr = NULL, *port = NULL, *password = NULL;
     for (PQconninfoOption *o = opts; o->keyword; o++) {
         if (!o->val || !*o->val)

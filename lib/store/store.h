@@ -323,6 +323,11 @@ idem_rc idem__redis_open(const idem_options *o, const struct idem__kv_ops **ops,
                          void **out);
 idem_rc idem__postgres_open(const idem_options *o,
                             const struct idem__db_ops **ops, void **out);
+/* Whether libpq reads url as a connection URI or key=value string (as the
+ * store would at its start): IDEM_OK, or IDEM_EINVAL with the detail
+ * "postgres_url: ..."; libpq's reason (which may quote the URL) only when
+ * quote is set and the URL holds no password. */
+idem_rc idem__postgres_url_check(const char *url, int quote);
 
 /* idem_open() with the two halves named: kv "memory" or "redis", db
  * "sqlite" or "postgres". The public stores are memory+sqlite ("embedded")

@@ -19,13 +19,15 @@ done
 # A secret an example takes from the environment ({ env: NAME }) is set
 # as a user would set it, when the test's environment does not: a
 # Standard Webhooks secret (whsec_ and base64), which every scheme takes,
-# for a WeChat Pay APIv3 key its 32 bytes, for a Redis URL a URL.
+# for a WeChat Pay APIv3 key its 32 bytes, for a Redis or PostgreSQL URL a
+# URL.
 for name in $(cat "$tmp"/*.yaml 2>/dev/null | grep -o 'env: *[A-Za-z_][A-Za-z0-9_]*' |
               sed 's/env: *//' | sort -u); do
   value=whsec_MDEyMzQ1Njc4OWFiY2RlZmdoaWo=
   case $name in
   *APIV3*) value=0123456789abcdef0123456789abcdef ;;
   *REDIS*) value=redis://127.0.0.1:6379/0 ;; # a URL idem serve --check reads as one
+  *POSTGRES*|*PG_URL*) value=postgresql://idem@127.0.0.1:5432/idem ;;
   esac
   eval "[ -n \"\${$name:-}\" ]" || export "$name=$value"
 done

@@ -1872,6 +1872,28 @@ static void test_distributed_storage(void **state)
     parse_bad("storage:\n  kind: distributed\n  redis: redis://r\n"
               "  postgres: { env: IDEM_TEST_PG_URL }\n",
               "idem.yaml:4: storage.postgres.env", "IDEM_TEST_PG_URL");
+    /* What libpq would refuse at the store's start is refused at its line
+     * (so --check sees it), with libpq's reason; never when that could
+     * quote a password. */
+    parse_bad("storage:\n  kind: distributed\n  redis: redis://r\n"
+              "  postgres: postgresql://idem@db/idem?sslmod=require\n",
+              "idem.yaml:4: storage.postgres: not a libpq connection URI",
+              "invalid URI query parameter: \"sslmod\"");
+    parse_bad("storage:\n  kind: distributed\n  redis: redis://r\n"
+              "  postgres: host=db dbnme=idem\n",
+              "idem.yaml:4: storage.postgres", "invalid connection option \"dbnme\"");
+    /* From the environment: refused without libpq's reason, which quotes
+     * (here it would quote what may be a password put there by mistake). */
+    setenv("IDEM_TEST_PG_URL", "hunter2-not-a-url", 1);
+    struct server_config *pc = (struct server_config *)1;
+    char perr[512] = "";
+    static const char pg_env[] = "storage:\n  kind: distributed\n  redis: redis://r\n"
+                                 "  postgres: { env: IDEM_TEST_PG_URL }\n";
+    assert_int_equal(config_parse(pg_env, strlen(pg_env), "idem.yaml", &pc, perr, sizeof perr),
+                     -1);
+    assert_non_null(strstr(perr, "storage.postgres: not a libpq connection URI"));
+    assert_null(strstr(perr, "hun"));
+    unsetenv("IDEM_TEST_PG_URL");
 
     /* A password holding '/', '?', '#' or '@' unescaped still counts as one,
      * and never shows. */
@@ -1896,11 +1918,11 @@ static void test_distributed_storage(void **state)
                                        "  postgres: { env: IDEM_TEST_TRICKY }\n";
         char err[512] = "";
         if (config_parse(from_env, strlen(from_env), "idem.yaml", &c, err, sizeof err) != 0) {
-            /* An unescaped '/', '?' or '#' ends Redis's host part: refused
-             * at its line, as the store would refuse it, and not shown. */
-            assert_true(redis);
-            assert_non_null(strstr(err, "idem.yaml:3: storage.redis: "));
-            if (strstr(err, "Secret") || strstr(err, "Top"))
+            /* An unescaped '/', '?' or '#' ends the host part: refused at
+             * its line, as the store would refuse it, and not shown. */
+            assert_non_null(strstr(err, redis ? "idem.yaml:3: storage.redis: "
+                                              : "idem.yaml:4: storage.postgres: "));
+            if (strstr(err, "Secret") || strstr(err, "Top") || strstr(err, "S3cr"))
                 fail_msg("%s shows in \"%s\"", tricky[i], err);
             continue;
         }
