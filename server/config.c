@@ -257,6 +257,9 @@ void config_storage_where(const struct server_config *c, char *buf, size_t size)
     snprintf(buf, size, "%s + %s", r, p);
 }
 
+/* storage.redis / storage.postgres: a URL written out, or { env: NAME } or
+ * { file: PATH } for one that holds a password, which is then read from the
+ * environment or the file (its first line) and never printed. */
 static int get_server_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
                           const char *example, char **dst, struct config_secret *src)
 {

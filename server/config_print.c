@@ -170,8 +170,5 @@ void config_put_upstream(struct config_out *o, int indent, const char *key,
                          const struct upstream_url *u)
 {
     char url[URL_PATH_MAX + 400];
-    int v6 = strchr(u->host, ':') != NULL;
-    snprintf(url, sizeof url, "%s://%s%s%s:%d%s", u->tls ? "https" : "http", v6 ? "[" : "",
-             u->host, v6 ? "]" : "", u->port, u->base_path ? u->base_path : "");
-    config_put_str(o, indent, key, url);
+    config_put_str(o, indent, key, config_upstream_text(u, url, sizeof url));
 }

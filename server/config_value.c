@@ -827,6 +827,14 @@ int config_url_path_char(unsigned char ch)
     return ch > 0x20 && ch < 0x7f && ch != '?' && ch != '#';
 }
 
+const char *config_upstream_text(const struct upstream_url *u, char *buf, size_t size)
+{
+    int v6 = strchr(u->host, ':') != NULL;
+    snprintf(buf, size, "%s://%s%s%s:%d%s", u->tls ? "https" : "http", v6 ? "[" : "", u->host,
+             v6 ? "]" : "", u->port, u->base_path ? u->base_path : "");
+    return buf;
+}
+
 int config_get_upstream(struct config_ctx *c, const yaml_node_t *n, const char *path,
                         struct upstream_url *u)
 {
@@ -990,10 +998,6 @@ int config_get_secret(struct config_ctx *c, const yaml_node_t *n, const char *pa
     }
     return 0;
 }
-
-/* storage.redis / storage.postgres: a URL written out, or { env: NAME } or
- * { file: PATH } for one that holds a password, which is then read from the
- * environment or the file (its first line) and never printed. */
 
 /* The library's detail "name: why", at the line as path: why. */
 static int fail_with_detail(struct config_ctx *c, const yaml_node_t *n, const char *path,

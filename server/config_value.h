@@ -184,6 +184,9 @@ struct upstream_url;
  * consumer's handler, the default upstream. */
 int config_get_upstream(struct config_ctx *c, const yaml_node_t *n, const char *path,
                         struct upstream_url *u);
+/* u written back as a URL, "http://host:port/base", the host as the file
+ * gave it (an IPv6 address in brackets); buf. */
+const char *config_upstream_text(const struct upstream_url *u, char *buf, size_t size);
 /* url without its user, password and parameters: "redis://host:6379/0"
  * (a key=value connection string with a password: said so, not shown). */
 void config_url_without_userinfo(const char *url, char *buf, size_t size);

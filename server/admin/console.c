@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "admin/admin.h"
+#include "config_value.h"
 #include "gateway/signature.h"
 #include "gateway/states_config.h"
 #include "console_css.h"
@@ -147,9 +148,8 @@ static json_t *route_json(const struct route *rt, int consumer)
     if (rt->layer_lock)
         json_array_append_new(layers, json_string("lock"));
     json_array_append_new(layers, json_string("record"));
-    char up[600];
-    snprintf(up, sizeof up, "%s://%s:%d%s", rt->upstream.tls ? "https" : "http",
-             rt->upstream.host, rt->upstream.port, rt->upstream.base_path);
+    char up[URL_PATH_MAX + 400];
+    config_upstream_text(&rt->upstream, up, sizeof up);
     json_t *j = json_pack(
         "{s:s, s:s, s:o, s:o, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:s, s:s}", "name", rt->name,
         "kind", consumer ? "consumer" : "route", "key", key, "layers", layers, "space",
