@@ -526,8 +526,7 @@ static void route_stats(struct out *o, struct daemon *d, const struct route *rt,
         r = ((const struct named_counts *)((const char *)rt->n -
                                            offsetof(struct named_counts, n)))->recent;
     struct recent_figures f;
-    recent_figures(r, rt->n, now_ms, STATS_SPAN_MS, &f);
-    unsigned nsteps = recent_steps(r, rt->n, now_ms, steps);
+    unsigned nsteps = recent_read(r, rt->n, now_ms, STATS_SPAN_MS, &f, steps);
     char esc[LABEL_MAX];
     add(o, "{\"route\":\"%s\",\"kind\":\"%s\",\"seconds\":%.3f,\"requests\":%lu",
         label(rt->name, esc), consumer ? "consumer" : "route", f.seconds, f.requests);

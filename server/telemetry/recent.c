@@ -82,11 +82,12 @@ static double quantile(const unsigned long *d, unsigned long total, double q)
     return -1;
 }
 
-void recent_figures(const struct recent *r, const struct route_counts *n, int64_t now_ms,
-                    int64_t span_ms, struct recent_figures *f)
+/* The figures over the last span_ms, now's counters less a sample's. */
+static void figures(const struct recent *r, const struct recent_sample *now, int64_t span_ms,
+                    struct recent_figures *f)
 {
-    struct recent_sample now, zero = {0};
-    take(n, now_ms, &now);
+    struct recent_sample zero = {0};
+    int64_t now_ms = now->at_ms;
     /* The newest sample at least span_ms old, else the oldest there is,
      * else none: since the counters began (zero, at an unknown time). */
     const struct recent_sample *from = NULL, *s;
@@ -99,36 +100,34 @@ void recent_figures(const struct recent *r, const struct route_counts *n, int64_
         from = &zero;
     memset(f, 0, sizeof *f);
     f->seconds = from->at_ms ? (double)(now_ms - from->at_ms) / 1000.0 : 0;
-    f->requests = now.requests - from->requests;
-    f->errors = now.errors - from->errors;
-    f->executions = now.executions - from->executions;
-    f->replays = now.replays - from->replays;
-    f->conflicts = now.conflicts - from->conflicts;
+    f->requests = now->requests - from->requests;
+    f->errors = now->errors - from->errors;
+    f->executions = now->executions - from->executions;
+    f->replays = now->replays - from->replays;
+    f->conflicts = now->conflicts - from->conflicts;
     unsigned long d[LATENCY_BUCKETS], timed = 0;
     for (int b = 0; b < LATENCY_BUCKETS; b++)
-        timed += d[b] = now.latency[b] - from->latency[b];
+        timed += d[b] = now->latency[b] - from->latency[b];
     f->p50_ms = timed ? quantile(d, timed, 0.50) : -1;
     f->p99_ms = timed ? quantile(d, timed, 0.99) : -1;
 }
 
-unsigned recent_steps(const struct recent *r, const struct route_counts *n, int64_t now_ms,
-                      struct recent_step *out)
+/* The steps of the last hour, into out; how many. */
+static unsigned steps_of(const struct recent *r, const struct recent_sample *now,
+                         struct recent_step *out)
 {
     if (!r)
         return 0;
     /* Now, since the newest sample, when that says something. */
     const struct recent_sample *newest = back(r, 0);
     struct recent_step live = {0};
-    int has_live = newest && now_ms - newest->at_ms >= RECENT_STEP_MS / 5;
-    if (has_live) {
-        struct recent_sample now;
-        take(n, now_ms, &now);
+    int has_live = newest && now->at_ms - newest->at_ms >= RECENT_STEP_MS / 5;
+    if (has_live)
         live = (struct recent_step){
-            .ms = (uint32_t)(now_ms - newest->at_ms),
-            .requests = (uint32_t)(now.requests - newest->requests),
-            .errors = (uint32_t)(now.errors - newest->errors),
+            .ms = (uint32_t)(now->at_ms - newest->at_ms),
+            .requests = (uint32_t)(now->requests - newest->requests),
+            .errors = (uint32_t)(now->errors - newest->errors),
         };
-    }
     unsigned kept = r->steps - (has_live && r->steps == RECENT_STEPS);
     unsigned first = (r->step_next + RECENT_STEPS - kept) % RECENT_STEPS;
     for (unsigned i = 0; i < kept; i++)
@@ -136,4 +135,14 @@ unsigned recent_steps(const struct recent *r, const struct route_counts *n, int6
     if (has_live)
         out[kept++] = live;
     return kept;
+}
+
+unsigned recent_read(const struct recent *r, const struct route_counts *n, int64_t now_ms,
+                     int64_t span_ms, struct recent_figures *f, struct recent_step *steps)
+{
+    struct recent_sample now;
+    take(n, now_ms, &now);
+    if (f)
+        figures(r, &now, span_ms, f);
+    return steps ? steps_of(r, &now, steps) : 0;
 }

@@ -53,15 +53,13 @@ struct recent_figures {
  * the counters' lock. */
 void recent_sample_all(struct counts *c, int64_t now_ms);
 
-/* n's figures over the last span_ms before now_ms, from its ring r and its
- * live counters. Under the counters' lock. */
-void recent_figures(const struct recent *r, const struct route_counts *n, int64_t now_ms,
-                    int64_t span_ms, struct recent_figures *f);
-
-/* n's steps of the last hour, oldest first, the last one ending now when
- * the newest sample is over a fifth of a step old: up to RECENT_STEPS of
- * them (fewer when younger). Returns how many. Under the counters' lock. */
-unsigned recent_steps(const struct recent *r, const struct route_counts *n, int64_t now_ms,
-                      struct recent_step *out);
+/* n's live counters read once at now_ms, and from them and its ring r:
+ * into f (when not NULL) its figures over the last span_ms; into steps
+ * (when not NULL, room for RECENT_STEPS) its steps of the last hour, oldest
+ * first, the last one ending now when the newest sample is over a fifth of
+ * a step old, and how many (fewer when younger). Under the counters'
+ * lock. */
+unsigned recent_read(const struct recent *r, const struct route_counts *n, int64_t now_ms,
+                     int64_t span_ms, struct recent_figures *f, struct recent_step *steps);
 
 #endif

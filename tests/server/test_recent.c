@@ -49,7 +49,7 @@ static void test_last_minute_only(void **state)
         recent_sample_all(c, t);
     }
     struct recent_figures f;
-    recent_figures(nc->recent, &nc->n, 61000, 60000, &f);
+    recent_read(nc->recent, &nc->n, 61000, 60000, &f, NULL);
     assert_true(f.seconds == 60.0);
     assert_int_equal(f.requests, 600);
     assert_int_equal(f.errors, 6);
@@ -57,7 +57,7 @@ static void test_last_minute_only(void **state)
     assert_true(f.p50_ms > 0.5 && f.p50_ms <= 1.0);
     assert_true(f.p99_ms > 10.0 && f.p99_ms <= 25.0);
     struct recent_step steps[RECENT_STEPS];
-    unsigned n = recent_steps(nc->recent, &nc->n, 61000, steps);
+    unsigned n = recent_read(nc->recent, &nc->n, 61000, 60000, NULL, steps);
     assert_int_equal(n, 6);
     for (unsigned i = 0; i < n; i++) {
         assert_int_equal(steps[i].ms, 10000);
@@ -76,20 +76,21 @@ static void test_young_and_empty(void **state)
     struct recent_figures f;
     /* No sample yet: since the start, over an unknown span. */
     answer(&nc->n, 3, 201, 800);
-    recent_figures(nc->recent, &nc->n, 5000, 60000, &f);
+    recent_read(nc->recent, &nc->n, 5000, 60000, &f, NULL);
     assert_int_equal(f.requests, 3);
     assert_true(f.seconds == 0);
     recent_sample_all(c, 5000);
     /* Nothing since: no percentile to give. */
-    recent_figures(nc->recent, &nc->n, 9000, 60000, &f);
+    recent_read(nc->recent, &nc->n, 9000, 60000, &f, NULL);
     assert_int_equal(f.requests, 0);
     assert_true(f.seconds == 4.0);
     assert_true(f.p50_ms < 0 && f.p99_ms < 0);
     struct recent_step steps[RECENT_STEPS];
-    assert_int_equal(recent_steps(nc->recent, &nc->n, 5500, steps), 0); /* too short */
+    /* Too short a step to say anything. */
+    assert_int_equal(recent_read(nc->recent, &nc->n, 5500, 60000, NULL, steps), 0);
     /* Long enough: the step since the sample, as it is now. */
     answer(&nc->n, 2, 201, 800);
-    assert_int_equal(recent_steps(nc->recent, &nc->n, 8000, steps), 1);
+    assert_int_equal(recent_read(nc->recent, &nc->n, 8000, 60000, NULL, steps), 1);
     assert_int_equal(steps[0].ms, 3000);
     assert_int_equal(steps[0].requests, 2);
     counts_free(c);
@@ -109,20 +110,20 @@ static void test_ring_goes_round(void **state)
     }
     /* An hour of steps, the newest last: step k ended with sample k. */
     struct recent_step steps[RECENT_STEPS];
-    unsigned n = recent_steps(nc->recent, &nc->n, t, steps);
+    unsigned n = recent_read(nc->recent, &nc->n, t, 60000, NULL, steps);
     assert_int_equal(n, RECENT_STEPS);
     for (unsigned i = 0; i < n; i++)
         assert_int_equal(steps[i].requests, (unsigned)(samples - RECENT_STEPS + (int)i) % 50);
     /* With a live step, the oldest full one makes room for it. */
     answer(&nc->n, 7, 201, 800);
-    n = recent_steps(nc->recent, &nc->n, t + 5000, steps);
+    n = recent_read(nc->recent, &nc->n, t + 5000, 60000, NULL, steps);
     assert_int_equal(n, RECENT_STEPS);
     assert_int_equal(steps[n - 1].requests, 7);
     assert_int_equal(steps[n - 1].ms, 5000);
     assert_int_equal(steps[0].requests, (unsigned)(samples - RECENT_STEPS + 1) % 50);
     /* The last minute: the last six samples' answers, and the live ones. */
     struct recent_figures f;
-    recent_figures(nc->recent, &nc->n, t + 5000, 60000, &f);
+    recent_read(nc->recent, &nc->n, t + 5000, 60000, &f, NULL);
     unsigned long want = 7;
     for (int i = samples - 6; i < samples; i++)
         want += (unsigned long)(i % 50);
