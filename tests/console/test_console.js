@@ -698,6 +698,16 @@ async function main() {
   assert.match(await p.eval(figure('r-03', 'p50')), /^\d+(\.\d)? ms$/);
   assert.equal(await p.eval(figure('r-40', 'per_second')), '0.00');
   assert.equal(await p.eval(figure('r-40', 'p99')), '—');
+  /* The past is the daemon's: a reloaded page draws at once every step the
+   * page before it drew, where a page's own record would start empty. */
+  const points = "document.querySelector('#routes tr[data-route=\"r-03\"] " +
+    "polyline[data-series=\"answers\"]').getAttribute('points').split(' ').length";
+  const drawn = await p.eval(points);
+  await p.eval('window.beforeReload = true');
+  await p.send('Page.reload', {});
+  await p.waitFor("!window.beforeReload && document.readyState === 'complete' && " +
+    "document.querySelectorAll('#routes tr').length === 50", 'the overview after a reload');
+  assert.ok(await p.eval(points) >= drawn, 'the steps drawn before the reload, after it');
   /* A row a line: fifty routes in about two screens, not fifty boxes. */
   const tallest = await p.eval("Math.max(...[...document.querySelectorAll('#routes tr')]" +
     '.map((r) => r.getBoundingClientRect().height))');
