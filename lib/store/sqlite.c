@@ -26,7 +26,9 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -209,10 +211,39 @@ static idem_rc exec_stmt(struct sqlite_db *d, int which)
  *
  * The writer looks after each COMMIT, before the batch's callers are
  * answered, so what it acknowledges was written to the files at the
- * store's paths: a stat() per file per batch. Readers look at most every
+ * store's paths: a look per file per batch. Readers look at most every
  * FILES_LOOK_US, so that a store no one writes to (a health check's reads)
  * finds out too. */
 #define FILES_LOOK_US 100000
+
+/* Which file is at path: its device and inode, 0; or -1 with errno set.
+ * It asks for nothing else. A stat() would also read the file's times,
+ * and on a filesystem with fine-grained timestamps (ext4 and XFS since
+ * Linux 6.13) a file whose times were read gets a new one at its next
+ * write: the WAL's inode is dirtied by every commit, and each commit's
+ * fdatasync writes it to the disk as well as the frames (ext4 without a
+ * journal: a second I/O, 40 us more a flush on a virtio disk). Asking for
+ * the inode alone leaves the times unread, and the inode is then dirtied
+ * when the coarse clock ticks, a few times a second. */
+static int file_id(const char *path, dev_t *dev, ino_t *ino)
+{
+#ifdef STATX_INO
+    struct statx sx;
+    if (statx(AT_FDCWD, path, 0, STATX_INO, &sx) == 0) {
+        *dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+        *ino = (ino_t)sx.stx_ino;
+        return 0;
+    }
+    if (errno != ENOSYS)
+        return -1;
+#endif
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return -1;
+    *dev = st.st_dev;
+    *ino = st.st_ino;
+    return 0;
+}
 
 /* Compare each watched path's inode with the one opened; at the first that
  * differs, mark the store gone and say why. */
@@ -220,16 +251,16 @@ static void look_at_files(struct sqlite_db *d)
 {
     for (int i = 0; i < F_COUNT_; i++) {
         const struct store_file *f = &d->files[i];
-        struct stat st;
+        dev_t dev;
+        ino_t ino;
         if (!f->path)
             continue;
-        int there = stat(f->path, &st) == 0;
-        if (there ? st.st_dev == f->dev && st.st_ino == f->ino
-                  : errno != ENOENT && errno != ENOTDIR)
+        int there = file_id(f->path, &dev, &ino) == 0;
+        if (there ? dev == f->dev && ino == f->ino : errno != ENOENT && errno != ENOTDIR)
             continue; /* the same file, or no answer (EIO, ENOMEM): look again later */
         char now[32] = "none";
         if (there)
-            snprintf(now, sizeof now, "%llu", (unsigned long long)st.st_ino);
+            snprintf(now, sizeof now, "%llu", (unsigned long long)ino);
         pthread_mutex_lock(&d->gone_mu);
         int first = !atomic_load(&d->gone);
         if (first) {
@@ -348,13 +379,14 @@ static void save_database(struct sqlite_db *d, const char *path)
 static void keep_acknowledged(struct sqlite_db *d)
 {
     const struct store_file *f = &d->files[F_DB];
-    struct stat st;
+    dev_t dev;
+    ino_t ino;
     if (d->kept)
         return;
     d->kept = 1;
     if (!f->path)
         return;
-    if (stat(f->path, &st) != 0 || st.st_dev != f->dev || st.st_ino != f->ino) {
+    if (file_id(f->path, &dev, &ino) != 0 || dev != f->dev || ino != f->ino) {
         save_database(d, f->path);
         return;
     }
@@ -410,17 +442,18 @@ static idem_rc watch_files(struct sqlite_db *d)
     size_t n = strlen(db);
     for (int i = 0; i < F_COUNT_; i++) {
         size_t m = strlen(suffix[i]);
-        struct stat st;
+        dev_t dev;
+        ino_t ino;
         char *path = idem__malloc(n + m + 1);
         if (!path)
             return idem__fail(IDEM_ENOMEM, "sqlite: allocating");
         memcpy(path, db, n);
         memcpy(path + n, suffix[i], m + 1);
-        if (stat(path, &st) != 0) {
+        if (file_id(path, &dev, &ino) != 0) {
             idem__free(path); /* SQLite has none open: nothing to watch */
             continue;
         }
-        d->files[i] = (struct store_file){.path = path, .dev = st.st_dev, .ino = st.st_ino};
+        d->files[i] = (struct store_file){.path = path, .dev = dev, .ino = ino};
     }
     return IDEM_OK;
 }
