@@ -77,6 +77,7 @@ enum conn_state { READING, HANDLING, WRITING, ORPHANED, LINGERING };
 
 #define LINGER_MS 2000
 #define INPUT_HIGH (64 * 1024) /* input buffered while a request is handled */
+#define READ_MAX (16 * 1024)   /* the most one recv() of a plain connection takes */
 #define OVER_LIMIT_GRACE 1024 /* connections answered 503 while over the limit */
 #define ACCEPT_PAUSE_MS 100   /* accept() failed (out of descriptors): listen again after */
 #define ACCEPT_LOG_MS 10000   /* and say so at most this often */
@@ -84,6 +85,12 @@ enum conn_state { READING, HANDLING, WRITING, ORPHANED, LINGERING };
 struct conn {
     struct front *f;
     struct bufferevent *bev;
+    /* Plain TCP: the connection's own read event, in place of the
+     * bufferevent's (see on_readable); NULL with TLS. */
+    struct event *rd;
+    struct evbuffer_cb_entry *drained; /* rd's: input taken below INPUT_HIGH */
+    int reading;          /* the connection reads (read_on), TLS or not */
+    int full;             /* rd is off until the input goes below INPUT_HIGH */
     struct event *timer;
     struct http_parser parser;
     enum conn_state state;
@@ -122,6 +129,7 @@ struct front {
     int port, admin_port;
     int draining;
     int closing;                    /* front_free() is running the last steps */
+    char scratch[READ_MAX];         /* on_readable's, on this front's loop */
 
     pthread_mutex_t mu;             /* guards in_flight */
     size_t in_flight;               /* this loop's requests being handled */
@@ -137,6 +145,7 @@ struct front {
 
 static void conn_free(struct conn *c);
 static void process_input(struct conn *c);
+static void on_event(struct bufferevent *bev, short what, void *arg);
 
 /* The answer that needs no allocation: over the connection limit, or out of
  * memory. */
@@ -174,6 +183,30 @@ static int64_t send_check_ms(const struct conn *c)
     return ms < 10 ? 10 : ms > 1000 ? 1000 : ms;
 }
 
+/* Read from the socket, or stop. A plain connection's reads are its own
+ * (on_readable); a TLS one's are its bufferevent's. */
+static void read_on(struct conn *c)
+{
+    if (c->reading)
+        return;
+    c->reading = 1;
+    if (c->rd && !c->full)
+        event_add(c->rd, NULL);
+    else if (!c->rd)
+        bufferevent_enable(c->bev, EV_READ);
+}
+
+static void read_off(struct conn *c)
+{
+    if (!c->reading)
+        return;
+    c->reading = 0;
+    if (c->rd)
+        event_del(c->rd);
+    else
+        bufferevent_disable(c->bev, EV_READ);
+}
+
 static void set_state(struct conn *c, enum conn_state s)
 {
     c->state = s;
@@ -181,7 +214,7 @@ static void set_state(struct conn *c, enum conn_state s)
     case READING:
         arm_timer(c, c->f->limits->idle_timeout_ms, 0);
         if (!c->peer_eof)
-            bufferevent_enable(c->bev, EV_READ);
+            read_on(c);
         break;
     case HANDLING:
         /* Reads stay on (no epoll_ctl per request): what a client pipelines
@@ -202,7 +235,8 @@ static void set_state(struct conn *c, enum conn_state s)
         break;
     case ORPHANED:
         evtimer_del(c->timer);
-        bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+        read_off(c);
+        bufferevent_disable(c->bev, EV_WRITE);
         break;
     case LINGERING: {
         /* What was buffered is dropped too, so that reading (suspended at
@@ -213,7 +247,7 @@ static void set_state(struct conn *c, enum conn_state s)
             SSL_shutdown(bufferevent_openssl_get_ssl(c->bev));
         shutdown(bufferevent_getfd(c->bev), SHUT_WR);
         arm_timer(c, LINGER_MS, 0);
-        bufferevent_enable(c->bev, EV_READ);
+        read_on(c);
         break;
     }
     }
@@ -639,6 +673,66 @@ static void on_read(struct bufferevent *bev, void *arg)
     process_input(c); /* reads nothing unless READING */
 }
 
+/* A plain connection's socket is readable (or later() asked). libevent's
+ * socket bufferevent asks the kernel how much there is (ioctl FIONREAD)
+ * before each read: a system call a request that nginx does not make. This
+ * reads with one recv() into the loop's scratch buffer, as much as fits
+ * under INPUT_HIGH (then stops reading until the requests before it are
+ * taken: on_drained), adds what came to the input (a request's few hundred
+ * bytes: a copy costs less than reserving room for a whole read in the
+ * buffer, which allocates), and hands on as the bufferevent would: on_read
+ * with what is buffered, on_event at the peer's EOF or an error. */
+static void on_readable(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    size_t have = evbuffer_get_length(in);
+    (void)what;
+    if (c->reading && !c->peer_eof && have < INPUT_HIGH) {
+        size_t want = INPUT_HIGH - have < READ_MAX ? INPUT_HIGH - have : READ_MAX;
+        ssize_t n = recv(fd, c->f->scratch, want, 0);
+        if (n > 0 && evbuffer_add(in, c->f->scratch, (size_t)n) != 0) {
+            n = -1;
+            errno = ENOMEM;
+        }
+        if (n == 0) {
+            on_event(c->bev, BEV_EVENT_EOF | BEV_EVENT_READING, c);
+            return;
+        }
+        if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            on_event(c->bev, BEV_EVENT_ERROR | BEV_EVENT_READING, c);
+            return;
+        }
+        have = evbuffer_get_length(in);
+    }
+    if (have >= INPUT_HIGH && !c->full) {
+        c->full = 1;
+        event_del(c->rd);
+    }
+    if (have > 0 || c->peer_eof)
+        on_read(c->bev, c);
+}
+
+/* rd's input went below INPUT_HIGH: read again, if reading. */
+static void on_drained(struct evbuffer *in, const struct evbuffer_cb_info *info, void *arg)
+{
+    struct conn *c = arg;
+    if (c->full && info->n_deleted > 0 && evbuffer_get_length(in) < INPUT_HIGH) {
+        c->full = 0;
+        if (c->reading)
+            event_add(c->rd, NULL);
+    }
+}
+
+/* Run the read callback from the loop soon, with what is buffered. */
+static void later(struct conn *c)
+{
+    if (c->rd)
+        event_active(c->rd, EV_READ, 0);
+    else
+        bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
+}
+
 /* The answer is out: close, or read the next request. now: written from
  * inside send_response(), whose caller may be a handler still on the stack
  * — a pipelined request then waits for the loop, not for a recursion. */
@@ -652,7 +746,7 @@ static void on_written(struct conn *c, int now)
     if (!now)
         process_input(c);
     else if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0 || c->peer_eof)
-        bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
+        later(c);
 }
 
 static void on_write(struct bufferevent *bev, void *arg)
@@ -677,7 +771,7 @@ static void on_event(struct bufferevent *bev, short what, void *arg)
     if ((what & BEV_EVENT_EOF) && !(what & BEV_EVENT_ERROR) &&
         (c->state == HANDLING || c->state == WRITING || c->state == READING)) {
         c->peer_eof = 1;
-        bufferevent_disable(c->bev, EV_READ);
+        read_off(c);
         if (c->state == READING)
             process_input(c); /* frees c once nothing whole is left */
         return;
@@ -740,6 +834,10 @@ static void conn_free(struct conn *c)
         peer_conn_done(f->counts->peers, c->peer_slot);
     if (c->timer)
         event_free(c->timer);
+    if (c->rd)
+        event_free(c->rd);
+    if (c->drained)
+        evbuffer_remove_cb_entry(bufferevent_get_input(c->bev), c->drained);
     if (c->bev)
         bufferevent_free(c->bev);
     http_parser_free(&c->parser);
@@ -828,6 +926,13 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
     if (c->bev && tls) /* a client that closes without close_notify is gone, not an attack */
         bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
     c->timer = evtimer_new(f->base, on_timer, c);
+    if (c->bev && !tls) {
+        /* The socket bufferevent keeps its input's end frozen but while it
+         * reads itself, which it never does here. */
+        evbuffer_unfreeze(bufferevent_get_input(c->bev), 0);
+        c->rd = event_new(f->base, fd, EV_READ | EV_PERSIST, on_readable, c);
+        c->drained = evbuffer_add_cb(bufferevent_get_input(c->bev), on_drained, c);
+    }
     http_parser_init(&c->parser, HTTP_PARSE_REQUEST, &f->parse_limits);
     memcpy(c->peer, peer, sizeof c->peer);
     c->next = f->conns;
@@ -835,7 +940,7 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         f->conns->prev = c;
     f->conns = c;
     f->nconns++;
-    if (!c->bev || !c->timer) {
+    if (!c->bev || !c->timer || (!tls && (!c->rd || !c->drained))) {
         if (!c->bev)
             evutil_closesocket(fd);
         if (!c->bev && ssl)
@@ -844,7 +949,8 @@ static void on_accept(struct evconnlistener *l, evutil_socket_t fd, struct socka
         return;
     }
     bufferevent_setcb(c->bev, on_read, on_write, on_event, c);
-    bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
+    if (c->tls) /* a plain connection's reads stop there by themselves: on_readable */
+        bufferevent_setwatermark(c->bev, EV_READ, 0, INPUT_HIGH);
     if (over) {
         /* Answered and closed, without reading a request. */
         c->close_after_write = 1;

@@ -212,7 +212,7 @@ int sys_stop_hammered(struct proc *p)
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-static int connect_local(int port)
+int sys_connect_local(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
@@ -230,7 +230,7 @@ static void http_raw(int port, const char *bytes, size_t len, int timeout_ms, in
                      struct sys_resp *r)
 {
     memset(r, 0, sizeof *r);
-    int fd = connect_local(port);
+    int fd = sys_connect_local(port);
     if (fd < 0)
         return;
     size_t off = 0;
@@ -293,7 +293,7 @@ void sys_http_raw_shut(int port, const char *bytes, size_t len, int timeout_ms,
 
 void sys_http_send_and_reset(int port, const char *bytes, size_t len, int wait_ms)
 {
-    int fd = connect_local(port);
+    int fd = sys_connect_local(port);
     if (fd < 0)
         return;
     for (size_t off = 0; off < len;) {
@@ -312,7 +312,7 @@ void sys_http_send_and_reset(int port, const char *bytes, size_t len, int wait_m
 char *sys_http_raw_until_close(int port, const char *bytes, size_t len, int timeout_ms,
                                size_t *out_len)
 {
-    int fd = connect_local(port);
+    int fd = sys_connect_local(port);
     size_t cap = 1 << 16, n = 0;
     char *out = malloc(cap + 1);
     *out_len = 0;
@@ -333,8 +333,15 @@ char *sys_http_raw_until_close(int port, const char *bytes, size_t len, int time
     for (;;) {
         long long left = deadline - mono_ms();
         struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0 || n == cap)
+        if (left <= 0 || poll(&pfd, 1, (int)left) <= 0)
             break;
+        if (n == cap) {
+            char *more = cap < (1u << 24) ? realloc(out, 2 * cap + 1) : NULL;
+            if (!more)
+                break;
+            out = more;
+            cap *= 2;
+        }
         ssize_t got = recv(fd, out + n, cap - n, 0);
         if (got <= 0)
             break;

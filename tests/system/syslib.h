@@ -89,8 +89,10 @@ void sys_http_raw_shut(int port, const char *bytes, size_t len, int timeout_ms,
 /* Send the bytes, wait wait_ms, and reset the connection (SO_LINGER 0): a
  * client that gives up without waiting for its answer. */
 void sys_http_send_and_reset(int port, const char *bytes, size_t len, int wait_ms);
+/* A TCP connection to 127.0.0.1:port (TCP_NODELAY), or -1. */
+int sys_connect_local(int port);
 /* Send the bytes, shut the sending side, and return everything the server
- * sends until it closes (or timeout_ms, or 64 KiB), NUL-terminated; free()
+ * sends until it closes (or timeout_ms, or 16 MiB), NUL-terminated; free()
  * it. NULL if the connection failed. */
 char *sys_http_raw_until_close(int port, const char *bytes, size_t len, int timeout_ms,
                                size_t *out_len);

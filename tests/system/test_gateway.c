@@ -1714,6 +1714,47 @@ static void test_sigterm_with_claims_queued_on_writer(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
+/* How many times needle is in text. */
+static int count_of(const char *text, const char *needle)
+{
+    int k = 0;
+    for (const char *p = text; (p = strstr(p, needle)) != NULL; p++)
+        k++;
+    return k;
+}
+
+/* Send len bytes on fd while reading what comes back, until `answers`
+ * status lines have arrived (or 20 s); what came back, NUL-terminated. */
+static char *exchange(int fd, const char *bytes, size_t len, int answers, size_t *n)
+{
+    size_t cap = 1 << 20, off = 0;
+    char *out = malloc(cap + 1);
+    assert_non_null(out);
+    *n = 0;
+    out[0] = '\0';
+    int64_t deadline = test_mono_ms() + 20000;
+    while (count_of(out, "HTTP/1.1 ") < answers && test_mono_ms() < deadline && *n < cap) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN | (off < len ? POLLOUT : 0)};
+        if (poll(&pfd, 1, 100) <= 0)
+            continue;
+        if ((pfd.revents & POLLOUT) && off < len) {
+            ssize_t w = send(fd, bytes + off, len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0)
+                off += (size_t)w;
+        }
+        if (pfd.revents & (POLLIN | POLLHUP | POLLERR)) {
+            ssize_t r = recv(fd, out + *n, cap - *n, MSG_DONTWAIT);
+            if (r == 0)
+                break;
+            if (r > 0) {
+                *n += (size_t)r;
+                out[*n] = '\0';
+            }
+        }
+    }
+    return out;
+}
+
 /* A client that shuts its sending side after its request (a half-close)
  * still reads: it gets its answer, then the connection closes. The request
  * runs while the EOF is already in. */
@@ -1765,6 +1806,42 @@ static void test_half_closed_client_answered(void **state)
         answers++;
     assert_int_equal(answers, 100);
     free(all);
+
+    /* More pipelined than the daemon buffers for a connection (64 KiB)
+     * while its first request waits for the upstream: reading stops at
+     * the limit and starts again as the requests are taken, until every
+     * one is answered, in order; and the connection still reads a request
+     * sent after all of them were answered. */
+    enum { PADDED = 400 };
+    const char slow[] =
+        "POST /refunds HTTP/1.1\r\nHost: x\r\nX-Delay-Ms: 300\r\nContent-Length: 38\r\n\r\n"
+        "{\"refund_no\":\"R-pip3\",\"amount\":\"1.00\"}";
+    char padded[320];
+    int plen = snprintf(padded, sizeof padded,
+                        "GET //x HTTP/1.1\r\nHost: x\r\nX-Pad: %0250d\r\n\r\n", 0);
+    size_t total = sizeof slow - 1 + (size_t)PADDED * (size_t)plen;
+    assert_true(total > 64 * 1024);
+    char *stream = malloc(total);
+    assert_non_null(stream);
+    memcpy(stream, slow, sizeof slow - 1);
+    for (int i = 0; i < PADDED; i++)
+        memcpy(stream + sizeof slow - 1 + (size_t)i * (size_t)plen, padded, (size_t)plen);
+    before = sys_stat(service.port, "executions");
+    int fd = sys_connect_local(gw.port);
+    assert_true(fd >= 0);
+    size_t got = 0;
+    all = exchange(fd, stream, total, PADDED + 1, &got);
+    free(stream);
+    const char *first = strstr(all, "HTTP/1.1 ");
+    assert_non_null(first);
+    assert_memory_equal(first, "HTTP/1.1 201", 12);
+    assert_int_equal(count_of(all, "HTTP/1.1 400"), PADDED);
+    free(all);
+    all = exchange(fd, padded, (size_t)plen, 1, &got);
+    assert_int_equal(count_of(all, "HTTP/1.1 400"), 1);
+    free(all);
+    close(fd);
+    assert_int_equal(sys_stat(service.port, "executions") - before, 1);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
