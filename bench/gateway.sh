@@ -43,7 +43,7 @@
 #                                (bench/open_loop.c): each request due at a
 #                                time fixed in advance, its latency from then
 #   IDEM_GW_OPEN_RUNS [direct,proxy,record-unique,lock-unique]  those runs
-#   IDEM_GW_OPEN_RATE_PCT [50]   the rate: this percent of the nginx proxy's
+#   IDEM_GW_OPEN_RATE_PCT [25]   the rate: this percent of the nginx proxy's
 #                                closed-loop req/s (its median round), so
 #                                IDEM_GW_RUNS must include proxy, unless
 #   IDEM_GW_OPEN_RATE [none]     a rate in req/s is given instead
@@ -93,7 +93,7 @@ db_file=${IDEM_GW_DB:-}
 unique_keys=${IDEM_GW_UNIQUE_KEYS:-ordered}
 open_loop=${IDEM_GW_OPEN_LOOP:-0}
 open_runs=${IDEM_GW_OPEN_RUNS:-direct,proxy,record-unique,lock-unique}
-open_rate_pct=${IDEM_GW_OPEN_RATE_PCT:-50}
+open_rate_pct=${IDEM_GW_OPEN_RATE_PCT:-25}
 open_rate=${IDEM_GW_OPEN_RATE:-}
 open_seconds=${IDEM_GW_OPEN_SECONDS:-$seconds}
 open_threads=${IDEM_GW_OPEN_THREADS:-1}
@@ -855,16 +855,23 @@ open_table() {
             "${R[$o.cpu_proxy]}" "${R[$o.cpu_idem]}" "${R[$o.cpu_other]}" "$ex"
     done
     fs99=$(ms "${R[fsync.p99_us]}")
-    tgt=$(awk -v f="${R[fsync.p99_us]}" 'BEGIN { printf "%.2f", 2 * f / 1000 + 1 }')
+    local t50 t99
+    t50=$(awk -v f="${R[fsync.p50_us]}" 'BEGIN { printf "%.2f", 2 * f / 1000 + 0.3 }')
+    t99=$(awk -v f="${R[fsync.p99_us]}" 'BEGIN { printf "%.2f", 2 * f / 1000 + 1 }')
     printf '\nThe disk where idem'"'"'s SQLite file lives (%s, `idem-fsync-time`: 1000 × a 4 KiB write + `fdatasync`,\n' "$fstype"
-    printf 'measured before the open-loop runs): p50 %s ms, p99 %s ms, max %s ms. Target: the p99 idem adds\n' \
+    printf 'measured before the open-loop runs): p50 %s ms, p99 %s ms, max %s ms. An execution waits for two\n' \
         "$(ms "${R[fsync.p50_us]}")" "$fs99" "$(ms "${R[fsync.max_us]}")"
-    printf 'over direct ≤ 2 × the disk'"'"'s p99 + 1 ms = %s ms (an execution waits for two durable writes).\n\n' "$tgt"
+    printf 'durable writes. Targets: the p50 idem adds over direct ≤ 2 × the disk'"'"'s p50 + 0.3 ms = %s ms; the\n' "$t50"
+    printf 'p99 it adds ≤ what the nginx proxy adds + 2 × the disk'"'"'s p99 + 1 ms, that is idem'"'"'s p99 − the\n'
+    printf 'proxy'"'"'s p99 ≤ %s ms (each round'"'"'s own figures).\n\n' "$t99"
     printf '| figure | value | target | met | each round | met in |\n|---|---:|---:|:---:|---|---:|\n'
     for run in record-unique lock-unique; do
         have "open-$run" && have open-direct || continue
-        target_row "$(describe "$run"): p99 added over direct, open loop" " ms" "$tgt" "<=" \
-            "(a - b) / 1000" "open-$run.p99_us" open-direct.p99_us
+        target_row "$(describe "$run"): p50 added over direct, open loop" " ms" "$t50" "<=" \
+            "(a - b) / 1000" "open-$run.p50_us" open-direct.p50_us
+        have open-proxy || continue
+        target_row "$(describe "$run"): p99 over the nginx proxy's, open loop" " ms" "$t99" "<=" \
+            "(a - b) / 1000" "open-$run.p99_us" open-proxy.p99_us
     done
     if ((rounds > 1)); then
         printf '\np99 ms in each round (open loop):\n\n| run |'
