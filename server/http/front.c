@@ -688,7 +688,11 @@ static void on_readable(evutil_socket_t fd, short what, void *arg)
     struct evbuffer *in = bufferevent_get_input(c->bev);
     size_t have = evbuffer_get_length(in);
     (void)what;
-    if (c->reading && !c->peer_eof && have < INPUT_HIGH) {
+    /* Reading off, this is later()'s call: the bufferevent's trigger ran
+     * the read callback without reading either. On, it reads even after
+     * the peer's EOF (LINGERING turns reading on again): the socket stays
+     * readable, and the second EOF is what frees the connection. */
+    if (c->reading && have < INPUT_HIGH) {
         size_t want = INPUT_HIGH - have < READ_MAX ? INPUT_HIGH - have : READ_MAX;
         ssize_t n = recv(fd, c->f->scratch, want, 0);
         if (n > 0 && evbuffer_add(in, c->f->scratch, (size_t)n) != 0) {

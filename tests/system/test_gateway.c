@@ -1842,6 +1842,21 @@ static void test_half_closed_client_answered(void **state)
     free(all);
     close(fd);
     assert_int_equal(sys_stat(service.port, "executions") - before, 1);
+
+    /* A request that closes its connection, from a client that has shut
+     * its side: the answer, then the daemon lets the connection go at
+     * once, on the end of input it saw, not when its linger (2 s) ends. */
+    const char closing[] = "POST /refunds HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                           "Content-Length: 38\r\n\r\n"
+                           "{\"refund_no\":\"R-pip4\",\"amount\":\"1.00\"}";
+    all = sys_http_raw_until_close(gw.port, closing, sizeof closing - 1, 5000, &n);
+    assert_non_null(all);
+    assert_int_equal(count_of(all, "HTTP/1.1 201"), 1);
+    free(all);
+    int64_t until = test_mono_ms() + 1000;
+    while (metric(gw.admin_port, "idem_connections_open") != 0 && test_mono_ms() < until)
+        usleep(20000);
+    assert_int_equal(metric(gw.admin_port, "idem_connections_open"), 0);
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
