@@ -897,6 +897,13 @@ static const char *userinfo_end(const char *url)
     return scheme ? strrchr(scheme + 3, '@') : NULL;
 }
 
+/* libpq's keywords that hold a secret: password, and sslpassword (the
+ * client key's passphrase). p..p+n is a keyword. */
+static int password_keyword(const char *p, size_t n)
+{
+    return (n == 8 && !memcmp(p, "password", 8)) || (n == 11 && !memcmp(p, "sslpassword", 11));
+}
+
 int config_url_has_password(const char *url)
 {
     const char *scheme = strstr(url, "://");
@@ -904,17 +911,25 @@ int config_url_has_password(const char *url)
         const char *at = userinfo_end(url);
         if (at && memchr(scheme + 3, ':', (size_t)(at - (scheme + 3))))
             return 1;
-        /* postgresql://host/db?password=... */
+        /* postgresql://host/db?password=...&sslpassword=... */
         const char *q = strchr(at ? at : scheme + 3, '?');
-        return q && (strstr(q, "?password=") || strstr(q, "&password="));
-    }
-    /* key=value form: a password keyword anywhere. */
-    for (const char *p = url; (p = strstr(p, "password")) != NULL; p += 8) {
-        const char *q = p + 8;
-        while (*q == ' ')
+        for (; q; q = strchr(q, '&')) {
             q++;
-        if ((p == url || p[-1] == ' ') && *q == '=')
+            if (password_keyword(q, strcspn(q, "=&")))
+                return 1;
+        }
+        return 0;
+    }
+    /* key=value form: a secret's keyword anywhere, "keyword =" or
+     * "keyword=". */
+    for (const char *p = url; *p;) {
+        p += strspn(p, " ");
+        size_t n = strcspn(p, " =");
+        const char *eq = p + n + strspn(p + n, " ");
+        if (*eq == '=' && password_keyword(p, n))
             return 1;
+        p += n;
+        p += strcspn(p, " ");
     }
     return 0;
 }

@@ -1901,6 +1901,8 @@ static void test_distributed_storage(void **state)
         "redis://:Top/Secret@127.0.0.1:6379/0", "redis://:Top?Secret@127.0.0.1:6379/0",
         "redis://:Top#Secret@127.0.0.1:6379/0", "redis://u:Top@Secret@127.0.0.1:6379/0",
         "postgresql://idem:S3cr/etPW@db:5432/idem", "postgresql://idem@db/idem?password=Secret",
+        "postgresql://idem@db/idem?sslmode=require&sslpassword=Secret",
+        "host=db sslpassword = Secret dbname=idem",
     };
     for (size_t i = 0; i < sizeof tricky / sizeof tricky[0]; i++) {
         char y[512];
