@@ -1028,7 +1028,8 @@ static int fail_with_detail(struct config_ctx *c, const yaml_node_t *n, const ch
 int config_check_postgres_url(struct config_ctx *c, const yaml_node_t *n, const char *path,
                               const char *url)
 {
-    /* libpq's reason may quote the URL: only one written in the file. */
+    /* libpq's reason may quote the URL: only one written in the file,
+     * which holds no secret (get_server_url refused any). */
     int in_file = n->type == YAML_SCALAR_NODE;
     return idem__postgres_url_check(url, in_file) == IDEM_OK
                ? 0

@@ -2640,25 +2640,10 @@ static void where_of(char *out, size_t cap, const char *hosts, const char *ports
     }
 }
 
-/* Whether url carries a password: user:password@ in a URI, or password=
- * (a key=value string's, a URI parameter). */
-static int holds_password(const char *url)
-{
-    if (strstr(url, "password"))
-        return 1;
-    const char *s = strstr(url, "://");
-    if (!s)
-        return 0;
-    s += 3;
-    size_t auth = strcspn(s, "/?#");
-    const char *at = memchr(s, '@', auth);
-    return at && memchr(s, ':', (size_t)(at - s)) != NULL;
-}
-
 /* url as libpq reads it, or why not, the options in *out (freed by the
  * caller) when out is not NULL. libpq's own reason, which may quote any
- * part of url, is said only when quote is set and the URL holds no
- * password. */
+ * part of url, is said only when quote is set: the caller knows that url
+ * holds no secret. */
 static idem_rc check_url(const char *url, int quote, PQconninfoOption **out)
 {
     /* libpq ends a URI's user part at the first '/', '?' or '#': an '@'
@@ -2676,12 +2661,10 @@ static idem_rc check_url(const char *url, int quote, PQconninfoOption **out)
     char *err = NULL;
     PQconninfoOption *opts = PQconninfoParse(url, &err);
     if (!opts) {
-        int secret = !quote || holds_password(url);
-        size_t n = err ? strcspn(err, "\n") : 0;
+        size_t n = err && quote ? strcspn(err, "\n") : 0;
         idem_rc rc = idem__fail(IDEM_EINVAL, "postgres_url: not a libpq connection URI or "
                                 "key=value string%s%.*s",
-                                n && !secret ? ": " : "", n && !secret ? (int)n : 0,
-                                err ? err : "");
+                                n ? ": " : "", (int)n, err ? err : "");
         PQfreemem(err);
         return rc;
     }

@@ -326,7 +326,7 @@ idem_rc idem__postgres_open(const idem_options *o,
 /* Whether libpq reads url as a connection URI or key=value string (as the
  * store would at its start): IDEM_OK, or IDEM_EINVAL with the detail
  * "postgres_url: ..."; libpq's reason (which may quote the URL) only when
- * quote is set and the URL holds no password. */
+ * quote is set, by a caller that knows the URL holds no secret. */
 idem_rc idem__postgres_url_check(const char *url, int quote);
 
 /* idem_open() with the two halves named: kv "memory" or "redis", db
