@@ -65,15 +65,22 @@ static char *await_log(const char *path, const char *what)
     return NULL;
 }
 
+/* How many times needle is in text. */
+static int count_of(const char *text, const char *needle)
+{
+    int k = 0;
+    for (const char *p = text; (p = strstr(p, needle)) != NULL; p++)
+        k++;
+    return k;
+}
+
 /* Wait until the daemon logging to path has reloaded n times in all. */
 static void await_reloads(const char *path, int n)
 {
     int seen = 0;
     for (int i = 0; i < 200 && seen < n; i++) {
         char *log = sys_read_file(path);
-        seen = 0;
-        for (const char *p = log; p && (p = strstr(p, "SIGHUP: reloaded")); p++)
-            seen++;
+        seen = log ? count_of(log, "SIGHUP: reloaded") : 0;
         free(log);
         if (seen < n)
             sleep_ms(50);
@@ -1714,15 +1721,6 @@ static void test_sigterm_with_claims_queued_on_writer(void **state)
     assert_int_equal(sys_stop(&gw, SIGTERM), 0);
 }
 
-/* How many times needle is in text. */
-static int count_of(const char *text, const char *needle)
-{
-    int k = 0;
-    for (const char *p = text; (p = strstr(p, needle)) != NULL; p++)
-        k++;
-    return k;
-}
-
 /* Send len bytes on fd while reading what comes back, until `answers`
  * status lines have arrived (or 20 s); what came back, NUL-terminated. */
 static char *exchange(int fd, const char *bytes, size_t len, int answers, size_t *n)
@@ -1784,10 +1782,7 @@ static void test_half_closed_client_answered(void **state)
     size_t n;
     char *all = sys_http_raw_until_close(gw.port, two, sizeof two - 1, 5000, &n);
     assert_non_null(all);
-    int answers = 0;
-    for (const char *p = all; (p = strstr(p, "HTTP/1.1 201")) != NULL; p++)
-        answers++;
-    assert_int_equal(answers, 2);
+    assert_int_equal(count_of(all, "HTTP/1.1 201"), 2);
     free(all);
     assert_int_equal(sys_stat(service.port, "executions") - before, 2);
 
@@ -1801,10 +1796,7 @@ static void test_half_closed_client_answered(void **state)
     all = sys_http_raw_until_close(gw.port, many, 100 * (sizeof bad - 1), 5000, &n);
     free(many);
     assert_non_null(all);
-    answers = 0;
-    for (const char *p = all; (p = strstr(p, "HTTP/1.1 400")) != NULL; p++)
-        answers++;
-    assert_int_equal(answers, 100);
+    assert_int_equal(count_of(all, "HTTP/1.1 400"), 100);
     free(all);
 
     /* More pipelined than the daemon buffers for a connection (64 KiB)
@@ -1880,16 +1872,9 @@ static void test_replays_on_kept_alive_connection(void **state)
     size_t n;
     char *all = sys_http_raw_until_close(gw.port, three, strlen(three), 5000, &n);
     assert_non_null(all);
-    int answers = 0, replayed = 0, bodies = 0;
-    for (const char *p = all; (p = strstr(p, "HTTP/1.1 201 Created\r\n")) != NULL; p++)
-        answers++;
-    for (const char *p = all; (p = strstr(p, "Idempotent-Replayed: true\r\n")) != NULL; p++)
-        replayed++;
-    for (const char *p = all; (p = strstr(p, first.m->body)) != NULL; p++)
-        bodies++;
-    assert_int_equal(answers, 3);
-    assert_int_equal(replayed, 3);
-    assert_int_equal(bodies, 3);
+    assert_int_equal(count_of(all, "HTTP/1.1 201 Created\r\n"), 3);
+    assert_int_equal(count_of(all, "Idempotent-Replayed: true\r\n"), 3);
+    assert_int_equal(count_of(all, first.m->body), 3);
     assert_null(strstr(all, "Connection: close")); /* kept alive throughout */
     free(all);
     sys_resp_free(&first);
@@ -5344,9 +5329,7 @@ static void test_out_of_descriptors_said_once(void **state)
     sleep_ms(1500);
     char *text = sys_read_file(gw.log);
     assert_non_null(text);
-    int failures = 0;
-    for (const char *p = text; (p = strstr(p, "accept")) != NULL; p++)
-        failures++;
+    int failures = count_of(text, "accept");
     if (failures < 1 || failures > 4)
         fail_msg("%d lines about accept() in the log:\n%.2000s", failures, text);
     assert_non_null(strstr(text, "need up to"));
