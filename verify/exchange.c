@@ -308,11 +308,7 @@ static void take_answer(const struct xchg_ctx *c, struct shot *s, struct http_ms
 {
     s->outcome = SHOT_ANSWERED;
     s->status = m->status;
-    s->body = m->body; /* NUL-terminated by the parser */
-    s->body_len = m->body_len;
-    m->body = NULL;
-    if (!s->body && (s->body = malloc(1)))
-        s->body[0] = '\0';
+    s->body = http_msg_take_body(m, &s->body_len);
     for (size_t i = 0; i < c->nreplay && !s->replayed_by; i++) {
         const char *v = http_msg_header(m, c->replay_headers[i]);
         if (v && (strcasecmp(v, "true") == 0 || strcmp(v, "1") == 0 ||

@@ -34,11 +34,17 @@
  *  - header_bytes_max counts the bytes of all field lines, head and trailers
  *    together, without their CRLFs; header_count_max counts head and trailer
  *    fields together.
- *  - Every string of a message (method, target, reason, the body) is its own
- *    heap block, and so is each header field, its name and its value
- *    together (the name is the block, the value follows the name's NUL). A
- *    caller may replace one: free() the block (a header's name) and assign
- *    a malloc()ed one of the same shape; http_msg_free() frees all.
+ *  - A parsed message owns its memory in a few blocks (m->blocks,
+ *    http/blocks.h): the message and its first block are one allocation,
+ *    which holds the strings (method, target, reason, each header's name
+ *    and value), the header array and a small body of known length of a
+ *    typical message; what does not fit goes into further blocks, never
+ *    moved, so every pointer stays valid until http_msg_free(). A body
+ *    that grows as it arrives (chunked, or delimited by the close) is a
+ *    heap block of its own. A message built by hand (blocks NULL) has each
+ *    string as a heap block (a header's name the block, its value after
+ *    the name's NUL); http_msg_free() frees either kind. A caller changes
+ *    neither.
  *  - response_to_head is cleared by http_parser_reset(): set it after the
  *    reset, before feeding the response.
  *
@@ -66,6 +72,8 @@
  * split of the input into pieces gives the same result.
  */
 #include "http/http_parser.h"
+
+#include "http/blocks.h"
 
 #include <assert.h>
 #include <stdarg.h>
@@ -100,6 +108,9 @@ enum state {
 #define LINE_CAP_MIN 256
 #define HEADERS_CAP_MIN 16
 #define BODY_CAP_MIN 1024
+/* A message's first block (see "memory"): room for the head and body of a
+ * typical request or answer, so that one allocation serves it. */
+#define FIRST_BLOCK 1536
 
 static const struct http_limits default_limits = {
     .request_line_max = 8192,
@@ -139,14 +150,32 @@ static void *xrealloc(struct http_parser *p, void *ptr, size_t n)
     return p->realloc_fn ? p->realloc_fn(ptr, n) : realloc(ptr, n);
 }
 
-static char *xstrndup(struct http_parser *p, const char *s, size_t n)
+/* n bytes of p->msg's blocks (http/blocks.h), aligned to align. */
+static void *carve(struct http_parser *p, size_t n, size_t align)
 {
-    char *d = xrealloc(p, NULL, n + 1);
+    return blocks_carve(&p->msg->blocks, n, align, p->realloc_fn ? p->realloc_fn : realloc);
+}
+
+static char *carve_str(struct http_parser *p, const char *s, size_t n)
+{
+    char *d = n < (size_t)-1 ? carve(p, n + 1, 1) : NULL;
     if (d) {
         memcpy(d, s, n);
         d[n] = '\0';
     }
     return d;
+}
+
+/* The body's buffer of n bytes, in the blocks: for a body whose length is
+ * known before it arrives (and the empty body's NUL). */
+static int carve_body(struct http_parser *p, size_t n)
+{
+    struct http_msg *m = p->msg;
+    if (!(m->body = carve(p, n, 1)))
+        return 0;
+    m->blocks->body = 1;
+    p->body_cap = n;
+    return 1;
 }
 
 /* Make a buffer exactly n bytes long. */
@@ -402,9 +431,12 @@ static int parse_version(const char *s, size_t n)
 
 static struct http_msg *new_msg(struct http_parser *p)
 {
-    struct http_msg *m = xrealloc(p, NULL, sizeof *m);
-    if (m)
-        *m = (struct http_msg){0};
+    size_t at = BLOCKS_AFTER(sizeof(struct http_msg));
+    char *a = xrealloc(p, NULL, at + sizeof(struct http_block) + FIRST_BLOCK);
+    if (!a)
+        return NULL;
+    struct http_msg *m = (struct http_msg *)a;
+    *m = (struct http_msg){.blocks = blocks_first(a + at, FIRST_BLOCK)};
     return m;
 }
 
@@ -458,8 +490,8 @@ static enum http_parse_status on_request_line(struct http_parser *p)
         return oom(p);
     p->msg = m;
     m->version_minor = minor;
-    m->method = xstrndup(p, s, mlen);
-    m->target = xstrndup(p, target, tlen);
+    m->method = carve_str(p, s, mlen);
+    m->target = carve_str(p, target, tlen);
     if (!m->method || !m->target)
         return oom(p);
     enter(p, S_HEADERS);
@@ -490,7 +522,7 @@ static enum http_parse_status on_status_line(struct http_parser *p)
     p->msg = m;
     m->version_minor = minor;
     m->status = (s[9] - '0') * 100 + (s[10] - '0') * 10 + (s[11] - '0');
-    m->reason = xstrndup(p, reason, rlen);
+    m->reason = carve_str(p, reason, rlen);
     if (!m->reason)
         return oom(p);
     enter(p, S_HEADERS);
@@ -528,13 +560,15 @@ static enum http_parse_status add_header(struct http_parser *p, const char *name
     /* The array's capacity is implied by the count: 16, then each power of two. */
     if (count == 0 || (count >= HEADERS_CAP_MIN && (count & (count - 1)) == 0)) {
         size_t cap = count ? count * 2 : HEADERS_CAP_MIN;
-        struct http_header *h = xrealloc(p, m->headers, cap * sizeof *h);
+        struct http_header *h = carve(p, cap * sizeof *h, _Alignof(struct http_header));
         if (!h)
             return oom(p);
+        if (count)
+            memcpy(h, m->headers, count * sizeof *h);
         m->headers = h;
     }
-    /* Name and value in one block: name is the allocation, value follows. */
-    char *n = xrealloc(p, NULL, nlen + vlen + 2);
+    /* The name, then the value after the name's NUL. */
+    char *n = carve(p, nlen + vlen + 2, 1);
     if (!n)
         return oom(p);
     memcpy(n, name, nlen);
@@ -601,7 +635,7 @@ static enum http_parse_status on_field_line(struct http_parser *p)
 static enum http_parse_status finish(struct http_parser *p)
 {
     struct http_msg *m = p->msg;
-    if (!reserve(p, &m->body, &p->body_cap, m->body_len + 1, 1))
+    if (!m->body ? !carve_body(p, 1) : !reserve(p, &m->body, &p->body_cap, m->body_len + 1, 1))
         return oom(p);
     m->body[m->body_len] = '\0';
     enter(p, S_DONE);
@@ -655,7 +689,7 @@ static enum http_parse_status on_head_end(struct http_parser *p)
                         (long long)p->content_length, p->limits.body_max);
         if (p->content_length == 0)
             return finish(p);
-        if (!resize(p, &m->body, &p->body_cap, (size_t)p->content_length + 1))
+        if (!carve_body(p, (size_t)p->content_length + 1))
             return oom(p);
         p->expect_continue = go_on;
         enter(p, S_BODY);
@@ -972,6 +1006,14 @@ void http_msg_free(struct http_msg *m)
 {
     if (!m)
         return;
+    if (m->blocks) {
+        int body_inside;
+        blocks_free(m->blocks, &body_inside);
+        if (!body_inside)
+            free(m->body);
+        free(m); /* and the first block with it */
+        return;
+    }
     free(m->method);
     free(m->target);
     free(m->reason);
@@ -980,6 +1022,26 @@ void http_msg_free(struct http_msg *m)
     free(m->headers);
     free(m->body);
     free(m);
+}
+
+char *http_msg_take_body(struct http_msg *m, size_t *len)
+{
+    int carved = 0;
+    for (const struct http_block *b = m->blocks; b; b = b->next)
+        carved |= b->body;
+    char *body = m->body;
+    if (carved || !body) {
+        /* In the message's blocks (or none): a copy of its own. */
+        if (!(body = malloc(m->body_len + 1)))
+            return NULL;
+        if (m->body_len)
+            memcpy(body, m->body, m->body_len);
+        body[m->body_len] = '\0';
+    }
+    *len = m->body_len;
+    m->body = NULL;
+    m->body_len = 0;
+    return body;
 }
 
 const char *http_msg_header(const struct http_msg *m, const char *name)

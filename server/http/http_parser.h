@@ -61,6 +61,9 @@ struct http_msg {
     size_t body_len;
     int keep_alive;        /* the connection may carry another message */
     int chunked;           /* the body came chunked */
+    /* The parser's (NULL in a message built by hand): where the strings
+     * above live; see http_parser.c, "Decisions a caller must know". */
+    struct http_block *blocks;
 };
 
 enum http_parse_status {
@@ -139,6 +142,10 @@ struct http_msg *http_parser_take(struct http_parser *p);
  * before a message began. */
 const struct http_msg *http_parser_partial(const struct http_parser *p);
 void http_msg_free(struct http_msg *m);
+/* The body, NUL-terminated, as a heap block that is now the caller's
+ * (free() it), *len its length; the message is left without one. NULL
+ * when out of memory (the message keeps its body then). */
+char *http_msg_take_body(struct http_msg *m, size_t *len);
 
 /* The first header with this name (case-insensitive), or NULL. */
 const char *http_msg_header(const struct http_msg *m, const char *name);
