@@ -10,6 +10,8 @@
  */
 #include "http/response.h"
 
+#include "http/blocks.h"
+
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,11 +24,18 @@
 #include "put.h"
 #include "utf8.h"
 
+/* Room in the first block (http/blocks.h) for the headers and body of a
+ * typical answer: an upstream's, or a problem of Idem's. */
+#define FIRST_BLOCK 1024
+
 struct http_response *response_new(int status)
 {
-    struct http_response *r = calloc(1, sizeof *r);
-    if (r)
-        r->status = status;
+    size_t at = BLOCKS_AFTER(sizeof(struct http_response));
+    char *a = malloc(at + sizeof(struct http_block) + FIRST_BLOCK);
+    if (!a)
+        return NULL;
+    struct http_response *r = (struct http_response *)a;
+    *r = (struct http_response){.status = status, .blocks = blocks_first(a + at, FIRST_BLOCK)};
     return r;
 }
 
@@ -34,11 +43,11 @@ void response_free(struct http_response *r)
 {
     if (!r)
         return;
-    for (size_t i = 0; i < r->header_count; i++)
-        free(r->headers[i].name); /* the value is in the same block */
-    free(r->headers);
-    free(r->body);
-    free(r);
+    int body_inside;
+    blocks_free(r->blocks, &body_inside);
+    if (!body_inside)
+        free(r->body);
+    free(r); /* and the first block with it */
 }
 
 int response_add_header_n(struct http_response *r, const char *name, size_t nlen,
@@ -46,14 +55,19 @@ int response_add_header_n(struct http_response *r, const char *name, size_t nlen
 {
     if (r->header_count == r->header_cap) {
         size_t cap = r->header_cap ? r->header_cap * 2 : 8;
-        struct http_header *h = realloc(r->headers, cap * sizeof *h);
+        struct http_header *h =
+            blocks_carve(&r->blocks, cap * sizeof *h, _Alignof(struct http_header), realloc);
         if (!h)
             return -1;
+        if (r->header_count)
+            memcpy(h, r->headers, r->header_count * sizeof *h);
         r->headers = h;
         r->header_cap = cap;
     }
-    /* Name and value in one block: name is the allocation, value follows. */
-    char *n = malloc(nlen + vlen + 2);
+    /* The name, then the value after the name's NUL. */
+    if (nlen > (size_t)-1 - 2 - vlen)
+        return -1;
+    char *n = blocks_carve(&r->blocks, nlen + vlen + 2, 1, realloc);
     if (!n)
         return -1;
     memcpy(n, name, nlen);
@@ -75,13 +89,15 @@ int response_add_header(struct http_response *r, const char *name, const char *v
 
 int response_set_body(struct http_response *r, const void *body, size_t len)
 {
-    char *b = malloc(len + 1);
+    /* A body set again (a problem's text given later) leaves the first in
+     * the blocks, freed with them. */
+    char *b = len < (size_t)-1 ? blocks_carve(&r->blocks, len + 1, 1, realloc) : NULL;
     if (!b)
         return -1;
+    r->blocks->body = 1;
     if (len)
         memcpy(b, body, len);
     b[len] = '\0';
-    free(r->body);
     r->body = b;
     r->body_len = len;
     return 0;

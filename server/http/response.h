@@ -14,9 +14,10 @@
 
 struct http_response {
     int status;
-    struct http_header *headers; /* owned copies: name and value in one block */
+    struct http_header *headers; /* copies: the name, then the value */
     size_t header_count, header_cap;
-    char *body;                  /* owned */
+    char *body;
+    struct http_block *blocks;   /* where the above live (http/blocks.h) */
     size_t body_len;
     int close;                   /* send Connection: close and close after */
     int upstream_head;           /* an upstream's answer to HEAD, passed on: its
