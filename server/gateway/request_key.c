@@ -406,7 +406,7 @@ static int part_value(const struct key_part *kp, const struct http_msg *m, struc
             found = http_msg_header_alike_count(m, kp->name) > 1 ? -2
                     : strlen(v) < cap                                ? (strcpy(value, v), 1)
                                                                      : -1;
-        const char *why;
+        const char *why = "it is not a structured-field string"; /* each failure sets its own */
         if (found == 1 && value[0] == '"' && strcasecmp(kp->name, "Idempotency-Key") == 0 &&
             sf_string(v, value, cap, &why) != 0)
             return bad(type, "key_invalid", detail, dlen,
