@@ -197,7 +197,7 @@ static void run(const uint8_t *data, size_t size, int how, uint64_t seed, int he
                       st == 500,
                   "request error status");
         else
-            check(st == 502 || st == 500 || st == 413, "response error status");
+            check(st == 502 || st == 500 || st == 413 || st == 431, "response error status");
         check(st != 500 || fail_at, "500 without an allocation failure");
         check(p.error_detail[0] != '\0', "an error without a detail");
         t->error_status = st;

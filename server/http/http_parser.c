@@ -28,9 +28,9 @@
  *    skips them, resets and feeds on. After a 101 the stream is no longer
  *    HTTP and the caller must stop feeding it here.
  *  - In response mode every error is 502 (out of memory stays 500, a body
- *    over body_max stays 413, so the caller can tell "answered, too big"
- *    from "answered wrong"): whatever the upstream got wrong, the client is
- *    answered "bad gateway".
+ *    over body_max stays 413 and a head over the field limits 431, so the
+ *    caller can tell "answered, too big" from "answered wrong"): whatever
+ *    the upstream got wrong, the client is answered "bad gateway".
  *  - header_bytes_max counts the bytes of all field lines, head and trailers
  *    together, without their CRLFs; header_count_max counts head and trailer
  *    fields together.
