@@ -5,12 +5,19 @@
 #include "http/blocks.h"
 
 #include <stdlib.h>
+#include <string.h>
 
-struct http_block *blocks_first(void *mem, size_t cap)
+void *blocks_new(size_t size, size_t cap, struct http_block **first,
+                 void *(*alloc)(void *, size_t))
 {
-    struct http_block *b = mem;
-    *b = (struct http_block){.cap = cap};
-    return b;
+    size_t at = (size + _Alignof(struct http_block) - 1) & ~(_Alignof(struct http_block) - 1);
+    unsigned char *a = alloc(NULL, at + sizeof **first + cap);
+    if (!a)
+        return NULL;
+    memset(a, 0, size);
+    *first = (struct http_block *)(a + at);
+    **first = (struct http_block){.cap = cap};
+    return a;
 }
 
 void *blocks_carve(struct http_block **head, size_t n, size_t align,
@@ -33,12 +40,18 @@ void *blocks_carve(struct http_block **head, size_t n, size_t align,
     return b->data + at;
 }
 
-void blocks_free(struct http_block *head, int *body_inside)
+int blocks_hold_body(const struct http_block *head)
 {
-    *body_inside = 0;
+    for (const struct http_block *b = head; b; b = b->next)
+        if (b->body)
+            return 1;
+    return 0;
+}
+
+void blocks_free(struct http_block *head)
+{
     for (struct http_block *b = head, *next; b; b = next) {
         next = b->next;
-        *body_inside |= b->body;
         if (b->own)
             free(b);
     }

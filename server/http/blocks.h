@@ -24,15 +24,12 @@ struct http_block {
     _Alignas(max_align_t) unsigned char data[];
 };
 
-/* The first block, of cap bytes, at mem (inside the message's allocation,
- * after the message: see BLOCKS_AFTER). */
-struct http_block *blocks_first(void *mem, size_t cap);
-
-/* Where the first block starts in an allocation that begins with an object
- * of size bytes; allocate BLOCKS_AFTER(size) + sizeof(struct http_block) +
- * the first block's cap. */
-#define BLOCKS_AFTER(size) \
-    (((size) + _Alignof(struct http_block) - 1) & ~(_Alignof(struct http_block) - 1))
+/* A message of size bytes, zeroed, and its first block of cap bytes after
+ * it, in one allocation made with alloc (realloc's contract); *first is
+ * the block. free() the message when its blocks are freed. NULL when the
+ * allocation fails. */
+void *blocks_new(size_t size, size_t cap, struct http_block **first,
+                 void *(*alloc)(void *, size_t));
 
 /* n bytes aligned to align (a power of two), from *head, opening a block
  * with alloc (realloc's contract) when they do not fit; NULL when that
@@ -40,8 +37,10 @@ struct http_block *blocks_first(void *mem, size_t cap);
 void *blocks_carve(struct http_block **head, size_t n, size_t align,
                    void *(*alloc)(void *, size_t));
 
-/* Free the blocks opened after the first; *body_inside says whether one of
- * them, or the first, held the body. */
-void blocks_free(struct http_block *head, int *body_inside);
+/* Whether one of the blocks holds the message's body (body set on it). */
+int blocks_hold_body(const struct http_block *head);
+
+/* Free the blocks opened after the first. */
+void blocks_free(struct http_block *head);
 
 #endif

@@ -431,12 +431,11 @@ static int parse_version(const char *s, size_t n)
 
 static struct http_msg *new_msg(struct http_parser *p)
 {
-    size_t at = BLOCKS_AFTER(sizeof(struct http_msg));
-    char *a = xrealloc(p, NULL, at + sizeof(struct http_block) + FIRST_BLOCK);
-    if (!a)
-        return NULL;
-    struct http_msg *m = (struct http_msg *)a;
-    *m = (struct http_msg){.blocks = blocks_first(a + at, FIRST_BLOCK)};
+    struct http_block *first;
+    struct http_msg *m = blocks_new(sizeof *m, FIRST_BLOCK, &first,
+                                    p->realloc_fn ? p->realloc_fn : realloc);
+    if (m)
+        m->blocks = first;
     return m;
 }
 
@@ -1007,10 +1006,9 @@ void http_msg_free(struct http_msg *m)
     if (!m)
         return;
     if (m->blocks) {
-        int body_inside;
-        blocks_free(m->blocks, &body_inside);
-        if (!body_inside)
+        if (!blocks_hold_body(m->blocks))
             free(m->body);
+        blocks_free(m->blocks);
         free(m); /* and the first block with it */
         return;
     }
@@ -1026,11 +1024,8 @@ void http_msg_free(struct http_msg *m)
 
 char *http_msg_take_body(struct http_msg *m, size_t *len)
 {
-    int carved = 0;
-    for (const struct http_block *b = m->blocks; b; b = b->next)
-        carved |= b->body;
     char *body = m->body;
-    if (carved || !body) {
+    if (!body || blocks_hold_body(m->blocks)) {
         /* In the message's blocks (or none): a copy of its own. */
         if (!(body = malloc(m->body_len + 1)))
             return NULL;

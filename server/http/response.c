@@ -30,12 +30,12 @@
 
 struct http_response *response_new(int status)
 {
-    size_t at = BLOCKS_AFTER(sizeof(struct http_response));
-    char *a = malloc(at + sizeof(struct http_block) + FIRST_BLOCK);
-    if (!a)
-        return NULL;
-    struct http_response *r = (struct http_response *)a;
-    *r = (struct http_response){.status = status, .blocks = blocks_first(a + at, FIRST_BLOCK)};
+    struct http_block *first;
+    struct http_response *r = blocks_new(sizeof *r, FIRST_BLOCK, &first, realloc);
+    if (r) {
+        r->status = status;
+        r->blocks = first;
+    }
     return r;
 }
 
@@ -43,11 +43,8 @@ void response_free(struct http_response *r)
 {
     if (!r)
         return;
-    int body_inside;
-    blocks_free(r->blocks, &body_inside);
-    if (!body_inside)
-        free(r->body);
-    free(r); /* and the first block with it */
+    blocks_free(r->blocks); /* the body with them: it is always carved */
+    free(r);                /* and the first block with it */
 }
 
 int response_add_header_n(struct http_response *r, const char *name, size_t nlen,
@@ -94,7 +91,6 @@ int response_set_body(struct http_response *r, const void *body, size_t len)
     char *b = len < (size_t)-1 ? blocks_carve(&r->blocks, len + 1, 1, realloc) : NULL;
     if (!b)
         return -1;
-    r->blocks->body = 1;
     if (len)
         memcpy(b, body, len);
     b[len] = '\0';
