@@ -17,6 +17,7 @@
 #include <malloc.h>
 #endif
 
+#include "http/blocks.h"
 #include "http/http_parser.h"
 #include "testlib.h"
 
@@ -997,6 +998,7 @@ static void large_messages_span_blocks(void **state)
         assert_string_equal(m->method, "POST");
         assert_string_equal(m->target, "/big");
         assert_int_equal(m->header_count, FIELDS + 2);
+        assert_non_null(m->blocks->next); /* it did go on past the first */
         assert_string_equal(m->headers[0].value, "a");
         for (int f = 0; f < FIELDS; f++) {
             char name[16];
@@ -1030,8 +1032,10 @@ static void take_the_body(void **state)
         "GET /r HTTP/1.1\r\nHost: a\r\n\r\n",
     };
     static const char *const want[] = {"hello", "hello", ""};
+    static const int in_blocks[] = {1, 0, 1}; /* the chunked body grew on the heap */
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++) {
         struct http_msg *m = request_ok(in[i], strlen(in[i]));
+        assert_int_equal(blocks_hold_body(m->blocks), in_blocks[i]);
         size_t len = 99;
         char *body = http_msg_take_body(m, &len);
         assert_non_null(body);

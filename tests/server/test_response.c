@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "http/blocks.h"
 #include "http/response.h"
 #include "testlib.h"
 
@@ -58,6 +59,7 @@ static void test_many_fields_and_a_large_body(void **state)
     assert_int_equal(response_add_header(r, "X-After-Body", "1"), 0);
 
     assert_int_equal(r->header_count, FIELDS + 1);
+    assert_non_null(r->blocks->next); /* it did go on past the first block */
     size_t len;
     char *wire = response_serialize(r, 0, &len);
     assert_non_null(wire);
@@ -76,6 +78,28 @@ static void test_many_fields_and_a_large_body(void **state)
     assert_memory_equal(wire + len - BODY, body, BODY);
     free(wire);
     free(body);
+    response_free(r);
+}
+
+/* A typical answer, an upstream's passed on with idem's own fields, fits
+ * the first block: it is one allocation, the answer itself. */
+static void test_typical_answer_is_one_allocation(void **state)
+{
+    (void)state;
+    struct http_response *r = response_new(201);
+    assert_non_null(r);
+    assert_int_equal(response_add_header(r, "Content-Type", "application/json"), 0);
+    assert_int_equal(response_add_header(r, "Date", "Fri, 04 Dec 2026 10:00:00 GMT"), 0);
+    assert_int_equal(response_add_header(r, "Location", "/v1/refunds/R-20261204-000123"), 0);
+    assert_int_equal(response_add_header(r, "Idempotent-Replayed", "false"), 0);
+    assert_int_equal(response_add_header(r, "X-Request-Id", "0b6e8f3c-5a1d-4e2f-9c7b"), 0);
+    static const char body[] = "{\"refund_no\":\"R-20261204-000123\",\"status\":\"accepted\"}";
+    assert_int_equal(response_set_body(r, body, sizeof body - 1), 0);
+    assert_null(r->blocks->next);
+    const char *lo = (const char *)r, *hi = (const char *)r->blocks->data + r->blocks->cap;
+    for (size_t i = 0; i < r->header_count; i++)
+        assert_true(r->headers[i].name > lo && r->headers[i].name < hi);
+    assert_true(r->body > lo && r->body + r->body_len < hi);
     response_free(r);
 }
 
@@ -99,6 +123,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_problem_text_replaces_the_body),
         cmocka_unit_test(test_many_fields_and_a_large_body),
+        cmocka_unit_test(test_typical_answer_is_one_allocation),
         cmocka_unit_test(test_no_body),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
