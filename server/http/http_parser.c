@@ -634,7 +634,9 @@ static enum http_parse_status on_field_line(struct http_parser *p)
 static enum http_parse_status finish(struct http_parser *p)
 {
     struct http_msg *m = p->msg;
-    if (!m->body ? !carve_body(p, 1) : !reserve(p, &m->body, &p->body_cap, m->body_len + 1, 1))
+    /* No body yet: the empty one's NUL, in the blocks. */
+    int room = m->body ? reserve(p, &m->body, &p->body_cap, m->body_len + 1, 1) : carve_body(p, 1);
+    if (!room)
         return oom(p);
     m->body[m->body_len] = '\0';
     enter(p, S_DONE);
